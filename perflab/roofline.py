@@ -1,0 +1,439 @@
+"""The roofline: ceilings, FLOP and byte counts, the ``x*2 repeat`` sweep, the knee, and plots.
+
+The roofline model (Williams, Waterman and Patterson, "Roofline: an insightful visual performance
+model for multicore architectures", CACM 52(4), 2009) bounds a kernel's rate by
+
+    attainable FLOP/s = min(peak FLOP/s, arithmetic intensity x memory bandwidth),
+
+where arithmetic intensity is FLOPs per byte moved to and from DRAM. The two roofs meet at the
+*ridge point* ``peak / bandwidth`` (FLOP/byte): below it a kernel is bandwidth-bound, above it
+compute-bound. Units throughout: seconds, bytes, FLOPs, FLOP/s, bytes/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from .timing import benchmark
+
+__all__ = [
+    "Cost",
+    "SweepPoint",
+    "arithmetic_intensity",
+    "attainable_flops",
+    "classify",
+    "copy_bandwidth",
+    "elementwise_cost",
+    "knee_from_sweep",
+    "matmul_cost",
+    "matmul_rate",
+    "plot_roofline",
+    "plot_sweep",
+    "predicted_knee_repeat",
+    "repeat_multiply",
+    "ridge_point",
+    "sweep_repeat",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting FLOPs and bytes
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cost:
+    """FLOPs done and the fewest bytes a kernel must move through DRAM (each input read once,
+    each output written once)."""
+
+    flops: float
+    bytes: float
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity in FLOP/byte."""
+        return arithmetic_intensity(self.flops, self.bytes)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def matmul_cost(m: int, n: int, k: int, dtype: torch.dtype = torch.float32) -> Cost:
+    """Cost of ``C[m,n] = A[m,k] @ B[k,n]``: ``2*m*n*k`` FLOPs (one multiply and one add per
+    term) and ``(m*k + k*n + m*n) * itemsize`` bytes.
+
+    Raises:
+        ValueError: a dimension is not a positive integer.
+        TypeError: ``dtype`` is not a torch.dtype.
+    """
+    m, n, k = (_positive_int(name, v) for name, v in (("m", m), ("n", n), ("k", k)))
+    size = _itemsize(dtype)
+    return Cost(2.0 * m * n * k, float((m * k + k * n + m * n) * size))
+
+
+def elementwise_cost(
+    numel: int,
+    flops_per_element: float,
+    dtype: torch.dtype = torch.float32,
+    inputs: int = 1,
+    outputs: int = 1,
+) -> Cost:
+    """Cost of an elementwise kernel over ``numel`` elements that reads ``inputs`` tensors and
+    writes ``outputs`` tensors of ``dtype``, doing ``flops_per_element`` FLOPs per element.
+
+    Example: ``x * 2`` repeated ``r`` times and fused is ``elementwise_cost(n, r)``; ``a + b`` is
+    ``elementwise_cost(n, 1, inputs=2)``.
+
+    Raises:
+        ValueError: ``numel``, ``inputs`` or ``outputs`` not positive, or negative FLOPs.
+        TypeError: ``dtype`` is not a torch.dtype.
+    """
+    _positive_int("numel", numel)
+    _positive_int("inputs", inputs)
+    _positive_int("outputs", outputs)
+    if flops_per_element < 0:
+        raise ValueError(f"flops_per_element must be >= 0, got {flops_per_element}")
+    size = _itemsize(dtype)
+    return Cost(float(numel) * flops_per_element, float(numel * size * (inputs + outputs)))
+
+
+def arithmetic_intensity(flops: float, nbytes: float) -> float:
+    """FLOPs per byte moved. Raises ValueError when ``nbytes`` is not positive or ``flops`` < 0."""
+    if nbytes <= 0:
+        raise ValueError(f"nbytes must be > 0, got {nbytes}")
+    if flops < 0:
+        raise ValueError(f"flops must be >= 0, got {flops}")
+    return flops / nbytes
+
+
+def ridge_point(peak_flops: float, bandwidth: float) -> float:
+    """The intensity (FLOP/byte) where the compute roof meets the bandwidth roof: ``peak / bw``.
+
+    Raises:
+        ValueError: either argument is not positive.
+    """
+    if peak_flops <= 0:
+        raise ValueError(f"peak_flops must be > 0 FLOP/s, got {peak_flops}")
+    if bandwidth <= 0:
+        raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
+    return peak_flops / bandwidth
+
+
+def attainable_flops(intensity: float, peak_flops: float, bandwidth: float) -> float:
+    """Roofline bound in FLOP/s: ``min(peak_flops, intensity * bandwidth)``.
+
+    Raises:
+        ValueError: a negative intensity or a non-positive ceiling.
+    """
+    ridge_point(peak_flops, bandwidth)  # validates the ceilings
+    if intensity < 0:
+        raise ValueError(f"intensity must be >= 0 FLOP/byte, got {intensity}")
+    return min(peak_flops, intensity * bandwidth)
+
+
+def classify(intensity: float, ridge: float) -> str:
+    """``"bandwidth-bound"`` below the ridge point, ``"compute-bound"`` at or above it.
+
+    (The third regime, overhead-bound, depends on kernel size, not intensity: see
+    :mod:`perflab.overhead`.)
+
+    Raises:
+        ValueError: a negative intensity or a non-positive ridge.
+    """
+    if ridge <= 0:
+        raise ValueError(f"ridge must be > 0 FLOP/byte, got {ridge}")
+    if intensity < 0:
+        raise ValueError(f"intensity must be >= 0 FLOP/byte, got {intensity}")
+    return "compute-bound" if intensity >= ridge else "bandwidth-bound"
+
+
+def predicted_knee_repeat(peak_flops: float, bandwidth: float, bytes_per_element: float = 8.0) -> float:
+    """The ``repeat`` where a fused ``x*2``-repeated kernel turns compute-bound.
+
+    Each element costs ``repeat`` FLOPs and ``bytes_per_element`` bytes (read + write: 8 for
+    float32), so its intensity ``repeat / bytes_per_element`` meets the ridge at
+    ``repeat = bytes_per_element * peak / bandwidth``.
+
+    Raises:
+        ValueError: a non-positive argument.
+    """
+    if bytes_per_element <= 0:
+        raise ValueError(f"bytes_per_element must be > 0, got {bytes_per_element}")
+    return bytes_per_element * ridge_point(peak_flops, bandwidth)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring the ceilings
+# ---------------------------------------------------------------------------------------------
+
+def copy_bandwidth(device: torch.device | str, numel: int, dtype: torch.dtype = torch.float32) -> float:
+    """Achieved DRAM bandwidth of ``dst.copy_(src)`` in bytes/s, counting bytes read + written.
+
+    ``numel`` elements of ``dtype`` (random data): pick it so the tensor dwarfs the last-level
+    cache (on an H200 with 60 MB of L2, 2**28 float32 = 1 GiB).
+
+    Raises:
+        ValueError: ``numel`` is not a positive integer.
+    """
+    _positive_int("numel", numel)
+    src = torch.randn(numel, device=device).to(dtype)
+    dst = torch.empty_like(src)
+    seconds = benchmark(lambda: dst.copy_(src), device)
+    return 2 * src.numel() * src.element_size() / seconds
+
+
+def matmul_rate(device: torch.device | str, n: int, dtype: torch.dtype = torch.float32, tf32: bool = False) -> float:
+    """Achieved FLOP/s of an ``n x n @ n x n`` matrix product on random data.
+
+    ``tf32=True`` lets float32 products use TF32 tensor cores (``torch.set_float32_matmul_precision
+    ("high")``); the previous precision setting is restored afterwards. FLOPs counted: ``2 n^3``.
+
+    Raises:
+        ValueError: ``n`` not a positive integer, or ``tf32`` with a dtype other than float32.
+    """
+    _positive_int("n", n)
+    if tf32 and dtype != torch.float32:
+        raise ValueError(f"tf32=True applies to float32 only, got dtype={dtype}")
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    try:
+        seconds = benchmark(lambda: a @ b, device)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    return 2.0 * n**3 / seconds
+
+
+# ---------------------------------------------------------------------------------------------
+# The x*2 repeat sweep
+# ---------------------------------------------------------------------------------------------
+
+def _multiply_by_two(x: torch.Tensor, repeat: int) -> torch.Tensor:
+    for _ in range(repeat):
+        x = x * 2
+    return x
+
+
+def repeat_multiply(repeat: int, compile: bool = True) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``f(x)`` = ``x * 2`` applied ``repeat`` times; compiled into one fused kernel by default.
+
+    Dynamo specializes on the Python int ``repeat`` and keeps at most
+    ``torch._dynamo.config.recompile_limit`` (8) versions of one function; compiling a loop over
+    many ``repeat`` values silently falls back to eager after that. This function therefore calls
+    ``torch.compiler.reset()`` and compiles a fresh graph with ``fullgraph=True`` (a graph break
+    raises instead of degrading) and ``dynamic=False``. Earlier compiled functions stay callable
+    but recompile on their next call.
+
+    Raises:
+        ValueError: ``repeat`` is not a positive integer.
+    """
+    _positive_int("repeat", repeat)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return _multiply_by_two(x, repeat)
+
+    if not compile:
+        return f
+    torch.compiler.reset()
+    return torch.compile(f, fullgraph=True, dynamic=False)
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One point of the ``x*2 repeat`` sweep.
+
+    Attributes:
+        repeat: multiplications per element.
+        seconds: median time of one call.
+        flops: ``numel * repeat``.
+        bytes: ``numel * itemsize * 2`` (read once, write once).
+        kernels: device kernels (GPU) or ATen compute calls (CPU) per call; 1 proves fusion on GPU.
+    """
+
+    repeat: int
+    seconds: float
+    flops: float
+    bytes: float
+    kernels: float | None = None
+
+    @property
+    def flops_per_s(self) -> float:
+        """Achieved FLOP/s."""
+        return self.flops / self.seconds
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Achieved bandwidth in bytes/s."""
+        return self.bytes / self.seconds
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity in FLOP/byte."""
+        return self.flops / self.bytes
+
+
+def sweep_repeat(
+    x: torch.Tensor,
+    repeats: Iterable[int],
+    count_kernels: bool = True,
+    progress: bool = False,
+) -> list[SweepPoint]:
+    """Run the ``x*2 repeat`` sweep on tensor ``x`` (any shape, float dtype, any device).
+
+    For every ``repeat`` a fresh fused function is compiled (:func:`repeat_multiply`), warmed up,
+    its kernels per call counted with the profiler (:func:`perflab.profiling.kernels_per_call`)
+    and its median time taken with :func:`perflab.timing.benchmark`.
+
+    Raises:
+        ValueError: an empty ``repeats`` or a non-positive repeat.
+        TypeError: ``x`` is not a floating-point tensor.
+    """
+    from .profiling import kernels_per_call
+
+    if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+        raise TypeError("x must be a floating-point torch.Tensor")
+    repeats = list(repeats)
+    if not repeats:
+        raise ValueError("repeats must not be empty")
+    iterator = repeats
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(repeats, desc="x*2 repeat sweep", leave=False)
+    points = []
+    for r in iterator:
+        fn = repeat_multiply(r)
+        fn(x)  # compile and warm up outside the timed region
+        kernels = kernels_per_call(fn, x) if count_kernels else None
+        seconds = benchmark(lambda: fn(x), x.device)
+        cost = elementwise_cost(x.numel(), r, x.dtype)
+        points.append(SweepPoint(r, seconds, cost.flops, cost.bytes, kernels))
+    return points
+
+
+def knee_from_sweep(points: Sequence[SweepPoint]) -> float:
+    """The measured knee: where the measured memory roof meets the measured compute slope.
+
+    The memory roof is the fastest time of any point (the flat, bandwidth-bound region); the
+    compute slope is seconds per unit of ``repeat`` at the largest repeat (compute-bound, so
+    time grows linearly). Their intersection ``t_flat / (t_max / repeat_max)`` is the repeat at
+    which compute time equals memory time.
+
+    Raises:
+        ValueError: fewer than 2 points, or the largest repeat is not the slowest point (the sweep
+            never left the flat region, so no knee can be read from it).
+    """
+    if len(points) < 2:
+        raise ValueError("need at least 2 sweep points to find a knee")
+    t_flat = min(p.seconds for p in points)
+    last = max(points, key=lambda p: p.repeat)
+    if last.seconds <= 1.5 * t_flat:
+        raise ValueError(
+            "the sweep never turned compute-bound (time at the largest repeat is within 1.5x of the "
+            "flat region): extend repeats")
+    return t_flat / (last.seconds / last.repeat)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------
+
+def plot_sweep(
+    points: Sequence[SweepPoint],
+    bandwidth: float,
+    peak_flops: float | None,
+    knee_measured: float | None = None,
+    knee_predicted: float | None = None,
+):
+    """The essay's three curves against ``repeat``: runtime, achieved FLOP/s, achieved bandwidth.
+
+    ``bandwidth`` (bytes/s) and ``peak_flops`` (FLOP/s, may be None) are drawn as roofs; knees as
+    vertical lines. Returns the matplotlib Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    from .plotting import finish
+
+    r = [p.repeat for p in points]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    axes[0].plot(r, [p.seconds * 1e3 for p in points], "o-")
+    axes[0].set(ylabel="runtime (ms)", title="runtime", yscale="log")
+    axes[1].plot(r, [p.flops_per_s / 1e12 for p in points], "o-", color="C1")
+    if peak_flops:
+        axes[1].axhline(peak_flops / 1e12, ls="--", color="k", lw=1, label="FP32 multiply peak")
+        axes[1].legend(loc="upper left", fontsize=8)
+    axes[1].set(ylabel="achieved TFLOP/s", title="achieved FLOP/s", yscale="log")
+    axes[2].plot(r, [p.bytes_per_s / 1e12 for p in points], "o-", color="C2")
+    axes[2].axhline(bandwidth / 1e12, ls="--", color="k", lw=1, label="copy bandwidth")
+    axes[2].legend(loc="lower left", fontsize=8)
+    axes[2].set(ylabel="achieved TB/s", title="achieved bandwidth", yscale="log")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("repeat (multiplies per element)")
+        ax.grid(True, which="both", alpha=0.3)
+        if knee_predicted:
+            ax.axvline(knee_predicted, color="gray", ls=":", lw=1.5)
+        if knee_measured:
+            ax.axvline(knee_measured, color="C3", ls="-.", lw=1.2)
+    if knee_predicted or knee_measured:
+        axes[0].text(0.02, 0.95, "dotted: predicted knee\ndash-dot: measured knee",
+                     transform=axes[0].transAxes, va="top", fontsize=8)
+    return finish(fig)
+
+
+def plot_roofline(
+    bandwidth: float,
+    peak_flops: float,
+    points: Sequence[SweepPoint] = (),
+    labelled: Sequence[tuple[str, float, float]] = (),
+    extra_roofs: Sequence[tuple[str, float]] = (),
+):
+    """A roofline: attainable FLOP/s against arithmetic intensity, log-log.
+
+    Args:
+        bandwidth: memory roof in bytes/s.
+        peak_flops: compute roof in FLOP/s.
+        points: sweep points drawn as a connected series.
+        labelled: ``(label, intensity FLOP/byte, achieved FLOP/s)`` points to annotate.
+        extra_roofs: ``(label, FLOP/s)`` further horizontal roofs (e.g. tensor-core peaks).
+
+    Returns the matplotlib Figure.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .plotting import finish
+
+    ridge = ridge_point(peak_flops, bandwidth)
+    lo = min([ridge / 64] + [p.intensity for p in points] + [i for _, i, _ in labelled])
+    hi = max([ridge * 64] + [p.intensity for p in points] + [i for _, i, _ in labelled])
+    ai = np.logspace(np.log10(lo / 2), np.log10(hi * 2), 200)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(ai, np.minimum(peak_flops, ai * bandwidth) / 1e12, "k-", lw=2, label="roofline")
+    for i, (name, roof) in enumerate(extra_roofs):
+        ax.plot(ai, np.minimum(roof, ai * bandwidth) / 1e12, ls="--", lw=1, color=f"C{i + 4}", label=name)
+    ax.axvline(ridge, color="gray", ls=":", lw=1)
+    ax.text(ridge * 1.1, peak_flops / 1e12 * 0.5, f"ridge\n{ridge:.3g} FLOP/B", fontsize=8, color="gray")
+    if points:
+        ax.plot([p.intensity for p in points], [p.flops_per_s / 1e12 for p in points], "o-", color="C1",
+                label="x*2 repeat (measured)")
+    for name, intensity, rate in labelled:
+        ax.plot([intensity], [rate / 1e12], "s", color="C3")
+        ax.annotate(name, (intensity, rate / 1e12), textcoords="offset points", xytext=(5, -10), fontsize=8)
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)",
+           ylabel="TFLOP/s", title="roofline")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    return finish(fig)

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""The reference run: execute the course's MyST notebooks and write their ``.ipynb`` with provenance.
+
+    python scripts/execute.py [PATHS ...]    # default: every notebook in _toc.yml
+    python scripts/execute.py --check        # execute nothing; list what is missing or stale
+    python scripts/execute.py --sync         # copy prose edits from .md into .ipynb (no execution)
+
+Each ``.md`` (jupytext ``md:myst``) is executed with nbclient in its own folder, cell by cell,
+under a per-notebook time limit, and its paired ``.ipynb`` is written with outputs and
+``metadata.reference_run`` (DESIGN.md). A failing cell stops that notebook, prints the cell's
+error, leaves the old ``.ipynb`` untouched, and makes the exit status 1; the other notebooks
+still run. A missing path or a file that is not a notebook: one line on stderr, exit 2.
+
+``--check`` exits 1 and lists each notebook whose ``.ipynb`` is missing, whose code differs from
+its ``.md``, whose reference run is not from a CUDA device, or whose prose differs (fix the last
+with ``--sync``; the others need a run on a GPU machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # perflab, without requiring an install
+
+import jupytext  # noqa: E402
+import nbformat  # noqa: E402
+
+from perflab.provenance import code_sha256, environment  # noqa: E402
+
+
+class NotANotebook(Exception):
+    """A path that does not exist or is not a jupytext MyST notebook."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding notebooks
+# ---------------------------------------------------------------------------------------------
+
+def _toc_files(toc: Path) -> list[str]:
+    import yaml
+
+    data = yaml.safe_load(toc.read_text())
+    found: list[str] = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key in ("root", "file"):
+                if key in node:
+                    found.append(str(node[key]))
+            for value in node.values():
+                if isinstance(value, (list, dict)):
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(data)
+    return found
+
+
+def is_myst_notebook(md: Path) -> bool:
+    """True when ``md`` starts with a jupytext front matter in the ``myst`` format."""
+    try:
+        head = md.read_text(encoding="utf-8")[:2000]
+    except (OSError, UnicodeDecodeError):
+        return False
+    return head.startswith("---") and "format_name: myst" in head
+
+
+def resolve(path: str) -> Path:
+    """The ``.md`` source for a path given on the command line (``.md``, ``.ipynb`` or no suffix).
+
+    Raises:
+        NotANotebook: no such file, or not a jupytext MyST notebook.
+    """
+    p = Path(path)
+    candidates = [p] if p.suffix == ".md" else [p.with_suffix(".md")] if p.suffix in ("", ".ipynb") else [p]
+    md = candidates[0]
+    if not md.exists():
+        if not p.exists():
+            raise NotANotebook(f"{path}: no such file")
+        raise NotANotebook(f"{path}: not a notebook source (expected a MyST .md beside it)")
+    if md.suffix != ".md" or not is_myst_notebook(md):
+        raise NotANotebook(f"{path}: not a jupytext MyST notebook (no 'format_name: myst' front matter)")
+    return md.resolve()
+
+
+def default_notebooks() -> list[Path]:
+    """Every entry of ``_toc.yml`` that is a MyST notebook source, in book order."""
+    out = []
+    for entry in _toc_files(ROOT / "_toc.yml"):
+        md = ROOT / (entry if entry.endswith(".md") else entry + ".md")
+        if md.exists() and is_myst_notebook(md):
+            out.append(md.resolve())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing a source with its executed notebook
+# ---------------------------------------------------------------------------------------------
+
+def _cells(nb, kind: str) -> list[str]:
+    return [c.source.strip() for c in nb.cells if c.cell_type == kind]
+
+
+def problems(md: Path) -> list[str]:
+    """Why ``md``'s ``.ipynb`` is not a current reference run (empty list: it is)."""
+    ipynb = md.with_suffix(".ipynb")
+    rel = md.relative_to(ROOT) if md.is_relative_to(ROOT) else md
+    if not ipynb.exists():
+        return [f"{rel}: no executed .ipynb (run scripts/execute.py on a GPU machine)"]
+    src = jupytext.read(md)
+    out = nbformat.read(ipynb, as_version=4)
+    found = []
+    if _cells(src, "code") != _cells(out, "code"):
+        found.append(f"{rel}: stale: its code differs from the executed .ipynb (re-run on a GPU machine)")
+    ref = out.metadata.get("reference_run")
+    if not ref:
+        found.append(f"{rel}: the .ipynb has no reference_run metadata")
+    else:
+        if ref.get("source_sha256") != code_sha256(_cells(src, "code")):
+            if not found:
+                found.append(f"{rel}: stale: reference_run.source_sha256 does not match the .md's code")
+        devices = ref.get("devices") or []
+        if not ref.get("cuda") or not devices or any(d.startswith("cpu") for d in devices):
+            found.append(f"{rel}: the reference run was not on a CUDA device (devices={devices})")
+    if _cells(src, "markdown") != _cells(out, "markdown"):
+        found.append(f"{rel}: prose differs from the .ipynb (python scripts/execute.py --sync {rel})")
+    return found
+
+
+def sync_prose(md: Path) -> bool:
+    """Copy the ``.md``'s markdown cells into its ``.ipynb``, keeping outputs; True if written.
+
+    Refuses (returns False) when the code differs: then the notebook needs a real run.
+    """
+    ipynb = md.with_suffix(".ipynb")
+    if not ipynb.exists():
+        return False
+    src = jupytext.read(md)
+    out = nbformat.read(ipynb, as_version=4)
+    if _cells(src, "code") != _cells(out, "code"):
+        return False
+    executed = iter([c for c in out.cells if c.cell_type == "code"])
+    cells = []
+    for cell in src.cells:
+        if cell.cell_type == "code":
+            cells.append(next(executed))
+        else:
+            cells.append(cell)
+    out.cells = cells
+    nbformat.write(out, ipynb)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Executing
+# ---------------------------------------------------------------------------------------------
+
+def _git_commit() -> str | None:
+    env = os.environ.get("PERFLAB_GIT_COMMIT")
+    if env:
+        return env
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _error_text(cell) -> str:
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "error":
+            return f"{output.get('ename')}: {output.get('evalue')}"
+    return "unknown error"
+
+
+def execute(md: Path, timeout_s: float, index: str) -> tuple[bool, float, str]:
+    """Execute one notebook; write its ``.ipynb`` on success. Returns (ok, seconds, message)."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    nb = jupytext.read(md)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    started = dt.datetime.now(dt.timezone.utc)
+    t0 = time.monotonic()
+    client = NotebookClient(nb, timeout=int(timeout_s), kernel_name="python3",
+                            resources={"metadata": {"path": str(md.parent)}}, store_widget_state=True)
+    code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    try:
+        with client.setup_kernel():
+            for n, i in enumerate(code_cells, 1):
+                left = timeout_s - (time.monotonic() - t0)
+                if left <= 0:
+                    raise CellTimeoutError(f"notebook time limit of {timeout_s:.0f} s reached before cell {i}")
+                client.timeout = max(1, int(left))
+                print(f"\r{index} {md.name}: cell {n}/{len(code_cells)}", end="", file=sys.stderr, flush=True)
+                client.execute_cell(nb.cells[i], i)
+            client.set_widgets_metadata()
+    except CellExecutionError:
+        cell = nb.cells[i]
+        first = cell.source.strip().splitlines()[0] if cell.source.strip() else ""
+        return False, time.monotonic() - t0, f"code cell {n} ({first[:60]!r}) failed: {_error_text(cell)}"
+    except CellTimeoutError as err:
+        return False, time.monotonic() - t0, f"timed out: {err}"
+    finally:
+        print("\r" + " " * 80 + "\r", end="", file=sys.stderr, flush=True)
+    duration = time.monotonic() - t0
+    run = environment()
+    run.pop("cpu", None)
+    run.update(started=started.strftime("%Y-%m-%dT%H:%M:%SZ"), duration_s=round(duration, 1),
+               source_sha256=code_sha256(_cells(nb, "code")), git=_git_commit())
+    nb.metadata["reference_run"] = run
+    nb.metadata.setdefault("jupytext", {})["formats"] = "ipynb,md:myst"
+    nbformat.write(nb, md.with_suffix(".ipynb"))
+    return True, duration, f"ok on {', '.join(run['devices'])}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="*", help="notebook sources (.md); default: every notebook in _toc.yml")
+    parser.add_argument("--check", action="store_true", help="execute nothing; list missing or stale notebooks")
+    parser.add_argument("--sync", action="store_true", help="copy prose from .md into .ipynb; execute nothing")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per notebook (default 600)")
+    args = parser.parse_args(argv)
+
+    try:
+        notebooks = [resolve(p) for p in args.paths] if args.paths else default_notebooks()
+    except NotANotebook as err:
+        print(f"execute.py: {err}", file=sys.stderr)
+        return 2
+    if not notebooks:
+        print("execute.py: no notebooks found in _toc.yml", file=sys.stderr)
+        return 2
+
+    if args.check:
+        found = [p for md in notebooks for p in problems(md)]
+        for line in found:
+            print(line)
+        if not found:
+            print(f"{len(notebooks)} notebook(s) carry a current reference run from a CUDA device")
+        return 1 if found else 0
+
+    if args.sync:
+        for md in notebooks:
+            print(f"{md.name}: {'prose synced' if sync_prose(md) else 'not synced (missing, or code changed: run it)'}")
+        return 0
+
+    failed = 0
+    for k, md in enumerate(notebooks, 1):
+        index = f"[{k}/{len(notebooks)}]"
+        ok, seconds, message = execute(md, args.timeout, index)
+        print(f"{index} {md.relative_to(ROOT) if md.is_relative_to(ROOT) else md}: {message} ({seconds:.1f} s)",
+              flush=True)
+        failed += not ok
+    if failed:
+        print(f"{failed} of {len(notebooks)} notebook(s) failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
