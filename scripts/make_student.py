@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Make the student version of labs: solutions removed, hidden tests removed, outputs cleared.
+
+    python scripts/make_student.py                 # every labs/*.md -> student/labs/*.ipynb
+    python scripts/make_student.py labs/01_roofline.md -o /tmp/out
+
+The labs use nbgrader's markers, so instructors who already use nbgrader can run
+``nbgrader generate_assignment`` on the ``.ipynb`` instead; this script does the same for
+everybody else, with no extra dependency:
+
+* code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` becomes
+  ``# YOUR CODE HERE`` + ``raise NotImplementedError()`` (indented like the markers);
+* code between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` is dropped;
+* markdown between ``<!-- BEGIN SOLUTION -->`` and ``<!-- END SOLUTION -->`` is dropped.
+
+A missing path or a file that is not a MyST notebook: one line on stderr, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_CODE_SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n.*?^[ \t]*### END SOLUTION[^\n]*(\n|$)", re.S | re.M)
+_HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS[^\n]*\n.*?^[ \t]*### END HIDDEN TESTS[^\n]*(\n|$)", re.S | re.M)
+_MD_SOLUTION = re.compile(r"<!-- BEGIN SOLUTION -->.*?<!-- END SOLUTION -->\n?", re.S)
+
+
+def strip_code(source: str) -> str:
+    """A code cell's source with solutions replaced and hidden tests removed."""
+    source = _CODE_SOLUTION.sub(lambda m: f"{m.group(1)}# YOUR CODE HERE\n{m.group(1)}raise NotImplementedError()\n",
+                                source)
+    return _HIDDEN.sub("", source).rstrip("\n")
+
+
+def student_notebook(md: Path) -> nbformat.NotebookNode:
+    """The student version of a lab source (``.md``) as an unexecuted notebook."""
+    nb = jupytext.read(md)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = strip_code(cell.source)
+            cell.outputs = []
+            cell.execution_count = None
+        elif cell.cell_type == "markdown":
+            cell.source = _MD_SOLUTION.sub("", cell.source)
+    nb.metadata.pop("jupytext", None)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write student versions of the labs.")
+    parser.add_argument("paths", nargs="*", help="lab sources (.md); default: labs/*.md")
+    parser.add_argument("-o", "--out", default=str(ROOT / "student" / "labs"), help="output folder")
+    args = parser.parse_args(argv)
+    paths = [Path(p) for p in args.paths] or sorted((ROOT / "labs").glob("*.md"))
+    out = Path(args.out)
+    for p in paths:
+        if not p.exists():
+            print(f"make_student.py: {p}: no such file", file=sys.stderr)
+            return 2
+        if p.suffix != ".md" or "format_name: myst" not in p.read_text()[:2000]:
+            print(f"make_student.py: {p}: not a MyST notebook source", file=sys.stderr)
+            return 2
+    out.mkdir(parents=True, exist_ok=True)
+    for p in paths:
+        target = out / (p.stem + ".ipynb")
+        nbformat.write(student_notebook(p), target)
+        print(f"{p} -> {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
