@@ -1,0 +1,9 @@
+"""Shared pytest set-up: the repository root on sys.path and small CPU problem sizes."""
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("PERFLAB_FORCE_CPU_SIZES", "1")

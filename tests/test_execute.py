@@ -1,0 +1,109 @@
+"""scripts/execute.py: the reference run and its --check, on tiny notebooks in a temporary folder."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "execute.py"
+
+HEADER = """---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+    format_version: 0.13
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+---
+"""
+
+
+def write_nb(path: Path, *cells: str, prose: str = "# A notebook") -> Path:
+    body = HEADER + "\n" + prose + "\n"
+    for src in cells:
+        body += "\n```{code-cell} ipython3\n" + src + "\n```\n"
+    path.write_text(body)
+    return path
+
+
+def run(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_missing_path_is_one_clear_line_and_exit_2(tmp_path):
+    r = run(tmp_path / "nope.md")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "no such file" in r.stderr
+
+
+def test_a_plain_markdown_file_is_not_a_notebook(tmp_path):
+    p = tmp_path / "plain.md"
+    p.write_text("# just prose\n")
+    r = run(p)
+    assert r.returncode == 2 and "not a jupytext MyST notebook" in r.stderr
+
+
+def test_executes_in_the_notebooks_folder_and_writes_provenance(tmp_path):
+    (tmp_path / "data.txt").write_text("42")
+    md = write_nb(tmp_path / "nb.md", "print(open('data.txt').read())", "from perflab.provenance import glue\nglue('answer', 42)")
+    r = run(md)
+    assert r.returncode == 0, r.stderr
+    assert "[1/1]" in r.stdout and "ok on" in r.stdout
+    nb = json.loads(md.with_suffix(".ipynb").read_text())
+    run_meta = nb["metadata"]["reference_run"]
+    for key in ("devices", "driver", "cuda", "torch", "python", "started", "duration_s", "source_sha256", "git"):
+        assert key in run_meta
+    assert "42" in "".join(nb["cells"][1]["outputs"][0]["text"])
+
+
+def test_a_failing_cell_stops_its_notebook_but_not_the_others(tmp_path):
+    bad = write_nb(tmp_path / "bad.md", "x = 1", "raise ValueError('broken on purpose')", "print('never')")
+    good = write_nb(tmp_path / "good.md", "print('fine')")
+    r = run(bad, good)
+    assert r.returncode == 1
+    assert "ValueError: broken on purpose" in r.stdout
+    assert "code cell 2" in r.stdout
+    assert not bad.with_suffix(".ipynb").exists()
+    assert good.with_suffix(".ipynb").exists()
+
+
+def test_per_notebook_time_limit(tmp_path):
+    slow = write_nb(tmp_path / "slow.md", "import time\ntime.sleep(30)")
+    r = run("--timeout", "3", slow)
+    assert r.returncode == 1 and "timed out" in r.stdout.lower()
+
+
+def test_check_reports_missing_stale_cpu_and_prose_drift(tmp_path):
+    md = write_nb(tmp_path / "nb.md", "x = 1")
+    r = run("--check", md)
+    assert r.returncode == 1 and "no executed .ipynb" in r.stdout
+
+    assert run(md).returncode == 0            # executed here, on a CPU
+    r = run("--check", md)
+    assert r.returncode == 1 and "not on a CUDA device" in r.stdout
+
+    ipynb = md.with_suffix(".ipynb")
+    nb = json.loads(ipynb.read_text())
+    nb["metadata"]["reference_run"].update(devices=["NVIDIA H200"], cuda="13.0")
+    ipynb.write_text(json.dumps(nb))
+    assert run("--check", md).returncode == 0
+
+    write_nb(md, "x = 2")                      # code changed: stale
+    r = run("--check", md)
+    assert r.returncode == 1 and "stale" in r.stdout
+
+    write_nb(md, "x = 1", prose="# A notebook, reworded")   # prose only: fixable without a GPU
+    r = run("--check", md)
+    assert r.returncode == 1 and "prose differs" in r.stdout
+    assert run("--sync", md).returncode == 0
+    assert run("--check", md).returncode == 0
+    nb = json.loads(ipynb.read_text())
+    assert "".join(nb["cells"][0]["source"]).startswith("# A notebook, reworded")
+    assert nb["metadata"]["reference_run"]["devices"] == ["NVIDIA H200"]

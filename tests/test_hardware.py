@@ -1,0 +1,58 @@
+import pytest
+import torch
+
+from perflab import hardware as H
+
+
+def test_pick_and_device_on_a_cpu_machine(monkeypatch):
+    monkeypatch.setattr(H, "has_gpu", lambda: False)
+    monkeypatch.delenv("PERFLAB_FORCE_CPU_SIZES", raising=False)
+    assert H.pick(cpu=1, gpu=2) == 1
+    assert H.device() == torch.device("cpu")
+    with pytest.raises(ValueError, match="index"):
+        H.device(-1)
+
+
+def test_pick_prefers_gpu_sizes_when_a_gpu_is_present(monkeypatch):
+    monkeypatch.setattr(H, "has_gpu", lambda: True)
+    monkeypatch.delenv("PERFLAB_FORCE_CPU_SIZES", raising=False)
+    assert H.pick(cpu=1, gpu=2) == 2
+    monkeypatch.setenv("PERFLAB_FORCE_CPU_SIZES", "1")
+    assert H.pick(cpu=1, gpu=2) == 1
+
+
+def test_requires_gpu_prints_one_sentence_without_gpus(monkeypatch, capsys):
+    monkeypatch.setattr(H, "gpu_count", lambda: 0)
+    assert H.requires_gpu(2, what="The all-reduce") is False
+    out = capsys.readouterr().out.strip()
+    assert out.count("\n") == 0 and out.startswith("The all-reduce needs 2 CUDA GPUs")
+    with pytest.raises(ValueError, match="count"):
+        H.requires_gpu(0)
+
+
+def test_fp32_peak_formula(monkeypatch):
+    class Props:
+        major, minor, multi_processor_count = 9, 0, 132
+
+    monkeypatch.setattr(H, "has_gpu", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props)
+    # 132 SMs x 128 lanes x 1.98 GHz = 33.45 TFLOP/s of multiplies; FMA counts double
+    assert H.fp32_peak_flops(clock_hz=1.98e9) == pytest.approx(33.45e12, rel=1e-3)
+    assert H.fp32_peak_flops(fma=True, clock_hz=1.98e9) == pytest.approx(66.9e12, rel=1e-3)
+    Props.major = 1
+    with pytest.raises(RuntimeError, match="compute capability"):
+        H.fp32_peak_flops(clock_hz=1e9)
+
+
+def test_fp32_peak_needs_a_gpu(monkeypatch):
+    monkeypatch.setattr(H, "has_gpu", lambda: False)
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        H.fp32_peak_flops()
+
+
+def test_describe_and_datasheets():
+    info = H.describe()
+    assert info["kind"] in ("cpu", "cuda") and info["torch"] == torch.__version__
+    h200 = H.datasheet("NVIDIA H200")
+    assert h200["bf16_flops"] > h200["fp32_flops"] and "source" in h200
+    assert H.datasheet("no such GPU") is None

@@ -1,0 +1,64 @@
+import json
+
+import nbformat
+import pytest
+
+from perflab import provenance as P
+
+
+def _notebook_with_glue(tmp_path, values):
+    """Execute a tiny notebook that glues values, the way a chapter does."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "from perflab.provenance import glue\n" +
+        "\n".join(f"glue({k!r}, {v!r})" for k, v in values.items())))
+    NotebookClient(nb, timeout=60, kernel_name="python3").execute()
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_glue_round_trip_through_an_executed_notebook(tmp_path):
+    path = _notebook_with_glue(tmp_path, {"copy_bandwidth_TBps": 4.125, "knee": 64, "device_name": "H200"})
+    got = P.read_glued(path)
+    assert got == {"copy_bandwidth_TBps": 4.125, "knee": 64, "device_name": "H200"}
+
+
+def test_glue_converts_numpy_and_torch_scalars_and_rejects_bad_values(monkeypatch):
+    import numpy as np
+    import torch
+
+    seen = {}
+    monkeypatch.setattr("myst_nb.glue", lambda name, value, display: seen.__setitem__(name, value))
+    assert type(P.glue("a", np.float64(1.5))) is float
+    assert type(P.glue("b", torch.tensor(3))) is int
+    with pytest.raises(ValueError, match="measurement failed"):
+        P.glue("c", float("nan"))
+    with pytest.raises(ValueError, match="identifier"):
+        P.glue("not a name", 1)
+
+
+def test_code_sha256_depends_on_code_only():
+    a = P.code_sha256(["x = 1", "print(x)"])
+    assert a == P.code_sha256(["x = 1\n", "  print(x)"])
+    assert a != P.code_sha256(["x = 2", "print(x)"])
+
+
+def test_environment_and_caption():
+    env = P.environment()
+    assert env["devices"] and env["torch"] and env["python"]
+    cap = P.caption({"devices": ["NVIDIA H200", "NVIDIA H200"], "torch": "2.11.0"}, date="2026-11-29")
+    assert cap == "2x NVIDIA H200 · torch 2.11.0 · 2026-11-29"
+
+
+def test_reference_run_reads_metadata(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["reference_run"] = {"devices": ["NVIDIA H200"]}
+    path = tmp_path / "a.ipynb"
+    nbformat.write(nb, path)
+    assert P.reference_run(path) == {"devices": ["NVIDIA H200"]}
+    nb.metadata.pop("reference_run")
+    nbformat.write(nb, path)
+    assert P.reference_run(path) is None
