@@ -363,6 +363,7 @@ def plot_sweep(
     vertical lines. Returns the matplotlib Figure.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     from .plotting import finish
 
@@ -379,7 +380,10 @@ def plot_sweep(
     axes[2].axhline(bandwidth / 1e12, ls="--", color="k", lw=1, label="copy bandwidth")
     axes[2].legend(loc="lower left", fontsize=8)
     axes[2].set(ylabel="achieved TB/s", title="achieved bandwidth", yscale="log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
     for ax in axes:
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xscale("log", base=2)
         ax.set_xlabel("repeat (multiplies per element)")
         ax.grid(True, which="both", alpha=0.3)
@@ -421,11 +425,11 @@ def plot_roofline(
     hi = max([ridge * 64] + [p.intensity for p in points] + [i for _, i, _ in labelled])
     ai = np.logspace(np.log10(lo / 2), np.log10(hi * 2), 200)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(ai, np.minimum(peak_flops, ai * bandwidth) / 1e12, "k-", lw=2, label="roofline")
+    ax.plot(ai, np.minimum(peak_flops, ai * bandwidth) / 1e12, "k-", lw=2, label="roofline (compute and memory roofs)")
     for i, (name, roof) in enumerate(extra_roofs):
         ax.plot(ai, np.minimum(roof, ai * bandwidth) / 1e12, ls="--", lw=1, color=f"C{i + 4}", label=name)
     ax.axvline(ridge, color="gray", ls=":", lw=1)
-    ax.text(ridge * 1.1, peak_flops / 1e12 * 0.5, f"ridge\n{ridge:.3g} FLOP/B", fontsize=8, color="gray")
+    ax.text(ridge * 1.1, peak_flops / 1e12 * 1.15, f"ridge {ridge:.3g} FLOP/B", fontsize=8, color="gray")
     if points:
         ax.plot([p.intensity for p in points], [p.flops_per_s / 1e12 for p in points], "o-", color="C1",
                 label="x*2 repeat (measured)")

@@ -202,7 +202,8 @@ def execute(md: Path, timeout_s: float, index: str) -> tuple[bool, float, str]:
                 if left <= 0:
                     raise CellTimeoutError(f"notebook time limit of {timeout_s:.0f} s reached before cell {i}")
                 client.timeout = max(1, int(left))
-                print(f"\r{index} {md.name}: cell {n}/{len(code_cells)}", end="", file=sys.stderr, flush=True)
+                if sys.stderr.isatty():
+                    print(f"\r{index} {md.name}: cell {n}/{len(code_cells)}", end="", file=sys.stderr, flush=True)
                 client.execute_cell(nb.cells[i], i)
             client.set_widgets_metadata()
     except CellExecutionError:
@@ -212,7 +213,8 @@ def execute(md: Path, timeout_s: float, index: str) -> tuple[bool, float, str]:
     except CellTimeoutError as err:
         return False, time.monotonic() - t0, f"timed out: {err}"
     finally:
-        print("\r" + " " * 80 + "\r", end="", file=sys.stderr, flush=True)
+        if sys.stderr.isatty():
+            print("\r" + " " * 80 + "\r", end="", file=sys.stderr, flush=True)
     duration = time.monotonic() - t0
     run = environment()
     run.pop("cpu", None)
