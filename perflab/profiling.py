@@ -1,12 +1,36 @@
-"""Reading torch.profiler output: how many kernels a call launches, and where time goes."""
+"""Reading torch.profiler output: how many kernels a call launches, and where time goes.
+
+* :func:`kernels_per_call` counts the kernels (CPU: ATen compute operators) one call runs.
+* :func:`count_cost` counts a step's FLOPs and minimum bytes operator by operator.
+* :func:`load_trace`, :func:`trace_items`, :func:`summarize_trace` read the Chrome/Perfetto trace
+  that ``prof.export_chrome_trace`` writes: busy time, idle gaps between kernels, top kernels with
+  their achieved FLOP/s and bandwidth (:func:`op_cost` from the recorded shapes).
+* :func:`regime` names the bottleneck from that evidence.
+
+Times in traces are microseconds (the trace format's unit); rates are FLOP/s and bytes/s.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-__all__ = ["kernels_per_call"]
+__all__ = [
+    "KernelStats",
+    "TraceItem",
+    "TraceSummary",
+    "count_cost",
+    "kernels_per_call",
+    "load_trace",
+    "op_cost",
+    "regime",
+    "short_name",
+    "step_windows",
+    "summarize_trace",
+    "trace_items",
+]
 
 # ATen calls that allocate, view or reshape metadata without touching every element.
 _NOT_COMPUTE = {
@@ -51,3 +75,557 @@ def kernels_per_call(fn: Callable, *args, calls: int = 5, **kwargs) -> float:
         n = sum(1 for e in events if e.name.startswith("aten::") and e.name not in _NOT_COMPUTE
                 and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
     return n / calls
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting a step's FLOPs and bytes by watching every ATen operator it runs
+# ---------------------------------------------------------------------------------------------
+
+# Operators that create a tensor without reading or writing its elements.
+_NO_TRAFFIC = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach",
+               "lift_fresh", "set_", "resize_", "_local_scalar_dense"}
+# Operators that only write their output (no element is read).
+_WRITE_ONLY = {"fill_", "zero_", "zeros", "ones", "zeros_like", "ones_like", "full", "full_like",
+               "new_zeros", "new_ones", "new_full", "scalar_tensor", "arange", "randn", "rand",
+               "normal_", "uniform_", "randn_like", "rand_like"}
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _operator_bytes(func, args, kwargs, out) -> int:
+    """Bytes one ATen operator must move if each distinct input is read once and each output
+    written once (views and allocations move nothing)."""
+    from torch.utils._pytree import tree_flatten
+
+    schema = func._schema
+    base = schema.name.split("::")[-1]
+    if base in _NO_TRAFFIC:
+        return 0
+    first_return = schema.returns[0] if schema.returns else None
+    if first_return is not None and first_return.alias_info is not None and not first_return.alias_info.is_write:
+        return 0  # a view: shares its input's storage, touches no element
+    outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    written = sum(_tensor_bytes(t) for t in outputs)
+    if base in _WRITE_ONLY:
+        return written
+    seen = set()
+    read = 0
+    for t in tree_flatten((args, kwargs or {}))[0]:
+        if isinstance(t, torch.Tensor) and t.numel() > 1:
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype)
+            if key not in seen:
+                seen.add(key)
+                read += _tensor_bytes(t)
+    return read + written
+
+
+def count_cost(fn: Callable, *args, **kwargs):
+    """FLOPs and minimum DRAM bytes of one call of ``fn(*args, **kwargs)``, counted operator by operator.
+
+    Every ATen operator the call runs (forward, backward and optimizer alike) is intercepted with
+    a ``TorchDispatchMode``. FLOPs come from ``torch.utils.flop_counter.FlopCounterMode``
+    (matrix products, convolutions and attention: ``2*m*n*k`` for a product), plus one FLOP per
+    output element of each elementwise arithmetic operator (``mul``, ``add``, ``relu``, ...). Bytes are the traffic an *unfused* operator cannot avoid: each
+    distinct tensor input read once, each output written once; views and allocations move
+    nothing; fills only write. Scalars and 1-element tensors are not counted as reads.
+
+    This is a lower bound for eager code on tensors larger than the caches (each operator makes
+    at least this many DRAM round trips) and an upper bound for fused code (a fused kernel skips
+    the intermediates). The function really runs, so pass inputs on the device you will time.
+
+    Returns:
+        perflab.roofline.Cost with ``flops`` (FLOPs) and ``bytes`` (bytes).
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .roofline import Cost
+
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+
+    class _ByteCounter(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.bytes = 0
+            self.flops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.bytes += _operator_bytes(func, args, kwargs, out)
+            if func._schema.name.split("::")[-1] in _POINTWISE and isinstance(out, torch.Tensor):
+                self.flops += out.numel()
+            return out
+
+    flop_mode = FlopCounterMode(display=False)
+    byte_mode = _ByteCounter()
+    with flop_mode, byte_mode:
+        fn(*args, **kwargs)
+    return Cost(float(flop_mode.get_total_flops() + byte_mode.flops), float(byte_mode.bytes))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a Chrome/Perfetto trace exported by torch.profiler
+# ---------------------------------------------------------------------------------------------
+#
+# ``prof.export_chrome_trace(path)`` writes the Chrome trace-event format: a JSON object whose
+# ``traceEvents`` list holds complete events (``"ph": "X"``) with ``name``, ``cat``, ``ts`` and
+# ``dur`` in microseconds, and ``args``. The categories used here: ``cpu_op`` (an ATen operator
+# on a CPU thread, with ``Input Dims`` / ``Input type`` when ``record_shapes=True``), ``kernel``
+# (a GPU kernel, with ``grid``, ``block``, ``blocks per SM`` and ``stream``), ``user_annotation``
+# (``record_function`` ranges and the schedule's ``ProfilerStep#N``). A kernel's ``External id``
+# equals that of the CPU operator that launched it, which links a kernel to its operator's shapes.
+
+_ITEMSIZE = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "c10::Float8_e4m3fn": 1,
+             "c10::Float8_e5m2": 1, "long int": 8, "long": 8, "int": 4, "short int": 2,
+             "signed char": 1, "unsigned char": 1, "bool": 1}
+
+# Elementwise operators: one FLOP per output element (0 for pure data movement).
+_POINTWISE = {"add", "sub", "mul", "div", "add_", "sub_", "mul_", "div_", "addcmul", "addcmul_",
+              "addcdiv", "addcdiv_", "lerp", "lerp_", "relu", "relu_", "gelu", "gelu_",
+              "gelu_backward", "threshold_backward", "sigmoid", "sigmoid_backward", "tanh",
+              "tanh_backward", "silu", "silu_", "silu_backward", "neg", "exp", "log", "cos", "sin",
+              "sqrt", "rsqrt", "pow", "square", "abs", "clamp", "clamp_min", "clamp_max", "where",
+              "maximum", "minimum", "reciprocal", "sign", "mse_loss", "mse_loss_backward"}
+_MOVES = {"copy_", "clone", "contiguous", "_to_copy"}
+_NORMS = {"layer_norm", "native_layer_norm", "group_norm", "native_group_norm", "rms_norm", "_fused_rms_norm",
+          "native_batch_norm", "_native_batch_norm_legit", "softmax", "_softmax", "log_softmax", "_log_softmax"}
+_REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "norm", "linalg_vector_norm"}
+
+
+def _numel(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= int(d)
+    return n
+
+
+def _tensor_args(dims, types):
+    """(numel, itemsize) of each tensor argument; scalars and None are skipped; None if a
+    tensor's dtype is unknown."""
+    out = []
+    for d, t in zip(dims or [], types or []):
+        if t in ("", "Scalar", "ScalarList", "TensorList", "GenericList") or not isinstance(d, list):
+            continue
+        if d and isinstance(d[0], list):  # a list of tensors: not modelled
+            return None
+        if t not in _ITEMSIZE:
+            return None
+        out.append((_numel(d), _ITEMSIZE[t]))
+    return out
+
+
+def op_cost(name: str, input_dims, input_types):
+    """FLOPs and minimum bytes of one ATen operator call, from the shapes the profiler recorded.
+
+    Args:
+        name: operator name as in the trace, e.g. ``"aten::addmm"``.
+        input_dims: the trace's ``Input Dims``: one list of sizes per argument (``[]`` for a
+            scalar or None).
+        input_types: the trace's ``Input type``: one C++ type name per argument (``"float"``,
+            ``"c10::BFloat16"``, ``"Scalar"``, ...).
+
+    Returns:
+        perflab.roofline.Cost, or None for an operator this model does not cover (or a shape it
+        cannot read). Matrix products (``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``linear``,
+        ``matmul``): ``2*m*n*k`` FLOPs per product, bytes for reading both operands (and bias)
+        and writing the result (Williams et al., 2009, count DRAM traffic the same way).
+        Elementwise operators: one FLOP per output element and every tensor read and written
+        once; copies move bytes and do no FLOPs; reductions read their input once;
+        normalizations and softmax read the input and write the output once, at about 5 FLOPs
+        per element (mean, variance, normalize, scale, shift).
+
+    Raises:
+        TypeError: ``name`` is not a string.
+    """
+    from .roofline import Cost
+
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string, got {type(name).__name__}")
+    base = name.split("::")[-1]
+    dims = list(input_dims or [])
+    tensors = _tensor_args(dims, input_types)
+    if tensors is None or not tensors:
+        return None
+    size = tensors[0][1]
+    try:
+        if base == "mm":
+            (m, k), (_, n) = dims[0], dims[1]
+            return Cost(2.0 * m * n * k, float((m * k + k * n + m * n) * size))
+        if base == "addmm":
+            bias, (m, k), (_, n) = dims[0], dims[1], dims[2]
+            size = tensors[1][1]
+            return Cost(2.0 * m * n * k, float((_numel(bias) + m * k + k * n + m * n) * size))
+        if base in ("bmm", "baddbmm"):
+            a, b = (dims[0], dims[1]) if base == "bmm" else (dims[1], dims[2])
+            (bs, m, k), (_, _, n) = a, b
+            extra = _numel(dims[0]) if base == "baddbmm" else 0
+            return Cost(2.0 * bs * m * n * k, float((bs * (m * k + k * n + m * n) + extra) * size))
+        if base == "linear":
+            x, w = dims[0], dims[1]
+            n, k = w
+            m = _numel(x) // k
+            bias = _numel(dims[2]) if len(dims) > 2 and dims[2] else 0
+            return Cost(2.0 * m * n * k, float((m * k + n * k + m * n + bias) * size))
+        if base == "matmul":
+            a, b = dims[0], dims[1]
+            if len(a) < 2 or len(b) < 2:
+                return None
+            m, k, n = a[-2], a[-1], b[-1]
+            batch = max(_numel(a[:-2]), _numel(b[:-2]))
+            return Cost(2.0 * batch * m * n * k, float((_numel(a) + _numel(b) + batch * m * n) * size))
+    except (ValueError, TypeError, IndexError, ZeroDivisionError):
+        return None
+    if base in _POINTWISE or base in _MOVES or base in ("fill_", "zero_"):
+        out_numel = max(n for n, _ in tensors)
+        if base in ("fill_", "zero_"):
+            return Cost(0.0, float(tensors[0][0] * tensors[0][1]))
+        if base == "copy_" and len(tensors) >= 2:  # copy_(dst, src): write dst, read src
+            return Cost(0.0, float(sum(n * s for n, s in tensors[:2])))
+        read = sum(n * s for n, s in tensors)
+        # in place (``add_``): the write goes to self; otherwise a new output of the broadcast size
+        written = tensors[0][0] * tensors[0][1] if base.endswith("_") else out_numel * size
+        flops = 0.0 if base in _MOVES else float(out_numel)
+        return Cost(flops, float(read + written))
+    if base in _NORMS:  # read the input once, write the output once; ~5 FLOPs per element
+        n, s = tensors[0]
+        return Cost(5.0 * n, float(2 * n * s + sum(m * z for m, z in tensors[1:])))
+    if base in _REDUCTIONS:
+        n, s = tensors[0]
+        return Cost(float(n), float(n * s))
+    return None
+
+
+@dataclass(frozen=True)
+class TraceItem:
+    """One unit of work in a trace: a GPU kernel, or (CPU-only traces) an outermost ATen operator.
+
+    Attributes:
+        name: kernel or operator name.
+        ts_us: start, microseconds (the trace's clock).
+        dur_us: duration, microseconds.
+        op: the ATen operator that launched it (the item's own name for CPU operators).
+        cost: FLOPs and bytes from :func:`op_cost` (None when unknown).
+        blocks_per_sm: thread blocks per SM of a kernel's grid (``args["blocks per SM"]``), or None.
+    """
+
+    name: str
+    ts_us: float
+    dur_us: float
+    op: str | None = None
+    cost: object | None = None
+    blocks_per_sm: float | None = None
+
+    @property
+    def end_us(self) -> float:
+        """End time, microseconds."""
+        return self.ts_us + self.dur_us
+
+
+def load_trace(source) -> list[dict]:
+    """The event list of a Chrome trace exported by ``torch.profiler`` (``export_chrome_trace``).
+
+    Args:
+        source: a path to a ``.json`` or ``.json.gz`` file, or the already-parsed dict.
+
+    Returns:
+        list of event dicts (``traceEvents``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the JSON has no ``traceEvents`` list.
+    """
+    import gzip
+    import json
+    import os
+
+    if isinstance(source, dict):
+        data = source
+    else:
+        path = os.fspath(source)
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt") as f:
+            data = json.load(f)
+    events = data.get("traceEvents") if isinstance(data, dict) else None
+    if not isinstance(events, list):
+        raise ValueError("source is not a Chrome trace: no 'traceEvents' list")
+    return events
+
+
+def _ext_id(args: dict):
+    return args.get("External id", args.get("external id"))
+
+
+def trace_items(events: list[dict]) -> list[TraceItem]:
+    """The work in a trace, sorted by start time.
+
+    With GPU kernels present (``cat == "kernel"``) these are the kernels, each linked through its
+    ``External id`` to the ATen operator that launched it (for its shapes and :func:`op_cost`).
+    An operator that launches several kernels has its cost put on the first one (the others
+    carry zero). In a CPU-only trace there are no kernels, so the items are the *outermost* ATen operators
+    (those not called by another ATen operator; allocation and view operators excluded): the
+    time a CPU spends inside ATen, as opposed to Python, autograd bookkeeping or the profiler.
+
+    Raises:
+        ValueError: ``events`` is not a list of dicts.
+    """
+    from .roofline import Cost
+
+    if not isinstance(events, list) or any(not isinstance(e, dict) for e in events):
+        raise ValueError("events must be a list of trace-event dicts (see load_trace)")
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    ops = [e for e in complete if e.get("cat") == "cpu_op"]
+    kernels = [e for e in complete if e.get("cat") == "kernel"]
+    items = []
+    if kernels:
+        by_id = {}
+        for e in ops:
+            ext = _ext_id(e.get("args", {}))
+            if ext is not None:
+                by_id[ext] = e
+        costed = set()
+        for k in sorted(kernels, key=lambda e: float(e["ts"])):
+            args = k.get("args", {})
+            ext = _ext_id(args)
+            op = by_id.get(ext)
+            cost = None
+            if op is not None:
+                oa = op.get("args", {})
+                cost = op_cost(op["name"], oa.get("Input Dims"), oa.get("Input type"))
+                if cost is not None and ext in costed:  # an operator's second kernel: counted once
+                    cost = Cost(0.0, 0.0)
+                costed.add(ext)
+            bps = args.get("blocks per SM")
+            items.append(TraceItem(k["name"], float(k["ts"]), float(k["dur"]), op["name"] if op else None,
+                                   cost, float(bps) if bps is not None else None))
+    else:
+        # outermost ATen operators per thread: not nested inside another aten:: operator
+        by_thread: dict = {}
+        for e in ops:
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+        for evs in by_thread.values():
+            evs.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+            open_end = -float("inf")
+            for e in evs:
+                start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+                if not e["name"].startswith("aten::"):
+                    continue
+                if start < open_end:  # inside the current outermost aten op
+                    continue
+                open_end = end
+                if e["name"] in _NOT_COMPUTE:
+                    continue
+                a = e.get("args", {})
+                items.append(TraceItem(e["name"], start, float(e["dur"]), e["name"],
+                                       op_cost(e["name"], a.get("Input Dims"), a.get("Input type"))))
+    items.sort(key=lambda i: i.ts_us)
+    return items
+
+
+def step_windows(events: list[dict]) -> list[tuple[float, float]]:
+    """``(start_us, end_us)`` of each ``ProfilerStep#N`` range (one per ``prof.step()`` that was
+    recorded under a schedule), sorted; empty when the trace has none."""
+    out = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+           if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+           and e.get("cat") in ("user_annotation", "cpu_op", "python_function")]
+    return sorted(out)
+
+
+def _union(intervals):
+    merged = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return merged
+
+
+@dataclass(frozen=True)
+class KernelStats:
+    """Calls and time of one kernel (or CPU operator) name in a trace, with achieved rates.
+
+    Attributes:
+        name: kernel name.
+        op: the ATen operator that launched it (the first seen).
+        calls: number of launches.
+        total_us: summed duration, microseconds.
+        flops: summed FLOPs of the calls (None if unknown for any call).
+        bytes: summed minimum bytes of the calls (None if unknown for any call).
+    """
+
+    name: str
+    op: str | None
+    calls: int
+    total_us: float
+    flops: float | None
+    bytes: float | None
+
+    @property
+    def flops_per_s(self) -> float | None:
+        """Achieved FLOP/s over the kernel's own time (None when FLOPs are unknown)."""
+        return None if self.flops is None or self.total_us <= 0 else self.flops / (self.total_us * 1e-6)
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        """Achieved bytes/s over the kernel's own time (None when bytes are unknown)."""
+        return None if self.bytes is None or self.total_us <= 0 else self.bytes / (self.total_us * 1e-6)
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    """Where a trace's time went.
+
+    Attributes:
+        window_us: the span analysed (profiled steps, or first to last item), microseconds.
+        busy_us: time at least one item (kernel, or ATen operator on CPU) ran, microseconds.
+        items: number of kernels (or operators) in the window.
+        steps: number of ``ProfilerStep`` ranges found (0 if none).
+        gaps_us: idle gaps between consecutive busy intervals, microseconds.
+        top: :class:`KernelStats` by total time, largest first.
+        on_gpu: True when the items are GPU kernels.
+        work_us: summed duration of the items in the window (overlaps counted twice), microseconds.
+        flops: summed FLOPs of the items whose cost is known (a lower bound when some are not).
+        bytes: summed minimum bytes of the items whose cost is known (likewise a lower bound).
+        unknown_us: summed duration of the items whose cost is unknown, microseconds.
+        sm_weighted_us: on a GPU, the summed duration of each kernel times the share of the SMs
+            its grid could occupy (``min(1, blocks per SM)``), microseconds; None on a CPU or
+            when the trace lacks grid sizes.
+    """
+
+    window_us: float
+    busy_us: float
+    items: int
+    steps: int
+    gaps_us: tuple[float, ...]
+    top: tuple[KernelStats, ...]
+    on_gpu: bool
+    work_us: float = 0.0
+    sm_weighted_us: float | None = None
+    flops: float = 0.0
+    bytes: float = 0.0
+    unknown_us: float = 0.0
+
+    @property
+    def busy_fraction(self) -> float:
+        """Fraction of the window in which some kernel (CPU: some ATen operator) ran."""
+        return self.busy_us / self.window_us if self.window_us > 0 else 0.0
+
+    @property
+    def idle_fraction(self) -> float:
+        """``1 - busy_fraction``: the share of the window the device (CPU: ATen) sat idle."""
+        return 1.0 - self.busy_fraction
+
+
+def summarize_trace(source, top: int = 5) -> TraceSummary:
+    """Busy time, idle gaps and the top kernels of a ``torch.profiler`` Chrome trace.
+
+    The window is the union of the ``ProfilerStep#N`` ranges, extended to the end of the last
+    kernel they launched (a GPU finishes after the CPU has moved on); without step ranges, first
+    item start to last item end. Busy time is the union of item intervals in the window (clipped
+    to it, so a kernel of an earlier step still running counts for the part inside), so two
+    overlapping kernels count once. Top kernels are grouped by name and ranked by summed time;
+    their FLOPs and bytes come from the launching operator's recorded shapes (:func:`op_cost`).
+
+    Args:
+        source: a trace path, dict or event list (see :func:`load_trace`).
+        top: how many kernel names to keep (>= 1).
+
+    Raises:
+        ValueError: ``top`` < 1, or the trace contains no work to analyse.
+    """
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+    events = source if isinstance(source, list) else load_trace(source)
+    items = trace_items(events)
+    steps = step_windows(events)
+    if steps:
+        start, end = steps[0][0], steps[-1][1]
+        inside = [i for i in items if start <= i.ts_us < end]
+        if inside:
+            end = max(end, max(i.end_us for i in inside))
+        # busy time counts any work overlapping the window (a kernel of the step before may
+        # still be running when a step starts), clipped to it
+        overlapping = [i for i in items if i.end_us > start and i.ts_us < end]
+        items = inside
+    elif items:
+        start, end = items[0].ts_us, max(i.end_us for i in items)
+        overlapping = items
+    if not items:
+        raise ValueError("the trace has no kernels or ATen operators to analyse "
+                         "(profile with record_shapes=True and at least one active step)")
+    merged = _union([(max(i.ts_us, start), min(i.end_us, end)) for i in overlapping])
+    busy = sum(e - s for s, e in merged)
+    gaps = tuple(b[0] - a[1] for a, b in zip(merged, merged[1:]))
+    groups: dict = {}
+    for i in items:
+        groups.setdefault(i.name, []).append(i)
+    stats = []
+    for name, group in groups.items():
+        costs = [g.cost for g in group]
+        known = all(c is not None for c in costs)
+        stats.append(KernelStats(
+            name, group[0].op, len(group), sum(g.dur_us for g in group),
+            sum(c.flops for c in costs) if known else None,
+            sum(c.bytes for c in costs) if known else None))
+    stats.sort(key=lambda s: -s.total_us)
+    on_gpu = any(e.get("cat") == "kernel" for e in events if isinstance(e, dict))
+    work = sum(i.dur_us for i in items)
+    sm_weighted = None
+    if on_gpu and all(i.blocks_per_sm is not None for i in items):
+        sm_weighted = sum(i.dur_us * min(1.0, i.blocks_per_sm) for i in items)
+    known = [i for i in items if i.cost is not None]
+    return TraceSummary(end - start, busy, len(items), len(steps), gaps, tuple(stats[:top]), on_gpu,
+                        work, sm_weighted, sum(i.cost.flops for i in known), sum(i.cost.bytes for i in known),
+                        sum(i.dur_us for i in items if i.cost is None))
+
+
+def short_name(name: str, width: int = 60) -> str:
+    """A kernel name cut to ``width`` characters for tables (template arguments dropped first).
+
+    Raises:
+        ValueError: ``width`` < 8.
+    """
+    if width < 8:
+        raise ValueError(f"width must be >= 8, got {width}")
+    cut = name.split("<", 1)[0].replace("void ", "") if "<" in name else name
+    cut = cut if len(cut) <= width else cut[: width - 1] + "…"
+    return cut
+
+
+def regime(flops_fraction: float, bandwidth_fraction: float, busy_fraction: float | None = None,
+           threshold: float = 0.25) -> str:
+    """Name the bottleneck from the evidence: the fraction of each ceiling a step reached.
+
+    ``"compute-bound"`` when achieved FLOP/s is the larger fraction of its ceiling and at least
+    ``threshold``; ``"bandwidth-bound"`` likewise for achieved bytes/s; ``"overhead-bound"`` when
+    neither reaches ``threshold`` (the hardware mostly waits), or when ``busy_fraction`` (kernel
+    time over wall time, GPU) is below one half whatever the rates. The roofline's reading
+    (Williams et al., 2009): a step near neither roof is limited by something else.
+
+    Args:
+        flops_fraction: achieved FLOP/s / compute ceiling measured on the same machine.
+        bandwidth_fraction: achieved bytes/s / copy bandwidth measured on the same machine.
+        busy_fraction: optional device-busy fraction from a trace (0..1).
+        threshold: the fraction of a ceiling that counts as "near the roof" (0 < threshold <= 1).
+
+    Raises:
+        ValueError: a negative fraction, a busy fraction outside [0, 1] or a bad threshold.
+    """
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    if flops_fraction < 0 or bandwidth_fraction < 0:
+        raise ValueError(f"fractions must be >= 0, got flops_fraction={flops_fraction}, "
+                         f"bandwidth_fraction={bandwidth_fraction}")
+    if busy_fraction is not None and not 0 <= busy_fraction <= 1:
+        raise ValueError(f"busy_fraction must be in [0, 1], got {busy_fraction}")
+    if busy_fraction is not None and busy_fraction < 0.5:
+        return "overhead-bound"
+    if max(flops_fraction, bandwidth_fraction) < threshold:
+        return "overhead-bound"
+    return "compute-bound" if flops_fraction >= bandwidth_fraction else "bandwidth-bound"

@@ -20,3 +20,172 @@ def test_compiled_chain_dispatches_no_aten_compute_call_on_cpu():
 def test_calls_must_be_positive():
     with pytest.raises(ValueError, match="calls"):
         kernels_per_call(lambda: None, calls=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# count_cost, op_cost, trace reading, regime (chapter 4)
+# ---------------------------------------------------------------------------------------------
+import json
+
+from perflab.profiling import (count_cost, load_trace, op_cost, regime, short_name, step_windows,
+                               summarize_trace, trace_items)
+
+
+def test_count_cost_of_a_matrix_product_is_2mnk_and_three_matrices():
+    a, b = torch.randn(32, 64), torch.randn(64, 16)
+    cost = count_cost(lambda: a @ b)
+    assert cost.flops == 2 * 32 * 64 * 16
+    assert cost.bytes == (32 * 64 + 64 * 16 + 32 * 16) * 4
+
+
+def test_count_cost_counts_elementwise_flops_views_and_in_place_traffic():
+    x, y = torch.randn(1000), torch.randn(1000)
+    assert count_cost(lambda: x * 2).bytes == 2 * 1000 * 4          # read x, write the result
+    assert count_cost(lambda: x * 2).flops == 1000
+    assert count_cost(lambda: x.view(10, 100).t()).bytes == 0        # views move nothing
+    z = torch.zeros(1000)
+    assert count_cost(lambda: z.add_(y)).bytes == 3 * 1000 * 4       # read z and y, write z
+    assert count_cost(lambda: z.zero_()).bytes == 1000 * 4           # a fill only writes
+
+
+def test_count_cost_sees_backward_and_optimizer():
+    lin = torch.nn.Linear(8, 4, bias=False)
+    x = torch.randn(16, 8)
+    fwd = count_cost(lambda: lin(x)).flops
+    step = count_cost(lambda: lin(x).sum().backward()).flops
+    assert fwd == 2 * 16 * 8 * 4
+    assert step >= 2 * fwd                      # forward + the weight gradient at least
+    with pytest.raises(TypeError, match="fn"):
+        count_cost(42)
+
+
+def test_op_cost_of_products_elementwise_and_unknown_operators():
+    mm = op_cost("aten::mm", [[4, 8], [8, 2]], ["float", "float"])
+    assert (mm.flops, mm.bytes) == (2 * 4 * 8 * 2, (32 + 16 + 8) * 4)
+    addmm = op_cost("aten::addmm", [[2], [4, 8], [8, 2], [], []], ["c10::BFloat16"] * 3 + ["Scalar"] * 2)
+    assert addmm.flops == 2 * 4 * 8 * 2 and addmm.bytes == (2 + 32 + 16 + 8) * 2
+    lin = op_cost("aten::linear", [[3, 5, 8], [2, 8], [2]], ["float"] * 3)
+    assert lin.flops == 2 * 15 * 8 * 2
+    mul = op_cost("aten::mul", [[100], []], ["float", "Scalar"])
+    assert (mul.flops, mul.bytes) == (100, 800)
+    add_ = op_cost("aten::add_", [[100], [100], []], ["float", "float", "Scalar"])
+    assert add_.bytes == 3 * 400
+    copy = op_cost("aten::copy_", [[10], [10], []], ["float", "c10::Half", "Scalar"])
+    assert (copy.flops, copy.bytes) == (0, 40 + 20)
+    assert op_cost("aten::_foreach_add_", [[[4], [4]], [[4], [4]]], ["TensorList", "TensorList"]) is None
+    assert op_cost("aten::some_new_op", [[4]], ["float"]) is None
+    assert op_cost("aten::mm", [[4, 8], [8, 2]], ["weird_type", "float"]) is None
+    with pytest.raises(TypeError, match="name"):
+        op_cost(None, [], [])
+
+
+def _kernel(name, ts, dur, ext, bps=2.0):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7,
+            "args": {"External id": ext, "correlation": ext + 1000, "stream": 7, "blocks per SM": bps}}
+
+
+def _op(name, ts, dur, ext, dims, types):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1,
+            "args": {"External id": ext, "Input Dims": dims, "Input type": types}}
+
+
+def _gpu_trace():
+    """A small trace in the format torch.profiler exports on a GPU: two steps, each one GEMM
+    (100 us) and one elementwise kernel (20 us, grid of one block), 30 us apart."""
+    events = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "GPU 0"}}]
+    for step, t in enumerate((0.0, 1000.0)):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step + 2}", "ts": t,
+                       "dur": 400.0, "pid": 1, "tid": 1, "args": {}})
+        events.append(_op("aten::mm", t + 10, 20, 10 * step + 1, [[1024, 1024], [1024, 1024]], ["float", "float"]))
+        events.append(_op("aten::mul", t + 40, 10, 10 * step + 2, [[1024, 1024], []], ["float", "Scalar"]))
+        events.append(_kernel("sm90_xmma_gemm_f32f32_tn", t + 50, 100, 10 * step + 1))
+        events.append(_kernel("void at::native::vectorized_elementwise_kernel<4, MulFunctor>", t + 180, 20,
+                              10 * step + 2, bps=1 / 132))
+    return {"traceEvents": events}
+
+
+def test_trace_items_link_kernels_to_their_operators():
+    items = trace_items(load_trace(_gpu_trace()))
+    assert [i.op for i in items] == ["aten::mm", "aten::mul"] * 2
+    assert items[0].cost.flops == 2 * 1024**3
+    assert items[1].blocks_per_sm == pytest.approx(1 / 132)
+
+
+def test_summarize_trace_busy_fraction_gaps_and_top_kernels(tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(_gpu_trace()))
+    s = summarize_trace(path)
+    assert s.on_gpu and s.steps == 2 and s.items == 4
+    assert s.window_us == pytest.approx(1400.0)         # first step start to last step end
+    assert s.busy_us == pytest.approx(240.0)
+    assert s.idle_fraction == pytest.approx(1 - 240 / 1400)
+    assert sorted(s.gaps_us)[:2] == pytest.approx([30.0, 30.0])
+    gemm = s.top[0]
+    assert gemm.calls == 2 and gemm.total_us == 200
+    assert gemm.flops_per_s == pytest.approx(2 * 2 * 1024**3 / 200e-6)
+    mul = s.top[1]
+    assert mul.bytes_per_s == pytest.approx(2 * 2 * 1024**2 * 4 / 40e-6)
+    assert s.sm_weighted_us == pytest.approx(200 + 40 / 132)
+    assert s.flops == pytest.approx(2 * (2 * 1024**3 + 1024**2))
+
+
+def test_summarize_trace_counts_a_kernel_still_running_when_a_step_starts():
+    trace = _gpu_trace()
+    trace["traceEvents"].append(_kernel("leftover", -50.0, 100.0, 99))   # from an earlier step
+    s = summarize_trace(trace)
+    assert s.busy_us == pytest.approx(240.0 + 50.0)
+    assert s.items == 4                                   # not one of the window's own kernels
+
+
+def test_summarize_trace_of_a_real_cpu_profile(tmp_path):
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    a, b = torch.randn(128, 128), torch.randn(128, 128)
+    path = tmp_path / "cpu.json"
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=schedule(wait=0, warmup=1, active=2),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(3):
+            torch.relu(a @ b)
+            prof.step()
+    s = summarize_trace(path)
+    assert not s.on_gpu and s.steps == 2
+    assert 0 < s.busy_fraction <= 1
+    names = {k.name for k in s.top}
+    assert "aten::matmul" in names or "aten::mm" in names
+    top = next(k for k in s.top if k.name in ("aten::matmul", "aten::mm"))
+    assert top.flops == 2 * 2 * 128**3
+    assert len(step_windows(load_trace(path))) == 2
+
+
+def test_trace_readers_reject_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="traceEvents"):
+        load_trace({"events": []})
+    with pytest.raises(FileNotFoundError):
+        load_trace(tmp_path / "missing.json")
+    with pytest.raises(ValueError, match="events"):
+        trace_items([1, 2])
+    with pytest.raises(ValueError, match="no kernels"):
+        summarize_trace({"traceEvents": []})
+    with pytest.raises(ValueError, match="top"):
+        summarize_trace(_gpu_trace(), top=0)
+
+
+def test_regime_rule():
+    assert regime(0.8, 0.1) == "compute-bound"
+    assert regime(0.01, 0.7) == "bandwidth-bound"
+    assert regime(0.02, 0.05) == "overhead-bound"
+    assert regime(0.8, 0.1, busy_fraction=0.2) == "overhead-bound"
+    with pytest.raises(ValueError, match="threshold"):
+        regime(0.5, 0.5, threshold=0)
+    with pytest.raises(ValueError, match="busy_fraction"):
+        regime(0.5, 0.5, busy_fraction=1.5)
+    with pytest.raises(ValueError, match="fractions"):
+        regime(-0.1, 0.5)
+
+
+def test_short_name():
+    assert short_name("void at::native::vectorized_elementwise_kernel<4, at::native::MulFunctor<float>>") == \
+        "at::native::vectorized_elementwise_kernel"
+    assert len(short_name("x" * 100, 20)) == 20
+    with pytest.raises(ValueError, match="width"):
+        short_name("abc", 3)

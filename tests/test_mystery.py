@@ -1,0 +1,74 @@
+"""perflab.mystery: the three steps run, and the check accepts right diagnoses and rejects wrong ones."""
+
+import pytest
+import torch
+
+from perflab import mystery
+from perflab.exercises import ExerciseFailed
+from perflab.profiling import count_cost
+from perflab.timing import benchmark
+
+
+def _evidence(step, busy=0.9, seconds=None, ceiling=1e11, bandwidth=2e10):
+    step()                                   # the first step creates the optimizer's state
+    cost = count_cost(step)
+    return {"seconds": seconds or benchmark(step, "cpu", min_run_time_s=0.1), "flops": cost.flops,
+            "bytes": cost.bytes, "flops_ceiling": ceiling, "bandwidth_ceiling": bandwidth, "busy_fraction": busy}
+
+
+def test_steps_run_and_train():
+    for make in (mystery.step_a, mystery.step_b, mystery.step_c):
+        step = make("cpu")
+        first = step().item()
+        for _ in range(3):
+            last = step().item()
+        assert step.device.type == "cpu" and step.dtype == torch.float32
+        assert last != first                      # the optimizer changed the parameters
+
+
+def test_step_names_do_not_reveal_the_answer():
+    assert {mystery.step_a("cpu").name, mystery.step_b("cpu").name, mystery.step_c("cpu").name} == {"a", "b", "c"}
+    assert not any(r in mystery._ANSWERS.values() for r in mystery.REGIMES)
+
+
+def test_check_rejects_an_answer_not_backed_by_the_evidence():
+    step = mystery.step_c("cpu")
+    ev = _evidence(step, ceiling=1e15, bandwidth=1e15)       # absurd ceilings: nothing is near them
+    with pytest.raises(ExerciseFailed, match="says 'overhead-bound'"):
+        mystery.check_diagnosis(step, "compute-bound", ev, time_tolerance=1e6)
+
+
+def test_check_rejects_wrong_counts_missing_keys_and_bad_answers():
+    step = mystery.step_b("cpu")
+    ev = _evidence(step)
+    with pytest.raises(ExerciseFailed, match="one of"):
+        mystery.check_diagnosis(step, "slow", ev)
+    with pytest.raises(ExerciseFailed, match="lacks"):
+        mystery.check_diagnosis(step, "overhead-bound", {k: v for k, v in ev.items() if k != "bytes"})
+    with pytest.raises(ExerciseFailed, match="flops"):
+        mystery.check_diagnosis(step, "overhead-bound", {**ev, "flops": ev["flops"] * 2})
+    with pytest.raises(ExerciseFailed, match="step time"):
+        mystery.check_diagnosis(step, "overhead-bound", {**ev, "seconds": ev["seconds"] * 100})
+    with pytest.raises(ExerciseFailed, match="no value"):
+        mystery.check_diagnosis(step, "overhead-bound", {**ev, "busy_fraction": None})
+    with pytest.raises(TypeError, match="MysteryStep"):
+        mystery.check_diagnosis(lambda: None, "overhead-bound", ev)
+
+
+def test_check_rejects_a_consistent_but_wrong_regime():
+    # (time_tolerance is opened wide where the test is not about timing: the CPU is shared and noisy.)
+    # Evidence built so that the rule says bandwidth-bound for the compute-heavy step C: the
+    # diagnosis follows from the numbers, but it is not the step's regime.
+    step = mystery.step_c("cpu")
+    ev = _evidence(step)
+    fl = ev["flops"] / ev["seconds"]
+    bw = ev["bytes"] / ev["seconds"]
+    ev.update(flops_ceiling=fl / 0.3, bandwidth_ceiling=bw / 0.9)
+    with pytest.raises(ExerciseFailed, match="not the right regime"):
+        mystery.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)
+
+
+def test_check_accepts_the_right_diagnosis_with_consistent_evidence():
+    step = mystery.step_b("cpu")
+    ev = _evidence(step, ceiling=1e12, bandwidth=1e11)
+    assert mystery.check_diagnosis(step, "overhead-bound", ev, time_tolerance=1e6)
