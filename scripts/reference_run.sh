@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The reference run on a GPU machine that has torch but not the Jupyter stack.
+#
+#   bash scripts/reference_run.sh [execute.py arguments ...]
+#
+# If .whl/ holds wheels (fetched beforehand on a machine with a registry, e.g. with
+# `pip download nbclient ipykernel jupytext ipywidgets myst-nb docutils py-spy -d .whl`), they are
+# installed into /tmp/site first. Then scripts/execute.py runs with the given arguments (default:
+# every notebook in _toc.yml). With $OUT set, the executed notebooks, the files they wrote for the
+# book and the log are packed into $OUT/executed.tgz.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+stamp=$(mktemp); touch "$stamp"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    2>&1 | grep -v -i warning
+  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+[ -d .tools/bin ] && export PATH=$PWD/.tools/bin:$PATH
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv 2>/dev/null
+python3 scripts/execute.py "$@" 2>&1 | grep -v "running over TCP without encryption" | tee "${OUT:-/tmp}/reference_run.log"
+rc=${PIPESTATUS[0]}
+if [ -n "${OUT:-}" ]; then   # everything the run wrote under book/, labs/ and perflab/data/
+  find book labs perflab/data -type f -newer "$stamp" 2>/dev/null | tar czf "$OUT/executed.tgz" -T -
+fi
+exit $rc
