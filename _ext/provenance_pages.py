@@ -1,36 +1,89 @@
-"""Sphinx extension: every executed page says where its numbers came from.
+"""Sphinx extension: every page of the built book says where its numbers came from.
 
-At build time, for each page built from an ``.ipynb``, this reads the notebook's
-``metadata.reference_run`` (written by ``scripts/execute.py``) and appends a footer:
-"This page was run on <devices> ... from source <sha> at commit <git>". A notebook without a
-reference run gets a warning (so ``-W`` builds fail) rather than a silent page with no provenance.
+The executed notebooks carry ``metadata.reference_run`` (written by ``scripts/execute.py``:
+devices, driver, CUDA, torch, Python, start time, duration, SHA-256 of the source's code cells,
+git commit). At build time this extension turns it into what a reader sees:
+
+* **A footer** on every page built from an ``.ipynb``: "This page was run on ...". A notebook
+  without a reference run gets a warning (so ``-W`` builds fail) rather than a silent page with no
+  provenance. When the notebook's MyST source has changed since the run, the footer says so.
+* **A caption line under each figure and table** a notebook cell produced (image outputs and HTML
+  tables; a cell tagged ``provenance-caption`` gets one under its text output too): device,
+  torch version and date of the run, in the same words as the stamp that
+  :func:`perflab.plotting.finish` draws into each figure, and a link to the status page. One
+  caption per cell, after its last figure or table, however many the cell drew.
+* **The status page**: the ``provenance-status`` directive renders a table of every notebook in
+  ``_toc.yml`` (chapters, labs, tools) with its device(s), driver, torch, date, duration and
+  whether it is current with its source (``reference_run.source_sha256`` compared with
+  :func:`perflab.provenance.source_code_sha256` of the ``.md``, as ``scripts/execute.py --check``
+  does). Pages holding the directive are re-read on every build, and a notebook page is re-read
+  when its source's code changes, so neither can go stale.
+* **No blank widget boxes**: ipywidgets views (tqdm progress bars, the roofline explorer) need a
+  live kernel. Their outputs are dropped from the static pages, which show an equivalent static
+  figure where one matters; no widget JavaScript is loaded from a CDN.
+* **No duplicated scripts**: repeated ``<script>`` entries are dropped from each page (see
+  :func:`dedupe_scripts`).
+* **One setting for the repository's location**: ``repository.url`` in ``_config.yml`` (Jupyter
+  Book turns it into ``html_theme_options["repository_url"]``) is offered to MyST pages as the
+  substitutions ``{{ repository_url }}`` (a link), ``{{ repository_clone }}`` (a git URL) and
+  ``{{ repository_pip }}`` (the ``%pip install`` line that puts perflab on Colab).
+
+Config values: ``provenance_status_page`` (docname of the status page, default ``"status"``).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import sys
 from pathlib import Path
 
 from docutils import nodes
+from docutils.parsers.rst import directives
+from sphinx import addnodes
 from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
 
 logger = logging.getLogger(__name__)
 
+STATIC = Path(__file__).resolve().parent / "static"
+IMAGE_MIMES = ("image/png", "image/jpeg", "image/svg+xml", "image/gif")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+CAPTION_TAG = "provenance-caption"
+
+
+# ---------------------------------------------------------------------------------------------
+# Words from a reference_run dict
+# ---------------------------------------------------------------------------------------------
+
+def short_devices(devices: list[str] | None) -> str:
+    """``["NVIDIA H200", "NVIDIA H200"]`` -> ``"2× NVIDIA H200"``; mixed lists are comma-joined."""
+    devices = list(devices or []) or ["?"]
+    if len(devices) > 1 and len(set(devices)) == 1:
+        return f"{len(devices)}× {devices[0]}"
+    return ", ".join(devices)
+
+
+def is_gpu_run(run: dict) -> bool:
+    """True when a reference run came from CUDA devices (what the book's numbers must come from)."""
+    devices = run.get("devices") or []
+    return bool(run.get("cuda")) and bool(devices) and not any(str(d).startswith("cpu") for d in devices)
+
+
+def run_date(run: dict) -> str:
+    """The run's start date, ``YYYY-MM-DD`` (``?`` when unknown)."""
+    return (run.get("started") or "?")[:10]
+
 
 def describe_run(run: dict) -> str:
-    """One sentence from a ``reference_run`` dict (shared with other generated pages)."""
-    devices = run.get("devices") or ["?"]
-    if len(devices) > 1 and len(set(devices)) == 1:
-        dev = f"{len(devices)}× {devices[0]}"
-    else:
-        dev = ", ".join(devices)
-    parts = [f"This page was run on {dev}"]
+    """One sentence from a ``reference_run`` dict (the page footer)."""
+    parts = [f"This page was run on {short_devices(run.get('devices'))}"]
     if run.get("driver"):
         parts.append(f"driver {run['driver']}")
     if run.get("cuda"):
         parts.append(f"CUDA {run['cuda']}")
     parts.append(f"torch {run.get('torch', '?')}, Python {run.get('python', '?')}")
-    when = run.get("started", "?").replace("T", " ").replace("Z", " UTC")
+    when = (run.get("started") or "?").replace("T", " ").replace("Z", " UTC")
     text = ", ".join(parts) + f", started {when}, taking {run.get('duration_s', '?')} s"
     sha = (run.get("source_sha256") or "")[:12]
     git = (run.get("git") or "")[:10]
@@ -38,30 +91,377 @@ def describe_run(run: dict) -> str:
     return text
 
 
+def caption_text(run: dict, kinds: list[str]) -> str:
+    """The caption line under a cell's figure(s)/table(s), e.g.
+    ``"Figure: 2× NVIDIA H200 · torch 2.11.0+cu130 · 2026-11-30"``.
+
+    Same words as :func:`perflab.provenance.caption` (the stamp drawn into each figure at run
+    time), so caption and stamp can be compared at a glance.
+    """
+    label = " and ".join(dict.fromkeys(kinds)) or "Output"
+    label = label[0].upper() + label[1:]
+    text = f"{label}: {short_devices(run.get('devices'))} · torch {run.get('torch', '?')} · {run_date(run)}"
+    if not is_gpu_run(run):
+        text += " · not a GPU reference run"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Notebooks of the table of contents, and whether each is current with its source
+# ---------------------------------------------------------------------------------------------
+
+def _perflab_provenance(app):
+    root = str(Path(app.srcdir))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from perflab import provenance
+
+    return provenance
+
+
+def _is_myst_notebook(md: Path) -> bool:
+    try:
+        head = md.read_text(encoding="utf-8")[:2000]
+    except (OSError, UnicodeDecodeError):
+        return False
+    return head.startswith("---") and "format_name: myst" in head
+
+
+def source_sha(app, docname: str) -> str | None:
+    """SHA-256 of the code cells of ``docname``'s MyST source, or None when it has no such source."""
+    md = Path(app.srcdir) / f"{docname}.md"
+    if not _is_myst_notebook(md):
+        return None
+    return _perflab_provenance(app).source_code_sha256(md)
+
+
+def toc_entries(app) -> list[tuple[str, str]]:
+    """``(part caption, docname)`` for every file of ``_toc.yml``, in book order."""
+    site_map = getattr(app.env, "external_site_map", None) or getattr(app.config, "external_site_map", None)
+    if site_map is None:
+        return []
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+
+    def walk(docname: str, caption: str) -> None:
+        if docname in seen:
+            return
+        seen.add(docname)
+        out.append((caption, docname))
+        doc = site_map[docname] if docname in site_map else None
+        for tree in getattr(doc, "subtrees", []):
+            for item in tree.files():
+                walk(item, tree.caption or caption)
+
+    walk(site_map.root.docname, "")
+    return out
+
+
+def notebook_status(app, docname: str) -> dict | None:
+    """Status of one toc entry: None when it is not a notebook, else a dict with ``run`` (the
+    reference_run or None), ``state`` (``current``, ``cpu``, ``stale``, ``missing``,
+    ``no-metadata``) and ``words`` (what the status page prints)."""
+    src = Path(app.srcdir)
+    ipynb = src / f"{docname}.ipynb"
+    md_sha = source_sha(app, docname)
+    if not ipynb.exists():
+        if md_sha is None:
+            return None
+        return {"run": None, "state": "missing", "words": "not executed yet"}
+    try:
+        run = json.loads(ipynb.read_text(encoding="utf-8")).get("metadata", {}).get("reference_run")
+    except (OSError, ValueError):
+        run = None
+    if not run:
+        return {"run": None, "state": "no-metadata", "words": "no reference_run metadata"}
+    if md_sha is not None and run.get("source_sha256") != md_sha:
+        return {"run": run, "state": "stale", "words": "stale: code changed since the run"}
+    if not is_gpu_run(run):
+        return {"run": run, "state": "cpu", "words": "current code, but a CPU run"}
+    return {"run": run, "state": "current", "words": "current"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Footer, captions, widget views (doctree-read of notebook pages)
+# ---------------------------------------------------------------------------------------------
+
+def _status_link(app, text: str) -> nodes.Node:
+    """A link to the status page, or plain text when the book has no status page."""
+    target = app.config.provenance_status_page
+    if target not in app.env.found_docs:
+        return nodes.Text(text)
+    ref = addnodes.pending_xref("", refdomain="std", reftype="doc", reftarget="/" + target,
+                                refdoc=app.env.docname, refexplicit=True, refwarn=True)
+    ref += nodes.inline(text, text)
+    return ref
+
+
+def _bundle_mimes(bundle: nodes.Element) -> list[str]:
+    return [child.get("mime_type", "") for child in bundle.children if isinstance(child, nodes.Element)]
+
+
+def _is_bundle(node) -> bool:
+    return isinstance(node, nodes.container) and node.get("nb_element") == "mime_bundle"
+
+
+def _drop_widget_views(doctree) -> int:
+    dropped = 0
+    for bundle in list(doctree.findall(_is_bundle)):
+        if WIDGET_VIEW in _bundle_mimes(bundle):
+            parent = bundle.parent
+            parent.remove(bundle)
+            dropped += 1
+            # an output area (or figure) left empty would render as an empty box
+            while parent is not None and not parent.children and isinstance(parent, (nodes.container, nodes.figure)):
+                grand = parent.parent
+                grand.remove(parent)
+                parent = grand
+    return dropped
+
+
+def _output_kinds(bundle: nodes.Element) -> list[str]:
+    mimes = _bundle_mimes(bundle)
+    if any(m in IMAGE_MIMES for m in mimes):
+        return ["figure"]
+    if "text/html" in mimes and "<table" in bundle.astext().lower():
+        return ["table"]
+    return []
+
+
+def _add_captions(app, doctree, run: dict) -> int:
+    added = 0
+    for cell in list(doctree.findall(lambda n: isinstance(n, nodes.container)
+                                     and n.get("nb_element") == "cell_code")):
+        for output in list(cell.findall(lambda n: isinstance(n, nodes.container)
+                                        and n.get("nb_element") == "cell_code_output")):
+            kinds: list[str] = []
+            last = None
+            for bundle in output.findall(_is_bundle):
+                found = _output_kinds(bundle)
+                if found:
+                    kinds += found
+                    last = bundle
+            tags = (cell.get("cell_metadata") or {}).get("tags") or []
+            if CAPTION_TAG in tags and output.children:
+                kinds.append("table")
+                last = output.children[-1]
+            if last is None:
+                continue
+            # after the figure node that wraps the output, if any; else after the output itself
+            anchor = last
+            while anchor.parent is not output and anchor.parent is not None:
+                anchor = anchor.parent
+            para = nodes.paragraph("", "", classes=["provenance-caption"])
+            para += nodes.Text(caption_text(run, kinds) + " · ")
+            para += _status_link(app, "run status")
+            output.insert(output.index(anchor) + 1, para)
+            added += 1
+    return added
+
+
 def _reference_run(app, docname: str) -> dict | None:
     path = Path(app.env.doc2path(docname))
     if path.suffix != ".ipynb":
         return None
     try:
-        return json.loads(path.read_text()).get("metadata", {}).get("reference_run") or {}
+        return json.loads(path.read_text(encoding="utf-8")).get("metadata", {}).get("reference_run") or {}
     except (OSError, ValueError):
         return {}
 
 
-def add_footer(app, doctree) -> None:
+def on_doctree_read(app, doctree) -> None:
     docname = app.env.docname
     run = _reference_run(app, docname)
     if run is None:
         return
+    _drop_widget_views(doctree)
     if not run:
         logger.warning(f"{docname}: the notebook has no reference_run metadata", location=docname)
         return
-    para = nodes.paragraph(text=describe_run(run))
+    sha = source_sha(app, docname)
+    app.env.provenance_sources[docname] = sha
+    _add_captions(app, doctree, run)
+    para = nodes.paragraph(text=describe_run(run) + " ")
+    para += _status_link(app, "All notebooks' runs.")
     box = nodes.container("", para, classes=["provenance-footer"])
+    if sha is not None and sha != run.get("source_sha256"):
+        warn = nodes.paragraph(text="The source of this page has changed since this run; the outputs "
+                                    "shown are from the code shown, which is no longer the current code.")
+        box += warn
+        box["classes"].append("provenance-stale")
     sections = list(doctree.findall(nodes.section))
     (sections[0] if sections else doctree).append(box)
 
 
+# ---------------------------------------------------------------------------------------------
+# The status page
+# ---------------------------------------------------------------------------------------------
+
+STATE_MARK = {"current": "✓", "cpu": "⚠", "stale": "✗", "missing": "—", "no-metadata": "✗"}
+
+
+def _cell(content) -> nodes.entry:
+    entry = nodes.entry()
+    if isinstance(content, nodes.Node):
+        entry += nodes.paragraph("", "", content)
+    else:
+        entry += nodes.paragraph(text=str(content))
+    return entry
+
+
+class ProvenanceStatus(SphinxDirective):
+    """``provenance-status``: the table of every notebook's reference run, built at build time.
+
+    Option ``:summary-only:`` prints only the one-sentence summary.
+    """
+
+    has_content = False
+    option_spec = {"summary-only": directives.flag}
+
+    def run(self) -> list[nodes.Node]:
+        app = self.env.app
+        self.env.provenance_status_docs.add(self.env.docname)
+        rows = []
+        for part, docname in toc_entries(app):
+            status = notebook_status(app, docname)
+            if status is not None:
+                rows.append((part, docname, status))
+        current = sum(1 for *_, s in rows if s["state"] == "current")
+        total_s = sum(float(s["run"].get("duration_s") or 0) for *_, s in rows if s["run"])
+        built = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        summary = nodes.paragraph(text=(
+            f"{current} of {len(rows)} notebooks carry a current reference run from a GPU; their "
+            f"runs took {total_s:.0f} s in all. This table was generated when the book was built "
+            f"({built}) from the notebooks' reference_run metadata."))
+        summary["classes"].append("provenance-status-summary")
+        if "summary-only" in self.options:
+            return [summary]
+
+        headers = ["page", "current with its source", "device(s)", "driver", "torch", "started (UTC)",
+                   "duration"]
+        tables: list[nodes.Node] = []
+        for part in dict.fromkeys(part for part, _, _ in rows):
+            table = nodes.table(classes=["provenance-status-table"])
+            table += nodes.title(text=part or "Notebooks")
+            group = nodes.tgroup(cols=len(headers))
+            table += group
+            for width in (30, 22, 16, 10, 12, 14, 8):
+                group += nodes.colspec(colwidth=width)
+            head = nodes.thead()
+            row = nodes.row()
+            for h in headers:
+                row += _cell(h)
+            head += row
+            group += head
+            body = nodes.tbody()
+            for row_part, docname, status in rows:
+                if row_part != part:
+                    continue
+                run = status["run"] or {}
+                if docname in self.env.found_docs:
+                    link = addnodes.pending_xref("", refdomain="std", reftype="doc", reftarget="/" + docname,
+                                                 refdoc=self.env.docname, refexplicit=False, refwarn=True)
+                    link += nodes.inline(docname, docname)
+                else:
+                    link = nodes.literal(text=docname)
+                started = (run.get("started") or "").replace("T", " ").replace("Z", "")[:16]
+                duration = f"{float(run['duration_s']):.1f} s" if run.get("duration_s") is not None else ""
+                row = nodes.row(classes=[f"provenance-{status['state']}"])
+                for value in (link, f"{STATE_MARK[status['state']]} {status['words']}",
+                              short_devices(run.get("devices")) if run else "", run.get("driver") or "",
+                              run.get("torch") or "", started, duration):
+                    row += _cell(value)
+                body += row
+            group += body
+            tables.append(table)
+        legend = nodes.paragraph(text=(
+            "✓ the .ipynb's reference run executed exactly the code now in its .md source, on a GPU; "
+            "⚠ it did, but on a CPU (sizes scaled down: not a reference run); "
+            "✗ stale: the code changed after the run, or the run left no metadata; "
+            "— the notebook has not been executed yet."))
+        legend["classes"].append("provenance-status-legend")
+        return [summary, *tables, legend]
+
+
+# ---------------------------------------------------------------------------------------------
+# Keeping generated content current, and parallel builds
+# ---------------------------------------------------------------------------------------------
+
+def on_env_get_outdated(app, env, added, changed, removed) -> list[str]:
+    outdated = set(env.provenance_status_docs) - set(removed)
+    for docname, recorded in list(env.provenance_sources.items()):
+        if docname in removed:
+            continue
+        if source_sha(app, docname) != recorded:
+            outdated.add(docname)
+    return sorted(outdated)
+
+
+def on_env_purge_doc(app, env, docname) -> None:
+    env.provenance_status_docs.discard(docname)
+    env.provenance_sources.pop(docname, None)
+
+
+def on_env_merge_info(app, env, docnames, other) -> None:
+    env.provenance_status_docs.update(getattr(other, "provenance_status_docs", set()))
+    env.provenance_sources.update(getattr(other, "provenance_sources", {}))
+
+
+def on_builder_inited(app) -> None:
+    env = app.env
+    if not hasattr(env, "provenance_status_docs"):
+        env.provenance_status_docs = set()
+    if not hasattr(env, "provenance_sources"):
+        env.provenance_sources = {}
+
+
+def dedupe_scripts(app, pagename, templatename, context, doctree) -> None:
+    """Drop repeated ``<script>`` entries from a page (first copy kept, order preserved).
+
+    With jupyter-book 1.0.4 and Sphinx 7.4, the inline configuration scripts of sphinx-thebe and
+    sphinx-togglebutton are emitted twice on every page (once registered with ``filename=None``,
+    once with ``""``, so Sphinx's own de-duplication misses them); the second ``const
+    THEBE_JS_URL`` declaration is a JavaScript SyntaxError in every reader's console (found by
+    tests/test_book.py).
+    """
+    files = context.get("script_files")
+    if not files:
+        return
+    seen, kept = set(), []
+    for js in files:
+        attrs = getattr(js, "attributes", {}) or {}
+        key = (getattr(js, "filename", str(js)) or "",  # None and "" both mean an inline script
+               tuple(sorted((k, str(v)) for k, v in attrs.items() if k != "priority")))
+        if key in seen:
+            continue
+        seen.add(key)
+        kept.append(js)
+    if len(kept) != len(files):
+        context["script_files"] = kept
+
+
+def on_config_inited(app, config) -> None:
+    url = (config.html_theme_options or {}).get("repository_url") or ""
+    subs = dict(getattr(config, "myst_substitutions", None) or {})
+    if url:
+        subs.setdefault("repository_url", f"[{url}]({url})")
+        subs.setdefault("repository_clone", url.rstrip("/") + ".git")
+        subs.setdefault("repository_pip", f"`%pip install -q myst-nb git+{url.rstrip('/')}.git`")
+    config.myst_substitutions = subs
+    static = str(STATIC)
+    if static not in config.html_static_path:
+        config.html_static_path = list(config.html_static_path) + [static]
+
+
 def setup(app):
-    app.connect("doctree-read", add_footer)
-    return {"version": "0.1", "parallel_read_safe": True, "parallel_write_safe": True}
+    app.add_config_value("provenance_status_page", "status", "env")
+    app.add_directive("provenance-status", ProvenanceStatus)
+    app.add_css_file("provenance.css")
+    app.connect("config-inited", on_config_inited)
+    app.connect("builder-inited", on_builder_inited)
+    app.connect("env-get-outdated", on_env_get_outdated)
+    app.connect("env-purge-doc", on_env_purge_doc)
+    app.connect("env-merge-info", on_env_merge_info)
+    app.connect("doctree-read", on_doctree_read)
+    app.connect("html-page-context", dedupe_scripts, priority=900)
+    return {"version": "0.2", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -25,6 +25,7 @@ __all__ = [
     "glue",
     "read_glued",
     "reference_run",
+    "source_code_sha256",
 ]
 
 GLUE_PREFIX = "application/papermill.record/"
@@ -159,3 +160,25 @@ def code_sha256(code_cells: Iterable[str]) -> str:
     """
     joined = "\n\0\n".join(src.strip() for src in code_cells)
     return hashlib.sha256(joined.encode()).hexdigest()
+
+
+def source_code_sha256(source: str | os.PathLike) -> str:
+    """:func:`code_sha256` of the code cells of a notebook source (jupytext ``md:myst`` ``.md``).
+
+    This is the value a reference run records as ``reference_run.source_sha256``: the executed
+    ``.ipynb`` is current with its source exactly when the two are equal. The build's status page
+    and ``scripts/execute.py --check`` compare the same way.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: ``source`` is not a jupytext MyST notebook (no ``format_name: myst`` front
+            matter).
+    """
+    import jupytext
+
+    path = Path(source)
+    text = path.read_text(encoding="utf-8")
+    if not (text.startswith("---") and "format_name: myst" in text[:2000]):
+        raise ValueError(f"source={str(path)!r} is not a jupytext MyST notebook (no 'format_name: myst' front matter)")
+    nb = jupytext.reads(text, fmt="md:myst")
+    return code_sha256(c.source.strip() for c in nb.cells if c.cell_type == "code")

@@ -1,0 +1,547 @@
+"""The built book as a reader sees it: build it once, then open every page in headless Chromium.
+
+The session fixture builds the book with ``jupyter-book build . --all -W -n --keep-going`` into a
+temporary folder (a fresh build, so every page's warnings are reported, and nobody else's
+``_build`` is touched), serves it over HTTP on 127.0.0.1 (as a reader gets it: ``file://`` pages
+cannot fetch, so search would fail for the wrong reason) and loads every HTML page in Debian's
+``chromium`` with ``--dump-dom``. The tests then fail on
+
+* a build warning (except a table-of-contents entry whose notebook has not been executed yet,
+  which ``scripts/execute.py --check`` reports, and a glue key missing from a notebook executed
+  on a CPU, where GPU-only cells glue nothing),
+* a page that does not render (Chromium fails, no title, no article text) or raises an uncaught
+  JavaScript error,
+* a broken internal link or anchor, a missing stylesheet, script or image,
+* an image that does not decode or is blank (one colour), an empty figure or output box, a widget
+  view left without a kernel (a blank box),
+* a notebook page without its download (.ipynb) button, launch buttons, provenance footer or
+  figure captions; a status page missing a notebook; a glossary entry without its Chinese term;
+  a search that finds nothing.
+
+Screenshots of the front page and the first chapter are written to ``_build/screenshots/`` and
+their paths printed. Without Chromium the tests are skipped, except when the environment variable
+``CI`` is set: CI must run them (``.ci/run`` installs Chromium with scripts/install_browser.sh).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--virtual-time-budget=3000",
+]
+CJK = re.compile(r"[\u4e00-\u9fff]")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+# ---------------------------------------------------------------------------------------------
+# Chromium
+# ---------------------------------------------------------------------------------------------
+
+def find_chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None
+
+
+def require_chromium() -> str:
+    path = find_chromium()
+    if path:
+        return path
+    reason = "chromium is not installed (run scripts/install_browser.sh)"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set but {reason}: the browser test of the built book must run in CI")
+    pytest.skip(reason)
+
+
+def chromium(binary: str, url: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run headless Chromium on ``url`` with the issue's flags, a throw-away profile and ``args``."""
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        cmd = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+               *args, url]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading pages
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Page:
+    """What the tests need from one HTML document (the DOM Chromium rendered, or a file)."""
+
+    links: list[str] = field(default_factory=list)        # <a href>
+    assets: list[str] = field(default_factory=list)       # <link href>, <script src>
+    images: list[str] = field(default_factory=list)       # <img src>
+    ids: set[str] = field(default_factory=set)
+    title: str = ""
+    h1: int = 0
+    article_text: int = 0                                 # characters of text in <article>/<main>
+    empty_outputs: int = 0                                # div.cell_output with no text or image
+    empty_figures: int = 0                                # <figure> with no <img>/<svg>/<object>
+    widget_views: int = 0                                 # <script type=...widget-view+json>
+    classes: dict[str, list[str]] = field(default_factory=dict)   # class -> texts of those elements
+    hrefs_by_label: dict[str, str] = field(default_factory=dict)  # aria-label/title -> href
+
+
+class _Collector(HTMLParser):
+    VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+    WATCH = {"provenance-caption", "provenance-footer", "provenance-status-table", "glossary", "search",
+             "cell_output"}
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.page = Page()
+        self.stack: list[dict] = []
+        self.in_title = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        p = self.page
+        if a.get("id"):
+            p.ids.add(a["id"])
+        if tag == "a" and a.get("href") is not None:
+            p.links.append(a["href"])
+            label = a.get("aria-label") or a.get("title") or a.get("data-bs-original-title")
+            if label:
+                p.hrefs_by_label.setdefault(label, a["href"])
+        elif tag == "link" and a.get("href") and a.get("rel") in ("stylesheet", "preload", "icon"):
+            p.assets.append(a["href"])
+        elif tag == "script" and a.get("src"):
+            p.assets.append(a["src"])
+        elif tag == "script" and a.get("type") == "application/vnd.jupyter.widget-view+json":
+            p.widget_views += 1
+        elif tag == "img":
+            p.images.append(a.get("src") or "")
+        elif tag == "title":
+            self.in_title = True
+        elif tag == "h1":
+            p.h1 += 1
+        if tag in self.VOID:
+            if tag == "img":
+                for frame in self.stack:
+                    frame["media"] = True
+            return
+        classes = set((a.get("class") or "").split())
+        frame = {"tag": tag, "classes": classes, "text": [], "media": tag in ("svg", "object", "iframe")}
+        if tag in ("svg", "object", "iframe"):
+            for outer in self.stack:
+                outer["media"] = True
+        self.stack.append(frame)
+
+    def handle_endtag(self, tag):
+        if tag == "title":
+            self.in_title = False
+        if tag in self.VOID:
+            return
+        # pop to the matching tag (tolerates sloppy markup)
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i]["tag"] == tag:
+                frames = self.stack[i:]
+                del self.stack[i:]
+                for frame in reversed(frames):
+                    self._close(frame)
+                break
+
+    def _close(self, frame):
+        text = " ".join("".join(frame["text"]).split())
+        p = self.page
+        if frame["tag"] in ("article", "main"):
+            p.article_text = max(p.article_text, len(text))
+        if "cell_output" in frame["classes"] and not text and not frame["media"]:
+            p.empty_outputs += 1
+        if frame["tag"] == "figure" and not frame["media"]:
+            p.empty_figures += 1
+        for cls in frame["classes"] & self.WATCH:
+            p.classes.setdefault(cls, []).append(text)
+        if frame["tag"] in ("dt", "dd") and self.stack and "glossary" in self.stack[-1]["classes"]:
+            p.classes.setdefault(f"glossary-{frame['tag']}", []).append(text)
+        if self.stack and frame["media"]:
+            self.stack[-1]["media"] = True
+
+    def handle_data(self, data):
+        if self.in_title:
+            self.page.title += data
+        for frame in self.stack:
+            frame["text"].append(data)
+
+
+def parse_html(text: str) -> Page:
+    collector = _Collector()
+    collector.feed(text)
+    collector.close()
+    while collector.stack:
+        collector._close(collector.stack.pop())
+    return collector.page
+
+
+def internal_target(page: Path, ref: str, html_root: Path) -> tuple[Path, str] | None:
+    """The file (and fragment) an internal ``href``/``src`` on ``page`` points at; None if external."""
+    parts = urlsplit(ref)
+    if parts.scheme or parts.netloc or ref.startswith(("mailto:", "javascript:", "data:", "//")):
+        return None
+    if not parts.path:
+        return (page, unquote(parts.fragment))
+    target = (page.parent / unquote(parts.path)).resolve()
+    if parts.path.endswith("/"):
+        target = target / "index.html"
+    return (target, unquote(parts.fragment))
+
+
+# ---------------------------------------------------------------------------------------------
+# The build, the server, the rendered pages (once per session)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Build:
+    html: Path
+    returncode: int
+    log: str
+    unexpected: list[str]
+    tolerated: list[str]
+
+
+def _toc_docnames() -> list[str]:
+    found: list[str] = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key in ("root", "file"):
+                if key in node:
+                    found.append(str(node[key]))
+            for value in node.values():
+                if isinstance(value, (list, dict)):
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(yaml.safe_load((ROOT / "_toc.yml").read_text()))
+    return [d[: -len(Path(d).suffix)] if Path(d).suffix in (".md", ".ipynb") else d for d in found]
+
+
+def _is_gpu_run(ipynb: Path) -> bool:
+    try:
+        run = json.loads(ipynb.read_text()).get("metadata", {}).get("reference_run") or {}
+    except (OSError, ValueError):
+        return False
+    devices = run.get("devices") or []
+    return bool(run.get("cuda")) and bool(devices) and not any(str(d).startswith("cpu") for d in devices)
+
+
+def classify_warnings(log: str) -> tuple[list[str], list[str]]:
+    """Split the build log's warnings into (unexpected, tolerated); see the module docstring."""
+    unexpected, tolerated = [], []
+    for line in ANSI.sub("", log).splitlines():
+        if "WARNING:" not in line and "ERROR:" not in line and "CRITICAL:" not in line:
+            continue
+        missing = re.search(r"toctree contains reference to nonexisting document '([^']+)'", line)
+        if missing and not (ROOT / f"{missing.group(1)}.ipynb").exists():
+            tolerated.append(line.strip())
+            continue
+        glue = re.search(r"^(\S+\.ipynb):\d*: WARNING: No key '[^']+' found in glue data", line.strip())
+        if glue and not _is_gpu_run(Path(glue.group(1))):
+            tolerated.append(line.strip())
+            continue
+        unexpected.append(line.strip())
+    return unexpected, tolerated
+
+
+def _jupyter_book() -> list[str]:
+    script = Path(sys.executable).with_name("jupyter-book")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("jupyter-book")
+    if not found:
+        pytest.fail("jupyter-book is not installed (pip install -r requirements-dev.txt)")
+    return [found]
+
+
+@pytest.fixture(scope="session")
+def build(tmp_path_factory) -> Build:
+    out = tmp_path_factory.mktemp("book")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([*_jupyter_book(), "build", str(ROOT), "--all", "-W", "-n", "--keep-going",
+                           "--path-output", str(out)], capture_output=True, text=True, timeout=1200, env=env)
+    log = proc.stdout + proc.stderr
+    html = out / "_build" / "html"
+    if not (html / "index.html").exists():
+        pytest.fail(f"the book did not build (exit {proc.returncode}):\n{log[-4000:]}")
+    unexpected, tolerated = classify_warnings(log)
+    return Build(html, proc.returncode, log, unexpected, tolerated)
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="session")
+def server(build):
+    handler = functools.partial(_Quiet, directory=str(build.html))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def html_pages(html: Path) -> list[Path]:
+    skip = {"_static", "_sources", "_images", "_sphinx_design_static"}
+    return sorted(p for p in html.rglob("*.html") if not (set(p.relative_to(html).parts) & skip))
+
+
+@dataclass
+class Rendered:
+    path: Path
+    returncode: int
+    dom: str
+    console: list[str]
+    page: Page
+
+
+@pytest.fixture(scope="session")
+def rendered(build, server) -> dict[str, Rendered]:
+    binary = require_chromium()
+
+    def render(path: Path) -> tuple[str, Rendered]:
+        rel = path.relative_to(build.html).as_posix()
+        proc = chromium(binary, f"{server}/{rel}", "--dump-dom")
+        console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+        return rel, Rendered(path, proc.returncode, proc.stdout, console, parse_html(proc.stdout))
+
+    with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as pool:
+        return dict(pool.map(render, html_pages(build.html)))
+
+
+def notebook_pages(build: Build) -> list[str]:
+    """Pages built from an .ipynb (their source was copied to _sources)."""
+    return sorted(p.relative_to(build.html / "_sources").as_posix()[: -len(".ipynb")] + ".html"
+                  for p in (build.html / "_sources").rglob("*.ipynb"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests
+# ---------------------------------------------------------------------------------------------
+
+def test_build_has_no_warnings(build):
+    for line in build.tolerated:
+        print(f"tolerated: {line}")
+    assert not build.unexpected, (
+        f"`jupyter-book build . -W -n --keep-going` warned {len(build.unexpected)} time(s):\n"
+        + "\n".join(build.unexpected))
+
+
+def test_every_page_renders_without_script_errors(build, rendered):
+    assert "index.html" in rendered, "the front page was not built"
+    problems = []
+    for rel, r in rendered.items():
+        if r.returncode != 0 or not r.dom.strip():
+            problems.append(f"{rel}: chromium exited {r.returncode} with {len(r.dom)} bytes of DOM")
+            continue
+        if not r.page.title.strip():
+            problems.append(f"{rel}: no <title>")
+        if rel not in ("genindex.html", "search.html") and (r.page.h1 == 0 or r.page.article_text < 200):
+            problems.append(f"{rel}: no rendered article (h1: {r.page.h1}, {r.page.article_text} characters)")
+        for line in r.console:
+            local = "127.0.0.1" in line
+            if local and ("Uncaught" in line or "SyntaxError" in line or "ReferenceError" in line):
+                problems.append(f"{rel}: JavaScript error: {line.split(':CONSOLE', 1)[-1][:300]}")
+    assert not problems, "\n".join(problems)
+
+
+def test_internal_links_and_assets_resolve(build, rendered):
+    problems = []
+    ids_of: dict[Path, set[str]] = {}
+
+    def ids(path: Path) -> set[str]:
+        if path not in ids_of:
+            ids_of[path] = parse_html(path.read_text(encoding="utf-8", errors="replace")).ids
+        return ids_of[path]
+
+    for rel, r in rendered.items():
+        for ref in r.page.links + r.page.assets:
+            target = internal_target(r.path, ref, build.html)
+            if target is None:
+                continue
+            path, fragment = target
+            if not path.exists():
+                problems.append(f"{rel}: link or asset {ref!r} -> missing {path.relative_to(build.html.parent)}")
+            elif fragment and path.suffix == ".html" and fragment not in ids(path) and path != r.path:
+                problems.append(f"{rel}: link {ref!r}: no id {fragment!r} in {path.name}")
+            elif fragment and path == r.path and fragment not in r.page.ids and fragment not in ids(path):
+                problems.append(f"{rel}: link {ref!r}: no id {fragment!r} on the page")
+    assert not problems, f"{len(problems)} broken internal reference(s):\n" + "\n".join(sorted(set(problems)))
+
+
+def _image_problem(path: Path) -> str | None:
+    data = path.read_bytes()
+    if not data:
+        return "empty file"
+    if path.suffix.lower() == ".svg":
+        return None if b"<svg" in data[:4096] else "not an SVG"
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.load()
+            if im.width < 2 or im.height < 2:
+                return f"{im.width}x{im.height} pixels"
+            extrema = im.convert("RGB").getextrema()
+    except Exception as err:  # any decoding failure is the defect being tested for
+        return f"does not decode ({err})"
+    if all(lo == hi for lo, hi in extrema):
+        return "blank (a single colour)"
+    return None
+
+
+def test_images_exist_and_figures_are_not_empty(build, rendered):
+    problems, seen = [], {}
+    for rel, r in rendered.items():
+        for src in r.page.images:
+            target = internal_target(r.path, src, build.html)
+            if target is None:
+                continue
+            path = target[0]
+            if not path.exists():
+                problems.append(f"{rel}: image {src!r} is missing")
+                continue
+            if path not in seen:
+                seen[path] = _image_problem(path)
+            if seen[path]:
+                problems.append(f"{rel}: image {src!r} is {seen[path]}")
+        if r.page.empty_outputs:
+            problems.append(f"{rel}: {r.page.empty_outputs} empty cell output box(es)")
+        if r.page.empty_figures:
+            problems.append(f"{rel}: {r.page.empty_figures} <figure> element(s) with no image")
+        if r.page.widget_views:
+            problems.append(f"{rel}: {r.page.widget_views} ipywidgets view(s) that render blank without a kernel")
+    assert not problems, "\n".join(problems)
+
+
+def test_notebook_pages_offer_download_launch_footer_and_captions(build, rendered):
+    cfg = yaml.safe_load((ROOT / "_config.yml").read_text())
+    repo = cfg["repository"]["url"].rstrip("/")
+    pages = notebook_pages(build)
+    assert pages, "no page was built from a notebook"
+    problems = []
+    for rel in pages:
+        r = rendered[rel]
+        ipynb = rel[: -len(".html")] + ".ipynb"
+        downloads = [h for h in r.page.links if h.split("?")[0].endswith(f"_sources/{ipynb}")]
+        if not downloads:
+            problems.append(f"{rel}: no download link to _sources/{ipynb}")
+        for label in ("Binder", "Colab"):
+            hrefs = [h for h in r.page.links if label.lower() in h.lower()]
+            if not hrefs:
+                problems.append(f"{rel}: no {label} launch button")
+            elif not any(repo.split("github.com/")[-1] in unquote(h) for h in hrefs):
+                problems.append(f"{rel}: the {label} button does not point at {repo}: {hrefs[0]}")
+        footers = r.page.classes.get("provenance-footer", [])
+        if len(footers) != 1 or "This page was run on" not in footers[0]:
+            problems.append(f"{rel}: expected one provenance footer, found {footers}")
+        source = ROOT / ipynb
+        nb = json.loads(source.read_text())
+        figures = sum(1 for c in nb["cells"] for o in c.get("outputs", [])
+                      if any(k.startswith("image/") for k in o.get("data", {})))
+        captions = r.page.classes.get("provenance-caption", [])
+        if figures and not captions:
+            problems.append(f"{rel}: {figures} figure output(s) but no provenance caption")
+        if len(captions) > figures:
+            problems.append(f"{rel}: {len(captions)} captions for {figures} figure(s): duplicated")
+        run = nb["metadata"].get("reference_run") or {}
+        for cap in captions:
+            if run.get("torch") and run["torch"] not in cap:
+                problems.append(f"{rel}: caption {cap!r} does not name torch {run['torch']}")
+    assert not problems, "\n".join(problems)
+
+
+def _is_notebook(docname: str) -> bool:
+    md = ROOT / f"{docname}.md"
+    if (ROOT / f"{docname}.ipynb").exists():
+        return True
+    return md.exists() and "format_name: myst" in md.read_text(encoding="utf-8")[:2000]
+
+
+def test_status_page_lists_every_notebook_with_its_state(build, rendered):
+    assert "status.html" in rendered, "no status page (status.md in _toc.yml)"
+    r = rendered["status.html"]
+    tables = " ".join(r.page.classes.get("provenance-status-table", []))
+    linked = set()
+    for href in r.page.links:
+        target = internal_target(r.path, href, build.html)
+        if target is not None:
+            linked.add(target[0].resolve())
+    notebooks = [d for d in _toc_docnames() if _is_notebook(d)]
+    assert notebooks, "_toc.yml names no notebook"
+    missing = []
+    for docname in notebooks:
+        html = (build.html / f"{docname}.html").resolve()
+        listed = html in linked if html.exists() else docname in tables
+        if not listed:
+            missing.append(docname)
+    assert not missing, f"the status page lacks {missing}"
+    rows = re.findall(r"[✓⚠✗—] (current|current code, but a CPU run|stale: [^✓⚠✗—]*|not executed yet|no reference_run)",
+                      tables)
+    assert len(rows) == len(notebooks), f"{len(rows)} status entries for {len(notebooks)} notebooks: {tables[:500]}"
+
+
+def test_glossary_entries_have_a_chinese_term(build, rendered):
+    assert "glossary.html" in rendered, "no glossary page (glossary.md in _toc.yml)"
+    page = rendered["glossary.html"].page
+    terms = page.classes.get("glossary-dt", [])
+    assert len(terms) >= 2 * 40, f"expected at least 40 entries of two terms, found {len(terms)} terms"
+    english = [t for t in terms if not CJK.search(t)]
+    chinese = [t for t in terms if CJK.search(t)]
+    assert len(english) == len(chinese), f"{len(english)} English terms but {len(chinese)} Chinese ones"
+    for needed in ("arithmetic intensity", "achieved bandwidth", "MFU", "all-reduce", "activation checkpointing"):
+        assert any(t.startswith(needed) for t in english), f"the glossary lacks {needed!r}"
+
+
+def test_search_finds_the_glossary_and_a_chapter(build, server):
+    binary = require_chromium()
+    proc = chromium(binary, f"{server}/search.html?q=roofline", "--dump-dom")
+    results = re.findall(r'<ul class="search">(.*?)</ul>', proc.stdout, re.S)
+    hits = re.findall(r'<li[^>]*>\s*<a href="([^"]+)"', results[0]) if results else []
+    assert any("glossary" in h for h in hits), f"search for 'roofline' found {hits}"
+    assert any(h.startswith(("book/", "labs/")) for h in hits), f"search for 'roofline' found {hits}"
+
+
+def test_screenshots_of_front_page_and_a_chapter(build, server):
+    binary = require_chromium()
+    chapter = next((d for d in _toc_docnames() if d.startswith("book/") and (build.html / f"{d}.html").exists()),
+                   None)
+    assert chapter, "no chapter page was built"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for name, rel in (("front_page", "index.html"), (Path(chapter).name, f"{chapter}.html")):
+        out = SCREENSHOTS / f"{name}.png"
+        out.unlink(missing_ok=True)
+        proc = chromium(binary, f"{server}/{rel}", "--hide-scrollbars", "--window-size=1280,2400",
+                        f"--screenshot={out}")
+        assert out.exists(), f"no screenshot of {rel}: {proc.stderr[-500:]}"
+        problem = _image_problem(out)
+        assert problem is None, f"the screenshot of {rel} is {problem}"
+        print(f"screenshot of {rel}: {out}")

@@ -1,0 +1,214 @@
+"""_ext/provenance_pages.py (footers, captions, status page, widget views, scripts) and
+perflab.provenance.source_code_sha256, on a tiny book built with Sphinx in a temporary folder."""
+
+import base64
+import io
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from perflab.provenance import code_sha256, source_code_sha256
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "_ext"))
+import provenance_pages as PP  # noqa: E402
+
+HEADER = """---
+jupytext:
+  text_representation:
+    extension: .md
+    format_name: myst
+    format_version: 0.13
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+---
+"""
+GPU_RUN = {"devices": ["NVIDIA H200", "NVIDIA H200"], "driver": "580.159.04", "cuda": "13.0",
+           "torch": "2.11.0+cu130", "python": "3.12.3", "started": "2026-11-30T10:00:00Z", "duration_s": 41.2,
+           "git": "0123456789abcdef"}
+
+
+def png_bytes(blank=False) -> str:
+    from PIL import Image
+
+    im = Image.new("RGB", (8, 8), "white")
+    if not blank:
+        im.putpixel((3, 3), (200, 0, 0))
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def write_pair(folder: Path, name: str, cells: list[str], run: dict | None, outputs=None, tags=None) -> None:
+    """A MyST source ``name.md`` and its executed ``name.ipynb`` (outputs given per cell)."""
+    body = HEADER + f"\n# {name.title()} page\n\nSome prose about {name}.\n"
+    for src in cells:
+        body += "\n```{code-cell} ipython3\n" + src + "\n```\n"
+    (folder / f"{name}.md").write_text(body)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python", "pygments_lexer": "ipython3"}
+    nb.cells.append(nbformat.v4.new_markdown_cell(f"# {name.title()} page\n\nSome prose about {name}."))
+    for i, src in enumerate(cells):
+        cell = nbformat.v4.new_code_cell(src)
+        cell.outputs = (outputs or {}).get(i, [])
+        if tags and i in tags:
+            cell.metadata["tags"] = tags[i]
+        nb.cells.append(cell)
+    if run is not None:
+        nb.metadata["reference_run"] = dict(run, source_sha256=code_sha256(cells))
+    nbformat.write(nb, folder / f"{name}.ipynb")
+
+
+def make_book(folder: Path) -> None:
+    (folder / "conf.py").write_text(
+        "extensions = ['myst_nb', 'sphinx_external_toc', 'provenance_pages']\n"
+        f"import sys; sys.path.insert(0, {str(ROOT / '_ext')!r}); sys.path.insert(0, {str(ROOT)!r})\n"
+        "external_toc_path = '_toc.yml'\nexternal_toc_exclude_missing = True\n"
+        "nb_execution_mode = 'off'\nexclude_patterns = ['_build', '*.md']\n"
+        "include_patterns = ['**']\n"
+        "myst_enable_extensions = ['substitution']\n"
+        "suppress_warnings = ['mystnb.unknown_mime_type']\n")
+    (folder / "_toc.yml").write_text(
+        "format: jb-book\nroot: index\nparts:\n  - caption: Chapters\n    chapters:\n"
+        "      - file: gpu\n      - file: cpu\n      - file: later\n      - file: status\n")
+    (folder / "index.rst").write_text("Tiny book\n=========\n\nA book of three notebooks.\n")
+    (folder / "status.rst").write_text("Run status\n==========\n\n.. provenance-status::\n")
+    image = {"output_type": "display_data", "metadata": {},
+             "data": {"image/png": png_bytes(), "text/plain": "<Figure>"}}
+    widget = {"output_type": "display_data", "metadata": {},
+              "data": {"application/vnd.jupyter.widget-view+json": {"model_id": "abc", "version_major": 2,
+                                                                     "version_minor": 0},
+                       "text/plain": "progress 0%"}}
+    text = {"output_type": "stream", "name": "stdout", "text": "a | b\n1 | 2\n"}
+    outputs = {0: [nbformat.from_dict(image), nbformat.from_dict(image)], 1: [nbformat.from_dict(widget)],
+               2: [nbformat.from_dict(text)], 3: [nbformat.from_dict(text)]}
+    write_pair(folder, "gpu", ["plot()", "progress()", "table()", "plain()"], GPU_RUN, outputs,
+               tags={2: ["provenance-caption"]})
+    cpu_run = dict(GPU_RUN, devices=["cpu: AMD EPYC"], cuda=None, driver=None, torch="2.13.0+cpu")
+    write_pair(folder, "cpu", ["x = 1"], cpu_run, {0: [nbformat.from_dict(image)]})
+    (folder / "later.md").write_text(HEADER + "\n# Later\n\n```{code-cell} ipython3\ny = 2\n```\n")
+
+
+def build(folder: Path) -> tuple[str, Path]:
+    from sphinx.cmd.build import build_main
+
+    warnings = folder / "warnings.txt"
+    code = build_main(["-b", "html", "-q", "-w", str(warnings), str(folder), str(folder / "_build")])
+    assert code == 0, warnings.read_text()
+    return warnings.read_text(), folder / "_build"
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny_book")
+    make_book(folder)
+    log, out = build(folder)
+    return folder, log, out
+
+
+def test_source_code_sha256_reads_the_code_cells_of_a_myst_source(tmp_path):
+    write_pair(tmp_path, "a", ["x = 1", "print(x)"], None)
+    assert source_code_sha256(tmp_path / "a.md") == code_sha256(["x = 1", "print(x)"])
+    text = (tmp_path / "a.md").read_text()
+    (tmp_path / "a.md").write_text(text.replace("Some prose", "Other prose"))
+    assert source_code_sha256(tmp_path / "a.md") == code_sha256(["x = 1", "print(x)"])
+    (tmp_path / "a.md").write_text(text.replace("x = 1", "x = 2"))
+    assert source_code_sha256(tmp_path / "a.md") != code_sha256(["x = 1", "print(x)"])
+    (tmp_path / "plain.md").write_text("# not a notebook\n")
+    with pytest.raises(ValueError, match="source="):
+        source_code_sha256(tmp_path / "plain.md")
+    with pytest.raises(FileNotFoundError):
+        source_code_sha256(tmp_path / "missing.md")
+
+
+def test_words_from_a_reference_run():
+    assert PP.short_devices(["NVIDIA H200", "NVIDIA H200"]) == "2× NVIDIA H200"
+    assert PP.short_devices(["A", "B"]) == "A, B"
+    assert PP.is_gpu_run(GPU_RUN) and not PP.is_gpu_run(dict(GPU_RUN, cuda=None))
+    assert PP.caption_text(GPU_RUN, ["figure", "figure"]) == "Figure: 2× NVIDIA H200 · torch 2.11.0+cu130 · 2026-11-30"
+    assert PP.caption_text(dict(GPU_RUN, cuda=None), ["table"]).endswith("not a GPU reference run")
+    sentence = PP.describe_run(dict(GPU_RUN, source_sha256="f" * 64))
+    assert sentence.startswith("This page was run on 2× NVIDIA H200, driver 580.159.04, CUDA 13.0")
+    assert "41.2 s" in sentence and "ffffffffffff" in sentence
+
+
+def test_each_figure_cell_gets_one_caption_and_widget_views_are_dropped(book):
+    folder, log, out = book
+    html = (out / "gpu.html").read_text()
+    captions = html.count('class="provenance-caption"')
+    assert captions == 2, f"one caption for the cell with two figures, one for the tagged table; got {captions}"
+    assert "Figure: 2× NVIDIA H200 · torch 2.11.0+cu130 · 2026-11-30" in html
+    assert "Table: 2× NVIDIA H200" in html
+    assert "widget-view+json" not in html and "progress 0%" not in html
+    assert html.count('class="provenance-footer') == 1 and "provenance-stale" not in html
+    assert 'href="status.html"' in html
+    cpu = (out / "cpu.html").read_text()
+    assert "not a GPU reference run" in cpu
+
+
+def test_status_page_lists_each_notebook_with_its_state(book):
+    folder, log, out = book
+    html = (out / "status.html").read_text()
+    assert "0 of 3 notebooks carry a current reference run from a GPU" not in html
+    assert "1 of 3 notebooks carry a current reference run from a GPU" in html
+    assert "✓ current" in html and "⚠ current code, but a CPU run" in html and "— not executed yet" in html
+    assert "2× NVIDIA H200" in html and "580.159.04" in html and "41.2 s" in html
+    assert 'href="gpu.html"' in html and "<code" in html and "later" in html
+    warnings = [line for line in log.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "nonexisting document 'later'" in warnings[0], warnings   # nothing else
+
+
+def test_an_edited_source_makes_page_and_status_stale_on_the_next_build(book, tmp_path):
+    import shutil
+
+    folder, _, _ = book
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("_build", "warnings.txt"))
+    build(copy)                                           # first build: everything current
+    md = copy / "gpu.md"
+    md.write_text(md.read_text().replace("plot()", "plot(size=2)"))
+    _, out = build(copy)                                  # incremental: only the .md changed
+    assert "provenance-stale" in (out / "gpu.html").read_text()
+    assert "✗ stale: code changed since the run" in (out / "status.html").read_text()
+
+
+def test_notebook_without_metadata_warns(tmp_path):
+    make_book(tmp_path)
+    nb = nbformat.read(tmp_path / "cpu.ipynb", as_version=4)
+    nb.metadata.pop("reference_run")
+    nbformat.write(nb, tmp_path / "cpu.ipynb")
+    from sphinx.cmd.build import build_main
+
+    build_main(["-b", "html", "-q", "-w", str(tmp_path / "w.txt"), str(tmp_path), str(tmp_path / "_build")])
+    assert "cpu: the notebook has no reference_run metadata" in (tmp_path / "w.txt").read_text()
+    assert "✗ no reference_run metadata" in (tmp_path / "_build" / "status.html").read_text()
+
+
+def test_duplicate_scripts_are_dropped():
+    from sphinx.builders.html._assets import _JavaScript
+
+    body = {"body": "const X = 1"}
+    files = [_JavaScript("a.js"), _JavaScript(None, **body), _JavaScript("", **body), _JavaScript("a.js")]
+    context = {"script_files": files}
+    PP.dedupe_scripts(None, "p", "page.html", context, None)
+    assert [(js.filename, js.attributes) for js in context["script_files"]] == [("a.js", {}), (None, body)]
+
+
+def test_repository_substitutions_come_from_the_one_setting():
+    class Config:
+        html_theme_options = {"repository_url": "https://example.org/course/"}
+        myst_substitutions = {}
+        html_static_path = []
+
+    config = Config()
+    PP.on_config_inited(None, config)
+    assert config.myst_substitutions["repository_url"] == "[https://example.org/course/](https://example.org/course/)"
+    assert config.myst_substitutions["repository_clone"] == "https://example.org/course.git"
+    assert "git+https://example.org/course.git" in config.myst_substitutions["repository_pip"]
+    assert str(PP.STATIC) in config.html_static_path and (PP.STATIC / "provenance.css").exists()
