@@ -1,0 +1,183 @@
+"""Host-device synchronization: finding the calls that make the CPU wait for the GPU.
+
+CUDA work is asynchronous: a PyTorch call on a GPU tensor queues a kernel and returns. A call
+whose result the *host* needs (a Python number, a printed value, a tensor whose size depends
+on the data) must wait until the queue has drained. Each such wait stops the CPU from running
+ahead, so the GPU idles while the CPU issues the next operations. The PyTorch performance tuning
+guide lists the usual culprits: ``print`` of a CUDA tensor, ``.item()``, copies to the host
+(``.cpu()``, ``.to("cpu")``, ``.tolist()``, ``.numpy()``), ``nonzero()`` and Python control flow on
+tensor values (PyTorch documentation, "Performance Tuning Guide", section "Avoid unnecessary
+CPU-GPU synchronization", https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html).
+
+Two ways to find them:
+
+* :func:`sync_debug_warnings` (GPU only) asks PyTorch itself: under
+  ``torch.cuda.set_sync_debug_mode("warn")`` every synchronizing CUDA call emits a warning, and we
+  record them.
+* :func:`count_host_syncs` (any device) watches the *Python-level* calls with a
+  ``torch.overrides.TorchFunctionMode`` and counts those that synchronize when their tensors are
+  on a GPU, following the rules in :data:`SYNCING_CALLS`. It needs no GPU, so a CPU-only machine
+  can still find the calls; it is a lower bound (calls made inside C++ are not seen), and on a GPU
+  the sync debug mode is the ground truth.
+"""
+
+from __future__ import annotations
+
+import linecache
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["SYNCING_CALLS", "SyncWarning", "count_host_syncs", "sync_debug_warnings"]
+
+# Calls that return a host value computed on the device, or an output whose size depends on the
+# device's data; each must wait for the device. Names are those TorchFunctionMode receives.
+SYNCING_CALLS: dict[str, str] = {
+    "item": "returns a Python number",
+    "tolist": "returns Python numbers",
+    "numpy": "returns a host array",
+    "cpu": "copies to host memory",
+    "__bool__": "Python truth value of a tensor (if, while, and, or, not)",
+    "__float__": "float(tensor)",
+    "__int__": "int(tensor)",
+    "__index__": "tensor used as a Python index",
+    "__complex__": "complex(tensor)",
+    "__repr__": "print(tensor) formats its values on the host",
+    "__str__": "str(tensor) formats its values on the host",
+    "__format__": "an f-string of a tensor formats its value on the host",
+    "__contains__": "`value in tensor` returns a Python bool",
+    "__array__": "conversion to a NumPy array",
+    "nonzero": "output size depends on the data",
+    "argwhere": "output size depends on the data",
+    "masked_select": "output size depends on the data",
+    "unique": "output size depends on the data",
+    "unique_consecutive": "output size depends on the data",
+    "equal": "returns a Python bool",
+    "allclose": "returns a Python bool",
+    "__getitem__": "indexing with a boolean mask (its output size depends on the data)",
+    "where": "the one-argument form torch.where(cond) is nonzero(cond, as_tuple=True)",
+    "to": "a copy to the CPU device",
+}
+
+
+def _is_bool_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype in (torch.bool, torch.uint8)
+
+
+def _targets_cpu(args: tuple, kwargs: dict) -> bool:
+    candidates = list(args[1:]) + [kwargs.get("device")]
+    for c in candidates:
+        if isinstance(c, torch.device) and c.type == "cpu":
+            return True
+        if isinstance(c, str) and c.split(":")[0] == "cpu":
+            return True
+    return False
+
+
+def _syncs(name: str, args: tuple, kwargs: dict) -> bool:
+    if name not in SYNCING_CALLS:
+        return False
+    if name == "__getitem__":
+        index = args[1] if len(args) > 1 else None
+        parts = index if isinstance(index, tuple) else (index,)
+        return any(_is_bool_tensor(p) for p in parts)
+    if name == "where":
+        return len(args) + len(kwargs) == 1
+    if name == "to":
+        return _targets_cpu(args, kwargs)
+    return True
+
+
+class _SyncCounter(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if _syncs(name, args, kwargs):
+            self.counts[name] += 1
+        return func(*args, **kwargs)
+
+
+def count_host_syncs(fn: Callable[..., Any], *args, **kwargs) -> tuple[Any, Counter]:
+    """Run ``fn(*args, **kwargs)`` and count the calls in it that synchronize when tensors are on a GPU.
+
+    Every torch function and tensor method called from Python passes through a
+    ``TorchFunctionMode``; the calls listed in :data:`SYNCING_CALLS` are counted (``__getitem__``
+    only with a boolean-mask index, ``to`` only towards the CPU, ``where`` only in its
+    one-argument form). Calls made from inside another call (for example by ``print`` formatting a
+    tensor) are not seen separately: one ``print`` counts once. The count does not depend on the
+    device, so it works on a CPU-only machine.
+
+    Returns:
+        ``(result of fn, Counter {call name: count})``.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    with _SyncCounter() as counter:
+        out = fn(*args, **kwargs)
+    return out, counter.counts
+
+
+@dataclass(frozen=True)
+class SyncWarning:
+    """One synchronizing CUDA call reported by sync debug mode.
+
+    Attributes:
+        filename: the Python file (or notebook cell) whose line made the call.
+        lineno: the line number in it.
+        line: that line's source text, when Python can find it ("" otherwise).
+        message: the warning's text.
+    """
+
+    filename: str
+    lineno: int
+    line: str
+    message: str
+
+
+def sync_debug_warnings(fn: Callable[..., Any], *args, **kwargs) -> tuple[Any, list[SyncWarning]]:
+    """Run ``fn(*args, **kwargs)`` under ``torch.cuda.set_sync_debug_mode("warn")`` and collect the warnings.
+
+    Every CUDA call that synchronizes the host with the device warns ("called a synchronizing
+    CUDA operation"); they are recorded with ``warnings.catch_warnings(record=True)`` and the
+    filter set to ``"always"`` so repeated warnings from one line are all kept. The previous
+    sync debug mode is restored afterwards, even when ``fn`` raises. PyTorch documents the mode as
+    covering most, not all, synchronizing operations (``torch.distributed`` and ``torch.sparse``
+    are not covered).
+
+    Returns:
+        ``(result of fn, [SyncWarning, ...])`` in the order the calls happened.
+
+    Raises:
+        RuntimeError: no CUDA GPU (sync debug mode is a CUDA feature).
+        TypeError: ``fn`` is not callable.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("sync_debug_warnings needs a CUDA GPU: sync debug mode watches CUDA calls")
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    found = []
+    for w in caught:
+        text = str(w.message)
+        if "synchroniz" in text:
+            line = linecache.getline(w.filename, w.lineno).strip() if w.filename else ""
+            found.append(SyncWarning(w.filename, w.lineno, line, text))
+    return out, found

@@ -1,0 +1,91 @@
+import math
+
+import pytest
+import torch
+
+from perflab import operators as O
+
+
+def test_operator_counts_are_consistent():
+    c = O.operator_counts()
+    assert c["total"] == sum(c["namespaces"].values())
+    assert c["aten_overloads"] == c["namespaces"]["aten"]
+    # the library is large, overloads outnumber operators, and the variants are a subset
+    assert c["aten_overloads"] > c["aten_operators"] > 1000
+    assert 0 < c["aten_inplace"] < c["aten_operators"]
+    assert 0 < c["aten_out"] < c["aten_overloads"]
+    assert 0 < c["aten_composite_implicit"] < c["aten_overloads"]
+    assert 0 < c["aten_with_cpu_kernel"] < c["aten_overloads"]
+
+
+def test_has_kernel_knows_composites_from_kernels():
+    assert O.has_kernel("aten::addmm", "CPU")
+    assert O.has_kernel("aten::linear", "CompositeImplicitAutograd")
+    assert not O.has_kernel("aten::linear", "CPU")
+    with pytest.raises(ValueError, match="overload"):
+        O.has_kernel("aten::add", "CPU")
+    with pytest.raises(ValueError, match="qualified"):
+        O.has_kernel("add", "CPU")
+
+
+def test_fit_recovers_an_exact_line_and_its_crossover():
+    t0, c = 5e-6, 2e-12
+    n = [2**k for k in range(0, 27, 2)]
+    fit = O.fit_call_cost(n, [t0 + c * k for k in n])
+    assert math.isclose(fit.fixed_s, t0, rel_tol=1e-9)
+    assert math.isclose(fit.per_element_s, c, rel_tol=1e-9)
+    assert math.isclose(fit.crossover_numel, t0 / c, rel_tol=1e-9)
+    assert math.isclose(fit.seconds(1000), t0 + c * 1000, rel_tol=1e-12)
+
+
+def test_fit_weighs_small_sizes_as_much_as_large_ones():
+    # 10 % noise on one large point must not move the fixed cost much (relative-error fit)
+    t0, c = 5e-6, 2e-12
+    n = [2**k for k in range(0, 27, 2)]
+    t = [t0 + c * k for k in n]
+    t[-1] *= 1.10
+    fit = O.fit_call_cost(n, t)
+    assert abs(fit.fixed_s / t0 - 1) < 0.02
+
+
+def test_fit_rejects_bad_input_and_flat_sweeps():
+    with pytest.raises(ValueError, match="same length"):
+        O.fit_call_cost([1, 2], [1e-6])
+    with pytest.raises(ValueError, match="two distinct"):
+        O.fit_call_cost([4, 4], [1e-6, 1e-6])
+    with pytest.raises(ValueError, match="seconds must"):
+        O.fit_call_cost([1, 2], [1e-6, 0])
+    with pytest.raises(ValueError, match="numels must"):
+        O.fit_call_cost([0, 2], [1e-6, 2e-6])
+    with pytest.raises(ValueError, match="per-element"):
+        O.fit_call_cost([1, 10, 100], [3e-6, 2e-6, 1e-6])
+
+
+def test_call_cost_sweep_returns_one_positive_time_per_size():
+    pts = O.call_cost_sweep("cpu", [1, 1024], element_budget=2**12, max_calls=50)
+    assert [n for n, _ in pts] == [1, 1024] and all(t > 0 for _, t in pts)
+    with pytest.raises(ValueError, match="numels"):
+        O.call_cost_sweep("cpu", [])
+    with pytest.raises(ValueError, match="max_calls"):
+        O.call_cost_sweep("cpu", [1], max_calls=1)
+
+
+def linear_call(x, w, b):
+    return torch.nn.functional.linear(x, w, b)
+
+
+def test_call_path_nests_python_binding_and_aten():
+    rows = O.call_path(linear_call, torch.randn(4, 8), torch.randn(16, 8), torch.randn(16))
+    assert rows[0].depth == 0 and rows[0].layer == "Python" and rows[0].name.startswith("linear_call")
+    names = [r.name for r in rows]
+    assert "aten::linear" in names and "aten::addmm" in names
+    linear = next(r for r in rows if r.name == "aten::linear")
+    addmm = next(r for r in rows if r.name == "aten::addmm")
+    assert addmm.depth == linear.depth + 1          # addmm is called by linear
+    assert linear.shapes[0] == (4, 8)
+    assert all(r.total_us >= 0 for r in rows)
+
+
+def test_call_path_needs_a_named_function():
+    with pytest.raises(TypeError, match="named Python function"):
+        O.call_path(lambda x: x * 2, torch.randn(3))
