@@ -1,0 +1,116 @@
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+from perflab import caches as C  # noqa: E402
+
+
+def staircase(sizes, levels):
+    """Bandwidth of a perfect hierarchy: levels = [(capacity, bytes/s), ..., (inf, dram)]."""
+    return [next(bw for cap, bw in levels if s <= cap) for s in sizes]
+
+
+def test_format_bytes_uses_binary_units():
+    assert C.format_bytes(32768) == "32 KiB"
+    assert C.format_bytes(60 * 2**20) == "60 MiB"
+    assert C.format_bytes(1.5 * 2**20) == "1.5 MiB"
+    assert C.format_bytes(512) == "512 B"
+
+
+def test_geometric_sizes_are_increasing_multiples_between_the_bounds():
+    sizes = C.geometric_sizes(8192, 2**20, per_octave=2)
+    assert sizes[0] == 8192 and sizes[-1] == 2**20
+    assert all(b > a for a, b in zip(sizes, sizes[1:]))
+    assert all(s % 4096 == 0 for s in sizes)
+    assert len(sizes) == 15  # 7 octaves, 2 points each, plus the first
+    with pytest.raises(ValueError, match="lo"):
+        C.geometric_sizes(0, 10)
+    with pytest.raises(ValueError, match="per_octave"):
+        C.geometric_sizes(1, 10, per_octave=0)
+
+
+def test_find_steps_reads_back_every_capacity_of_a_staircase():
+    sizes = C.geometric_sizes(4096, 2**30, per_octave=4)
+    bws = staircase(sizes, [(32 * 2**10, 200e9), (2**20, 100e9), (32 * 2**20, 60e9), (math.inf, 20e9)])
+    steps = C.find_steps(sizes, bws)
+    assert len(steps) == 3
+    for step, cap in zip(steps, (32 * 2**10, 2**20, 32 * 2**20)):
+        assert cap <= step.capacity_bytes <= cap * 2 ** 0.25   # between the last fast and first slow size
+        assert step.last_fast_bytes == cap
+    assert steps[-1].ratio == pytest.approx(3.0)
+    assert C.largest_step(steps) is steps[-1]
+
+
+def test_a_single_noisy_point_neither_makes_nor_hides_a_step():
+    sizes = C.geometric_sizes(4096, 2**28, per_octave=2)
+    bws = staircase(sizes, [(2**20, 100e9), (math.inf, 20e9)])
+    bws[3] *= 0.5   # one dip on the fast plateau
+    steps = C.find_steps(sizes, bws)
+    assert len(steps) == 1
+    assert 2**20 <= steps[0].capacity_bytes <= 2**20 * 1.5
+
+
+def test_a_flat_curve_has_no_step():
+    assert C.find_steps([1, 2, 4, 8], [5.0, 5.1, 4.9, 5.0]) == []
+    assert C.largest_step([]) is None
+    assert C.nearest_step([], 10) is None
+
+
+@pytest.mark.parametrize("sizes, bws, word", [
+    ([1, 2], [1, 1], "at least 3"),
+    ([1, 2, 3], [1, 1], "length"),
+    ([1, 3, 2], [1, 1, 1], "increasing"),
+    ([1, 2, 3], [1, 0, 1], "positive"),
+])
+def test_find_steps_rejects_bad_curves(sizes, bws, word):
+    with pytest.raises(ValueError, match=word):
+        C.find_steps(sizes, bws)
+
+
+def test_find_steps_rejects_a_bad_threshold():
+    with pytest.raises(ValueError, match="min_drop"):
+        C.find_steps([1, 2, 3], [3, 2, 1], min_drop=1.5)
+
+
+def test_match_steps_pairs_each_level_with_at_most_one_nearby_step():
+    sizes = C.geometric_sizes(4096, 2**30, per_octave=2)
+    bws = staircase(sizes, [(32 * 2**10, 200e9), (32 * 2**20, 60e9), (math.inf, 20e9)])   # no L2 step
+    steps = C.find_steps(sizes, bws)
+    l1, l2, l3 = C.match_steps(steps, [32 * 2**10, 2**20, 32 * 2**20])
+    assert l1 is steps[0] and l3 is steps[1] and l2 is None
+    assert C.nearest_step(steps, 2**20) in steps
+    with pytest.raises(ValueError, match="max_factor"):
+        C.match_steps(steps, [1], max_factor=0.5)
+
+
+def test_read_bandwidth_on_cpu_is_a_positive_rate():
+    bw = C.read_bandwidth("cpu", 64 * 1024, total_bytes=4 * 2**20)
+    assert math.isfinite(bw) and bw > 0
+
+
+@pytest.mark.parametrize("nbytes", [0, 6, 4.0, True])
+def test_read_bandwidth_rejects_sizes_that_are_not_whole_elements(nbytes):
+    with pytest.raises(ValueError, match="nbytes"):
+        C.read_bandwidth("cpu", nbytes)
+
+
+def test_working_set_sweep_keeps_the_best_pass(monkeypatch):
+    values = iter([1.0, 5.0, 3.0, 2.0])   # pass 1: sizes 4096, 8192; pass 2: the same
+    monkeypatch.setattr(C, "read_bandwidth", lambda device, s, total=None: next(values))
+    points = C.working_set_sweep("cpu", [4096, 8192], passes=2)
+    assert [(p.nbytes, p.bytes_per_s) for p in points] == [(4096, 3.0), (8192, 5.0)]
+    with pytest.raises(ValueError, match="passes"):
+        C.working_set_sweep("cpu", [4096], passes=0)
+    with pytest.raises(ValueError, match="sizes"):
+        C.working_set_sweep("cpu", [])
+
+
+def test_plot_working_set_returns_a_figure():
+    pts = [C.WorkingSetPoint(s, b) for s, b in zip([4096, 8192, 16384, 32768], [4e9, 4e9, 1e9, 1e9])]
+    steps = C.find_steps([p.nbytes for p in pts], [p.bytes_per_s for p in pts])
+    fig = C.plot_working_set({"test": pts}, [("L1", 8192)], steps)
+    assert fig.axes[0].get_xlabel().startswith("working set")

@@ -1,0 +1,85 @@
+import os
+
+import pytest
+
+from perflab import distributed as D
+from perflab.hardware import gpu_count
+
+TOPO = """\
+\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
+GPU0\t X \tNV18\tPXB\t0-31\t0\t\tN/A
+GPU1\tNV18\t X \tPXB\t0-31\t0\t\tN/A
+NIC0\tPXB\tPXB\t X
+
+Legend:
+
+  X    = Self
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+
+
+def test_bus_bandwidth_follows_nccl_tests():
+    assert D.algorithm_bandwidth(1e9, 0.01) == 1e11
+    assert D.bus_bandwidth(1e9, 0.01, 2) == 1e11                 # 2 (n-1)/n = 1 for n = 2
+    assert D.bus_bandwidth(1e9, 0.01, 8) == pytest.approx(1e11 * 14 / 8)
+    with pytest.raises(ValueError, match="world_size"):
+        D.bus_bandwidth(1e9, 0.01, 1)
+    with pytest.raises(ValueError, match="seconds"):
+        D.algorithm_bandwidth(1e9, 0)
+
+
+def test_allreduce_time_inverts_bus_bandwidth():
+    t = D.allreduce_time(4e8, 2e11, 8, latency_s=1e-5)
+    assert D.bus_bandwidth(4e8, t - 1e-5, 8) == pytest.approx(2e11)
+    with pytest.raises(ValueError, match="busbw"):
+        D.allreduce_time(1, 0, 2)
+
+
+def test_gpu_link_reads_the_topology_matrix():
+    assert D.gpu_link(TOPO, 0, 1) == "NV18"
+    assert D.gpu_link(TOPO, 1, 0) == "NV18"
+    assert D.gpu_link(TOPO, 0, 5) is None
+    assert D.gpu_link("no matrix here", 0, 1) is None
+
+
+def test_child_environment_keeps_nvlink_multicast_off_and_finds_perflab(monkeypatch):
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    env = D._child_env("nccl", {"EXTRA": 3})
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+    assert env["EXTRA"] == "3"
+    assert os.path.isdir(os.path.join(env["PYTHONPATH"].split(os.pathsep)[0], "perflab"))
+
+
+@pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU fallback")
+def test_gloo_allreduce_between_two_cpu_processes():
+    assert D.default_backend() == "gloo"
+    result = D.allreduce_sweep([4096, 2**20], nproc=2)
+    assert (result.backend, result.world_size, result.device) == ("gloo", 2, "cpu")
+    assert [p.nbytes for p in result.points] == [4096, 2**20]
+    for p in result.points:
+        assert p.seconds > 0 and p.iters >= 5
+        assert p.busbw == pytest.approx(p.algbw)          # n = 2
+    assert result.peak_busbw == max(p.busbw for p in result.points)
+
+
+def test_a_failing_worker_raises_with_its_output():
+    with pytest.raises(D.LaunchError, match="invalid literal") as err:
+        D.launch(["allreduce", "--sizes", "lots"], nproc=2, backend="gloo", timeout_s=120)
+    assert "exited with status" in str(err.value)
+
+
+def test_a_launch_that_runs_too_long_is_killed():
+    with pytest.raises(D.LaunchError, match="timed out"):
+        D.launch(["allreduce", "--sizes", "4096"], nproc=2, backend="gloo", timeout_s=0.5)
+
+
+def test_launch_rejects_bad_arguments_before_starting_anything():
+    with pytest.raises(ValueError, match="nproc"):
+        D.launch(["allreduce"], nproc=1)
+    with pytest.raises(ValueError, match="backend"):
+        D.launch(["allreduce"], backend="mpi")
+    with pytest.raises(ValueError, match="sizes"):
+        D.allreduce_sweep([6])
+    if gpu_count() < 2:
+        with pytest.raises(ValueError, match="GPUs"):
+            D.launch(["allreduce"], backend="nccl")

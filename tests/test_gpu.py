@@ -1,0 +1,89 @@
+import math
+
+import pytest
+import torch
+
+from perflab import gpu
+from perflab.hardware import has_gpu
+
+cpu_only = pytest.mark.skipif(has_gpu(), reason="checks the behaviour on a machine without a GPU")
+
+
+def test_tile_and_wave_counts():
+    assert gpu.tile_count(2048, 1024) == 16 * 8
+    assert gpu.tile_count(2048, 1025) == 16 * 9          # a partial tile costs a whole tile
+    assert gpu.wave_count(132, 132) == 1
+    assert gpu.wave_count(133, 132) == 2                 # one tile more: a whole extra wave
+    assert gpu.wave_count(264, 132, tiles_per_sm=2) == 1
+    with pytest.raises(ValueError, match="tile_n"):
+        gpu.tile_count(8, 8, tile_n=0)
+    with pytest.raises(ValueError, match="sms"):
+        gpu.wave_count(10, 0)
+
+
+def test_fit_waves_tells_a_staircase_from_a_line():
+    m, sms = 2048, 132
+    ns = list(range(1024, 8193, 64))
+    stairs = [(n, 1e-5 + 4e-5 * gpu.wave_count(gpu.tile_count(m, n, 128, 256), sms)) for n in ns]
+    fit = gpu.fit_waves(stairs, m, sms)
+    assert fit.tile == (128, 256)
+    assert fit.staircase_rms < 1e-9 < fit.linear_rms
+    assert fit.seconds_per_wave == pytest.approx(4e-5)
+    line = [(n, 1e-5 + 3e-8 * n) for n in ns]
+    assert gpu.fit_waves(line, m, sms).linear_rms < gpu.fit_waves(line, m, sms).staircase_rms
+    with pytest.raises(ValueError, match="at least 4"):
+        gpu.fit_waves(stairs[:3], m, sms)
+
+
+def test_dram_bandwidth_from_clock_matches_the_h100_datasheet():
+    assert gpu.dram_bandwidth_from_clock(5120, 2619e6) == pytest.approx(3.35e12, rel=0.01)
+    with pytest.raises(ValueError, match="bus_width_bits"):
+        gpu.dram_bandwidth_from_clock(0, 1e9)
+
+
+def test_matmul_rates_on_cpu_cover_fp32_and_bf16():
+    assert gpu.available_matmul_kinds("cpu") == ["fp32", "bf16"]
+    rates, errors = gpu.matmul_rates("cpu", 64)
+    assert set(rates) == {"fp32", "bf16"} and errors == {}
+    assert all(math.isfinite(r) and r > 0 for r in rates.values())
+
+
+def test_matmul_rate_rejects_unknown_and_gpu_only_formats_on_cpu():
+    with pytest.raises(ValueError, match="kind"):
+        gpu.matmul_rate("cpu", 64, "int4")
+    with pytest.raises(ValueError, match="tf32"):
+        gpu.matmul_rate("cpu", 64, "tf32")
+    with pytest.raises(RuntimeError, match="CUDA"):
+        gpu.fp8_matmul_rate("cpu", 64)
+
+
+def test_matmul_rates_reports_an_fp8_failure_instead_of_stopping(monkeypatch):
+    def broken(device, n):
+        raise RuntimeError("no fp8 kernel for this architecture\nsecond line")
+
+    monkeypatch.setattr(gpu, "fp8_matmul_rate", broken)
+    monkeypatch.setattr(gpu, "matmul_rate", lambda d, n, k: broken(d, n) if k == "fp8" else 1.0)
+    rates, errors = gpu.matmul_rates("cpu", 64, ["fp32", "fp8"])
+    assert rates == {"fp32": 1.0}
+    assert errors == {"fp8": "RuntimeError: no fp8 kernel for this architecture"}
+
+
+def test_elementwise_rate_rejects_a_bad_size():
+    with pytest.raises(ValueError, match="numel"):
+        gpu.elementwise_rate("cpu", 0, 4)
+
+
+@cpu_only
+def test_gpu_only_functions_say_so_without_a_gpu():
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        gpu.properties()
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        gpu.wave_sweep("cpu", 128, 128, [128])
+    assert gpu.nvml_readings() is None
+
+
+@pytest.mark.skipif(not has_gpu(), reason="needs a CUDA GPU")
+def test_properties_on_a_gpu():
+    p = gpu.properties(0)
+    assert p["sm_count"] > 0 and p["warp_size"] == 32
+    assert p["memory_bytes"] == torch.cuda.get_device_properties(0).total_memory

@@ -1,0 +1,50 @@
+import pytest
+
+from perflab import transfer
+from perflab.hardware import gpu_count, has_gpu
+
+
+def test_pcie_bandwidth_per_direction():
+    assert transfer.pcie_bandwidth(5, 16) == pytest.approx(63.0e9, rel=1e-3)
+    assert transfer.pcie_bandwidth(4, 16) == pytest.approx(31.5e9, rel=1e-3)
+    assert transfer.pcie_bandwidth(1, 1) == pytest.approx(0.25e9)
+    with pytest.raises(ValueError, match="generation"):
+        transfer.pcie_bandwidth(7, 16)
+    with pytest.raises(ValueError, match="width"):
+        transfer.pcie_bandwidth(5, 0)
+
+
+def test_pageable_prediction_bounds_the_staged_copy():
+    serial, overlapped = transfer.pageable_prediction(50e9, 20e9)   # staging memcpy: 10 GB/s of data
+    assert serial == pytest.approx(1 / (1 / 50e9 + 1 / 10e9))
+    assert overlapped == 10e9
+    assert serial < overlapped <= 50e9
+    fast_host = transfer.pageable_prediction(25e9, 400e9)
+    assert fast_host[1] == 25e9                                          # then the link sets the pace
+    with pytest.raises(ValueError, match="pinned_Bps"):
+        transfer.pageable_prediction(0, 1)
+
+
+def test_arguments_are_checked_before_looking_for_a_gpu():
+    with pytest.raises(ValueError, match="direction"):
+        transfer.host_device_bandwidth(1024, direction="sideways")
+    with pytest.raises(ValueError, match="nbytes"):
+        transfer.host_device_bandwidth(0)
+    with pytest.raises(ValueError, match="sizes"):
+        transfer.host_device_sweep([])
+
+
+@pytest.mark.skipif(has_gpu(), reason="checks the behaviour on a machine without a GPU")
+def test_copies_say_they_need_a_gpu():
+    with pytest.raises(RuntimeError, match="need a CUDA GPU"):
+        transfer.host_device_bandwidth(1024)
+    with pytest.raises(RuntimeError, match="need a CUDA GPU"):
+        transfer.non_blocking_behaviour(1024)
+
+
+@pytest.mark.skipif(gpu_count() >= 2, reason="checks the behaviour with fewer than 2 GPUs")
+def test_peer_copies_say_they_need_two_gpus():
+    with pytest.raises(RuntimeError, match="2 GPUs"):
+        transfer.peer_access(0, 1)
+    with pytest.raises(RuntimeError, match="2 GPUs"):
+        transfer.peer_copy_bandwidth(1024)
