@@ -1,0 +1,73 @@
+"""Lab 3: its student version is valid Python, and its checks can fail (they reject the baseline)."""
+
+import ast
+import sys
+from pathlib import Path
+
+import jupytext
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+LAB = ROOT / "labs" / "03_internals.md"
+sys.path.insert(0, str(ROOT / "scripts"))
+import make_student  # noqa: E402
+
+from perflab import autograd, sync  # noqa: E402
+
+
+def _cell(nb, needle):
+    cells = [c.source for c in nb.cells if c.cell_type == "code" and needle in c.source]
+    assert len(cells) == 1, f"expected one code cell containing {needle!r}, found {len(cells)}"
+    return cells[0]
+
+
+@pytest.fixture(scope="module")
+def lab_namespace():
+    """The lab's set-up, the training-loop cell and the solution cells, executed on CPU sizes."""
+    nb = jupytext.read(LAB)
+    ns: dict = {}
+    for needle in ("dev = device()", "def make_problem", "def train_fast", "def silu_naive",
+                   "class SiLU"):
+        exec(compile(_cell(nb, needle), f"<lab3 cell {needle}>", "exec"), ns)
+    return ns
+
+
+def test_student_version_is_valid_python(tmp_path):
+    assert make_student.main([str(LAB), "-o", str(tmp_path)]) == 0
+    nb = jupytext.read(tmp_path / "03_internals.ipynb")
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            ast.parse(cell.source)  # a SyntaxError here would greet every student
+
+
+def test_sync_check_rejects_the_baseline_and_accepts_the_solution(lab_namespace):
+    ns = lab_namespace
+    model, xs, ys = ns["make_problem"]()
+    _, slow = sync.count_host_syncs(ns["train_slow"], model, ns["make_optimizer"](model), xs, ys)
+    _, fast = sync.count_host_syncs(ns["train_fast"], model, ns["make_optimizer"](model), xs, ys)
+    steps = len(xs)
+    # per step: two boolean masks, the NaN guard, .item() and the f-string
+    assert slow == {"__getitem__": 2 * steps, "__bool__": steps, "item": steps, "__format__": steps}
+    assert sum(fast.values()) == 0
+
+
+def test_saved_bytes_check_rejects_a_function_that_saves_everything(lab_namespace):
+    ns = lab_namespace
+
+    class SaveAll(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            s = torch.sigmoid(x)
+            ctx.save_for_backward(x, s, s * (1 - s))
+            return x * s
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            x, s, ds = ctx.saved_tensors
+            return grad_out * (s + x * ds)
+
+    x = torch.randn(1000, requires_grad=True)
+    naive = autograd.saved_tensors(ns["silu_naive"], x).bytes
+    assert autograd.saved_tensors(SaveAll.apply, x).bytes / naive > 0.5    # the check fails it
+    assert autograd.saved_tensors(ns["SiLU"].apply, x).bytes / naive <= 0.5  # the solution passes
