@@ -1,5 +1,6 @@
 """Labs: nbgrader structure, and student versions that really have the solutions removed."""
 
+import ast
 import sys
 from pathlib import Path
 
@@ -44,6 +45,10 @@ def test_student_version_has_no_solutions(lab, tmp_path):
     for cell in nb.cells:
         if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
             assert "raise NotImplementedError()" in cell.source
+        if cell.cell_type == "code":
+            # the student version must still be valid Python (IPython magics aside)
+            code = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+            ast.parse(code)
 
 
 def test_make_student_rejects_missing_and_non_notebook_paths(tmp_path, capsys):
