@@ -222,7 +222,7 @@ class DiskReport:
             f"({self.rand_cold_iops * self.block / 1e6:.0f} MB/s), warm {self.rand_warm_iops:9,.0f} IOPS",
         ]
         if not self.cache_dropped:
-            lines.append("the OS did not drop the file's pages (cold read as fast as warm): "
+            lines.append("the OS did not drop the file's pages (cold read as fast as warm):\n"
                          "'cold' figures here are page-cache figures")
         return "\n".join(lines)
 

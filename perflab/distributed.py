@@ -347,7 +347,8 @@ def _worker_allreduce(args, dist, torch) -> dict:
         del x
     versions = {"torch": torch.__version__}
     if args.backend == "nccl":
-        versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        v = torch.cuda.nccl.version()  # a tuple such as (2, 27, 3); an int in old releases
+        versions["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     return {"backend": args.backend, "world_size": world, "device": device.type,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "points": points, "versions": versions}

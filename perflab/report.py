@@ -21,6 +21,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -118,8 +119,8 @@ def _cpu_memory(card: Card, s: dict) -> None:
     all_threads = torch.get_num_threads()
     bw_all = cpu.memory_bandwidth(s["cpu_copy"])
     bw_one = cpu.memory_bandwidth(s["cpu_copy"], num_threads=1)
-    card.add("cpu_memory_bandwidth_GBps", "CPU", f"memory bandwidth, copy, {all_threads} threads", bw_all / 1e9, "GB/s")
-    card.add("cpu_memory_bandwidth_1thread_GBps", "CPU", "memory bandwidth, copy, 1 thread", bw_one / 1e9, "GB/s")
+    card.add("cpu_memory_bandwidth_GBps", "CPU", f"copy bandwidth, {all_threads} threads", bw_all / 1e9, "GB/s")
+    card.add("cpu_memory_bandwidth_1thread_GBps", "CPU", "copy bandwidth, 1 thread", bw_one / 1e9, "GB/s")
 
 
 def _cpu_matmul(card: Card, s: dict) -> None:
@@ -145,13 +146,13 @@ def _cpu_caches(card: Card, s: dict) -> None:
     steps = caches.find_steps([p.nbytes for p in points], [p.bytes_per_s for p in points])
     levels = [c for c in cpu.cache_levels() if c.kind != "Instruction"]
     llc = caches.largest_step(steps)
-    card.add("cpu_l1_read_GBps", "CPU", "read bandwidth, 1 thread, smallest working sets",
+    card.add("cpu_l1_read_GBps", "CPU", "read, 1 thread, smallest sets",
              max(p.bytes_per_s for p in points[:3]) / 1e9, "GB/s")
     if llc is None:
         card.note("the CPU bandwidth curve shows no clear step: no cache size read back")
     else:
         reported = levels[-1].size_bytes / 2**20 if levels else None
-        card.add("cpu_llc_from_curve_MiB", "CPU", "last-level cache read back from the curve",
+        card.add("cpu_llc_from_curve_MiB", "CPU", "last-level cache, from the curve",
                  llc.capacity_bytes / 2**20, "MiB", reported,
                  f"OS: {levels[-1].name} {caches.format_bytes(levels[-1].size_bytes)}" if levels else None)
     if not levels:
@@ -162,10 +163,10 @@ def _disk(card: Card, s: dict, directory: str | None) -> None:
     from . import disk
 
     r = disk.measure(s["disk"], directory, count=s["disk_reads"])
-    card.add("disk_seq_cold_GBps", "disk", f"sequential read, cold ({r.nbytes >> 20} MiB, {r.fstype})",
+    card.add("disk_seq_cold_GBps", "disk", f"sequential read, cold ({r.fstype})",
              r.seq_cold_Bps / 1e9, "GB/s")
     card.add("disk_seq_warm_GBps", "disk", "sequential read, warm (page cache)", r.seq_warm_Bps / 1e9, "GB/s")
-    card.add("disk_rand_cold_iops", "disk", f"random {r.block // 1024} KiB reads, cold, queue depth 1",
+    card.add("disk_rand_cold_iops", "disk", f"random {r.block // 1024} KiB reads, cold, QD 1",
              r.rand_cold_iops, "IOPS")
     if not r.cache_dropped:
         card.note(f"the OS ignored the request to drop the test file's pages ({r.fstype} at {r.mount}): "
@@ -200,7 +201,7 @@ def _gpu_memory(card: Card, s: dict) -> None:
     sheet = hardware.datasheet() or {}
     bw = roofline.copy_bandwidth(dev, s["gpu_copy"] // 4)
     ds = sheet.get("memory_bandwidth")
-    card.add("gpu_copy_bandwidth_TBps", "GPU", f"HBM copy bandwidth ({s['gpu_copy'] >> 20} MiB, read + write)",
+    card.add("gpu_copy_bandwidth_TBps", "GPU", f"HBM copy, {s['gpu_copy'] >> 20} MiB, read+write",
              bw / 1e12, "TB/s", ds / 1e12 if ds else None, sheet.get("source"))
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", None)
@@ -210,12 +211,12 @@ def _gpu_memory(card: Card, s: dict) -> None:
     card.curves["gpu_l2"] = {"nbytes": [p.nbytes for p in points], "bytes_per_s": [p.bytes_per_s for p in points]}
     resident = max(p.bytes_per_s for p in points if l2 is None or p.nbytes <= l2 // 2)
     far = points[-1].bytes_per_s
-    card.add("l2_bandwidth_ratio", "GPU", "read bandwidth, L2-resident / HBM (same kernel)", resident / far, "x")
+    card.add("l2_bandwidth_ratio", "GPU", "read, L2-resident / HBM", resident / far, "x")
     step = caches.largest_step(caches.find_steps([p.nbytes for p in points], [p.bytes_per_s for p in points]))
     if step is None:
         card.note("the GPU bandwidth curve shows no clear step: no L2 size read back")
     else:
-        card.add("gpu_l2_from_curve_MiB", "GPU", "L2 size read back from the curve", step.capacity_bytes / 2**20, "MiB",
+        card.add("gpu_l2_from_curve_MiB", "GPU", "L2 size, from the curve", step.capacity_bytes / 2**20, "MiB",
                  l2 / 2**20 if l2 else None, "torch: L2_cache_size" if l2 else None)
 
 
@@ -274,7 +275,7 @@ def _peer(card: Card, s: dict) -> None:
     if not transfer.peer_access(0, 1):
         card.note(f"GPU 0 cannot access GPU 1 directly (link {link}): the copy goes through host memory")
     bw = transfer.peer_copy_bandwidth(s["p2p"], 0, 1)
-    card.add("p2p_bandwidth_GBps", "multi-GPU", f"GPU0->GPU1 copy, {s['p2p'] >> 20} MiB (link {link or '?'})",
+    card.add("p2p_bandwidth_GBps", "multi-GPU", f"GPU0->GPU1, {s['p2p'] >> 20} MiB, {link or '?'}",
              bw / 1e9, "GB/s", theory, source)
 
 
@@ -286,12 +287,11 @@ def _allreduce(card: Card, s: dict) -> None:
     result = distributed.allreduce_sweep(s[backend], nproc=2, backend=backend)
     card.curves["allreduce"] = {"backend": backend, "nbytes": [p.nbytes for p in result.points],
                                 "seconds": [p.seconds for p in result.points], "busbw": [p.busbw for p in result.points]}
-    where = "2 GPUs" if backend == "nccl" else "2 CPU processes"
     theory, source = (None, None)
     if backend == "nccl":
         theory, source, _ = _nvlink_theory()
     best = max(result.points, key=lambda p: p.busbw)
-    card.add("allreduce_busbw_GBps", "collective", f"all-reduce busbw, {backend}, {where}, {best.nbytes >> 20} MiB",
+    card.add("allreduce_busbw_GBps", "collective", f"all-reduce busbw, {backend}, {best.nbytes >> 20} MiB",
              best.busbw / 1e9, "GB/s", theory, source, context=backend)
     card.add("allreduce_latency_us", "collective", f"all-reduce of {result.points[0].nbytes >> 10} KiB, {backend}",
              result.points[0].seconds * 1e6, "us", context=backend)
@@ -373,14 +373,15 @@ def load_reference(path: str | os.PathLike | None = None) -> tuple[dict | None, 
     ``(None, "<reason>")``; it is not an error, since a fresh checkout may not have one yet.
     """
     p = Path(path) if path is not None else REFERENCE_PATH
+    shown = "perflab/data/reference_report.json" if path is None else str(p)
     if not p.exists():
-        return None, f"no reference card at {p}: ratios omitted"
+        return None, f"no reference card at {shown}: ratios omitted"
     try:
         ref = json.loads(p.read_text())
     except (OSError, ValueError) as err:
-        return None, f"reference card {p} unreadable ({type(err).__name__}): ratios omitted"
+        return None, f"reference card {shown} unreadable ({type(err).__name__}): ratios omitted"
     if ref.get("schema") != SCHEMA:
-        return None, f"reference card {p} has schema {ref.get('schema')!r}, not {SCHEMA!r}: ratios omitted"
+        return None, f"reference card {shown} has schema {ref.get('schema')!r}, not {SCHEMA!r}: ratios omitted"
     devices = ref.get("environment", {}).get("devices", ["?"])
     from .provenance import _short_devices
 
@@ -408,42 +409,52 @@ def _num(v: float | None) -> str:
     return f"{v:.3g}" if mag < 1000 else f"{v:,.0f}"
 
 
-def render(card: dict, reference: dict | None = None, reference_line: str = "") -> str:
-    """The card as one plain-text page: header, a table by section, notes and failures.
+def _wrap(text: str, indent: str = "") -> list[str]:
+    return textwrap.wrap(text, 79, initial_indent=indent, subsequent_indent=indent + "  ") or [""]
 
-    Columns: measurement, value and unit, the fraction of the datasheet (or theoretical) figure,
-    the reference run's value, and this machine / reference.
+
+def render(card: dict, reference: dict | None = None, reference_line: str = "") -> str:
+    """The card as one plain-text page, 79 columns wide: header, a table by section, notes, failures.
+
+    Columns: measurement, value and unit, the fraction of the datasheet, theoretical or
+    OS-reported figure ("of spec"), the reference run's value, and this machine / reference.
     """
     env = card.get("environment", {})
     title = "Machine report card" + (" (quick: small problems)" if card.get("quick") else "")
-    lines = [
-        f"{title} · {card.get('created', '?').replace('T', ' ').replace('Z', ' UTC')} · took {card.get('seconds', '?')} s",
-        f"torch {env.get('torch', '?')} · Python {env.get('python', '?')} · CUDA {env.get('cuda') or '—'} · "
-        f"driver {env.get('driver') or '—'}",
-        *card.get("machine", []),
-        reference_line or "reference: none given",
-        "",
-    ]
+    when = card.get("created", "?").replace("T", " ").replace("Z", " UTC")
+    lines = [f"{title} · {when} · {card.get('seconds', '?')} s"]
+    lines += _wrap(f"torch {env.get('torch', '?')} · Python {env.get('python', '?')} · "
+                   f"CUDA {env.get('cuda') or '—'} · driver {env.get('driver') or '—'}")
+    for text in card.get("machine", []):
+        lines += _wrap(text)
+    lines.append(reference_line or "reference: none given")  # one line, however long
+    lines.append("")
     rat = ratios(card, reference)
-    head = f"{'measurement':52s} {'value':>9s} {'unit':8s} {'of spec':>8s} {'reference':>10s} {'ratio':>6s}"
+    head = f"{'measurement':36s} {'value':>8s} {'unit':7s} {'of spec':>7s} {'ref.':>8s} {'ratio':>5s}"
     lines += [head, "─" * len(head)]
     section = None
     for name, m in card.get("metrics", {}).items():
         if m["section"] != section:
             section = m["section"]
             lines.append(f"[{section}]")
-        of_sheet = f"{m['value'] / m['datasheet']:.0%}" if m.get("datasheet") else "—"
+        of_spec = f"{m['value'] / m['datasheet']:.0%}" if m.get("datasheet") else "—"
         ref = (reference or {}).get("metrics", {}).get(name)
         ref_value = _num(ref["value"]) if ref and ref.get("context") == m.get("context") else "—"
         ratio = f"{rat[name]:.2f}" if name in rat else "—"
-        lines.append(f"  {m['label'][:50]:50s} {_num(m['value']):>9s} {m['unit']:8s} {of_sheet:>8s} {ref_value:>10s} {ratio:>6s}")
+        lines.append(f" {m['label'][:35]:35s} {_num(m['value']):>8s} {m['unit']:7s} {of_spec:>7s} "
+                     f"{ref_value:>8s} {ratio:>5s}")
     sources = sorted({m["source"] for m in card.get("metrics", {}).values() if m.get("source")})
     if sources:
-        lines += ["", "spec (datasheet, theoretical or OS-reported figure): " + "; ".join(sources)]
+        lines.append("")
+        lines += _wrap("spec = datasheet, theoretical or OS-reported figure: " + "; ".join(sources))
     if card.get("notes"):
-        lines += ["", "notes:"] + [f"  - {n}" for n in card["notes"]]
+        lines += ["", "notes:"]
+        for n in card["notes"]:
+            lines += _wrap(f"- {n}", "  ")
     if card.get("failures"):
-        lines += ["", "FAILURES (measurements that raised):"] + [f"  ! {f}" for f in card["failures"]]
+        lines += ["", "FAILURES (measurements that raised):"]
+        for f in card["failures"]:
+            lines += _wrap(f"! {f}", "  ")
     return "\n".join(lines)
 
 

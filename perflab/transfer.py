@@ -201,11 +201,11 @@ def non_blocking_behaviour(nbytes: int, device=None, reps: int = 3) -> list[dict
     pinned, _ = _buffers(nbytes, dev, True)
     stream = torch.cuda.current_stream(dev)
     cases = [
-        ("H2D pageable, non_blocking=False", lambda: gpu.copy_(pageable)),
-        ("H2D pageable, non_blocking=True", lambda: gpu.copy_(pageable, non_blocking=True)),
-        ("H2D pinned,   non_blocking=False", lambda: gpu.copy_(pinned)),
-        ("H2D pinned,   non_blocking=True", lambda: gpu.copy_(pinned, non_blocking=True)),
-        ("D2H .to('cpu', non_blocking=True)", lambda: gpu.to("cpu", non_blocking=True)),
+        ("H2D from pageable, blocking", lambda: gpu.copy_(pageable)),
+        ("H2D from pageable, non_blocking", lambda: gpu.copy_(pageable, non_blocking=True)),
+        ("H2D from pinned, blocking", lambda: gpu.copy_(pinned)),
+        ("H2D from pinned, non_blocking", lambda: gpu.copy_(pinned, non_blocking=True)),
+        ("D2H, .to('cpu', non_blocking=True)", lambda: gpu.to("cpu", non_blocking=True)),
     ]
     rows = []
     for name, fn in cases:
