@@ -173,6 +173,11 @@ def _disk(card: Card, s: dict, directory: str | None) -> None:
                   "cold disk figures are page-cache figures")
 
 
+def _sheet_name() -> str:
+    """Short name of the datasheet behind GPU 0's figures (perflab.hardware.DATASHEETS cites it in full)."""
+    return f"{torch.cuda.get_device_name(0)} datasheet"
+
+
 def _gpu_info(card: Card) -> None:
     from . import gpu
     from .caches import format_bytes
@@ -202,7 +207,7 @@ def _gpu_memory(card: Card, s: dict) -> None:
     bw = roofline.copy_bandwidth(dev, s["gpu_copy"] // 4)
     ds = sheet.get("memory_bandwidth")
     card.add("gpu_copy_bandwidth_TBps", "GPU", f"HBM copy, {s['gpu_copy'] >> 20} MiB, read+write",
-             bw / 1e12, "TB/s", ds / 1e12 if ds else None, sheet.get("source"))
+             bw / 1e12, "TB/s", ds / 1e12 if ds else None, _sheet_name() if ds else None)
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", None)
     hi = max(512 * 2**20, 8 * (l2 or 0))
@@ -231,9 +236,9 @@ def _gpu_matmul(card: Card, s: dict) -> None:
         rates["bf16"] = max(rates["bf16"], gpu.matmul_rate(dev, extra, "bf16"))
     for kind, rate in rates.items():
         ds = sheet.get(gpu.MATMUL_KINDS[kind])
-        size = f"best of {', '.join(map(str, s['gpu_n']))}" if kind == "bf16" and len(s["gpu_n"]) > 1 else f"{n_main}"
+        size = f"best of {'/'.join(map(str, s['gpu_n']))}" if kind == "bf16" and len(s["gpu_n"]) > 1 else f"{n_main}"
         card.add(f"matmul_tflops_{kind}", "GPU", f"{kind} matmul, n = {size}", rate / 1e12, "TFLOP/s",
-                 ds / 1e12 if ds else None, sheet.get("source"))
+                 ds / 1e12 if ds else None, _sheet_name() if ds else None)
     for kind, message in errors.items():
         card.note(f"{kind} matmul failed on this GPU and torch build: {message}")
     if not sheet:
@@ -264,7 +269,7 @@ def _nvlink_theory() -> tuple[float | None, str | None, str | None]:
     link = distributed.gpu_link(text, 0, 1) if text else None
     sheet = hardware.datasheet() or {}
     if link and link.startswith("NV") and sheet.get("nvlink_bandwidth"):
-        return sheet["nvlink_bandwidth"] / 2 / 1e9, f"{sheet['source']}: NVLink total / 2 (one direction)", link
+        return sheet["nvlink_bandwidth"] / 2 / 1e9, f"{_sheet_name()}: NVLink total / 2", link
     return None, None, link
 
 
