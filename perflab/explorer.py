@@ -451,11 +451,11 @@ class RooflineExplorer:
         ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="TFLOP/s",
                title=PRECISIONS[precision][0])
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
 
     def figure(self, precisions: Sequence[str] | None = None, stamp: bool = True):
         """A static figure of the selected device: one panel per precision (default: the
-        selected one), each with its roofline, measured points, the reference run's measured
+        selected one), stacked, each with its roofline, measured points, the reference run's measured
         roofs and the selected intensity's prediction. Returns the matplotlib Figure."""
         import matplotlib.pyplot as plt
 
@@ -464,14 +464,14 @@ class RooflineExplorer:
         precisions = list(precisions) if precisions is not None else [self.precision]
         for p in precisions:
             _check_precision(p, self.machine.precisions)
-        fig, axes = plt.subplots(1, len(precisions), figsize=(5.2 * len(precisions) + 1.2, 4.4), squeeze=False)
-        for ax, p in zip(axes[0], precisions):
+        fig, axes = plt.subplots(len(precisions), 1, figsize=(7.5, 5.6 * len(precisions)), squeeze=False)
+        for ax, p in zip(axes[:, 0], precisions):
             self.draw(ax, p)
-        fig.suptitle(self.machine.name, fontsize=10)
+            ax.set_title(f"{self.machine.name}\n{PRECISIONS[p][0]}", fontsize=10)
         return finish(fig, stamp=stamp)
 
     def compare_figure(self, precisions: Sequence[str], machines: Sequence[str] | None = None, stamp: bool = True):
-        """Several devices' rooflines on shared axes, one panel per precision: the static view
+        """Several devices' rooflines on shared axes, one panel per precision (stacked): the static view
         of the device menu. A device without a roof for a panel's precision is drawn with its
         :data:`SUBSTITUTES` precision if it has that (a V100 has fp16 where later GPUs have
         bf16), labelled so; a dot marks each ridge point. ``machines`` are names (default: every
@@ -491,8 +491,8 @@ class RooflineExplorer:
         for n in names:
             if n not in self.machines:
                 raise ValueError(f"machines must be names among {list(self.machines)}, got {n!r}")
-        fig, axes = plt.subplots(1, len(precisions), figsize=(5.6 * len(precisions) + 0.8, 4.6), squeeze=False)
-        for ax, p in zip(axes[0], precisions):
+        fig, axes = plt.subplots(len(precisions), 1, figsize=(7.5, 6.0 * len(precisions)), squeeze=False)
+        for ax, p in zip(axes[:, 0], precisions):
             drawn = []
             for i, n in enumerate(names):
                 m = self.machines[n]
@@ -512,7 +512,7 @@ class RooflineExplorer:
             ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="TFLOP/s",
                    title=f"{PRECISIONS[p][0]} (dots: ridge points)")
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7, loc="upper left")
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
         return finish(fig, stamp=stamp)
 
     def widget(self):

@@ -545,3 +545,62 @@ def test_screenshots_of_front_page_and_a_chapter(build, server):
         problem = _image_problem(out)
         assert problem is None, f"the screenshot of {rel} is {problem}"
         print(f"screenshot of {rel}: {out}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks themselves catch what they claim to (no browser or build needed)
+# ---------------------------------------------------------------------------------------------
+
+def test_checks_catch_empty_outputs_blank_widgets_and_empty_figures():
+    page = parse_html(
+        '<html><head><title>t</title></head><body><main><h1>T</h1>'
+        '<div class="cell_output docutils container"><div class="output"></div></div>'
+        '<div class="cell_output"><img src="a.png"></div>'
+        '<div class="cell_output"><pre>text</pre></div>'
+        '<figure><figcaption>no image</figcaption></figure><figure><svg></svg></figure>'
+        '<script type="application/vnd.jupyter.widget-view+json">{}</script>'
+        '<a href="x.html#frag">x</a><img src="../_images/b.png"><span id="here"></span>'
+        '</main></body></html>')
+    assert page.empty_outputs == 1 and page.empty_figures == 1 and page.widget_views == 1
+    assert page.links == ["x.html#frag"] and page.images == ["a.png", "../_images/b.png"]
+    assert "here" in page.ids and page.h1 == 1 and page.title == "t"
+
+
+def test_checks_resolve_internal_targets_only(tmp_path):
+    page = tmp_path / "book" / "ch.html"
+    assert internal_target(page, "https://example.org/x.html", tmp_path) is None
+    assert internal_target(page, "mailto:a@b", tmp_path) is None
+    assert internal_target(page, "#top", tmp_path) == (page, "top")
+    target, frag = internal_target(page, "../status.html#row", tmp_path)
+    assert target == (tmp_path / "status.html").resolve() and frag == "row"
+
+
+def test_checks_reject_blank_and_broken_images(tmp_path):
+    from PIL import Image
+
+    blank, drawn, broken = tmp_path / "blank.png", tmp_path / "drawn.png", tmp_path / "broken.png"
+    Image.new("RGB", (20, 10), "white").save(blank)
+    im = Image.new("RGB", (20, 10), "white")
+    im.putpixel((5, 5), (0, 0, 0))
+    im.save(drawn)
+    broken.write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+    assert _image_problem(blank) == "blank (a single colour)"
+    assert _image_problem(drawn) is None
+    assert _image_problem(broken).startswith("does not decode")
+
+
+def test_only_expected_warnings_are_tolerated(tmp_path, monkeypatch):
+    cpu = tmp_path / "cpu.ipynb"
+    cpu.write_text(json.dumps({"metadata": {"reference_run": {"devices": ["cpu: X"], "cuda": None}}}))
+    gpu = tmp_path / "gpu.ipynb"
+    gpu.write_text(json.dumps({"metadata": {"reference_run": {"devices": ["NVIDIA H200"], "cuda": "13.0"}}}))
+    log = "\n".join([
+        f"\x1b[91m{cpu}:10: WARNING: No key 'a' found in glue data for this document.\x1b[39;49;00m",
+        f"{gpu}:10: WARNING: No key 'b' found in glue data for this document.",
+        "/r/index.md:: WARNING: toctree contains reference to nonexisting document 'book/99_never' [etoc.ref]",
+        "/r/x.md:3: WARNING: undefined label: 'nowhere'",
+        "reading sources... [100%] index",
+    ])
+    unexpected, tolerated = classify_warnings(log)
+    assert len(tolerated) == 2 and len(unexpected) == 2
+    assert any("'b'" in u for u in unexpected) and any("undefined label" in u for u in unexpected)
