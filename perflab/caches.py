@@ -26,9 +26,11 @@ from typing import Iterable, Sequence
 import torch
 
 __all__ = [
+    "FixedCostFit",
     "Step",
     "WorkingSetPoint",
     "find_steps",
+    "fit_fixed_cost",
     "format_bytes",
     "geometric_sizes",
     "largest_step",
@@ -36,6 +38,7 @@ __all__ = [
     "nearest_step",
     "plot_working_set",
     "read_bandwidth",
+    "without_fixed_cost",
     "working_set_sweep",
 ]
 
@@ -188,6 +191,66 @@ def working_set_sweep(
     for s in iterator:
         best[s] = max(best.get(s, 0.0), read_bandwidth(device, s, total_bytes))
     return [WorkingSetPoint(s, best[s]) for s in sizes]
+
+
+@dataclass(frozen=True)
+class FixedCostFit:
+    """``seconds = fixed_s + nbytes / bytes_per_s``, fitted by least squares to part of a curve.
+
+    Attributes:
+        fixed_s: the time a kernel takes whatever its size (launch ramp, tail, final reduction),
+            in seconds: the intercept.
+        bytes_per_s: the marginal bandwidth, in bytes/s: the inverse of the slope.
+        points: how many points the fit used.
+    """
+
+    fixed_s: float
+    bytes_per_s: float
+    points: int
+
+
+def fit_fixed_cost(points: Sequence[WorkingSetPoint], lo: float = 0, hi: float = math.inf) -> FixedCostFit:
+    """Fit ``t = fixed + nbytes / bandwidth`` to the points with ``lo <= nbytes <= hi`` (bytes).
+
+    A GPU kernel that reads a few MiB lasts only microseconds, and a few of them are a fixed cost
+    (filling the machine with blocks, the last wave, the final step of a reduction), so
+    ``nbytes / time`` under-reads the bandwidth of small working sets. The slope of time against
+    size is the bandwidth without that cost; the intercept is the cost. Each point's time is
+    ``nbytes / bytes_per_s``.
+
+    Raises:
+        ValueError: fewer than 2 points in the range, or a fit whose slope is not positive.
+    """
+    sel = [p for p in points if lo <= p.nbytes <= hi]
+    if len(sel) < 2:
+        raise ValueError(f"need at least 2 points between {lo:.4g} and {hi:.4g} bytes, got {len(sel)}")
+    xs = [float(p.nbytes) for p in sel]
+    ts = [p.nbytes / p.bytes_per_s for p in sel]
+    mx, mt = sum(xs) / len(xs), sum(ts) / len(ts)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sxx if sxx else 0.0
+    if slope <= 0:
+        raise ValueError("time does not grow with size in this range: no bandwidth can be fitted")
+    return FixedCostFit(mt - slope * mx, 1.0 / slope, len(sel))
+
+
+def without_fixed_cost(points: Sequence[WorkingSetPoint], fixed_s: float) -> list[WorkingSetPoint]:
+    """The curve with a fixed per-kernel cost taken out: ``nbytes / (time - fixed_s)``.
+
+    Points whose time does not exceed ``fixed_s`` (their bytes took no measurable time) are
+    dropped.
+
+    Raises:
+        ValueError: ``fixed_s`` negative.
+    """
+    if fixed_s < 0:
+        raise ValueError(f"fixed_s must be >= 0 seconds, got {fixed_s}")
+    out = []
+    for p in points:
+        left = p.nbytes / p.bytes_per_s - fixed_s
+        if left > 0:
+            out.append(WorkingSetPoint(p.nbytes, p.nbytes / left))
+    return out
 
 
 def _median3(values: Sequence[float]) -> list[float]:

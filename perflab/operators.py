@@ -272,18 +272,19 @@ def call_path(fn: Callable, *args, **kwargs) -> list[CallPathRow]:
     """Profile one call of ``fn(*args, **kwargs)`` and return its nested events, outermost first.
 
     Runs ``fn`` once to warm up, then once under ``torch.profiler.profile`` with
-    ``record_shapes=True`` and ``with_stack=True`` (which records Python frames as events), plus
-    the CUDA activity when any tensor argument is on a GPU. The rows are the event tree below the
-    Python frame of ``fn``: Python frames, the C++ binding, each ``aten::`` operator (nested by
-    which operator called which), the CUDA runtime calls made inside them and, as children of the
-    operator that launched them, the GPU kernels.
+    ``record_shapes=True`` and ``with_stack=True`` (which, on builds that support it, records
+    Python frames as events), plus the CUDA activity when any tensor argument is on a GPU. The call
+    is wrapped in a ``record_function`` range named ``"<fn name>()"``; the rows are the event tree
+    below that range: Python frames where recorded, the C++ binding, each ``aten::`` operator
+    (nested by which operator called which), the CUDA runtime calls made inside them and, as
+    children of the operator that launched them, the GPU kernels.
 
     ``fn`` must be a named Python function (``def``), so its frame can be found by name.
 
     Raises:
         TypeError: ``fn`` is not a Python function.
-        RuntimeError: the profiler recorded no Python frame for ``fn`` (``with_stack`` tracing
-            unavailable in this build), so the call path cannot be cut out of the trace.
+        RuntimeError: the profiler recorded no range for the call, so the call path cannot be cut
+            out of the trace.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -296,21 +297,31 @@ def call_path(fn: Callable, *args, **kwargs) -> list[CallPathRow]:
     if on_gpu:
         torch.cuda.synchronize()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    from torch.profiler import record_function
+
+    root_name = f"{name}()"
     with profile(activities=activities, record_shapes=True, with_stack=True) as prof:
-        fn(*args, **kwargs)
+        # a named range around the call: the root of the tree on every build, whether or not
+        # this build's profiler also records Python frames (torch 2.11's CUDA build did not)
+        with record_function(root_name):
+            fn(*args, **kwargs)
         if on_gpu:
             torch.cuda.synchronize()
+    # the Python frame of fn where this build records Python frames (then the range's other
+    # children are the profiler's own Python); else the range, whose children are then the
+    # operators alone
     roots = [e for e in prof.events() if _PY_FRAME.match(e.name) and e.name.endswith(f": {name}")]
+    roots = roots or [e for e in prof.events() if e.name == root_name]
     if not roots:
-        raise RuntimeError(f"the profiler recorded no Python frame named {name!r}: this build's "
-                           "profiler does not trace Python calls (with_stack=True), so the call path "
-                           "cannot be isolated")
+        raise RuntimeError(f"the profiler recorded no range named {root_name!r}, so the call path "
+                           "cannot be cut out of the trace")
     rows: list[CallPathRow] = []
 
     def visit(event, depth: int) -> None:
         label = _label(event.name)
         shapes = tuple(tuple(s) for s in event.input_shapes) if event.name.startswith("aten::") else ()
-        rows.append(CallPathRow(depth, label, _layer(event.name), float(event.cpu_time_total),
+        layer = "Python" if event.name == root_name else _layer(event.name)
+        rows.append(CallPathRow(depth, label, layer, float(event.cpu_time_total),
                                 float(event.self_cpu_time_total), shapes))
         for kernel in getattr(event, "kernels", []) or []:
             rows.append(CallPathRow(depth + 1, kernel.name, "GPU kernel", float(kernel.duration),

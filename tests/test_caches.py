@@ -114,3 +114,35 @@ def test_plot_working_set_returns_a_figure():
     steps = C.find_steps([p.nbytes for p in pts], [p.bytes_per_s for p in pts])
     fig = C.plot_working_set({"test": pts}, [("L1", 8192)], steps)
     assert fig.axes[0].get_xlabel().startswith("working set")
+
+
+def test_fixed_cost_fit_recovers_the_l2_staircase_under_a_kernel_latency():
+    # a GPU-like curve: 4 us per kernel, 6 TB/s from L2 up to 48 MiB, 4.3 TB/s from HBM beyond
+    from perflab.caches import WorkingSetPoint, find_steps, fit_fixed_cost, largest_step, without_fixed_cost
+
+    sizes = [int(2 * 2**20 * 2 ** (k / 4)) // 4096 * 4096 for k in range(37)]
+    pts = [WorkingSetPoint(s, s / (4e-6 + s / (6e12 if s <= 48 * 2**20 else 4.3e12))) for s in sizes]
+    # the raw curve rises with size (latency-bound) and hides the step
+    assert pts[0].bytes_per_s < 0.2 * pts[-1].bytes_per_s
+    l2 = fit_fixed_cost(pts, lo=4 * 2**20, hi=30 * 2**20)
+    hbm = fit_fixed_cost(pts, lo=120 * 2**20)
+    assert abs(l2.fixed_s - 4e-6) < 1e-9 and abs(l2.bytes_per_s / 6e12 - 1) < 1e-6
+    assert abs(hbm.bytes_per_s / 4.3e12 - 1) < 1e-6
+    corrected = without_fixed_cost(pts, l2.fixed_s)
+    step = largest_step(find_steps([p.nbytes for p in corrected], [p.bytes_per_s for p in corrected]))
+    assert step is not None and 40 * 2**20 < step.capacity_bytes < 60 * 2**20
+
+
+def test_fixed_cost_fit_rejects_too_few_points_and_flat_time():
+    import pytest
+
+    from perflab.caches import WorkingSetPoint, fit_fixed_cost, without_fixed_cost
+
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_fixed_cost([WorkingSetPoint(1024, 1e9)])
+    flat = [WorkingSetPoint(s, s / 1e-6) for s in (1024, 2048, 4096)]
+    with pytest.raises(ValueError, match="does not grow"):
+        fit_fixed_cost(flat)
+    with pytest.raises(ValueError, match="fixed_s"):
+        without_fixed_cost(flat, -1)
+    assert without_fixed_cost(flat, 2e-6) == []
