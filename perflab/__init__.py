@@ -2,14 +2,23 @@
 
 One module per concept of the course, each small and documented:
 
-* :mod:`perflab.hardware`   device facts, problem sizes by device, datasheet peaks
-* :mod:`perflab.timing`     warm-up, CUDA events, medians, do_bench / torch.utils.benchmark
-* :mod:`perflab.roofline`   FLOP and byte counts, ceilings, the ``x*2 repeat`` sweep, plots
-* :mod:`perflab.overhead`   Python, dispatch and launch costs; CUDA graphs
-* :mod:`perflab.profiling`  reading torch.profiler output
-* :mod:`perflab.provenance` where numbers came from; glue and reading glued values back
-* :mod:`perflab.plotting`   figure layout and the provenance stamp
-* :mod:`perflab.exercises`  lab checks with one-sentence feedback
+* chapter 1: :mod:`~perflab.hardware` (device facts, sizes by device, datasheet peaks),
+  :mod:`~perflab.timing` (warm-up, CUDA events, medians, do_bench / torch.utils.benchmark),
+  :mod:`~perflab.roofline` (FLOP and byte counts, ceilings, the ``x*2 repeat`` sweep, plots),
+  :mod:`~perflab.overhead` (Python, dispatch and launch costs; CUDA graphs)
+* chapter 2: :mod:`~perflab.cpu`, :mod:`~perflab.caches` (bandwidth against working set),
+  :mod:`~perflab.disk`, :mod:`~perflab.gpu`, :mod:`~perflab.transfer` (host <-> device, peer),
+  :mod:`~perflab.distributed` (torchrun from a notebook, all-reduce), :mod:`~perflab.report`
+  (the machine report card: ``python -m perflab.report``)
+* chapter 3: :mod:`~perflab.tensors` (storage, strides, views), :mod:`~perflab.operators` (the
+  ATen library, per-call cost, call path), :mod:`~perflab.autograd` (saved tensors),
+  :mod:`~perflab.sync` (host-device synchronizations)
+* chapter 4: :mod:`~perflab.profiling` (torch.profiler and trace reading),
+  :mod:`~perflab.monitor` (clocks, power, utilization), :mod:`~perflab.reproducibility`,
+  :mod:`~perflab.tools` (ncu, py-spy, strace), :mod:`~perflab.mystery` (lab 4's steps)
+* the book: :mod:`~perflab.provenance` (where numbers came from; glue), :mod:`~perflab.plotting`
+  (figure layout and provenance stamp), :mod:`~perflab.exercises` (lab checks),
+  :mod:`~perflab.explorer` (the interactive roofline)
 
 Submodules are imported on first use (``import perflab; perflab.roofline``) so that importing the
 package stays cheap.
