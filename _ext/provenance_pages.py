@@ -119,18 +119,10 @@ def _perflab_provenance(app):
     return provenance
 
 
-def _is_myst_notebook(md: Path) -> bool:
-    try:
-        head = md.read_text(encoding="utf-8")[:2000]
-    except (OSError, UnicodeDecodeError):
-        return False
-    return head.startswith("---") and "format_name: myst" in head
-
-
 def source_sha(app, docname: str) -> str | None:
     """SHA-256 of the code cells of ``docname``'s MyST source, or None when it has no such source."""
     md = Path(app.srcdir) / f"{docname}.md"
-    if not _is_myst_notebook(md):
+    if not _perflab_provenance(app).is_myst_notebook(md):
         return None
     return _perflab_provenance(app).source_code_sha256(md)
 

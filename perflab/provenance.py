@@ -20,6 +20,8 @@ from typing import Any, Iterable
 
 __all__ = [
     "caption",
+    "is_myst_notebook",
+    "toc_files",
     "code_sha256",
     "environment",
     "glue",
@@ -178,7 +180,45 @@ def source_code_sha256(source: str | os.PathLike) -> str:
 
     path = Path(source)
     text = path.read_text(encoding="utf-8")
-    if not (text.startswith("---") and "format_name: myst" in text[:2000]):
+    if not is_myst_notebook(path):
         raise ValueError(f"source={str(path)!r} is not a jupytext MyST notebook (no 'format_name: myst' front matter)")
     nb = jupytext.reads(text, fmt="md:myst")
     return code_sha256(c.source.strip() for c in nb.cells if c.cell_type == "code")
+
+
+def is_myst_notebook(path: str | os.PathLike) -> bool:
+    """True when ``path`` starts with a jupytext front matter in the ``myst`` format.
+
+    Unreadable or non-UTF-8 files are not notebooks (False, no error).
+    """
+    try:
+        head = Path(path).read_text(encoding="utf-8")[:2000]
+    except (OSError, UnicodeDecodeError):
+        return False
+    return head.startswith("---") and "format_name: myst" in head
+
+
+def toc_files(toc: str | os.PathLike) -> list[str]:
+    """Every ``root`` and ``file`` entry of a Jupyter Book ``_toc.yml``, in book order, as written.
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    import yaml
+
+    found: list[str] = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            for key in ("root", "file"):
+                if key in node:
+                    found.append(str(node[key]))
+            for value in node.values():
+                if isinstance(value, (list, dict)):
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(yaml.safe_load(Path(toc).read_text()))
+    return found

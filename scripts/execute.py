@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))  # perflab, without requiring an install
 import jupytext  # noqa: E402
 import nbformat  # noqa: E402
 
-from perflab.provenance import code_sha256, environment  # noqa: E402
+from perflab.provenance import code_sha256, environment, is_myst_notebook, toc_files  # noqa: E402
 
 
 class NotANotebook(Exception):
@@ -43,37 +43,6 @@ class NotANotebook(Exception):
 # ---------------------------------------------------------------------------------------------
 # Finding notebooks
 # ---------------------------------------------------------------------------------------------
-
-def _toc_files(toc: Path) -> list[str]:
-    import yaml
-
-    data = yaml.safe_load(toc.read_text())
-    found: list[str] = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            for key in ("root", "file"):
-                if key in node:
-                    found.append(str(node[key]))
-            for value in node.values():
-                if isinstance(value, (list, dict)):
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(data)
-    return found
-
-
-def is_myst_notebook(md: Path) -> bool:
-    """True when ``md`` starts with a jupytext front matter in the ``myst`` format."""
-    try:
-        head = md.read_text(encoding="utf-8")[:2000]
-    except (OSError, UnicodeDecodeError):
-        return False
-    return head.startswith("---") and "format_name: myst" in head
-
 
 def resolve(path: str) -> Path:
     """The ``.md`` source for a path given on the command line (``.md``, ``.ipynb`` or no suffix).
@@ -96,7 +65,7 @@ def resolve(path: str) -> Path:
 def default_notebooks() -> list[Path]:
     """Every entry of ``_toc.yml`` that is a MyST notebook source, in book order."""
     out = []
-    for entry in _toc_files(ROOT / "_toc.yml"):
+    for entry in toc_files(ROOT / "_toc.yml"):
         md = ROOT / (entry if entry.endswith(".md") else entry + ".md")
         if md.exists() and is_myst_notebook(md):
             out.append(md.resolve())

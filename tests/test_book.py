@@ -224,21 +224,9 @@ class Build:
 
 
 def _toc_docnames() -> list[str]:
-    found: list[str] = []
+    from perflab.provenance import toc_files
 
-    def walk(node):
-        if isinstance(node, dict):
-            for key in ("root", "file"):
-                if key in node:
-                    found.append(str(node[key]))
-            for value in node.values():
-                if isinstance(value, (list, dict)):
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(yaml.safe_load((ROOT / "_toc.yml").read_text()))
+    found = toc_files(ROOT / "_toc.yml")
     return [d[: -len(Path(d).suffix)] if Path(d).suffix in (".md", ".ipynb") else d for d in found]
 
 
