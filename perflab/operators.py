@@ -246,6 +246,11 @@ _PY_FRAME_PARTS = re.compile(r"^(.+)\((\d+)\): (.+)$")
 _ADDRESS = re.compile(r" (of .*?)?object at 0x[0-9a-fA-F]+")
 
 
+# events the profiler records about itself (Kineto allocating its trace buffers on the first
+# CUDA activity), not part of the call being traced
+_PROFILER_INTERNAL = {"Activity Buffer Request"}
+
+
 def _layer(name: str) -> str:
     if name.startswith("aten::"):
         return "ATen operator"
@@ -318,6 +323,8 @@ def call_path(fn: Callable, *args, **kwargs) -> list[CallPathRow]:
     rows: list[CallPathRow] = []
 
     def visit(event, depth: int) -> None:
+        if event.name in _PROFILER_INTERNAL:
+            return
         label = _label(event.name)
         shapes = tuple(tuple(s) for s in event.input_shapes) if event.name.startswith("aten::") else ()
         layer = "Python" if event.name == root_name else _layer(event.name)
