@@ -132,6 +132,9 @@ def gpu_link(text: str, src: int = 0, dst: int = 1) -> str | None:
     """
     rows = {}
     header = None
+    # nvidia-smi underlines the header row with terminal escape codes ("\x1b[4mGPU0 ..."), seen on
+    # the H200 reference machine: strip them before matching
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
     for line in text.splitlines():
         cells = line.split()
         if not cells:

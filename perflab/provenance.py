@@ -90,11 +90,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def glue(name: str, value: Any, display: bool = False) -> Any:
-    """Glue ``value`` under ``name`` (myst-nb) so the prose can quote it; returns the value.
+def glue(name: str, value: Any, display: bool = False) -> None:
+    """Glue ``value`` under ``name`` (myst-nb) so the prose can quote it.
 
     Numbers are converted to plain Python ``int``/``float`` first. The name must be a
-    snake_case identifier.
+    snake_case identifier. Returns None, so that a ``glue(...)`` on a cell's last line does not
+    display the value a second time as the cell's result.
 
     Raises:
         ValueError: a name that is not an identifier, or a number that is NaN or infinite (a
@@ -108,7 +109,6 @@ def glue(name: str, value: Any, display: bool = False) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"glued value {name!r} is {value}: the measurement failed")
     _glue(name, value, display=display)
-    return value
 
 
 def _parse(text: str) -> Any:

@@ -151,10 +151,13 @@ def _cpu_caches(card: Card, s: dict) -> None:
     if llc is None:
         card.note("the CPU bandwidth curve shows no clear step: no cache size read back")
     else:
-        reported = levels[-1].size_bytes / 2**20 if levels else None
-        card.add("cpu_llc_from_curve_MiB", "CPU", "last-level cache, from the curve",
-                 llc.capacity_bytes / 2**20, "MiB", reported,
-                 f"OS: {levels[-1].name} {caches.format_bytes(levels[-1].size_bytes)}" if levels else None)
+        # compare the largest fall with the reported level nearest in size (on a VM the shared
+        # L3 often leaves no step for one thread, and the largest fall is the L2's)
+        level = min(levels, key=lambda c: abs(c.size_bytes.bit_length() - int(llc.capacity_bytes).bit_length()),
+                    default=None)
+        card.add("cpu_llc_from_curve_MiB", "CPU", f"cache, largest fall ({level.name if level else '?'})",
+                 llc.capacity_bytes / 2**20, "MiB", level.size_bytes / 2**20 if level else None,
+                 f"OS: {level.name} {caches.format_bytes(level.size_bytes)}" if level else None)
     if not levels:
         card.note("the OS reports no cache sizes (no /sys/devices/system/cpu/cpu0/cache)")
 

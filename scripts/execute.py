@@ -226,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{md.name}: {'prose synced' if sync_prose(md) else 'not synced (missing, or code changed: run it)'}")
         return 0
 
+    # tells notebooks that write files for the book (chapter 4's traces) that this run's files
+    # are the reference; any other execution (tests, a reader's kernel) writes elsewhere
+    os.environ["PERFLAB_REFERENCE_RUN"] = "1"
     failed = 0
     for k, md in enumerate(notebooks, 1):
         index = f"[{k}/{len(notebooks)}]"

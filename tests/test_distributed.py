@@ -83,3 +83,14 @@ def test_launch_rejects_bad_arguments_before_starting_anything():
     if gpu_count() < 2:
         with pytest.raises(ValueError, match="GPUs"):
             D.launch(["allreduce"], backend="nccl")
+
+
+def test_gpu_link_reads_the_h200_topology_with_its_escape_codes():
+    from perflab.distributed import gpu_link
+
+    # `nvidia-smi topo -m` on the 2x H200 reference machine, escape codes and all
+    text = ("\t\x1b[4mGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+            "GPU0\t X \tNV18\t0-31\t0\t\tN/A\n"
+            "GPU1\tNV18\t X \t0-31\t0\t\tN/A\n\nLegend:\n\n  X    = Self\n")
+    assert gpu_link(text, 0, 1) == "NV18"
+    assert gpu_link(text, 1, 0) == "NV18"
