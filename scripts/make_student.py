@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Make the student version of labs: solutions removed, hidden tests removed, outputs cleared.
 
-    python scripts/make_student.py                 # every labs/*.md -> student/labs/*.ipynb
+    python scripts/make_student.py                 # every labs/*.md -> student/labs/*.ipynb,
+                                                   # and the reference runs -> student/book/
     python scripts/make_student.py labs/01_roofline.md -o /tmp/out
 
 The labs use nbgrader's markers, so instructors who already use nbgrader can run
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -74,6 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         target = out / (p.stem + ".ipynb")
         nbformat.write(student_notebook(p), target)
         print(f"{p} -> {target}")
+    # each lab ends by reading its chapter's reference run at ../book/NN_topic.ipynb: give the
+    # student folder the same layout, with copies of the executed reference notebooks
+    book = out.parent / "book"
+    references = sorted((ROOT / "book").glob("*.ipynb"))
+    if references and book.resolve() != (ROOT / "book").resolve():
+        book.mkdir(parents=True, exist_ok=True)
+        for ref in references:
+            shutil.copy2(ref, book / ref.name)
+        print(f"{len(references)} reference notebooks -> {book}")
     return 0
 
 

@@ -56,3 +56,13 @@ def test_make_student_rejects_missing_and_non_notebook_paths(tmp_path, capsys):
     plain = tmp_path / "plain.md"
     plain.write_text("# prose\n")
     assert make_student.main([str(plain)]) == 2
+
+
+def test_student_folder_holds_the_reference_runs_the_labs_read(tmp_path):
+    out = tmp_path / "student" / "labs"
+    assert make_student.main([str(LABS[0]), "-o", str(out)]) == 0
+    for ref in (ROOT / "book").glob("*.ipynb"):
+        assert (tmp_path / "student" / "book" / ref.name).exists()
+    # the labs look for their chapter one folder up, as they do in the repository
+    nb = jupytext.read(LABS[0])
+    assert any('Path("../book/' in c.source for c in nb.cells if c.cell_type == "code")
