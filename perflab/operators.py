@@ -277,12 +277,11 @@ def call_path(fn: Callable, *args, **kwargs) -> list[CallPathRow]:
     """Profile one call of ``fn(*args, **kwargs)`` and return its nested events, outermost first.
 
     Runs ``fn`` once to warm up, then once under ``torch.profiler.profile`` with
-    ``record_shapes=True`` and ``with_stack=True`` (which, on builds that support it, records
-    Python frames as events), plus the CUDA activity when any tensor argument is on a GPU. The call
+    ``record_shapes=True``, plus the CUDA activity when any tensor argument is on a GPU. The call
     is wrapped in a ``record_function`` range named ``"<fn name>()"``; the rows are the event tree
-    below that range: Python frames where recorded, the C++ binding, each ``aten::`` operator
-    (nested by which operator called which), the CUDA runtime calls made inside them and, as
-    children of the operator that launched them, the GPU kernels.
+    below that range: each ``aten::`` operator (nested by which operator called which), the CUDA
+    runtime calls made inside them and, as children of the operator that launched them, the GPU
+    kernels. Python frames are not traced (``with_stack`` is off: see the comment in the code).
 
     ``fn`` must be a named Python function (``def``), so its frame can be found by name.
 
@@ -305,7 +304,10 @@ def call_path(fn: Callable, *args, **kwargs) -> list[CallPathRow]:
     from torch.profiler import record_function
 
     root_name = f"{name}()"
-    with profile(activities=activities, record_shapes=True, with_stack=True) as prof:
+    # no with_stack: its Python tracer keeps raw pointers to code objects, and a code object
+    # freed during profiling (an import inside record_function on torch 2.13, say) later decodes
+    # as garbage (UnicodeDecodeError in evt.name(); pytorch/pytorch#64345, seen in this course's CI)
+    with profile(activities=activities, record_shapes=True) as prof:
         # a named range around the call: the root of the tree on every build, whether or not
         # this build's profiler also records Python frames (torch 2.11's CUDA build did not)
         with record_function(root_name):

@@ -4,6 +4,7 @@ perflab.provenance.source_code_sha256, on a tiny book built with Sphinx in a tem
 import base64
 import io
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -96,11 +97,13 @@ def make_book(folder: Path) -> None:
 
 
 def build(folder: Path) -> tuple[str, Path]:
-    from sphinx.cmd.build import build_main
-
+    # in a fresh process each time: sphinx-external-toc keeps module-level weak references to
+    # the previous application's collectors, and a second in-process build can fail with
+    # "ReferenceError: weakly-referenced object no longer exists" (seen in CI)
     warnings = folder / "warnings.txt"
-    code = build_main(["-b", "html", "-q", "-w", str(warnings), str(folder), str(folder / "_build")])
-    assert code == 0, warnings.read_text()
+    done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-w", str(warnings),
+                           str(folder), str(folder / "_build")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, warnings.read_text() + done.stderr[-3000:]
     return warnings.read_text(), folder / "_build"
 
 
@@ -183,9 +186,8 @@ def test_notebook_without_metadata_warns(tmp_path):
     nb = nbformat.read(tmp_path / "cpu.ipynb", as_version=4)
     nb.metadata.pop("reference_run")
     nbformat.write(nb, tmp_path / "cpu.ipynb")
-    from sphinx.cmd.build import build_main
-
-    build_main(["-b", "html", "-q", "-w", str(tmp_path / "w.txt"), str(tmp_path), str(tmp_path / "_build")])
+    subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-w", str(tmp_path / "w.txt"),
+                    str(tmp_path), str(tmp_path / "_build")], capture_output=True, timeout=300)
     assert "cpu: the notebook has no reference_run metadata" in (tmp_path / "w.txt").read_text()
     assert "✗ no reference_run metadata" in (tmp_path / "_build" / "status.html").read_text()
 
