@@ -10,18 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "execute.py"
 
-HEADER = """---
-jupytext:
-  text_representation:
-    extension: .md
-    format_name: myst
-    format_version: 0.13
-kernelspec:
-  display_name: Python 3
-  language: python
-  name: python3
----
-"""
+from myst_source import HEADER  # noqa: E402
 
 
 def write_nb(path: Path, *cells: str, prose: str = "# A notebook") -> Path:

@@ -17,18 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "_ext"))
 import provenance_pages as PP  # noqa: E402
 
-HEADER = """---
-jupytext:
-  text_representation:
-    extension: .md
-    format_name: myst
-    format_version: 0.13
-kernelspec:
-  display_name: Python 3
-  language: python
-  name: python3
----
-"""
+from myst_source import HEADER  # noqa: E402
 GPU_RUN = {"devices": ["NVIDIA H200", "NVIDIA H200"], "driver": "580.159.04", "cuda": "13.0",
            "torch": "2.11.0+cu130", "python": "3.12.3", "started": "2026-11-30T10:00:00Z", "duration_s": 41.2,
            "git": "0123456789abcdef"}
