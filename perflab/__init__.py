@@ -18,7 +18,7 @@ One module per concept of the course, each small and documented:
   :mod:`~perflab.tools` (ncu, py-spy, strace), :mod:`~perflab.mystery` (lab 4's steps)
 * the book: :mod:`~perflab.provenance` (where numbers came from; glue), :mod:`~perflab.plotting`
   (figure layout and provenance stamp), :mod:`~perflab.exercises` (lab checks),
-  :mod:`~perflab.explorer` (the interactive roofline)
+  :mod:`~perflab.explorer` (the interactive roofline), :mod:`~perflab.progress` (progress bars)
 
 Submodules are imported on first use (``import perflab; perflab.roofline``) so that importing the
 package stays cheap.

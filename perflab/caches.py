@@ -25,6 +25,8 @@ from typing import Iterable, Sequence
 
 import torch
 
+from .progress import progress as show_progress
+
 __all__ = [
     "FixedCostFit",
     "Step",
@@ -182,11 +184,7 @@ def working_set_sweep(
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise ValueError(f"passes must be a positive integer, got {passes!r}")
     jobs = [s for _ in range(passes) for s in sizes]
-    iterator = jobs
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(jobs, desc="working-set sweep", leave=False)
+    iterator = show_progress(jobs, "working-set sweep", progress)
     best: dict[int, float] = {}
     for s in iterator:
         best[s] = max(best.get(s, 0.0), read_bandwidth(device, s, total_bytes))

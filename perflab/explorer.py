@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from .progress import progress as show_progress
+
 __all__ = [
     "PRECISIONS",
     "SUBSTITUTES",
@@ -280,10 +282,7 @@ def measure_machine(
         bandwidth = roofline.copy_bandwidth(dev, copy_numel)
     bandwidth = _positive("bandwidth", bandwidth)
     jobs = [(p, n) for p in precisions for n in sizes]
-    if progress:
-        from tqdm.auto import tqdm
-
-        jobs = tqdm(jobs, desc="matrix products", leave=False)
+    jobs = show_progress(jobs, "matrix products", progress)
     points = []
     for p, n in jobs:
         dtype = getattr(torch, PRECISIONS[p][1])

@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 import torch
 
 from .hardware import has_gpu, nvml_handle
+from .progress import progress as show_progress
 
 __all__ = [
     "MATMUL_KINDS",
@@ -336,11 +337,7 @@ def wave_sweep(
     dev = torch.device(device)
     a = torch.randn(m, k, device=dev).to(dtype)
     b_full = torch.randn(k, max(ns), device=dev).to(dtype)
-    iterator = ns
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(ns, desc="wave sweep", leave=False)
+    iterator = show_progress(ns, "wave sweep", progress)
     out = []
     for n in iterator:
         b = b_full[:, :n].contiguous()

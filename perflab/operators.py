@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from .progress import progress as show_progress
+
 __all__ = [
     "CallCost",
     "CallPathRow",
@@ -202,11 +204,7 @@ def call_cost_sweep(
         raise ValueError(f"numels must be a non-empty list of positive sizes, got {sizes}")
     if element_budget < 1 or max_calls < 10:
         raise ValueError(f"element_budget must be >= 1 and max_calls >= 10, got {element_budget}, {max_calls}")
-    iterator = sizes
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(sizes, desc=f"call cost on {torch.device(device).type}", leave=False)
+    iterator = show_progress(sizes, f"call cost on {torch.device(device).type}", progress)
     out = []
     for n in iterator:
         ops = max(10, min(max_calls, element_budget // n))

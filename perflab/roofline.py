@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from .progress import progress as show_progress
 from .timing import benchmark
 
 __all__ = [
@@ -307,11 +308,7 @@ def sweep_repeat(
     repeats = list(repeats)
     if not repeats:
         raise ValueError("repeats must not be empty")
-    iterator = repeats
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(repeats, desc="x*2 repeat sweep", leave=False)
+    iterator = show_progress(repeats, "x*2 repeat sweep", progress)
     points = []
     for r in iterator:
         fn = repeat_multiply(r)

@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 
 from .hardware import gpu_count, has_gpu
+from .progress import progress as show_progress
 
 __all__ = [
     "PCIE_GT_PER_S",
@@ -161,11 +162,7 @@ def host_device_sweep(sizes: Sequence[int], device=None, progress: bool = False)
     top = max(sizes)
     pinned_host, gpu = _buffers(top, dev, True)
     pageable_host, _ = _buffers(top, dev, False)
-    iterator = sizes
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(sizes, desc="host<->device copies", leave=False)
+    iterator = show_progress(sizes, "host<->device copies", progress)
     out = []
     for s in iterator:
         g, pin, page = gpu[:s], pinned_host[:s], pageable_host[:s]
@@ -279,9 +276,5 @@ def peer_copy_sweep(sizes: Sequence[int], src: int = 0, dst: int = 1, progress: 
     sizes = list(sizes)
     if not sizes:
         raise ValueError("sizes must not be empty")
-    iterator = sizes
-    if progress:
-        from tqdm.auto import tqdm
-
-        iterator = tqdm(sizes, desc="peer copies", leave=False)
+    iterator = show_progress(sizes, "peer copies", progress)
     return [(s, peer_copy_bandwidth(s, src, dst)) for s in iterator]

@@ -45,3 +45,11 @@ def test_benchmark_on_cpu_uses_torch_utils_benchmark_and_agrees_with_a_sleep():
 def test_flush_and_synchronize_are_noops_on_cpu():
     timing.flush_l2("cpu")
     timing.synchronize("cpu")
+
+
+def test_progress_is_a_pass_through_when_disabled_and_yields_every_item_when_enabled():
+    from perflab.progress import progress
+
+    items = [1, 2, 3]
+    assert progress(items, "x", enabled=False) is items
+    assert list(progress(items, "x")) == items
