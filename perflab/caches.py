@@ -7,14 +7,17 @@ risers sit at their capacities: L1, L2, L3 and DRAM on a CPU core; L2 and HBM on
 the classic way of measuring caches from software (Saavedra and Smith, "Measuring cache and TLB
 performance and their effect on benchmark runtimes", IEEE Trans. Computers 44(10), 1995).
 
-The kernel is one PyTorch call, the same on CPU and GPU: ``x.expand(r, n).sum()`` views the
+On a CPU the kernel is one PyTorch call: ``x.expand(r, n).sum()`` views the
 ``n``-element buffer ``x`` as ``r`` identical rows (stride 0, no copy) and sums all of them, so one
 call streams ``r * nbytes`` bytes out of a working set of ``nbytes`` with a single kernel launch.
 A *full* reduction walks the rows in order (every thread of a GPU kernel strides through the
 flattened index together), so an element is read again only after all ``nbytes`` of the others:
 the reuse distance is the working set, as the method requires. A per-row reduction
 (``sum(dim=1)``) would not do on a GPU: it reads all rows at the same time, so each row's bytes
-would hit in cache whatever ``nbytes`` is. Units: bytes and bytes/s.
+would hit in cache whatever ``nbytes`` is. On a GPU that stride-0 reduction is instruction-bound,
+so :func:`read_bandwidth` times a contiguous ``x.sum()`` by its kernel durations instead, and
+:func:`fit_fixed_cost` / :func:`without_fixed_cost` take out the fixed cost of each short kernel.
+Units: bytes and bytes/s.
 """
 
 from __future__ import annotations
@@ -141,13 +144,6 @@ def read_bandwidth(
     if total_bytes < 1:
         raise ValueError(f"total_bytes must be >= 1, got {total_bytes}")
     n = nbytes // itemsize
-    rows = max(1, min(total_bytes // nbytes, (2**31 - 1) // n))  # 32-bit indexing: one kernel
-    if dev.type == "cuda":
-        x = torch.randn(n, device=dev).to(dtype)
-    else:  # the values do not matter for a sum; arange fills memory 4x faster than randn on one core
-        x = torch.arange(n, dtype=torch.float32).to(dtype)
-    view = x.expand(rows, n)
-    fn = lambda: view.sum()  # noqa: E731
     if dev.type == "cuda":
         # On a GPU the stride-0 view sends the reduction down ATen's generic (unvectorized) path,
         # which the reference run showed to be instruction-bound at ~2.7 TB/s on an H200 whatever
@@ -157,7 +153,13 @@ def read_bandwidth(
         # stays in L2 from one call to the next.
         from .profiling import device_seconds_per_call
 
+        x = torch.randn(n, device=dev).to(dtype)
         return nbytes / device_seconds_per_call(x.sum, calls=max(5, min(50, 2**30 // nbytes)))
+    rows = max(1, min(total_bytes // nbytes, (2**31 - 1) // n))  # 32-bit indexing: one kernel
+    # the values do not matter for a sum; arange fills memory 4x faster than randn on one core
+    x = torch.arange(n, dtype=torch.float32).to(dtype)
+    view = x.expand(rows, n)
+    fn = lambda: view.sum()  # noqa: E731
     seconds = benchmark(fn, dev, min_run_time_s=0.05)
     return rows * nbytes / seconds
 
