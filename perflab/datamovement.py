@@ -357,7 +357,15 @@ def _op_class(e) -> str:
     return OTHER
 
 
-def time_by_class(step: Callable[[], object], steps: int = 3, warmup: int = 2) -> dict[str, float]:
+def _add(seconds, record, cls, name, s, steps):
+    seconds[cls] += s
+    if record is not None:
+        names = record.setdefault(cls, {})
+        names[name] = names.get(name, 0.0) + s / steps
+
+
+def time_by_class(step: Callable[[], object], steps: int = 3, warmup: int = 2,
+                  record: dict[str, dict[str, float]] | None = None) -> dict[str, float]:
     """Seconds per step spent in each class, from ``torch.profiler``.
 
     ``step()`` runs ``warmup`` times, then ``steps`` times under the profiler. On a GPU (CUDA
@@ -366,6 +374,12 @@ def time_by_class(step: Callable[[], object], steps: int = 3, warmup: int = 2) -
     name does not say; on a CPU it sums each ATen operator's self CPU time, classed by the
     operator chain (code outside any ATen operator, such as a compiled C++ kernel, is not
     counted).
+
+    Args:
+        step: one training step, called with no arguments.
+        steps, warmup: profiled steps (>= 1) and unprofiled ones before them (>= 0).
+        record: if given, filled with class -> {kernel or operator name: seconds per step},
+            to show what went where.
 
     Returns:
         class -> seconds per step, every class of :data:`CLASSES` present.
@@ -403,11 +417,12 @@ def time_by_class(step: Callable[[], object], steps: int = 3, warmup: int = 2) -
             if cls is None:
                 launcher = by_id.get(getattr(e, "linked_correlation_id", None))
                 cls = _op_class(launcher) if launcher is not None else OTHER
-            seconds[cls] += (e.time_range.end - e.time_range.start) * 1e-6
+            _add(seconds, record, cls, e.name, (e.time_range.end - e.time_range.start) * 1e-6,
+                 steps)
     else:
         for e in events:
             if e.name.startswith("aten::") and e.device_type == torch.autograd.DeviceType.CPU:
-                seconds[_op_class(e)] += e.self_cpu_time_total * 1e-6
+                _add(seconds, record, _op_class(e), e.name, e.self_cpu_time_total * 1e-6, steps)
     if sum(seconds.values()) <= 0:
         raise RuntimeError("the profiler recorded no kernel or operator time for step")
     return {c: s / steps for c, s in seconds.items()}

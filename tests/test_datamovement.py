@@ -112,7 +112,10 @@ def test_counted_flops_equal_the_analytic_matmul_flops():
 
 def test_time_by_class_on_cpu():
     _, _, _, (fwd_bwd, opt_step) = _tiny_step(torch.bfloat16)
-    t = dm.time_by_class(lambda: (fwd_bwd(), opt_step()), steps=1, warmup=1)
+    record = {}
+    t = dm.time_by_class(lambda: (fwd_bwd(), opt_step()), steps=1, warmup=1, record=record)
+    assert "aten::_fused_adamw_" in record[dm.OPTIMIZER]
+    assert sum(record[dm.CONTRACTION].values()) == pytest.approx(t[dm.CONTRACTION])
     assert set(t) == set(dm.CLASSES)
     assert t[dm.CONTRACTION] > 0 and t[dm.OPTIMIZER] > 0 and t[dm.NORMALIZATION] > 0
     with pytest.raises(ValueError):
