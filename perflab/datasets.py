@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 __all__ = [
+    "AugmentBatch",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "JpegFolder",
@@ -61,6 +62,7 @@ __all__ = [
     "cache_dir",
     "collate_list",
     "cpu_rate",
+    "decode_blur",
     "decode_pil",
     "decode_resized",
     "gpu_augment",
@@ -79,6 +81,7 @@ __all__ = [
     "source_photos",
     "stdlib_sources",
     "text_corpus",
+    "threads_everywhere",
     "train_steps",
     "worker_thread_counts",
     "write_memmap",
@@ -536,6 +539,35 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int = 1)
         raise ValueError(f"the loader gave {n_batches} batches; need more than warmup={warmup}")
     return {"images_per_s": count / (time.perf_counter() - t_start), "first_batch_s": first,
             "images": count}
+
+
+def threads_everywhere(worker_id: int) -> None:
+    """A ``worker_init_fn`` that *causes* oversubscription (for the chapter and lab): every worker
+    uses as many intra-op threads as the machine has cores, so N workers run N x N threads."""
+    torch.set_num_threads(os.cpu_count() or 1)
+
+
+def decode_blur(path: str | os.PathLike, side: int = 144) -> torch.Tensor:
+    """Decode and resize one image (:func:`decode_resized`), then blur it with a 7 x 7 box filter
+    in torch (``F.conv2d``, a float32 ``(3, side, side)`` result): torch work big enough
+    (3 x 144 x 144 outputs x 49 taps) that torch splits it over its intra-op threads."""
+    x = torch.from_numpy(decode_resized(path, side)).permute(2, 0, 1).float().unsqueeze(1)
+    k = torch.full((1, 1, 7, 7), 1 / 49)
+    return F.conv2d(x, k, padding=3).squeeze(1)
+
+
+class AugmentBatch:
+    """``collate_fn`` for a batch-reading dataset (``batch_size=None``): ``(uint8 (B, 3, H, W),
+    labels)`` -> ``(gpu_augment(x, out), labels)``, the batched crop/flip/normalize on the CPU
+    (picklable, so it also works in workers)."""
+
+    def __init__(self, out: int, seed: int | None = None):
+        self.out = _positive_int("out", out)
+        self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+
+    def __call__(self, batch):
+        x, y = batch
+        return gpu_augment(x, self.out, generator=self.generator), y
 
 
 class RandomProbe(Dataset):
