@@ -14,8 +14,9 @@ ship:
   files filtered), tokenized once by a byte-level BPE trained with Hugging Face ``tokenizers`` into
   a ``uint16`` memory map (:func:`text_corpus`, :class:`TokenDataset`; chapter 10 reuses them).
 
-Everything built here is cached under :func:`cache_dir`: ``<clone>/.cache/perflab`` by default,
-or the folder named by the environment variable ``PERFLAB_DATA_DIR``. Delete it to rebuild.
+Everything built here is cached under :func:`cache_dir`: ``<clone>/.cache/perflab/data`` by
+default, or the folder named by the environment variable ``PERFLAB_DATA_DIR``. Delete it to
+rebuild.
 
 Storage formats of the same images: a folder of JPEG files (:class:`JpegFolder`), one decoded
 ``uint8`` memory map at a fixed size (:func:`write_memmap`, :class:`MemmapImages`, read a whole
@@ -101,9 +102,9 @@ def _positive_int(name: str, value) -> int:
 
 def cache_dir(*parts: str) -> Path:
     """The folder where built data live (created on first use): ``$PERFLAB_DATA_DIR`` or
-    ``<clone>/.cache/perflab``, joined with ``parts``."""
+    ``<clone>/.cache/perflab/data``, joined with ``parts``."""
     root = os.environ.get("PERFLAB_DATA_DIR")
-    base = Path(root) if root else Path(__file__).resolve().parent.parent / ".cache" / "perflab"
+    base = Path(root) if root else Path(__file__).resolve().parent.parent / ".cache" / "perflab" / "data"
     path = base.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
