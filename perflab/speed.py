@@ -38,9 +38,10 @@ from torch import nn
 
 __all__ = [
     "LADDER", "MEAN", "STD", "GraphedStep", "Prefetcher", "Rung", "RungResult", "SmallCNN",
-    "StepConfig", "capture_logs", "fold_batchnorm", "host_batches", "ladder_configs",
-    "ladder_table", "loss_within", "make_optimizer", "normalize", "overlap_fraction",
-    "run_ladder", "synthetic_images", "trace_intervals", "train_run",
+    "StepConfig", "capture_logs", "check_same_and_faster", "fold_batchnorm",
+    "graph_replay_semantics", "host_batches", "ladder_configs", "ladder_table", "loss_within",
+    "make_optimizer", "normalize", "overlap_fraction", "profile_overlap", "run_ladder",
+    "synthetic_images", "trace_intervals", "train_run",
 ]
 
 #: per-channel mean and standard deviation of :func:`synthetic_images` (in [0, 1] units)
@@ -199,8 +200,9 @@ def host_batches(images: torch.Tensor, labels: torch.Tensor, batch_size: int, st
                  float_on_cpu: bool, pinned: bool = False) -> Iterator[tuple[torch.Tensor, ...]]:
     """``steps`` batches in a fixed order, cycling through the data set, on the CPU.
 
-    ``float_on_cpu=True`` normalizes each batch on the CPU (4 bytes per value over the bus);
-    otherwise batches stay ``uint8`` (1 byte per value) for :func:`normalize` on the device.
+    ``float_on_cpu=True`` normalizes each ``uint8`` batch on the CPU (4 bytes per value over
+    the bus; images that are already floating point are shipped as they are); otherwise
+    batches stay ``uint8`` (1 byte per value) for :func:`normalize` on the device.
     ``pinned=True`` expects ``images``/``labels`` already pinned (slices of a pinned tensor are
     pinned) and pins CPU-normalized batches.
 
@@ -215,7 +217,7 @@ def host_batches(images: torch.Tensor, labels: torch.Tensor, batch_size: int, st
     for i in range(steps):
         lo = (i * batch_size) % n
         x, y = images[lo:lo + batch_size], labels[lo:lo + batch_size]
-        if float_on_cpu:
+        if float_on_cpu and x.dtype == torch.uint8:
             x = normalize(x)
             if pinned:
                 x = x.pin_memory()
@@ -375,11 +377,15 @@ def train_run(config: StepConfig, images: torch.Tensor, labels: torch.Tensor, st
     warm-up and capture); the next ``steps`` are timed with the device synchronized before and
     after. Every run sees the same batches in the same order, so losses can be compared.
 
+    ``images`` are ``uint8`` (normalized on the CPU or, with ``uint8_transfer``, on the
+    device) or already-normalized ``float32`` (shipped as they are).
+
     Returns:
         :class:`RungResult`, ``samples_per_s = steps * batch_size / seconds``.
 
     Raises:
-        ValueError: ``steps`` or ``warmup`` < 1, or a bad ``batch_size``.
+        ValueError: ``steps`` or ``warmup`` < 1, a bad ``batch_size``, or ``uint8_transfer``
+            with images that are not ``uint8``.
     """
     if steps < 1 or warmup < 1:
         raise ValueError(f"steps and warmup must be >= 1, got {steps}, {warmup}")
@@ -399,6 +405,8 @@ def train_run(config: StepConfig, images: torch.Tensor, labels: torch.Tensor, st
     else:
         batches = ((x.to(dev, non_blocking=pin), y.to(dev, non_blocking=pin))
                    for x, y in source)
+    if config.uint8_transfer and images.dtype != torch.uint8:
+        raise ValueError("uint8_transfer needs uint8 images")
     prepare = normalize if config.uint8_transfer else (lambda x: x)
     it = iter(batches)
     log: list[str] = []
@@ -621,7 +629,8 @@ def capture_logs(fn: Callable[[], Any], **set_logs: Any) -> tuple[Any, str]:
     ``torch._logging`` writes through ``logging.StreamHandler`` objects bound to ``sys.stderr``
     when ``set_logs`` installs them; installing them while stderr is redirected to a buffer
     binds them to the buffer, so the log can be printed in a notebook cell as text (nothing goes
-    to stderr). Logging is reset to the defaults afterwards, even when ``fn`` raises.
+    to stderr); anything else ``fn`` writes to stderr is returned too. Logging is reset to the
+    defaults afterwards, even when ``fn`` raises.
     Example: ``capture_logs(run, perf_hints=True, cudagraphs=True)`` shows why
     ``torch.compile(mode="reduce-overhead")`` skipped CUDA graphs.
 
@@ -631,12 +640,12 @@ def capture_logs(fn: Callable[[], Any], **set_logs: Any) -> tuple[Any, str]:
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     buf = io.StringIO()
-    with contextlib.redirect_stderr(buf):
-        torch._logging.set_logs(**set_logs)
-        try:
+    try:
+        with contextlib.redirect_stderr(buf):
+            torch._logging.set_logs(**set_logs)
             out = fn()
-        finally:
-            torch._logging.set_logs()
+    finally:
+        torch._logging.set_logs()             # outside the redirect: defaults go to stderr
     return out, buf.getvalue()
 
 
@@ -681,3 +690,42 @@ def graph_replay_semantics(device: torch.device | str | None = None) -> dict[str
     copied = y[0].item()
     return {"python_calls": calls["n"], "replays": 7, "new_name_result": new_name,
             "copied_result": copied}
+
+
+def check_same_and_faster(what: str, slow_losses: Sequence[float], fast_losses: Sequence[float],
+                          slow_s: float, fast_s: float, device: torch.device | str,
+                          min_ratio: float, ratio_on_cpu: bool = False, rtol: float = 0.05,
+                          atol: float = 0.02) -> bool:
+    """A lab check: the fast loop gives the same result, and (where meaningful) is faster.
+
+    * Result (every device): both loss lists have the same length and the fast loop's final
+      loss is within :func:`loss_within` (``rtol``, ``atol``) of the slow loop's.
+    * Speed: ``slow_s / fast_s >= min_ratio`` (both measured in the same run). Checked on a
+      CUDA device always, on a CPU only when ``ratio_on_cpu`` (for effects that exist there,
+      such as per-call overhead); otherwise the check says that the speed part needs a GPU.
+
+    Prints one sentence and returns True on success.
+
+    Raises:
+        perflab.exercises.ExerciseFailed: missing answers, a changed result or too small a
+            speedup (the message says which).
+    """
+    from .exercises import ExerciseFailed, check_ratio_at_least
+
+    if slow_losses is None or fast_losses is None or fast_s is None:
+        raise ExerciseFailed(f"✗ {what}: no answer yet (a value is None).")
+    slow, fast = [float(v) for v in slow_losses], [float(v) for v in fast_losses]
+    if not fast or len(fast) != len(slow):
+        raise ExerciseFailed(f"✗ {what}: expected {len(slow)} losses, got {len(fast)}.")
+    if not all(math.isfinite(v) for v in fast):
+        raise ExerciseFailed(f"✗ {what}: a loss is not finite.")
+    if not loss_within(fast[-1], slow[-1], rtol, atol):
+        raise ExerciseFailed(f"✗ {what}: the result changed: final loss {fast[-1]:.4f} against "
+                             f"{slow[-1]:.4f} (tolerance {rtol:.0%} + {atol}).")
+    dev = torch.device(device)
+    if dev.type == "cuda" or ratio_on_cpu:
+        check_ratio_at_least(slow_s, fast_s, min_ratio, f"{what} (speedup, same result)")
+    else:
+        print(f"✓ {what}: same result (final loss {fast[-1]:.4f}); the speed part "
+              f"(≥ {min_ratio:g}x) needs a GPU and is not checked on a {dev.type}.")
+    return True
