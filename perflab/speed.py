@@ -41,7 +41,7 @@ __all__ = [
     "StepConfig", "capture_logs", "check_same_and_faster", "fold_batchnorm",
     "graph_replay_semantics", "host_batches", "ladder_configs", "ladder_table", "loss_within",
     "make_optimizer", "normalize", "overlap_fraction", "profile_overlap", "run_ladder",
-    "synthetic_images", "trace_intervals", "train_run",
+    "synthetic_images", "trace_intervals", "train_run", "not_done", "wall_time",
 ]
 
 #: per-channel mean and standard deviation of :func:`synthetic_images` (in [0, 1] units)
@@ -692,11 +692,56 @@ def graph_replay_semantics(device: torch.device | str | None = None) -> dict[str
             "copied_result": copied}
 
 
+def wall_time(fn: Callable[[], object], device: torch.device | str, reps: int = 5,
+              warmup: int = 1) -> float:
+    """Median wall-clock seconds of one call of ``fn()``, the device synchronized around each.
+
+    For whole training loops (or steps) whose cost is partly on the CPU: the calls run as in a
+    real loop, with nothing between them. (:func:`perflab.timing.benchmark` on a GPU flushes the
+    L2 between calls; the flush kernel gives the CPU a head start that hides part of an
+    overhead-bound step's cost, which is what a loop measurement must include.)
+
+    Raises:
+        ValueError: ``reps`` < 1 or ``warmup`` < 0.
+    """
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"reps must be >= 1 and warmup >= 0, got {reps}, {warmup}")
+    dev = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        _sync(dev)
+        t0 = time.perf_counter()
+        fn()
+        _sync(dev)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def not_done(exercise: int | str, what: str) -> None:
+    """Raise "Exercise N is not done yet: <what>." as ``perflab.exercises.ExerciseNotDone``
+    where that class exists (else as ``ExerciseFailed`` with the same sentence).
+
+    Raises:
+        perflab.exercises.ExerciseFailed: always.
+    """
+    from . import exercises
+
+    cls = getattr(exercises, "ExerciseNotDone", None)
+    if cls is not None:
+        raise cls(exercise, what)
+    raise exercises.ExerciseFailed(f"Exercise {exercise} is not done yet: {what.rstrip('.')}.")
+
+
 def check_same_and_faster(what: str, slow_losses: Sequence[float], fast_losses: Sequence[float],
                           slow_s: float, fast_s: float, device: torch.device | str,
                           min_ratio: float, ratio_on_cpu: bool = False, rtol: float = 0.05,
                           atol: float = 0.02) -> bool:
     """A lab check: the fast loop gives the same result, and (where meaningful) is faster.
+
+    ``what`` starts with the exercise's name, e.g. ``"Exercise 2: pinned copies"``; an answer
+    that is still ``None`` raises "Exercise 2 is not done yet" (see :func:`not_done`).
 
     * Result (every device): both loss lists have the same length and the fast loop's final
       loss is within :func:`loss_within` (``rtol``, ``atol``) of the slow loop's.
@@ -713,7 +758,8 @@ def check_same_and_faster(what: str, slow_losses: Sequence[float], fast_losses: 
     from .exercises import ExerciseFailed, check_ratio_at_least
 
     if slow_losses is None or fast_losses is None or fast_s is None:
-        raise ExerciseFailed(f"✗ {what}: no answer yet (a value is None).")
+        number = what.split(":")[0].replace("Exercise", "").strip() or "?"
+        not_done(number, "run your version of the loop first (its result is still None)")
     slow, fast = [float(v) for v in slow_losses], [float(v) for v in fast_losses]
     if not fast or len(fast) != len(slow):
         raise ExerciseFailed(f"✗ {what}: expected {len(slow)} losses, got {len(fast)}.")
