@@ -693,8 +693,12 @@ def graph_replay_semantics(device: torch.device | str | None = None) -> dict[str
 
 
 def wall_time(fn: Callable[[], object], device: torch.device | str, reps: int = 5,
-              warmup: int = 1) -> float:
-    """Median wall-clock seconds of one call of ``fn()``, the device synchronized around each.
+              warmup: int = 1, stat: str = "median") -> float:
+    """Wall-clock seconds of one call of ``fn()``, the device synchronized around each call.
+
+    ``stat="median"`` (default) or ``"min"`` over ``reps`` calls after ``warmup`` calls; the
+    minimum is the estimate least disturbed by other processes (use it for checks that compare
+    two loops on a shared machine).
 
     For whole training loops (or steps) whose cost is partly on the CPU: the calls run as in a
     real loop, with nothing between them. (:func:`perflab.timing.benchmark` on a GPU flushes the
@@ -702,10 +706,12 @@ def wall_time(fn: Callable[[], object], device: torch.device | str, reps: int = 
     overhead-bound step's cost, which is what a loop measurement must include.)
 
     Raises:
-        ValueError: ``reps`` < 1 or ``warmup`` < 0.
+        ValueError: ``reps`` < 1, ``warmup`` < 0 or an unknown ``stat``.
     """
     if reps < 1 or warmup < 0:
         raise ValueError(f"reps must be >= 1 and warmup >= 0, got {reps}, {warmup}")
+    if stat not in ("median", "min"):
+        raise ValueError(f"stat must be 'median' or 'min', got {stat!r}")
     dev = torch.device(device)
     for _ in range(warmup):
         fn()
@@ -716,7 +722,8 @@ def wall_time(fn: Callable[[], object], device: torch.device | str, reps: int = 
         fn()
         _sync(dev)
         times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    times.sort()
+    return times[0] if stat == "min" else times[len(times) // 2]
 
 
 def not_done(exercise: int | str, what: str) -> None:

@@ -148,3 +148,13 @@ def test_gpu_only_helpers_raise_on_cpu():
         speed.graph_replay_semantics()
     with pytest.raises(RuntimeError, match="CUDA"):
         speed.GraphedStep(nn.Linear(2, 2), None, [(torch.ones(1), torch.ones(1))])
+
+
+def test_wall_time_counts_calls_and_checks_arguments():
+    calls = []
+    t = speed.wall_time(lambda: calls.append(1), "cpu", reps=3, warmup=2, stat="min")
+    assert t >= 0 and len(calls) == 5
+    with pytest.raises(ValueError, match="stat"):
+        speed.wall_time(lambda: None, "cpu", stat="mean")
+    with pytest.raises(ValueError, match="reps"):
+        speed.wall_time(lambda: None, "cpu", reps=0)
