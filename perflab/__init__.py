@@ -27,6 +27,12 @@ package stays cheap.
 """
 
 import importlib
+import warnings
+
+# torch 2.11's profiler warns, once per process, that it "clears events at the end of each
+# cycle" whenever acc_events is False, also for the single-cycle profiles the course takes, where
+# there is nothing to clear; the warning would land in a notebook's stored output as stderr.
+warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
 
 __version__ = "0.1.0"
 
