@@ -74,7 +74,8 @@ class GraphBreaks:
 
     Attributes:
         graphs: FX graphs captured for one call.
-        breaks: graph breaks (``graphs - 1`` when the function is one frame).
+        breaks: graph breaks: the larger of explain's count and the number of reasons (a
+            break before any traced operation leaves no graph, so it is not counted there).
         reasons: one line per break: the reason, and the user code line where it happened.
     """
 
@@ -93,8 +94,16 @@ def graph_breaks(fn: Callable, *args, **kwargs) -> GraphBreaks:
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    import logging
+
     torch._dynamo.reset()
-    out = torch._dynamo.explain(fn)(*args, **kwargs)
+    log = logging.getLogger("torch._dynamo")
+    level = log.level
+    log.setLevel(logging.ERROR)   # Dynamo also logs each break as a warning; explain reports it
+    try:
+        out = torch._dynamo.explain(fn)(*args, **kwargs)
+    finally:
+        log.setLevel(level)
     reasons = []
     for br in out.break_reasons:
         where = ""
@@ -102,7 +111,9 @@ def graph_breaks(fn: Callable, *args, **kwargs) -> GraphBreaks:
             frame = br.user_stack[-1]
             where = f" (line {frame.lineno}: {(frame.line or '').strip()})"
         reasons.append(str(br.reason).strip().splitlines()[0] + where)
-    return GraphBreaks(out.graph_count, out.graph_break_count, tuple(reasons))
+    # a break before the first traced operation leaves no graph behind it, and explain's
+    # graph_break_count then misses it; its reason is still listed
+    return GraphBreaks(out.graph_count, max(out.graph_break_count, len(reasons)), tuple(reasons))
 
 
 @dataclass
