@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["BACKEND_MARKERS", "backend_of", "math_scores_bytes", "sdpa_kernels"]
+__all__ = ["BACKEND_MARKERS", "backend_kernel", "backend_of", "math_scores_bytes", "sdpa_kernels"]
 
 # Substrings of kernel names that identify each backend (checked in this order).
 BACKEND_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -26,16 +26,22 @@ BACKEND_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-def backend_of(names: list[str]) -> str:
-    """The SDPA backend a list of kernel/operator names points to: cudnn, flash, efficient or math.
+def backend_kernel(names: list[str]) -> tuple[str, str]:
+    """``(backend, name)``: the SDPA backend the names point to and the first name that says so.
 
-    Returns ``"unknown"`` when no marker matches (e.g. an empty list).
+    Backends: ``"cudnn"``, ``"flash"``, ``"efficient"``, ``"math"``, checked in that order
+    against :data:`BACKEND_MARKERS`; ``("unknown", "")`` when no marker matches.
     """
-    lowered = [n.lower() for n in names]
     for backend, markers in BACKEND_MARKERS:
-        if any(m in n for n in lowered for m in markers):
-            return backend
-    return "unknown"
+        for n in names:
+            if any(m in n.lower() for m in markers):
+                return backend, n
+    return "unknown", ""
+
+
+def backend_of(names: list[str]) -> str:
+    """The SDPA backend a list of kernel/operator names points to (see :func:`backend_kernel`)."""
+    return backend_kernel(names)[0]
 
 
 def sdpa_kernels(fn: Callable[[], object]) -> list[str]:

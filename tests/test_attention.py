@@ -13,6 +13,8 @@ def test_backend_of_kernel_names():
     assert attention.backend_of(["cudnn_generated_fort_native_sdpa_sm90"]) == "cudnn"
     assert attention.backend_of(["aten::bmm", "aten::_softmax"]) == "math"
     assert attention.backend_of([]) == "unknown"
+    assert attention.backend_kernel(["ampere_bf16_gemm", "softmax_warp_forward"]) == \
+        ("math", "softmax_warp_forward")
 
 
 def test_math_scores_bytes():
