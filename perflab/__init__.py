@@ -18,6 +18,10 @@ One module per concept of the course, each small and documented:
   :mod:`~perflab.tools` (ncu, py-spy, strace), :mod:`~perflab.mystery` (lab 4's steps)
 * chapter 6: :mod:`~perflab.speed` (prefetcher, training ladder, CUDA-graph step, copy/compute
   overlap from a trace, BN folding, compile logs as text; lab 6's checks)
+* chapter 9: :mod:`~perflab.precision` (number formats, mixed precision, fp8),
+  :mod:`~perflab.custom_ops` (a fused operator in C++, CUDA and Triton, registered),
+  :mod:`~perflab.compiler` (graph breaks, recompiles, the graphs inside torch.compile),
+  :mod:`~perflab.attention` (which SDPA backend runs)
 * the book: :mod:`~perflab.provenance` (where numbers came from; glue), :mod:`~perflab.plotting`
   (figure layout and provenance stamp), :mod:`~perflab.exercises` (lab checks),
   :mod:`~perflab.explorer` (the interactive roofline), :mod:`~perflab.progress` (progress bars)
