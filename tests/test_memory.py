@@ -243,3 +243,7 @@ def test_allocator_experiment_on_cpu_and_in_a_subprocess():
     assert json.loads(json.dumps(child)) == child
     with pytest.raises(ValueError):
         mem.allocator_experiment(cap_mib=10, big_mib=20, device="cpu")
+
+
+def test_warm_up_runs_on_cpu():
+    mem.warm_up("cpu")
