@@ -16,6 +16,8 @@ One module per concept of the course, each small and documented:
 * chapter 4: :mod:`~perflab.profiling` (torch.profiler and trace reading),
   :mod:`~perflab.monitor` (clocks, power, utilization), :mod:`~perflab.reproducibility`,
   :mod:`~perflab.tools` (ncu, py-spy, strace), :mod:`~perflab.mystery` (lab 4's steps)
+* chapter 6: :mod:`~perflab.speed` (prefetcher, training ladder, CUDA-graph step, copy/compute
+  overlap from a trace, BN folding, compile logs as text; lab 6's checks)
 * chapter 7: :mod:`~perflab.memory` (training memory predicted and measured, the caching
   allocator, snapshots, checkpointing, accumulation, lab 7's checks)
 * the book: :mod:`~perflab.provenance` (where numbers came from; glue), :mod:`~perflab.plotting`
