@@ -18,6 +18,8 @@ One module per concept of the course, each small and documented:
   :mod:`~perflab.tools` (ncu, py-spy, strace), :mod:`~perflab.mystery` (lab 4's steps)
 * chapter 6: :mod:`~perflab.speed` (prefetcher, training ladder, CUDA-graph step, copy/compute
   overlap from a trace, BN folding, compile logs as text; lab 6's checks)
+* chapter 7: :mod:`~perflab.memory` (training memory predicted and measured, the caching
+  allocator, snapshots, checkpointing, accumulation, lab 7's checks)
 * chapter 9: :mod:`~perflab.precision` (number formats, mixed precision, fp8),
   :mod:`~perflab.custom_ops` (a fused operator in C++, CUDA and Triton, registered),
   :mod:`~perflab.compiler` (graph breaks, recompiles, the graphs inside torch.compile),
