@@ -195,6 +195,28 @@ def execute(md: Path, timeout_s: float, index: str) -> tuple[bool, float, str]:
     return True, duration, f"ok on {', '.join(run['devices'])}"
 
 
+def prepare_ceilings(fresh: bool) -> None:
+    """One set of ceilings per reference run, measured before the first notebook.
+
+    On a GPU the run's ceilings file is ``perflab/data/reference_ceilings.json`` (committed with
+    the notebooks): it is measured now unless it already comes from this machine and torch (a
+    run split over several calls on the same machine reuses it) and ``fresh`` is false. Every
+    notebook reads it through ``perflab.ceilings.load()`` (``$PERFLAB_CEILINGS``). Elsewhere the
+    notebooks measure and cache their own (``.cache/perflab/ceilings.json``).
+    """
+    import torch
+
+    from perflab import ceilings
+
+    if not torch.cuda.is_available():
+        return
+    c = ceilings.load(ceilings.REFERENCE_PATH, fresh=fresh)
+    os.environ[ceilings.CEILINGS_ENV] = str(ceilings.REFERENCE_PATH)
+    print(f"ceilings ({c.measured}, {ceilings.REFERENCE_PATH.relative_to(ROOT)}):", flush=True)
+    for name in c.items:
+        print("  " + c.sentence(name), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -202,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="execute nothing; list missing or stale notebooks")
     parser.add_argument("--sync", action="store_true", help="copy prose from .md into .ipynb; execute nothing")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per notebook (default 600)")
+    parser.add_argument("--fresh-ceilings", action="store_true",
+                        help="on a GPU, measure the run's ceilings again even if "
+                             "perflab/data/reference_ceilings.json is from this machine")
     args = parser.parse_args(argv)
 
     try:
@@ -229,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     # tells notebooks that write files for the book (chapter 4's traces) that this run's files
     # are the reference; any other execution (tests, a reader's kernel) writes elsewhere
     os.environ["PERFLAB_REFERENCE_RUN"] = "1"
+    prepare_ceilings(args.fresh_ceilings)
     failed = 0
     for k, md in enumerate(notebooks, 1):
         index = f"[{k}/{len(notebooks)}]"
