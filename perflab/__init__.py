@@ -16,6 +16,8 @@ One module per concept of the course, each small and documented:
 * chapter 4: :mod:`~perflab.profiling` (torch.profiler and trace reading),
   :mod:`~perflab.monitor` (clocks, power, utilization), :mod:`~perflab.reproducibility`,
   :mod:`~perflab.tools` (ncu, py-spy, strace), :mod:`~perflab.mystery` (lab 4's steps)
+* chapter 8: :mod:`~perflab.parallel` (torchrun on one or two "nodes", manual data
+  parallelism, DDP, ZeRO-1, FSDP2, distributed checkpoints, failure and restart)
 * the book: :mod:`~perflab.provenance` (where numbers came from; glue), :mod:`~perflab.plotting`
   (figure layout and provenance stamp), :mod:`~perflab.exercises` (lab checks),
   :mod:`~perflab.explorer` (the interactive roofline), :mod:`~perflab.progress` (progress bars)

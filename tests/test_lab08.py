@@ -77,14 +77,14 @@ def test_comm_prediction_check():
     sweep = [{"nbytes": 4096, "seconds": 50e-6, "busbw": 0.08e9},
              {"nbytes": 2**20, "seconds": 1e-3, "busbw": 1.0e9},
              {"nbytes": 2**24, "seconds": 14e-3, "busbw": 1.2e9}]
-    ns = {"sweep": sweep, "P_model": 1_500_000, "nproc": 2, "predicted_s": None,
+    ns = {"sweep": sweep, "P_model": 1_250_000, "nproc": 2, "predicted_s": None,
           }
     from perflab import distributed
     ns["distributed"] = distributed
     exec(_cell("S = 4 * P_model"), ns)
-    measured = 4 * 1_500_000 / 1.15e9 + 50e-6
+    measured = 4 * 1_250_000 / 1.15e9 + 50e-6
     assert P.check_comm_prediction(ns["predicted_s"], measured)
-    wrong = distributed.allreduce_time(1_500_000, 1.2e9, 2, 50e-6)  # parameters, not bytes
+    wrong = distributed.allreduce_time(1_250_000, 1.2e9, 2, 50e-6)  # parameters, not bytes
     with pytest.raises(ExerciseFailed, match="count bytes"):
         P.check_comm_prediction(wrong, measured)
     with pytest.raises(ExerciseFailed, match="no answer"):
