@@ -695,7 +695,7 @@ def _task_manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_
 
         res[f"{kind}_s"] = ctx.timed(step, warmup, iters)
         params = sum(p.numel() for p in model.parameters())
-        del model, opt
+        del model, opt, step  # the closure would keep the model alive
     flat = torch.zeros(params, dtype=dt, device=ctx.device)
     res["allreduce_s"] = ctx.timed(lambda: ctx.dist.all_reduce(flat), warmup, iters)
     res["params"] = params
@@ -722,7 +722,7 @@ def _task_buckets(ctx, bucket_mbs: Sequence[float], width: int = 64, depth: int 
 
         out[str(float(mb))] = ctx.timed(step, warmup, iters)
         params = sum(p.numel() for p in model.parameters())
-        del model, opt
+        del model, opt, step
     return {"step_s": out, "params": params, "grad_bytes": params * torch.finfo(dt).bits // 8}
 
 
@@ -758,8 +758,6 @@ def _task_overlap(ctx, width: int = 64, depth: int = 4, batch: int = 32, bucket_
     path.unlink()
     for k in ("comm", "compute"):  # keep the figure's data small
         summary[k] = summary[k][:400]
-    summary["buckets"] = len(model.reducer._get_zeros_like_grad_buckets()) \
-        if hasattr(model.reducer, "_get_zeros_like_grad_buckets") else None
     return summary
 
 
@@ -874,7 +872,7 @@ def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup
             r["allocated_bytes"] = r["peak_bytes"] = None
         r["step_s"] = ctx.timed(step, warmup, iters)
         out[name] = r
-        del model, opt
+        del model, opt, step  # else the next strategy's baseline counts this model
     return {"strategies": out, "params": params}
 
 
