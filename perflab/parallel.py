@@ -64,6 +64,7 @@ __all__ = [
     "launch",
     "load_checkpoint_here",
     "overlap_from_trace",
+    "pick_for",
     "static_bytes_formula",
 ]
 
@@ -111,6 +112,23 @@ def static_bytes_formula(params: int, world_size: int, strategy: str, bytes_per_
     if strategy == "fsdp":
         return b * params / n
     raise ValueError(f"strategy must be 'ddp', 'zero1' or 'fsdp', got {strategy!r}")
+
+
+def pick_for(backend: str, cpu, gpu):
+    """``gpu`` when the workers will run on GPUs (``backend == "nccl"``), else ``cpu``.
+
+    Unlike :func:`perflab.hardware.pick`, this follows where the *workers* run: a machine with
+    one GPU launches gloo processes on its CPU and must use CPU sizes.
+    ``PERFLAB_FORCE_CPU_SIZES=1`` forces ``cpu``.
+
+    Raises:
+        ValueError: ``backend`` is not ``"nccl"`` or ``"gloo"``.
+    """
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+    if os.environ.get("PERFLAB_FORCE_CPU_SIZES") == "1":
+        return cpu
+    return gpu if backend == "nccl" else cpu
 
 
 def _union(intervals):
@@ -800,7 +818,10 @@ def _task_no_sync(ctx, width: int = 16, depth: int = 3, batch: int = 4, accum: i
 
 
 def _fsdp(ctx, model, reshard: bool = True, bf16: bool = False):
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # torch >= 2.6
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # torch >= 2.6
+    except ImportError:  # torch 2.4-2.5 kept FSDP2 under its composable-API name
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
 
     torch = ctx.torch
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \

@@ -59,6 +59,15 @@ def test_overlap_from_trace_gpu_and_cpu():
         P.overlap_from_trace({})
 
 
+def test_pick_for_follows_the_workers_backend(monkeypatch):
+    monkeypatch.delenv("PERFLAB_FORCE_CPU_SIZES", raising=False)
+    assert P.pick_for("gloo", 1, 2) == 1 and P.pick_for("nccl", 1, 2) == 2
+    monkeypatch.setenv("PERFLAB_FORCE_CPU_SIZES", "1")
+    assert P.pick_for("nccl", 1, 2) == 1
+    with pytest.raises(ValueError, match="backend"):
+        P.pick_for("mpi", 1, 2)
+
+
 def test_launch_rejects_bad_arguments():
     with pytest.raises(ValueError, match="unknown task"):
         P.launch([{"name": "nope"}], nproc=2, backend="gloo")
