@@ -1033,15 +1033,25 @@ def _task_train_ckpt(ctx, steps: int = 6, every: int = 2, fail_at: int = 3, widt
             "vs_single": ctx.max_over_ranks(_max_param_diff(single, model.module))}
 
 
-def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600) -> dict:
+def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600, timeout_s: float | None = None) -> dict:
     """Rank ``hang_rank`` (default the last) sleeps ``sleep_s`` instead of joining an all-reduce;
-    the others wait in it until the process group's timeout ends them."""
+    the others wait in it until a timeout ends them: ``timeout_s`` seconds on a process group made
+    for the purpose (``dist.new_group(timeout=...)``, after every rank has joined, so a slow
+    start cannot trip it), or the launch's process-group timeout when ``timeout_s`` is None."""
+    import datetime
+
     r = hang_rank % ctx.world
+    group = None
+    if timeout_s is not None:
+        group = ctx.dist.new_group(ranks=list(range(ctx.world)),
+                                   timeout=datetime.timedelta(seconds=float(timeout_s)))
     x = ctx.torch.ones(4, device=ctx.device)
+    ctx.dist.all_reduce(x, group=group)  # every rank has joined the group
+    ctx.sync()
     if ctx.rank == r:
         time.sleep(sleep_s)
     else:
-        ctx.dist.all_reduce(x)
+        ctx.dist.all_reduce(x, group=group)
         ctx.sync()
         x.sum().item()
     return {"finished": True}
@@ -1137,8 +1147,11 @@ def _worker_main(argv: list[str] | None = None) -> int:
     # Connection refused"), so every attempt gets its own key prefix
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    # the store waits for late ranks (imports on a busy machine): never shorter than 5 minutes,
+    # whatever the collectives' timeout
+    store_timeout = max(timeout, datetime.timedelta(minutes=5))
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                          is_master=rank == 0 and not agent_store, timeout=timeout)
+                          is_master=rank == 0 and not agent_store, timeout=store_timeout)
     store = dist.PrefixStore(f"perflab-attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
     if args.backend == "nccl":
         local = int(os.environ["LOCAL_RANK"])

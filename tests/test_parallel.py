@@ -164,8 +164,8 @@ def test_two_nodes_on_one_machine():
 
 
 def test_a_hung_rank_ends_in_the_process_group_timeout():
-    f = P.expect_failure([{"name": "hang", "args": {"sleep_s": 300}}], nproc=2, backend="gloo",
-                         pg_timeout_s=2, timeout_s=90)
+    f = P.expect_failure([{"name": "hang", "args": {"sleep_s": 300, "timeout_s": 2}}], nproc=2,
+                         backend="gloo", timeout_s=90)
     assert "Timed out" in f.message or "timed out" in f.message
     assert f.seconds < 90
 
