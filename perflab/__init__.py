@@ -20,6 +20,8 @@ One module per concept of the course, each small and documented:
   overlap from a trace, BN folding, compile logs as text; lab 6's checks)
 * chapter 7: :mod:`~perflab.memory` (training memory predicted and measured, the caching
   allocator, snapshots, checkpointing, accumulation, lab 7's checks)
+* chapter 8: :mod:`~perflab.parallel` (torchrun on one or two "nodes", manual data
+  parallelism, DDP, ZeRO-1, FSDP2, distributed checkpoints, failure and restart)
 * chapter 9: :mod:`~perflab.precision` (number formats, mixed precision, fp8),
   :mod:`~perflab.custom_ops` (a fused operator in C++, CUDA and Triton, registered),
   :mod:`~perflab.compiler` (graph breaks, recompiles, the graphs inside torch.compile),
