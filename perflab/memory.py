@@ -864,6 +864,8 @@ def allocator_experiment(cap_mib: int = 2048, big_mib: int = 1600, piece_mib: in
         raise ValueError("need piece_mib <= big_mib < cap_mib and request_mib > piece_mib")
     dev = torch.device(device)
     cuda = dev.type == "cuda"
+    if cuda and dev.index is None:  # set_per_process_memory_fraction needs an index
+        dev = torch.device("cuda", torch.cuda.current_device())
 
     def counters():
         if not cuda:
