@@ -17,9 +17,9 @@ LABS = sorted((ROOT / "labs").glob("*.md"))
 def test_strip_code_replaces_solutions_and_drops_hidden_tests():
     src = ("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n"
            "check(f())\n### BEGIN HIDDEN TESTS\nsecret()\n### END HIDDEN TESTS\n")
-    out = make_student.strip_code(src)
+    out = make_student.strip_code(src, "3")
     assert "return 1" not in out and "secret" not in out
-    assert "    # YOUR CODE HERE\n    raise NotImplementedError()" in out
+    assert "    # YOUR CODE HERE\n    perflab.exercises.not_done(3)" in out
     assert "check(f())" in out
 
 
@@ -43,8 +43,11 @@ def test_student_version_has_no_solutions(lab, tmp_path):
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text
     for cell in nb.cells:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
-            assert "raise NotImplementedError()" in cell.source
+            number = make_student.exercise_number(grade_id)
+            assert number.isdigit(), f"{lab.name}: grade_id {grade_id!r} names no exercise (exN-...)"
+            assert f"perflab.exercises.not_done({number})" in cell.source
         if cell.cell_type == "code":
             # the student version must still be valid Python (IPython magics aside)
             code = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
