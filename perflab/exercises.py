@@ -23,7 +23,7 @@ import statistics
 from typing import Any, Iterable, Sequence
 
 __all__ = ["ExerciseFailed", "ExerciseNotDone", "answer_or_none", "check_choice", "check_close", "check_ratio_at_least",
-           "check_timer", "check_true", "hidden_ctx_tensors", "not_done", "overlay_table", "record", "reference_devices", "required_cpu_saving",
+           "check_timer", "check_true", "hidden_ctx_tensors", "lab_needs", "not_done", "overlay_table", "record", "reference_devices", "required_cpu_saving",
            "require", "short_errors", "timer_tolerance"]
 
 
@@ -300,6 +300,58 @@ def hidden_ctx_tensors(output: Any) -> list[str]:
         if any(isinstance(v, torch.Tensor) for v in values):
             names.append(name)
     return names
+
+
+def lab_needs(md: str | os.PathLike, cpu_runs: dict | None = None) -> dict[str, Any]:
+    """What a lab needs, from its source, its reference run and its recorded CPU runs.
+
+    ``md`` is the lab source (``labs/NN_topic.md``); its executed ``.ipynb`` beside it carries the
+    reference run's metadata (``reference_run``: ``devices``, ``duration_s``, and, since
+    ``scripts/execute.py`` records it, ``gpu_memory_peak_bytes``). ``cpu_runs`` is the content of
+    ``labs/cpu_runs.json`` (``scripts/execute.py --record-cpu``), default: read beside ``md``.
+    Returns a dict: ``gpus`` (0, 1 or 2: the most GPUs any cell uses; every lab also runs on a
+    CPU, with smaller sizes), ``runs_on`` (a phrase), ``reference_devices``, ``reference_minutes``,
+    ``gpu_memory_gib`` (None if not recorded), ``cpu_minutes``, ``cpu`` (the CPU it was timed on)
+    and ``cpu_current`` (False when the lab's code changed since). Missing records are None.
+
+    Raises:
+        FileNotFoundError: ``md`` does not exist.
+    """
+    import hashlib
+    from pathlib import Path
+
+    md = Path(md)
+    text = md.read_text()
+    two = "requires_gpu(2)" in text or "gpu_count() >= 2" in text
+    one = two or "requires_gpu(" in text or 'pick(' in text and 'gpu=' in text
+    gpus = 2 if two else 1 if one else 0
+    runs_on = {0: "CPU", 1: "CPU ok; 1 GPU for full sizes",
+               2: "CPU ok; 1 GPU for full sizes, 2 for the multi-GPU step"}[gpus]
+    out: dict[str, Any] = {"lab": md.stem, "gpus": gpus, "runs_on": runs_on, "reference_devices": None,
+                           "reference_minutes": None, "gpu_memory_gib": None, "cpu_minutes": None,
+                           "cpu": None, "cpu_current": None}
+    ipynb = md.with_suffix(".ipynb")
+    if ipynb.exists():
+        run = json.loads(ipynb.read_text()).get("metadata", {}).get("reference_run") or {}
+        if run:
+            out["reference_devices"] = reference_devices(run)
+            if run.get("duration_s") is not None:
+                out["reference_minutes"] = run["duration_s"] / 60
+            if run.get("gpu_memory_peak_bytes") is not None:
+                out["gpu_memory_gib"] = run["gpu_memory_peak_bytes"] / 2**30
+    if cpu_runs is None:
+        path = md.parent / "cpu_runs.json"
+        cpu_runs = json.loads(path.read_text()) if path.exists() else {}
+    entry = cpu_runs.get(md.stem)
+    if entry:
+        out["cpu_minutes"] = entry["duration_s"] / 60
+        out["cpu"] = f"{entry.get('cpu', '?')}, {entry.get('cores', '?')} cores"
+        import jupytext
+
+        code = [c.source for c in jupytext.read(md).cells if c.cell_type == "code"]
+        joined = "\n\0\n".join(src.strip() for src in code)   # as perflab.provenance.code_sha256
+        out["cpu_current"] = hashlib.sha256(joined.encode()).hexdigest() == entry.get("source_sha256")
+    return out
 
 
 def reference_devices(run: dict | None) -> str:

@@ -74,6 +74,11 @@ def student_notebook(md: Path) -> nbformat.NotebookNode:
         if cell.cell_type == "code":
             grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
             cell.source = strip_code(cell.source, exercise_number(grade_id))
+            tags = [t for t in cell.get("metadata", {}).get("tags", []) if t != "hide-input"]
+            if "tags" in cell.get("metadata", {}):   # the book collapses solutions; students see stubs
+                cell.metadata["tags"] = tags
+                if not tags:
+                    del cell.metadata["tags"]
             cell.outputs = []
             cell.execution_count = None
         elif cell.cell_type == "markdown":
