@@ -56,8 +56,11 @@ WRONG = {
         # a clone believed to share tanh's saved output
         ("ex2-solution", '"f": False', '"f": True', r"snippet f raises"),
         # saves everything the naive version saves (and more)
-        ("ex3-solution", "        ctx.save_for_backward(x)\n        return x * torch.sigmoid(x)",
-         "        s = torch.sigmoid(x)\n        ctx.save_for_backward(x, s, s * (1 - s))\n        return x * s",
+        ("ex3-solution", "        ctx.save_for_backward(x)\n        return x * torch.sigmoid(x)\n        ### END SOLUTION\n\n"
+                         "    @staticmethod\n    def backward(ctx, grad_out):\n        ### BEGIN SOLUTION\n"
+                         "        (x,) = ctx.saved_tensors\n        s = torch.sigmoid(x)\n",
+         "        s = torch.sigmoid(x)\n        ctx.save_for_backward(x, s, s * (1 - s))\n        return x * s\n\n"
+         "    @staticmethod\n    def backward(ctx, grad_out):\n        x, s, _ = ctx.saved_tensors\n",
          r"naive bytes"),
         # hides sigmoid(x) from the hooks as a ctx attribute
         ("ex3-solution", "        ctx.save_for_backward(x)\n        return x * torch.sigmoid(x)",
