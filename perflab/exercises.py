@@ -4,18 +4,113 @@ A check prints ``"✓ <what>: ..."`` and returns True when the answer is right, 
 :class:`ExerciseFailed` (an ``AssertionError``, so nbgrader's autograder counts it as a failed
 test) with ``"✗ <what>: ..."`` otherwise. Checks of speed compare ratios measured in the same run,
 never absolute times.
+
+An exercise the student has not done yet ends in :class:`ExerciseNotDone` (a subclass of
+:class:`ExerciseFailed`) whose message is one sentence, ``"Exercise N is not done yet: ..."``:
+the student edition's stubs raise it (:func:`not_done`), and a check reads its inputs through
+:func:`require` first so that a stub left at ``None`` gives that sentence rather than a
+``TypeError``. :func:`short_errors` makes IPython show these errors as that one line, without
+a traceback. When the environment variable ``PERFLAB_GRADE_LOG`` names a file, every check
+appends what it measured to it as one JSON object per line (``scripts/grade.py`` reads it).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Any, Iterable
+import os
+import statistics
+from typing import Any, Iterable, Sequence
 
-__all__ = ["ExerciseFailed", "check_choice", "check_close", "check_ratio_at_least", "check_true", "overlay_table"]
+__all__ = ["ExerciseFailed", "ExerciseNotDone", "answer_or_none", "check_choice", "check_close", "check_ratio_at_least",
+           "check_timer", "check_true", "hidden_ctx_tensors", "lab_needs", "not_done", "overlay_table", "record", "reference_devices", "required_cpu_saving",
+           "require", "short_errors", "timer_tolerance"]
 
 
 class ExerciseFailed(AssertionError):
     """An exercise's answer is wrong; the message says what and, where possible, why."""
+
+
+class ExerciseNotDone(ExerciseFailed):
+    """An exercise has no answer yet: ``"Exercise N is not done yet: <what to do>."``."""
+
+    def __init__(self, exercise: int | str, what: str):
+        self.exercise = exercise
+        what = what.rstrip(".")
+        super().__init__(f"Exercise {exercise} is not done yet: {what}.")
+
+
+def not_done(exercise: int | str, what: str = "write your code in place of this line") -> None:
+    """Raise :class:`ExerciseNotDone` for ``exercise`` (the student edition's stubs call this).
+
+    Raises:
+        ExerciseNotDone: always.
+    """
+    raise ExerciseNotDone(exercise, what)
+
+
+def require(exercise: int | str, **answers: Any) -> None:
+    """Raise :class:`ExerciseNotDone` if any answer is still ``None`` or ``...`` (its stub value).
+
+    ``require(3, predictions=predictions, measured=measured)``; an empty dict or list counts as
+    not done too (stubs such as ``answers = {}``).
+
+    Raises:
+        ExerciseNotDone: naming the first unset answer.
+    """
+    for name, value in answers.items():
+        if value is None or value is Ellipsis or (isinstance(value, (dict, list, tuple)) and not value):
+            raise ExerciseNotDone(exercise, f"set {name} (it is still {value!r})")
+
+
+def answer_or_none(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, or None when it raises :class:`ExerciseNotDone` (an unfinished stub).
+
+    For the closing cells of a lab, which show what the student has done so far: an unfinished
+    exercise leaves its row empty instead of stopping the table. Any other error propagates.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except ExerciseNotDone:
+        return None
+
+
+def record(what: str, value: Any) -> None:
+    """Append ``{"what": what, "value": value}`` to the file ``$PERFLAB_GRADE_LOG`` if it is set.
+
+    The grader collects these as each exercise's measured numbers; outside the grader this does
+    nothing. Values that are not JSON numbers, strings or booleans are stored as their ``repr``.
+    """
+    path = os.environ.get("PERFLAB_GRADE_LOG")
+    if not path:
+        return
+    if not isinstance(value, (int, float, str, bool)) or isinstance(value, float) and not math.isfinite(value):
+        value = repr(value)
+    with open(path, "a") as f:
+        f.write(json.dumps({"what": what, "value": value}) + "\n")
+
+
+def short_errors() -> bool:
+    """In IPython, show :class:`ExerciseFailed` as its one-line message instead of a traceback.
+
+    The cell still ends in an error (so "Run All" stops there and a grader counts a failure); the
+    student sees only the sentence. Returns False (and does nothing) outside IPython.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    if ip is None:
+        return False
+
+    def _one_line(shell, etype, value, tb, tb_offset=None):
+        stb = [f"{etype.__name__}: {value}"]
+        shell._showtraceback(etype, value, stb)
+        return stb
+
+    ip.set_custom_exc((ExerciseFailed,), _one_line)
+    return True
 
 
 def _fmt(x: Any) -> str:
@@ -27,6 +122,8 @@ def _fmt(x: Any) -> str:
 def _number(name: str, value: Any) -> float:
     if value is None or value is Ellipsis:
         raise ExerciseFailed(f"✗ {name}: no answer yet (the value is {value!r}).")
+    if isinstance(value, bool):
+        raise ExerciseFailed(f"✗ {name}: expected a number, got the boolean {value!r}.")
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -47,6 +144,7 @@ def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: 
         raise ValueError(f"rtol must be >= 0, got {rtol}")
     g = _number(what, got)
     e = float(expected)
+    record(what, g)
     if math.isclose(g, e, rel_tol=rtol, abs_tol=0.0 if e else 1e-12):
         print(f"✓ {what}: {_fmt(g)} is right.")
         return True
@@ -93,21 +191,205 @@ def check_ratio_at_least(numerator: float, denominator: float, minimum: float, w
     if d <= 0 or n <= 0:
         raise ExerciseFailed(f"✗ {what}: both measurements must be positive, got {_fmt(n)} and {_fmt(d)}.")
     ratio = n / d
+    record(what, ratio)
     if ratio >= minimum:
         print(f"✓ {what}: ratio {ratio:.3g} ≥ {minimum:.3g}.")
         return True
     raise ExerciseFailed(f"✗ {what}: ratio {ratio:.3g} is below the required {minimum:.3g}.")
 
 
+def timer_tolerance(ratios: Sequence[float], floor: float = 0.15, cap: float = 1.0) -> float:
+    """The relative tolerance for a timer comparison, from the spread of repeated trials.
+
+    ``ratios`` are (your time / library time) of alternating trials on the same kernel. The
+    tolerance is four times the median absolute deviation of their logarithms (a noise estimate
+    that one outlier cannot move), at least ``floor`` and at most ``cap``: a quiet machine gets
+    ``floor``, a loaded one a wider band (on a 2-core machine with a load average of 10, single
+    trials of a 0.3 ms kernel swing 100x when a time slice is lost), and no amount of noise lets a
+    timer that is off by more than ``1 + cap`` (a factor of 2 by default) pass. The wrong timers
+    this guards against are off by far more: a host clock without events or synchronization on a
+    GPU reads the launch, 10-100x too low.
+
+    Raises:
+        ValueError: fewer than 3 ratios, or one that is not positive.
+    """
+    if len(ratios) < 3:
+        raise ValueError(f"ratios needs at least 3 trials, got {len(ratios)}")
+    if any(not (r > 0) for r in ratios):
+        raise ValueError(f"ratios must all be positive, got {list(ratios)}")
+    logs = [math.log(r) for r in ratios]
+    mid = statistics.median(logs)
+    mad = statistics.median(abs(x - mid) for x in logs)
+    return min(cap, max(floor, math.expm1(4 * mad)))
+
+
+def check_timer(mine_s: Sequence[float], library_s: Sequence[float], what: str = "your timer") -> bool:
+    """Pass when your timer agrees with a reference timer over alternating trials on one kernel.
+
+    Use a reference that times calls the same way (:func:`perflab.timing.event_timer`): on a
+    shared CPU, ``torch.utils.benchmark``'s long blocks of back-to-back calls were measured
+    10-100x slower than a right 30-call median timer at a load average of 8 on 2 cores.
+
+    ``mine_s[i]`` and ``library_s[i]`` are the medians the two timers reported in trial ``i``
+    (seconds; the trials alternate, so a burst of load hits both alike). The best (smallest)
+    time of each timer is compared, since other programs only ever slow a trial down: the ratio
+    of the two bests must lie within :func:`timer_tolerance` (from the per-trial ratios) of 1.
+
+    Raises:
+        ExerciseFailed: the timers disagree (the message says whether yours reads too low: no
+            synchronization / events, or too high: no warm-up), or an input is not a positive number.
+        ValueError: the two lists differ in length or hold fewer than 3 trials.
+    """
+    if len(mine_s) != len(library_s):
+        raise ValueError(f"mine_s has {len(mine_s)} trials, library_s {len(library_s)}")
+    mine = [_number(what, m) for m in mine_s]
+    lib = [_number(what, m) for m in library_s]
+    if min(mine) <= 0 or min(lib) <= 0:
+        raise ExerciseFailed(f"✗ {what}: every time must be positive, got {mine}.")
+    ratios = [m / b for m, b in zip(mine, lib)]
+    tol = timer_tolerance(ratios)
+    ratio = min(mine) / min(lib)
+    record(what, ratio)
+    if 1 / (1 + tol) <= ratio <= 1 + tol:
+        print(f"✓ {what} agrees with the reference timer: best of {len(ratios)} trials {ratio:.3f}x its time "
+              f"(tolerance ±{tol:.0%} from their spread).")
+        return True
+    why = ("it reads too low: on a GPU, record CUDA events (or synchronize) so the kernel, not its launch, is timed"
+           if ratio < 1 else "it reads too high: run the warm-up calls before timing, and time only fn()")
+    raise ExerciseFailed(f"✗ {what} reports {ratio:.3g}x the reference timer's time (tolerance ±{tol:.0%}): {why}.")
+
+
+def required_cpu_saving(fast_issue_s: float, fast_total_s: float, target: float = 1.5,
+                        min_lead: float = 1.2) -> float | None:
+    """The CPU-time ratio (slow loop / fast loop) to require of a loop that stopped synchronizing.
+
+    A loop that never synchronizes returns after the host has issued its work (``fast_issue_s``)
+    while the device finishes later (``fast_total_s``); a loop that synchronizes every step holds
+    the CPU until the device is done, about ``fast_total_s`` or more. So the most the CPU can win
+    is the *lead* ``fast_total_s / fast_issue_s``. When the device's work per step is short next
+    to the host's issue time (a fast GPU behind a slow host, small kernels), the lead is near 1
+    and there is nothing to win: this returns None (no requirement). Otherwise it returns half
+    of the possible gain, at most ``target``: ``min(target, 1 + (lead - 1) / 2)``, so that noise
+    cannot fail a right answer on any host/GPU balance. (A loop that still synchronizes has a
+    lead near 1 too; the synchronization count, checked first, rejects it.)
+
+    Raises:
+        ValueError: a time is not positive, or ``target`` / ``min_lead`` is not above 1.
+    """
+    if not (fast_issue_s > 0 and fast_total_s > 0):
+        raise ValueError(f"fast_issue_s and fast_total_s must be positive, got {fast_issue_s}, {fast_total_s}")
+    if not (target > 1 and min_lead > 1):
+        raise ValueError(f"target and min_lead must be above 1, got {target}, {min_lead}")
+    lead = fast_total_s / fast_issue_s
+    if lead < min_lead:
+        return None
+    return min(target, 1 + (lead - 1) / 2)
+
+
+def hidden_ctx_tensors(output: Any) -> list[str]:
+    """Tensors a custom ``autograd.Function`` kept as ``ctx`` attributes instead of saving them.
+
+    ``ctx.s = torch.sigmoid(x)`` keeps ``s`` alive until backward just as
+    ``ctx.save_for_backward(s)`` does, but ``saved_tensors_hooks`` (and so
+    :func:`perflab.autograd.saved_tensors`) never see it. ``output`` is the Function's output;
+    its ``grad_fn`` is the ``ctx`` object. Returns the attribute names holding tensors (also
+    inside lists, tuples and dicts), empty when there are none or ``output`` has no ``grad_fn``.
+    """
+    import torch
+
+    ctx = getattr(output, "grad_fn", None)
+    names = []
+    for name, value in (getattr(ctx, "__dict__", None) or {}).items():
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, torch.Tensor) for v in values):
+            names.append(name)
+    return names
+
+
+def lab_needs(md: str | os.PathLike, cpu_runs: dict | None = None) -> dict[str, Any]:
+    """What a lab needs, from its source, its reference run and its recorded CPU runs.
+
+    ``md`` is the lab source (``labs/NN_topic.md``); its executed ``.ipynb`` beside it carries the
+    reference run's metadata (``reference_run``: ``devices``, ``duration_s``, and, since
+    ``scripts/execute.py`` records it, ``gpu_memory_peak_bytes``). ``cpu_runs`` is the content of
+    ``labs/cpu_runs.json`` (``scripts/execute.py --record-cpu``), default: read beside ``md``.
+    Returns a dict: ``gpus`` (0, 1 or 2: the most GPUs any cell uses; every lab also runs on a
+    CPU, with smaller sizes), ``runs_on`` (a phrase), ``reference_devices``, ``reference_minutes``,
+    ``gpu_memory_gib`` (None if not recorded), ``cpu_minutes``, ``cpu`` (the CPU it was timed on)
+    and ``cpu_current`` (False when the lab's code changed since). Missing records are None.
+
+    Raises:
+        FileNotFoundError: ``md`` does not exist.
+    """
+    import hashlib
+    from pathlib import Path
+
+    md = Path(md)
+    text = md.read_text()
+    two = "requires_gpu(2)" in text or "gpu_count() >= 2" in text
+    one = two or "requires_gpu(" in text or 'pick(' in text and 'gpu=' in text
+    gpus = 2 if two else 1 if one else 0
+    runs_on = {0: "CPU", 1: "CPU ok; 1 GPU for full sizes",
+               2: "CPU ok; 1 GPU for full sizes, 2 for the multi-GPU step"}[gpus]
+    out: dict[str, Any] = {"lab": md.stem, "gpus": gpus, "runs_on": runs_on, "reference_devices": None,
+                           "reference_minutes": None, "gpu_memory_gib": None, "cpu_minutes": None,
+                           "cpu": None, "cpu_current": None}
+    ipynb = md.with_suffix(".ipynb")
+    if ipynb.exists():
+        run = json.loads(ipynb.read_text()).get("metadata", {}).get("reference_run") or {}
+        if run:
+            out["reference_devices"] = reference_devices(run)
+            if run.get("duration_s") is not None:
+                out["reference_minutes"] = run["duration_s"] / 60
+            if run.get("gpu_memory_peak_bytes") is not None:
+                out["gpu_memory_gib"] = run["gpu_memory_peak_bytes"] / 2**30
+    if cpu_runs is None:
+        path = md.parent / "cpu_runs.json"
+        cpu_runs = json.loads(path.read_text()) if path.exists() else {}
+    entry = cpu_runs.get(md.stem)
+    if entry:
+        out["cpu_minutes"] = entry["duration_s"] / 60
+        out["cpu"] = f"{entry.get('cpu', '?')}, {entry.get('cores', '?')} cores"
+        import jupytext
+
+        code = [c.source for c in jupytext.read(md).cells if c.cell_type == "code"]
+        joined = "\n\0\n".join(src.strip() for src in code)   # as perflab.provenance.code_sha256
+        out["cpu_current"] = hashlib.sha256(joined.encode()).hexdigest() == entry.get("source_sha256")
+    return out
+
+
+def reference_devices(run: dict | None) -> str:
+    """The devices of a reference run's metadata in one phrase: ``"2x NVIDIA H200"``.
+
+    ``run`` is :func:`perflab.provenance.reference_run`'s dict (its ``devices`` list) or None
+    (``"no reference run"``).
+    """
+    if not run or not run.get("devices"):
+        return "no reference run"
+    counts: dict[str, int] = {}
+    for d in run["devices"]:
+        counts[d] = counts.get(d, 0) + 1
+    return ", ".join(name if n == 1 else f"{n}x {name}" for name, n in counts.items())
+
+
+def _ratio(q: float) -> str:
+    if q == 0:
+        return "0"
+    if 0.01 <= abs(q) < 1000:
+        return f"{q:.3g}"
+    return f"{q:.1e}"
+
+
 def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]]) -> str:
     """A plain-text table of ``(quantity, yours, reference, unit)`` with the ratio yours/reference.
 
-    Missing values print as ``—``. Returns the table as a string (print it).
+    Missing values print as ``—``; ratios keep three significant digits (``0.0042`` prints as
+    ``4.2e-03``, never as ``0.00``). Returns the table as a string (print it).
     """
-    lines = [f"{'quantity':38s} {'yours':>12s} {'reference':>12s} {'ratio':>7s}  unit"]
+    lines = [f"{'quantity':38s} {'yours':>12s} {'reference':>12s} {'ratio':>8s}  unit"]
     for name, mine, ref, unit in rows:
         m = "—" if mine is None else f"{mine:.4g}"
         r = "—" if ref is None else f"{ref:.4g}"
-        q = "—" if (mine is None or not ref) else f"{mine / ref:.2f}"
-        lines.append(f"{name:38s} {m:>12s} {r:>12s} {q:>7s}  {unit}")
+        q = "—" if (mine is None or not ref) else _ratio(mine / ref)
+        lines.append(f"{name:38s} {m:>12s} {r:>12s} {q:>8s}  {unit}")
     return "\n".join(lines)

@@ -11,6 +11,12 @@ under a per-notebook time limit, and its paired ``.ipynb`` is written with outpu
 error, leaves the old ``.ipynb`` untouched, and makes the exit status 1; the other notebooks
 still run. A missing path or a file that is not a notebook: one line on stderr, exit 2.
 
+On a GPU machine the run also records ``reference_run.gpu_memory_peak_bytes``: the largest rise
+of any GPU's used memory (NVML, sampled every 0.2 s) while the notebook ran, which the
+instructor page quotes as the memory a lab needs. ``--record-cpu`` (on a machine without a GPU)
+executes as usual, writes no ``.ipynb``, and stores each notebook's duration in
+``labs/cpu_runs.json`` (with the CPU and core count), for the instructor page's CPU column.
+
 ``--check`` exits 1 and lists each notebook whose ``.ipynb`` is missing, whose code differs from
 its ``.md``, whose reference run is not from a CUDA device, or whose prose differs (fix the last
 with ``--sync``; the others need a run on a GPU machine).
@@ -152,7 +158,48 @@ def _error_text(cell) -> str:
     return "unknown error"
 
 
-def execute(md: Path, timeout_s: float, index: str) -> tuple[bool, float, str]:
+class GpuMemoryPeak:
+    """Sample every GPU's used memory with NVML in a thread; ``peak`` is the largest rise in bytes."""
+
+    def __init__(self, interval_s: float = 0.2):
+        self.peak = None
+        self._stop = False
+        self._interval = interval_s
+        self._thread = None
+
+    def __enter__(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:   # no NVML (a CPU machine): nothing to record
+            return self
+        if not handles:
+            return self
+        import threading
+
+        base = [pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles]
+        self.peak = 0
+
+        def sample():
+            while not self._stop:
+                used = [pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles]
+                self.peak = max(self.peak, max(u - b for u, b in zip(used, base)))
+                time.sleep(self._interval)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop = True
+        if self._thread:
+            self._thread.join(timeout=2)
+        return False
+
+
+def execute(md: Path, timeout_s: float, index: str, write: bool = True) -> tuple[bool, float, str]:
     """Execute one notebook; write its ``.ipynb`` on success. Returns (ok, seconds, message)."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, CellTimeoutError
@@ -164,8 +211,9 @@ def execute(md: Path, timeout_s: float, index: str) -> tuple[bool, float, str]:
     client = NotebookClient(nb, timeout=int(timeout_s), kernel_name="python3",
                             resources={"metadata": {"path": str(md.parent)}}, store_widget_state=True)
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    memory = GpuMemoryPeak()
     try:
-        with client.setup_kernel():
+        with memory, client.setup_kernel():
             for n, i in enumerate(code_cells, 1):
                 left = timeout_s - (time.monotonic() - t0)
                 if left <= 0:
@@ -189,6 +237,10 @@ def execute(md: Path, timeout_s: float, index: str) -> tuple[bool, float, str]:
     run.pop("cpu", None)
     run.update(started=started.strftime("%Y-%m-%dT%H:%M:%SZ"), duration_s=round(duration, 1),
                source_sha256=code_sha256(_cells(nb, "code")), git=_git_commit())
+    if memory.peak is not None:
+        run["gpu_memory_peak_bytes"] = int(memory.peak)
+    if not write:
+        return True, duration, "ok (not written)"
     nb.metadata["reference_run"] = run
     nb.metadata.setdefault("jupytext", {})["formats"] = "ipynb,md:myst"
     nbformat.write(nb, md.with_suffix(".ipynb"))
@@ -217,12 +269,34 @@ def prepare_ceilings(fresh: bool) -> None:
         print("  " + c.sentence(name), flush=True)
 
 
+def record_cpu_run(md: Path, seconds: float) -> None:
+    """Store a CPU execution's duration in ``labs/cpu_runs.json`` (``{stem: {...}}``)."""
+    import platform
+
+    path = ROOT / "labs" / "cpu_runs.json"
+    runs = json.loads(path.read_text()) if path.exists() else {}
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    runs[md.stem] = {"duration_s": round(seconds, 1), "cpu": cpu, "cores": os.cpu_count(),
+                     "started": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                     "source_sha256": code_sha256(_cells(jupytext.read(md), "code"))}
+    path.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="*", help="notebook sources (.md); default: every notebook in _toc.yml")
     parser.add_argument("--check", action="store_true", help="execute nothing; list missing or stale notebooks")
     parser.add_argument("--sync", action="store_true", help="copy prose from .md into .ipynb; execute nothing")
+    parser.add_argument("--record-cpu", action="store_true",
+                        help="on a CPU: write no .ipynb; store each duration in labs/cpu_runs.json")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per notebook (default 600)")
     parser.add_argument("--fresh-ceilings", action="store_true",
                         help="on a GPU, measure the run's ceilings again even if "
@@ -258,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for k, md in enumerate(notebooks, 1):
         index = f"[{k}/{len(notebooks)}]"
-        ok, seconds, message = execute(md, args.timeout, index)
+        ok, seconds, message = execute(md, args.timeout, index, write=not args.record_cpu)
+        if ok and args.record_cpu:
+            record_cpu_run(md, seconds)
         print(f"{index} {md.relative_to(ROOT) if md.is_relative_to(ROOT) else md}: {message} ({seconds:.1f} s)",
               flush=True)
         failed += not ok

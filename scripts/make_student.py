@@ -10,7 +10,11 @@ The labs use nbgrader's markers, so instructors who already use nbgrader can run
 everybody else, with no extra dependency:
 
 * code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` becomes
-  ``# YOUR CODE HERE`` + ``raise NotImplementedError()`` (indented like the markers);
+  ``# YOUR CODE HERE`` + ``perflab.exercises.not_done(N)`` (indented like the markers), which
+  raises ``ExerciseNotDone``: one sentence, "Exercise N is not done yet: ...". ``N`` is the
+  number in the cell's nbgrader ``grade_id`` (``ex3-solution`` -> 3). Names that checks read are
+  stub lines *outside* the markers in the lab itself (``regimes = None  # set by your code``), so
+  they exist in the student edition too;
 * code between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` is dropped;
 * markdown between ``<!-- BEGIN SOLUTION -->`` and ``<!-- END SOLUTION -->`` is dropped.
 
@@ -35,19 +39,46 @@ _HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS[^\n]*\n.*?^[ \t]*### END HI
 _MD_SOLUTION = re.compile(r"<!-- BEGIN SOLUTION -->.*?<!-- END SOLUTION -->\n?", re.S)
 
 
-def strip_code(source: str) -> str:
-    """A code cell's source with solutions replaced and hidden tests removed."""
-    source = _CODE_SOLUTION.sub(lambda m: f"{m.group(1)}# YOUR CODE HERE\n{m.group(1)}raise NotImplementedError()\n",
-                                source)
+_EXERCISE = re.compile(r"ex(?:ercise)?[-_ ]?(\d+)", re.I)
+
+
+def exercise_number(grade_id: str | None) -> str:
+    """The exercise number in an nbgrader ``grade_id`` (``"ex3-solution"`` -> ``"3"``), else ``"?"``."""
+    m = _EXERCISE.search(grade_id or "")
+    return m.group(1) if m else "?"
+
+
+def strip_code(source: str, exercise: str = "?") -> str:
+    """A code cell's source with solutions replaced and hidden tests removed.
+
+    Each solution becomes ``# YOUR CODE HERE`` and ``perflab.exercises.not_done(exercise)``.
+    """
+    number = exercise if exercise.isdigit() else repr(exercise)
+    source = _CODE_SOLUTION.sub(
+        lambda m: f"{m.group(1)}# YOUR CODE HERE\n{m.group(1)}perflab.exercises.not_done({number})\n", source)
     return _HIDDEN.sub("", source).rstrip("\n")
 
 
 def student_notebook(md: Path) -> nbformat.NotebookNode:
-    """The student version of a lab source (``.md``) as an unexecuted notebook."""
+    """The student version of a lab source (``.md``) as an unexecuted notebook.
+
+    Raises:
+        ValueError: the lab has solution markers but never runs ``import perflab`` (the stubs
+            call ``perflab.exercises.not_done``).
+    """
     nb = jupytext.read(md)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    if "BEGIN SOLUTION" in code and not re.search(r"^import perflab\b", code, re.M):
+        raise ValueError(f"{md}: the student edition's stubs need 'import perflab' in the lab")
     for cell in nb.cells:
         if cell.cell_type == "code":
-            cell.source = strip_code(cell.source)
+            grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            cell.source = strip_code(cell.source, exercise_number(grade_id))
+            tags = [t for t in cell.get("metadata", {}).get("tags", []) if t != "hide-input"]
+            if "tags" in cell.get("metadata", {}):   # the book collapses solutions; students see stubs
+                cell.metadata["tags"] = tags
+                if not tags:
+                    del cell.metadata["tags"]
             cell.outputs = []
             cell.execution_count = None
         elif cell.cell_type == "markdown":

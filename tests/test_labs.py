@@ -17,9 +17,9 @@ LABS = sorted((ROOT / "labs").glob("*.md"))
 def test_strip_code_replaces_solutions_and_drops_hidden_tests():
     src = ("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n"
            "check(f())\n### BEGIN HIDDEN TESTS\nsecret()\n### END HIDDEN TESTS\n")
-    out = make_student.strip_code(src)
+    out = make_student.strip_code(src, "3")
     assert "return 1" not in out and "secret" not in out
-    assert "    # YOUR CODE HERE\n    raise NotImplementedError()" in out
+    assert "    # YOUR CODE HERE\n    perflab.exercises.not_done(3)" in out
     assert "check(f())" in out
 
 
@@ -43,8 +43,11 @@ def test_student_version_has_no_solutions(lab, tmp_path):
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     assert "BEGIN SOLUTION" not in text and "HIDDEN TESTS" not in text
     for cell in nb.cells:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
-            assert "raise NotImplementedError()" in cell.source
+            number = make_student.exercise_number(grade_id)
+            assert number.isdigit(), f"{lab.name}: grade_id {grade_id!r} names no exercise (exN-...)"
+            assert f"perflab.exercises.not_done({number})" in cell.source
         if cell.cell_type == "code":
             # the student version must still be valid Python (IPython magics aside)
             code = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
@@ -66,3 +69,40 @@ def test_student_folder_holds_the_reference_runs_the_labs_read(tmp_path):
     # the labs look for their chapter one folder up, as they do in the repository
     nb = jupytext.read(LABS[0])
     assert any('Path("../book/' in c.source for c in nb.cells if c.cell_type == "code")
+
+
+@pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
+def test_book_collapses_solutions_and_numbers_exercises(lab):
+    nb = jupytext.read(lab)
+    for cell in nb.cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+            assert "hide-input" in cell.metadata.get("tags", []), (
+                f"{lab.name}: solution cell {cell.metadata['nbgrader']['grade_id']} needs tags: [hide-input]")
+    headings = [int(m) for c in nb.cells if c.cell_type == "markdown"
+                for m in __import__("re").findall(r"^##+ Exercises? (\d+)", c.source, flags=__import__("re").M)]
+    assert headings and headings[0] == 1, f"{lab.name}: exercises are not numbered from 1"
+    assert headings == sorted(headings), f"{lab.name}: exercise numbers out of order: {headings}"
+    ids = {int(make_student.exercise_number(c.metadata["nbgrader"]["grade_id"])) for c in nb.cells
+           if c.get("metadata", {}).get("nbgrader", {}).get("grade")}
+    assert max(ids) >= max(headings), f"{lab.name}: a numbered exercise has no check"
+
+
+@pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
+def test_student_edition_has_no_book_only_tags(lab, tmp_path):
+    nb = make_student.student_notebook(lab)
+    assert not any("hide-input" in c.get("metadata", {}).get("tags", []) for c in nb.cells)
+
+
+def test_lab_needs_reads_the_records(tmp_path):
+    from perflab.exercises import lab_needs
+
+    md = tmp_path / "09_x.md"
+    md.write_text(LABS[0].read_text().replace("import torch", "import torch  # requires_gpu(2)"))
+    ipynb = {"cells": [], "metadata": {"reference_run": {"devices": ["NVIDIA H200"] * 2, "duration_s": 90,
+                                                         "gpu_memory_peak_bytes": 3 * 2**30}},
+             "nbformat": 4, "nbformat_minor": 5}
+    md.with_suffix(".ipynb").write_text(__import__("json").dumps(ipynb))
+    n = lab_needs(md, cpu_runs={"09_x": {"duration_s": 120, "cpu": "x", "cores": 2, "source_sha256": "old"}})
+    assert n["gpus"] == 2 and n["reference_minutes"] == 1.5 and n["gpu_memory_gib"] == 3
+    assert n["reference_devices"] == "2x NVIDIA H200" and n["cpu_minutes"] == 2 and n["cpu_current"] is False
+    assert lab_needs(LABS[0], cpu_runs={})["cpu_minutes"] is None

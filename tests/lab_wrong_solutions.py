@@ -1,0 +1,91 @@
+"""Plausible wrong solutions for every exercise of every lab, for tests/test_lab_checks.py.
+
+``WRONG[lab stem]`` lists ``(solution grade_id, old, new, what the check must say)``: the wrong
+solution is the reference solution cell with ``old`` replaced by ``new`` (``old`` must occur in
+that cell), and the exercise's check must raise ``ExerciseFailed`` with a message matching the
+regular expression. Authors of a new lab add its entry here (at least one per exercise).
+"""
+
+_A_FOR_B = '{"compute-bound": "bandwidth-bound", "bandwidth-bound": "overhead-bound", "overhead-bound": "compute-bound"}'
+
+
+def _wrong_diagnosis(letter):
+    right = f'answer_{letter} = regime(*frac_{letter}, evidence_{letter}["busy_fraction"] if dev.type == "cuda" else None)'
+    wrong = f'answer_{letter} = {_A_FOR_B}[regime(*frac_{letter}, evidence_{letter}["busy_fraction"] if dev.type == "cuda" else None)]'
+    return right, wrong
+
+
+WRONG = {
+    "01_roofline": [
+        # bf16 counted at 4 bytes per element
+        ("ex1-solution", "return 2 * n**3, 3 * n * n * 2", "return 2 * n**3, 3 * n * n * 4", r"bytes of A"),
+        # "matmuls are compute-bound": the matrix-vector product is not
+        ("ex1-solution", '"B": "bandwidth-bound", "C"', '"B": "compute-bound", "C"', r"regime of B"),
+        # a timer without warm-up: the one-time cost lands in the measurement
+        ("ex2-solution", "    for _ in range(warmup):\n        fn()\n", "", r"first call was timed"),
+        # a timer that times the list comprehension's allocation and Python overhead too
+        ("ex2-solution", "        fn()\n        samples.append(time.perf_counter() - t0)",
+         "        fn()\n        time.sleep(0.002)\n        samples.append(time.perf_counter() - t0)", r"reads too high"),
+        # a tiny add predicted bandwidth-bound (it is overhead: microseconds of fixed cost)
+        ("ex3-solution", '"tiny add": "overhead-bound"', '"tiny add": "bandwidth-bound"', r"prediction for tiny add"),
+        # the slope taken at the smallest repeat instead of the largest
+        ("ex4-solution", "last = max(points, key=lambda p: p.repeat)", "last = min(points, key=lambda p: p.repeat)",
+         r"your knee"),
+    ],
+    "02_hardware": [
+        # the arithmetic mean of the two levels instead of the geometric mean
+        ("ex1-solution", "threshold = math.sqrt(fast * slow)", "threshold = (fast + slow) / 2", r"capacity"),
+        # GFLOP/s read as TFLOP/s: the ridge point 1000x too high
+        ("ex2-solution", 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e9,', 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e12,',
+         r"ridge point"),
+        # the copy bandwidth counted as memcpy bandwidth (read + write not halved)
+        ("ex3-solution", "staging = host_copy_Bps / 2", "staging = host_copy_Bps", r"serial bound"),
+        # the final LayerNorm forgotten
+        ("ex4-solution", "+ layers * (12 * width**2 + 13 * width) + 2 * width)", "+ layers * (12 * width**2 + 13 * width))",
+         r"parameter count"),
+        # algorithm bandwidth used as bus bandwidth: no 2(n-1)/n
+        ("ex4-solution", "return 2 * (world_size - 1) / world_size * nbytes / busbw", "return nbytes / busbw",
+         r"all-reduce time"),
+    ],
+    "03_internals": [
+        ("ex1-solution", '"x.transpose(1, 2)": ((20, 1, 5), "view")', '"x.transpose(1, 2)": ((20, 5, 1), "view")',
+         r"strides of x.transpose"),
+        # reshape of a transposed tensor believed to be a view
+        ("ex1-solution", '"x.transpose(0, 1).reshape(12, 5)": ((5, 1), "copy")',
+         '"x.transpose(0, 1).reshape(12, 5)": ((5, 1), "view")', r"view or copy"),
+        # a clone believed to share tanh's saved output
+        ("ex2-solution", '"f": False', '"f": True', r"snippet f raises"),
+        # saves everything the naive version saves (and more)
+        ("ex3-solution", "        ctx.save_for_backward(x)\n        return x * torch.sigmoid(x)\n        ### END SOLUTION\n\n"
+                         "    @staticmethod\n    def backward(ctx, grad_out):\n        ### BEGIN SOLUTION\n"
+                         "        (x,) = ctx.saved_tensors\n        s = torch.sigmoid(x)\n",
+         "        s = torch.sigmoid(x)\n        ctx.save_for_backward(x, s, s * (1 - s))\n        return x * s\n\n"
+         "    @staticmethod\n    def backward(ctx, grad_out):\n        x, s, _ = ctx.saved_tensors\n",
+         r"naive bytes"),
+        # hides sigmoid(x) from the hooks as a ctx attribute
+        ("ex3-solution", "        ctx.save_for_backward(x)\n        return x * torch.sigmoid(x)",
+         "        ctx.save_for_backward(x)\n        ctx.s = torch.sigmoid(x)\n        return x * ctx.s", r"ctx attributes"),
+        # a "fix" that changes the loss: the mean over all rows, corrupt ones included
+        ("ex4-solution", "loss = (per_row * keep).sum() / keep.sum()", "loss = per_row.mean()", r"losses differ"),
+        # still synchronizes: .item() at every step
+        ("ex4-solution", "losses[step] = loss.detach()", "losses[step] = loss.item()", r"synchroni"),
+        # 4 bytes per element instead of 8 (read and write)
+        ("ex5-prediction", "predicted_crossover = tiny_s * copy_bw / 8", "predicted_crossover = tiny_s * copy_bw / 4",
+         r"predicted crossover"),
+        # an unweighted least-squares fit (absolute instead of relative error)
+        ("ex5-solution", "design = np.stack([1 / t, n / t], axis=1)\n    (t0, c), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)",
+         "design = np.stack([np.ones_like(n), n], axis=1)\n    (t0, c), *_ = np.linalg.lstsq(design, t, rcond=None)",
+         r"fitted (t0|c)"),
+    ],
+    "04_profiling": [
+        ("ex1-solution", "    for _ in range(warmup):\n        fn()\n", "", r"first call"),
+        # the profiler's total for the kernel taken as its FLOPs per call
+        ("ex2-solution", "top_flops_per_call = top.flops / top.calls", "top_flops_per_call = top.flops",
+         r"FLOPs per call"),
+        ("ex3-solution", *_wrong_diagnosis("a"), r"."),
+        ("ex4-solution", *_wrong_diagnosis("b"), r"."),
+        ("ex5-solution", *_wrong_diagnosis("c"), r"."),
+        # the remedy of one regime given to another
+        ("ex6-solution", '"compute-bound": "lower precision"', '"compute-bound": "fuse"', r"remedy"),
+    ],
+}
