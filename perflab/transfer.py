@@ -24,6 +24,7 @@ import torch
 
 from .hardware import gpu_count, has_gpu
 from .progress import progress as show_progress
+from .timing import benchmark, event_timer
 
 __all__ = [
     "PCIE_GT_PER_S",
@@ -106,8 +107,6 @@ def _check_nbytes(nbytes) -> None:
 
 
 def _copy_seconds(host: torch.Tensor, gpu: torch.Tensor, direction: str, dev: torch.device) -> float:
-    from .timing import benchmark
-
     pinned = host.is_pinned()
     if direction == "h2d":
         return benchmark(lambda: gpu.copy_(host, non_blocking=pinned), dev)
@@ -253,8 +252,6 @@ def peer_copy_bandwidth(nbytes: int, src: int = 0, dst: int = 1, reps: int = 10)
         RuntimeError: fewer than two GPUs.
         ValueError: bad indices or ``nbytes``.
     """
-    from .timing import event_timer
-
     _check_nbytes(nbytes)
     _check_pair(src, dst)
     a = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{src}").fill_(1)
