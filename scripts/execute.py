@@ -48,7 +48,7 @@ except ImportError as err:  # the script's one dependency check: say which envir
 
 import torch  # noqa: E402
 
-from perflab import runs  # noqa: E402
+from perflab import ceilings, runs  # noqa: E402
 
 
 class NotANotebook(Exception):
@@ -213,6 +213,24 @@ def _holds_gpu_run(ipynb: Path) -> bool:
     return run is not None and run.is_gpu
 
 
+def prepare_ceilings(fresh: bool) -> None:
+    """One set of ceilings per reference run, measured before the first notebook.
+
+    On a GPU the run's ceilings file is ``perflab/data/reference_ceilings.json`` (committed with
+    the notebooks): it is measured now unless it already comes from this machine and torch (a
+    run split over several calls on the same machine reuses it) and ``fresh`` is false. Every
+    notebook reads it through ``perflab.ceilings.load()`` (``$PERFLAB_CEILINGS``). Elsewhere the
+    notebooks measure and cache their own (``.cache/perflab/ceilings.json``).
+    """
+    if not torch.cuda.is_available():
+        return
+    c = ceilings.load(ceilings.REFERENCE_PATH, fresh=fresh)
+    os.environ[ceilings.CEILINGS_ENV] = str(ceilings.REFERENCE_PATH)
+    print(f"ceilings ({c.measured}, {ceilings.REFERENCE_PATH.relative_to(ROOT)}):", flush=True)
+    for name in c.items:
+        print("  " + c.sentence(name), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -225,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                              "their sources")
     parser.add_argument("--allow-cpu", action="store_true",
                         help="without CUDA, overwrite .ipynb files that hold a GPU reference run anyway")
+    parser.add_argument("--fresh-ceilings", action="store_true",
+                        help="on a GPU, measure the run's ceilings again even if "
+                             "perflab/data/reference_ceilings.json is from this machine")
     args = parser.parse_args(argv)
     if args.check and args.sync:
         print("execute.py: --check and --sync exclude each other (--check only reads; run --sync, then --check)",
@@ -273,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     # are the reference; any other execution (tests, a reader's kernel) writes elsewhere
     if args.out is None:
         os.environ["PERFLAB_REFERENCE_RUN"] = "1"
+    prepare_ceilings(args.fresh_ceilings)
     failed = 0
     for k, md in enumerate(notebooks, 1):
         index = f"[{k}/{len(notebooks)}]"
