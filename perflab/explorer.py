@@ -498,7 +498,7 @@ class RooflineExplorer:
         Raises:
             ImportError: ipywidgets is not installed (``pip install ipywidgets``).
         """
-        try:
+        try:  # optional (the `book` extra): the static figure needs no ipywidgets
             import ipywidgets as W
         except ImportError as err:  # pragma: no cover - ipywidgets is in requirements.txt
             raise ImportError("the roofline explorer's widget needs ipywidgets: pip install ipywidgets") from err

@@ -29,7 +29,6 @@ from .timing import benchmark, event_timer
 __all__ = [
     "PCIE_GT_PER_S",
     "TransferPoint",
-    "host_device_bandwidth",
     "host_device_sweep",
     "non_blocking_behaviour",
     "pageable_prediction",
@@ -111,25 +110,6 @@ def _copy_seconds(host: torch.Tensor, gpu: torch.Tensor, direction: str, dev: to
     if direction == "h2d":
         return benchmark(lambda: gpu.copy_(host, non_blocking=pinned), dev)
     return benchmark(lambda: host.copy_(gpu, non_blocking=pinned), dev)
-
-
-def host_device_bandwidth(nbytes: int, direction: str = "h2d", pinned: bool = True, device=None) -> float:
-    """Bandwidth in bytes/s of one ``nbytes`` copy host -> device (``"h2d"``) or device -> host (``"d2h"``).
-
-    The host buffer is pinned (``pin_memory=True``, copied with ``non_blocking=True``) or pageable
-    (an ordinary tensor, copied synchronously). Timing: :func:`perflab.timing.benchmark` (CUDA
-    events, median).
-
-    Raises:
-        RuntimeError: no CUDA GPU.
-        ValueError: ``direction`` not "h2d"/"d2h", ``nbytes`` not a positive integer, or a CPU device.
-    """
-    if direction not in ("h2d", "d2h"):
-        raise ValueError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
-    _check_nbytes(nbytes)
-    dev = _cuda_device(device)
-    host, gpu = _buffers(nbytes, dev, pinned)
-    return nbytes / _copy_seconds(host, gpu, direction, dev)
 
 
 @dataclass(frozen=True)
