@@ -483,7 +483,8 @@ def on_config_inited(app, config) -> None:
                                             "(which installs the course's requirements, CPU only) or on Colab (which "
                                             "may have a GPU, but not the course's helper package: run "
                                             f"`%pip install -q myst-nb git+{url.rstrip('/')}.git` in the first cell).")
-        opts["use_repository_button"] = opts["use_issues_button"] = True
+        if getattr(config, "html_theme", None) == "sphinx_book_theme":  # other themes lack these options
+            opts["use_repository_button"] = opts["use_issues_button"] = True
     else:  # no public address yet: no button may link to an invented one
         subs.setdefault("repository_url", "(the repository's public address is not set in this build)")
         subs.setdefault("repository_clone", "")
@@ -491,9 +492,11 @@ def on_config_inited(app, config) -> None:
         subs.setdefault("run_in_the_cloud", "This build has no public repository address, so it offers no Binder "
                                             "or Colab button: download the notebook instead.")
         opts.pop("repository_url", None)
-        opts["launch_buttons"] = {}
+        if "launch_buttons" in opts:
+            opts["launch_buttons"] = {}
         for key in ("use_repository_button", "use_issues_button", "use_edit_page_button", "use_source_button"):
-            opts[key] = False
+            if key in opts:
+                opts[key] = False
     config.html_theme_options = opts
     config.myst_substitutions = subs
     static = str(STATIC)

@@ -215,7 +215,7 @@ def test_without_a_repository_address_no_button_links_anywhere():
     config = Config()
     PP.on_config_inited(None, config)
     opts = config.html_theme_options
-    assert opts["launch_buttons"] == {} and not opts["use_repository_button"] and not opts["use_issues_button"]
+    assert opts["launch_buttons"] == {} and not opts["use_repository_button"] and "use_issues_button" not in opts
     assert "repository_url" not in opts
     subs = config.myst_substitutions
     assert "http" not in subs["repository_url"] and "Binder" in subs["run_in_the_cloud"]
