@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 # removes it), so a run leaves nothing elsewhere. TMPDIR matters most: Inductor puts its
 # precompiled C++ headers (~150 MB) in tempfile.gettempdir()/torchinductor_<user>/precompiled_headers
 # whatever TORCHINDUCTOR_CACHE_DIR says, and the notebooks' scratch folders go there too.
-# tests/conftest.py sets the same variables for a bare `pytest`.
+# conftest.py (at the root) sets the same variables for a bare `pytest`.
 CACHE := $(CURDIR)/.cache
 export TMPDIR := $(CACHE)/tmp
 export TORCHINDUCTOR_CACHE_DIR := $(CACHE)/inductor
