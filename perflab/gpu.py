@@ -40,6 +40,7 @@ __all__ = [
     "wave_sweep",
 ]
 
+
 def _need_gpu(what: str) -> None:
     if not has_gpu():
         raise RuntimeError(f"{what} needs a CUDA GPU; this machine has none")

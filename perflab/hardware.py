@@ -7,7 +7,6 @@ source, so a chapter can show *achieved / datasheet* with the citation beside it
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 from typing import Any, TypeVar
