@@ -89,7 +89,7 @@ def test_load_reference_explains_in_one_line_why_there_is_none(tmp_path):
     good.write_text(json.dumps({"schema": report.SCHEMA, "created": "2026-11-30T10:00:00Z",
                                 "environment": {"devices": ["NVIDIA H200", "NVIDIA H200"]}, "metrics": {}}))
     ref, line = report.load_reference(good)
-    assert ref is not None and "2x NVIDIA H200" in line and "2026-11-30" in line
+    assert ref is not None and "2× NVIDIA H200" in line and "2026-11-30" in line
 
 
 def test_a_failing_measurement_is_a_line_and_an_exit_status(monkeypatch, tmp_path, capsys):
