@@ -145,3 +145,19 @@ def test_a_python_without_jupytext_is_told_which_environment_to_use(tmp_path):
                        timeout=120, env=env)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "jupytext is not installed" in r.stderr and ".venv" in r.stderr
+
+
+def test_reference_run_sh_keeps_its_log_when_stopped_at_a_time_limit(tmp_path):
+    """A run killed by `timeout` still leaves every line it printed in $OUT/reference_run.log."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\nfor i in $(seq 1 200); do echo \"line $i\"; sleep 0.05; done\n")
+    (fake / "python3").chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out)}
+    r = subprocess.run(["timeout", "-s", "TERM", "2", "bash", str(ROOT / "scripts" / "reference_run.sh")],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 124
+    lines = (out / "reference_run.log").read_text().splitlines()
+    assert len(lines) >= 5 and lines[0] == "line 1"
