@@ -482,8 +482,9 @@ def _is_notebook(docname: str) -> bool:
 def test_the_book_works_offline(build, rendered):
     """Math renders without a network (MathJax vendored into _static) and no page loads a script
     or stylesheet from another host."""
-    assert (build / "_static" / "mathjax" / "tex-mml-chtml.js").exists(), "MathJax was not vendored into the build"
-    assert list((build / "_static" / "mathjax" / "output" / "chtml" / "fonts").rglob("*.woff")), "no MathJax fonts"
+    static = build.html / "_static" / "mathjax"
+    assert (static / "tex-mml-chtml.js").exists(), "MathJax was not vendored into the build"
+    assert list((static / "output" / "chtml" / "fonts").rglob("*.woff")), "no MathJax fonts"
     remote = {f"{rel}: {a}" for rel, r in rendered.items() for a in r.page.assets
               if a.startswith(("http:", "https:", "//"))}
     assert not remote, "pages load assets from the network:\n" + "\n".join(sorted(remote)[:10])
