@@ -21,6 +21,16 @@ rule for overlaps. In short:
 * chapter 4: :mod:`~perflab.profiling` (torch.profiler evidence and trace reading),
   :mod:`~perflab.monitor` (machine state, GPU utilization), :mod:`~perflab.reproducibility`,
   :mod:`~perflab.tools` (ncu, py-spy, strace), :mod:`~perflab.mystery` (lab 4's steps)
+* chapter 6: :mod:`~perflab.speed` (prefetcher, training ladder, CUDA-graph step, copy/compute
+  overlap from a trace, BN folding, compile logs as text; lab 6's checks)
+* chapter 7: :mod:`~perflab.memory` (training memory predicted and measured, the caching
+  allocator, snapshots, checkpointing, accumulation, lab 7's checks)
+* chapter 8: :mod:`~perflab.parallel` (torchrun on one or two "nodes", manual data
+  parallelism, DDP, ZeRO-1, FSDP2, distributed checkpoints, failure and restart)
+* chapter 9: :mod:`~perflab.precision` (number formats, mixed precision, fp8),
+  :mod:`~perflab.custom_ops` (a fused operator in C++, CUDA and Triton, registered),
+  :mod:`~perflab.compiler` (graph breaks, recompiles, the graphs inside torch.compile),
+  :mod:`~perflab.attention` (which SDPA backend runs)
 * the book: :mod:`~perflab.provenance` (where numbers came from; glue), :mod:`~perflab.runs`
   (reference runs as data; is a notebook current?), :mod:`~perflab.plotting` (figure layout and
   provenance stamp), :mod:`~perflab.exercises` (lab checks), :mod:`~perflab.explorer` (the
@@ -31,6 +41,12 @@ package stays cheap.
 """
 
 import importlib
+import warnings
+
+# torch 2.11's profiler warns, once per process, that it "clears events at the end of each
+# cycle" whenever acc_events is False, also for the single-cycle profiles the course takes, where
+# there is nothing to clear; the warning would land in a notebook's stored output as stderr.
+warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
 
 __version__ = "0.1.0"
 

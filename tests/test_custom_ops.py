@@ -1,0 +1,101 @@
+"""perflab.custom_ops: the C++ extension builds, registers, passes opcheck and compiles unbroken.
+
+The build is cached in TORCH_EXTENSIONS_DIR (the clone's .cache by default), shared with
+chapter 9 and lab 9, so CI compiles it once.
+"""
+
+import pytest
+import torch
+
+from perflab import custom_ops
+from perflab.compiler import graph_breaks
+from perflab.exercises import ExerciseFailed
+
+
+@pytest.fixture(scope="module")
+def built():
+    return custom_ops.build_extension(cuda_source="")
+
+
+def test_extension_dir_defaults_inside_the_clone(monkeypatch):
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    assert custom_ops.extension_dir() == custom_ops.ROOT / ".cache" / "torch_extensions"
+
+
+def test_build_is_named_by_its_source_and_cached(built):
+    assert built.name.startswith("perflab_axpby_") and not built.cuda
+    assert custom_ops.build_extension(cuda_source="") is built
+    with pytest.raises(ValueError):
+        custom_ops.build_extension("   ")
+    with pytest.raises(TypeError):
+        custom_ops.build_extension(3)
+
+
+def test_registered_operator_is_right_and_compiles_without_break(built):
+    x = torch.randn(100, requires_grad=True)
+    y = torch.randn(100, requires_grad=True)
+    out = custom_ops.axpby(x, 2.0, y, -0.5)
+    torch.testing.assert_close(out, 2.0 * x - 0.5 * y)
+    torch.library.opcheck(torch.ops.perflab.axpby.default, (x, 2.0, y, -0.5))
+    assert graph_breaks(lambda p, q: custom_ops.axpby(p.sin(), 2.0, q, 1.0), x, y).breaks == 0
+    f = torch.compile(lambda p, q: custom_ops.axpby(p, 2.0, q, 3.0).sum(), fullgraph=True,
+                      backend="aot_eager")
+    f(x, y).backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+    torch.testing.assert_close(y.grad, torch.full_like(y, 3.0))
+    with pytest.raises(RuntimeError, match="same shape"):
+        torch.ops.perflab_ext.axpby(torch.ones(3), 1.0, torch.ones(4), 1.0)
+
+
+def test_fused_speedup_check_rejects_eager_and_accepts_the_extension(built):
+    kernel = torch.ops.perflab_ext.axpby
+    assert custom_ops.check_fused_speedup(kernel, "cpu", 2**22) >= 1.3
+    with pytest.raises(ExerciseFailed, match="must reach"):
+        custom_ops.check_fused_speedup(custom_ops.axpby_eager, "cpu", 2**22)
+    with pytest.raises(ExerciseFailed, match="differs"):
+        custom_ops.check_fused_speedup(lambda x, a, y, b: kernel(x, a, y, -b), "cpu", 1024)
+    with pytest.raises(ExerciseFailed, match="not done yet"):
+        custom_ops.check_fused_speedup(None, "cpu", 1024)
+
+
+def test_registration_check_rejects_wrong_gradients_and_missing_fake(built):
+    kernel = torch.ops.perflab_ext.axpby
+    good = custom_ops.register("test09::good", lambda x, a, y, b: kernel(x, a, y, b))
+    assert custom_ops.check_registered(good, "cpu")
+
+    @torch.library.custom_op("test09::nofake", mutates_args=())
+    def nofake(x: torch.Tensor, a: float, y: torch.Tensor, b: float) -> torch.Tensor:
+        return kernel(x, a, y, b)
+
+    nofake.register_autograd(lambda ctx, g: (ctx.a * g, None, ctx.b * g, None),
+                             setup_context=lambda ctx, inputs, output: setattr(ctx, "a", inputs[1])
+                             or setattr(ctx, "b", inputs[3]))
+    with pytest.raises(ExerciseFailed, match="opcheck"):
+        custom_ops.check_registered(nofake, "cpu")
+
+    @torch.library.custom_op("test09::badgrad", mutates_args=())
+    def badgrad(x: torch.Tensor, a: float, y: torch.Tensor, b: float) -> torch.Tensor:
+        return kernel(x, a, y, b)
+
+    badgrad.register_fake(lambda x, a, y, b: torch.empty_like(x))
+    badgrad.register_autograd(lambda ctx, g: (g, None, g, None),
+                              setup_context=lambda ctx, inputs, output: None)
+    with pytest.raises(ExerciseFailed, match="gradients"):
+        custom_ops.check_registered(badgrad, "cpu")
+    with pytest.raises(ExerciseFailed, match="not done yet"):
+        custom_ops.check_registered(None, "cpu")
+    with pytest.raises(ExerciseFailed, match="not an operator"):
+        custom_ops.check_registered(custom_ops.axpby_eager, "cpu")
+
+
+def test_a_broken_source_raises_and_names_itself():
+    broken = custom_ops.CPP_SOURCE.replace("po[i] = fa", "po[i] = undefined_name + fa")
+    with pytest.raises(RuntimeError):
+        custom_ops.build_extension(broken, cuda_source="")
+
+
+def test_triton_wrapper_rejects_cpu_tensors():
+    with pytest.raises(ValueError, match="CUDA"):
+        custom_ops.triton_axpby(torch.ones(4), 1.0, torch.ones(4), 1.0)
+    with pytest.raises(ValueError, match="one shape"):
+        custom_ops.triton_axpby(torch.ones(4), 1.0, torch.ones(5), 1.0)

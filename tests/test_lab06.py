@@ -1,0 +1,130 @@
+"""Lab 6: each check accepts the reference solution and rejects a plausible wrong one (on CPU).
+
+Speed parts that only exist on a GPU are proven with measured-looking numbers passed as a CUDA
+device (the check's logic, not the machine, is under test); result and structure checks run
+the lab's own loops on CPU sizes.
+"""
+
+import sys
+from pathlib import Path
+
+import jupytext
+import pytest
+import torch
+import torch.nn.functional as F
+
+from perflab import speed, sync
+from perflab.exercises import ExerciseFailed
+
+ROOT = Path(__file__).resolve().parent.parent
+LAB = ROOT / "labs" / "06_speed.md"
+sys.path.insert(0, str(ROOT / "scripts"))
+import make_student  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ns():
+    """The lab's set-up, given loops and solution cells (not the checks), on CPU sizes."""
+    nb = jupytext.read(LAB)
+    space: dict = {}
+    for cell in nb.cells:
+        grade = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type != "code" or grade.get("grade") or "ref_path" in cell.source:
+            continue
+        exec(compile(cell.source, "<lab6 cell>", "exec"), space)
+    return space
+
+
+def test_student_edition_is_valid_python(tmp_path):
+    import ast
+
+    assert make_student.main([str(LAB), "-o", str(tmp_path)]) == 0
+    nb = jupytext.read(tmp_path / "06_speed.ipynb")
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            ast.parse(cell.source)
+
+
+def test_ex1_sync_count_accepts_the_solution_and_rejects_a_loop_that_still_syncs(ns):
+    model = ns["make_model"]()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01)
+    _, good = sync.count_host_syncs(ns["train_quiet"], model, sgd, ns["xs1"], ns["ys1"])
+    assert sum(good.values()) == 0
+
+    def still_logs(model, opt, xs, ys):      # wrong: keeps .item() every step
+        out = ns["train_quiet"](model, opt, xs, ys)
+        return [v.item() for v in out]
+
+    _, bad = sync.count_host_syncs(still_logs, model, sgd, ns["xs1"], ns["ys1"])
+    assert sum(bad.values()) > 0
+
+
+def test_ex1_result_check_rejects_a_loop_that_drops_the_mean(ns):
+    slow = ns["train_logging"](*ns["fresh"](), ns["xs1"], ns["ys1"])
+    good = ns["train_quiet"](*ns["fresh"](), ns["xs1"], ns["ys1"]).tolist()
+    assert speed.check_same_and_faster("Exercise 1: x", slow, good, 1.0, 1.0, "cpu", 1.05)
+
+    def summed(model, opt, xs, ys):          # wrong: sum instead of mean (8x the step)
+        losses = torch.empty(len(xs))
+        for i in range(len(xs)):
+            loss = F.cross_entropy(model(xs[i]), ys[i], reduction="sum")
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses[i] = loss.detach() / len(ys[i])
+        return losses
+
+    torch.manual_seed(0)
+    model = ns["make_model"]()
+    sgd_like = torch.optim.SGD(model.parameters(), lr=0.5)
+    bad = summed(model, sgd_like, ns["xs1"], ns["ys1"]).tolist()
+    with pytest.raises(ExerciseFailed, match="result changed"):
+        speed.check_same_and_faster("Exercise 1: x", slow, bad, 1.0, 1.0, "cpu", 1.05)
+
+
+def test_speed_part_on_a_gpu_rejects_no_speedup_and_accepts_the_target():
+    same = [2.0, 1.5]
+    with pytest.raises(ExerciseFailed, match="below the required"):
+        speed.check_same_and_faster("Exercise 2: pinned", same, same, 1.0, 0.97, "cuda", 1.15)
+    assert speed.check_same_and_faster("Exercise 2: pinned", same, same, 1.0, 0.5, "cuda", 1.15)
+    # on a CPU the speed part is not checked: a right answer never fails there
+    assert speed.check_same_and_faster("Exercise 2: pinned", same, same, 1.0, 2.0, "cpu", 1.15)
+
+
+def test_ex2_reference_runs_on_cpu_with_the_same_result(ns):
+    px = ns["prepare_host"](ns["host_x"])
+    assert px is ns["host_x"] or px.is_pinned()
+    slow = ns["train_from_host"](*ns["fresh"](), ns["host_x"], ns["host_y"]).tolist()
+    fast = ns["train_pinned"](*ns["fresh"](), px, ns["host_y"]).tolist()
+    assert speed.check_same_and_faster("Exercise 2: p", slow, fast, 1.0, 1.0, "cpu", 1.15)
+
+
+def test_ex3_implementation_check(ns):
+    p = [torch.nn.Parameter(torch.ones(2))]
+    good = ns["make_fast_optimizer"](p)
+    assert good.defaults.get("fused") or good.defaults.get("foreach")
+    bad = ns["make_slow_optimizer"](p)       # the plausible wrong answer: unchanged
+    assert not (bad.defaults.get("fused") or bad.defaults.get("foreach"))
+
+
+def test_ex4_batch_check_accepts_the_solution_and_rejects_a_small_batch(ns):
+    args = (ns["eval_model"], ns["eval_x"], ns["eval_y"])
+    slow_loss = ns["evaluate"](*args, 8)
+    fast_loss = ns["evaluate"](*args, ns["fast_batch"])
+    t_slow = speed.wall_time(lambda: ns["evaluate"](*args, 8), "cpu", 3, stat="min")
+    t_fast = speed.wall_time(lambda: ns["evaluate"](*args, ns["fast_batch"]), "cpu", 3,
+                             stat="min")
+    assert speed.check_same_and_faster("Exercise 4: b", [slow_loss], [fast_loss], t_slow,
+                                       t_fast, "cpu", 3.0, ratio_on_cpu=True, rtol=1e-4,
+                                       atol=1e-6)
+    # batch 16 halves the calls: about 2x, below the 3x required (numbers as measured)
+    with pytest.raises(ExerciseFailed, match="below the required"):
+        speed.check_same_and_faster("Exercise 4: b", [slow_loss], [slow_loss], 1.0, 0.5,
+                                    "cpu", 3.0, ratio_on_cpu=True)
+
+
+def test_unfinished_answers_say_not_done():
+    with pytest.raises(ExerciseFailed, match="Exercise 4 is not done yet"):
+        speed.not_done(4, "set fast_batch")
+    with pytest.raises(ExerciseFailed, match="Exercise 2 is not done yet"):
+        speed.check_same_and_faster("Exercise 2: pinned", [1.0], None, 1.0, 1.0, "cpu", 1.1)

@@ -1,0 +1,141 @@
+"""Lab 7: every check rejects a plausible wrong answer and accepts the reference solution (CPU),
+and an unfinished exercise says so in one sentence."""
+
+import ast
+import sys
+from pathlib import Path
+
+import jupytext
+import pytest
+import torch
+import torch.nn.functional as F
+
+from perflab import memory as mem
+from perflab.exercises import ExerciseFailed
+
+ROOT = Path(__file__).resolve().parent.parent
+LAB = ROOT / "labs" / "07_memory.md"
+sys.path.insert(0, str(ROOT / "scripts"))
+import make_student  # noqa: E402
+
+
+def _cell(nb, needle):
+    cells = [c.source for c in nb.cells if c.cell_type == "code" and needle in c.source]
+    assert len(cells) == 1, f"expected one code cell containing {needle!r}, found {len(cells)}"
+    return cells[0]
+
+
+@pytest.fixture(scope="module")
+def ns():
+    """The lab's set-up and exercise cells (solutions included), executed on CPU sizes."""
+    nb = jupytext.read(LAB)
+    space: dict = {}
+    for needle in ("dev = device()", "cfg1 = ", "predicted_static = None", "cfg2 = ",
+                   "def lean_step", "class Monitor", "cycle_attribute = None"):
+        exec(compile(_cell(nb, needle), f"<lab7 {needle}>", "exec"), space)
+    return space
+
+
+def test_student_version_is_valid_python(tmp_path):
+    assert make_student.main([str(LAB), "-o", str(tmp_path)]) == 0
+    nb = jupytext.read(tmp_path / "07_memory.ipynb")
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            ast.parse(cell.source)
+
+
+def _model_after_a_step(ns):
+    cfg = ns["cfg1"]
+    model = mem.BlockStack(cfg)
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(2, cfg.seq_len, cfg.d_model)
+    mem.train_step(model, opt, x, torch.randn_like(x))
+    return model, opt
+
+
+def test_static_check(ns):
+    model, opt = _model_after_a_step(ns)
+    with pytest.raises(ExerciseFailed, match="Exercise 1 is not done yet"):
+        mem.check_static_prediction(None, model, opt, "cpu")
+    without_adam = ns["predicted_static"] // 16 * 8          # forgot Adam's two moments
+    with pytest.raises(ExerciseFailed):
+        mem.check_static_prediction(without_adam, model, opt, "cpu")
+    assert mem.check_static_prediction(ns["predicted_static"], model, opt, "cpu")
+
+
+def test_peak_cut_check(ns):
+    args = (ns["make_model"], ns["baseline_step"])
+    x, y = ns["x2"], ns["y2"]
+
+    def zero_grad_inside(model, opt, x, y):          # saves memory, but trains differently
+        total = 0.0
+        for xs, ys in zip(x.chunk(4), y.chunk(4)):
+            opt.zero_grad(set_to_none=True)
+            loss = F.mse_loss(model(xs), ys) / 4
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        return total
+
+    def unscaled(model, opt, x, y):                  # right loop, loss not divided
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for xs, ys in zip(x.chunk(4), y.chunk(4)):
+            loss = F.mse_loss(model(xs), ys)
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        return total
+
+    def not_done(model, opt, x, y):
+        raise NotImplementedError()
+
+    with pytest.raises(ExerciseFailed, match="Exercise 2 is not done yet"):
+        mem.check_peak_cut(*args, not_done, x, y, "cpu")
+    with pytest.raises(ExerciseFailed, match="parameters differ"):
+        mem.check_peak_cut(*args, zero_grad_inside, x, y, "cpu")
+    with pytest.raises(ExerciseFailed, match="loss"):
+        mem.check_peak_cut(*args, unscaled, x, y, "cpu")
+    with pytest.raises(ExerciseFailed, match="peak"):
+        mem.check_peak_cut(*args, ns["baseline_step"], x, y, "cpu")   # no saving
+    assert mem.check_peak_cut(*args, ns["lean_step"], x, y, "cpu") <= 0.6
+
+
+def test_leak_check(ns):
+    Monitor, Fixed, n = ns["Monitor"], ns["FixedMonitor"], 1000
+    with pytest.raises(ExerciseFailed, match="Exercise 3 is not done yet"):
+        mem.check_no_leak(None, Monitor, n, "cpu", None)
+    with pytest.raises(ExerciseFailed, match="attribute"):
+        mem.check_no_leak(Fixed, Monitor, n, "cpu", "activations")
+    with pytest.raises(ExerciseFailed, match="outlives"):
+        mem.check_no_leak(Monitor, Monitor, n, "cpu", "hooks")      # the leaky class itself
+
+    class NoHook(Monitor):                                          # no cycle, but no hook
+        def __init__(self, size):
+            self.activations = torch.empty(size)
+            self.steps = 0
+            self.hooks = {"after_step": lambda value: None}
+
+    with pytest.raises(ExerciseFailed, match="hook"):
+        mem.check_no_leak(NoHook, Monitor, n, "cpu", "hooks")
+    assert mem.check_no_leak(Fixed, Monitor, n, "cpu", ns["cycle_attribute"])
+
+
+def test_snapshot_check():
+    cfg = mem.BlockStackConfig(d_model=32, n_heads=8, n_layers=1, seq_len=64)
+    model = mem.BlockStack(cfg)
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(2, cfg.seq_len, cfg.d_model)
+    step = lambda: mem.train_step(model, opt, x, torch.randn_like(x))  # noqa: E731
+    step()
+    snap = mem.cpu_memory_trace(step)
+    sizes = mem.block_tensor_bytes(cfg, 2)
+    allocs = [e["size"] for e in snap["device_traces"][0] if e["action"] == "alloc"]
+    with pytest.raises(ExerciseFailed, match="Exercise 4 is not done yet"):
+        mem.check_largest_allocation(snap, cfg, 2, None, None)
+    with pytest.raises(ExerciseFailed, match="size"):
+        mem.check_largest_allocation(snap, cfg, 2, allocs[-1], "attention scores")  # the last one
+    with pytest.raises(ExerciseFailed, match="tensor"):
+        mem.check_largest_allocation(snap, cfg, 2, max(allocs), "MLP hidden")
+    assert mem.name_allocation(max(allocs), sizes) == "attention scores"
+    assert mem.check_largest_allocation(snap, cfg, 2, max(allocs), "attention scores")

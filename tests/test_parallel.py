@@ -1,0 +1,182 @@
+"""perflab.parallel: formulas, the trace summary, and real gloo launches on 2, 3 and 4 CPU processes.
+
+Every launch carries its own timeout (the launcher kills torchrun's whole session), so no test
+can hang; sizes are tiny and each world size is one launch that batches all the tasks.
+"""
+
+import pytest
+
+from perflab import parallel as P
+from perflab.distributed import LaunchError
+from perflab.hardware import gpu_count
+
+pytestmark = pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU (gloo) path")
+
+TINY = {"width": 16, "depth": 2, "batch": 4, "warmup": 1, "iters": 1}
+
+
+def test_bus_factor_follows_nccl_tests():
+    assert P.bus_factor("all_reduce", 2) == 1.0
+    assert P.bus_factor("all_reduce", 8) == pytest.approx(14 / 8)
+    assert P.bus_factor("all_gather", 4) == pytest.approx(0.75)
+    assert P.bus_factor("reduce_scatter", 4) == pytest.approx(0.75)
+    assert P.bus_factor("broadcast", 8) == 1.0
+    with pytest.raises(ValueError, match="op"):
+        P.bus_factor("gather", 2)
+    with pytest.raises(ValueError, match="world_size"):
+        P.bus_factor("all_reduce", 1)
+
+
+def test_static_bytes_formula_is_zeros_table():
+    p = 1000
+    assert P.static_bytes_formula(p, 4, "ddp") == 16_000
+    assert P.static_bytes_formula(p, 4, "zero1") == 8_000 + 2_000
+    assert P.static_bytes_formula(p, 4, "fsdp") == 4_000
+    with pytest.raises(ValueError, match="strategy"):
+        P.static_bytes_formula(p, 2, "zero3")
+
+
+def test_overlap_from_trace_gpu_and_cpu():
+    gpu = {"traceEvents": [
+        {"cat": "kernel", "name": "gemm", "ts": 0, "dur": 100},
+        {"cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32", "ts": 50, "dur": 100},
+        {"cat": "kernel", "name": "gemm", "ts": 120, "dur": 10},
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 500},
+    ]}
+    s = P.overlap_from_trace(gpu)
+    assert s["source"] == "gpu kernels"
+    assert s["comm_s"] == pytest.approx(100e-6)
+    assert s["overlap_s"] == pytest.approx(60e-6)
+    assert s["overlap_fraction"] == pytest.approx(0.6)
+    cpu = {"traceEvents": [
+        {"cat": "cpu_op", "name": "autograd::engine::evaluate_function: AddmmBackward0", "ts": 10, "dur": 10},
+        {"cat": "user_annotation", "name": "gloo:all_reduce", "ts": 15, "dur": 20},
+    ]}
+    s = P.overlap_from_trace(cpu)
+    assert s["source"] == "cpu ops" and s["overlap_fraction"] == pytest.approx(0.25)
+    assert P.overlap_from_trace({"traceEvents": []})["overlap_fraction"] is None
+    with pytest.raises(ValueError, match="traceEvents"):
+        P.overlap_from_trace({})
+
+
+def test_pick_for_follows_the_workers_backend(monkeypatch):
+    monkeypatch.delenv("PERFLAB_FORCE_CPU_SIZES", raising=False)
+    assert P.pick_for("gloo", 1, 2) == 1 and P.pick_for("nccl", 1, 2) == 2
+    monkeypatch.setenv("PERFLAB_FORCE_CPU_SIZES", "1")
+    assert P.pick_for("nccl", 1, 2) == 1
+    with pytest.raises(ValueError, match="backend"):
+        P.pick_for("mpi", 1, 2)
+
+
+def test_launch_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="unknown task"):
+        P.launch([{"name": "nope"}], nproc=2, backend="gloo")
+    with pytest.raises(ValueError, match="nnodes"):
+        P.launch([], nproc=2, nnodes=3, backend="gloo")
+    with pytest.raises(ValueError, match="nccl"):
+        P.launch([], nproc=gpu_count() + 1, backend="nccl")
+    with pytest.raises(ValueError, match="source"):
+        P._source_of(len)
+    assert 0 < P.free_port() < 65536
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One launch per world size 2, 3, 4; each starts by dying once and resuming (max_restarts=1),
+    then runs every chapter task; world n loads the checkpoint world n-1 saved."""
+    out = {}
+    root = tmp_path_factory.mktemp("dcp")
+    for n in (2, 3, 4):
+        tasks = [
+            {"name": "train_ckpt", "args": {"steps": 4, "every": 2, "fail_at": 3}},
+            {"name": "collectives"},
+            {"name": "sweep", "args": {"sizes": [4096, 65536], "max_iters": 3,
+                                       "ops": ["all_reduce", "all_gather", "reduce_scatter",
+                                               "broadcast", "all_to_all"]}},
+            {"name": "manual_vs_ddp", "args": dict(TINY, check_steps=2)},
+            {"name": "buckets", "args": dict(TINY, bucket_mbs=[0.001, 1])},
+            {"name": "overlap", "args": {"width": 16, "depth": 2, "batch": 4, "bucket_mb": 0.001, "steps": 2}},
+            {"name": "no_sync", "args": {"accum": 3}},
+            {"name": "sharding", "args": dict(TINY, strategies=["ddp", "zero1", "fsdp"])},
+            {"name": "dcp_save", "args": {"path": str(root / f"w{n}")}},
+        ]
+        if n > 2:
+            tasks.append({"name": "dcp_load", "args": {"path": str(root / f"w{n - 1}")}})
+        out[n] = P.launch(tasks, nproc=n, backend="gloo", max_restarts=1, timeout_s=150, pg_timeout_s=30)
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_every_task_on_world_size(runs, n):
+    ranks = runs[n]
+    assert [r["rank"] for r in ranks] == list(range(n))
+    assert all(r["world_size"] == n and r["restart_count"] == 1 for r in ranks)
+    res = [r["results"] for r in ranks]
+    # failure and restart: the job resumed from the checkpoint of step 2, as if never interrupted
+    for r in res:
+        assert r["train_ckpt"]["resumed_from"] == 2 and len(r["train_ckpt"]["losses"]) == 2
+        assert r["train_ckpt"]["vs_single"] < 1e-12
+    # collective semantics: rank r holds [10r, 10r+1, ...]
+    m = len(res[0]["collectives"]["all_reduce"]["input"])
+    total = [sum(10 * r + i for r in range(n)) for i in range(m)]
+    for r, rr in enumerate(res):
+        c = rr["collectives"]
+        assert c["broadcast"]["output"] == list(map(float, range(m)))
+        assert c["all_reduce"]["output"] == total
+        assert c["reduce_scatter"]["output"] == total[r * (m // n):(r + 1) * (m // n)]
+        assert c["all_gather"]["output"] == [10.0 * q + i for q in range(n) for i in range(m)]
+        assert c["all_to_all"]["output"] == [10.0 * q + r * (m // n) + i for q in range(n) for i in range(m // n)]
+        assert (c["reduce"]["output"] == total) if r == 0 else c["reduce"]["output"] is None
+    sweep = res[0]["sweep"]
+    assert set(sweep) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"}
+    for op, points in sweep.items():
+        for p in points:
+            assert p["busbw"] == pytest.approx(p["algbw"] * P.bus_factor(op, n))
+    # manual data parallelism = DDP, exactly in float64
+    mv = res[0]["manual_vs_ddp"]
+    assert mv["max_param_diff"] < 1e-12
+    assert all(mv[k] > 0 for k in ("single_s", "manual_s", "ddp_s", "allreduce_s"))
+    assert set(res[0]["buckets"]["step_s"]) == {"0.001", "1.0"}
+    ov = res[0]["overlap"]
+    assert ov["comm_s"] > 0 and 0 <= ov["overlap_fraction"] <= 1
+    # no_sync: equal gradients on every rank, equal to one process on all micro-batches
+    assert res[0]["no_sync"]["rank_spread"] == 0.0
+    assert res[0]["no_sync"]["vs_single"] < 1e-12
+    # sharding: counted bytes per rank follow the ZeRO formulas
+    sh = res[0]["sharding"]
+    p = sh["params"]
+    for name, formula in (("ddp", "ddp"), ("zero1", "zero1"), ("fsdp", "fsdp")):
+        counted = sum(r["sharding"]["strategies"][name]["static_bytes"] for r in res) / n
+        assert counted == pytest.approx(P.static_bytes_formula(p, n, formula), rel=0.02), name
+    assert res[0]["dcp_save"]["files"]
+    if n > 2:
+        assert res[0]["dcp_load"]["max_diff"] == 0.0
+        # the weight (32 x 32) was saved in n-1 shards and is now split n ways: 32/n rows, rounded up
+        assert res[0]["dcp_load"]["shards"]["0.0.weight"][0] == -(-32 // n)
+
+
+def test_two_nodes_on_one_machine():
+    ranks = P.launch([{"name": "collectives"}, {"name": "no_sync", "args": {"accum": 2}}],
+                     nproc=1, nnodes=2, backend="gloo", timeout_s=120, pg_timeout_s=30)
+    assert sorted((r["node"], r["local_rank"]) for r in ranks) == [(0, 0), (1, 0)]
+    assert ranks[1]["results"]["collectives"]["all_reduce"]["output"] == [10.0, 12.0, 14.0, 16.0]
+    assert ranks[0]["results"]["no_sync"]["vs_single"] < 1e-12
+
+
+def test_a_hung_rank_ends_in_the_process_group_timeout():
+    f = P.expect_failure([{"name": "hang", "args": {"sleep_s": 300, "timeout_s": 2}}], nproc=2,
+                         backend="gloo", timeout_s=90)
+    assert "Timed out" in f.message or "timed out" in f.message
+    assert f.seconds < 90
+
+
+def test_the_launcher_kills_a_job_that_outlives_its_timeout():
+    f = P.expect_failure([{"name": "hang", "args": {"sleep_s": 300}}], nproc=2, backend="gloo",
+                         pg_timeout_s=300, timeout_s=10)
+    assert "torchrun timed out after 10 s" in f.message
+
+
+def test_expect_failure_refuses_a_job_that_succeeds(monkeypatch):
+    monkeypatch.setattr(P, "launch", lambda tasks, **kw: [])
+    with pytest.raises(RuntimeError, match="expected to fail"):
+        P.expect_failure([{"name": "collectives"}], nproc=2)
