@@ -4,9 +4,21 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-# torch.compile and extension caches stay inside the clone (CI starts from a clean one).
-export TORCHINDUCTOR_CACHE_DIR := $(CURDIR)/.cache/inductor
-export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+# Every cache and scratch file stays inside the clone's .cache/ (git-ignored; `make clean`
+# removes it), so a run leaves nothing elsewhere. TMPDIR matters most: Inductor puts its
+# precompiled C++ headers (~150 MB) in tempfile.gettempdir()/torchinductor_<user>/precompiled_headers
+# whatever TORCHINDUCTOR_CACHE_DIR says, and the notebooks' scratch folders go there too.
+# conftest.py (at the root) sets the same variables for a bare `pytest`.
+CACHE := $(CURDIR)/.cache
+export TMPDIR := $(CACHE)/tmp
+export TORCHINDUCTOR_CACHE_DIR := $(CACHE)/inductor
+export TORCH_EXTENSIONS_DIR := $(CACHE)/torch_extensions
+export TRITON_CACHE_DIR := $(CACHE)/triton
+export XDG_CACHE_HOME := $(CACHE)/xdg
+export MPLCONFIGDIR := $(CACHE)/matplotlib
+export IPYTHONDIR := $(CACHE)/ipython
+export JUPYTER_RUNTIME_DIR := $(CACHE)/jupyter_runtime
+$(shell mkdir -p $(TMPDIR))
 
 .PHONY: book test student clean
 

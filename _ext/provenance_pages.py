@@ -15,7 +15,7 @@ git commit). At build time this extension turns it into what a reader sees:
 * **The status page**: the ``provenance-status`` directive renders a table of every notebook in
   ``_toc.yml`` (chapters, labs, tools) with its device(s), driver, torch, date, duration and
   whether it is current with its source (``reference_run.source_sha256`` compared with
-  :func:`perflab.provenance.source_code_sha256` of the ``.md``, as ``scripts/execute.py --check``
+  :func:`perflab.runs.source_code_sha256` of the ``.md``, as ``scripts/execute.py --check``
   does). Pages holding the directive are re-read on every build, and a notebook page is re-read
   when its source's code changes, so neither can go stale.
 * **No blank widget boxes**: ipywidgets views (tqdm progress bars, the roofline explorer) need a
@@ -25,18 +25,37 @@ git commit). At build time this extension turns it into what a reader sees:
   :func:`dedupe_scripts`).
 * **One setting for the repository's location**: ``repository.url`` in ``_config.yml`` (Jupyter
   Book turns it into ``html_theme_options["repository_url"]``) is offered to MyST pages as the
-  substitutions ``{{ repository_url }}`` (a link), ``{{ repository_clone }}`` (a git URL) and
-  ``{{ repository_pip }}`` (the ``%pip install`` line that puts perflab on Colab).
+  substitutions ``{{ repository_url }}`` (a link), ``{{ repository_clone }}`` (a git URL),
+  ``{{ repository_pip }}`` (the ``%pip install`` line that puts perflab on Colab) and
+  ``{{ run_in_the_cloud }}`` (how to open a page on Binder or Colab). The repository, issue,
+  Binder and Colab buttons are shown only when it is set: an empty URL (the repository has no
+  public address yet) hides them, and the substitutions say so instead of linking nowhere.
+* **Math offline**: MathJax is vendored from the npm registry (:data:`MATHJAX_TARBALL`, checked
+  against its published SHA-512) into the clone's ``.cache/`` on the first build and copied into
+  the built book, so formulas render without a network.
+
+The reference-run data and the "is this notebook current?" decision are
+:mod:`perflab.runs` (shared with ``scripts/execute.py`` and the tests).
 
 Config values: ``provenance_status_page`` (docname of the status page, default ``"status"``).
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
+import io
 import json
+import shutil
 import sys
+import tarfile
+import urllib.request
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # perflab, without requiring an install
+    sys.path.insert(0, str(ROOT))
 
 from docutils import nodes
 from docutils.parsers.rst import directives
@@ -44,30 +63,29 @@ from sphinx import addnodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
+from perflab import runs
+from perflab.provenance import short_devices
+
 logger = logging.getLogger(__name__)
 
 STATIC = Path(__file__).resolve().parent / "static"
 IMAGE_MIMES = ("image/png", "image/jpeg", "image/svg+xml", "image/gif")
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 CAPTION_TAG = "provenance-caption"
+MATHJAX_VERSION = "3.2.2"
+MATHJAX_TARBALL = f"https://registry.npmjs.org/mathjax/-/mathjax-{MATHJAX_VERSION}.tgz"
+MATHJAX_SHA512 = "Bt+SSVU8eBG27zChVewOicYs7Xsdt40qm4+UpHyX7k0/O9NliPc+x77k1/FEsPsjKPZGJvtRZM1vO+geW0OhGw=="
+# what tex-mml-chtml.js loads at run time (fonts, menu, accessibility); not the 4 MB speech engine
+MATHJAX_PARTS = ("tex-mml-chtml.js", "input/", "output/chtml/", "a11y/", "ui/", "adaptors/")
 
 
 # ---------------------------------------------------------------------------------------------
 # Words from a reference_run dict
 # ---------------------------------------------------------------------------------------------
 
-def short_devices(devices: list[str] | None) -> str:
-    """``["NVIDIA H200", "NVIDIA H200"]`` -> ``"2× NVIDIA H200"``; mixed lists are comma-joined."""
-    devices = list(devices or []) or ["?"]
-    if len(devices) > 1 and len(set(devices)) == 1:
-        return f"{len(devices)}× {devices[0]}"
-    return ", ".join(devices)
-
-
 def is_gpu_run(run: dict) -> bool:
-    """True when a reference run came from CUDA devices (what the book's numbers must come from)."""
-    devices = run.get("devices") or []
-    return bool(run.get("cuda")) and bool(devices) and not any(str(d).startswith("cpu") for d in devices)
+    """True when a reference run came from CUDA devices (:attr:`perflab.runs.ReferenceRun.is_gpu`)."""
+    return runs.ReferenceRun.from_metadata(run).is_gpu
 
 
 def run_date(run: dict) -> str:
@@ -110,21 +128,12 @@ def caption_text(run: dict, kinds: list[str]) -> str:
 # Notebooks of the table of contents, and whether each is current with its source
 # ---------------------------------------------------------------------------------------------
 
-def _perflab_provenance(app):
-    root = str(Path(app.srcdir))
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    from perflab import provenance
-
-    return provenance
-
-
 def source_sha(app, docname: str) -> str | None:
     """SHA-256 of the code cells of ``docname``'s MyST source, or None when it has no such source."""
     md = Path(app.srcdir) / f"{docname}.md"
-    if not _perflab_provenance(app).is_myst_notebook(md):
+    if not runs.is_myst_notebook(md):
         return None
-    return _perflab_provenance(app).source_code_sha256(md)
+    return runs.source_code_sha256(md)
 
 
 def toc_entries(app) -> list[tuple[str, str]]:
@@ -150,27 +159,15 @@ def toc_entries(app) -> list[tuple[str, str]]:
 
 
 def notebook_status(app, docname: str) -> dict | None:
-    """Status of one toc entry: None when it is not a notebook, else a dict with ``run`` (the
-    reference_run or None), ``state`` (``current``, ``cpu``, ``stale``, ``missing``,
-    ``no-metadata``) and ``words`` (what the status page prints)."""
+    """Status of one toc entry (:func:`perflab.runs.status`, the one staleness decision): None
+    when it is not a notebook, else a dict with ``run`` (the reference_run metadata or None),
+    ``state`` (``current``, ``cpu``, ``stale``, ``missing``, ``no-metadata``) and ``words``
+    (what the status page prints)."""
     src = Path(app.srcdir)
-    ipynb = src / f"{docname}.ipynb"
-    md_sha = source_sha(app, docname)
-    if not ipynb.exists():
-        if md_sha is None:
-            return None
-        return {"run": None, "state": "missing", "words": "not executed yet"}
-    try:
-        run = json.loads(ipynb.read_text(encoding="utf-8")).get("metadata", {}).get("reference_run")
-    except (OSError, ValueError):
-        run = None
-    if not run:
-        return {"run": None, "state": "no-metadata", "words": "no reference_run metadata"}
-    if md_sha is not None and run.get("source_sha256") != md_sha:
-        return {"run": run, "state": "stale", "words": "stale: code changed since the run"}
-    if not is_gpu_run(run):
-        return {"run": run, "state": "cpu", "words": "current code, but a CPU run"}
-    return {"run": run, "state": "current", "words": "current"}
+    st = runs.status(src / f"{docname}.md", src / f"{docname}.ipynb")
+    if st is None:
+        return None
+    return {"run": st.run.as_metadata() if st.run else None, "state": st.state, "words": st.words}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,17 +429,81 @@ def dedupe_scripts(app, pagename, templatename, context, doctree) -> None:
         context["script_files"] = kept
 
 
+def vendored_mathjax(cache: Path) -> Path:
+    """A folder holding ``mathjax/tex-mml-chtml.js`` and what it loads, vendored from the npm
+    registry into ``cache`` on first use (the tarball's SHA-512 is checked); returned for
+    ``html_static_path``.
+
+    Raises:
+        OSError: the registry cannot be reached (no network on a fresh clone's first build).
+        ValueError: the download does not match :data:`MATHJAX_SHA512`.
+    """
+    root = cache / f"mathjax-{MATHJAX_VERSION}"
+    if (root / "mathjax" / "tex-mml-chtml.js").exists():
+        return root
+    with urllib.request.urlopen(MATHJAX_TARBALL, timeout=60) as response:
+        data = response.read()
+    if base64.b64encode(hashlib.sha512(data).digest()).decode() != MATHJAX_SHA512:
+        raise ValueError(f"{MATHJAX_TARBALL} does not match its published SHA-512")
+    partial = cache / f".mathjax-{MATHJAX_VERSION}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            rel = member.name.removeprefix("package/es5/")
+            if member.isfile() and rel != member.name and rel.startswith(MATHJAX_PARTS):
+                target = partial / "mathjax" / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(tar.extractfile(member).read())
+    shutil.rmtree(root, ignore_errors=True)
+    partial.rename(root)
+    return root
+
+
+def _use_vendored_mathjax(config) -> None:
+    try:
+        root = vendored_mathjax(ROOT / ".cache")
+    except (OSError, ValueError) as err:
+        logger.warning(f"MathJax {MATHJAX_VERSION} could not be vendored from {MATHJAX_TARBALL} ({err}): "
+                       "the book's math would load from a CDN")
+        return
+    config.mathjax_path = "mathjax/tex-mml-chtml.js"  # relative: served from the book's _static
+    if str(root) not in config.html_static_path:
+        config.html_static_path = list(config.html_static_path) + [str(root)]
+
+
 def on_config_inited(app, config) -> None:
-    url = (config.html_theme_options or {}).get("repository_url") or ""
+    opts = dict(config.html_theme_options or {})
+    url = (opts.get("repository_url") or "").strip()
     subs = dict(getattr(config, "myst_substitutions", None) or {})
     if url:
         subs.setdefault("repository_url", f"[{url}]({url})")
         subs.setdefault("repository_clone", url.rstrip("/") + ".git")
         subs.setdefault("repository_pip", f"`%pip install -q myst-nb git+{url.rstrip('/')}.git`")
+        subs.setdefault("run_in_the_cloud", "The rocket button at the top of a notebook page opens it on Binder "
+                                            "(which installs the course's requirements, CPU only) or on Colab (which "
+                                            "may have a GPU, but not the course's helper package: run "
+                                            f"`%pip install -q myst-nb git+{url.rstrip('/')}.git` in the first cell).")
+        if getattr(config, "html_theme", None) == "sphinx_book_theme":  # other themes lack these options
+            opts["use_repository_button"] = opts["use_issues_button"] = True
+    else:  # no public address yet: no button may link to an invented one
+        subs.setdefault("repository_url", "(the repository's public address is not set in this build)")
+        subs.setdefault("repository_clone", "")
+        subs.setdefault("repository_pip", "`%pip install -q myst-nb` and upload the repository's `perflab` folder")
+        subs.setdefault("run_in_the_cloud", "This build has no public repository address, so it offers no Binder "
+                                            "or Colab button: download the notebook instead.")
+        opts.pop("repository_url", None)
+        if "launch_buttons" in opts:
+            opts["launch_buttons"] = {}
+        for key in ("use_repository_button", "use_issues_button", "use_edit_page_button", "use_source_button"):
+            if key in opts:
+                opts[key] = False
+    config.html_theme_options = opts
     config.myst_substitutions = subs
     static = str(STATIC)
     if static not in config.html_static_path:
         config.html_static_path = list(config.html_static_path) + [static]
+    if app is not None:
+        _use_vendored_mathjax(config)
 
 
 def setup(app):

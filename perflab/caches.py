@@ -26,9 +26,15 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+import matplotlib.pyplot as plt
 import torch
+from matplotlib.ticker import FuncFormatter
 
+from .fits import fit_line
+from .plotting import finish
+from .profiling import device_seconds_per_call
 from .progress import progress as show_progress
+from .timing import benchmark
 
 __all__ = [
     "FixedCostFit",
@@ -40,7 +46,6 @@ __all__ = [
     "geometric_sizes",
     "largest_step",
     "match_steps",
-    "nearest_step",
     "plot_working_set",
     "read_bandwidth",
     "without_fixed_cost",
@@ -133,8 +138,6 @@ def read_bandwidth(
     Raises:
         ValueError: ``nbytes`` not a positive multiple of the element size, or ``total_bytes`` < 1.
     """
-    from .timing import benchmark
-
     dev = torch.device(device)
     itemsize = torch.empty((), dtype=dtype).element_size()
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < itemsize or nbytes % itemsize:
@@ -151,8 +154,6 @@ def read_bandwidth(
         # same vectorized kernel at every size, and takes the kernels' own durations from the
         # profiler (CUPTI): no launch gaps, and no L2 flush between calls, so a buffer that fits
         # stays in L2 from one call to the next.
-        from .profiling import device_seconds_per_call
-
         x = torch.randn(n, device=dev).to(dtype)
         return nbytes / device_seconds_per_call(x.sum, calls=max(5, min(50, 2**30 // nbytes)))
     rows = max(1, min(total_bytes // nbytes, (2**31 - 1) // n))  # 32-bit indexing: one kernel
@@ -215,8 +216,8 @@ def fit_fixed_cost(points: Sequence[WorkingSetPoint], lo: float = 0, hi: float =
     A GPU kernel that reads a few MiB lasts only microseconds, and a few of them are a fixed cost
     (filling the machine with blocks, the last wave, the final step of a reduction), so
     ``nbytes / time`` under-reads the bandwidth of small working sets. The slope of time against
-    size is the bandwidth without that cost; the intercept is the cost. Each point's time is
-    ``nbytes / bytes_per_s``.
+    size is the bandwidth without that cost; the intercept is the cost (:func:`perflab.fits.fit_line`).
+    Each point's time is ``nbytes / bytes_per_s``.
 
     Raises:
         ValueError: fewer than 2 points in the range, or a fit whose slope is not positive.
@@ -224,14 +225,10 @@ def fit_fixed_cost(points: Sequence[WorkingSetPoint], lo: float = 0, hi: float =
     sel = [p for p in points if lo <= p.nbytes <= hi]
     if len(sel) < 2:
         raise ValueError(f"need at least 2 points between {lo:.4g} and {hi:.4g} bytes, got {len(sel)}")
-    xs = [float(p.nbytes) for p in sel]
-    ts = [p.nbytes / p.bytes_per_s for p in sel]
-    mx, mt = sum(xs) / len(xs), sum(ts) / len(ts)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sxx if sxx else 0.0
-    if slope <= 0:
+    fit = fit_line([float(p.nbytes) for p in sel], [p.nbytes / p.bytes_per_s for p in sel])
+    if fit.slope <= 0:
         raise ValueError("time does not grow with size in this range: no bandwidth can be fitted")
-    return FixedCostFit(mt - slope * mx, 1.0 / slope, len(sel))
+    return FixedCostFit(fit.fixed, 1.0 / fit.slope, fit.points)
 
 
 def without_fixed_cost(points: Sequence[WorkingSetPoint], fixed_s: float) -> list[WorkingSetPoint]:
@@ -325,19 +322,6 @@ def largest_step(steps: Sequence[Step]) -> Step | None:
     return max(steps, key=lambda s: s.ratio) if steps else None
 
 
-def nearest_step(steps: Sequence[Step], nbytes: float) -> Step | None:
-    """The step whose capacity is nearest to ``nbytes`` on a log scale (None when there are none).
-
-    Raises:
-        ValueError: ``nbytes`` not positive.
-    """
-    if nbytes <= 0:
-        raise ValueError(f"nbytes must be > 0, got {nbytes}")
-    if not steps:
-        return None
-    return min(steps, key=lambda s: abs(math.log(s.capacity_bytes / nbytes)))
-
-
 def match_steps(steps: Sequence[Step], sizes: Sequence[float], max_factor: float = 4.0) -> list[Step | None]:
     """Pair reported capacities with steps read from a curve, one step per capacity at most.
 
@@ -383,11 +367,6 @@ def plot_working_set(
 
     Returns the matplotlib Figure (laid out and stamped by :func:`perflab.plotting.finish`).
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
-
-    from .plotting import finish
-
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for i, (label, points) in enumerate(curves.items()):
         ax.plot([p.nbytes for p in points], [p.bytes_per_s / unit for p in points], "o-", ms=3,

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
+from . import exercises
+from .exercises import ExerciseFailed
 
 __all__ = [
     "check_graph_break_fixed",
@@ -231,8 +233,6 @@ def inductor_code(fn: Callable, *args) -> str:
 
 def _not_done(exercise: int, what: str):
     """Raise the lab's "Exercise N is not done yet: ..." error (ExerciseNotDone where it exists)."""
-    from . import exercises
-
     not_done = getattr(exercises, "ExerciseNotDone", None)
     if not_done is not None:
         raise not_done(exercise, what)
@@ -248,8 +248,6 @@ def check_graph_break_fixed(original: Callable, fixed: Callable | None, *args,
             the graph (the sentence names the break's reason).
         ValueError: ``original`` has no graph break (nothing to fix).
     """
-    from .exercises import ExerciseFailed
-
     if fixed is None:
         _not_done(exercise, "define `fixed` without the graph break")
     if graph_breaks(original, *args).breaks == 0:

@@ -17,6 +17,9 @@ from typing import Iterator, Sequence
 
 import torch
 
+from .hardware import cpuinfo
+from .roofline import copy_bandwidth, matmul_rate
+
 __all__ = [
     "CacheLevel",
     "bf16_matmul_unit",
@@ -158,8 +161,6 @@ def memory_bandwidth(nbytes: int, num_threads: int | None = None) -> float:
     Raises:
         ValueError: ``nbytes`` smaller than 4 or not a multiple of 4; a bad ``num_threads``.
     """
-    from .roofline import copy_bandwidth
-
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 4 or nbytes % 4:
         raise ValueError(f"nbytes must be a positive multiple of 4 bytes, got {nbytes!r}")
     with threads(num_threads):
@@ -179,8 +180,6 @@ def matmul_thread_scaling(
     Raises:
         ValueError: ``n`` not a positive integer, or an empty or invalid ``thread_counts``.
     """
-    from .roofline import matmul_rate
-
     counts = list(thread_counts) if thread_counts is not None else default_thread_counts()
     if not counts:
         raise ValueError("thread_counts must not be empty")
@@ -193,14 +192,12 @@ def matmul_thread_scaling(
 
 def cpu_flags() -> set[str]:
     """The instruction-set flags the CPU advertises (``flags`` in ``/proc/cpuinfo`` on x86,
-    ``Features`` on Arm); an empty set where the OS does not say."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    ``Features`` on Arm, read by :func:`perflab.hardware.cpuinfo`); an empty set where the OS
+    does not say."""
+    for block in cpuinfo():
+        text = block.get("flags", block.get("Features"))
+        if text is not None:
+            return set(text.split())
     return set()
 
 
@@ -239,13 +236,11 @@ def clock_hz() -> float | None:
         return float(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) * 1e3
     except (OSError, ValueError):
         pass
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("cpu mhz"):
-                    return float(line.split(":", 1)[1]) * 1e6
-    except (OSError, ValueError):
-        pass
+    for block in cpuinfo():
+        try:
+            return float(block["cpu MHz"]) * 1e6
+        except (KeyError, ValueError):
+            continue
     return None
 
 

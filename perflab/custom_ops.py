@@ -34,6 +34,10 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from . import exercises
+from .compiler import graph_breaks
+from .exercises import ExerciseFailed
+from .timing import benchmark
 
 __all__ = [
     "check_fused_speedup",
@@ -347,8 +351,6 @@ def axpby_triton(x: torch.Tensor, a: float, y: torch.Tensor, b: float) -> torch.
 
 def _not_done(exercise: int, what: str):
     """Raise the lab's "Exercise N is not done yet: ..." error (ExerciseNotDone where it exists)."""
-    from . import exercises
-
     not_done = getattr(exercises, "ExerciseNotDone", None)
     if not_done is not None:
         raise not_done(exercise, what)
@@ -371,9 +373,6 @@ def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: flo
             slow (one sentence each).
         ValueError: ``numel`` or ``minimum`` not positive.
     """
-    from .exercises import ExerciseFailed
-    from .timing import benchmark
-
     if numel < 1 or minimum <= 0:
         raise ValueError(f"numel and minimum must be positive, got {numel} and {minimum}")
     if fused is None:
@@ -411,9 +410,6 @@ def check_registered(op: Callable | None, device, exercise: int = 2) -> bool:
         perflab.exercises.ExerciseFailed: ``op`` is None, not a custom operator, fails
             opcheck, has wrong gradients or breaks the graph.
     """
-    from .compiler import graph_breaks
-    from .exercises import ExerciseFailed
-
     if op is None:
         _not_done(exercise, "set `registered_axpby` to the operator torch.library.custom_op returned")
     overload = getattr(getattr(op, "_opoverload", None), "_schema", None) and op._opoverload

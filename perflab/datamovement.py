@@ -31,6 +31,8 @@ from typing import Callable
 
 import torch
 
+from .costs import _POINTWISE, _operator_bytes  # the cost model's operator tables (perflab.costs)
+
 __all__ = ["CLASSES", "PAPER_BERT", "StepBreakdown", "classify_kernel", "classify_op",
            "classify_triton", "count_by_class", "shares", "time_by_class", "training_step"]
 
@@ -93,8 +95,6 @@ def classify_op(name: str) -> str:
     Raises:
         TypeError: ``name`` is not a string.
     """
-    from .profiling import _POINTWISE
-
     if not isinstance(name, str):
         raise TypeError(f"name must be a string, got {type(name).__name__}")
     base = name.split("::")[-1]
@@ -227,8 +227,6 @@ def _tensors(obj) -> list[torch.Tensor]:
 def _bytes(func, args, kwargs, out) -> int:
     """Minimum bytes of one operator (perflab.profiling's rule), plus the writes of in-place
     list operators (``_foreach_*_``, ``_fused_adamw_``) that return nothing."""
-    from .profiling import _operator_bytes
-
     n = _operator_bytes(func, args, kwargs, out)
     if not _tensors(out):
         for arg, value in zip(func._schema.arguments, args):
@@ -239,8 +237,6 @@ def _bytes(func, args, kwargs, out) -> int:
 
 def _extra_flops(base: str, cls: str, args, out) -> float:
     """FLOPs that torch.utils.flop_counter does not count, by the module's conventions."""
-    from .profiling import _POINTWISE
-
     outs = _tensors(out)
     if cls == ELEMENTWISE and base in _POINTWISE | _ELEMENTWISE_EXTRA and outs:
         return float(outs[0].numel())

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 __all__ = [
     "DiskReport",
     "default_directory",
@@ -78,8 +80,6 @@ def make_file(nbytes: int, directory: str | os.PathLike | None = None, chunk: in
         ValueError: ``nbytes`` or ``chunk`` not a positive integer.
         OSError: the directory is not writable or the disk is full.
     """
-    import numpy as np
-
     _positive_int("nbytes", nbytes)
     _positive_int("chunk", chunk)
     rng = np.random.default_rng(0)

@@ -35,6 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import torch
+import torch.distributed as dist
+
+from .hardware import gpu_count
+
 __all__ = [
     "AllReducePoint",
     "AllReduceResult",
@@ -102,8 +107,6 @@ def allreduce_time(nbytes: float, busbw: float, world_size: int, latency_s: floa
 
 def default_backend() -> str:
     """``"nccl"`` when at least two GPUs are visible, else ``"gloo"`` (CPU processes)."""
-    from .hardware import gpu_count
-
     return "nccl" if gpu_count() >= 2 else "gloo"
 
 
@@ -212,8 +215,6 @@ def launch(
         LaunchError: a worker failed or the launch timed out (the message carries the exit status
             and the last lines the workers printed), or rank 0 wrote no result.
     """
-    from .hardware import gpu_count
-
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2:
         raise ValueError(f"nproc must be an integer >= 2, got {nproc!r}")
     backend = backend or default_backend()
@@ -358,9 +359,6 @@ def _worker_allreduce(args, dist, torch) -> dict:
 
 
 def _worker_main(argv: list[str] | None = None) -> int:
-    import torch
-    import torch.distributed as dist
-
     parser = argparse.ArgumentParser(description="perflab.distributed worker (launched by torchrun)")
     parser.add_argument("--backend", choices=["nccl", "gloo"], required=True)
     parser.add_argument("--out", required=True, help="where rank 0 writes its JSON result")

@@ -24,6 +24,14 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from . import roofline
+from .formats import FORMATS, check as _check_precision
+from .hardware import DATASHEETS, cpu_name, device as default_device
+from .plotting import finish
 from .progress import progress as show_progress
 
 __all__ = [
@@ -39,27 +47,13 @@ __all__ = [
     "reference_machine",
 ]
 
-# precision key -> (label, torch dtype name, bytes per element, tf32 flag). The keys match the
-# ``<key>_flops`` entries of perflab.hardware.DATASHEETS.
-PRECISIONS: dict[str, tuple[str, str | None, int, bool]] = {
-    "fp64": ("FP64", "float64", 8, False),
-    "fp32": ("FP32", "float32", 4, False),
-    "tf32": ("TF32 (tensor cores)", "float32", 4, True),
-    "bf16": ("bf16 (tensor cores)", "bfloat16", 2, False),
-    "fp16": ("fp16 (tensor cores)", "float16", 2, False),
-    "fp8": ("fp8 (tensor cores)", None, 1, False),
-}
+#: The precisions the explorer draws: :data:`perflab.formats.FORMATS` itself (key -> label, torch
+#: dtype name, bytes per element, tf32 flag), under the name chapter readers know.
+PRECISIONS = FORMATS
 
 
 # A precision a device lacks -> the one drawn in its place when devices are compared.
 SUBSTITUTES: dict[str, str] = {"bf16": "fp16"}
-
-
-def _check_precision(precision: str, allowed: Sequence[str] | None = None) -> str:
-    allowed = list(allowed) if allowed is not None else list(PRECISIONS)
-    if precision not in allowed:
-        raise ValueError(f"precision must be one of {allowed}, got {precision!r}")
-    return precision
 
 
 def _positive(name: str, value: Any) -> float:
@@ -154,7 +148,7 @@ class Machine:
             ValueError: the machine has no roof for ``precision``.
         """
         _check_precision(precision, self.precisions)
-        return self.peaks[precision] / self.bandwidth
+        return roofline.ridge_point(self.peaks[precision], self.bandwidth)
 
     def attainable(self, intensity: float, precision: str) -> float:
         """Roofline bound at ``intensity`` (FLOP/byte), in FLOP/s.
@@ -164,26 +158,27 @@ class Machine:
         """
         intensity = _positive("intensity", intensity)
         _check_precision(precision, self.precisions)
-        return min(self.peaks[precision], intensity * self.bandwidth)
+        return roofline.attainable_flops(intensity, self.peaks[precision], self.bandwidth)
 
     def predict(self, intensity: float, precision: str) -> Prediction:
         """The roofline's prediction at ``intensity`` for ``precision`` (see :class:`Prediction`)."""
         bound = self.attainable(intensity, precision)
         ridge = self.ridge(precision)
-        regime = "compute-bound" if intensity >= ridge else "bandwidth-bound"
-        return Prediction(float(intensity), ridge, bound, self.peaks[precision], regime)
+        return Prediction(float(intensity), ridge, bound, self.peaks[precision],
+                          roofline.classify(intensity, ridge))
 
 
 def matmul_intensity(n: int, precision: str) -> float:
     """Arithmetic intensity of a square ``n x n @ n x n`` product: ``2 n^3`` FLOPs over
-    ``3 n^2`` elements moved (A and B read, C written), in FLOP/byte: ``2 n / (3 * itemsize)``.
+    ``3 n^2`` elements moved (A and B read, C written), in FLOP/byte: ``2 n / (3 * itemsize)``
+    (the closed form of :func:`perflab.costs.matmul_cost` at the precision's bytes per element).
 
     Raises:
         ValueError: ``n`` not a positive integer, or an unknown precision.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
-    itemsize = PRECISIONS[_check_precision(precision)][2]
+    itemsize = FORMATS[_check_precision(precision)].itemsize
     return 2.0 * n / (3.0 * itemsize)
 
 
@@ -194,8 +189,6 @@ def matmul_intensity(n: int, precision: str) -> float:
 def datasheet_machines() -> list[Machine]:
     """One :class:`Machine` per entry of :data:`perflab.hardware.DATASHEETS` (dense peaks, HBM
     bandwidth), named ``"<device> (datasheet)"``, with the datasheet as ``source``."""
-    from .hardware import DATASHEETS
-
     out = []
     for name, sheet in DATASHEETS.items():
         peaks = {p: sheet[f"{p}_flops"] for p in PRECISIONS if f"{p}_flops" in sheet}
@@ -260,11 +253,6 @@ def measure_machine(
         ValueError: empty or non-positive ``sizes``, an unknown or unmeasurable precision, a
             non-positive ``copy_numel`` or ``bandwidth``.
     """
-    import torch
-
-    from . import roofline
-    from .hardware import cpu_name, device as default_device
-
     dev = torch.device(device) if device is not None else default_device()
     sizes = list(sizes)
     if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
@@ -285,8 +273,7 @@ def measure_machine(
     jobs = show_progress(jobs, "matrix products", progress)
     points = []
     for p, n in jobs:
-        dtype = getattr(torch, PRECISIONS[p][1])
-        rate = roofline.matmul_rate(dev, n, dtype, tf32=PRECISIONS[p][3])
+        rate = roofline.matmul_rate(dev, n, p)
         points.append(MeasuredPoint(f"matmul n={n}", p, matmul_intensity(n, p), rate, 2.0 * n**3 / rate, n))
     peaks = {p: max(pt.flops_per_s for pt in points if pt.precision == p) for p in precisions}
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu: {cpu_name()}"
@@ -418,8 +405,6 @@ class RooflineExplorer:
         """Draw rooflines of ``machines`` (default: the selected one) for ``precision`` (default:
         the selected one) on the matplotlib axes ``ax``, with measured points, the reference
         run's measured roofs and, if ``show_selection``, the selected intensity's prediction."""
-        import numpy as np
-
         precision = precision or self.precision
         machines = list(machines) if machines is not None else [self.machine]
         lo, hi = self._span(machines + ([self.reference] if self.reference else []), [precision])
@@ -456,10 +441,6 @@ class RooflineExplorer:
         """A static figure of the selected device: one panel per precision (default: the
         selected one), stacked, each with its roofline, measured points, the reference run's measured
         roofs and the selected intensity's prediction. Returns the matplotlib Figure."""
-        import matplotlib.pyplot as plt
-
-        from .plotting import finish
-
         precisions = list(precisions) if precisions is not None else [self.precision]
         for p in precisions:
             _check_precision(p, self.machine.precisions)
@@ -479,11 +460,6 @@ class RooflineExplorer:
         Raises:
             ValueError: an unknown precision or machine name.
         """
-        import matplotlib.pyplot as plt
-        import numpy as np
-
-        from .plotting import finish
-
         for p in precisions:
             _check_precision(p)
         names = list(machines) if machines is not None else list(self.machines)
@@ -522,12 +498,11 @@ class RooflineExplorer:
         Raises:
             ImportError: ipywidgets is not installed (``pip install ipywidgets``).
         """
-        try:
+        try:  # optional (the `book` extra): the static figure needs no ipywidgets
             import ipywidgets as W
         except ImportError as err:  # pragma: no cover - ipywidgets is in requirements.txt
             raise ImportError("the roofline explorer's widget needs ipywidgets: pip install ipywidgets") from err
-        import matplotlib.pyplot as plt
-        from IPython.display import display
+        from IPython.display import display  # optional like ipywidgets: a live kernel only
 
         style = {"description_width": "110px"}
         layout = W.Layout(width="640px")

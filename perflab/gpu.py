@@ -1,11 +1,12 @@
 """The GPU as a performance engineer sees it: its structure, its clocks, its math units, its waves.
 
-* :func:`properties` and :func:`nvml_readings` read what the chip is (SMs, warps, caches, memory
-  bus) and how it is running right now (clocks, power, temperature, PCIe link, NVLinks). They only
-  *read*, through torch and nvidia-ml-py; nothing here sets clocks, power limits or modes.
+* :func:`properties` reads what the chip is (SMs, warps, caches, memory bus) through torch; how
+  it is running right now (clocks, power, PCIe link, NVLinks) is :func:`perflab.nvml.readings`.
+  Nothing here sets clocks, power limits or modes.
 * :func:`matmul_rates` measures matrix-multiply FLOP/s per number format (FP32 on the CUDA
-  cores; TF32, bf16, fp16 and fp8 on the tensor cores) and :func:`elementwise_rate` the CUDA-core
-  rate of a fused elementwise kernel, so the two kinds of math unit can be compared.
+  cores; TF32, bf16, fp16 and fp8 on the tensor cores; one :func:`perflab.roofline.matmul_rate`
+  each) and :func:`elementwise_rate` the CUDA-core rate of a fused elementwise kernel, so the
+  two kinds of math unit can be compared.
 * :func:`tile_count`, :func:`wave_count` and :func:`wave_sweep` show how a matrix product's grid of
   output tiles maps onto the SMs in *waves*, and why run time grows in steps (wave quantization).
 
@@ -20,46 +21,24 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .hardware import has_gpu, nvml_handle
+from .fits import fit_line
+from .hardware import has_gpu
 from .progress import progress as show_progress
+from .roofline import SweepPoint, matmul_rate, sweep_repeat
+from .timing import event_timer
 
 __all__ = [
-    "MATMUL_KINDS",
     "WaveFit",
     "available_matmul_kinds",
     "dram_bandwidth_from_clock",
     "elementwise_rate",
     "fit_waves",
-    "fp8_matmul_rate",
-    "matmul_rate",
     "matmul_rates",
-    "nvml_readings",
     "properties",
     "tile_count",
     "wave_count",
     "wave_sweep",
 ]
-
-#: Number formats :func:`matmul_rate` knows, and the DATASHEETS key of each one's peak.
-MATMUL_KINDS: dict[str, str] = {
-    "fp32": "fp32_flops",
-    "tf32": "tf32_flops",
-    "bf16": "bf16_flops",
-    "fp16": "fp16_flops",
-    "fp8": "fp8_flops",
-}
-
-_CLOCK_EVENT_REASONS = {
-    0x1: "idle",
-    0x2: "application clocks setting",
-    0x4: "software power cap",
-    0x8: "hardware slowdown",
-    0x10: "sync boost",
-    0x20: "software thermal slowdown",
-    0x40: "hardware thermal slowdown",
-    0x80: "hardware power brake",
-    0x100: "display clock setting",
-}
 
 
 def _need_gpu(what: str) -> None:
@@ -100,60 +79,6 @@ def properties(index: int = 0) -> dict:
     }
 
 
-def _nvml_call(fn, *args):
-    import pynvml
-
-    try:
-        return fn(*args)
-    except pynvml.NVMLError:
-        return None
-
-
-def nvml_readings(index: int = 0) -> dict | None:
-    """How GPU ``index`` is running now, read through NVML; None when NVML is unavailable.
-
-    Returns a dict (each value None when the driver does not answer that query):
-    ``sm_clock_hz``/``sm_clock_max_hz``, ``mem_clock_hz``/``mem_clock_max_hz`` (Hz),
-    ``memory_bus_width_bits``, ``power_w``/``power_limit_w`` (watts), ``temperature_c``,
-    ``pcie_gen``/``pcie_width`` (current link) and ``pcie_gen_max``/``pcie_width_max``,
-    ``nvlinks_active`` (links in the active state), and ``clock_event_reasons`` (why the clock is
-    below its maximum now, e.g. ``["idle"]``). Nothing is set.
-    """
-    handle = nvml_handle(index)
-    if handle is None:
-        return None
-    import pynvml
-
-    call = lambda name, *a: _nvml_call(getattr(pynvml, name), handle, *a) if hasattr(pynvml, name) else None  # noqa: E731
-    mhz = lambda v: None if v is None else v * 1e6  # noqa: E731
-    mw = lambda v: None if v is None else v / 1e3  # noqa: E731
-    links = None
-    max_links = getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)
-    states = [call("nvmlDeviceGetNvLinkState", link) for link in range(max_links)]
-    if any(s is not None for s in states):
-        links = sum(1 for s in states if s == getattr(pynvml, "NVML_FEATURE_ENABLED", 1))
-    reasons_mask = call("nvmlDeviceGetCurrentClocksEventReasons")
-    if reasons_mask is None:
-        reasons_mask = call("nvmlDeviceGetCurrentClocksThrottleReasons")
-    reasons = None if reasons_mask is None else [text for bit, text in _CLOCK_EVENT_REASONS.items() if reasons_mask & bit]
-    return {
-        "sm_clock_hz": mhz(call("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_SM)),
-        "sm_clock_max_hz": mhz(call("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM)),
-        "mem_clock_hz": mhz(call("nvmlDeviceGetClockInfo", pynvml.NVML_CLOCK_MEM)),
-        "mem_clock_max_hz": mhz(call("nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_MEM)),
-        "memory_bus_width_bits": call("nvmlDeviceGetMemoryBusWidth"),
-        "power_w": mw(call("nvmlDeviceGetPowerUsage")),
-        "power_limit_w": mw(call("nvmlDeviceGetEnforcedPowerLimit")),
-        "temperature_c": call("nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU),
-        "pcie_gen": call("nvmlDeviceGetCurrPcieLinkGeneration"),
-        "pcie_width": call("nvmlDeviceGetCurrPcieLinkWidth"),
-        "pcie_gen_max": call("nvmlDeviceGetMaxPcieLinkGeneration"),
-        "pcie_width_max": call("nvmlDeviceGetMaxPcieLinkWidth"),
-        "nvlinks_active": links,
-        "clock_event_reasons": reasons,
-    }
-
-
 def dram_bandwidth_from_clock(bus_width_bits: int, mem_clock_hz: float, transfers_per_clock: int = 2) -> float:
     """Peak DRAM bandwidth in bytes/s: ``bus width / 8 x transfers per clock x memory clock``.
 
@@ -170,7 +95,7 @@ def dram_bandwidth_from_clock(bus_width_bits: int, mem_clock_hz: float, transfer
 
 
 def available_matmul_kinds(device: torch.device | str) -> list[str]:
-    """The :data:`MATMUL_KINDS` worth measuring on ``device``.
+    """The :data:`perflab.formats.FORMATS` keys worth measuring on ``device``.
 
     CPU: fp32 and bf16. CUDA: fp32, tf32, bf16, fp16, and fp8 where the chip has fp8 tensor cores
     (compute capability 8.9 or newer) and torch has ``float8_e4m3fn``.
@@ -185,65 +110,8 @@ def available_matmul_kinds(device: torch.device | str) -> list[str]:
     return kinds
 
 
-def fp8_matmul_rate(device: torch.device | str, n: int) -> float:
-    """FLOP/s of an ``n x n @ n x n`` fp8 (e4m3) product with ``torch._scaled_mm``, bf16 output.
-
-    Both operands are ``float8_e4m3fn``; cuBLASLt wants the first row-major and the second
-    column-major (here the transpose of a row-major matrix), ``n`` a multiple of 16, and one
-    float32 scale per operand (``scale_a``, ``scale_b``: scalar tensors, here 1.0). FLOPs: ``2 n^3``.
-    Timing: :func:`perflab.timing.benchmark`.
-
-    Raises:
-        RuntimeError: no CUDA device, or the GPU/torch build has no fp8 matmul (the error from
-            ``torch._scaled_mm`` itself propagates unchanged).
-        ValueError: ``n`` not a positive multiple of 16.
-    """
-    from .timing import benchmark
-
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        raise RuntimeError("fp8_matmul_rate needs a CUDA GPU with fp8 tensor cores; the device is a CPU")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 16 or n % 16:
-        raise ValueError(f"n must be a positive multiple of 16, got {n!r}")
-    fp8 = torch.float8_e4m3fn
-    a = torch.randn(n, n, device=dev).to(fp8)
-    b = torch.randn(n, n, device=dev).to(fp8).t()  # column-major view, as cuBLASLt requires
-    one = torch.ones((), device=dev, dtype=torch.float32)
-
-    def fn():
-        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-
-    fn()  # a missing kernel raises here, before any timing
-    return 2.0 * n**3 / benchmark(fn, dev)
-
-
-def matmul_rate(device: torch.device | str, n: int, kind: str) -> float:
-    """FLOP/s of an ``n x n`` matrix product in number format ``kind`` (a key of :data:`MATMUL_KINDS`).
-
-    fp32 runs on the CUDA cores (TF32 disabled); tf32 is float32 storage with TF32 tensor-core
-    math; bf16 and fp16 are stored and multiplied in 16 bits (float32 accumulation); fp8 uses
-    :func:`fp8_matmul_rate`. Others reuse :func:`perflab.roofline.matmul_rate`.
-
-    Raises:
-        ValueError: unknown ``kind``, or tf32/fp8 on a CPU; see also the functions above.
-    """
-    from . import roofline
-
-    if kind not in MATMUL_KINDS:
-        raise ValueError(f"kind must be one of {list(MATMUL_KINDS)}, got {kind!r}")
-    dev = torch.device(device)
-    if dev.type != "cuda" and kind in ("tf32", "fp8"):
-        raise ValueError(f"kind={kind!r} is a GPU tensor-core format; the device is {dev}")
-    if kind == "fp8":
-        return fp8_matmul_rate(dev, n)
-    if kind == "tf32":
-        return roofline.matmul_rate(dev, n, torch.float32, tf32=True)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[kind]
-    return roofline.matmul_rate(dev, n, dtype)
-
-
 def matmul_rates(device: torch.device | str, n: int, kinds: Iterable[str] | None = None) -> tuple[dict, dict]:
-    """:func:`matmul_rate` for each kind: returns ``(rates, errors)``.
+    """:func:`perflab.roofline.matmul_rate` for each format key: returns ``(rates, errors)``.
 
     ``rates`` maps kind -> FLOP/s. An fp8 product that fails (no fp8 kernel in this build, an
     unsupported layout) does not stop the others: ``errors["fp8"]`` holds ``"<ErrorClass>:
@@ -263,7 +131,7 @@ def matmul_rates(device: torch.device | str, n: int, kinds: Iterable[str] | None
     return rates, errors
 
 
-def elementwise_rate(device: torch.device | str, numel: int, repeat: int):
+def elementwise_rate(device: torch.device | str, numel: int, repeat: int) -> SweepPoint:
     """The fused ``x*2``-repeated kernel of chapter 1 at one ``repeat``: a :class:`perflab.roofline.SweepPoint`.
 
     With ``repeat`` far right of the ridge point the kernel is compute-bound, so its
@@ -273,8 +141,6 @@ def elementwise_rate(device: torch.device | str, numel: int, repeat: int):
     Raises:
         ValueError: ``numel`` or ``repeat`` not a positive integer.
     """
-    from .roofline import sweep_repeat
-
     if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
         raise ValueError(f"numel must be a positive integer, got {numel!r}")
     x = torch.randn(numel, device=device)
@@ -328,8 +194,6 @@ def wave_sweep(
         RuntimeError: no CUDA GPU.
         ValueError: empty ``ns`` or a non-positive size.
     """
-    from .timing import event_timer
-
     _need_gpu("wave_sweep")
     ns = list(ns)
     if not ns or min(ns) < 1 or m < 1 or k < 1:
@@ -362,17 +226,6 @@ class WaveFit:
     seconds_per_wave: float
 
 
-def _fit_rms(x: Sequence[float], t: Sequence[float]) -> tuple[float, float]:
-    import numpy as np
-
-    x = np.asarray(x, dtype=float)
-    t = np.asarray(t, dtype=float)
-    design = np.stack([np.ones_like(x), x], axis=1)
-    coef, *_ = np.linalg.lstsq(design, t, rcond=None)
-    resid = (design @ coef - t) / t
-    return float(np.sqrt(np.mean(resid**2))), float(coef[1])
-
-
 def fit_waves(
     points: Sequence[tuple[int, float]],
     m: int,
@@ -383,7 +236,7 @@ def fit_waves(
 
     For each ``(tile_m, tile_n)`` the model is ``t = a + b * wave_count(tile_count(m, n, tile_m,
     tile_n), sms)``, fitted by least squares; the tile with the smallest RMS relative residual
-    wins. A staircase residual well below the line's means wave quantization shapes the times;
+    wins (:func:`perflab.fits.fit_line`). A staircase residual well below the line's means wave quantization shapes the times;
     similar residuals mean the library's choices (other tile shapes, split-K, stream-K) smooth it.
 
     Raises:
@@ -397,13 +250,14 @@ def fit_waves(
     ts = [t for _, t in points]
     if min(ts) <= 0:
         raise ValueError("every time must be > 0 seconds")
-    linear_rms, _ = _fit_rms(ns, ts)
+    linear_rms = fit_line(ns, ts).rms_relative
     best = None
     for tm, tn in tiles:
         waves = [wave_count(tile_count(m, n, tm, tn), sms) for n in ns]
         if len(set(waves)) < 2:
             continue
-        rms, slope = _fit_rms(waves, ts)
+        fit = fit_line(waves, ts)
+        rms, slope = fit.rms_relative, fit.slope
         if best is None or rms < best[1]:
             best = ((tm, tn), rms, slope)
     if best is None:

@@ -1,18 +1,19 @@
 """Device facts: which device to use, how big to make problems, and what the chip can do.
 
-Everything here *reads* the machine (through torch and, for NVIDIA GPUs, nvidia-ml-py); nothing
-changes clocks, power limits or modes. Datasheet figures are kept in :data:`DATASHEETS` with their
+Everything here *reads* the machine (through torch, ``/proc/cpuinfo`` via :func:`cpuinfo`, and for
+NVIDIA GPUs :mod:`perflab.nvml`); nothing changes clocks, power limits or modes. Datasheet figures are kept in :data:`DATASHEETS` with their
 source, so a chapter can show *achieved / datasheet* with the citation beside it.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 from typing import Any, TypeVar
 
 import torch
+
+from . import nvml
 
 T = TypeVar("T")
 
@@ -20,14 +21,13 @@ __all__ = [
     "DATASHEETS",
     "FP32_LANES_PER_SM",
     "cpu_name",
+    "cpuinfo",
     "datasheet",
     "describe",
     "device",
     "fp32_peak_flops",
     "gpu_count",
     "has_gpu",
-    "max_sm_clock_hz",
-    "nvml_handle",
     "pick",
     "requires_gpu",
 ]
@@ -157,44 +157,33 @@ def requires_gpu(count: int = 1, what: str = "This cell") -> bool:
     return False
 
 
-def cpu_name() -> str:
-    """The CPU's model name as the OS reports it (``/proc/cpuinfo`` on Linux), else ``platform.processor()``."""
+def cpuinfo() -> list[dict[str, str]]:
+    """``/proc/cpuinfo`` as one dict per logical CPU (``{"model name": ..., "cpu MHz": ...,
+    "flags": ...}``, keys and values as the kernel writes them): the one reader of that file.
+    An empty list where the OS has no such file (macOS, Windows)."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+            text = f.read()
     except OSError:
-        pass
+        return []
+    blocks = []
+    for chunk in text.split("\n\n"):
+        fields = {}
+        for line in chunk.splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                fields[key.strip()] = value.strip()
+        if fields:
+            blocks.append(fields)
+    return blocks
+
+
+def cpu_name() -> str:
+    """The CPU's model name as the OS reports it (``/proc/cpuinfo`` on Linux), else ``platform.processor()``."""
+    for block in cpuinfo():
+        if block.get("model name"):
+            return block["model name"]
     return platform.processor() or platform.machine() or "unknown CPU"
-
-
-@functools.lru_cache(maxsize=None)
-def nvml_handle(index: int = 0):
-    """An NVML device handle for GPU ``index``, or None when nvidia-ml-py or the driver is missing.
-
-    The handle is for *reading* (clocks, power, utilization); this course never sets anything.
-    """
-    try:
-        import pynvml  # provided by the nvidia-ml-py package
-
-        pynvml.nvmlInit()
-        return pynvml.nvmlDeviceGetHandleByIndex(index)
-    except Exception:  # no library, no driver, no such device: all mean "cannot read"
-        return None
-
-
-def max_sm_clock_hz(index: int = 0) -> float | None:
-    """The GPU's maximum SM clock in Hz, read through NVML; None when NVML cannot answer."""
-    handle = nvml_handle(index)
-    if handle is None:
-        return None
-    import pynvml
-
-    try:
-        return pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM) * 1e6
-    except pynvml.NVMLError:
-        return None
 
 
 def fp32_peak_flops(index: int = 0, fma: bool = False, clock_hz: float | None = None) -> float:
@@ -203,7 +192,7 @@ def fp32_peak_flops(index: int = 0, fma: bool = False, clock_hz: float | None = 
     ``SMs x FP32 lanes per SM x SM clock``, doubled when ``fma=True`` because a fused multiply-add
     counts as two FLOPs. A kernel of plain multiplies (``x * 2``) can reach only the ``fma=False``
     figure. Lanes per SM come from :data:`FP32_LANES_PER_SM` (CUDA C++ Programming Guide); the
-    clock is the maximum SM clock from NVML unless ``clock_hz`` is given.
+    clock is the maximum SM clock from NVML (:func:`perflab.nvml.max_sm_clock_hz`) unless ``clock_hz`` is given.
 
     Raises:
         RuntimeError: no GPU, an architecture missing from the table, or no clock from NVML.
@@ -214,7 +203,7 @@ def fp32_peak_flops(index: int = 0, fma: bool = False, clock_hz: float | None = 
     cc = (props.major, props.minor)
     if cc not in FP32_LANES_PER_SM:
         raise RuntimeError(f"no FP32 lane count known for compute capability {cc[0]}.{cc[1]}")
-    clock = clock_hz if clock_hz is not None else max_sm_clock_hz(index)
+    clock = clock_hz if clock_hz is not None else nvml.max_sm_clock_hz(index)
     if clock is None:
         raise RuntimeError("cannot read the SM clock (nvidia-ml-py missing or NVML unavailable); pass clock_hz")
     return props.multi_processor_count * FP32_LANES_PER_SM[cc] * clock * (2 if fma else 1)
@@ -246,7 +235,7 @@ def describe(index: int = 0) -> dict[str, Any]:
             l2_bytes=getattr(props, "L2_cache_size", None),
             memory_bytes=props.total_memory,
             compute_capability=f"{props.major}.{props.minor}",
-            max_sm_clock_hz=max_sm_clock_hz(index),
+            max_sm_clock_hz=nvml.max_sm_clock_hz(index),
             gpus=gpu_count(),
         )
     else:

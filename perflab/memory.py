@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .autograd import saved_tensors
+from .exercises import ExerciseFailed, check_choice, check_close, check_true
 
 __all__ = [
     "check_static_prediction",
@@ -944,8 +945,6 @@ if __name__ == "__main__":
 
 
 def _not_done(exercise: int, what: str):
-    from .exercises import ExerciseFailed
-
     return ExerciseFailed(f"Exercise {exercise} is not done yet: {what}.")
 
 
@@ -961,8 +960,6 @@ def check_static_prediction(predicted: Any, model: nn.Module, optimizer: torch.o
     Raises:
         ExerciseFailed: no answer, or one more than ``rtol`` away.
     """
-    from .exercises import check_close
-
     if predicted is None:
         raise _not_done(1, "set predicted_static to your prediction in bytes")
     truth = measured if measured is not None else state_bytes(model, optimizer, device)["total"]
@@ -989,8 +986,6 @@ def check_peak_cut(make_model: Callable[[], nn.Module], baseline_step: Callable,
     Raises:
         ExerciseFailed: not written yet, a different loss or update, or not enough memory saved.
     """
-    from .exercises import ExerciseFailed, check_true
-
     if lean_step is None:
         raise _not_done(2, "write lean_step")
     models, losses, peaks = [], [], []
@@ -1036,8 +1031,6 @@ def check_no_leak(fixed_cls: type | None, leaky_cls: type, size: int, device: to
     Raises:
         ExerciseFailed: not done, the wrong attribute, a broken hook, or a buffer still leaking.
     """
-    from .exercises import check_choice, check_true
-
     if fixed_cls is None or cycle_attribute is None:
         raise _not_done(3, "set cycle_attribute and write FixedMonitor")
     names = sorted(vars(leaky_cls(1)).keys())
@@ -1087,8 +1080,6 @@ def check_largest_allocation(snapshot: dict, cfg: BlockStackConfig, batch: int, 
     Raises:
         ExerciseFailed: not done, a wrong size or a wrong name.
     """
-    from .exercises import check_choice
-
     if largest_bytes is None or largest_tensor is None:
         raise _not_done(4, "set largest_bytes and largest_tensor")
     big = largest_allocation(snapshot)

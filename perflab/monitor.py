@@ -1,6 +1,7 @@
 """Reading the machine while it works: GPU clocks, power, temperature and utilization, CPU frequency.
 
-Everything here *reads* (through nvidia-ml-py's NVML bindings and Linux's ``/sys`` and ``/proc``);
+Everything here *reads* (GPUs through :mod:`perflab.nvml`, the one NVML reader; CPUs through Linux's
+``/sys`` and :func:`perflab.hardware.cpuinfo`);
 nothing sets a clock, a power limit or a governor. A benchmark is only reproducible when the state
 it ran in is known, so chapters print :func:`machine_state` beside their numbers.
 
@@ -14,78 +15,16 @@ from __future__ import annotations
 
 import glob
 import os
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CLOCK_EVENT_REASONS", "UtilizationSampler", "cpu_state", "gpu_state", "machine_state"]
+from . import nvml
+from .hardware import cpuinfo
 
-# Bits of nvmlDeviceGetCurrentClocksEventReasons (formerly ...ThrottleReasons), NVML reference,
-# "Clocks Event Reasons". A set bit says why the SM clock is below its maximum right now.
-CLOCK_EVENT_REASONS: dict[int, str] = {
-    0x1: "GPU idle",
-    0x2: "applications clocks setting",
-    0x4: "software power cap",
-    0x8: "hardware slowdown",
-    0x10: "sync boost",
-    0x20: "software thermal slowdown",
-    0x40: "hardware thermal slowdown",
-    0x80: "hardware power brake slowdown",
-    0x100: "display clock setting",
-}
-
-
-def _nvml_read(fn, *args):
-    """Call an NVML getter; None when the driver cannot answer (not supported, no permission)."""
-    import pynvml
-
-    try:
-        return fn(*args)
-    except pynvml.NVMLError:
-        return None
-
-
-def gpu_state(index: int = 0) -> dict[str, Any] | None:
-    """What NVML reports about GPU ``index`` right now, or None without a GPU or NVML.
-
-    Returns a dict with ``sm_clock_mhz`` and ``max_sm_clock_mhz`` (current and maximum SM clock),
-    ``memory_clock_mhz``, ``power_w`` and ``power_limit_w`` (watts; the enforced limit),
-    ``temperature_c`` (degrees Celsius), ``pstate`` (performance state, 0 = fastest),
-    ``utilization_pct`` (the ``gpu`` field of ``nvmlDeviceGetUtilizationRates``) and
-    ``clock_event_reasons`` (names from :data:`CLOCK_EVENT_REASONS`). A field the driver does not
-    expose is None.
-
-    Raises:
-        ValueError: ``index`` is negative.
-    """
-    from .hardware import nvml_handle
-
-    if index < 0:
-        raise ValueError(f"index must be >= 0, got {index}")
-    handle = nvml_handle(index)
-    if handle is None:
-        return None
-    import pynvml
-
-    power = _nvml_read(pynvml.nvmlDeviceGetPowerUsage, handle)
-    limit = _nvml_read(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
-    util = _nvml_read(pynvml.nvmlDeviceGetUtilizationRates, handle)
-    reasons_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-        pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
-    mask = _nvml_read(reasons_fn, handle) if reasons_fn else None
-    return {
-        "sm_clock_mhz": _nvml_read(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM),
-        "max_sm_clock_mhz": _nvml_read(pynvml.nvmlDeviceGetMaxClockInfo, handle, pynvml.NVML_CLOCK_SM),
-        "memory_clock_mhz": _nvml_read(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM),
-        "power_w": power / 1e3 if power is not None else None,
-        "power_limit_w": limit / 1e3 if limit is not None else None,
-        "temperature_c": _nvml_read(pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU),
-        "pstate": _nvml_read(pynvml.nvmlDeviceGetPerformanceState, handle),
-        "utilization_pct": util.gpu if util is not None else None,
-        "clock_event_reasons": None if mask is None else
-        [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit],
-    }
+__all__ = ["UtilizationSampler", "cpu_state", "machine_state"]
 
 
 def _read(path: str) -> str | None:
@@ -107,13 +46,11 @@ def cpu_state() -> dict[str, Any]:
     """
     base = "/sys/devices/system/cpu/cpu0/cpufreq/"
     mhz = []
-    text = _read("/proc/cpuinfo") or ""
-    for line in text.splitlines():
-        if line.startswith("cpu MHz"):
-            try:
-                mhz.append(float(line.split(":", 1)[1]))
-            except ValueError:
-                pass
+    for block in cpuinfo():
+        try:
+            mhz.append(float(block["cpu MHz"]))
+        except (KeyError, ValueError):
+            pass
     try:
         load = os.getloadavg()[0]
     except OSError:
@@ -130,8 +67,13 @@ def cpu_state() -> dict[str, Any]:
 
 
 def machine_state(index: int = 0) -> dict[str, Any]:
-    """``{"gpu": gpu_state(index), "cpu": cpu_state()}``: the state a benchmark ran in."""
-    return {"gpu": gpu_state(index), "cpu": cpu_state()}
+    """``{"gpu": perflab.nvml.readings(index, links=False), "cpu": cpu_state()}``: the state a
+    benchmark ran in (``"gpu"`` is None without a GPU or NVML).
+
+    Raises:
+        ValueError: ``index`` is negative.
+    """
+    return {"gpu": nvml.readings(index, links=False), "cpu": cpu_state()}
 
 
 @dataclass
@@ -168,23 +110,20 @@ class UtilizationSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _run(self, handle):
-        import pynvml
-
+    def _run(self):
         while not self._stop.is_set():
-            self.samples.append((time.perf_counter(), pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+            pct = nvml.utilization_pct(self.index)
+            if pct is not None:
+                self.samples.append((time.perf_counter(), pct))
             self._stop.wait(self.interval_s)
 
     def __enter__(self) -> "UtilizationSampler":
-        from .hardware import nvml_handle
-
-        handle = nvml_handle(self.index)
-        if handle is None:
+        if nvml.utilization_pct(self.index) is None:
             raise RuntimeError("UtilizationSampler needs NVML (an NVIDIA GPU, its driver and nvidia-ml-py); "
                                "none is readable here")
         self.samples.clear()
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, args=(handle,), daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
 
@@ -208,8 +147,6 @@ class UtilizationSampler:
         Raises:
             ValueError: fewer than one reading after the first second.
         """
-        import statistics
-
         vals = self.values(skip_s=1.0)
         if not vals:
             raise ValueError("no utilization readings after the first second: run the loop longer")

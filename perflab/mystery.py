@@ -20,8 +20,11 @@ from typing import Any, Callable
 
 import torch
 
+from .costs import count_cost
 from .exercises import ExerciseFailed
-from .hardware import pick
+from .hardware import device as default_device, pick
+from .profiling import regime
+from .timing import benchmark
 
 __all__ = ["REGIMES", "MysteryStep", "check_diagnosis", "step_a", "step_b", "step_c"]
 
@@ -65,8 +68,6 @@ class MysteryStep:
 
 
 def _device(device) -> torch.device:
-    from .hardware import device as default_device
-
     return torch.device(device) if device is not None else default_device()
 
 
@@ -197,9 +198,6 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
         TypeError: ``step`` is not a MysteryStep or ``evidence`` not a dict.
         ValueError: ``time_tolerance`` < 1.
     """
-    from .profiling import count_cost, regime
-    from .timing import benchmark
-
     if not isinstance(step, MysteryStep):
         raise TypeError(f"step must be a MysteryStep (from step_a/step_b/step_c), got {type(step).__name__}")
     if not isinstance(evidence, dict):

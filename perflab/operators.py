@@ -19,8 +19,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 
+from .fits import fit_line
+from .overhead import op_rate
 from .progress import progress as show_progress
 
 __all__ = [
@@ -144,8 +148,8 @@ def fit_call_cost(numels: Sequence[float], seconds: Sequence[float]) -> CallCost
 
     A least-squares fit of the *relative* error, minimising ``sum(((fixed + c*n_i) - t_i) / t_i)^2``,
     so the small sizes (which set ``fixed``) weigh as much as the large ones (which set ``c``); with
-    plain least squares the largest times would decide both. This is ordinary weighted linear
-    regression with weights ``1 / t_i^2``.
+    plain least squares the largest times would decide both: :func:`perflab.fits.fit_line` with
+    ``relative=True``.
 
     Args:
         numels: tensor sizes in elements, at least two distinct values.
@@ -156,8 +160,6 @@ def fit_call_cost(numels: Sequence[float], seconds: Sequence[float]) -> CallCost
             positive fixed cost or a positive per-element cost (the sweep did not reach sizes where
             one of them shows: extend it).
     """
-    import numpy as np
-
     n = np.asarray(list(numels), dtype=float)
     t = np.asarray(list(seconds), dtype=float)
     if n.shape != t.shape:
@@ -168,8 +170,8 @@ def fit_call_cost(numels: Sequence[float], seconds: Sequence[float]) -> CallCost
         raise ValueError("numels must all be positive and finite")
     if (t <= 0).any() or not np.isfinite(t).all():
         raise ValueError("seconds must all be positive and finite")
-    design = np.stack([1.0 / t, n / t], axis=1)
-    (fixed, per_element), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    fit = fit_line(n, t, relative=True)
+    fixed, per_element = fit.fixed, fit.slope
     if fixed <= 0:
         raise ValueError(f"the fit found no positive fixed cost ({fixed:.3g} s): add smaller sizes to the sweep")
     if per_element <= 0:
@@ -197,8 +199,6 @@ def call_cost_sweep(
     Raises:
         ValueError: an empty ``numels``, a size < 1, or a non-positive budget.
     """
-    from .overhead import op_rate
-
     sizes = [int(n) for n in numels]
     if not sizes or min(sizes) < 1:
         raise ValueError(f"numels must be a non-empty list of positive sizes, got {sizes}")
@@ -288,8 +288,6 @@ def call_path(fn: Callable, *args, **kwargs) -> list[CallPathRow]:
         RuntimeError: the profiler recorded no range for the call, so the call path cannot be cut
             out of the trace.
     """
-    from torch.profiler import ProfilerActivity, profile
-
     name = getattr(fn, "__name__", None)
     if not callable(fn) or not name or name == "<lambda>":
         raise TypeError("fn must be a named Python function (def), not a lambda or other callable")
@@ -299,7 +297,6 @@ def call_path(fn: Callable, *args, **kwargs) -> list[CallPathRow]:
     if on_gpu:
         torch.cuda.synchronize()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    from torch.profiler import record_function
 
     root_name = f"{name}()"
     # no with_stack: its Python tracer keeps raw pointers to code objects, and a code object

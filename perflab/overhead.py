@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .timing import synchronize
+from .timing import benchmark, synchronize
 
 __all__ = ["batch_scaling", "cuda_graph_op_rate", "op_rate", "python_adds_per_second"]
 
@@ -114,8 +114,6 @@ def batch_scaling(
     Raises:
         ValueError: empty ``batches`` or a batch < 1.
     """
-    from .timing import benchmark
-
     if not batches or min(batches) < 1:
         raise ValueError(f"batches must be a non-empty list of positive sizes, got {list(batches)}")
     out = []

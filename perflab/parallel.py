@@ -49,6 +49,7 @@ from typing import Callable, Sequence
 
 from .distributed import LaunchError, _child_env, _failure, default_backend
 from .exercises import ExerciseFailed, _number
+from .hardware import gpu_count
 
 __all__ = [
     "COLLECTIVES",
@@ -256,8 +257,6 @@ def launch(
         LaunchError: a worker failed, the launch timed out (all processes are killed), or a rank
             wrote no result; the message holds the command, status and the workers' last lines.
     """
-    from .hardware import gpu_count
-
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
     if nnodes not in (1, 2):

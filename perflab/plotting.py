@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .provenance import caption
+
 __all__ = ["finish"]
 
 
@@ -12,8 +14,6 @@ def finish(fig, stamp: bool = True):
     drew the figure), written small under the axes, so a figure copied out of the book still
     says which machine produced it.
     """
-    from .provenance import caption
-
     if stamp:
         fig.text(0.995, 0.005, caption(), ha="right", va="bottom", fontsize=7, color="0.35")
     fig.tight_layout(rect=(0, 0.03, 1, 1) if stamp else None)

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
+from . import exercises
+from .exercises import ExerciseFailed
 
 __all__ = [
     "check_precision_choice",
@@ -339,8 +341,6 @@ def fp8_matmul(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype = torch.
 
 def _not_done(exercise: int, what: str):
     """Raise the lab's "Exercise N is not done yet: ..." error (ExerciseNotDone where it exists)."""
-    from . import exercises
-
     not_done = getattr(exercises, "ExerciseNotDone", None)
     if not_done is not None:
         raise not_done(exercise, what)
@@ -363,8 +363,6 @@ def check_precision_choice(choice: str | None, seconds: dict | None, losses: dic
         perflab.exercises.ExerciseFailed: nothing chosen yet, a mode that was not measured, a
             mode whose loss is off, or a slower mode than another acceptable one.
     """
-    from .exercises import ExerciseFailed
-
     if choice is None or seconds is None or losses is None:
         _not_done(exercise, "measure `seconds` and `losses` for each mode and set `choice`")
     if "fp32" not in seconds or "fp32" not in losses or set(seconds) != set(losses):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable, TypeVar
 
+from tqdm.auto import tqdm
+
 T = TypeVar("T")
 
 __all__ = ["progress"]
@@ -17,6 +19,4 @@ def progress(items: Iterable[T], desc: str, enabled: bool = True) -> Iterable[T]
     """
     if not enabled:
         return items
-    from tqdm.auto import tqdm
-
     return tqdm(items, desc=desc, leave=False)

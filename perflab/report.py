@@ -28,6 +28,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from tqdm.auto import tqdm
+
+from . import caches, cpu, disk, distributed, formats, gpu, hardware, nvml, roofline, transfer
+from .caches import format_bytes
+from .hardware import cpu_name, gpu_count
+from .provenance import environment, short_devices
 
 __all__ = [
     "REFERENCE_PATH",
@@ -114,8 +120,6 @@ def _sizes(quick: bool) -> dict:
 
 
 def _cpu_memory(card: Card, s: dict) -> None:
-    from . import cpu
-
     all_threads = torch.get_num_threads()
     bw_all = cpu.memory_bandwidth(s["cpu_copy"])
     bw_one = cpu.memory_bandwidth(s["cpu_copy"], num_threads=1)
@@ -124,8 +128,6 @@ def _cpu_memory(card: Card, s: dict) -> None:
 
 
 def _cpu_matmul(card: Card, s: dict) -> None:
-    from . import cpu
-
     (threads, rate), = cpu.matmul_thread_scaling(s["cpu_n"], [torch.get_num_threads()])
     estimate = None
     try:
@@ -137,8 +139,6 @@ def _cpu_matmul(card: Card, s: dict) -> None:
 
 
 def _cpu_caches(card: Card, s: dict) -> None:
-    from . import caches, cpu
-
     sizes = caches.geometric_sizes(16 * 2**10, s["cache_hi"], per_octave=s["cache_per_octave"])
     with cpu.threads(1):
         points = caches.working_set_sweep("cpu", sizes, passes=1 if s["cache_per_octave"] == 1 else 2)
@@ -163,8 +163,6 @@ def _cpu_caches(card: Card, s: dict) -> None:
 
 
 def _disk(card: Card, s: dict, directory: str | None) -> None:
-    from . import disk
-
     r = disk.measure(s["disk"], directory, count=s["disk_reads"])
     card.add("disk_seq_cold_GBps", "disk", f"sequential read, cold ({r.fstype})",
              r.seq_cold_Bps / 1e9, "GB/s")
@@ -182,14 +180,11 @@ def _sheet_name() -> str:
 
 
 def _gpu_info(card: Card) -> None:
-    from . import gpu
-    from .caches import format_bytes
-
     n = torch.cuda.device_count()
     p = gpu.properties(0)
     card.machine.append(f"GPU: {n} x {p['name']} (compute capability {p['compute_capability']}, {p['sm_count']} SMs, "
                         f"L2 {format_bytes(p['l2_bytes'] or 0)}, {p['memory_bytes'] / 1e9:.0f} GB)")
-    r = gpu.nvml_readings(0)
+    r = nvml.readings(0)
     if r is None:
         card.note("NVML unavailable (nvidia-ml-py or the driver library missing): clocks, power and PCIe link not read")
         return
@@ -203,8 +198,6 @@ def _gpu_info(card: Card) -> None:
 
 
 def _gpu_memory(card: Card, s: dict) -> None:
-    from . import caches, hardware, roofline
-
     dev = torch.device("cuda", 0)
     sheet = hardware.datasheet() or {}
     bw = roofline.copy_bandwidth(dev, s["gpu_copy"] // 4)
@@ -235,16 +228,14 @@ def _gpu_memory(card: Card, s: dict) -> None:
 
 
 def _gpu_matmul(card: Card, s: dict) -> None:
-    from . import gpu, hardware
-
     dev = torch.device("cuda", 0)
     sheet = hardware.datasheet() or {}
     n_main = s["gpu_n"][0]
     rates, errors = gpu.matmul_rates(dev, n_main)
     for extra in s["gpu_n"][1:]:  # bf16 at larger sizes too: its headline is the best size measured
-        rates["bf16"] = max(rates["bf16"], gpu.matmul_rate(dev, extra, "bf16"))
+        rates["bf16"] = max(rates["bf16"], roofline.matmul_rate(dev, extra, "bf16"))
     for kind, rate in rates.items():
-        ds = sheet.get(gpu.MATMUL_KINDS[kind])
+        ds = sheet.get(formats.datasheet_key(kind))
         size = f"best of {'/'.join(map(str, s['gpu_n']))}" if kind == "bf16" and len(s["gpu_n"]) > 1 else f"{n_main}"
         card.add(f"matmul_tflops_{kind}", "GPU", f"{kind} matmul, n = {size}", rate / 1e12, "TFLOP/s",
                  ds / 1e12 if ds else None, _sheet_name() if ds else None)
@@ -255,9 +246,7 @@ def _gpu_matmul(card: Card, s: dict) -> None:
 
 
 def _host_device(card: Card, s: dict) -> None:
-    from . import gpu, transfer
-
-    r = gpu.nvml_readings(0) or {}
+    r = nvml.readings(0) or {}
     theory, source = None, None
     if r.get("pcie_gen_max") in transfer.PCIE_GT_PER_S and r.get("pcie_width_max"):
         theory = transfer.pcie_bandwidth(r["pcie_gen_max"], r["pcie_width_max"]) / 1e9
@@ -272,8 +261,6 @@ def _host_device(card: Card, s: dict) -> None:
 
 
 def _nvlink_theory() -> tuple[float | None, str | None, str | None]:
-    from . import distributed, hardware
-
     text = distributed.topology_text()
     link = distributed.gpu_link(text, 0, 1) if text else None
     sheet = hardware.datasheet() or {}
@@ -283,8 +270,6 @@ def _nvlink_theory() -> tuple[float | None, str | None, str | None]:
 
 
 def _peer(card: Card, s: dict) -> None:
-    from . import transfer
-
     theory, source, link = _nvlink_theory()
     if not transfer.peer_access(0, 1):
         card.note(f"GPU 0 cannot access GPU 1 directly (link {link}): the copy goes through host memory")
@@ -294,9 +279,6 @@ def _peer(card: Card, s: dict) -> None:
 
 
 def _allreduce(card: Card, s: dict) -> None:
-    from . import distributed
-    from .hardware import gpu_count
-
     backend = "nccl" if gpu_count() >= 2 else "gloo"
     result = distributed.allreduce_sweep(s[backend], nproc=2, backend=backend)
     card.curves["allreduce"] = {"backend": backend, "nbytes": [p.nbytes for p in result.points],
@@ -320,11 +302,6 @@ def measure(quick: bool = False, progress: bool = True, disk_dir: str | None = N
     ``failures`` (``"<step>: <ErrorClass>: <message>"``) and ``curves`` (the raw sweeps).
     A step that raises is recorded under ``failures`` and the others still run.
     """
-    from tqdm.auto import tqdm
-
-    from .hardware import cpu_name, gpu_count
-    from .provenance import environment
-
     t0 = time.perf_counter()
     s = _sizes(quick)
     card = Card()
@@ -397,9 +374,7 @@ def load_reference(path: str | os.PathLike | None = None) -> tuple[dict | None, 
     if ref.get("schema") != SCHEMA:
         return None, f"reference card {shown} has schema {ref.get('schema')!r}, not {SCHEMA!r}: ratios omitted"
     devices = ref.get("environment", {}).get("devices", ["?"])
-    from .provenance import _short_devices
-
-    return ref, f"reference: {_short_devices(devices)}, {ref.get('created', '?')[:10]} ({p.name})"
+    return ref, f"reference: {short_devices(devices)}, {ref.get('created', '?')[:10]} ({p.name})"
 
 
 def ratios(card: dict, reference: dict | None) -> dict[str, float]:
@@ -472,8 +447,32 @@ def render(card: dict, reference: dict | None = None, reference_line: str = "") 
     return "\n".join(lines)
 
 
+def output_problem(path: str | os.PathLike) -> str | None:
+    """Why the card cannot be written to ``path`` (one phrase), or None when it can.
+
+    Checked before anything is measured: ``path`` must not be a directory, its folder must
+    already exist (nothing is created), and both must be writable.
+    """
+    out = Path(path)
+    if str(path) == "" or out.name in ("", ".", ".."):
+        return "not a file name"
+    if out.is_dir():
+        return "is a directory"
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.exists():
+        return f"folder {parent} does not exist"
+    if not parent.is_dir():
+        return f"{parent} is not a folder"
+    if out.exists() and not os.access(out, os.W_OK):
+        return "is not writable"
+    if not out.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        return f"folder {parent} is not writable"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The command line: measure, print the page, write the JSON; exit 1 if a measurement failed."""
+    """The command line: measure, print the page, write the JSON; exit 1 if a measurement failed,
+    2 (one line on stderr, before measuring) if the JSON cannot be written where asked."""
     parser = argparse.ArgumentParser(prog="python -m perflab.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", default="perflab-report.json", help="where to write the card (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="small problems: seconds, not minutes")
@@ -481,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disk-dir", default=None, help="folder for the disk test file (default: the temp dir)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    problem = output_problem(args.json)
+    if problem:
+        print(f"python -m perflab.report: --json {args.json}: {problem}; nothing measured", file=sys.stderr)
+        return 2
     command = "python -m perflab.report" + ("" if argv is None and len(sys.argv) <= 1 else " " + " ".join(
         sys.argv[1:] if argv is None else argv))
     print(f"$ {command}", flush=True)
@@ -489,8 +492,11 @@ def main(argv: list[str] | None = None) -> int:
     reference, line = load_reference(args.reference)
     print(render(card, reference, line))
     out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(card, indent=1))
+    try:
+        out.write_text(json.dumps(card, indent=1))
+    except OSError as err:  # the folder changed while measuring: still one line
+        print(f"python -m perflab.report: --json {args.json}: {err.strerror or err}", file=sys.stderr)
+        return 2
     print(f"\nJSON written to {out}")
     return 1 if card["failures"] else 0
 

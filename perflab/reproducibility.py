@@ -15,7 +15,10 @@ import random
 import statistics
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
 import torch
+
+from .timing import benchmark
 
 __all__ = ["coefficient_of_variation", "deterministic", "repeated_medians", "seed_everything"]
 
@@ -30,7 +33,6 @@ def seed_everything(seed: int) -> int:
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
         raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
-    import numpy as np
 
     random.seed(seed)
     np.random.seed(seed)
@@ -102,8 +104,6 @@ def repeated_medians(
     Raises:
         ValueError: ``repeats`` < 2 or ``min_run_time_s`` not positive.
     """
-    from .timing import benchmark
-
     if repeats < 2:
         raise ValueError(f"repeats must be >= 2 to measure a spread, got {repeats}")
     if min_run_time_s <= 0:

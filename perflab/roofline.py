@@ -1,4 +1,4 @@
-"""The roofline: ceilings, FLOP and byte counts, the ``x*2 repeat`` sweep, the knee, and plots.
+"""The roofline: ridge point, attainable rate, measured ceilings, the ``x*2 repeat`` sweep, plots.
 
 The roofline model (Williams, Waterman and Patterson, "Roofline: an insightful visual performance
 model for multicore architectures", CACM 52(4), 2009) bounds a kernel's rate by
@@ -7,7 +7,12 @@ model for multicore architectures", CACM 52(4), 2009) bounds a kernel's rate by
 
 where arithmetic intensity is FLOPs per byte moved to and from DRAM. The two roofs meet at the
 *ridge point* ``peak / bandwidth`` (FLOP/byte): below it a kernel is bandwidth-bound, above it
-compute-bound. Units throughout: seconds, bytes, FLOPs, FLOP/s, bytes/s.
+compute-bound. This module is the one implementation of that model (the explorer draws it).
+
+FLOP and byte counts live in :mod:`perflab.costs`; :class:`~perflab.costs.Cost`,
+:func:`~perflab.costs.matmul_cost`, :func:`~perflab.costs.elementwise_cost` and
+:func:`~perflab.costs.arithmetic_intensity` are re-exported here because chapter 1 and lab 1
+teach them beside the roofline. Units throughout: seconds, bytes, FLOPs, FLOP/s, bytes/s.
 """
 
 from __future__ import annotations
@@ -15,8 +20,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+import matplotlib.pyplot as plt
+import numpy as np
 import torch
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
+from . import formats
+from .costs import Cost, arithmetic_intensity, elementwise_cost, matmul_cost
+from .plotting import finish
+from .profiling import kernels_per_call
 from .progress import progress as show_progress
 from .timing import benchmark
 
@@ -28,6 +40,7 @@ __all__ = [
     "classify",
     "copy_bandwidth",
     "elementwise_cost",
+    "fp8_matmul_rate",
     "knee_from_sweep",
     "matmul_cost",
     "matmul_rate",
@@ -40,83 +53,15 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------
-# Counting FLOPs and bytes
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Cost:
-    """FLOPs done and the fewest bytes a kernel must move through DRAM (each input read once,
-    each output written once)."""
-
-    flops: float
-    bytes: float
-
-    @property
-    def intensity(self) -> float:
-        """Arithmetic intensity in FLOP/byte."""
-        return arithmetic_intensity(self.flops, self.bytes)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return value
 
 
-def matmul_cost(m: int, n: int, k: int, dtype: torch.dtype = torch.float32) -> Cost:
-    """Cost of ``C[m,n] = A[m,k] @ B[k,n]``: ``2*m*n*k`` FLOPs (one multiply and one add per
-    term) and ``(m*k + k*n + m*n) * itemsize`` bytes.
-
-    Raises:
-        ValueError: a dimension is not a positive integer.
-        TypeError: ``dtype`` is not a torch.dtype.
-    """
-    m, n, k = (_positive_int(name, v) for name, v in (("m", m), ("n", n), ("k", k)))
-    size = _itemsize(dtype)
-    return Cost(2.0 * m * n * k, float((m * k + k * n + m * n) * size))
-
-
-def elementwise_cost(
-    numel: int,
-    flops_per_element: float,
-    dtype: torch.dtype = torch.float32,
-    inputs: int = 1,
-    outputs: int = 1,
-) -> Cost:
-    """Cost of an elementwise kernel over ``numel`` elements that reads ``inputs`` tensors and
-    writes ``outputs`` tensors of ``dtype``, doing ``flops_per_element`` FLOPs per element.
-
-    Example: ``x * 2`` repeated ``r`` times and fused is ``elementwise_cost(n, r)``; ``a + b`` is
-    ``elementwise_cost(n, 1, inputs=2)``.
-
-    Raises:
-        ValueError: ``numel``, ``inputs`` or ``outputs`` not positive, or negative FLOPs.
-        TypeError: ``dtype`` is not a torch.dtype.
-    """
-    _positive_int("numel", numel)
-    _positive_int("inputs", inputs)
-    _positive_int("outputs", outputs)
-    if flops_per_element < 0:
-        raise ValueError(f"flops_per_element must be >= 0, got {flops_per_element}")
-    size = _itemsize(dtype)
-    return Cost(float(numel) * flops_per_element, float(numel * size * (inputs + outputs)))
-
-
-def arithmetic_intensity(flops: float, nbytes: float) -> float:
-    """FLOPs per byte moved. Raises ValueError when ``nbytes`` is not positive or ``flops`` < 0."""
-    if nbytes <= 0:
-        raise ValueError(f"nbytes must be > 0, got {nbytes}")
-    if flops < 0:
-        raise ValueError(f"flops must be >= 0, got {flops}")
-    return flops / nbytes
-
+# ---------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------
 
 def ridge_point(peak_flops: float, bandwidth: float) -> float:
     """The intensity (FLOP/byte) where the compute roof meets the bandwidth roof: ``peak / bw``.
@@ -194,16 +139,60 @@ def copy_bandwidth(device: torch.device | str, numel: int, dtype: torch.dtype = 
     return 2 * src.numel() * src.element_size() / seconds
 
 
-def matmul_rate(device: torch.device | str, n: int, dtype: torch.dtype = torch.float32, tf32: bool = False) -> float:
-    """Achieved FLOP/s of an ``n x n @ n x n`` matrix product on random data.
+def fp8_matmul_rate(device: torch.device | str, n: int) -> float:
+    """FLOP/s of an ``n x n @ n x n`` fp8 (e4m3) product with ``torch._scaled_mm``, bf16 output.
 
-    ``tf32=True`` lets float32 products use TF32 tensor cores (``torch.set_float32_matmul_precision
-    ("high")``); the previous precision setting is restored afterwards. FLOPs counted: ``2 n^3``.
+    Both operands are ``float8_e4m3fn``; cuBLASLt wants the first row-major and the second
+    column-major (here the transpose of a row-major matrix), ``n`` a multiple of 16, and one
+    float32 scale per operand (``scale_a``, ``scale_b``: scalar tensors, here 1.0). FLOPs: ``2 n^3``.
+    Timing: :func:`perflab.timing.benchmark`.
 
     Raises:
-        ValueError: ``n`` not a positive integer, or ``tf32`` with a dtype other than float32.
+        RuntimeError: no CUDA device, or the GPU/torch build has no fp8 matmul (the error from
+            ``torch._scaled_mm`` itself propagates unchanged).
+        ValueError: ``n`` not a positive multiple of 16.
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise RuntimeError("fp8_matmul_rate needs a CUDA GPU with fp8 tensor cores; the device is a CPU")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 16 or n % 16:
+        raise ValueError(f"n must be a positive multiple of 16, got {n!r}")
+    fp8 = torch.float8_e4m3fn
+    a = torch.randn(n, n, device=dev).to(fp8)
+    b = torch.randn(n, n, device=dev).to(fp8).t()  # column-major view, as cuBLASLt requires
+    one = torch.ones((), device=dev, dtype=torch.float32)
+
+    def fn():
+        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+    fn()  # a missing kernel raises here, before any timing
+    return 2.0 * n**3 / benchmark(fn, dev)
+
+
+def matmul_rate(device: torch.device | str, n: int, dtype: torch.dtype | str = torch.float32,
+                tf32: bool = False) -> float:
+    """Achieved FLOP/s of an ``n x n @ n x n`` matrix product on random data: the one
+    matrix-product rate of the course.
+
+    ``dtype`` is a torch dtype or a key of :data:`perflab.formats.FORMATS`: ``"fp32"`` runs on
+    the CUDA cores (TF32 off); ``"tf32"`` is float32 storage with TF32 tensor-core math;
+    ``"bf16"``/``"fp16"`` are stored and multiplied in 16 bits (float32 accumulation); ``"fp8"``
+    is :func:`fp8_matmul_rate`. ``tf32=True`` with ``torch.float32`` is the same as ``"tf32"``
+    (``torch.set_float32_matmul_precision("high")``); the previous precision setting is restored
+    afterwards. FLOPs counted: ``2 n^3``.
+
+    Raises:
+        ValueError: ``n`` not a positive integer, ``tf32`` with a dtype other than float32, an
+            unknown format key, or ``"tf32"``/``"fp8"`` on a device that is not CUDA.
     """
     _positive_int("n", n)
+    if isinstance(dtype, str):
+        fmt = formats.FORMATS[formats.check(dtype)]
+        if torch.device(device).type != "cuda" and dtype in ("tf32", "fp8"):
+            raise ValueError(f"dtype={dtype!r} is a GPU tensor-core format; the device is {device}")
+        if dtype == "fp8":
+            return fp8_matmul_rate(device, n)
+        dtype, tf32 = formats.dtype(dtype), tf32 or fmt.tf32
     if tf32 and dtype != torch.float32:
         raise ValueError(f"tf32=True applies to float32 only, got dtype={dtype}")
     a = torch.randn(n, n, device=device).to(dtype)
@@ -301,8 +290,6 @@ def sweep_repeat(
         ValueError: an empty ``repeats`` or a non-positive repeat.
         TypeError: ``x`` is not a floating-point tensor.
     """
-    from .profiling import kernels_per_call
-
     if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
         raise TypeError("x must be a floating-point torch.Tensor")
     repeats = list(repeats)
@@ -359,11 +346,6 @@ def plot_sweep(
     ``bandwidth`` (bytes/s) and ``peak_flops`` (FLOP/s, may be None) are drawn as roofs; knees as
     vertical lines. Returns the matplotlib Figure.
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    from .plotting import finish
-
     r = [p.repeat for p in points]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     axes[0].plot(r, [p.seconds * 1e3 for p in points], "o-")
@@ -412,11 +394,6 @@ def plot_roofline(
 
     Returns the matplotlib Figure.
     """
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from .plotting import finish
-
     ridge = ridge_point(peak_flops, bandwidth)
     lo = min([ridge / 64] + [p.intensity for p in points] + [i for _, i, _ in labelled])
     hi = max([ridge * 64] + [p.intensity for p in points] + [i for _, i, _ in labelled])

@@ -35,6 +35,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from . import exercises
+from .exercises import ExerciseFailed, check_ratio_at_least
 
 __all__ = [
     "LADDER", "MEAN", "STD", "GraphedStep", "Prefetcher", "Rung", "RungResult", "SmallCNN",
@@ -733,8 +735,6 @@ def not_done(exercise: int | str, what: str) -> None:
     Raises:
         perflab.exercises.ExerciseFailed: always.
     """
-    from . import exercises
-
     cls = getattr(exercises, "ExerciseNotDone", None)
     if cls is not None:
         raise cls(exercise, what)
@@ -762,8 +762,6 @@ def check_same_and_faster(what: str, slow_losses: Sequence[float], fast_losses: 
         perflab.exercises.ExerciseFailed: missing answers, a changed result or too small a
             speedup (the message says which).
     """
-    from .exercises import ExerciseFailed, check_ratio_at_least
-
     if slow_losses is None or fast_losses is None or fast_s is None:
         number = what.split(":")[0].replace("Exercise", "").strip() or "?"
         not_done(number, "run your version of the loop first (its result is still None)")

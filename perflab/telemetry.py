@@ -7,8 +7,8 @@ sets the "software power cap" clock-event reason). A number without its clock an
 cannot be compared with another one, so every headline benchmark of the course runs under a
 :class:`Telemetry` sampler and states what it saw.
 
-The sampler is a background thread that reads NVML (``perflab.monitor.gpu_state``: SM and memory
-clocks, power, temperature, clock-event reasons) every ``interval_s`` seconds while the ``with``
+The sampler is a background thread that reads NVML (:func:`perflab.nvml.readings`, the course's
+one NVML reader: SM and memory clocks, power, temperature, clock-event reasons) every ``interval_s`` seconds while the ``with``
 block runs; on a machine without a GPU it reads the CPU frequency the OS exposes
 (``/proc/cpuinfo``), and says which quantities it could not read. Reading NVML costs tens of
 microseconds on the host and nothing on the GPU. Nothing here changes a clock or a limit.
@@ -27,12 +27,14 @@ from typing import Any, Callable
 
 import torch
 
-from .monitor import cpu_state, gpu_state
+from . import nvml
+from .hardware import cpu_name
+from .monitor import cpu_state
 from .timing import benchmark
 
 __all__ = ["Measurement", "Telemetry", "TelemetrySummary", "measure"]
 
-_IDLE = "GPU idle"
+_IDLE = "idle"  # perflab.nvml.CLOCK_EVENT_REASONS[0x1]: not a slowdown
 
 
 def _fmt_int(x: float | None) -> str:
@@ -54,7 +56,7 @@ class TelemetrySummary:
         mem_clock_mhz_median: memory clock (MHz), None on a CPU.
         power_w_max, power_limit_w: highest board power read and the enforced limit (W).
         temperature_c_max: highest GPU temperature read (degrees C).
-        reasons: clock-event (throttle) reasons seen in any reading, "GPU idle" left out.
+        reasons: clock-event (throttle) reasons seen in any reading, "idle" left out.
         unavailable: quantities this machine does not expose (e.g. ``["power", "throttle
             reasons"]`` on a CPU).
     """
@@ -117,6 +119,18 @@ class TelemetrySummary:
         return d
 
 
+def _gpu_reading(index: int = 0) -> dict[str, Any] | None:
+    """One NVML reading of GPU ``index`` in the sampler's units (MHz), or None without NVML."""
+    r = nvml.readings(index, links=False)
+    if r is None:
+        return None
+    mhz = lambda v: None if v is None else v / 1e6  # noqa: E731
+    return {"sm_clock_mhz": mhz(r["sm_clock_hz"]), "max_sm_clock_mhz": mhz(r["sm_clock_max_hz"]),
+            "memory_clock_mhz": mhz(r["mem_clock_hz"]), "power_w": r["power_w"],
+            "power_limit_w": r["power_limit_w"], "temperature_c": r["temperature_c"],
+            "clock_event_reasons": r["clock_event_reasons"]}
+
+
 def _cpu_mhz() -> float | None:
     mhz = cpu_state().get("cur_mhz")
     return statistics.median(mhz) if mhz else None
@@ -157,7 +171,7 @@ class Telemetry:
 
     def _read(self) -> dict[str, Any] | None:
         if self._source == "NVML":
-            return gpu_state(self.index)
+            return _gpu_reading(self.index)
         if self._source == "/proc/cpuinfo":
             mhz = _cpu_mhz()
             return None if mhz is None else {"sm_clock_mhz": mhz}
@@ -175,7 +189,7 @@ class Telemetry:
         self.samples.clear()
         self._stop.clear()
         self._t1 = None
-        if torch.cuda.is_available() and gpu_state(self.index) is not None:
+        if torch.cuda.is_available() and _gpu_reading(self.index) is not None:
             self._source = "NVML"
         elif _cpu_mhz() is not None:
             self._source = "/proc/cpuinfo"
@@ -232,8 +246,6 @@ class Telemetry:
                 temperature_c_max=(max(values("temperature_c"))
                                    if values("temperature_c") else None),
                 reasons=tuple(reasons), unavailable=tuple(unavailable))
-        from .hardware import cpu_name
-
         return TelemetrySummary(
             duration_s=duration, samples=len(self.samples), source=self._source,
             device=cpu_name(),

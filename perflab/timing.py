@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from torch.utils import benchmark as tub
 
 __all__ = ["Timing", "benchmark", "event_timer", "flush_l2", "synchronize"]
 
@@ -149,14 +150,13 @@ def benchmark(
     dev = torch.device(device) if device is not None else (
         torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     if dev.type == "cuda":
-        try:
+        try:  # optional: triton ships with CUDA builds of torch only
             from triton.testing import do_bench
         except ImportError:
             return event_timer(fn, dev, warmup=5, reps=50, flush=True).median_s
         with torch.cuda.device(dev):
             ms = do_bench(fn, warmup=25, rep=max(100, int(min_run_time_s * 1e3)), return_mode="median")
         return ms / 1e3
-    from torch.utils import benchmark as tub
 
     fn()  # warm-up: first-call costs (allocation, compilation) stay out of the measurement
     timer = tub.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import csv
 import glob
+import html
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -270,9 +273,6 @@ def flamegraph_samples(svg_text: str) -> dict[str, int]:
     Raises:
         ValueError: no py-spy box titles in ``svg_text``.
     """
-    import html
-    import re
-
     found: dict[str, int] = {}
     for title in re.findall(r"<title>(.*?)</title>", svg_text, flags=re.S):
         m = re.match(r"(.*) \(([\d,]+) samples?, [\d.]+%\)$", html.unescape(title).strip())
@@ -340,8 +340,6 @@ def strace_summary(cmd: Sequence[str], strace: str, syscalls: Sequence[str] = ()
         ValueError: empty ``cmd``.
         RuntimeError: strace or the program fails.
     """
-    import tempfile
-
     if not cmd:
         raise ValueError("cmd must name a program to run")
     if not strace or not Path(strace).exists():

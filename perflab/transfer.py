@@ -24,11 +24,11 @@ import torch
 
 from .hardware import gpu_count, has_gpu
 from .progress import progress as show_progress
+from .timing import benchmark, event_timer
 
 __all__ = [
     "PCIE_GT_PER_S",
     "TransferPoint",
-    "host_device_bandwidth",
     "host_device_sweep",
     "non_blocking_behaviour",
     "pageable_prediction",
@@ -106,31 +106,10 @@ def _check_nbytes(nbytes) -> None:
 
 
 def _copy_seconds(host: torch.Tensor, gpu: torch.Tensor, direction: str, dev: torch.device) -> float:
-    from .timing import benchmark
-
     pinned = host.is_pinned()
     if direction == "h2d":
         return benchmark(lambda: gpu.copy_(host, non_blocking=pinned), dev)
     return benchmark(lambda: host.copy_(gpu, non_blocking=pinned), dev)
-
-
-def host_device_bandwidth(nbytes: int, direction: str = "h2d", pinned: bool = True, device=None) -> float:
-    """Bandwidth in bytes/s of one ``nbytes`` copy host -> device (``"h2d"``) or device -> host (``"d2h"``).
-
-    The host buffer is pinned (``pin_memory=True``, copied with ``non_blocking=True``) or pageable
-    (an ordinary tensor, copied synchronously). Timing: :func:`perflab.timing.benchmark` (CUDA
-    events, median).
-
-    Raises:
-        RuntimeError: no CUDA GPU.
-        ValueError: ``direction`` not "h2d"/"d2h", ``nbytes`` not a positive integer, or a CPU device.
-    """
-    if direction not in ("h2d", "d2h"):
-        raise ValueError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
-    _check_nbytes(nbytes)
-    dev = _cuda_device(device)
-    host, gpu = _buffers(nbytes, dev, pinned)
-    return nbytes / _copy_seconds(host, gpu, direction, dev)
 
 
 @dataclass(frozen=True)
@@ -253,8 +232,6 @@ def peer_copy_bandwidth(nbytes: int, src: int = 0, dst: int = 1, reps: int = 10)
         RuntimeError: fewer than two GPUs.
         ValueError: bad indices or ``nbytes``.
     """
-    from .timing import event_timer
-
     _check_nbytes(nbytes)
     _check_pair(src, dst)
     a = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{src}").fill_(1)

@@ -4,22 +4,28 @@
     python scripts/execute.py [PATHS ...]    # default: every notebook in _toc.yml
     python scripts/execute.py --check        # execute nothing; list what is missing or stale
     python scripts/execute.py --sync         # copy prose edits from .md into .ipynb (no execution)
+    python scripts/execute.py --out DIR ...  # write the executed .ipynb files under DIR instead
 
 Each ``.md`` (jupytext ``md:myst``) is executed with nbclient in its own folder, cell by cell,
 under a per-notebook time limit, and its paired ``.ipynb`` is written with outputs and
-``metadata.reference_run`` (DESIGN.md). A failing cell stops that notebook, prints the cell's
-error, leaves the old ``.ipynb`` untouched, and makes the exit status 1; the other notebooks
-still run. A missing path or a file that is not a notebook: one line on stderr, exit 2.
+``metadata.reference_run`` (a :class:`perflab.runs.ReferenceRun`; docs/ARCHITECTURE.md). A failing
+cell stops that notebook, prints the cell's error, leaves the old ``.ipynb`` untouched, and makes
+the exit status 1; the other notebooks still run. A missing path, a file that is not a notebook
+or contradictory options: one line on stderr, exit 2.
 
-On a GPU machine the run also records ``reference_run.gpu_memory_peak_bytes``: the largest rise
-of any GPU's used memory (NVML, sampled every 0.2 s) while the notebook ran, which the
-instructor page quotes as the memory a lab needs. ``--record-cpu`` (on a machine without a GPU)
+On a GPU machine the run also records, in ``reference_run``, ``gpu_memory_peak_bytes`` (the
+largest rise of any GPU's used memory, NVML sampled every 0.2 s, which the instructor page quotes
+as the memory a lab needs), ``cell_seconds`` (each code cell's duration) and ``ceilings`` (the
+run's ceilings file as the notebook read it). ``--record-cpu`` (on a machine without a GPU)
 executes as usual, writes no ``.ipynb``, and stores each notebook's duration in
 ``labs/cpu_runs.json`` (with the CPU and core count), for the instructor page's CPU column.
 
-``--check`` exits 1 and lists each notebook whose ``.ipynb`` is missing, whose code differs from
-its ``.md``, whose reference run is not from a CUDA device, or whose prose differs (fix the last
-with ``--sync``; the others need a run on a GPU machine).
+On a machine without CUDA it refuses (one line, exit 2) to overwrite an ``.ipynb`` that holds a
+GPU reference run, unless ``--allow-cpu`` is given or ``--out`` sends the output elsewhere.
+
+``--check`` exits 1 and lists each notebook that is not current (:func:`perflab.runs.status`:
+missing, stale code, no metadata, not from a CUDA device) or whose prose differs (fix that with
+``--sync``; the others need a run on a GPU machine).
 """
 
 from __future__ import annotations
@@ -36,10 +42,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # perflab, without requiring an install
 
-import jupytext  # noqa: E402
-import nbformat  # noqa: E402
+try:
+    import jupytext
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+except ImportError as err:  # the script's one dependency check: say which environment to use
+    print(f"execute.py: {err.name} is not installed in {sys.executable}; run it with the course's "
+          "environment (`make test` creates .venv; then .venv/bin/python scripts/execute.py), "
+          "or pip install -e '.[book]'", file=sys.stderr)
+    sys.exit(2)
 
-from perflab.provenance import code_sha256, environment, is_myst_notebook, toc_files  # noqa: E402
+import torch  # noqa: E402
+
+from perflab import ceilings, runs  # noqa: E402
 
 
 class NotANotebook(Exception):
@@ -63,7 +79,7 @@ def resolve(path: str) -> Path:
         if not p.exists():
             raise NotANotebook(f"{path}: no such file")
         raise NotANotebook(f"{path}: not a notebook source (expected a MyST .md beside it)")
-    if md.suffix != ".md" or not is_myst_notebook(md):
+    if md.suffix != ".md" or not runs.is_myst_notebook(md):
         raise NotANotebook(f"{path}: not a jupytext MyST notebook (no 'format_name: myst' front matter)")
     return md.resolve()
 
@@ -71,9 +87,9 @@ def resolve(path: str) -> Path:
 def default_notebooks() -> list[Path]:
     """Every entry of ``_toc.yml`` that is a MyST notebook source, in book order."""
     out = []
-    for entry in toc_files(ROOT / "_toc.yml"):
+    for entry in runs.toc_files(ROOT / "_toc.yml"):
         md = ROOT / (entry if entry.endswith(".md") else entry + ".md")
-        if md.exists() and is_myst_notebook(md):
+        if md.exists() and runs.is_myst_notebook(md):
             out.append(md.resolve())
     return out
 
@@ -86,29 +102,26 @@ def _cells(nb, kind: str) -> list[str]:
     return [c.source.strip() for c in nb.cells if c.cell_type == kind]
 
 
+STATUS_WORDS = {
+    "missing": "no executed .ipynb (run scripts/execute.py on a GPU machine)",
+    "no-metadata": "the .ipynb has no reference_run metadata (re-run on a GPU machine)",
+    "stale": "stale: its code differs from the executed .ipynb (re-run on a GPU machine)",
+    "cpu": "the reference run was not on a CUDA device",
+}
+
+
 def problems(md: Path) -> list[str]:
-    """Why ``md``'s ``.ipynb`` is not a current reference run (empty list: it is)."""
-    ipynb = md.with_suffix(".ipynb")
+    """Why ``md``'s ``.ipynb`` is not a current reference run (empty list: it is): the staleness
+    decision of :func:`perflab.runs.status`, plus prose that ``--sync`` would copy."""
     rel = md.relative_to(ROOT) if md.is_relative_to(ROOT) else md
-    if not ipynb.exists():
-        return [f"{rel}: no executed .ipynb (run scripts/execute.py on a GPU machine)"]
-    src = jupytext.read(md)
-    out = nbformat.read(ipynb, as_version=4)
-    found = []
-    if _cells(src, "code") != _cells(out, "code"):
-        found.append(f"{rel}: stale: its code differs from the executed .ipynb (re-run on a GPU machine)")
-    ref = out.metadata.get("reference_run")
-    if not ref:
-        found.append(f"{rel}: the .ipynb has no reference_run metadata")
-    else:
-        if ref.get("source_sha256") != code_sha256(_cells(src, "code")):
-            if not found:
-                found.append(f"{rel}: stale: reference_run.source_sha256 does not match the .md's code")
-        devices = ref.get("devices") or []
-        if not ref.get("cuda") or not devices or any(d.startswith("cpu") for d in devices):
-            found.append(f"{rel}: the reference run was not on a CUDA device (devices={devices})")
-    if _cells(src, "markdown") != _cells(out, "markdown"):
-        found.append(f"{rel}: prose differs from the .ipynb (python scripts/execute.py --sync {rel})")
+    st = runs.status(md)
+    found = [] if st.ok else [f"{rel}: {STATUS_WORDS[st.state]}"
+                              + (f" (devices={list(st.run.devices)})" if st.state == "cpu" else "")]
+    if st.state != "missing":
+        src = jupytext.read(md)
+        out = nbformat.read(md.with_suffix(".ipynb"), as_version=4)
+        if _cells(src, "markdown") != _cells(out, "markdown"):
+            found.append(f"{rel}: prose differs from the .ipynb (python scripts/execute.py --sync {rel})")
     return found
 
 
@@ -199,11 +212,10 @@ class GpuMemoryPeak:
         return False
 
 
-def execute(md: Path, timeout_s: float, index: str, write: bool = True) -> tuple[bool, float, str]:
-    """Execute one notebook; write its ``.ipynb`` on success. Returns (ok, seconds, message)."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError
-
+def execute(md: Path, timeout_s: float, index: str, target: Path | None = None,
+            write: bool = True) -> tuple[bool, float, str]:
+    """Execute one notebook; write its ``.ipynb`` (to ``target``, default beside ``md``) on
+    success unless ``write`` is false. Returns (ok, seconds, message)."""
     nb = jupytext.read(md)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     started = dt.datetime.now(dt.timezone.utc)
@@ -211,9 +223,9 @@ def execute(md: Path, timeout_s: float, index: str, write: bool = True) -> tuple
     client = NotebookClient(nb, timeout=int(timeout_s), kernel_name="python3",
                             resources={"metadata": {"path": str(md.parent)}}, store_widget_state=True)
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
-    memory = GpuMemoryPeak()
+    cell_seconds = []
     try:
-        with memory, client.setup_kernel():
+        with GpuMemoryPeak() as memory, client.setup_kernel():
             for n, i in enumerate(code_cells, 1):
                 left = timeout_s - (time.monotonic() - t0)
                 if left <= 0:
@@ -221,7 +233,9 @@ def execute(md: Path, timeout_s: float, index: str, write: bool = True) -> tuple
                 client.timeout = max(1, int(left))
                 if sys.stderr.isatty():
                     print(f"\r{index} {md.name}: cell {n}/{len(code_cells)}", end="", file=sys.stderr, flush=True)
+                t_cell = time.monotonic()
                 client.execute_cell(nb.cells[i], i)
+                cell_seconds.append(round(time.monotonic() - t_cell, 2))
             client.set_widgets_metadata()
     except CellExecutionError:
         cell = nb.cells[i]
@@ -233,18 +247,27 @@ def execute(md: Path, timeout_s: float, index: str, write: bool = True) -> tuple
         if sys.stderr.isatty():
             print("\r" + " " * 80 + "\r", end="", file=sys.stderr, flush=True)
     duration = time.monotonic() - t0
-    run = environment()
-    run.pop("cpu", None)
-    run.update(started=started.strftime("%Y-%m-%dT%H:%M:%SZ"), duration_s=round(duration, 1),
-               source_sha256=code_sha256(_cells(nb, "code")), git=_git_commit())
-    if memory.peak is not None:
-        run["gpu_memory_peak_bytes"] = int(memory.peak)
     if not write:
         return True, duration, "ok (not written)"
-    nb.metadata["reference_run"] = run
+    extra = {"cell_seconds": tuple(cell_seconds), "ceilings": _ceilings_used()}
+    if memory.peak is not None:
+        extra["gpu_memory_peak_bytes"] = int(memory.peak)
+    run = runs.ReferenceRun.now(started.strftime("%Y-%m-%dT%H:%M:%SZ"), duration,
+                                runs.code_sha256(_cells(nb, "code")), _git_commit(), **extra)
+    nb.metadata["reference_run"] = run.as_metadata()
     nb.metadata.setdefault("jupytext", {})["formats"] = "ipynb,md:myst"
-    nbformat.write(nb, md.with_suffix(".ipynb"))
-    return True, duration, f"ok on {', '.join(run['devices'])}"
+    target = target or md.with_suffix(".ipynb")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, target)
+    return True, duration, f"ok on {', '.join(run.devices)}"
+
+
+def _holds_gpu_run(ipynb: Path) -> bool:
+    try:
+        run = runs.read(ipynb)
+    except (OSError, ValueError):
+        return False
+    return run is not None and run.is_gpu
 
 
 def prepare_ceilings(fresh: bool) -> None:
@@ -256,10 +279,6 @@ def prepare_ceilings(fresh: bool) -> None:
     notebook reads it through ``perflab.ceilings.load()`` (``$PERFLAB_CEILINGS``). Elsewhere the
     notebooks measure and cache their own (``.cache/perflab/ceilings.json``).
     """
-    import torch
-
-    from perflab import ceilings
-
     if not torch.cuda.is_available():
         return
     c = ceilings.load(ceilings.REFERENCE_PATH, fresh=fresh)
@@ -285,8 +304,19 @@ def record_cpu_run(md: Path, seconds: float) -> None:
         pass
     runs[md.stem] = {"duration_s": round(seconds, 1), "cpu": cpu, "cores": os.cpu_count(),
                      "started": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                     "source_sha256": code_sha256(_cells(jupytext.read(md), "code"))}
+                     "source_sha256": runs.code_sha256(_cells(jupytext.read(md), "code"))}
     path.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+
+
+def _ceilings_used() -> dict | None:
+    """The ceilings file this run's notebooks read (``$PERFLAB_CEILINGS``), as ``{name: value}``."""
+    path = os.environ.get(ceilings.CEILINGS_ENV)
+    if not path or not Path(path).exists():
+        return None
+    doc = json.loads(Path(path).read_text())
+    out = {k: v["value"] for k, v in doc.get("ceilings", {}).items()}
+    out["measured"] = doc.get("measured")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,10 +328,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record-cpu", action="store_true",
                         help="on a CPU: write no .ipynb; store each duration in labs/cpu_runs.json")
     parser.add_argument("--timeout", type=float, default=600, help="seconds allowed per notebook (default 600)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write executed notebooks under this folder (same relative paths) instead of beside "
+                             "their sources")
+    parser.add_argument("--allow-cpu", action="store_true",
+                        help="without CUDA, overwrite .ipynb files that hold a GPU reference run anyway")
     parser.add_argument("--fresh-ceilings", action="store_true",
                         help="on a GPU, measure the run's ceilings again even if "
                              "perflab/data/reference_ceilings.json is from this machine")
     args = parser.parse_args(argv)
+    if args.check and args.sync:
+        print("execute.py: --check and --sync exclude each other (--check only reads; run --sync, then --check)",
+              file=sys.stderr)
+        return 2
+    if (args.check or args.sync) and (args.out or args.allow_cpu):
+        print("execute.py: --out and --allow-cpu apply to execution, not to --check or --sync", file=sys.stderr)
+        return 2
 
     try:
         notebooks = [resolve(p) for p in args.paths] if args.paths else default_notebooks()
@@ -325,14 +367,28 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{md.name}: {'prose synced' if sync_prose(md) else 'not synced (missing, or code changed: run it)'}")
         return 0
 
+    def target(md: Path) -> Path:
+        if args.out is None:
+            return md.with_suffix(".ipynb")
+        return (args.out / (md.relative_to(ROOT) if md.is_relative_to(ROOT) else md.name)).with_suffix(".ipynb")
+
+    if not torch.cuda.is_available() and not args.allow_cpu and not args.record_cpu:
+        guarded = [md for md in notebooks if _holds_gpu_run(target(md))]
+        if guarded:
+            names = ", ".join(str(md.relative_to(ROOT) if md.is_relative_to(ROOT) else md) for md in guarded[:3])
+            print(f"execute.py: no CUDA device here, and {names}{' ...' if len(guarded) > 3 else ''} hold(s) a GPU "
+                  "reference run: not overwritten (use --out DIR to write elsewhere, or --allow-cpu)", file=sys.stderr)
+            return 2
+
     # tells notebooks that write files for the book (chapter 4's traces) that this run's files
     # are the reference; any other execution (tests, a reader's kernel) writes elsewhere
-    os.environ["PERFLAB_REFERENCE_RUN"] = "1"
+    if args.out is None and torch.cuda.is_available():
+        os.environ["PERFLAB_REFERENCE_RUN"] = "1"
     prepare_ceilings(args.fresh_ceilings)
     failed = 0
     for k, md in enumerate(notebooks, 1):
         index = f"[{k}/{len(notebooks)}]"
-        ok, seconds, message = execute(md, args.timeout, index, write=not args.record_cpu)
+        ok, seconds, message = execute(md, args.timeout, index, target(md), write=not args.record_cpu)
         if ok and args.record_cpu:
             record_cpu_run(md, seconds)
         print(f"{index} {md.relative_to(ROOT) if md.is_relative_to(ROOT) else md}: {message} ({seconds:.1f} s)",

@@ -7,10 +7,11 @@
 # `pip download nbclient ipykernel jupytext ipywidgets myst-nb docutils py-spy -d .whl`), they are
 # installed into /tmp/site first. Then scripts/execute.py runs with the given arguments (default:
 # every notebook in _toc.yml). With $OUT set, the executed notebooks, the files they wrote for the
-# book and the log are packed into $OUT/executed.tgz.
+# book and the log are packed into $OUT/executed.tgz; the log is $OUT/reference_run.log (else
+# .cache/reference_run.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stamp=$(mktemp); touch "$stamp"
+mkdir -p .cache; stamp=.cache/reference_run.stamp; touch "$stamp"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     2>&1 | grep -v -i warning
@@ -21,9 +22,15 @@ fi
 [ -d .tools/bin ] && export PATH=$PWD/.tools/bin:$PATH
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv 2>/dev/null
-python3 scripts/execute.py "$@" 2>&1 | grep -v "running over TCP without encryption" | tee "${OUT:-/tmp}/reference_run.log"
+# The log survives a run stopped at a time limit: python writes unbuffered, grep passes each line
+# on as it comes (--line-buffered; a block-buffered grep left an empty log when killed) and tee
+# writes it at once. Without $OUT it stays in the clone (.cache/, git-ignored).
+log="${OUT:-.cache}/reference_run.log"
+mkdir -p "$(dirname "$log")"
+python3 scripts/execute.py "$@" 2>&1 | grep --line-buffered -v "running over TCP without encryption" | tee "$log"
 rc=${PIPESTATUS[0]}
 if [ -n "${OUT:-}" ]; then   # everything the run wrote under book/, labs/ and perflab/data/
   find book labs perflab/data -type f -newer "$stamp" 2>/dev/null | tar czf "$OUT/executed.tgz" -T -
 fi
+rm -f "$stamp"
 exit $rc

@@ -1,4 +1,5 @@
-"""Shared pytest set-up: the repository root on sys.path and small CPU problem sizes."""
+"""Shared set-up of the unit tests: the repository root on sys.path and small CPU problem sizes.
+(Caches and scratch files are kept inside the clone by the root conftest.py.)"""
 
 import os
 import sys

@@ -14,8 +14,9 @@ cannot fetch, so search would fail for the wrong reason) and loads every HTML pa
 * a broken internal link or anchor, a missing stylesheet, script or image,
 * an image that does not decode or is blank (one colour), an empty figure or output box, a widget
   view left without a kernel (a blank box),
-* a notebook page without its download (.ipynb) button, launch buttons, provenance footer or
-  figure captions; a status page missing a notebook; a glossary entry without its Chinese term;
+* a notebook page without its download (.ipynb) button, provenance footer or figure captions,
+  or with launch buttons that point nowhere real (none while ``repository.url`` is empty);
+* an asset loaded from the network (MathJax is vendored; the book must work offline); a status page missing a notebook; a glossary entry without its Chinese term;
   a search that finds nothing.
 
 Screenshots of the front page and the first chapter are written to ``_build/screenshots/`` and
@@ -224,19 +225,20 @@ class Build:
 
 
 def _toc_docnames() -> list[str]:
-    from perflab.provenance import toc_files
+    from perflab.runs import toc_files
 
     found = toc_files(ROOT / "_toc.yml")
     return [d[: -len(Path(d).suffix)] if Path(d).suffix in (".md", ".ipynb") else d for d in found]
 
 
 def _is_gpu_run(ipynb: Path) -> bool:
+    from perflab import runs
+
     try:
-        run = json.loads(ipynb.read_text()).get("metadata", {}).get("reference_run") or {}
+        run = runs.read(ipynb)
     except (OSError, ValueError):
         return False
-    devices = run.get("devices") or []
-    return bool(run.get("cuda")) and bool(devices) and not any(str(d).startswith("cpu") for d in devices)
+    return run is not None and run.is_gpu
 
 
 def classify_warnings(log: str) -> tuple[list[str], list[str]]:
@@ -432,7 +434,7 @@ def test_images_exist_and_figures_are_not_empty(build, rendered):
 
 def test_notebook_pages_offer_download_launch_footer_and_captions(build, rendered):
     cfg = yaml.safe_load((ROOT / "_config.yml").read_text())
-    repo = cfg["repository"]["url"].rstrip("/")
+    repo = (cfg["repository"]["url"] or "").rstrip("/")
     pages = notebook_pages(build)
     assert pages, "no page was built from a notebook"
     problems = []
@@ -444,7 +446,10 @@ def test_notebook_pages_offer_download_launch_footer_and_captions(build, rendere
             problems.append(f"{rel}: no download link to _sources/{ipynb}")
         for label in ("Binder", "Colab"):
             hrefs = [h for h in r.page.links if label.lower() in h.lower()]
-            if not hrefs:
+            if not repo:  # no public address yet: no button may link to an invented one
+                if hrefs:
+                    problems.append(f"{rel}: a {label} button although repository.url is not set: {hrefs[0]}")
+            elif not hrefs:
                 problems.append(f"{rel}: no {label} launch button")
             elif not any(repo.split("github.com/")[-1] in unquote(h) for h in hrefs):
                 problems.append(f"{rel}: the {label} button does not point at {repo}: {hrefs[0]}")
@@ -472,6 +477,17 @@ def _is_notebook(docname: str) -> bool:
     if (ROOT / f"{docname}.ipynb").exists():
         return True
     return md.exists() and "format_name: myst" in md.read_text(encoding="utf-8")[:2000]
+
+
+def test_the_book_works_offline(build, rendered):
+    """Math renders without a network (MathJax vendored into _static) and no page loads a script
+    or stylesheet from another host."""
+    static = build.html / "_static" / "mathjax"
+    assert (static / "tex-mml-chtml.js").exists(), "MathJax was not vendored into the build"
+    assert list((static / "output" / "chtml" / "fonts").rglob("*.woff")), "no MathJax fonts"
+    remote = {f"{rel}: {a}" for rel, r in rendered.items() for a in r.page.assets
+              if a.startswith(("http:", "https:", "//"))}
+    assert not remote, "pages load assets from the network:\n" + "\n".join(sorted(remote)[:10])
 
 
 def test_status_page_lists_every_notebook_with_its_state(build, rendered):

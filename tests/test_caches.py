@@ -57,7 +57,6 @@ def test_a_single_noisy_point_neither_makes_nor_hides_a_step():
 def test_a_flat_curve_has_no_step():
     assert C.find_steps([1, 2, 4, 8], [5.0, 5.1, 4.9, 5.0]) == []
     assert C.largest_step([]) is None
-    assert C.nearest_step([], 10) is None
 
 
 @pytest.mark.parametrize("sizes, bws, word", [
@@ -82,7 +81,6 @@ def test_match_steps_pairs_each_level_with_at_most_one_nearby_step():
     steps = C.find_steps(sizes, bws)
     l1, l2, l3 = C.match_steps(steps, [32 * 2**10, 2**20, 32 * 2**20])
     assert l1 is steps[0] and l3 is steps[1] and l2 is None
-    assert C.nearest_step(steps, 2**20) in steps
     with pytest.raises(ValueError, match="max_factor"):
         C.match_steps(steps, [1], max_factor=0.5)
 

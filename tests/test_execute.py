@@ -96,3 +96,68 @@ def test_check_reports_missing_stale_cpu_and_prose_drift(tmp_path):
     nb = json.loads(ipynb.read_text())
     assert "".join(nb["cells"][0]["source"]).startswith("# A notebook, reworded")
     assert nb["metadata"]["reference_run"]["devices"] == ["NVIDIA H200"]
+
+
+def test_check_and_sync_together_is_an_error(tmp_path):
+    md = write_nb(tmp_path / "nb.md", "x = 1")
+    r = run("--check", "--sync", md)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "exclude" in r.stderr
+
+
+def test_without_cuda_a_gpu_reference_run_is_not_overwritten(tmp_path):
+    md = write_nb(tmp_path / "nb.md", "x = 1")
+    assert run(md).returncode == 0
+    ipynb = md.with_suffix(".ipynb")
+    nb = json.loads(ipynb.read_text())
+    nb["metadata"]["reference_run"].update(devices=["NVIDIA H200"], cuda="13.0")
+    ipynb.write_text(json.dumps(nb))
+    before = ipynb.read_text()
+
+    r = run(md)                                  # this machine has no CUDA device
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--allow-cpu" in r.stderr
+    assert ipynb.read_text() == before
+
+    out = tmp_path / "elsewhere"
+    assert run("--out", out, md).returncode == 0  # writing elsewhere is fine
+    # (at the same path relative to the clone: tmp_path is inside it, under .cache/tmp)
+    assert len(list(out.rglob("nb.ipynb"))) == 1 and ipynb.read_text() == before
+    assert run("--allow-cpu", md).returncode == 0  # asked explicitly
+    assert json.loads(ipynb.read_text())["metadata"]["reference_run"]["cuda"] is None
+
+
+def test_the_run_metadata_is_a_versioned_reference_run(tmp_path):
+    from perflab import runs
+
+    md = write_nb(tmp_path / "nb.md", "x = 1")
+    assert run(md).returncode == 0
+    run_ = runs.read(md.with_suffix(".ipynb"))
+    assert run_.schema == runs.SCHEMA_VERSION and not run_.is_gpu
+    assert run_.source_sha256 == runs.source_code_sha256(md)
+    assert runs.status(md).state == "cpu"
+    with pytest.raises(ValueError, match="newer"):
+        runs.ReferenceRun.from_metadata({"schema": runs.SCHEMA_VERSION + 1})
+
+
+def test_a_python_without_jupytext_is_told_which_environment_to_use(tmp_path):
+    (tmp_path / "jupytext.py").write_text("raise ImportError('hidden', name='jupytext')\n")
+    env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--check"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "jupytext is not installed" in r.stderr and ".venv" in r.stderr
+
+
+def test_reference_run_sh_keeps_its_log_when_stopped_at_a_time_limit(tmp_path):
+    """A run killed by `timeout` still leaves every line it printed in $OUT/reference_run.log."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\nfor i in $(seq 1 200); do echo \"line $i\"; sleep 0.05; done\n")
+    (fake / "python3").chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out)}
+    r = subprocess.run(["timeout", "-s", "TERM", "2", "bash", str(ROOT / "scripts" / "reference_run.sh")],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 124
+    lines = (out / "reference_run.log").read_text().splitlines()
+    assert len(lines) >= 5 and lines[0] == "line 1"

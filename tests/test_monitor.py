@@ -19,7 +19,7 @@ def test_machine_state_has_both_parts():
     if not has_gpu():
         assert state["gpu"] is None
     with pytest.raises(ValueError, match="index"):
-        monitor.gpu_state(-1)
+        monitor.machine_state(-1)
 
 
 @pytest.mark.skipif(has_gpu(), reason="checks the message on a machine without NVML")

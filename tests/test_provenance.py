@@ -42,16 +42,18 @@ def test_glue_converts_numpy_and_torch_scalars_and_rejects_bad_values(monkeypatc
 
 
 def test_code_sha256_depends_on_code_only():
-    a = P.code_sha256(["x = 1", "print(x)"])
-    assert a == P.code_sha256(["x = 1\n", "  print(x)"])
-    assert a != P.code_sha256(["x = 2", "print(x)"])
+    from perflab.runs import code_sha256
+
+    a = code_sha256(["x = 1", "print(x)"])
+    assert a == code_sha256(["x = 1\n", "  print(x)"])
+    assert a != code_sha256(["x = 2", "print(x)"])
 
 
 def test_environment_and_caption():
     env = P.environment()
     assert env["devices"] and env["torch"] and env["python"]
     cap = P.caption({"devices": ["NVIDIA H200", "NVIDIA H200"], "torch": "2.11.0"}, date="2026-11-29")
-    assert cap == "2x NVIDIA H200 · torch 2.11.0 · 2026-11-29"
+    assert cap == "2× NVIDIA H200 · torch 2.11.0 · 2026-11-29"
 
 
 def test_reference_run_reads_metadata(tmp_path):

@@ -1,5 +1,5 @@
 """_ext/provenance_pages.py (footers, captions, status page, widget views, scripts) and
-perflab.provenance.source_code_sha256, on a tiny book built with Sphinx in a temporary folder."""
+perflab.runs.source_code_sha256, on a tiny book built with Sphinx in a temporary folder."""
 
 import base64
 import io
@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from perflab.provenance import code_sha256, source_code_sha256
+from perflab.runs import code_sha256, source_code_sha256
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "_ext"))
@@ -203,3 +203,51 @@ def test_repository_substitutions_come_from_the_one_setting():
     assert config.myst_substitutions["repository_clone"] == "https://example.org/course.git"
     assert "git+https://example.org/course.git" in config.myst_substitutions["repository_pip"]
     assert str(PP.STATIC) in config.html_static_path and (PP.STATIC / "provenance.css").exists()
+
+
+def test_without_a_repository_address_no_button_links_anywhere():
+    class Config:
+        html_theme_options = {"repository_url": "", "use_repository_button": True,
+                              "launch_buttons": {"binderhub_url": "https://mybinder.org"}}
+        myst_substitutions = {}
+        html_static_path = []
+
+    config = Config()
+    PP.on_config_inited(None, config)
+    opts = config.html_theme_options
+    assert opts["launch_buttons"] == {} and not opts["use_repository_button"] and "use_issues_button" not in opts
+    assert "repository_url" not in opts
+    subs = config.myst_substitutions
+    assert "http" not in subs["repository_url"] and "Binder" in subs["run_in_the_cloud"]
+
+
+def test_mathjax_is_vendored_from_the_npm_tarball_and_checked(tmp_path, monkeypatch):
+    import hashlib
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in (("package/es5/tex-mml-chtml.js", b"// mathjax"),
+                           ("package/es5/output/chtml/fonts/woff-v2/a.woff", b"font"),
+                           ("package/es5/sre/speech.js", b"big")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    blob = buf.getvalue()
+
+    class Response(io.BytesIO):
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(PP.urllib.request, "urlopen", lambda url, timeout: Response(blob))
+    with pytest.raises(ValueError, match="SHA-512"):
+        PP.vendored_mathjax(tmp_path)
+    monkeypatch.setattr(PP, "MATHJAX_SHA512", base64.b64encode(hashlib.sha512(blob).digest()).decode())
+    root = PP.vendored_mathjax(tmp_path)
+    assert (root / "mathjax" / "tex-mml-chtml.js").read_bytes() == b"// mathjax"
+    assert (root / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2" / "a.woff").exists()
+    assert not (root / "mathjax" / "sre").exists()

@@ -16,7 +16,7 @@ def test_every_notebook_has_a_current_gpu_reference_run():
 def test_no_committed_notebook_contradicts_its_own_expectations():
     """A typed sentence backed by perflab.claims.expect must hold on the run the page shows."""
     from perflab.claims import failed_expectations
-    from perflab.provenance import toc_files
+    from perflab.runs import toc_files
 
     bad = {}
     for entry in toc_files(ROOT / "_toc.yml"):

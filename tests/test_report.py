@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def cli_run(tmp_path_factory):
     """``python -m perflab.report --quick`` run once, as a user would, with no reference card."""
     tmp = tmp_path_factory.mktemp("card")
-    out = tmp / "sub" / "card.json"
+    out = tmp / "card.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, "-m", "perflab.report", "--quick", "--json", str(out),
                            "--reference", str(tmp / "missing.json"), "--disk-dir", str(tmp)],
@@ -89,7 +89,7 @@ def test_load_reference_explains_in_one_line_why_there_is_none(tmp_path):
     good.write_text(json.dumps({"schema": report.SCHEMA, "created": "2026-11-30T10:00:00Z",
                                 "environment": {"devices": ["NVIDIA H200", "NVIDIA H200"]}, "metrics": {}}))
     ref, line = report.load_reference(good)
-    assert ref is not None and "2x NVIDIA H200" in line and "2026-11-30" in line
+    assert ref is not None and "2× NVIDIA H200" in line and "2026-11-30" in line
 
 
 def test_a_failing_measurement_is_a_line_and_an_exit_status(monkeypatch, tmp_path, capsys):
@@ -114,3 +114,26 @@ def test_card_refuses_a_non_finite_metric():
         card.add("x", "CPU", "x", float("nan"), "GB/s")
     card.add("y", "CPU", "y", 2, "GB/s", datasheet=4.0)
     assert card.metrics["y"].value == 2.0
+
+
+@pytest.mark.parametrize("where", ["dir", "missing_folder", "under_a_file", "read_only"])
+def test_a_bad_json_path_is_one_line_and_exit_2_before_measuring(tmp_path, where, monkeypatch):
+    target = {"dir": tmp_path, "missing_folder": tmp_path / "nope" / "card.json",
+              "under_a_file": tmp_path / "file.txt" / "card.json", "read_only": tmp_path / "ro.json"}[where]
+    (tmp_path / "file.txt").write_text("x")
+    if where == "read_only":
+        target.write_text("{}")
+        monkeypatch.setattr(report.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(report, "measure", lambda **kw: pytest.fail("measured before checking --json"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if where == "read_only":  # os.access patched in-process: root may write anywhere
+        status = report.main(["--json", str(target)])
+        assert status == 2
+        return
+    done = subprocess.run([sys.executable, "-c", "import sys, perflab.report as r; "
+                           "r.measure = None; sys.exit(r.main())", "--json", str(target)],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "nothing measured" in done.stderr
+    assert not (tmp_path / "nope").exists()

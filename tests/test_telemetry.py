@@ -34,25 +34,26 @@ def test_bad_arguments_name_themselves(kwargs, word):
 
 
 def test_gpu_summary_from_nvml_readings(monkeypatch):
-    """The NVML branch, fed recorded readings: median/min clock, reasons without 'GPU idle'."""
+    """The NVML branch, fed recorded readings of perflab.nvml (Hz): median/min clock in MHz,
+    reasons without 'idle'."""
     readings = iter([
-        {"sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "memory_clock_mhz": 3201, "power_w": 400.0,
-         "power_limit_w": 700.0, "temperature_c": 40, "clock_event_reasons": ["GPU idle"]},
-        {"sm_clock_mhz": 1500, "max_sm_clock_mhz": 1980, "memory_clock_mhz": 3201, "power_w": 699.0,
+        {"sm_clock_hz": 1980e6, "sm_clock_max_hz": 1980e6, "mem_clock_hz": 3201e6, "power_w": 400.0,
+         "power_limit_w": 700.0, "temperature_c": 40, "clock_event_reasons": ["idle"]},
+        {"sm_clock_hz": 1500e6, "sm_clock_max_hz": 1980e6, "mem_clock_hz": 3201e6, "power_w": 699.0,
          "power_limit_w": 700.0, "temperature_c": 55, "clock_event_reasons": ["software power cap"]},
-        {"sm_clock_mhz": 1515, "max_sm_clock_mhz": 1980, "memory_clock_mhz": 3201, "power_w": 690.0,
+        {"sm_clock_hz": 1515e6, "sm_clock_max_hz": 1980e6, "mem_clock_hz": 3201e6, "power_w": 690.0,
          "power_limit_w": 700.0, "temperature_c": 56, "clock_event_reasons": ["software power cap"]},
     ])
     last = {}
 
-    def fake_state(index=0):
+    def fake_readings(index=0, links=True):
         try:
             last["r"] = dict(next(readings))
         except StopIteration:
             pass
         return dict(last["r"])
 
-    monkeypatch.setattr(T, "gpu_state", fake_state)
+    monkeypatch.setattr(T.nvml, "readings", fake_readings)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
     tel = T.Telemetry(interval_s=10)  # the thread reads once; __exit__ reads once more

@@ -1,0 +1,29 @@
+"""pytest set-up for every test path (tests/, and the notebooks under book/ and labs/ that nbval
+runs): every cache and scratch file stays inside the clone.
+
+Tests, and the notebook kernels nbval starts (they inherit this environment), write only under
+the clone's ``.cache/`` (git-ignored) or pytest's ``tmp_path`` (itself under ``.cache/tmp``).
+``TMPDIR`` is the setting that matters most: Inductor keeps its precompiled C++ headers in
+``tempfile.gettempdir()/torchinductor_<user>/precompiled_headers`` (torch/_inductor/codecache.py,
+``_HEADER_DIR``), which ``TORCHINDUCTOR_CACHE_DIR`` does not move, and the notebooks' scratch
+folders (``tempfile.mkdtemp``) go there too. The Makefile sets the same variables. This file sits
+at the root so that ``pytest labs/04_profiling.ipynb`` gets it too (tests/conftest.py applies
+only to tests/).
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+CACHE = ROOT / ".cache"
+for name, sub in (("TMPDIR", "tmp"), ("TORCHINDUCTOR_CACHE_DIR", "inductor"),
+                  ("TORCH_EXTENSIONS_DIR", "torch_extensions"), ("TRITON_CACHE_DIR", "triton"),
+                  ("XDG_CACHE_HOME", "xdg"), ("MPLCONFIGDIR", "matplotlib"), ("IPYTHONDIR", "ipython"),
+                  ("JUPYTER_RUNTIME_DIR", "jupyter_runtime")):
+    path = Path(os.environ.get(name) or CACHE / sub)
+    if not path.resolve().is_relative_to(ROOT.resolve()):
+        path = CACHE / sub  # a setting outside the clone (the usual /tmp, ~/.cache) is what this prevents
+    os.environ[name] = str(path)
+    path.mkdir(parents=True, exist_ok=True)
+tempfile.tempdir = None  # gettempdir() reads TMPDIR again

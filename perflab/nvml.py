@@ -1,0 +1,156 @@
+"""The one reader of NVIDIA's management library (NVML): how a GPU is running right now.
+
+Every module that wants a clock, a power draw, a temperature, a throttle reason, the PCIe link or
+NVLink state reads it here (:func:`readings`), so there is one set of units (Hz, watts, degrees
+Celsius) and one table of clock-event reasons. Nothing here *sets* anything (clocks, power
+limits, modes). Without nvidia-ml-py, a driver or a GPU every function returns None: callers say
+in one sentence what they could not read.
+
+Source: NVIDIA Management Library (NVML) API reference, "Device Queries" and "Clocks Event
+Reasons" (``nvmlDeviceGetCurrentClocksEventReasons``, formerly ``...ThrottleReasons``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+__all__ = ["CLOCK_EVENT_REASONS", "driver_version", "handle", "max_sm_clock_hz", "readings",
+           "utilization_pct"]
+
+#: Bits of ``nvmlDeviceGetCurrentClocksEventReasons``: why the SM clock is below its maximum now.
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x1: "idle",
+    0x2: "applications clocks setting",
+    0x4: "software power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake slowdown",
+    0x100: "display clock setting",
+}
+
+
+def _pynvml():
+    # optional: nvidia-ml-py is the `gpu` extra; a CPU machine has no NVML to read
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+@functools.lru_cache(maxsize=None)
+def handle(index: int = 0):
+    """An NVML device handle for GPU ``index``, or None when nvidia-ml-py, the driver or the GPU
+    is missing. The handle is for reading only.
+
+    Raises:
+        ValueError: ``index`` is negative.
+    """
+    if index < 0:
+        raise ValueError(f"index must be >= 0, got {index}")
+    pynvml = _pynvml()
+    if pynvml is None:
+        return None
+    try:
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+    except pynvml.NVMLError:  # no driver, no such device: both mean "cannot read"
+        return None
+
+
+def _call(name: str, *args):
+    """Call the NVML getter ``name``; None when this nvidia-ml-py lacks it or the driver cannot
+    answer (not supported, no permission)."""
+    pynvml = _pynvml()
+    fn = getattr(pynvml, name, None)
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except pynvml.NVMLError:
+        return None
+
+
+def reasons(mask: int | None) -> list[str] | None:
+    """Names (from :data:`CLOCK_EVENT_REASONS`) of the bits set in a clock-event mask."""
+    return None if mask is None else [text for bit, text in CLOCK_EVENT_REASONS.items() if mask & bit]
+
+
+def readings(index: int = 0, links: bool = True) -> dict[str, Any] | None:
+    """How GPU ``index`` is running now; None when NVML is unavailable.
+
+    Returns a dict (each value None when the driver does not answer that query):
+    ``sm_clock_hz``/``sm_clock_max_hz``, ``mem_clock_hz``/``mem_clock_max_hz`` (Hz),
+    ``memory_bus_width_bits``, ``power_w``/``power_limit_w`` (watts; the enforced limit),
+    ``temperature_c``, ``pstate`` (performance state, 0 = fastest), ``utilization_pct`` (percent
+    of the last sample period in which any kernel ran), ``clock_event_reasons`` (names from
+    :data:`CLOCK_EVENT_REASONS`, e.g. ``["idle"]``), and with ``links=True`` the PCIe link
+    (``pcie_gen``, ``pcie_width``, ``pcie_gen_max``, ``pcie_width_max``) and ``nvlinks_active``.
+    ``links=False`` skips the link queries (about 20 calls) for samplers that poll often.
+
+    Raises:
+        ValueError: ``index`` is negative.
+    """
+    h = handle(index)
+    if h is None:
+        return None
+    pynvml = _pynvml()
+    hz = lambda v: None if v is None else v * 1e6  # noqa: E731  (NVML reports MHz)
+    watts = lambda v: None if v is None else v / 1e3  # noqa: E731  (NVML reports mW)
+    util = _call("nvmlDeviceGetUtilizationRates", h)
+    mask = _call("nvmlDeviceGetCurrentClocksEventReasons", h)
+    if mask is None:
+        mask = _call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+    out = {
+        "sm_clock_hz": hz(_call("nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_SM)),
+        "sm_clock_max_hz": hz(_call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_SM)),
+        "mem_clock_hz": hz(_call("nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_MEM)),
+        "mem_clock_max_hz": hz(_call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_MEM)),
+        "memory_bus_width_bits": _call("nvmlDeviceGetMemoryBusWidth", h),
+        "power_w": watts(_call("nvmlDeviceGetPowerUsage", h)),
+        "power_limit_w": watts(_call("nvmlDeviceGetEnforcedPowerLimit", h)),
+        "temperature_c": _call("nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU),
+        "pstate": _call("nvmlDeviceGetPerformanceState", h),
+        "utilization_pct": util.gpu if util is not None else None,
+        "clock_event_reasons": reasons(mask),
+    }
+    if links:
+        states = [_call("nvmlDeviceGetNvLinkState", h, link)
+                  for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18))]
+        enabled = getattr(pynvml, "NVML_FEATURE_ENABLED", 1)
+        out.update(
+            pcie_gen=_call("nvmlDeviceGetCurrPcieLinkGeneration", h),
+            pcie_width=_call("nvmlDeviceGetCurrPcieLinkWidth", h),
+            pcie_gen_max=_call("nvmlDeviceGetMaxPcieLinkGeneration", h),
+            pcie_width_max=_call("nvmlDeviceGetMaxPcieLinkWidth", h),
+            nvlinks_active=(sum(1 for s in states if s == enabled)
+                            if any(s is not None for s in states) else None),
+        )
+    return out
+
+
+def utilization_pct(index: int = 0) -> int | None:
+    """NVML's ``gpu`` utilization of GPU ``index`` in percent, or None when NVML cannot say."""
+    h = handle(index)
+    util = None if h is None else _call("nvmlDeviceGetUtilizationRates", h)
+    return None if util is None else util.gpu
+
+
+def max_sm_clock_hz(index: int = 0) -> float | None:
+    """The GPU's maximum SM clock in Hz; None when NVML cannot answer."""
+    h = handle(index)
+    if h is None:
+        return None
+    mhz = _call("nvmlDeviceGetMaxClockInfo", h, _pynvml().NVML_CLOCK_SM)
+    return None if mhz is None else mhz * 1e6
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version string, or None without NVML."""
+    if handle(0) is None:
+        return None
+    version = _call("nvmlSystemGetDriverVersion")
+    return version.decode() if isinstance(version, bytes) else version
