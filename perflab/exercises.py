@@ -16,11 +16,15 @@ appends what it measured to it as one JSON object per line (``scripts/grade.py``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import statistics
+from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+import torch
 
 __all__ = ["ExerciseFailed", "ExerciseNotDone", "answer_or_none", "check_choice", "check_close", "check_ratio_at_least",
            "check_timer", "check_true", "hidden_ctx_tensors", "lab_needs", "not_done", "overlay_table", "record", "reference_devices", "required_cpu_saving",
@@ -97,7 +101,7 @@ def short_errors() -> bool:
     student sees only the sentence. Returns False (and does nothing) outside IPython.
     """
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # optional: outside IPython there is nothing to set
     except ImportError:
         return False
     ip = get_ipython()
@@ -295,8 +299,6 @@ def hidden_ctx_tensors(output: Any) -> list[str]:
     its ``grad_fn`` is the ``ctx`` object. Returns the attribute names holding tensors (also
     inside lists, tuples and dicts), empty when there are none or ``output`` has no ``grad_fn``.
     """
-    import torch
-
     ctx = getattr(output, "grad_fn", None)
     names = []
     for name, value in (getattr(ctx, "__dict__", None) or {}).items():
@@ -321,9 +323,6 @@ def lab_needs(md: str | os.PathLike, cpu_runs: dict | None = None) -> dict[str, 
     Raises:
         FileNotFoundError: ``md`` does not exist.
     """
-    import hashlib
-    from pathlib import Path
-
     md = Path(md)
     text = md.read_text()
     two = "requires_gpu(2)" in text or "gpu_count() >= 2" in text
@@ -350,7 +349,7 @@ def lab_needs(md: str | os.PathLike, cpu_runs: dict | None = None) -> dict[str, 
     if entry:
         out["cpu_minutes"] = entry["duration_s"] / 60
         out["cpu"] = f"{entry.get('cpu', '?')}, {entry.get('cores', '?')} cores"
-        import jupytext
+        import jupytext  # optional: only the book build and the instructor page need it
 
         code = [c.source for c in jupytext.read(md).cells if c.cell_type == "code"]
         joined = "\n\0\n".join(src.strip() for src in code)   # as perflab.provenance.code_sha256

@@ -155,8 +155,13 @@ def test_reference_run_sh_keeps_its_log_when_stopped_at_a_time_limit(tmp_path):
     (fake / "python3").chmod(0o755)
     out = tmp_path / "out"
     out.mkdir()
+    # a copy of the script in a clone of its own: a developer's .whl/ folder (wheels for the GPU
+    # machine) would otherwise make the script install them first
+    (tmp_path / "clone" / "scripts").mkdir(parents=True)
+    script = tmp_path / "clone" / "scripts" / "reference_run.sh"
+    script.write_text((ROOT / "scripts" / "reference_run.sh").read_text())
     env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out)}
-    r = subprocess.run(["timeout", "-s", "TERM", "2", "bash", str(ROOT / "scripts" / "reference_run.sh")],
+    r = subprocess.run(["timeout", "-s", "TERM", "2", "bash", str(script)],
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 124
     lines = (out / "reference_run.log").read_text().splitlines()
