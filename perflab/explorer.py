@@ -20,6 +20,8 @@ figure) and, in a live Jupyter kernel, wraps them in ipywidgets sliders
 
 from __future__ import annotations
 
+import io
+
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -502,7 +504,6 @@ class RooflineExplorer:
             import ipywidgets as W
         except ImportError as err:  # pragma: no cover - ipywidgets is in requirements.txt
             raise ImportError("the roofline explorer's widget needs ipywidgets: pip install ipywidgets") from err
-        from IPython.display import display  # optional like ipywidgets: a live kernel only
 
         style = {"description_width": "110px"}
         layout = W.Layout(width="640px")
@@ -515,15 +516,19 @@ class RooflineExplorer:
                                      description="intensity (FLOP/B)", style=style, layout=layout,
                                      continuous_update=False, readout_format=".3g")
         text = W.HTML()
-        out = W.Output()
+        # The figure is an Image widget holding PNG bytes, not an Output widget: to run an Output
+        # widget headless, nbclient mimics a front end and sends the captured figure back to the
+        # kernel while the cell runs; executed that way on the GPU machine the cell took minutes
+        # with the kernel idle. An image is plain widget state, like the sliders'.
+        picture = W.Image(format="png", layout=W.Layout(width="640px"))
 
         def redraw(*_):
             text.value = f"<p style='max-width:640px'>{self.readout()}</p>"
-            with out:
-                out.clear_output(wait=True)
-                fig = self.figure()
-                display(fig)
-                plt.close(fig)
+            fig = self.figure()
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=80)
+            plt.close(fig)
+            picture.value = buf.getvalue()
 
         def on_device(change):
             self.select(device=change["new"])
@@ -545,6 +550,7 @@ class RooflineExplorer:
         precision.observe(on_precision, "value")
         intensity.observe(on_intensity, "value")
         redraw()
-        box = W.VBox([device, precision, intensity, text, out])
-        box.controls = {"device": device, "precision": precision, "intensity": intensity, "text": text}
+        box = W.VBox([device, precision, intensity, text, picture])
+        box.controls = {"device": device, "precision": precision, "intensity": intensity, "text": text,
+                        "figure": picture}
         return box

@@ -167,8 +167,11 @@ def test_widget_responds_to_its_sliders():
     box = ex.widget()
     controls = box.controls
     assert "bandwidth-bound" in controls["text"].value
+    before = controls["figure"].value
+    assert before[:8] == b"\x89PNG\r\n\x1a\n"          # the figure, as PNG bytes
     controls["intensity"].value = 50.0
     assert ex.intensity == 50.0 and "compute-bound" in controls["text"].value
+    assert controls["figure"].value != before
     controls["device"].value = "Tesla V100-SXM2-32GB (datasheet)"
     options = [value for _, value in controls["precision"].options]
     assert "bf16" not in options and "fp16" in options
