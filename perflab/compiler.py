@@ -233,10 +233,7 @@ def inductor_code(fn: Callable, *args) -> str:
 
 def _not_done(exercise: int, what: str):
     """Raise the lab's "Exercise N is not done yet: ..." error (ExerciseNotDone where it exists)."""
-    not_done = getattr(exercises, "ExerciseNotDone", None)
-    if not_done is not None:
-        raise not_done(exercise, what)
-    raise exercises.ExerciseFailed(f"Exercise {exercise} is not done yet: {what}.")
+    raise exercises.ExerciseNotDone(exercise, what)
 
 
 def check_graph_break_fixed(original: Callable, fixed: Callable | None, *args,

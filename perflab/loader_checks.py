@@ -18,14 +18,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from . import datasets as ds
-from .exercises import ExerciseFailed, check_ratio_at_least
+from .exercises import ExerciseFailed, ExerciseNotDone, check_ratio_at_least
 
 __all__ = ["check_loader_speedup", "check_num_workers", "check_oversubscription",
            "check_storage_conversion", "rule_of_thumb_workers"]
 
 
 def _not_done(exercise: int, what: str) -> None:
-    raise ExerciseFailed(f"✗ Exercise {exercise} is not done yet: {what}")
+    raise ExerciseNotDone(exercise, what)
 
 
 def _first_images(loader: DataLoader):

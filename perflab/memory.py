@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .autograd import saved_tensors
-from .exercises import ExerciseFailed, check_choice, check_close, check_true
+from .exercises import ExerciseFailed, ExerciseNotDone, check_choice, check_close, check_true
 
 __all__ = [
     "check_static_prediction",
@@ -945,7 +945,7 @@ if __name__ == "__main__":
 
 
 def _not_done(exercise: int, what: str):
-    return ExerciseFailed(f"Exercise {exercise} is not done yet: {what}.")
+    return ExerciseNotDone(exercise, what)
 
 
 def check_static_prediction(predicted: Any, model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -729,16 +729,12 @@ def wall_time(fn: Callable[[], object], device: torch.device | str, reps: int = 
 
 
 def not_done(exercise: int | str, what: str) -> None:
-    """Raise "Exercise N is not done yet: <what>." as ``perflab.exercises.ExerciseNotDone``
-    where that class exists (else as ``ExerciseFailed`` with the same sentence).
+    """Raise "Exercise N is not done yet: <what>." as ``perflab.exercises.ExerciseNotDone``.
 
     Raises:
         perflab.exercises.ExerciseFailed: always.
     """
-    cls = getattr(exercises, "ExerciseNotDone", None)
-    if cls is not None:
-        raise cls(exercise, what)
-    raise exercises.ExerciseFailed(f"Exercise {exercise} is not done yet: {what.rstrip('.')}.")
+    raise exercises.ExerciseNotDone(exercise, what)
 
 
 def check_same_and_faster(what: str, slow_losses: Sequence[float], fast_losses: Sequence[float],
