@@ -21,10 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "05_data_loading.md"
 
 
-def _cell(nb, needle):
-    cells = [c.source for c in nb.cells if c.cell_type == "code" and needle in c.source]
-    assert len(cells) == 1, f"expected one code cell containing {needle!r}, found {len(cells)}"
-    return cells[0]
+from lab_cells import code_cell as _cell  # noqa: E402
 
 
 @pytest.fixture(scope="module")

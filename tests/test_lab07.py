@@ -19,10 +19,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import make_student  # noqa: E402
 
 
-def _cell(nb, needle):
-    cells = [c.source for c in nb.cells if c.cell_type == "code" and needle in c.source]
-    assert len(cells) == 1, f"expected one code cell containing {needle!r}, found {len(cells)}"
-    return cells[0]
+from lab_cells import code_cell as _cell  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "08_distributed.md"
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_student  # noqa: E402
+from lab_cells import code_cell  # noqa: E402
 
 
 def _cell(needle):
-    nb = jupytext.read(LAB)
-    cells = [c.source for c in nb.cells if c.cell_type == "code" and needle in c.source]
-    assert len(cells) == 1, f"expected one code cell containing {needle!r}, found {len(cells)}"
-    return cells[0]
+    return code_cell(jupytext.read(LAB), needle)
 
 
 def test_student_version_is_valid_python_and_stubs_refuse_to_launch(tmp_path):
