@@ -20,7 +20,7 @@ WRONG = {
         # bf16 counted at 4 bytes per element
         ("ex1-solution", "return 2 * n**3, 3 * n * n * 2", "return 2 * n**3, 3 * n * n * 4", r"bytes of A"),
         # "matmuls are compute-bound": the matrix-vector product is not
-        ("ex1-solution", '"B": "bandwidth-bound", "C"', '"B": "compute-bound", "C"', r"regime of B"),
+        ("ex1-solution", '"B": "bandwidth-bound",\n    "C"', '"B": "compute-bound",\n    "C"', r"regime of B"),
         # a timer without warm-up: the one-time cost lands in the measurement
         ("ex2-solution", "    for _ in range(warmup):\n        fn()\n", "", r"first call was timed"),
         # a timer that times the list comprehension's allocation and Python overhead too

@@ -8,6 +8,7 @@ there, followed by the cells up to its exercise's checks, one of which must rais
 ``tests/test_exercises.py`` (a right answer must not fail on another host/GPU balance).
 """
 
+import linecache
 import os
 import re
 import sys
@@ -32,6 +33,14 @@ LABS = sorted((ROOT / "labs").glob("*.md"))
 _RUNS: dict = {}
 
 
+
+def _exec(src: str, name: str, ns: dict) -> None:
+    """Execute a cell's source in ``ns`` as a notebook kernel would: with its text registered in
+    ``linecache``, so that ``inspect.getsource`` finds the functions it defines (lab 8 sends the
+    student's functions to its worker processes by their source)."""
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    exec(compile(src, name, "exec"), ns)
+
 def _meta(cell) -> dict:
     return cell.get("metadata", {}).get("nbgrader", {}) or {}
 
@@ -47,7 +56,7 @@ def _run(cells, ns, start, stop_after_exercise=None, first_source=None):
             break
         src = first_source if (i == start and first_source is not None) else cell.source
         try:
-            exec(compile(src, f"<cell {i} {g.get('grade_id', '')}>", "exec"), ns)
+            _exec(src, f"<cell {i} {g.get('grade_id', '')}>", ns)
             if g.get("grade"):
                 results[g["grade_id"]] = None
         except ExerciseFailed as err:
@@ -74,7 +83,7 @@ def reference(lab: Path):
                 if g.get("solution"):
                     snapshots[g["grade_id"]] = (i, dict(ns))
                 try:
-                    exec(compile(cell.source, f"<{lab.stem} cell {i}>", "exec"), ns)
+                    _exec(cell.source, f"<{lab.stem} cell {i}>", ns)
                     if g.get("grade"):
                         results[g["grade_id"]] = None
                 except ExerciseFailed as err:
