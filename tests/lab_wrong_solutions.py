@@ -10,8 +10,10 @@ _A_FOR_B = '{"compute-bound": "bandwidth-bound", "bandwidth-bound": "overhead-bo
 
 
 def _wrong_diagnosis(letter):
-    right = f'answer_{letter} = regime(*frac_{letter}, evidence_{letter}["busy_fraction"] if dev.type == "cuda" else None)'
-    wrong = f'answer_{letter} = {_A_FOR_B}[regime(*frac_{letter}, evidence_{letter}["busy_fraction"] if dev.type == "cuda" else None)]'
+    call = (f'regime(\n    *frac_{letter}, evidence_{letter}["busy_fraction"] '
+            'if dev.type == "cuda" else None\n)')
+    right = f"answer_{letter} = {call}"
+    wrong = f"answer_{letter} = {_A_FOR_B}[{call}]"
     return right, wrong
 
 
