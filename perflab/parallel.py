@@ -678,6 +678,27 @@ def _manual_allreduce(ctx, model):
             p.grad /= ctx.world
 
 
+def _diff_from_ddp(ctx, allreduce, width: int, depth: int, steps: int) -> float:
+    """Train two copies of a float64 model for ``steps`` SGD steps on every rank, one calling
+    ``allreduce(model)`` after ``backward()``, one wrapped in DDP; the largest parameter
+    difference between them over all ranks."""
+    torch = ctx.torch
+    man = _make_model(ctx, width, depth, dtype="float64")
+    ddp = _ddp(ctx, _make_model(ctx, width, depth, dtype="float64"))
+    o1 = torch.optim.SGD(man.parameters(), lr=0.1)
+    o2 = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for s in range(steps):
+        x, y = _batch(ctx, s, 8, width, torch.float64, ctx.rank)
+        o1.zero_grad()
+        _loss(man, x, y).backward()
+        allreduce(man)
+        o1.step()
+        o2.zero_grad()
+        _loss(ddp, x, y).backward()
+        o2.step()
+    return ctx.max_over_ranks(_max_param_diff(man, ddp.module))
+
+
 def _task_manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps: int = 3,
                         width: int = 64, depth: int = 4, batch: int = 32, warmup: int = 2,
                         iters: int = 5, dtype: str = "float32", allow_tf32: bool = True) -> dict:
@@ -689,21 +710,8 @@ def _task_manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_
     torch = ctx.torch
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     torch.backends.cudnn.allow_tf32 = allow_tf32
-    man = _make_model(ctx, check_width, check_depth, dtype="float64")
-    ddp = _ddp(ctx, _make_model(ctx, check_width, check_depth, dtype="float64"))
-    o1 = torch.optim.SGD(man.parameters(), lr=0.1)
-    o2 = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    for s in range(check_steps):
-        x, y = _batch(ctx, s, 8, check_width, torch.float64, ctx.rank)
-        o1.zero_grad()
-        _loss(man, x, y).backward()
-        _manual_allreduce(ctx, man)
-        o1.step()
-        o2.zero_grad()
-        _loss(ddp, x, y).backward()
-        o2.step()
-    diff = ctx.max_over_ranks(_max_param_diff(man, ddp.module))
-    del man, ddp, o1, o2
+    diff = _diff_from_ddp(ctx, lambda m: _manual_allreduce(ctx, m), check_width, check_depth,
+                          check_steps)
 
     dt = getattr(torch, dtype)
     x, y = _timing_batch(ctx, batch, width, dt)
@@ -1081,24 +1089,9 @@ def _task_user_allreduce(ctx, fns: Sequence[str], width: int = 16, depth: int = 
     """For each function name in ``fns`` (from the launch's ``user_code``), called as
     ``fn(model)`` after ``backward()``: ``{name: largest parameter difference from DDP}`` after
     ``steps`` SGD steps (float64). A function that raises fails the launch."""
-    torch = ctx.torch
     out = {}
     for name in fns:
-        fn = getattr(ctx.user, name)
-        man = _make_model(ctx, width, depth, dtype="float64")
-        ddp = _ddp(ctx, _make_model(ctx, width, depth, dtype="float64"))
-        o1 = torch.optim.SGD(man.parameters(), lr=0.1)
-        o2 = torch.optim.SGD(ddp.parameters(), lr=0.1)
-        for s in range(steps):
-            x, y = _batch(ctx, s, 8, width, torch.float64, ctx.rank)
-            o1.zero_grad()
-            _loss(man, x, y).backward()
-            fn(man)
-            o1.step()
-            o2.zero_grad()
-            _loss(ddp, x, y).backward()
-            o2.step()
-        out[name] = ctx.max_over_ranks(_max_param_diff(man, ddp.module))
+        out[name] = _diff_from_ddp(ctx, getattr(ctx.user, name), width, depth, steps)
     return out
 
 
