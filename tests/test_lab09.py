@@ -14,7 +14,7 @@ LAB = ROOT / "labs" / "09_advanced.md"
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_student  # noqa: E402
 
-from perflab import compiler, custom_ops, precision  # noqa: E402
+from perflab import compiler, precision  # noqa: E402
 from perflab.exercises import ExerciseFailed  # noqa: E402
 
 

@@ -7,7 +7,6 @@ can hang; sizes are tiny and each world size is one launch that batches all the 
 import pytest
 
 from perflab import parallel as P
-from perflab.distributed import LaunchError
 from perflab.hardware import gpu_count
 
 pytestmark = pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU (gloo) path")

@@ -1,5 +1,3 @@
-import json
-
 import nbformat
 import pytest
 

@@ -3,7 +3,6 @@ perflab.runs.source_code_sha256, on a tiny book built with Sphinx in a temporary
 
 import base64
 import io
-import json
 import subprocess
 import sys
 from pathlib import Path
