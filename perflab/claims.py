@@ -63,7 +63,7 @@ def claim(name: str, holds: bool, if_true: str, if_false: str) -> str:
     return text
 
 
-def expect(name: str, holds: bool, statement: str) -> bool:
+def expect(name: str, holds: bool, statement: str) -> None:
     """Record that the typed ``statement`` holds on this run (glued as ``expect_<name>``).
 
     The notebook keeps running when it does not (a reader still sees the numbers), but
@@ -71,8 +71,8 @@ def expect(name: str, holds: bool, statement: str) -> bool:
     rewritten (or the sentence generated with :func:`claim`) before the run can be committed.
     A one-line note is printed when the expectation fails.
 
-    Returns:
-        ``holds`` as a bool.
+    Returns None on purpose: a cell that ends in ``expect(...)`` prints nothing (a returned
+    bool would show up on the page as a stray ``True``).
 
     Raises:
         ValueError: a bad name, an empty statement, or a ``holds`` that is not a bool.
@@ -84,7 +84,6 @@ def expect(name: str, holds: bool, statement: str) -> bool:
     glue(EXPECT_PREFIX + name, holds)
     if not holds:
         print(f"Expectation {name!r} does not hold on this run: {statement}")
-    return holds
 
 
 def failed_expectations(notebook: str | os.PathLike) -> list[str]:
