@@ -1,0 +1,162 @@
+"""perflab.speedrun_checks: lab 10's checks and the CPU's estimate of peak memory (CPU only,
+no wall-clock assertions except ratios the checks themselves compute)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from perflab import gpt2, speedrun as sr, speedrun_checks as sc
+from perflab.exercises import ExerciseFailed, ExerciseNotDone
+
+TINY = (("n_layer", 2), ("n_embd", 32), ("n_head", 2), ("block_size", 32))
+
+
+def tokens(n=20_000, top=200):
+    return np.random.default_rng(0).integers(0, top, n).astype(np.uint16)
+
+
+def base(**kw):
+    kw = {"batch": 8, **kw}
+    return sr.Rung("base", changes=TINY, seq_len=32, vocab=256, **kw)
+
+
+def right(n, L, d, T):
+    return 6 * n + 12 * L * d * T
+
+
+def test_model_params_counts_on_meta():
+    cfg = gpt2.config("124M")
+    assert sc.model_params(cfg, non_embedding=False) == gpt2.GPT(cfg).num_params(False)
+    assert sc.model_params(cfg) == sc.model_params(cfg, False) - 1024 * 768
+    with pytest.raises(TypeError, match="GPTConfig"):
+        sc.model_params("124M")
+
+
+def test_flops_per_token_check():
+    with pytest.raises(ExerciseNotDone, match="Exercise 1"):
+        sc.check_flops_per_token(None)
+    with pytest.raises(ExerciseFailed, match="attention"):
+        sc.check_flops_per_token(lambda n, L, d, T: 6 * n)
+    with pytest.raises(ExerciseFailed, match="forward only"):
+        sc.check_flops_per_token(lambda n, L, d, T: 2 * n + 4 * L * d * T)
+    with pytest.raises(ExerciseFailed, match="124M"):
+        sc.check_flops_per_token(lambda n, L, d, T: 6 * n + 6 * L * d * T)
+    out = sc.check_flops_per_token(right)
+    assert len(out) == 3
+
+
+def test_static_memory_check():
+    cfg = gpt2.config("124M")
+    n = sc.model_params(cfg, non_embedding=False)
+    parts = dict(sc.ADAMW_FP32_BYTES)
+    assert sum(parts.values()) == 16
+    with pytest.raises(ExerciseNotDone, match="Exercise 2"):
+        sc.check_static_memory(None, None, cfg)
+    with pytest.raises(ExerciseFailed, match="static bytes"):
+        sc.check_static_memory(parts, 8 * n, cfg)
+    with pytest.raises(ExerciseFailed, match="adam_v"):
+        sc.check_static_memory({**parts, "adam_v": 2}, 14 * n, cfg)
+    with pytest.raises(ExerciseFailed, match="keys"):
+        sc.check_static_memory({"weight": 4}, 16 * n, cfg)
+    assert sc.check_static_memory(parts, 16 * n, cfg) == 16 * n
+
+
+def test_peak_estimate_counts_saved_activations():
+    t = tokens()
+    b = base()
+    est = sc.peak_estimate(b, t)
+    n = sum(p.numel() for p in gpt2.GPT(b.config()).parameters())
+    assert est.static_bytes == 16 * n and est.recompute_bytes == 0
+    # the logits (8 x 32 x 256 float32) are saved at least once
+    assert est.saved_bytes >= 8 * 32 * 256 * 4
+    # micro-batches: the saved bytes scale with the micro-batch
+    half = sc.peak_estimate(b.then("half", batch=4, accum=2), t)
+    assert half.static_bytes == est.static_bytes
+    assert half.saved_bytes == pytest.approx(est.saved_bytes / 2, rel=0.05)
+    # checkpointing keeps block inputs and recomputes one block
+    ck = sc.peak_estimate(b.then("ck", checkpoint=True), t)
+    assert ck.saved_bytes < est.saved_bytes and ck.recompute_bytes > 0
+    assert ck.recompute_bytes <= est.saved_bytes
+    # the optimizer in the backward keeps one gradient at a time
+    ib = sc.peak_estimate(b.then("ib", optimizer="in_backward"), t)
+    assert 12 * n < ib.static_bytes < est.static_bytes
+    assert ib.total == ib.static_bytes + ib.saved_bytes + ib.recompute_bytes
+    with pytest.raises(TypeError, match="Rung"):
+        sc.peak_estimate("base", t)
+
+
+def test_peak_estimate_matches_a_direct_count():
+    """The hooks count what autograd really saves: compare with summing unique storages of a
+    plain forward's saved tensors through the same hooks, independently written."""
+    b = base(batch=2)
+    model = gpt2.GPT(b.config())
+    x, y = next(sr.batches(tokens(), 2, 32))
+    ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in ptrs:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    torch.manual_seed(0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        sr._Forward(model, b)(x, y)
+    assert sc.peak_estimate(b, tokens()).saved_bytes == sum(seen.values())
+
+
+def test_speedrun_check_accepts_faster_rejects_same():
+    t = tokens()
+    b = base(batch=2)
+    with pytest.raises(ExerciseNotDone, match="Exercise 3"):
+        sc.check_speedrun(b, None, t, "cpu", 1e12, 0.01, 1.5)
+    with pytest.raises(ExerciseFailed, match="another model"):
+        sc.check_speedrun(b, b.then("x", seq_len=16), t, "cpu", 1e12, 1e-9, 1.0, trials=1)
+    with pytest.raises(ValueError, match="positive"):
+        sc.check_speedrun(b, b, t, "cpu", 0, 0.1, 1.5)
+    # the same rung is not 3x faster than itself; a 1e-9 MFU target always holds
+    with pytest.raises(ExerciseFailed, match="below the target 3"):
+        sc.check_speedrun(b, b.then("same"), t, "cpu", 1e12, 1e-9, 3.0, steps=1, trials=2)
+    # an impossible fraction of a tiny ceiling fails on MFU
+    with pytest.raises(ExerciseFailed, match="matmul ceiling"):
+        sc.check_speedrun(b, b.then("same"), t, "cpu", 1e15, 0.5, 1.0, steps=1, trials=1)
+    fast = b.then("fast", batch=16, attention="sdpa", optimizer="fused")
+    got = sc.check_speedrun(b, fast, t, "cpu", 1e9, 1e-6, 1.2, steps=2, trials=2)
+    assert got["speedup"] >= 1.2 and len(got["ratios"]) == 2 and got["fraction"] > 0
+
+
+def test_memory_cut_check():
+    t = tokens()
+    b = base()
+    with pytest.raises(ExerciseNotDone, match="Exercise 4"):
+        sc.check_memory_cut(b, None, t, "cpu", 0.5)
+    with pytest.raises(ExerciseFailed, match="global batch"):
+        sc.check_memory_cut(b, b.then("half", batch=4), t, "cpu", 0.5)
+    with pytest.raises(ExerciseFailed, match="precision"):
+        sc.check_memory_cut(b, b.then("p", precision="bf16"), t, "cpu", 0.5)
+    with pytest.raises(ExerciseFailed, match="another model"):
+        sc.check_memory_cut(b, b.then("m", changes=TINY[:1]), t, "cpu", 0.5)
+    with pytest.raises(ExerciseFailed, match="target is at most"):
+        sc.check_memory_cut(b, b.then("ib", optimizer="in_backward"), t, "cpu", 0.5,
+                            steps=1)
+    with pytest.raises(ValueError, match="max_ratio"):
+        sc.check_memory_cut(b, b, t, "cpu", 1.5)
+    lean = b.then("lean", batch=2, accum=4, checkpoint=True)
+    got = sc.check_memory_cut(b, lean, t, "cpu", 0.6, steps=1)
+    assert got["ratio"] < 0.6 and got["worst"] < 1e-4 and "estimated" in got["what"]
+
+
+def test_reference_ladder_reads_every_glued_form():
+    rows = [{"name": "baseline", "tokens_per_s": 44500.0, "mfu": 0.038},
+            {"name": "fused AdamW", "tokens_per_s": 512000, "mfu": 0.44}]
+    want = [{**r, "tokens_per_s": float(r["tokens_per_s"])} for r in rows]
+    assert sc.reference_ladder(rows) == want
+    assert sc.reference_ladder(json.dumps(rows)) == want
+    assert sc.reference_ladder(repr(rows)) == want
+    assert sc.reference_ladder(json.dumps(json.dumps(rows))) == want
+    assert sc.reference_ladder(None) == []
+    assert sc.reference_ladder("[not a ladder") == []
+    assert sc.reference_ladder([{"name": "x"}]) == []
