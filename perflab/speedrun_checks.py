@@ -223,6 +223,9 @@ def check_speedrun(base: sr.Rung, mine: sr.Rung | None, tokens: np.ndarray, devi
                              f"trials; each trial: {trials_txt}), below the target {min_speedup:.2f}x.")
     print(f"✓ your rung: {got['mine'].tokens_per_s:,.0f} tokens/s, {fraction:.3f} of your "
           f"matmul ceiling, {got['speedup']:.2f}x the baseline (trials {trials_txt}).")
+    if fraction > 1:
+        print("  (Above 1: the ceilings file was measured while this machine was busier than "
+              "now; `python -m perflab.ceilings --fresh` measures it again.)")
     return got
 
 
