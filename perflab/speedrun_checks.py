@@ -35,7 +35,7 @@ from perflab import speedrun as sr
 from perflab.exercises import ExerciseFailed, record, require
 
 __all__ = ["ADAMW_FP32_BYTES", "PeakEstimate", "check_flops_per_token", "check_memory_cut",
-           "reference_ladder",
+           "reference_fraction", "reference_ladder",
            "check_speedrun", "check_static_memory", "model_params", "peak_estimate",
            "speed_trials"]
 
@@ -426,3 +426,31 @@ def reference_ladder(value: Any) -> list[dict]:
             rows.append({"name": str(row["name"]), "tokens_per_s": float(row["tokens_per_s"]),
                          "mfu": float(row["mfu"])})
     return rows
+
+
+def reference_fraction(tokens_per_s: float | None, model: str = "124M", seq_len: int = 1024,
+                       ceiling: str = "matmul_bf16", path=None) -> float | None:
+    """MFU of a reference-run rung against the reference run's own measured matmul ceiling.
+
+    ``tokens_per_s`` is a rung of chapter 10's reference run (GPT-2 ``model`` at ``seq_len``,
+    vocabulary 50,304); the FLOPs per token are :meth:`perflab.gpt2.GPT.flops_per_token`, the
+    ceiling ``ceiling`` from the reference run's ceilings file (default
+    ``perflab/data/reference_ceilings.json``, :data:`perflab.ceilings.REFERENCE_PATH`). This
+    puts the reference on the same footing as a student's MFU against their own ceiling.
+    Returns None when ``tokens_per_s`` is None or the file or the ceiling is missing.
+    """
+    import json
+    from pathlib import Path
+
+    from perflab import ceilings
+
+    p = Path(path) if path is not None else ceilings.REFERENCE_PATH
+    if tokens_per_s is None or not p.exists():
+        return None
+    value = (json.loads(p.read_text()).get("ceilings", {}).get(ceiling) or {}).get("value")
+    if not value:
+        return None
+    cfg = gpt2.config(model, vocab_size=gpt2.PADDED_VOCAB)
+    with torch.device("meta"):
+        flops = gpt2.GPT(cfg).flops_per_token(seq_len)
+    return float(tokens_per_s) * flops / value

@@ -76,3 +76,53 @@ def test_unfinished_exercises_say_so(tmp_path):
         with pytest.raises(ExerciseNotDone, match="not done yet"):
             exec("import perflab\n" + stub, {"on_gpu": False})
         assert f"{name} = None" in stub
+
+
+def _glued_notebook(values):
+    cells = [{"cell_type": "code", "source": "", "metadata": {}, "execution_count": 1,
+              "outputs": [{"output_type": "display_data",
+                           "metadata": {"scrapbook": {"name": k, "mime_prefix":
+                                                      "application/papermill.record/"}},
+                           "data": {"application/papermill.record/text/plain": repr(v)}}
+                          for k, v in values.items()]}]
+    return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+@pytest.mark.parametrize("with_reference", [False, True])
+def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch, with_reference):
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import perflab
+    from perflab import speedrun_checks as sc
+    from perflab.exercises import overlay_table
+
+    (tmp_path / "labs").mkdir()
+    (tmp_path / "book").mkdir()
+    if with_reference:
+        ladder = [{"name": "baseline", "tokens_per_s": 44_500.0, "mfu": 0.038},
+                  {"name": "fused AdamW", "tokens_per_s": 512_000.0, "mfu": 0.44}]
+        nb = _glued_notebook({"gpt2_tokens_per_s": 536_000.0, "gpt2_mfu": 0.46,
+                              "gpt2_speedup_vs_baseline": 12.0,
+                              "gpt2_memory_reduction": 5.0,
+                              "gpt2_speed_ladder": json.dumps(ladder)})
+        (tmp_path / "book" / "10_gpt2_case_study.ipynb").write_text(json.dumps(nb))
+    monkeypatch.chdir(tmp_path / "labs")
+    run = SimpleNamespace(tokens_per_s=1000.0, rung={"name": "x"}, mfu=lambda c: 0.3)
+    ns = {"Path": Path, "perflab": perflab, "plt": plt, "sc": sc, "overlay_table": overlay_table,
+          "ceiling": 1e12,
+          "speed": {"base": run, "mine": run, "fraction": 0.3, "speedup": 2.0},
+          "lean": {"ratio": 0.25}}
+    src = code_cell(jupytext.read(LAB), "ladder = sc.reference_ladder(")
+    exec(compile(src, "<lab10 overlay>", "exec"), ns)
+    yours = {r[0]: r for r in ns["rows"]}
+    assert yours["peak memory reduction"][1] == 4.0
+    if with_reference:
+        assert len(ns["theirs"]) == 2 and yours["speedup over the baseline"][2] == 12.0
+        assert 0.5 < yours["MFU against the measured matmul ceiling"][2] < 0.8
+    else:
+        assert ns["theirs"] == [] and yours["tokens/s of your fastest rung"][2] is None
+    plt.close("all")

@@ -160,3 +160,13 @@ def test_reference_ladder_reads_every_glued_form():
     assert sc.reference_ladder(None) == []
     assert sc.reference_ladder("[not a ladder") == []
     assert sc.reference_ladder([{"name": "x"}]) == []
+
+
+def test_reference_fraction(tmp_path):
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"ceilings": {"matmul_bf16": {"value": 700e12}}}))
+    flops = gpt2.GPT(gpt2.config("124M")).flops_per_token(1024)
+    assert sc.reference_fraction(512_000, path=p) == pytest.approx(512_000 * flops / 700e12)
+    assert sc.reference_fraction(None, path=p) is None
+    assert sc.reference_fraction(1.0, path=tmp_path / "missing.json") is None
+    assert sc.reference_fraction(1.0, ceiling="matmul_fp8", path=p) is None
