@@ -106,7 +106,7 @@ WRONG = {
         ("ex2-solution", "predicted_static = n_124M * sum(bytes_per_param.values())",
          "predicted_static = n_124M * 8", r"static bytes"),
         # TF32 is chapter 10's first big win on a GPU; on a CPU it changes nothing
-        ("ex3-solution", 'my_rung = base.then("my speedrun", batch=8 * base.batch,\n'
+        ("ex3-solution", 'my_rung = base.then("my speedrun", batch=32 * base.batch,\n'
                          '                        attention="sdpa", optimizer="fused")',
          'my_rung = base.then("my speedrun", precision="tf32")', r"below the target"),
         # a smaller batch: less memory, but another training

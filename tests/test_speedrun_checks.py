@@ -123,9 +123,12 @@ def test_speedrun_check_accepts_faster_rejects_same():
     # an impossible fraction of a tiny ceiling fails on MFU
     with pytest.raises(ExerciseFailed, match="matmul ceiling"):
         sc.check_speedrun(b, b.then("same"), t, "cpu", 1e15, 0.5, 1.0, steps=1, trials=1)
-    fast = b.then("fast", batch=16, attention="sdpa", optimizer="fused")
-    got = sc.check_speedrun(b, fast, t, "cpu", 1e9, 1e-6, 1.2, steps=2, trials=2)
-    assert got["speedup"] >= 1.2 and len(got["ratios"]) == 2 and got["fraction"] > 0
+    # batch 1 -> 32 of a tiny model: several times the tokens per second (a 1.5x target
+    # leaves room for a loaded machine)
+    one = base(batch=1)
+    fast = one.then("fast", batch=32, attention="sdpa", optimizer="fused")
+    got = sc.check_speedrun(one, fast, t, "cpu", 1e9, 1e-6, 1.5, steps=3, trials=3)
+    assert got["speedup"] >= 1.5 and len(got["ratios"]) == 3 and got["fraction"] > 0
 
 
 def test_memory_cut_check():
