@@ -24,7 +24,10 @@ lab says so wherever it shows it.
 
 from __future__ import annotations
 
+import ast
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -38,6 +41,10 @@ __all__ = ["ADAMW_FP32_BYTES", "PeakEstimate", "check_flops_per_token", "check_m
            "reference_fraction", "reference_ladder",
            "check_speedrun", "check_static_memory", "model_params", "peak_estimate",
            "speed_trials"]
+
+#: the reference run's ceilings file (the same file as ``perflab.ceilings.REFERENCE_PATH``;
+#: named here so that this chapter module does not import a module layered above it)
+_REFERENCE_CEILINGS = Path(__file__).resolve().parent / "data" / "reference_ceilings.json"
 
 #: bytes per parameter of float32 AdamW training, by part (weight, gradient, two moments)
 ADAMW_FP32_BYTES = {"weight": 4, "gradient": 4, "adam_m": 4, "adam_v": 4}
@@ -404,9 +411,6 @@ def reference_ladder(value: Any) -> list[dict]:
     Returns ``[{"name": str, "tokens_per_s": float, "mfu": float}, ...]``, or ``[]`` when there
     is no ladder or its text cannot be read as one.
     """
-    import ast
-    import json
-
     for _ in range(2):                # text, or a string holding the text
         if not isinstance(value, str):
             break
@@ -439,12 +443,7 @@ def reference_fraction(tokens_per_s: float | None, model: str = "124M", seq_len:
     puts the reference on the same footing as a student's MFU against their own ceiling.
     Returns None when ``tokens_per_s`` is None or the file or the ceiling is missing.
     """
-    import json
-    from pathlib import Path
-
-    from perflab import ceilings
-
-    p = Path(path) if path is not None else ceilings.REFERENCE_PATH
+    p = Path(path) if path is not None else _REFERENCE_CEILINGS
     if tokens_per_s is None or not p.exists():
         return None
     value = (json.loads(p.read_text()).get("ceilings", {}).get(ceiling) or {}).get("value")

@@ -173,3 +173,8 @@ def test_reference_fraction(tmp_path):
     assert sc.reference_fraction(None, path=p) is None
     assert sc.reference_fraction(1.0, path=tmp_path / "missing.json") is None
     assert sc.reference_fraction(1.0, ceiling="matmul_fp8", path=p) is None
+
+
+def test_reference_ceilings_path_is_the_ceilings_modules():
+    from perflab import ceilings
+    assert sc._REFERENCE_CEILINGS == ceilings.REFERENCE_PATH
