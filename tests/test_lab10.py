@@ -33,7 +33,11 @@ def test_student_version_is_valid_python(tmp_path):
 def _gpu_namespace(gib):
     """The lab's set-up, rung and solution cells executed with the GPU's sizes (nothing runs)."""
     nb = jupytext.read(LAB)
+    import perflab
+    from perflab import speedrun_checks as sc
+
     ns = {"pick": lambda cpu, gpu: gpu, "on_gpu": True, "gib": gib, "sr": sr, "gpt2": gpt2,
+          "Path": Path, "perflab": perflab, "sc": sc,
           "corpus": SimpleNamespace(vocab_size=8192),
           "ceilings": SimpleNamespace(load=lambda: SimpleNamespace(value=lambda name: 7e14))}
     for needle in ("TINY = ", "my_rung = None"):
@@ -112,8 +116,10 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
         (tmp_path / "book" / "10_gpt2_case_study.ipynb").write_text(json.dumps(nb))
     monkeypatch.chdir(tmp_path / "labs")
     run = SimpleNamespace(tokens_per_s=1000.0, rung={"name": "x"}, mfu=lambda c: 0.3)
+    ref_path = Path("../book/10_gpt2_case_study.ipynb")
     ns = {"Path": Path, "perflab": perflab, "plt": plt, "sc": sc, "overlay_table": overlay_table,
-          "ceiling": 1e12,
+          "ceiling": 1e12, "ref_path": ref_path,
+          "ref": perflab.provenance.read_glued(ref_path) if ref_path.exists() else {},
           "speed": {"base": run, "mine": run, "fraction": 0.3, "speedup": 2.0},
           "lean": {"ratio": 0.25}}
     src = code_cell(jupytext.read(LAB), "ladder = sc.reference_ladder(")
