@@ -252,15 +252,15 @@ def call_model(device: torch.device | str, bandwidth: float,
 
 
 def beyond_cache_numel(factor: float = 4.0, element_size: int = 4,
-                       minimum: int = 2**24, maximum: int = 2**29,
+                       minimum: int = 2**24, maximum: int = 2**28,
                        sysfs: str | None = None) -> int:
     """Elements per tensor for a host copy that streams from DRAM, not from the caches.
 
     The last-level cache the OS reports (``perflab.cpu.cache_levels``: size of one instance,
     times the number of instances, ``os.cpu_count() / shared_by``) times ``factor``, divided
     by ``element_size``, rounded up to a power of two, clipped to ``[minimum, maximum]``
-    (the maximum keeps a many-socket host within memory: 2**29 float32 is 2 GiB). Without
-    cache information from the OS, ``minimum``. ``sysfs`` points elsewhere, for tests.
+    (the maximum keeps a many-socket host within memory and time: 2**28 float32 is 1 GiB).
+    Without cache information from the OS, ``minimum``. ``sysfs`` points elsewhere, for tests.
 
     Raises:
         ValueError: ``factor`` < 1, a non-positive ``element_size`` or ``minimum``, or
