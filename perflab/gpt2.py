@@ -49,6 +49,10 @@ class GPTConfig:
         block_size: longest sequence T the position embedding covers.
         vocab_size: rows of the embedding (50,304: GPT-2's 50,257 padded to a multiple of 64).
         bias: whether linear layers and layer norms carry a bias (GPT-2: yes).
+        attention: ``"sdpa"`` (``F.scaled_dot_product_attention``, which picks a fused
+            kernel: flash, memory-efficient or cuDNN) or ``"math"`` (the same attention
+            written out, ``softmax(QK^T / sqrt(Q) + causal mask) V``, which stores the
+            ``(B, H, T, T)`` score and probability matrices for the backward).
     """
 
     n_layer: int = 12
@@ -57,8 +61,11 @@ class GPTConfig:
     block_size: int = 1024
     vocab_size: int = PADDED_VOCAB
     bias: bool = True
+    attention: str = "sdpa"
 
     def __post_init__(self):
+        if self.attention not in ("sdpa", "math"):
+            raise ValueError(f"attention must be 'sdpa' or 'math', got {self.attention!r}")
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -89,12 +96,26 @@ def config(name: str, **changes) -> GPTConfig:
     return replace(CONFIGS[name], **changes)
 
 
+def _math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention written out: ``(B, H, T, Q)`` x3 -> ``(B, H, T, Q)``.
+
+    What the fused kernels compute without storing the ``(T, T)`` matrices (Vaswani et al.,
+    2017, eq. 1, with GPT-2's causal mask).
+    """
+    T = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(future, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention: ``(B, T, d) -> (B, T, d)``."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head = cfg.n_head
+        self.math = cfg.attention == "math"
         self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
 
@@ -103,7 +124,10 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(d, dim=2)
         # (B, T, d) -> (B, H, T, Q): each head attends over its own slice of the width
         q, k, v = (t.view(B, T, self.n_head, d // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.math:
+            y = _math_attention(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, d))
 
 
@@ -171,6 +195,18 @@ class GPT(nn.Module):
         Raises:
             ValueError: ``idx`` is not 2-D or longer than ``block_size``.
         """
+        logits = self.head(self.features(idx))
+        if targets is None:
+            return logits
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        return logits, loss
+
+    def features(self, idx: torch.Tensor) -> torch.Tensor:
+        """The final hidden states ``(B, T, d)`` (after ``ln_f``), before the head.
+
+        Raises:
+            ValueError: ``idx`` is not 2-D or longer than ``block_size``.
+        """
         if idx.dim() != 2:
             raise ValueError(f"idx must be (B, T), got shape {tuple(idx.shape)}")
         T = idx.shape[1]
@@ -180,11 +216,7 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(pos)
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.ln_f(x))
-        if targets is None:
-            return logits
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-        return logits, loss
+        return self.ln_f(x)
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Number of parameters, the tied embedding/head matrix counted once.

@@ -1113,7 +1113,16 @@ def _task_user_optimizer(ctx, fns: Sequence[str], width: int = 32, depth: int = 
     return out
 
 
+def _task_gpt2(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str | None = None,
+               n_tokens: int = 4_000_000, id_range: int = 8192, fsdp: bool = False) -> dict:
+    """Chapter 10's GPT-2 rung under DDP (or FSDP2), every rank on its own windows."""
+    from perflab import speedrun
+    return speedrun.distributed_task(ctx, rung, steps, warmup=warmup, tokens=tokens,
+                                     n_tokens=n_tokens, id_range=id_range, fsdp=fsdp)
+
+
 TASKS = {
+    "gpt2": _task_gpt2,
     "collectives": _task_collectives, "sweep": _task_sweep, "manual_vs_ddp": _task_manual_vs_ddp,
     "buckets": _task_buckets, "overlap": _task_overlap, "no_sync": _task_no_sync,
     "sharding": _task_sharding, "dcp_save": _task_dcp_save, "dcp_load": _task_dcp_load,

@@ -6,7 +6,8 @@
   that ``prof.export_chrome_trace`` writes: busy time, idle gaps between kernels, top kernels with
   their achieved FLOP/s and bandwidth (costs from :func:`perflab.costs.op_cost` on the recorded
   shapes).
-* :func:`regime` names the bottleneck from that evidence.
+* :func:`regime` names the bottleneck from that evidence; :func:`clock_normalized` corrects an
+  efficiency for the SM clock the work and its ceiling ran at.
 
 What a computation *should* cost (FLOPs, bytes) is :mod:`perflab.costs`; ``count_cost`` is
 re-exported here because chapter 4 and lab 4 teach it beside the profiler.
@@ -28,6 +29,8 @@ from torch.profiler import ProfilerActivity, profile
 from .costs import Cost, count_cost, op_cost
 
 __all__ = [
+    "REGIMES",
+    "clock_normalized",
     "device_seconds_per_call",
     "KernelStats",
     "TraceItem",
@@ -414,21 +417,35 @@ def short_name(name: str, width: int = 60) -> str:
     return cut
 
 
+REGIMES = ("compute-bound", "bandwidth-bound", "latency-bound", "overhead-bound")
+
+
 def regime(flops_fraction: float, bandwidth_fraction: float, busy_fraction: float | None = None,
            threshold: float = 0.25) -> str:
     """Name the bottleneck from the evidence: the fraction of each ceiling a step reached.
 
-    ``"compute-bound"`` when achieved FLOP/s is the larger fraction of its ceiling and at least
-    ``threshold``; ``"bandwidth-bound"`` likewise for achieved bytes/s; ``"overhead-bound"`` when
-    neither reaches ``threshold`` (the hardware mostly waits), or when ``busy_fraction`` (kernel
-    time over wall time, GPU) is below one half whatever the rates. The roofline's reading
-    (Williams et al., 2009): a step near neither roof is limited by something else.
+    * ``"overhead-bound"`` when ``busy_fraction`` (kernel time over wall time, GPU) is below one
+      half whatever the rates: the device mostly waits for the host to issue work.
+    * ``"compute-bound"`` when achieved FLOP/s is the larger fraction of its ceiling and at least
+      ``threshold``; ``"bandwidth-bound"`` likewise for achieved bytes/s.
+    * Near neither roof (both below ``threshold``): ``"latency-bound"`` when the device was busy
+      (``busy_fraction`` >= 0.5): kernels ran most of the time yet used little of either
+      unit, so they were too small to fill the GPU or waited on memory latency (what Nsight
+      Compute reports as low throughput on both axes); ``"overhead-bound"`` when
+      ``busy_fraction`` is None (a CPU, where no separate device can sit idle, so the two
+      cannot be told apart).
+
+    The roofline's reading (Williams et al., 2009): a step near neither roof is limited by
+    something else.
 
     Args:
         flops_fraction: achieved FLOP/s / compute ceiling measured on the same machine.
         bandwidth_fraction: achieved bytes/s / copy bandwidth measured on the same machine.
         busy_fraction: optional device-busy fraction from a trace (0..1).
         threshold: the fraction of a ceiling that counts as "near the roof" (0 < threshold <= 1).
+
+    Returns:
+        One of :data:`REGIMES`.
 
     Raises:
         ValueError: a negative fraction, a busy fraction outside [0, 1] or a bad threshold.
@@ -443,5 +460,40 @@ def regime(flops_fraction: float, bandwidth_fraction: float, busy_fraction: floa
     if busy_fraction is not None and busy_fraction < 0.5:
         return "overhead-bound"
     if max(flops_fraction, bandwidth_fraction) < threshold:
-        return "overhead-bound"
+        return "overhead-bound" if busy_fraction is None else "latency-bound"
     return "compute-bound" if flops_fraction >= bandwidth_fraction else "bandwidth-bound"
+
+
+def clock_normalized(efficiency: float, clock_fraction: float | None,
+                     ceiling_clock_fraction: float | None) -> float | None:
+    """An efficiency (achieved rate / ceiling) corrected for the SM clock each ran at.
+
+    A GPU's FLOP/s scale with its SM clock, and the clock moves with power and temperature
+    (:mod:`perflab.telemetry`). When the achieved rate ran at ``clock_fraction`` of the chip's
+    maximum clock and the ceiling was measured at ``ceiling_clock_fraction``, the efficiency
+    per clock cycle is ``efficiency x ceiling_clock_fraction / clock_fraction``: the share of
+    the ceiling the work would reach had both run at the same clock. Use SM clocks for FLOP
+    rates; a bandwidth follows the memory clock instead.
+
+    Args:
+        efficiency: achieved rate / ceiling (>= 0).
+        clock_fraction: median SM clock / maximum while the work ran
+            (:attr:`~perflab.telemetry.TelemetrySummary.clock_fraction`), or None.
+        ceiling_clock_fraction: the same for the ceiling's measurement (a ceilings file's
+            ``telemetry["clock_fraction"]``), or None.
+
+    Returns:
+        The clock-normalized efficiency, or None when either clock is unknown (a CPU).
+
+    Raises:
+        ValueError: a negative efficiency, or a clock fraction that is not positive.
+    """
+    if efficiency < 0:
+        raise ValueError(f"efficiency must be >= 0, got {efficiency}")
+    if clock_fraction is None or ceiling_clock_fraction is None:
+        return None
+    for label, v in (("clock_fraction", clock_fraction),
+                     ("ceiling_clock_fraction", ceiling_clock_fraction)):
+        if not v > 0:
+            raise ValueError(f"{label} must be > 0, got {v}")
+    return efficiency * ceiling_clock_fraction / clock_fraction

@@ -20,7 +20,8 @@ from typing import Callable
 import torch
 from torch.utils import benchmark as tub
 
-__all__ = ["Timing", "benchmark", "event_timer", "flush_l2", "synchronize"]
+__all__ = ["CacheTiming", "Timing", "benchmark", "event_timer", "flush_l2", "hot_and_cold",
+           "order_effect", "synchronize"]
 
 
 @dataclass(frozen=True)
@@ -161,3 +162,160 @@ def benchmark(
     fn()  # warm-up: first-call costs (allocation, compilation) stay out of the measurement
     timer = tub.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     return timer.blocked_autorange(min_run_time=min_run_time_s).median
+
+
+@dataclass(frozen=True)
+class CacheTiming:
+    """Per-call times of one operation with its operands in the cache and flushed out of it.
+
+    Attributes:
+        hot_s: seconds per call, calls back to back on the same operands (a GPU: replayed from a
+            CUDA graph, so no host launch cost sits between them).
+        cold_s: seconds per call when a buffer larger than the cache is written before each
+            call (the write itself excluded).
+        flush_s: seconds per flush write (GPU: from its own graph; CPU: None, untimed there).
+        calls: calls per measurement (per graph on a GPU).
+        flush_bytes: size of the buffer written to flush the cache.
+        method: how it was measured, in words.
+    """
+
+    hot_s: float
+    cold_s: float
+    flush_s: float | None
+    calls: int
+    flush_bytes: int
+    method: str
+
+
+def hot_and_cold(
+    fn: Callable[[], object],
+    device: torch.device | str,
+    calls: int = 50,
+    reps: int = 10,
+    flush_bytes: int = 256 * 2**20,
+) -> CacheTiming:
+    """Time ``fn()`` with its operands left in the cache ("hot") and flushed out ("cold").
+
+    Timing one short kernel between two CUDA events measures the launch, not the cache: a
+    kernel of a few microseconds ends before the host has issued the next one, so the events
+    bracket the GPU waiting. This function removes the host from the measurement instead.
+
+    * CUDA: three CUDA graphs are captured: ``calls`` calls of ``fn`` ("hot"), ``calls`` pairs
+      of (write ``flush_bytes`` bytes, call ``fn``) ("cold"), and ``calls`` writes alone
+      ("flush"). Each graph is replayed ``reps`` times between two CUDA events (after one
+      untimed replay). ``hot_s = median(hot) / calls`` and ``cold_s = (median(cold) -
+      median(flush)) / calls``: the flush's own time is subtracted, not guessed. ``fn`` must be
+      capturable (no host synchronization, no CPU tensors); write its output in place
+      (``out=``) so that every call touches the same bytes.
+    * CPU: operators run synchronously, so each call is timed with ``time.perf_counter``:
+      ``calls`` calls back to back (hot), and ``calls`` calls each after an untimed write of
+      ``flush_bytes`` bytes (cold); medians. ``reps`` is unused.
+
+    Args:
+        fn: the operation, called with no arguments.
+        device: where ``fn`` runs (``"cuda"``, ``"cuda:1"``, ``"cpu"``).
+        calls: calls per measurement (>= 1).
+        reps: timed replays of each graph on a GPU (>= 1).
+        flush_bytes: bytes written to evict the cache (>= 1); choose more than the last-level
+            cache (an H200's L2 is 50 MiB, a server CPU's L3 tens of MiB).
+
+    Returns:
+        A :class:`CacheTiming` (seconds per call).
+
+    Raises:
+        ValueError: ``calls``, ``reps`` or ``flush_bytes`` below 1.
+    """
+    for label, v in (("calls", calls), ("reps", reps), ("flush_bytes", flush_bytes)):
+        if not (isinstance(v, int) and v >= 1):
+            raise ValueError(f"{label} must be an integer >= 1, got {v!r}")
+    dev = torch.device(device)
+    buf = torch.empty(flush_bytes, dtype=torch.uint8, device=dev)
+    if dev.type != "cuda":
+        fn()  # warm-up
+        hot, cold = [], []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            hot.append(time.perf_counter() - t0)
+        for _ in range(calls):
+            buf.fill_(1)
+            t0 = time.perf_counter()
+            fn()
+            cold.append(time.perf_counter() - t0)
+        return CacheTiming(statistics.median(hot), statistics.median(cold), None, calls,
+                           flush_bytes, f"perf_counter per call, {calls} calls each")
+    with torch.cuda.device(dev):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up outside the capture, as capture requires
+            for _ in range(3):
+                buf.zero_()
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graphs = {}
+        for kind in ("hot", "cold", "flush"):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    if kind != "hot":
+                        buf.zero_()
+                    if kind != "flush":
+                        fn()
+            graphs[kind] = graph
+        medians = {}
+        for kind, graph in graphs.items():
+            graph.replay()  # untimed: the first replay uploads the graph
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            for s, e in zip(starts, ends):
+                s.record()
+                graph.replay()
+                e.record()
+            torch.cuda.synchronize(dev)
+            medians[kind] = statistics.median(s.elapsed_time(e) / 1e3
+                                              for s, e in zip(starts, ends))
+        del graphs
+    return CacheTiming(medians["hot"] / calls, (medians["cold"] - medians["flush"]) / calls,
+                       medians["flush"] / calls, calls, flush_bytes,
+                       f"CUDA graphs of {calls} calls, median of {reps} replays")
+
+
+def order_effect(first: tuple[float, float], second: tuple[float, float],
+                 tolerance: float = 0.01) -> str:
+    """Whether two timers differ because of the timer or because of the order they ran in.
+
+    Run timers A and B on the same work twice, in the order A, B and then B, A (an ABBA
+    design). ``first = (a, b)`` are the times of the first run (A ran first), ``second = (a, b)``
+    of the second (A ran last). If the machine drifts (a GPU heating up and lowering its clock
+    under its power cap), whichever timer runs later reads slower, so A/B flips side between the
+    runs; if one timer measures differently, A/B stays on one side.
+
+    Args:
+        first: ``(a_seconds, b_seconds)`` with A run before B (positive).
+        second: ``(a_seconds, b_seconds)`` with A run after B (positive).
+        tolerance: relative difference counted as "the same" (>= 0).
+
+    Returns:
+        ``"later slower"`` (A/B below 1 - tolerance when A ran first and above 1 + tolerance
+        when it ran last), ``"earlier slower"`` (the reverse), ``"a slower"`` or
+        ``"b slower"`` (the same side in both runs), or ``"same"`` (otherwise).
+
+    Raises:
+        ValueError: a time that is not positive, or a negative tolerance.
+    """
+    if tolerance < 0:
+        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    for label, pair in (("first", first), ("second", second)):
+        if len(pair) != 2 or not all(v > 0 for v in pair):
+            raise ValueError(f"{label} must be two positive times, got {pair!r}")
+    r1, r2 = first[0] / first[1], second[0] / second[1]
+    lo, hi = 1 - tolerance, 1 + tolerance
+    if r1 < lo and r2 > hi:
+        return "later slower"
+    if r1 > hi and r2 < lo:
+        return "earlier slower"
+    if r1 > hi and r2 > hi:
+        return "a slower"
+    if r1 < lo and r2 < lo:
+        return "b slower"
+    return "same"

@@ -92,5 +92,8 @@ WRONG = {
         ("ex5-solution", *_wrong_diagnosis("c"), r"."),
         # the remedy of one regime given to another
         ("ex6-solution", '"compute-bound": "lower precision"', '"compute-bound": "fuse"', r"remedy"),
+        # a bandwidth remedy for an overhead-bound step
+        ("ex6-solution", '"overhead-bound": "fewer launches"', '"overhead-bound": "fuse"',
+         r"remedy for step .* \(overhead-bound\)"),
     ],
 }

@@ -27,8 +27,8 @@ def test_calls_must_be_positive():
 # ---------------------------------------------------------------------------------------------
 import json
 
-from perflab.profiling import (load_trace, regime, short_name, step_windows, summarize_trace,
-                               trace_items)
+from perflab.profiling import (REGIMES, clock_normalized, load_trace, regime, short_name,
+                               step_windows, summarize_trace, trace_items)
 
 
 def _kernel(name, ts, dur, ext, bps=2.0):
@@ -127,12 +127,35 @@ def test_regime_rule():
     assert regime(0.01, 0.7) == "bandwidth-bound"
     assert regime(0.02, 0.05) == "overhead-bound"
     assert regime(0.8, 0.1, busy_fraction=0.2) == "overhead-bound"
+    # busy but near neither roof: the kernels ran, too small or latency-bound
+    assert regime(0.02, 0.05, busy_fraction=0.9) == "latency-bound"
+    assert regime(0.24, 0.2, busy_fraction=0.5) == "latency-bound"
+    # idle most of the step: overhead, even if the few kernels were small
+    assert regime(0.02, 0.05, busy_fraction=0.49) == "overhead-bound"
+    # busy and near a roof: the roof names it
+    assert regime(0.8, 0.1, busy_fraction=0.9) == "compute-bound"
+    assert regime(0.1, 0.3, busy_fraction=0.9) == "bandwidth-bound"
+    for verdict in (regime(0.02, 0.05), regime(0.02, 0.05, 0.9), regime(0.8, 0.1)):
+        assert verdict in REGIMES
     with pytest.raises(ValueError, match="threshold"):
         regime(0.5, 0.5, threshold=0)
     with pytest.raises(ValueError, match="busy_fraction"):
         regime(0.5, 0.5, busy_fraction=1.5)
     with pytest.raises(ValueError, match="fractions"):
         regime(-0.1, 0.5)
+
+
+def test_clock_normalized_scales_by_the_clock_ratio():
+    # a rate measured at 3/4 of the clock the ceiling saw is 4/3 as efficient per cycle
+    assert clock_normalized(0.6, 0.75, 1.0) == pytest.approx(0.8)
+    assert clock_normalized(0.6, 1.0, 1.0) == pytest.approx(0.6)
+    assert clock_normalized(0.6, 1.0, 0.8) == pytest.approx(0.48)
+    assert clock_normalized(0.6, None, 1.0) is None  # a CPU: no clock to correct by
+    assert clock_normalized(0.6, 0.9, None) is None
+    with pytest.raises(ValueError, match="efficiency"):
+        clock_normalized(-0.1, 1.0, 1.0)
+    with pytest.raises(ValueError, match="ceiling_clock_fraction"):
+        clock_normalized(0.5, 1.0, 0.0)
 
 
 def test_short_name():

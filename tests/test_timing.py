@@ -53,3 +53,43 @@ def test_progress_is_a_pass_through_when_disabled_and_yields_every_item_when_ena
     items = [1, 2, 3]
     assert progress(items, "x", enabled=False) is items
     assert list(progress(items, "x")) == items
+
+
+def test_hot_and_cold_on_cpu_calls_fn_and_reports_per_call_times():
+    calls = []
+    out = torch.empty(1024)
+    x = torch.randn(1024)
+
+    def fn():
+        calls.append(1)
+        return torch.mul(x, 2, out=out)
+
+    r = timing.hot_and_cold(fn, "cpu", calls=4, reps=2, flush_bytes=2**16)
+    assert len(calls) == 1 + 4 + 4  # one warm-up, four hot, four cold
+    assert r.hot_s > 0 and r.cold_s > 0
+    assert r.flush_s is None  # the flush is not timed on a CPU
+    assert r.calls == 4 and r.flush_bytes == 2**16
+    assert "perf_counter" in r.method
+    assert torch.equal(out, x * 2)
+
+
+@pytest.mark.parametrize("kw", [dict(calls=0), dict(reps=0), dict(flush_bytes=0),
+                                dict(calls=2.5)])
+def test_hot_and_cold_rejects_bad_arguments(kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        timing.hot_and_cold(lambda: None, "cpu", **kw)
+
+
+def test_order_effect_separates_drift_from_the_timer():
+    # A first then last: A/B flips from below to above 1 -> whoever ran later was slower
+    assert timing.order_effect((1.00, 1.04), (1.05, 1.01)) == "later slower"
+    assert timing.order_effect((1.05, 1.00), (1.00, 1.05)) == "earlier slower"
+    # A/B on the same side both times -> the timer, not the order
+    assert timing.order_effect((1.05, 1.00), (1.06, 1.00)) == "a slower"
+    assert timing.order_effect((0.95, 1.00), (0.96, 1.00)) == "b slower"
+    assert timing.order_effect((1.001, 1.0), (0.999, 1.0)) == "same"
+    assert timing.order_effect((1.05, 1.0), (1.0, 1.0)) == "same"
+    with pytest.raises(ValueError, match="first"):
+        timing.order_effect((0.0, 1.0), (1.0, 1.0))
+    with pytest.raises(ValueError, match="tolerance"):
+        timing.order_effect((1.0, 1.0), (1.0, 1.0), tolerance=-1)
