@@ -292,9 +292,10 @@ def allreduce_sweep(
 
     NCCL on GPUs (one per process) or gloo on CPU processes (see :func:`launch`). Every size is
     first reduced twice (connections, buffers and each protocol set up before anything is timed),
-    then each size is warmed up 5 more times and timed over ``max(5, min(200, target_bytes //
-    size))`` back-to-back repetitions after a barrier, three times; a point is the median of the
-    three, of the slowest rank. On GPUs the repetitions are bracketed by CUDA events on the
+    then each size is warmed up up to 5 more times (``min(5, target_bytes // size)``, at least
+    once) and timed over ``max(5, min(200, target_bytes // size))`` back-to-back repetitions after
+    a barrier, three times (once where three would move more than ``4 x target_bytes``); a point
+    is the median of those runs, of the slowest rank. On GPUs the repetitions are bracketed by CUDA events on the
     stream the collectives wait on (device time, not the host's); on CPU processes by
     ``time.perf_counter``. ``target_bytes`` default: 4 GiB for NCCL, 256 MiB for gloo. The
     workers check that the reduction is correct.
@@ -410,11 +411,13 @@ def _worker_allreduce(args, dist, torch) -> dict:
     points = []
     for nbytes in sizes:
         x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-        for _ in range(5):
+        for _ in range(max(1, min(5, args.target_bytes // nbytes))):
             dist.all_reduce(x)
         iters = max(5, min(200, args.target_bytes // nbytes))
-        runs = sorted(timed(x, iters) for _ in range(3))
-        elapsed = torch.tensor([runs[1]], dtype=torch.float64, device=device)
+        # three timed runs (their median) unless that would move over 4x target_bytes
+        repeats = 3 if 3 * iters * nbytes <= 4 * args.target_bytes else 1
+        runs = sorted(timed(x, iters) for _ in range(repeats))
+        elapsed = torch.tensor([runs[len(runs) // 2]], dtype=torch.float64, device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         x.fill_(rank + 1)
         dist.all_reduce(x)
