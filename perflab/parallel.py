@@ -66,6 +66,7 @@ __all__ = [
     "load_checkpoint_here",
     "overlap_from_trace",
     "pick_for",
+    "settled_reading",
     "static_bytes_formula",
 ]
 
@@ -850,6 +851,45 @@ def _fsdp(ctx, model, reshard: bool = True, bf16: bool = False):
     return model
 
 
+def settled_reading(read: Callable[[], int], prepare: Callable[[], None] = lambda: None,
+                    repeats: int = 3, interval_s: float = 0.25, timeout_s: float = 5.0,
+                    sleep: Callable[[float], None] = time.sleep) -> int:
+    """A reading of ``read()`` once it has stopped changing: ``repeats`` equal readings in a row.
+
+    Used for ``torch.cuda.memory_allocated``: after a step, tensors that a collective used are
+    kept alive by its work object (ProcessGroupNCCL stashes them instead of ``record_stream``)
+    until the process group's watchdog thread sees the work complete and drops it, some time
+    later; a reading taken at once still counts them, and one taken before a step can count
+    the *previous* model's buffers, which are then freed during the step and make the
+    difference too small. ``prepare()`` runs before each reading (``gc.collect``, a device
+    synchronize, ``empty_cache``).
+
+    Args:
+        read: returns an integer (bytes).
+        prepare: called before each reading.
+        repeats: equal readings in a row that count as settled (>= 1).
+        interval_s: seconds slept between readings (>= 0).
+        timeout_s: after this many seconds the last reading is returned, settled or not.
+        sleep: the sleep function (injected by tests).
+
+    Raises:
+        ValueError: ``repeats`` < 1 or a negative ``interval_s`` / ``timeout_s``.
+    """
+    if repeats < 1 or interval_s < 0 or timeout_s < 0:
+        raise ValueError(f"repeats must be >= 1 and interval_s, timeout_s >= 0, got "
+                         f"{repeats}, {interval_s}, {timeout_s}")
+    waited, same, last = 0.0, 0, None
+    while True:
+        prepare()
+        value = read()
+        same = same + 1 if value == last else 1
+        last = value
+        if same >= repeats or waited >= timeout_s:
+            return value
+        sleep(interval_s)
+        waited += interval_s
+
+
 def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int = 2, iters: int = 4,
                    strategies: Sequence[str] = ("ddp", "zero1", "fsdp", "fsdp_keep", "fsdp_bf16"),
                    allow_tf32: bool = True) -> dict:
@@ -861,7 +901,14 @@ def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup
     ``fsdp_bf16`` (bf16 parameters in compute, fp32 gradient reduction). For each:
     ``param_bytes``, ``grad_bytes``, ``state_bytes`` (this rank's tensors, counted),
     ``static_bytes`` (their sum), ``allocated_bytes`` / ``peak_bytes`` (CUDA allocator, None on
-    CPU), ``step_s``; and ``params`` (the model's parameter count)."""
+    CPU), ``released_bytes`` (what the allocator got back when the model and optimizer were
+    dropped, None on CPU), ``step_s``; and ``params`` (the model's parameter count).
+
+    ``allocated_bytes`` is read after one step (so gradients and Adam's moments exist; the
+    gradients are zeroed in place, never set to None), as the difference of two *settled*
+    readings of ``torch.cuda.memory_allocated`` (:func:`settled_reading`): before the model
+    was built and after the step, each taken once the collectives' stashed tensors have been
+    released, so neither the previous strategy's nor this step's communication buffers count."""
     import gc
 
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -871,12 +918,18 @@ def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup
     cuda = ctx.device.type == "cuda"
     x, y = _timing_batch(ctx, batch, width, torch.float32)
     out = {}
+    def prepare():
+        gc.collect()
+        torch.cuda.synchronize(ctx.device)
+        torch.cuda.empty_cache()
+
+    def allocated():
+        return settled_reading(lambda: torch.cuda.memory_allocated(ctx.device), prepare)
+
     for name in strategies:
         gc.collect()
         if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.synchronize(ctx.device)
-            base = torch.cuda.memory_allocated(ctx.device)
+            base = allocated()
         model = _make_model(ctx, width, depth)
         params = sum(p.numel() for p in model.parameters())
         if name in ("ddp", "zero1"):
@@ -902,7 +955,7 @@ def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup
              "state_bytes": _state_bytes(opt)}
         r["static_bytes"] = r["param_bytes"] + r["grad_bytes"] + r["state_bytes"]
         if cuda:
-            r["allocated_bytes"] = torch.cuda.memory_allocated(ctx.device) - base
+            r["allocated_bytes"] = allocated() - base
             torch.cuda.reset_peak_memory_stats(ctx.device)
             step()
             ctx.sync()
@@ -911,7 +964,11 @@ def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup
             r["allocated_bytes"] = r["peak_bytes"] = None
         r["step_s"] = ctx.timed(step, warmup, iters)
         out[name] = r
+        if cuda:
+            ctx.barrier()
+            held = allocated()
         del model, opt, step  # else the next strategy's baseline counts this model
+        r["released_bytes"] = held - allocated() if cuda else None
     return {"strategies": out, "params": params}
 
 

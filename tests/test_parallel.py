@@ -147,6 +147,7 @@ def test_every_task_on_world_size(runs, n):
     for name, formula in (("ddp", "ddp"), ("zero1", "zero1"), ("fsdp", "fsdp")):
         counted = sum(r["sharding"]["strategies"][name]["static_bytes"] for r in res) / n
         assert counted == pytest.approx(P.static_bytes_formula(p, n, formula), rel=0.02), name
+        assert sh["strategies"][name]["released_bytes"] is None  # CUDA allocator only
     assert res[0]["dcp_save"]["files"]
     if n > 2:
         assert res[0]["dcp_load"]["max_diff"] == 0.0
@@ -179,3 +180,22 @@ def test_expect_failure_refuses_a_job_that_succeeds(monkeypatch):
     monkeypatch.setattr(P, "launch", lambda tasks, **kw: [])
     with pytest.raises(RuntimeError, match="expected to fail"):
         P.expect_failure([{"name": "collectives"}], nproc=2)
+
+
+def test_settled_reading_waits_until_the_reading_stops_changing():
+    # memory_allocated as the watchdog releases stashed tensors: 300, 200, then 100 for good
+    values = iter([300, 200, 100, 100, 100, 100])
+    prepared, slept = [], []
+    got = P.settled_reading(lambda: next(values), lambda: prepared.append(1),
+                            repeats=3, interval_s=0.5, sleep=slept.append)
+    assert got == 100 and len(prepared) == 5 and slept == [0.5] * 4
+
+
+def test_settled_reading_gives_up_after_its_timeout():
+    counter = iter(range(1000))
+    slept = []
+    got = P.settled_reading(lambda: next(counter), repeats=2, interval_s=1.0, timeout_s=3.0,
+                            sleep=slept.append)
+    assert got == 3 and slept == [1.0] * 3
+    with pytest.raises(ValueError, match="repeats"):
+        P.settled_reading(lambda: 0, repeats=0)
