@@ -59,6 +59,7 @@ __all__ = [
     "check_comm_prediction",
     "check_manual_allreduce",
     "check_sharded_optimizer",
+    "FAIL_FAST_ENV",
     "expect_failure",
     "free_port",
     "lab_launch",
@@ -368,39 +369,91 @@ def lab_launch(exercise: int, tasks: Sequence[dict], user_code: Sequence = (),
     return launch(tasks, user_code=user_code, **kwargs)
 
 
+# Environment for a job that is meant to fail (torch 2.11 meanings, ProcessGroupNCCL.hpp and
+# https://docs.pytorch.org/docs/stable/torch_nccl_environment_variables.html):
+# TORCH_NCCL_ASYNC_ERROR_HANDLING=3, the default: on a watchdog error the process is torn down
+# without first aborting the communicator (1 aborts it first: a call that can itself wait on
+# the hung peer). TORCH_NCCL_DUMP_ON_TIMEOUT=0: no flight-recorder dump, whose wait
+# (TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC, a minute) came before the error.
+# TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN=0: no C++ stack symbolized on the way out.
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT=2: torchrun's grace between SIGTERM and SIGKILL for the other
+# ranks (torch >= 2.12, also --shutdown-timeout; 30 s fixed before, and unknown variables are
+# ignored). gloo reads none of them.
+FAIL_FAST_ENV = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+    "TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN": "0",
+    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2",
+}
+
+# printed by the ranks of the hang task when they start to wait: "<marker> <rank> <unix time>"
+_WAIT_MARKER = "perflab-hang-wait-starts"
+
+
+def _wait_start(output: str) -> float | None:
+    """The earliest time (Unix seconds) a rank printed that it started waiting, or None."""
+    times = []
+    for line in output.splitlines():
+        i = line.find(_WAIT_MARKER)
+        if i >= 0:
+            parts = line[i:].split()
+            with contextlib.suppress(IndexError, ValueError):
+                times.append(float(parts[2]))
+    return min(times) if times else None
+
+
 @dataclass(frozen=True)
 class Failure:
-    """A launch that failed as intended: ``seconds`` from start to the error, and ``message``."""
+    """A launch that failed as intended.
+
+    Attributes:
+        seconds: from the launch to the error, start-up included.
+        message: the :class:`LaunchError` message.
+        output: the launch's whole output (every rank's lines and torchrun's).
+        after_wait_s: seconds from the moment the first rank started waiting in the hung
+            collective (task ``hang``) to the end of the job; None for other tasks.
+    """
 
     seconds: float
     message: str
+    output: str = ""
+    after_wait_s: float | None = None
 
     @property
     def first_error(self) -> str:
-        """The first exception line the workers printed; else the first line that mentions a
-        timeout or NCCL's watchdog; else the message's first line."""
+        """The ranks' first error line: a Python exception, or NCCL's watchdog timeout (a rank
+        that times out in NCCL ends without a Python exception); else the first line of the
+        output that mentions a timeout or the watchdog; else the message's first line."""
         parts = self.message.split("--- worker errors ---\n", 1)
         first = (parts[1] if len(parts) > 1 else parts[0]).splitlines()[0]
         if not first.startswith("(no exception line"):
             return first
-        for line in self.message.splitlines():
+        for line in (self.output or self.message).splitlines():
             low = line.lower()
-            if "watchdog" in low or "timed out" in low or "timeout" in low:
+            if ("watchdog" in low or "timed out" in low or "timeout" in low) \
+                    and "torch.distributed.run" not in line:
                 return line.strip()
         return self.message.splitlines()[0]
 
 
-def expect_failure(tasks: Sequence[dict], **kwargs) -> Failure:
+def expect_failure(tasks: Sequence[dict], env: dict | None = None, **kwargs) -> Failure:
     """Run :func:`launch` on a job that must fail; return how long the failure took and its message.
+
+    The ranks run with :data:`FAIL_FAST_ENV` (then ``env`` on top), so that an NCCL timeout
+    ends the process as soon as the watchdog sees it.
 
     Raises:
         RuntimeError: the job succeeded.
     """
     t0 = time.perf_counter()
     try:
-        launch(tasks, **kwargs)
+        launch(tasks, env={**FAIL_FAST_ENV, **(env or {})}, **kwargs)
     except LaunchError as e:
-        return Failure(time.perf_counter() - t0, str(e))
+        ended, seconds = time.time(), time.perf_counter() - t0
+        output = getattr(e, "output", "")
+        started = _wait_start(output)
+        return Failure(seconds, str(e), output,
+                       None if started is None else ended - started)
     raise RuntimeError(f"the job {[t['name'] for t in tasks]} was expected to fail but succeeded")
 
 
@@ -1112,7 +1165,9 @@ def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600, timeout_s: float 
     """Rank ``hang_rank`` (default the last) sleeps ``sleep_s`` instead of joining an all-reduce;
     the others wait in it until a timeout ends them: ``timeout_s`` seconds on a process group made
     for the purpose (``dist.new_group(timeout=...)``, after every rank has joined, so a slow
-    start cannot trip it), or the launch's process-group timeout when ``timeout_s`` is None."""
+    start cannot trip it), or the launch's process-group timeout when ``timeout_s`` is None.
+    Each waiting rank prints one line, ``perflab-hang-wait-starts <rank> <Unix time>``, as it
+    enters the hung all-reduce (read by :func:`expect_failure`)."""
     import datetime
 
     r = hang_rank % ctx.world
@@ -1126,6 +1181,7 @@ def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600, timeout_s: float 
     if ctx.rank == r:
         time.sleep(sleep_s)
     else:
+        print(f"{_WAIT_MARKER} {ctx.rank} {time.time():.3f}", flush=True)
         ctx.dist.all_reduce(x, group=group)
         ctx.sync()
         x.sum().item()
