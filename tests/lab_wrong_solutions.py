@@ -112,11 +112,9 @@ WRONG = {
         # the loss still read with .item() at every step
         ("ex1-solution", "        losses[i] = loss.detach()\n    return losses",
          "        losses[i] = loss.item()\n    return losses", r"still synchronizes"),
-        # gradients never zeroed in the fast loop: a different training run
-        ("ex2-solution", "        y = hy[i].to(dev, non_blocking=True)\n        loss = F.cross_entropy(model(x), y)\n"
-                         "        opt.zero_grad(set_to_none=True)\n",
-         "        y = hy[i].to(dev, non_blocking=True)\n        loss = F.cross_entropy(model(x), y)\n",
-         r"result changed"),
+        # the batch's summed loss where the given loop takes the mean: another quantity
+        ("ex2-solution", "loss = F.cross_entropy(model(x), y)",
+         'loss = F.cross_entropy(model(x), y, reduction="sum")', r"result changed"),
         # still the for-loop implementation
         ("ex3-solution", "return torch.optim.AdamW(params, lr=2e-3, fused=True)",
          "return torch.optim.AdamW(params, lr=2e-3, foreach=False)", r"still loops over tensors"),
