@@ -102,8 +102,10 @@ WRONG = {
         # the count of workers taken for the count of threads
         ("ex2-solution", "total_threads = sum(ds.worker_thread_counts(2, tuned_init).values())",
          "total_threads = 2", r"total_threads is 2"),
-        # a curve that starts at one worker: the in-process loader is never measured
-        ("ex3-solution", "counts = sorted({0, 1, cores}", "counts = sorted({1, cores}", r"from num_workers=0"),
+        # a curve that starts at one worker: the in-process loader is never measured (with few
+        # cores the curve is also too short)
+        ("ex3-solution", "counts = sorted({0, 1, cores}", "counts = sorted({1, cores}",
+         r"from num_workers=0|\(0, 1 and the number of cores\)"),
         # channels first (C, H, W) written where the reader expects height x width x RGB
         ("ex4-solution", "    out[i] = ds.decode_resized(f, 72)\n",
          "    out[i] = ds.decode_resized(f, 72).transpose(2, 0, 1).reshape(72, 72, 3)\n", r"NHWC"),
