@@ -142,4 +142,19 @@ WRONG = {
         ("ex4-solution", "predicted_state_bytes = 8 * P_opt / nproc", "predicted_state_bytes = 8 * P_opt",
          r"you predicted"),
     ],
+    "07_memory": [
+        # Adam's two moments forgotten: weights and gradients only
+        ("ex1-solution", "predicted_static = L * per_block * (4 + 4 + 8)",
+         "predicted_static = L * per_block * (4 + 4)", r"."),
+        # micro-batches whose losses are not scaled: four times the gradient, another training
+        ("ex2-solution", "loss = F.mse_loss(model(xs), ys) / micro", "loss = F.mse_loss(model(xs), ys)",
+         r"differs from the baseline"),
+        # the attribute that holds the big buffer named instead of the one that closes the cycle
+        ("ex3-solution", 'cycle_attribute = "hooks"', 'cycle_attribute = "activations"', r"."),
+        # the hook still a bound method of the monitor: the cycle stays
+        ("ex3-solution", '        self.hooks = {"after_step": lambda value: this().record(value)}',
+         '        self.hooks = {"after_step": self.record}', r"."),
+        # all the allocations added up instead of the largest one
+        ("ex4-solution", "largest_bytes = max(allocs)", "largest_bytes = sum(allocs)", r"."),
+    ],
 }
