@@ -157,4 +157,21 @@ WRONG = {
         # all the allocations added up instead of the largest one
         ("ex4-solution", "largest_bytes = max(allocs)", "largest_bytes = sum(allocs)", r"."),
     ],
+    "09_advanced": [
+        # the two coefficients swapped: a fast kernel of the wrong formula
+        ("ex1-solution", "return torch.ops.perflab_ext.axpby(x, a, y, b)",
+         "return torch.ops.perflab_ext.axpby(x, b, y, a)", r"result differs"),
+        # no backward registered: autograd cannot differentiate the operator
+        ("ex2-solution", "registered_axpby.register_autograd(_backward, setup_context=_setup)", "", r"."),
+        # the two derivatives swapped
+        ("ex2-solution", "return ctx.a * grad, None, ctx.b * grad, None",
+         "return ctx.b * grad, None, ctx.a * grad, None", r"."),
+        # the data-dependent branch kept: still a graph break
+        ("ex3-solution", "    return F.gelu(x * (limit / norm).clamp(max=1.0))",
+         "    if (norm > limit).any():\n        x = x * (limit / norm).clamp(max=1.0)\n    return F.gelu(x)", r"."),
+        # the GPU's favourite chosen without measuring it here (and its gain made up)
+        ("ex4-solution", 'choice = min(ok, key=seconds.get)\ngain = seconds["fp32"] / seconds[choice]\n'
+                         "gap = abs(losses[choice] - ref) / ref",
+         'choice = "fp16"\ngain, gap = 2.0, 0.0', r"not one of the modes"),
+    ],
 }
