@@ -374,7 +374,8 @@ def lab_launch(exercise: int, tasks: Sequence[dict], user_code: Sequence = (),
 # TORCH_NCCL_ASYNC_ERROR_HANDLING=3, the default: on a watchdog error the process is torn down
 # without first aborting the communicator (1 aborts it first: a call that can itself wait on
 # the hung peer). TORCH_NCCL_DUMP_ON_TIMEOUT=0: no flight-recorder dump, whose wait
-# (TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC, a minute) came before the error.
+# (TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC) can come before the error: the H200 run without it
+# ended 80 s after launch with a 10 s timeout.
 # TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN=0: no C++ stack symbolized on the way out.
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT=2: torchrun's grace between SIGTERM and SIGKILL for the other
 # ranks (torch >= 2.12, also --shutdown-timeout; 30 s fixed before, and unknown variables are
