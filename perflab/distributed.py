@@ -59,7 +59,15 @@ __all__ = [
 
 
 class LaunchError(RuntimeError):
-    """A ``torchrun`` launch failed: the message holds the command, exit status and the workers' output."""
+    """A ``torchrun`` launch failed: the message holds the command, exit status and the workers' output.
+
+    ``output`` holds the whole output of the launch (every rank's lines and torchrun's), of
+    which the message shows the error lines and the last lines only.
+    """
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
 
 
 def algorithm_bandwidth(nbytes: float, seconds: float) -> float:
@@ -184,19 +192,43 @@ def _tail(text: str, lines: int = 25) -> str:
 _ERROR_LINE = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?([A-Za-z_.]*(?:Error|Exception)): (.+)$")
 
 
+# What a rank logs when a collective times out without a Python exception: NCCL's watchdog
+# thread ("Watchdog caught collective operation timeout: WorkNCCL(...) ran for 10012
+# milliseconds before timing out."), then the c10::DistBackendError it terminates the process
+# with. torchrun's own summary ("ChildFailedError", "exitcode", "Signal 6") is left out.
+_RANK_ERROR_MARKERS = ("Watchdog caught collective operation timeout", "DistBackendError",
+                       "timed out", "Timed out")
+_TORCHRUN_LINE = ("ChildFailedError", "torch.distributed.elastic", "exitcode", "traceback :")
+# the glog prefix of C++ log lines: "[E1130 23:46:25.123456 12345 ProcessGroupNCCL.cpp:685] "
+_GLOG_PREFIX = re.compile(r"\[[EWIF]\d{4} [\d:.]+ \d+ [^\]]+\] ?")
+
+
 def _worker_errors(text: str) -> str:
-    """The exception lines the workers printed (``ValueError: ...``), torchrun's own left out."""
+    """The error lines the ranks printed, in order, at most five, torchrun's own left out.
+
+    An error line is a Python exception line (``ValueError: ...``, with or without torchrun's
+    ``[rank0]:`` prefix) or a line in which a rank reports a collective's timeout (NCCL's
+    watchdog, a ``DistBackendError``, gloo's "Timed out waiting ..."); the C++ log prefix
+    (severity, time, thread, source line) is dropped. ``what():`` lines repeat the watchdog's
+    message and are skipped.
+    """
     found = []
     for line in text.splitlines():
         m = _ERROR_LINE.match(line)
-        if m and "ChildFailedError" not in m.group(1) and line.strip() not in found:
-            found.append(line.strip())
+        if m:
+            keep = "ChildFailedError" not in m.group(1)
+        else:
+            keep = (any(k in line for k in _RANK_ERROR_MARKERS)
+                    and not any(k in line for k in _TORCHRUN_LINE) and "what():" not in line)
+        line = _GLOG_PREFIX.sub("", line).strip()
+        if keep and line not in found:
+            found.append(line)
     return "\n".join(found[:5]) or "(no exception line found in the output)"
 
 
 def _failure(summary: str, cmd: list[str], output: str) -> LaunchError:
     return LaunchError(f"{summary}: {' '.join(cmd)}\n--- worker errors ---\n{_worker_errors(output)}\n"
-                       f"--- last lines of output ---\n{_tail(output)}")
+                       f"--- last lines of output ---\n{_tail(output)}", output)
 
 
 def launch(
