@@ -175,6 +175,9 @@ WRONG = {
         # the data-dependent branch kept: still a graph break
         ("ex3-solution", "    return F.gelu(x * (limit / norm).clamp(max=1.0))",
          "    if (norm > limit).any():\n        x = x * (limit / norm).clamp(max=1.0)\n    return F.gelu(x)", r"."),
+        # the clamp forgotten: rows below the limit get scaled up (the check's small trial)
+        ("ex3-solution", "    return F.gelu(x * (limit / norm).clamp(max=1.0))",
+         "    return F.gelu(x * (limit / norm))", r"different result"),
         # the GPU's favourite chosen without measuring it here (and its gain made up)
         ("ex4-solution", 'choice = min(ok, key=seconds.get)\ngain = seconds["fp32"] / seconds[choice]\n'
                          "gap = abs(losses[choice] - ref) / ref",
