@@ -249,7 +249,11 @@ def check_graph_break_fixed(original: Callable, fixed: Callable | None, *args,
         _not_done(exercise, "define `fixed` without the graph break")
     if graph_breaks(original, *args).breaks == 0:
         raise ValueError("original has no graph break: nothing to fix")
-    for trial in (args, tuple(a * -3 if isinstance(a, torch.Tensor) else a for a in args)):
+    # the given inputs, larger ones of the other sign and small ones: a data-dependent branch
+    # (a clamp, a norm limit) must agree on both sides of its threshold
+    trials = [args] + [tuple(a * k if isinstance(a, torch.Tensor) and a.is_floating_point()
+                             else a for a in args) for k in (-3.0, 0.05)]
+    for trial in trials:
         want, got = original(*trial), fixed(*trial)
         if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
             raise ExerciseFailed(f"✗ Exercise {exercise}: `fixed` returns a different result "

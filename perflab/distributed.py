@@ -38,14 +38,17 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from .fits import fit_line
 from .hardware import gpu_count
 
 __all__ = [
+    "AlphaBeta",
     "AllReducePoint",
     "AllReduceResult",
     "LaunchError",
     "algorithm_bandwidth",
     "allreduce_sweep",
+    "alpha_beta",
     "allreduce_time",
     "bus_bandwidth",
     "default_backend",
@@ -56,7 +59,15 @@ __all__ = [
 
 
 class LaunchError(RuntimeError):
-    """A ``torchrun`` launch failed: the message holds the command, exit status and the workers' output."""
+    """A ``torchrun`` launch failed: the message holds the command, exit status and the workers' output.
+
+    ``output`` holds the whole output of the launch (every rank's lines and torchrun's), of
+    which the message shows the error lines and the last lines only.
+    """
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
 
 
 def algorithm_bandwidth(nbytes: float, seconds: float) -> float:
@@ -181,19 +192,43 @@ def _tail(text: str, lines: int = 25) -> str:
 _ERROR_LINE = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?([A-Za-z_.]*(?:Error|Exception)): (.+)$")
 
 
+# What a rank logs when a collective times out without a Python exception: NCCL's watchdog
+# thread ("Watchdog caught collective operation timeout: WorkNCCL(...) ran for 10012
+# milliseconds before timing out."), then the c10::DistBackendError it terminates the process
+# with. torchrun's own summary ("ChildFailedError", "exitcode", "Signal 6") is left out.
+_RANK_ERROR_MARKERS = ("Watchdog caught collective operation timeout", "DistBackendError",
+                       "timed out", "Timed out")
+_TORCHRUN_LINE = ("ChildFailedError", "torch.distributed.elastic", "exitcode", "traceback :")
+# the glog prefix of C++ log lines: "[E1130 23:46:25.123456 12345 ProcessGroupNCCL.cpp:685] "
+_GLOG_PREFIX = re.compile(r"\[[EWIF]\d{4} [\d:.]+ \d+ [^\]]+\] ?")
+
+
 def _worker_errors(text: str) -> str:
-    """The exception lines the workers printed (``ValueError: ...``), torchrun's own left out."""
+    """The error lines the ranks printed, in order, at most five, torchrun's own left out.
+
+    An error line is a Python exception line (``ValueError: ...``, with or without torchrun's
+    ``[rank0]:`` prefix) or a line in which a rank reports a collective's timeout (NCCL's
+    watchdog, a ``DistBackendError``, gloo's "Timed out waiting ..."); the C++ log prefix
+    (severity, time, thread, source line) is dropped. ``what():`` lines repeat the watchdog's
+    message and are skipped.
+    """
     found = []
     for line in text.splitlines():
         m = _ERROR_LINE.match(line)
-        if m and "ChildFailedError" not in m.group(1) and line.strip() not in found:
-            found.append(line.strip())
+        if m:
+            keep = "ChildFailedError" not in m.group(1)
+        else:
+            keep = (any(k in line for k in _RANK_ERROR_MARKERS)
+                    and not any(k in line for k in _TORCHRUN_LINE) and "what():" not in line)
+        line = _GLOG_PREFIX.sub("", line).strip()
+        if keep and line not in found:
+            found.append(line)
     return "\n".join(found[:5]) or "(no exception line found in the output)"
 
 
 def _failure(summary: str, cmd: list[str], output: str) -> LaunchError:
     return LaunchError(f"{summary}: {' '.join(cmd)}\n--- worker errors ---\n{_worker_errors(output)}\n"
-                       f"--- last lines of output ---\n{_tail(output)}")
+                       f"--- last lines of output ---\n{_tail(output)}", output)
 
 
 def launch(
@@ -262,13 +297,15 @@ class AllReducePoint:
 
 @dataclass(frozen=True)
 class AllReduceResult:
-    """An all-reduce sweep: ``backend``, ``world_size``, ``device`` kind, ``points``, ``versions``."""
+    """An all-reduce sweep: ``backend``, ``world_size``, ``device`` kind, ``points``, ``versions``
+    and ``timer`` (``"cuda events"`` on GPUs, ``"perf_counter"`` on CPU processes)."""
 
     backend: str
     world_size: int
     device: str
     points: tuple[AllReducePoint, ...]
     versions: dict
+    timer: str = "perf_counter"
 
     @property
     def peak_busbw(self) -> float:
@@ -285,10 +322,15 @@ def allreduce_sweep(
 ) -> AllReduceResult:
     """All-reduce (sum) of float32 buffers of each size in ``sizes`` (bytes) across ``nproc`` processes.
 
-    NCCL on GPUs (one per process) or gloo on CPU processes (see :func:`launch`). Each size is
-    warmed up twice and then timed over ``max(5, min(200, target_bytes // size))`` repetitions
-    (``target_bytes`` default: 4 GiB for NCCL, 256 MiB for gloo) between two barriers; the time
-    is the slowest rank's. The workers check that the reduction is correct.
+    NCCL on GPUs (one per process) or gloo on CPU processes (see :func:`launch`). Every size is
+    first reduced twice (connections, buffers and each protocol set up before anything is timed),
+    then each size is warmed up up to 5 more times (``min(5, target_bytes // size)``, at least
+    once) and timed over ``max(5, min(200, target_bytes // size))`` back-to-back repetitions after
+    a barrier, three times (once where three would move more than ``4 x target_bytes``); a point
+    is the median of those runs, of the slowest rank. On GPUs the repetitions are bracketed by CUDA events on the
+    stream the collectives wait on (device time, not the host's); on CPU processes by
+    ``time.perf_counter``. ``target_bytes`` default: 4 GiB for NCCL, 256 MiB for gloo. The
+    workers check that the reduction is correct.
 
     Raises:
         ValueError: empty ``sizes`` or a size that is not a positive multiple of 4 bytes.
@@ -305,7 +347,53 @@ def allreduce_sweep(
     n = raw["world_size"]
     points = tuple(AllReducePoint(p["nbytes"], p["seconds"], p["iters"], algorithm_bandwidth(p["nbytes"], p["seconds"]),
                                   bus_bandwidth(p["nbytes"], p["seconds"], n)) for p in raw["points"])
-    return AllReduceResult(raw["backend"], n, raw["device"], points, raw.get("versions", {}))
+    return AllReduceResult(raw["backend"], n, raw["device"], points, raw.get("versions", {}),
+                           raw.get("timer", "perf_counter"))
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """The latency-bandwidth (alpha-beta) model of an all-reduce sweep.
+
+    ``t(S) = alpha + S * 2 (n - 1) / n / busbw`` for a buffer of ``S`` bytes on ``n`` ranks.
+
+    Attributes:
+        alpha_s: the fixed cost of one all-reduce (latency), seconds: the intercept.
+        busbw: the bus bandwidth the large messages approach, bytes/s: the inverse slope.
+        rms_relative: RMS of the relative residuals ``(model - t) / t`` over the sweep.
+        points: how many sizes were fitted.
+    """
+
+    alpha_s: float
+    busbw: float
+    rms_relative: float
+    points: int
+
+    def seconds(self, nbytes: float, world_size: int) -> float:
+        """The model's time for ``nbytes`` on ``world_size`` ranks (:func:`allreduce_time`)."""
+        return allreduce_time(nbytes, self.busbw, world_size, max(self.alpha_s, 0.0))
+
+    @property
+    def half_bandwidth_bytes(self) -> float:
+        """The message size at which the model reaches half of ``busbw``: ``alpha x busbw``
+        bytes of bus traffic (for ``n = 2``, bytes per rank)."""
+        return self.alpha_s * self.busbw
+
+
+def alpha_beta(result: AllReduceResult) -> AlphaBeta:
+    """Fit the alpha-beta model to a whole sweep (:func:`perflab.fits.fit_line`, relative
+    residuals, so the small messages, which set alpha, weigh as much as the large ones, which set
+    the bandwidth).
+
+    Raises:
+        ValueError: fewer than 2 sizes, or times that do not grow with size.
+    """
+    n = result.world_size
+    x = [p.nbytes * 2 * (n - 1) / n for p in result.points]
+    fit = fit_line(x, [p.seconds for p in result.points], relative=True)
+    if fit.slope <= 0:
+        raise ValueError("all-reduce time does not grow with message size: no bandwidth to fit")
+    return AlphaBeta(fit.fixed, 1.0 / fit.slope, fit.rms_relative, fit.points)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,18 +417,39 @@ def _worker_allreduce(args, dist, torch) -> dict:
         dist.all_reduce(flag)
         sync()
 
-    points = []
-    for nbytes in (int(s) for s in args.sizes.split(",")):
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for nbytes in sizes:  # every size once before any timing: connections, buffers, protocols
         x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
         for _ in range(2):
             dist.all_reduce(x)
-        iters = max(5, min(200, args.target_bytes // nbytes))
+        del x
+    sync()
+
+    def timed(x, iters: int) -> float:
         barrier()
+        if device.type == "cuda":  # device time of the back-to-back collectives
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                dist.all_reduce(x)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3 / iters
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(x)
-        sync()
-        elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
+        return (time.perf_counter() - t0) / iters
+
+    points = []
+    for nbytes in sizes:
+        x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        for _ in range(max(1, min(5, args.target_bytes // nbytes))):
+            dist.all_reduce(x)
+        iters = max(5, min(200, args.target_bytes // nbytes))
+        # three timed runs (their median) unless that would move over 4x target_bytes
+        repeats = 3 if 3 * iters * nbytes <= 4 * args.target_bytes else 1
+        runs = sorted(timed(x, iters) for _ in range(repeats))
+        elapsed = torch.tensor([runs[len(runs) // 2]], dtype=torch.float64, device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         x.fill_(rank + 1)
         dist.all_reduce(x)
@@ -355,7 +464,8 @@ def _worker_allreduce(args, dist, torch) -> dict:
         versions["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     return {"backend": args.backend, "world_size": world, "device": device.type,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "points": points, "versions": versions}
+            "points": points, "versions": versions,
+            "timer": "cuda events" if device.type == "cuda" else "perf_counter"}
 
 
 def _worker_main(argv: list[str] | None = None) -> int:

@@ -379,13 +379,26 @@ def _ratio(q: float) -> str:
     return f"{q:.1e}"
 
 
-def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]]) -> str:
+_NO_HEADER = object()
+
+
+def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]],
+                  reference_run: Any = _NO_HEADER) -> str:
     """A plain-text table of ``(quantity, yours, reference, unit)`` with the ratio yours/reference.
 
     Missing values print as ``—``; ratios keep three significant digits (``0.0042`` prints as
     ``4.2e-03``, never as ``0.00``). Returns the table as a string (print it).
+
+    Args:
+        rows: ``(quantity, yours, reference, unit)`` tuples.
+        reference_run: when given (a :func:`perflab.provenance.reference_run` dict, or None
+            when there is no reference run), the table starts with one header line naming the
+            reference devices once, counted (``"reference: 2x NVIDIA H200"``), then a blank line.
     """
-    lines = [f"{'quantity':38s} {'yours':>12s} {'reference':>12s} {'ratio':>8s}  unit"]
+    lines = []
+    if reference_run is not _NO_HEADER:
+        lines += [f"reference: {reference_devices(reference_run)}", ""]
+    lines.append(f"{'quantity':38s} {'yours':>12s} {'reference':>12s} {'ratio':>8s}  unit")
     for name, mine, ref, unit in rows:
         m = "—" if mine is None else f"{mine:.4g}"
         r = "—" if ref is None else f"{ref:.4g}"

@@ -8,7 +8,14 @@
   each) and :func:`elementwise_rate` the CUDA-core rate of a fused elementwise kernel, so the
   two kinds of math unit can be compared.
 * :func:`tile_count`, :func:`wave_count` and :func:`wave_sweep` show how a matrix product's grid of
-  output tiles maps onto the SMs in *waves*, and why run time grows in steps (wave quantization).
+  output tiles maps onto the SMs in *waves*, and why run time grows in steps (wave quantization);
+  :func:`batch_wave_sweep` and :func:`fit_wave_width` do it with a batch of equal products, whose
+  kernel choice does not change along the sweep.
+* :func:`graph_copy_sweep` measures copy bandwidth against working-set size with many copies
+  replayed from one CUDA graph (no launch gaps, a small per-kernel fixed cost), for the L2 / HBM
+  comparison.
+* :func:`burst_and_sustained` times one matrix product briefly after a rest and for seconds back
+  to back, each under :class:`perflab.telemetry.Telemetry`: the burst and the sustained rate.
 
 Units: bytes, Hz, watts, FLOP/s, seconds.
 """
@@ -16,6 +23,7 @@ Units: bytes, Hz, watts, FLOP/s, seconds.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -25,10 +33,16 @@ from .fits import fit_line
 from .hardware import has_gpu
 from .progress import progress as show_progress
 from .roofline import SweepPoint, matmul_rate, sweep_repeat
-from .timing import event_timer
+from .timing import event_timer, synchronize
 
 __all__ = [
+    "BurstSustained",
     "WaveFit",
+    "WaveWidthFit",
+    "batch_wave_sweep",
+    "burst_and_sustained",
+    "fit_wave_width",
+    "graph_copy_sweep",
     "available_matmul_kinds",
     "dram_bandwidth_from_clock",
     "elementwise_rate",
@@ -263,3 +277,297 @@ def fit_waves(
     if best is None:
         raise ValueError("the sweep spans a single wave for every tile shape: widen the range of n")
     return WaveFit(best[0], best[1], linear_rms, best[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Waves with a batch of equal products
+# ---------------------------------------------------------------------------------------------
+
+def batch_wave_sweep(
+    device: torch.device | str,
+    m: int,
+    n: int,
+    k: int,
+    batches: Sequence[int],
+    dtype: torch.dtype = torch.bfloat16,
+    reps: int = 10,
+    progress: bool = False,
+) -> list[tuple[int, float]]:
+    """Time ``torch.bmm(A[b, m, k], B[b, k, n])`` for each batch count ``b``: ``[(b, seconds)]``.
+
+    Every product of the batch has the same shape, so the library's kernel (its tile shape) is
+    chosen for one ``m x n x k`` problem and only the number of thread blocks, ``b`` times the
+    tiles of one product, changes along the sweep: the time should climb one wave at a time.
+    Each point is the median of ``reps`` back-to-back calls timed with CUDA events after 3
+    warm-up calls (:func:`perflab.timing.event_timer`, no L2 flush: the host queues the calls
+    ahead, so launch overhead is hidden whenever a call lasts longer than a launch); on a CPU,
+    ``time.perf_counter`` (for tests).
+
+    Args:
+        device: where to run.
+        m, n, k: the shape of each product (positive).
+        batches: batch counts to time (positive).
+        dtype: operand dtype (bf16 runs on the tensor cores).
+        reps: timed calls per point (>= 1).
+
+    Raises:
+        ValueError: empty ``batches`` or a non-positive size.
+    """
+    batches = list(batches)
+    for name, v in (("m", m), ("n", n), ("k", k), ("reps", reps)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if not batches or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches):
+        raise ValueError(f"batches must be positive integers, got {batches[:5]}")
+    dev = torch.device(device)
+    top = max(batches)
+    a_full = torch.randn(top, m, k, device=dev).to(dtype)
+    b_full = torch.randn(top, k, n, device=dev).to(dtype)
+    out = []
+    for b in show_progress(batches, "batch wave sweep", progress):
+        a, bb = a_full[:b], b_full[:b]
+        out.append((b, event_timer(lambda: torch.bmm(a, bb), dev, warmup=3, reps=reps).median_s))
+    return out
+
+
+@dataclass(frozen=True)
+class WaveWidthFit:
+    """The staircase that best explains a batch wave sweep, against a straight line.
+
+    Attributes:
+        items_per_wave: products of the batch that run at once (``sms x blocks per SM / tiles
+            per product``), the width of one step.
+        tile: ``(tile_m, tile_n)`` that width corresponds to.
+        blocks_per_sm: thread blocks resident per SM in that staircase.
+        staircase_rms: RMS relative residual of ``t = a + s * ceil(b / items_per_wave)``.
+        linear_rms: RMS relative residual of ``t = a + c * b`` (no quantization).
+        seconds_per_wave: the fitted ``s``.
+        fixed_s: the fitted ``a``.
+    """
+
+    items_per_wave: float
+    tile: tuple[int, int]
+    blocks_per_sm: int
+    staircase_rms: float
+    linear_rms: float
+    seconds_per_wave: float
+    fixed_s: float
+
+    def waves(self, batch: int) -> int:
+        """``ceil(batch / items_per_wave)``."""
+        return math.ceil(batch / self.items_per_wave - 1e-9)
+
+    def predict(self, batch: int) -> float:
+        """The staircase's time for ``batch`` products, seconds."""
+        return self.fixed_s + self.seconds_per_wave * self.waves(batch)
+
+
+def fit_wave_width(
+    points: Sequence[tuple[int, float]],
+    m: int,
+    n: int,
+    sms: int,
+    tiles: Sequence[tuple[int, int]] = ((128, 128), (128, 256), (256, 128), (64, 128), (128, 64)),
+    blocks_per_sm: Sequence[int] = (1, 2),
+) -> WaveWidthFit:
+    """Fit a batch wave sweep with a staircase for each candidate tile shape and occupancy.
+
+    A product of ``m x n`` cut into ``tile_m x tile_n`` tiles has ``tile_count(m, n, tile_m,
+    tile_n)`` thread blocks; ``sms x blocks_per_sm`` blocks run at once, so a wave holds
+    ``sms x blocks_per_sm / tiles`` products and ``b`` products need ``ceil(b / that)`` waves. The
+    staircase ``t = a + s x waves`` is fitted for each candidate (:func:`perflab.fits.fit_line`,
+    relative residuals), the best one wins, and a straight line ``t = a + c b`` is fitted for
+    comparison. A staircase residual well below the line's means the waves shape the times.
+
+    Raises:
+        ValueError: fewer than 4 points, a non-positive time or size, empty candidates, or a
+            sweep that spans a single wave for every candidate.
+    """
+    if len(points) < 4:
+        raise ValueError(f"need at least 4 points, got {len(points)}")
+    if not tiles or not blocks_per_sm:
+        raise ValueError("tiles and blocks_per_sm must not be empty")
+    for name, v in (("m", m), ("n", n), ("sms", sms)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    bs = [b for b, _ in points]
+    ts = [t for _, t in points]
+    if min(ts) <= 0:
+        raise ValueError("every time must be > 0 seconds")
+    linear = fit_line(bs, ts, relative=True)
+    best = None
+    for tm, tn in tiles:
+        for occ in blocks_per_sm:
+            width = sms * occ / tile_count(m, n, tm, tn)
+            waves = [math.ceil(b / width - 1e-9) for b in bs]
+            if len(set(waves)) < 2:
+                continue
+            fit = fit_line(waves, ts, relative=True)
+            if fit.slope > 0 and (best is None or fit.rms_relative < best[0].rms_relative):
+                best = (fit, width, (tm, tn), occ)
+    if best is None:
+        raise ValueError("the sweep spans a single wave for every candidate: widen the batches")
+    fit, width, tile, occ = best
+    return WaveWidthFit(width, tile, occ, fit.rms_relative, linear.rms_relative, fit.slope,
+                        fit.fixed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Copy bandwidth against working set, from a CUDA graph
+# ---------------------------------------------------------------------------------------------
+
+def _replayer(fn, copies: int, dev: torch.device):
+    """A callable that runs ``fn`` ``copies`` times: one CUDA-graph replay on a GPU, a loop on a
+    CPU (where there are no graphs and no launches to hide)."""
+    if dev.type != "cuda":
+        def loop():
+            for _ in range(copies):
+                fn()
+        return loop
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):          # warm up outside the capture, as PyTorch asks
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(copies):
+            fn()
+    return graph.replay
+
+
+def graph_copy_sweep(
+    device: torch.device | str,
+    sizes: Sequence[int],
+    target_s: float = 2e-3,
+    reps: int = 5,
+    progress: bool = False,
+):
+    """Copy bandwidth against working-set size: ``[caches.WorkingSetPoint]``, one per size.
+
+    For a working set of ``nbytes`` (bytes; two float32 buffers of ``nbytes / 2`` each), the
+    kernel is ``dst.copy_(src)``, which reads ``nbytes / 2`` and writes ``nbytes / 2``: its
+    traffic equals its working set. ``copies`` copies (enough for about ``target_s`` seconds at
+    5 TB/s, between 8 and 2,000) are captured in one CUDA graph; each replay is timed with CUDA
+    events (:func:`perflab.timing.event_timer`, 2 warm-up replays, the median of ``reps``), and
+    the time of one copy is the replay's time / ``copies``. Replayed from a graph, copies run
+    back to back with no launch gap and nothing between them flushes the L2, so a working set
+    that fits in the L2 is served by it; each copy keeps only the kernel's own fixed cost (ramp
+    and tail, about a microsecond), which :func:`perflab.caches.fit_fixed_cost` separates from
+    the bandwidth. On a CPU (for tests) the copies run in a Python loop timed by
+    ``time.perf_counter``.
+
+    Raises:
+        ValueError: empty ``sizes``, a size that is not a positive multiple of 8 bytes, or a
+            non-positive ``target_s`` or ``reps``.
+    """
+    from .caches import WorkingSetPoint
+
+    sizes = list(sizes)
+    if not sizes or any(isinstance(x, bool) or not isinstance(x, int) or x < 8 or x % 8
+                        for x in sizes):
+        raise ValueError(f"sizes must be positive multiples of 8 bytes, got {sizes[:5]}")
+    if not target_s > 0:
+        raise ValueError(f"target_s must be > 0, got {target_s}")
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"reps must be a positive integer, got {reps!r}")
+    dev = torch.device(device)
+    out = []
+    for nbytes in show_progress(sizes, "graph copy sweep", progress):
+        src = torch.ones(nbytes // 8, device=dev)
+        dst = torch.empty_like(src)
+        copies = max(8, min(2000, math.ceil(target_s * 5e12 / nbytes)))
+        replay = _replayer(lambda: dst.copy_(src), copies, dev)
+        t = event_timer(replay, dev, warmup=2, reps=reps).median_s / copies
+        out.append(WorkingSetPoint(nbytes, nbytes / t))
+        del replay, src, dst
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Burst and sustained rates
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BurstSustained:
+    """One matrix product timed briefly after a rest (burst) and for seconds back to back.
+
+    Attributes:
+        flops: FLOPs of one product (``2 n^3``).
+        burst_s, sustained_s: median seconds of one product in each measurement.
+        burst, sustained: the :class:`perflab.telemetry.TelemetrySummary` of each.
+        sustained_window_s: how long the products ran back to back.
+    """
+
+    flops: float
+    burst_s: float
+    sustained_s: float
+    burst: object
+    sustained: object
+    sustained_window_s: float
+
+    @property
+    def burst_rate(self) -> float:
+        """FLOP/s of the burst."""
+        return self.flops / self.burst_s
+
+    @property
+    def sustained_rate(self) -> float:
+        """FLOP/s sustained (the last half of the window)."""
+        return self.flops / self.sustained_s
+
+
+def burst_and_sustained(
+    device: torch.device | str,
+    n: int,
+    dtype: torch.dtype = torch.bfloat16,
+    burst_reps: int = 10,
+    sustained_s: float = 3.0,
+    rest_s: float = 1.0,
+) -> BurstSustained:
+    """Time an ``n x n @ n x n`` product as a short burst and sustained for ``sustained_s``.
+
+    After ``rest_s`` seconds idle (the board cools below its power limit), ``burst_reps``
+    products are timed with CUDA events after 2 warm-up calls: a few milliseconds of work, too
+    short for the power controller to lower the clock. Then products run back to back for
+    ``sustained_s`` seconds in chunks of 20 event-timed calls; the sustained time is the median
+    over the chunks of the window's second half, when the clock has settled. Each part runs
+    under a :class:`perflab.telemetry.Telemetry` sampler, whose summaries say at which SM clock,
+    power and throttle reasons. Nothing here changes a clock or a limit. On a CPU the same runs
+    with ``time.perf_counter`` (for tests).
+
+    Raises:
+        ValueError: a non-positive ``n``, ``burst_reps`` or ``sustained_s``, or a negative
+            ``rest_s``.
+    """
+    from .telemetry import Telemetry
+
+    for name, v in (("n", n), ("burst_reps", burst_reps)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if not sustained_s > 0:
+        raise ValueError(f"sustained_s must be > 0, got {sustained_s}")
+    if rest_s < 0:
+        raise ValueError(f"rest_s must be >= 0, got {rest_s}")
+    dev = torch.device(device)
+    index = (dev.index or 0) if dev.type == "cuda" else 0
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    fn = lambda: a @ b  # noqa: E731
+    fn()
+    synchronize(dev)
+    time.sleep(rest_s)
+    with Telemetry(index=index, interval_s=0.005) as tel_burst:
+        burst = event_timer(fn, dev, warmup=2, reps=burst_reps).median_s
+    chunks = []
+    with Telemetry(index=index) as tel_sus:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < sustained_s or len(chunks) < 2:
+            chunks.append((time.perf_counter() - t0, event_timer(fn, dev, warmup=0, reps=20)))
+        window = time.perf_counter() - t0
+    late = [t for start, t in chunks if start >= window / 2] or [chunks[-1][1]]
+    samples = sorted(x for t in late for x in t.samples_s)
+    sustained = samples[len(samples) // 2]
+    return BurstSustained(2.0 * n**3, burst, sustained, tel_burst.summary(), tel_sus.summary(),
+                          window)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from .fits import fit_line
 from .overhead import op_rate
@@ -274,8 +274,9 @@ def _label(name: str) -> str:
 def call_path(fn: Callable, *args, **kwargs) -> list[CallPathRow]:
     """Profile one call of ``fn(*args, **kwargs)`` and return its nested events, outermost first.
 
-    Runs ``fn`` once to warm up, then once under ``torch.profiler.profile`` with
-    ``record_shapes=True``, plus the CUDA activity when any tensor argument is on a GPU. The call
+    Runs ``fn`` once to warm up, then three times under ``torch.profiler.profile`` with a
+    schedule (``wait=1, warmup=1, active=1``: only the third call, warm for the profiler too,
+    is kept) and ``record_shapes=True``, plus the CUDA activity when any tensor argument is on a GPU. The call
     is wrapped in a ``record_function`` range named ``"<fn name>()"``; the rows are the event tree
     below that range: each ``aten::`` operator (nested by which operator called which), the CUDA
     runtime calls made inside them and, as children of the operator that launched them, the GPU
@@ -302,13 +303,18 @@ def call_path(fn: Callable, *args, **kwargs) -> list[CallPathRow]:
     # no with_stack: its Python tracer keeps raw pointers to code objects, and a code object
     # freed during profiling (an import inside record_function on torch 2.13, say) later decodes
     # as garbage (UnicodeDecodeError in evt.name(); pytorch/pytorch#64345, seen in this course's CI)
-    with profile(activities=activities, record_shapes=True) as prof:
-        # a named range around the call: the root of the tree on every build, whether or not
-        # this build's profiler also records Python frames (torch 2.11's CUDA build did not)
-        with record_function(root_name):
-            fn(*args, **kwargs)
-        if on_gpu:
-            torch.cuda.synchronize()
+    # a schedule: one step skipped, one traced and thrown away (the profiler's own start-up,
+    # CUPTI's first buffers), one kept, so the rows describe a warm call, not a first one
+    steps = schedule(wait=1, warmup=1, active=1, repeat=1)
+    with profile(activities=activities, record_shapes=True, schedule=steps) as prof:
+        for _ in range(3):
+            # a named range around the call: the root of the tree on every build, whether or
+            # not this build's profiler also records Python frames (torch 2.11's did not)
+            with record_function(root_name):
+                fn(*args, **kwargs)
+            if on_gpu:
+                torch.cuda.synchronize()
+            prof.step()
     # the Python frame of fn where this build records Python frames (then the range's other
     # children are the profiler's own Python); else the range, whose children are then the
     # operators alone

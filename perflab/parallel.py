@@ -59,6 +59,7 @@ __all__ = [
     "check_comm_prediction",
     "check_manual_allreduce",
     "check_sharded_optimizer",
+    "FAIL_FAST_ENV",
     "expect_failure",
     "free_port",
     "lab_launch",
@@ -66,6 +67,7 @@ __all__ = [
     "load_checkpoint_here",
     "overlap_from_trace",
     "pick_for",
+    "settled_reading",
     "static_bytes_formula",
 ]
 
@@ -367,39 +369,92 @@ def lab_launch(exercise: int, tasks: Sequence[dict], user_code: Sequence = (),
     return launch(tasks, user_code=user_code, **kwargs)
 
 
+# Environment for a job that is meant to fail (torch 2.11 meanings, ProcessGroupNCCL.hpp and
+# https://docs.pytorch.org/docs/stable/torch_nccl_environment_variables.html):
+# TORCH_NCCL_ASYNC_ERROR_HANDLING=3, the default: on a watchdog error the process is torn down
+# without first aborting the communicator (1 aborts it first: a call that can itself wait on
+# the hung peer). TORCH_NCCL_DUMP_ON_TIMEOUT=0: no flight-recorder dump, whose wait
+# (TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC) can come before the error: the H200 run without it
+# ended 80 s after launch with a 10 s timeout.
+# TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN=0: no C++ stack symbolized on the way out.
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT=2: torchrun's grace between SIGTERM and SIGKILL for the other
+# ranks (torch >= 2.12, also --shutdown-timeout; 30 s fixed before, and unknown variables are
+# ignored). gloo reads none of them.
+FAIL_FAST_ENV = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+    "TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN": "0",
+    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2",
+}
+
+# printed by the ranks of the hang task when they start to wait: "<marker> <rank> <unix time>"
+_WAIT_MARKER = "perflab-hang-wait-starts"
+
+
+def _wait_start(output: str) -> float | None:
+    """The earliest time (Unix seconds) a rank printed that it started waiting, or None."""
+    times = []
+    for line in output.splitlines():
+        i = line.find(_WAIT_MARKER)
+        if i >= 0:
+            parts = line[i:].split()
+            with contextlib.suppress(IndexError, ValueError):
+                times.append(float(parts[2]))
+    return min(times) if times else None
+
+
 @dataclass(frozen=True)
 class Failure:
-    """A launch that failed as intended: ``seconds`` from start to the error, and ``message``."""
+    """A launch that failed as intended.
+
+    Attributes:
+        seconds: from the launch to the error, start-up included.
+        message: the :class:`LaunchError` message.
+        output: the launch's whole output (every rank's lines and torchrun's).
+        after_wait_s: seconds from the moment the first rank started waiting in the hung
+            collective (task ``hang``) to the end of the job; None for other tasks.
+    """
 
     seconds: float
     message: str
+    output: str = ""
+    after_wait_s: float | None = None
 
     @property
     def first_error(self) -> str:
-        """The first exception line the workers printed; else the first line that mentions a
-        timeout or NCCL's watchdog; else the message's first line."""
+        """The ranks' first error line: a Python exception, or NCCL's watchdog timeout (a rank
+        that times out in NCCL ends without a Python exception); else the first line of the
+        output that mentions a timeout or the watchdog; else the message's first line."""
         parts = self.message.split("--- worker errors ---\n", 1)
         first = (parts[1] if len(parts) > 1 else parts[0]).splitlines()[0]
         if not first.startswith("(no exception line"):
             return first
-        for line in self.message.splitlines():
+        for line in (self.output or self.message).splitlines():
             low = line.lower()
-            if "watchdog" in low or "timed out" in low or "timeout" in low:
+            if ("watchdog" in low or "timed out" in low or "timeout" in low) \
+                    and "torch.distributed.run" not in line:
                 return line.strip()
         return self.message.splitlines()[0]
 
 
-def expect_failure(tasks: Sequence[dict], **kwargs) -> Failure:
+def expect_failure(tasks: Sequence[dict], env: dict | None = None, **kwargs) -> Failure:
     """Run :func:`launch` on a job that must fail; return how long the failure took and its message.
+
+    The ranks run with :data:`FAIL_FAST_ENV` (then ``env`` on top), so that an NCCL timeout
+    ends the process as soon as the watchdog sees it.
 
     Raises:
         RuntimeError: the job succeeded.
     """
     t0 = time.perf_counter()
     try:
-        launch(tasks, **kwargs)
+        launch(tasks, env={**FAIL_FAST_ENV, **(env or {})}, **kwargs)
     except LaunchError as e:
-        return Failure(time.perf_counter() - t0, str(e))
+        ended, seconds = time.time(), time.perf_counter() - t0
+        output = getattr(e, "output", "")
+        started = _wait_start(output)
+        return Failure(seconds, str(e), output,
+                       None if started is None else ended - started)
     raise RuntimeError(f"the job {[t['name'] for t in tasks]} was expected to fail but succeeded")
 
 
@@ -850,6 +905,45 @@ def _fsdp(ctx, model, reshard: bool = True, bf16: bool = False):
     return model
 
 
+def settled_reading(read: Callable[[], int], prepare: Callable[[], None] = lambda: None,
+                    repeats: int = 3, interval_s: float = 0.25, timeout_s: float = 5.0,
+                    sleep: Callable[[float], None] = time.sleep) -> int:
+    """A reading of ``read()`` once it has stopped changing: ``repeats`` equal readings in a row.
+
+    Used for ``torch.cuda.memory_allocated``: after a step, tensors that a collective used are
+    kept alive by its work object (ProcessGroupNCCL stashes them instead of ``record_stream``)
+    until the process group's watchdog thread sees the work complete and drops it, some time
+    later; a reading taken at once still counts them, and one taken before a step can count
+    the *previous* model's buffers, which are then freed during the step and make the
+    difference too small. ``prepare()`` runs before each reading (``gc.collect``, a device
+    synchronize, ``empty_cache``).
+
+    Args:
+        read: returns an integer (bytes).
+        prepare: called before each reading.
+        repeats: equal readings in a row that count as settled (>= 1).
+        interval_s: seconds slept between readings (>= 0).
+        timeout_s: after this many seconds the last reading is returned, settled or not.
+        sleep: the sleep function (injected by tests).
+
+    Raises:
+        ValueError: ``repeats`` < 1 or a negative ``interval_s`` / ``timeout_s``.
+    """
+    if repeats < 1 or interval_s < 0 or timeout_s < 0:
+        raise ValueError(f"repeats must be >= 1 and interval_s, timeout_s >= 0, got "
+                         f"{repeats}, {interval_s}, {timeout_s}")
+    waited, same, last = 0.0, 0, None
+    while True:
+        prepare()
+        value = read()
+        same = same + 1 if value == last else 1
+        last = value
+        if same >= repeats or waited >= timeout_s:
+            return value
+        sleep(interval_s)
+        waited += interval_s
+
+
 def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int = 2, iters: int = 4,
                    strategies: Sequence[str] = ("ddp", "zero1", "fsdp", "fsdp_keep", "fsdp_bf16"),
                    allow_tf32: bool = True) -> dict:
@@ -861,7 +955,14 @@ def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup
     ``fsdp_bf16`` (bf16 parameters in compute, fp32 gradient reduction). For each:
     ``param_bytes``, ``grad_bytes``, ``state_bytes`` (this rank's tensors, counted),
     ``static_bytes`` (their sum), ``allocated_bytes`` / ``peak_bytes`` (CUDA allocator, None on
-    CPU), ``step_s``; and ``params`` (the model's parameter count)."""
+    CPU), ``released_bytes`` (what the allocator got back when the model and optimizer were
+    dropped, None on CPU), ``step_s``; and ``params`` (the model's parameter count).
+
+    ``allocated_bytes`` is read after one step (so gradients and Adam's moments exist; the
+    gradients are zeroed in place, never set to None), as the difference of two *settled*
+    readings of ``torch.cuda.memory_allocated`` (:func:`settled_reading`): before the model
+    was built and after the step, each taken once the collectives' stashed tensors have been
+    released, so neither the previous strategy's nor this step's communication buffers count."""
     import gc
 
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -871,12 +972,18 @@ def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup
     cuda = ctx.device.type == "cuda"
     x, y = _timing_batch(ctx, batch, width, torch.float32)
     out = {}
+    def prepare():
+        gc.collect()
+        torch.cuda.synchronize(ctx.device)
+        torch.cuda.empty_cache()
+
+    def allocated():
+        return settled_reading(lambda: torch.cuda.memory_allocated(ctx.device), prepare)
+
     for name in strategies:
         gc.collect()
         if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.synchronize(ctx.device)
-            base = torch.cuda.memory_allocated(ctx.device)
+            base = allocated()
         model = _make_model(ctx, width, depth)
         params = sum(p.numel() for p in model.parameters())
         if name in ("ddp", "zero1"):
@@ -902,7 +1009,7 @@ def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup
              "state_bytes": _state_bytes(opt)}
         r["static_bytes"] = r["param_bytes"] + r["grad_bytes"] + r["state_bytes"]
         if cuda:
-            r["allocated_bytes"] = torch.cuda.memory_allocated(ctx.device) - base
+            r["allocated_bytes"] = allocated() - base
             torch.cuda.reset_peak_memory_stats(ctx.device)
             step()
             ctx.sync()
@@ -911,7 +1018,11 @@ def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup
             r["allocated_bytes"] = r["peak_bytes"] = None
         r["step_s"] = ctx.timed(step, warmup, iters)
         out[name] = r
+        if cuda:
+            ctx.barrier()
+            held = allocated()
         del model, opt, step  # else the next strategy's baseline counts this model
+        r["released_bytes"] = held - allocated() if cuda else None
     return {"strategies": out, "params": params}
 
 
@@ -1055,7 +1166,9 @@ def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600, timeout_s: float 
     """Rank ``hang_rank`` (default the last) sleeps ``sleep_s`` instead of joining an all-reduce;
     the others wait in it until a timeout ends them: ``timeout_s`` seconds on a process group made
     for the purpose (``dist.new_group(timeout=...)``, after every rank has joined, so a slow
-    start cannot trip it), or the launch's process-group timeout when ``timeout_s`` is None."""
+    start cannot trip it), or the launch's process-group timeout when ``timeout_s`` is None.
+    Each waiting rank prints one line, ``perflab-hang-wait-starts <rank> <Unix time>``, as it
+    enters the hung all-reduce (read by :func:`expect_failure`)."""
     import datetime
 
     r = hang_rank % ctx.world
@@ -1069,6 +1182,7 @@ def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600, timeout_s: float 
     if ctx.rank == r:
         time.sleep(sleep_s)
     else:
+        print(f"{_WAIT_MARKER} {ctx.rank} {time.time():.3f}", flush=True)
         ctx.dist.all_reduce(x, group=group)
         ctx.sync()
         x.sum().item()

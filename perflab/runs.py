@@ -9,7 +9,10 @@ the status page) and the tests (``tests/test_reference_runs.py``).
 
 * :class:`ReferenceRun` (schema :data:`SCHEMA_VERSION`): the metadata, typed.
 * :func:`status`: the one staleness decision: ``current``, ``cpu``, ``stale``, ``missing`` or
-  ``no-metadata``, compared by :func:`source_code_sha256` (a hash of the ``.md``'s code cells).
+  ``no-metadata``, compared by :func:`source_code_sha256` (a hash of the ``.md``'s code cells)
+  and by :func:`perflab_sha256` (a hash of each perflab module the code imports, found
+  statically and transitively by :func:`perflab_modules`): a change to either makes the run
+  stale, and :attr:`RunStatus.cause` says which (``"code"`` or ``"perflab"``, with the modules).
 * :func:`toc_files`, :func:`is_myst_notebook`: which files are notebooks of the book.
 
 Needs jupytext and PyYAML (the ``book`` extra); notebooks never import this module.
@@ -17,8 +20,10 @@ Needs jupytext and PyYAML (the ``book`` extra); notebooks never import this modu
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
+import re
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Iterable
@@ -32,8 +37,11 @@ __all__ = [
     "SCHEMA_VERSION",
     "ReferenceRun",
     "RunStatus",
+    "changed_modules",
     "code_sha256",
     "is_myst_notebook",
+    "perflab_modules",
+    "perflab_sha256",
     "read",
     "source_code_sha256",
     "status",
@@ -57,6 +65,8 @@ class ReferenceRun:
         started: UTC start time, ``YYYY-MM-DDTHH:MM:SSZ``.
         duration_s: seconds the notebook took.
         source_sha256: :func:`code_sha256` of the code that ran.
+        perflab_sha256: ``{"perflab/gpu.py": sha256, ...}`` of every perflab module that code
+            imports (:func:`perflab_sha256`), or None (a run before the field existed).
         git: the commit the run started from, or None.
         gpu_memory_peak_bytes: the largest rise of any GPU's used memory (NVML) while the
             notebook ran, or None (a CPU run, or a run before the field existed).
@@ -78,6 +88,7 @@ class ReferenceRun:
     gpu_memory_peak_bytes: int | None = None
     cell_seconds: tuple[float, ...] | None = None
     ceilings: dict[str, Any] | None = None
+    perflab_sha256: dict[str, str] | None = None
     schema: int = SCHEMA_VERSION
 
     @classmethod
@@ -107,7 +118,7 @@ class ReferenceRun:
         """A run of this process's machine (:func:`perflab.provenance.environment`).
 
         ``extra``: the optional fields (``gpu_memory_peak_bytes``, ``cell_seconds``,
-        ``ceilings``).
+        ``ceilings``, ``perflab_sha256``).
 
         Raises:
             TypeError: an unknown field in ``extra``.
@@ -124,7 +135,8 @@ class ReferenceRun:
         if self.cell_seconds is not None:
             out["cell_seconds"] = list(self.cell_seconds)
         return {k: v for k, v in out.items()
-                if v is not None or k not in ("gpu_memory_peak_bytes", "cell_seconds", "ceilings")}
+                if v is not None or k not in ("gpu_memory_peak_bytes", "cell_seconds", "ceilings",
+                                              "perflab_sha256")}
 
     @property
     def is_gpu(self) -> bool:
@@ -157,6 +169,144 @@ def code_sha256(code_cells: Iterable[str]) -> str:
     return hashlib.sha256(joined.encode()).hexdigest()
 
 
+PACKAGE = "perflab"
+PACKAGE_DIR = Path(__file__).resolve().parent
+_MAGIC = re.compile(r"^(\s*)[%!].*$", re.MULTILINE)
+
+
+def _module_file(name: str, package_dir: Path) -> Path | None:
+    """The file of module ``name`` (``perflab.x.y``) under ``package_dir``, or None."""
+    parts = name.split(".")[1:]
+    base = package_dir.joinpath(*parts) if parts else package_dir
+    for candidate in (base / "__init__.py", base.with_suffix(".py") if parts else None):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    return None
+
+
+def _referenced(tree: ast.AST, module: str | None, is_package: bool, package: str) -> set[str]:
+    """Dotted names under ``package`` that ``tree`` may import: ``import``/``from`` statements
+    (relative ones resolved against ``module``), attribute chains on an imported name
+    (``perflab.roofline.x``: the package loads submodules on first attribute access) and string
+    constants that are exactly a module name (``["-m", "perflab.distributed"]``)."""
+    found: set[str] = set()
+    aliases: dict[str, str] = {}
+    here = (module.split(".") if is_package else module.split(".")[:-1]) if module else []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == package or a.name.startswith(package + "."):
+                    found.add(a.name)
+                    aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else package
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                if not here or node.level - 1 >= len(here):
+                    continue
+                base = ".".join(here[:len(here) - (node.level - 1)]
+                                + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if base == package or base.startswith(package + "."):
+                found.add(base)
+                for a in node.names:
+                    found.add(f"{base}.{a.name}")   # kept only if it is a module
+                    aliases[a.asname or a.name] = f"{base}.{a.name}"
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if re.fullmatch(re.escape(package) + r"(\.\w+)+", node.value):
+                found.add(node.value)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain, cur = [], node
+            while isinstance(cur, ast.Attribute):
+                chain.append(cur.attr)
+                cur = cur.value
+            if isinstance(cur, ast.Name) and cur.id in aliases:
+                name = aliases[cur.id]
+                for attr in reversed(chain):
+                    name += "." + attr
+                    found.add(name)
+    return found
+
+
+def perflab_modules(code_cells: Iterable[str], package_dir: str | os.PathLike | None = None,
+                    package: str = PACKAGE) -> list[str]:
+    """Every module of ``package`` that a notebook's code runs, found statically, transitively.
+
+    The code cells are parsed with :mod:`ast` (IPython ``%magic`` and ``!shell`` lines are
+    skipped); so is each module they import, and each module that imports, until nothing new
+    turns up. Importing ``perflab.x.y`` also runs ``perflab/__init__.py`` and
+    ``perflab/x/__init__.py``, which are included. A dynamic import whose name is computed at run
+    time is not seen.
+
+    Args:
+        code_cells: the notebook's code cells (source text).
+        package_dir: the package's folder (default: this perflab's).
+        package: the package's import name.
+
+    Returns:
+        Sorted dotted module names (``["perflab", "perflab.gpu", ...]``); empty when the code
+        imports nothing from the package.
+
+    Raises:
+        SyntaxError: a code cell or a module that is not valid Python (the message names it).
+    """
+    root = Path(package_dir) if package_dir is not None else PACKAGE_DIR
+    todo: list[str] = []
+    for i, src in enumerate(code_cells):
+        try:
+            tree = ast.parse(_MAGIC.sub(r"\1pass", src))
+        except SyntaxError as err:
+            raise SyntaxError(f"code cell {i + 1}: {err.msg} (line {err.lineno})") from err
+        todo += sorted(_referenced(tree, None, False, package))
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for k in range(1, len(parts) + 1):          # the parents run first
+            mod = ".".join(parts[:k])
+            if mod in seen:
+                continue
+            path = _module_file(mod, root)
+            if path is None:
+                break                                 # a function or class, not a module
+            seen.add(mod)
+            try:
+                tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            except SyntaxError as err:
+                raise SyntaxError(f"{path}: {err.msg} (line {err.lineno})") from err
+            todo += sorted(_referenced(tree, mod, path.name == "__init__.py", package))
+    return sorted(seen)
+
+
+def perflab_sha256(code_cells: Iterable[str], package_dir: str | os.PathLike | None = None,
+                   package: str = PACKAGE) -> dict[str, str]:
+    """SHA-256 (hex) of each module file :func:`perflab_modules` finds, keyed by its path
+    relative to the package's parent (``{"perflab/gpu.py": "3f2a...", ...}``).
+
+    A reference run records it (``perflab_sha256``); :func:`status` calls the run stale when
+    it differs, and names the modules that changed. A change to a module the notebook does not
+    import, directly or through another module, leaves it unchanged.
+
+    Raises:
+        SyntaxError: as :func:`perflab_modules`.
+    """
+    root = Path(package_dir) if package_dir is not None else PACKAGE_DIR
+    out = {}
+    for mod in perflab_modules(code_cells, root, package):
+        path = _module_file(mod, root)
+        out[path.relative_to(root.parent).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def changed_modules(recorded: dict[str, str] | None, now: dict[str, str]) -> list[str]:
+    """The module files whose hash differs between a run's ``perflab_sha256`` and ``now``
+    (added, removed or edited), sorted; ``["the run recorded no perflab hashes"]`` when the run
+    has none (it predates them) but the code imports perflab."""
+    if recorded is None:
+        return ["the run recorded no perflab hashes"] if now else []
+    return sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
+
+
 def is_myst_notebook(path: str | os.PathLike) -> bool:
     """True when ``path`` starts with a jupytext front matter in the ``myst`` format.
 
@@ -184,8 +334,13 @@ def source_code_sha256(source: str | os.PathLike) -> str:
     text = path.read_text(encoding="utf-8")
     if not is_myst_notebook(path):
         raise ValueError(f"source={str(path)!r} is not a jupytext MyST notebook (no 'format_name: myst' front matter)")
-    nb = jupytext.reads(text, fmt="md:myst")
-    return code_sha256(c.source for c in nb.cells if c.cell_type == "code")
+    return code_sha256(_source_cells(path, text))
+
+
+def _source_cells(path: Path, text: str | None = None) -> list[str]:
+    nb = jupytext.reads(text if text is not None else path.read_text(encoding="utf-8"),
+                        fmt="md:myst")
+    return [c.source for c in nb.cells if c.cell_type == "code"]
 
 
 @dataclass(frozen=True)
@@ -193,15 +348,21 @@ class RunStatus:
     """Whether an executed notebook is a current GPU reference run of its source.
 
     Attributes:
-        state: ``"current"``, ``"cpu"`` (current code, CPU run), ``"stale"`` (the code changed
-            since the run), ``"missing"`` (no ``.ipynb``) or ``"no-metadata"``.
+        state: ``"current"``, ``"cpu"`` (current code, CPU run), ``"stale"`` (the code or the
+            perflab modules it imports changed since the run), ``"missing"`` (no ``.ipynb``) or
+            ``"no-metadata"``.
         words: what the status page and ``execute.py --check`` print.
         run: the :class:`ReferenceRun`, when there is one.
+        cause: for ``"stale"``: ``"code"`` (the notebook's code cells changed) or ``"perflab"``
+            (the cells did not, but a perflab module they import did); else None.
+        changed: for ``cause == "perflab"``: the module files that changed.
     """
 
     state: str
     words: str
     run: ReferenceRun | None = None
+    cause: str | None = None
+    changed: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -215,10 +376,14 @@ def status(source: str | os.PathLike, ipynb: str | os.PathLike | None = None) ->
 
     Returns None when ``source`` is not a MyST notebook and no ``.ipynb`` exists (not a notebook).
     Without a MyST source the ``.ipynb`` cannot be stale (there is nothing to compare with).
+    Order of the checks: code cells changed (stale, cause ``"code"``), a CPU run (``cpu``), a
+    perflab module the code imports changed or a run that recorded no perflab hashes (stale,
+    cause ``"perflab"``), else current.
     """
     source = Path(source)
     ipynb = Path(ipynb) if ipynb is not None else source.with_suffix(".ipynb")
-    sha = source_code_sha256(source) if is_myst_notebook(source) else None
+    myst = is_myst_notebook(source)
+    sha = source_code_sha256(source) if myst else None
     if not ipynb.exists():
         return None if sha is None else RunStatus("missing", "not executed yet")
     try:
@@ -228,9 +393,14 @@ def status(source: str | os.PathLike, ipynb: str | os.PathLike | None = None) ->
     if run is None:
         return RunStatus("no-metadata", "no reference_run metadata")
     if sha is not None and run.source_sha256 != sha:
-        return RunStatus("stale", "stale: code changed since the run", run)
+        return RunStatus("stale", "stale: code changed since the run", run, cause="code")
     if not run.is_gpu:
         return RunStatus("cpu", "current code, but a CPU run", run)
+    if myst:
+        changed = changed_modules(run.perflab_sha256, perflab_sha256(_source_cells(source)))
+        if changed:
+            return RunStatus("stale", "stale: perflab changed since the run (" + ", ".join(changed)
+                             + ")", run, cause="perflab", changed=tuple(changed))
     return RunStatus("current", "current", run)
 
 

@@ -33,7 +33,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from perflab import gpt2
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.parallel import DistributedDataParallel
+from torch.profiler import ProfilerActivity, profile as _profile
+
+from perflab import gpt2, memory
 from perflab.telemetry import Telemetry
 
 __all__ = ["Rung", "RunResult", "speed_ladder", "memory_ladder", "train", "batches",
@@ -309,7 +313,6 @@ def _autocast(rung: Rung, device: torch.device):
 
 def _attention_ctx(rung: Rung, device: torch.device):
     if rung.attention == "cudnn" and device.type == "cuda":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
         # cuDNN first, the others as fall-backs for shapes cuDNN does not take
         return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
                             SDPBackend.EFFICIENT_ATTENTION], set_priority=True)
@@ -389,7 +392,7 @@ def _sync(device: torch.device) -> None:
 
 def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str,
           warmup: int = 2, seed: int = 0, lr: float = 3e-4, ddp: Any = None,
-          profile: bool = False) -> RunResult:
+          profile: bool = False, snapshot: str | None = None) -> RunResult:
     """Train GPT-2 by ``rung`` for ``warmup + steps`` optimizer steps; time the last ``steps``.
 
     Args:
@@ -406,6 +409,9 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         profile: after the timed steps, profile one more step with ``torch.profiler`` and put
             its kernels in ``result.extra["kernels"]``: ``[(name, seconds), ...]``, the
             longest first (device time on a GPU, self CPU time on a CPU).
+        snapshot: a file to write a CUDA memory snapshot of one more step to
+            (``torch.cuda.memory._dump_snapshot``, for https://pytorch.org/memory_viz); ignored
+            on a CPU (``result.extra["snapshot"]`` is None there).
 
     Returns:
         A :class:`RunResult`; the model and optimizer are freed before it returns.
@@ -483,6 +489,11 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     extra = {}
     if profile:
         extra["kernels"] = _profile_step(step, device)
+    if snapshot is not None:
+        extra["snapshot"] = None
+        if device.type == "cuda":
+            memory.save_snapshot(memory.record_snapshot(step), snapshot)
+            extra["snapshot"] = str(snapshot)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     result = RunResult(
         rung=asdict(rung), tokens_per_s=rung.tokens_per_step / step_s, step_s=step_s,
@@ -498,9 +509,8 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
 
 
 def _profile_step(step, device: torch.device, n: int = 12) -> list[tuple[str, float]]:
-    from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=acts) as prof:
+    with _profile(activities=acts) as prof:
         step()
         _sync(device)
     rows = []
@@ -576,11 +586,10 @@ def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str |
     if fsdp:
         wrap = _fsdp_wrapper(ctx)
     else:
-        from torch.nn.parallel import DistributedDataParallel as DDP
         ids_ = [ctx.device.index] if ctx.device.type == "cuda" else None
 
         def wrap(module):
-            return DDP(module, device_ids=ids_)
+            return DistributedDataParallel(module, device_ids=ids_)
     res = train(r, ids, steps, ctx.device, warmup=warmup, ddp=wrap)
     res.extra["max_step_s"] = ctx.max_over_ranks(res.step_s)
     res.extra["world_size"] = ctx.world
@@ -588,6 +597,8 @@ def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str |
 
 
 def _fsdp_wrapper(ctx):
+    # optional: FSDP2 is imported only by the ranks that shard (it pulls in the
+    # distributed tensor machinery, which single-process rungs never need)
     from torch.distributed.fsdp import fully_shard
 
     def wrap(module):
@@ -596,3 +607,37 @@ def _fsdp_wrapper(ctx):
         fully_shard(module)
         return module
     return wrap
+
+
+def static_bytes_per_param(rung: Rung) -> float:
+    """Bytes per parameter that live through a whole step: float32 weights (4), gradients (4)
+    and AdamW's two moments (8) = 16 (Rajbhandari et al., 2020, ZeRO, section 3.1, for fp32
+    training); with the optimizer step in the backward the gradients are freed one by one, so
+    only 12 stay (and one parameter's gradient at a time)."""
+    return 12.0 if rung.optimizer == "in_backward" else 16.0
+
+
+def predict_peak(peak_bytes: float, rung: Rung, params: int, target: gpt2.GPTConfig) -> float:
+    """Predicted peak bytes of ``rung`` for the model ``target``, from its peak measured on the
+    model of ``rung`` (``params`` parameters).
+
+    The measured peak is split into static bytes (:func:`static_bytes_per_param` x parameters)
+    and the rest (activations, logits, workspace), which is scaled by ``n_layer x n_embd``: at a
+    fixed number of tokens, a block's saved activations grow with the width (Korthikanti et al.,
+    2023: 34·s·b·h bytes per layer in 16-bit with a fused attention). Scaling the logits with
+    the depth too makes the prediction err on the safe side.
+
+    Raises:
+        ValueError: a non-positive peak or parameter count, or a peak below the static bytes.
+    """
+    if peak_bytes <= 0 or params <= 0:
+        raise ValueError(f"peak_bytes and params must be positive, got {peak_bytes}, {params}")
+    per = static_bytes_per_param(rung)
+    rest = peak_bytes - per * params
+    if rest < 0:
+        raise ValueError(f"peak_bytes {peak_bytes:.3g} is below the static bytes {per * params:.3g}")
+    src = rung.config()
+    with torch.device("meta"):
+        n_target = gpt2.GPT(target).num_params()
+    scale = (target.n_layer * target.n_embd) / (src.n_layer * src.n_embd)
+    return per * n_target + rest * scale

@@ -24,15 +24,28 @@ Two ways to find them:
 from __future__ import annotations
 
 import linecache
+import os
+import traceback
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["SYNCING_CALLS", "SyncWarning", "count_host_syncs", "sync_debug_warnings"]
+__all__ = ["SYNCING_CALLS", "SYNC_WARNING_TEXT", "SyncWarning", "count_host_syncs",
+           "sync_debug_warnings", "sync_warnings_from", "warnings_by_line"]
+
+# The text of the warning c10 emits for each synchronizing CUDA call in "warn" mode
+# (c10/cuda/CUDAFunctions.cpp, warn_or_error_on_sync). Setting the mode itself warns once that
+# it "is a prototype feature and does not yet detect all synchronizing operations": that
+# warning is about the mode, not a synchronization, and must not be counted.
+SYNC_WARNING_TEXT = "called a synchronizing CUDA operation"
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_THIS_FILE = os.path.abspath(__file__)
+_WARNINGS_FILE = os.path.abspath(warnings.__file__)
 
 # Calls that return a host value computed on the device, or an output whose size depends on the
 # device's data; each must wait for the device. Names are those TorchFunctionMode receives.
@@ -145,12 +158,110 @@ class SyncWarning:
     message: str
 
 
+def _is_library(filename: str, library_dirs: Sequence[str]) -> bool:
+    if not filename or filename.startswith("<frozen"):
+        return True
+    path = os.path.abspath(filename)
+    if path in (_THIS_FILE, _WARNINGS_FILE):
+        return True
+    return any(path == d or path.startswith(d.rstrip(os.sep) + os.sep) for d in library_dirs)
+
+
+def sync_warnings_from(records: Iterable[Any],
+                       library_dirs: Sequence[str] = (_TORCH_DIR,)) -> list[SyncWarning]:
+    """Turn recorded warnings into :class:`SyncWarning` s that point at the caller's line.
+
+    A pure function (no GPU, no global state), so it can be tested with fabricated warnings.
+
+    Args:
+        records: ``warnings.WarningMessage`` objects, or ``(WarningMessage, stack)`` pairs where
+            ``stack`` is the Python stack when the warning was issued, outermost first, as
+            ``traceback.FrameSummary`` objects or ``(filename, lineno)`` pairs.
+        library_dirs: directories whose files are library code, not the user's (PyTorch's
+            package directory by default).
+
+    Only warnings whose text contains :data:`SYNC_WARNING_TEXT` are kept: the one-time
+    "prototype feature" warning that ``set_sync_debug_mode`` itself emits is dropped. Each kept
+    warning is located at the warning's own ``filename``/``lineno`` when that is user code
+    (a C++ operator warns from the Python line that called it). When it points into a library
+    (an operator called by PyTorch's own Python code), the innermost frame of ``stack`` outside
+    the libraries, this module and :mod:`warnings` is used instead, when there is one.
+
+    Returns:
+        ``[SyncWarning, ...]`` in the order of ``records``; ``line`` is the stripped source
+        line from :mod:`linecache` ("" when Python cannot find it).
+
+    Raises:
+        TypeError: a record is neither a ``WarningMessage`` nor a ``(WarningMessage, stack)`` pair.
+    """
+    found = []
+    for rec in records:
+        if isinstance(rec, warnings.WarningMessage):
+            w, stack = rec, ()
+        elif (isinstance(rec, tuple) and len(rec) == 2
+              and isinstance(rec[0], warnings.WarningMessage)):
+            w, stack = rec
+        else:
+            raise TypeError("records must hold warnings.WarningMessage objects or "
+                            f"(WarningMessage, stack) pairs, got {type(rec).__name__}")
+        text = str(w.message)
+        if SYNC_WARNING_TEXT not in text:
+            continue
+        filename, lineno = w.filename, w.lineno
+        if _is_library(filename, library_dirs):
+            for frame in reversed(list(stack)):
+                f_name, f_line = (frame.filename, frame.lineno) if isinstance(
+                    frame, traceback.FrameSummary) else (frame[0], frame[1])
+                if not _is_library(f_name, library_dirs):
+                    filename, lineno = f_name, f_line
+                    break
+        line = linecache.getline(filename, lineno).strip() if filename else ""
+        found.append(SyncWarning(filename, lineno, line, text))
+    return found
+
+
+def warnings_by_line(found: Sequence[SyncWarning]) -> list[tuple[str, int]]:
+    """Group :class:`SyncWarning` s by source line: ``[(line text, count), ...]``, most first.
+
+    Lines without source text are shown as ``"<filename>:<lineno>"``; ties keep first-seen order.
+    """
+    counts: Counter = Counter()
+    for w in found:
+        counts[w.line or f"{w.filename}:{w.lineno}"] += 1
+    return counts.most_common()
+
+
+class _StackRecorder:
+    """Records each warning with the Python stack at the moment it was issued."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[warnings.WarningMessage, list]] = []
+
+    def __call__(self, message, category, filename, lineno, file=None, line=None):
+        stack = traceback.extract_stack()[:-1]
+        self.records.append((warnings.WarningMessage(message, category, filename, lineno,
+                                                     file, line), stack))
+
+
+def _record_with_stacks(fn: Callable[..., Any], *args, **kwargs):
+    """Run ``fn`` with every warning recorded, with its stack; returns (out, records)."""
+    recorder = _StackRecorder()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        warnings.showwarning = recorder   # restored by catch_warnings on exit
+        out = fn(*args, **kwargs)
+    return out, recorder.records
+
+
 def sync_debug_warnings(fn: Callable[..., Any], *args, **kwargs) -> tuple[Any, list[SyncWarning]]:
     """Run ``fn(*args, **kwargs)`` under ``torch.cuda.set_sync_debug_mode("warn")`` and collect the warnings.
 
     Every CUDA call that synchronizes the host with the device warns ("called a synchronizing
-    CUDA operation"); they are recorded with ``warnings.catch_warnings(record=True)`` and the
-    filter set to ``"always"`` so repeated warnings from one line are all kept. The previous
+    CUDA operation"); each warning is recorded with the Python stack at that moment, with the
+    filter set to ``"always"`` so repeated warnings from one line are all kept, and
+    :func:`sync_warnings_from` keeps only those warnings (not the one-time "prototype feature"
+    warning that setting the mode emits from inside ``torch.cuda``) and locates each at the
+    caller's line, not PyTorch's. The previous
     sync debug mode is restored afterwards, even when ``fn`` raises. PyTorch documents the mode as
     covering most, not all, synchronizing operations (``torch.distributed`` and ``torch.sparse``
     are not covered).
@@ -167,17 +278,13 @@ def sync_debug_warnings(fn: Callable[..., Any], *args, **kwargs) -> tuple[Any, l
     if not torch.cuda.is_available():
         raise RuntimeError("sync_debug_warnings needs a CUDA GPU: sync debug mode watches CUDA calls")
     previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+
+    def watched():
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            out = fn(*args, **kwargs)
+            return fn(*args, **kwargs)
         finally:
             torch.cuda.set_sync_debug_mode(previous)
-    found = []
-    for w in caught:
-        text = str(w.message)
-        if "synchroniz" in text:
-            line = linecache.getline(w.filename, w.lineno).strip() if w.filename else ""
-            found.append(SyncWarning(w.filename, w.lineno, line, text))
-    return out, found
+
+    out, records = _record_with_stacks(watched)
+    return out, sync_warnings_from(records)

@@ -143,9 +143,14 @@ class Telemetry:
     Args:
         index: GPU index (ignored on a machine without a GPU).
         interval_s: seconds between readings (> 0). 0.02 s gives ~50 readings a second.
+        device: the device the measured work runs on. ``"cpu"`` (or a ``torch.device`` of
+            type cpu) samples the CPU's clock even on a machine with a GPU: work that runs on
+            CPU cores (decoding in DataLoader workers, reading files) must not be captioned
+            with an idle GPU's clock. None (default) or a CUDA device: the GPU when present.
 
     Raises:
-        ValueError: ``interval_s`` is not positive, or ``index`` is negative.
+        ValueError: ``interval_s`` is not positive, ``index`` is negative, or ``device`` is
+            not a device.
 
     Example::
 
@@ -156,6 +161,7 @@ class Telemetry:
 
     index: int = 0
     interval_s: float = 0.02
+    device: Any = None
     samples: list[dict[str, Any]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
@@ -168,6 +174,12 @@ class Telemetry:
             raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
         if self.index < 0:
             raise ValueError(f"index must be >= 0, got {self.index}")
+        if self.device is not None:
+            try:
+                torch.device(self.device)
+            except (RuntimeError, TypeError):
+                raise ValueError(f"device must be a torch device or its name, "
+                                 f"got {self.device!r}") from None
 
     def _read(self) -> dict[str, Any] | None:
         if self._source == "NVML":
@@ -189,7 +201,8 @@ class Telemetry:
         self.samples.clear()
         self._stop.clear()
         self._t1 = None
-        if torch.cuda.is_available() and _gpu_reading(self.index) is not None:
+        on_cpu = self.device is not None and torch.device(self.device).type == "cpu"
+        if not on_cpu and torch.cuda.is_available() and _gpu_reading(self.index) is not None:
             self._source = "NVML"
         elif _cpu_mhz() is not None:
             self._source = "/proc/cpuinfo"
@@ -295,6 +308,6 @@ def measure(fn: Callable[[], object], device: torch.device | str | None = None,
         torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     if index is None:
         index = dev.index if (dev.type == "cuda" and dev.index is not None) else 0
-    with Telemetry(index=index) as tel:
+    with Telemetry(index=index, device=dev) as tel:   # CPU work: the CPU's clock
         seconds = benchmark(fn, dev, min_run_time_s=min_run_time_s)
     return Measurement(seconds=seconds, telemetry=tel.summary())

@@ -23,9 +23,15 @@ executes as usual, writes no ``.ipynb``, and stores each notebook's duration in
 On a machine without CUDA it refuses (one line, exit 2) to overwrite an ``.ipynb`` that holds a
 GPU reference run, unless ``--allow-cpu`` is given or ``--out`` sends the output elsewhere.
 
-``--check`` exits 1 and lists each notebook that is not current (:func:`perflab.runs.status`:
-missing, stale code, no metadata, not from a CUDA device) or whose prose differs (fix that with
-``--sync``; the others need a run on a GPU machine).
+``--check`` lists each notebook that is not current (:func:`perflab.runs.status`: missing, stale
+code, stale perflab modules, no metadata, not from a CUDA device) or whose prose differs (fix that
+with ``--sync``; the others need a run on a GPU machine), saying why. A run records, beside the
+hash of the notebook's code cells, a hash of each perflab module that code imports (found
+statically and transitively, :func:`perflab.runs.perflab_sha256`), so an edit to perflab marks
+the notebooks that run it stale and ``--check`` names the modules. Exit status of ``--check``:
+0 when every notebook is current; 3 when the only problem is perflab modules changed since the
+runs (the notebooks' own code and prose are current: re-run them on the GPU machine); 1 for
+anything else.
 """
 
 from __future__ import annotations
@@ -108,15 +114,23 @@ STATUS_WORDS = {
     "stale": "stale: its code differs from the executed .ipynb (re-run on a GPU machine)",
     "cpu": "the reference run was not on a CUDA device",
 }
+PERFLAB_STALE = "stale: perflab modules it imports changed since the run (re-run on a GPU machine): "
+EXIT_PERFLAB_ONLY = 3   # --check: only perflab staleness (see the module docstring)
 
 
 def problems(md: Path) -> list[str]:
     """Why ``md``'s ``.ipynb`` is not a current reference run (empty list: it is): the staleness
-    decision of :func:`perflab.runs.status`, plus prose that ``--sync`` would copy."""
+    decision of :func:`perflab.runs.status`, plus prose that ``--sync`` would copy. A line for
+    perflab staleness alone contains :data:`PERFLAB_STALE`."""
     rel = md.relative_to(ROOT) if md.is_relative_to(ROOT) else md
     st = runs.status(md)
-    found = [] if st.ok else [f"{rel}: {STATUS_WORDS[st.state]}"
-                              + (f" (devices={list(st.run.devices)})" if st.state == "cpu" else "")]
+    if st.ok:
+        found = []
+    elif st.cause == "perflab":
+        found = [f"{rel}: {PERFLAB_STALE}{', '.join(st.changed)}"]
+    else:
+        found = [f"{rel}: {STATUS_WORDS[st.state]}"
+                 + (f" (devices={list(st.run.devices)})" if st.state == "cpu" else "")]
     if st.state != "missing":
         src = jupytext.read(md)
         out = nbformat.read(md.with_suffix(".ipynb"), as_version=4)
@@ -252,6 +266,7 @@ def execute(md: Path, timeout_s: float, index: str, target: Path | None = None,
     extra = {"cell_seconds": tuple(cell_seconds), "ceilings": _ceilings_used()}
     if memory.peak is not None:
         extra["gpu_memory_peak_bytes"] = int(memory.peak)
+    extra["perflab_sha256"] = runs.perflab_sha256(_cells(nb, "code"))
     run = runs.ReferenceRun.now(started.strftime("%Y-%m-%dT%H:%M:%SZ"), duration,
                                 runs.code_sha256(_cells(nb, "code")), _git_commit(), **extra)
     nb.metadata["reference_run"] = run.as_metadata()
@@ -293,7 +308,7 @@ def record_cpu_run(md: Path, seconds: float) -> None:
     import platform
 
     path = ROOT / "labs" / "cpu_runs.json"
-    runs = json.loads(path.read_text()) if path.exists() else {}
+    table = json.loads(path.read_text()) if path.exists() else {}
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -302,10 +317,10 @@ def record_cpu_run(md: Path, seconds: float) -> None:
                 break
     except OSError:
         pass
-    runs[md.stem] = {"duration_s": round(seconds, 1), "cpu": cpu, "cores": os.cpu_count(),
+    table[md.stem] = {"duration_s": round(seconds, 1), "cpu": cpu, "cores": os.cpu_count(),
                      "started": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                      "source_sha256": runs.code_sha256(_cells(jupytext.read(md), "code"))}
-    path.write_text(json.dumps(runs, indent=1, sort_keys=True) + "\n")
+    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
 
 
 def _ceilings_used() -> dict | None:
@@ -323,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="*", help="notebook sources (.md); default: every notebook in _toc.yml")
-    parser.add_argument("--check", action="store_true", help="execute nothing; list missing or stale notebooks")
+    parser.add_argument("--check", action="store_true",
+                        help="execute nothing; list missing or stale notebooks and why (exit 0: all "
+                             "current, 3: only perflab modules changed, 1: anything else)")
     parser.add_argument("--sync", action="store_true", help="copy prose from .md into .ipynb; execute nothing")
     parser.add_argument("--record-cpu", action="store_true",
                         help="on a CPU: write no .ipynb; store each duration in labs/cpu_runs.json")
@@ -360,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         if not found:
             print(f"{len(notebooks)} notebook(s) carry a current reference run from a CUDA device")
-        return 1 if found else 0
+            return 0
+        return EXIT_PERFLAB_ONLY if all(PERFLAB_STALE in line for line in found) else 1
 
     if args.sync:
         for md in notebooks:

@@ -72,8 +72,11 @@ WRONG = {
         # still synchronizes: .item() at every step
         ("ex4-solution", "losses[step] = loss.detach()", "losses[step] = loss.item()", r"synchroni"),
         # 4 bytes per element instead of 8 (read and write)
-        ("ex5-prediction", "predicted_crossover = tiny_s * copy_bw / 8", "predicted_crossover = tiny_s * copy_bw / 4",
-         r"predicted crossover"),
+        ("ex5-prediction", "predicted_crossover = (h - d0) * copy_bw / 8",
+         "predicted_crossover = (h - d0) * copy_bw / 4", r"predicted crossover"),
+        # the crossover in bytes, not elements
+        ("ex5-prediction", "predicted_crossover = (h - d0) * copy_bw / 8",
+         "predicted_crossover = (h - d0) * copy_bw", r"predicted crossover"),
         # an unweighted least-squares fit (absolute instead of relative error)
         ("ex5-solution", "design = np.stack([1 / t, n / t], axis=1)\n    (t0, c), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)",
          "design = np.stack([np.ones_like(n), n], axis=1)\n    (t0, c), *_ = np.linalg.lstsq(design, t, rcond=None)",
@@ -92,6 +95,93 @@ WRONG = {
         # a bandwidth remedy for an overhead-bound step
         ("ex6-solution", '"overhead-bound": "fewer launches"', '"overhead-bound": "fuse"',
          r"remedy for step .* \(overhead-bound\)"),
+    ],
+    "05_data_loading": [
+        # "more workers" instead of less work per image: the check times num_workers=0 only
+        ("ex1-solution", "mm, batch_size=None, num_workers=0,", "mm, batch_size=None, num_workers=2,",
+         r"num_workers=2"),
+        # crops of another size than the slow loader's
+        ("ex1-solution", "collate_fn=ds.AugmentBatch(64)", "collate_fn=ds.AugmentBatch(32)", r"same crops"),
+        # the environment variable set after start-up: torch's pool is already sized
+        ("ex2-solution", "    torch.set_num_threads(1)   # the environment variable is read only at start",
+         '    os.environ["OMP_NUM_THREADS"] = "1"', r"still run"),
+        # the count of workers taken for the count of threads
+        ("ex2-solution", "total_threads = sum(ds.worker_thread_counts(2, tuned_init).values())",
+         "total_threads = 2", r"total_threads is 2"),
+        # a curve that starts at one worker: the in-process loader is never measured (with few
+        # cores the curve is also too short)
+        ("ex3-solution", "counts = sorted({0, 1, cores}", "counts = sorted({1, cores}",
+         r"from num_workers=0|\(0, 1 and the number of cores\)"),
+        # channels first (C, H, W) written where the reader expects height x width x RGB
+        ("ex4-solution", "    out[i] = ds.decode_resized(f, 72)\n",
+         "    out[i] = ds.decode_resized(f, 72).transpose(2, 0, 1).reshape(72, 72, 3)\n", r"NHWC"),
+    ],
+    "06_speed": [
+        # the loss still read with .item() at every step
+        ("ex1-solution", "        losses[i] = loss.detach()\n    return losses",
+         "        losses[i] = loss.item()\n    return losses", r"still synchronizes"),
+        # the batch's summed loss where the given loop takes the mean: another quantity
+        ("ex2-solution", "loss = F.cross_entropy(model(x), y)",
+         'loss = F.cross_entropy(model(x), y, reduction="sum")', r"result changed"),
+        # still the for-loop implementation
+        ("ex3-solution", "return torch.optim.AdamW(params, lr=2e-3, fused=True)",
+         "return torch.optim.AdamW(params, lr=2e-3, foreach=False)", r"still loops over tensors"),
+        # AdamW's default learning rate instead of the given loop's
+        ("ex3-solution", "return torch.optim.AdamW(params, lr=2e-3, fused=True)",
+         "return torch.optim.AdamW(params, fused=True)", r"lr=2e-3"),
+        # doubling the batch once: about 2x, below the 3x required
+        ("ex4-solution", "fast_batch = 1024", "fast_batch = 16", r"below the required"),
+    ],
+    "08_distributed": [
+        # the sum of the gradients instead of their mean
+        ("ex1-solution", "            p.grad /= world\n", "", r"differ from DDP's"),
+        # bits instead of bytes: 32 per float32 gradient
+        ("ex2-solution", "S = 4 * P_model", "S = 32 * P_model", r"count bytes"),
+        # DDP's default bucket size, which this launch did not measure
+        ("ex3-solution", "bucket_choice_mb = min(step_s, key=step_s.get)", "bucket_choice_mb = 25.0",
+         r"was not measured"),
+        # plain Adam: every rank keeps the whole state
+        ("ex4-solution", """    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam,
+                                   lr=1e-3)""", "    return torch.optim.Adam(params, lr=1e-3)",
+         r"not sharded"),
+        # the whole state predicted for every rank
+        ("ex4-solution", "predicted_state_bytes = 8 * P_opt / nproc", "predicted_state_bytes = 8 * P_opt",
+         r"you predicted"),
+    ],
+    "07_memory": [
+        # Adam's two moments forgotten: weights and gradients only
+        ("ex1-solution", "predicted_static = L * per_block * (4 + 4 + 8)",
+         "predicted_static = L * per_block * (4 + 4)", r"."),
+        # micro-batches whose losses are not scaled: four times the gradient, another training
+        ("ex2-solution", "loss = F.mse_loss(model(xs), ys) / micro", "loss = F.mse_loss(model(xs), ys)",
+         r"differs from the baseline"),
+        # the attribute that holds the big buffer named instead of the one that closes the cycle
+        ("ex3-solution", 'cycle_attribute = "hooks"', 'cycle_attribute = "activations"', r"."),
+        # the hook still a bound method of the monitor: the cycle stays
+        ("ex3-solution", '        self.hooks = {"after_step": lambda value: this().record(value)}',
+         '        self.hooks = {"after_step": self.record}', r"."),
+        # all the allocations added up instead of the largest one
+        ("ex4-solution", "largest_bytes = max(allocs)", "largest_bytes = sum(allocs)", r"."),
+    ],
+    "09_advanced": [
+        # the two coefficients swapped: a fast kernel of the wrong formula
+        ("ex1-solution", "return torch.ops.perflab_ext.axpby(x, a, y, b)",
+         "return torch.ops.perflab_ext.axpby(x, b, y, a)", r"result differs"),
+        # no backward registered: autograd cannot differentiate the operator
+        ("ex2-solution", "registered_axpby.register_autograd(_backward, setup_context=_setup)", "", r"."),
+        # the two derivatives swapped
+        ("ex2-solution", "return ctx.a * grad, None, ctx.b * grad, None",
+         "return ctx.b * grad, None, ctx.a * grad, None", r"."),
+        # the data-dependent branch kept: still a graph break
+        ("ex3-solution", "    return F.gelu(x * (limit / norm).clamp(max=1.0))",
+         "    if (norm > limit).any():\n        x = x * (limit / norm).clamp(max=1.0)\n    return F.gelu(x)", r"."),
+        # the clamp forgotten: rows below the limit get scaled up (the check's small trial)
+        ("ex3-solution", "    return F.gelu(x * (limit / norm).clamp(max=1.0))",
+         "    return F.gelu(x * (limit / norm))", r"different result"),
+        # the GPU's favourite chosen without measuring it here (and its gain made up)
+        ("ex4-solution", 'choice = min(ok, key=seconds.get)\ngain = seconds["fp32"] / seconds[choice]\n'
+                         "gap = abs(losses[choice] - ref) / ref",
+         'choice = "fp16"\ngain, gap = 2.0, 0.0', r"not one of the modes"),
     ],
     "10_gpt2_speedrun": [
         # the attention term forgotten: 6N only

@@ -60,6 +60,7 @@ def test_gloo_allreduce_between_two_cpu_processes():
         assert p.seconds > 0 and p.iters >= 5
         assert p.busbw == pytest.approx(p.algbw)          # n = 2
     assert result.peak_busbw == max(p.busbw for p in result.points)
+    assert result.timer == "perf_counter"
 
 
 def test_a_failing_worker_raises_with_its_output():
@@ -94,3 +95,19 @@ def test_gpu_link_reads_the_h200_topology_with_its_escape_codes():
             "GPU1\tNV18\t X \t0-31\t0\t\tN/A\n\nLegend:\n\n  X    = Self\n")
     assert gpu_link(text, 0, 1) == "NV18"
     assert gpu_link(text, 1, 0) == "NV18"
+
+
+def test_alpha_beta_recovers_latency_and_bus_bandwidth_from_a_sweep():
+    alpha, busbw, n = 20e-6, 3.6e11, 2
+    sizes = [2**k for k in range(12, 31, 2)]
+    pts = tuple(D.AllReducePoint(s, D.allreduce_time(s, busbw, n, alpha), 10,
+                                 0.0, 0.0) for s in sizes)
+    fit = D.alpha_beta(D.AllReduceResult("nccl", n, "cuda", pts, {}, "cuda events"))
+    assert fit.alpha_s == pytest.approx(alpha, rel=1e-6)
+    assert fit.busbw == pytest.approx(busbw, rel=1e-6)
+    assert fit.rms_relative < 1e-9 and fit.points == len(sizes)
+    assert fit.seconds(2**20, n) == pytest.approx(D.allreduce_time(2**20, busbw, n, alpha))
+    assert fit.half_bandwidth_bytes == pytest.approx(alpha * busbw)
+    flat = tuple(D.AllReducePoint(s, 1e-3 - 1e-13 * s, 10, 0.0, 0.0) for s in sizes)
+    with pytest.raises(ValueError, match="grow"):
+        D.alpha_beta(D.AllReduceResult("gloo", 2, "cpu", flat, {}))

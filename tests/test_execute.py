@@ -166,3 +166,65 @@ def test_reference_run_sh_keeps_its_log_when_stopped_at_a_time_limit(tmp_path):
     assert r.returncode == 124
     lines = (out / "reference_run.log").read_text().splitlines()
     assert len(lines) >= 5 and lines[0] == "line 1"
+
+
+def _package(root: Path) -> Path:
+    pkg = root / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('"""lazy package"""\n')
+    (pkg / "a.py").write_text("from . import b\nfrom .sub.deep import f\n\ndef g():\n    return b.x\n")
+    (pkg / "b.py").write_text("x = 1\n")
+    (pkg / "c.py").write_text("y = 2\n")
+    (pkg / "lazy.py").write_text("z = 3\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "deep.py").write_text("def f():\n    return 0\n")
+    return pkg
+
+
+def test_perflab_hash_follows_imported_modules_transitively_and_only_them(tmp_path):
+    from perflab import runs
+
+    pkg = _package(tmp_path)
+    cells = ["%matplotlib inline\nfrom pkg import a", "import pkg\npkg.lazy.z"]
+    mods = runs.perflab_modules(cells, pkg, package="pkg")
+    assert mods == ["pkg", "pkg.a", "pkg.b", "pkg.lazy", "pkg.sub", "pkg.sub.deep"]
+    before = runs.perflab_sha256(cells, pkg, package="pkg")
+    assert set(before) == {"pkg/__init__.py", "pkg/a.py", "pkg/b.py", "pkg/lazy.py",
+                           "pkg/sub/__init__.py", "pkg/sub/deep.py"}
+
+    (pkg / "c.py").write_text("y = 3  # a module the notebook never imports\n")
+    assert runs.perflab_sha256(cells, pkg, package="pkg") == before
+
+    (pkg / "b.py").write_text("x = 2  # imported through pkg.a\n")
+    after = runs.perflab_sha256(cells, pkg, package="pkg")
+    assert after != before
+    assert runs.changed_modules(before, after) == ["pkg/b.py"]
+    assert runs.changed_modules(None, after) == ["the run recorded no perflab hashes"]
+    assert runs.perflab_sha256(["x = 1"], pkg, package="pkg") == {}
+
+
+def test_check_names_the_perflab_modules_a_stale_run_depends_on(tmp_path):
+    from perflab import runs
+
+    md = write_nb(tmp_path / "nb.md", "from perflab.provenance import glue\nglue('x', 1)")
+    assert run(md).returncode == 0
+    ipynb = md.with_suffix(".ipynb")
+    nb = json.loads(ipynb.read_text())
+    meta = nb["metadata"]["reference_run"]
+    assert "perflab/provenance.py" in meta["perflab_sha256"]
+    assert "perflab/fits.py" not in meta["perflab_sha256"]
+    meta.update(devices=["NVIDIA H200"], cuda="13.0")
+    ipynb.write_text(json.dumps(nb))
+    assert run("--check", md).returncode == 0
+
+    meta["perflab_sha256"]["perflab/provenance.py"] = "0" * 64   # as if provenance.py changed
+    ipynb.write_text(json.dumps(nb))
+    st = runs.status(md)
+    assert st.state == "stale" and st.cause == "perflab" and st.changed == ("perflab/provenance.py",)
+    r = run("--check", md)
+    assert r.returncode == 3 and "perflab/provenance.py" in r.stdout and "stale" in r.stdout
+
+    del meta["perflab_sha256"]                                     # a run from before the hash
+    ipynb.write_text(json.dumps(nb))
+    r = run("--check", md)
+    assert r.returncode == 3 and "recorded no perflab hashes" in r.stdout

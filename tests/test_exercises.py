@@ -47,6 +47,15 @@ def test_overlay_table_never_rounds_a_ratio_to_zero():
     assert "3.0e-03" in table and "1.0e-06" in table and "0.00 " not in table
 
 
+def test_overlay_table_names_the_reference_devices_once():
+    rows = [("bw", 2.0, 4.0, "TB/s")]
+    table = E.overlay_table(rows, reference_run={"devices": ["NVIDIA H200", "NVIDIA H200"]})
+    assert table.splitlines()[:2] == ["reference: 2x NVIDIA H200", ""]
+    assert table.count("H200") == 1
+    assert E.overlay_table(rows, reference_run=None).startswith("reference: no reference run\n")
+    assert E.overlay_table(rows).startswith("quantity")
+
+
 def test_reference_devices_counts_identical_devices():
     assert E.reference_devices({"devices": ["NVIDIA H200", "NVIDIA H200"]}) == "2x NVIDIA H200"
     assert E.reference_devices(None) == "no reference run"

@@ -90,3 +90,56 @@ def test_properties_on_a_gpu():
     p = gpu.properties(0)
     assert p["sm_count"] > 0 and p["warp_size"] == 32
     assert p["memory_bytes"] == torch.cuda.get_device_properties(0).total_memory
+
+
+def test_fit_wave_width_finds_the_staircase_of_a_batch_sweep():
+    sms, m, n = 132, 256, 256                     # 128 x 256 tiles: 2 per product, 66 per wave
+    bs = list(range(8, 201))
+    stairs = [(b, 5e-6 + 8e-5 * math.ceil(b / 66)) for b in bs]
+    fit = gpu.fit_wave_width(stairs, m, n, sms)
+    assert fit.items_per_wave == pytest.approx(66)
+    assert fit.staircase_rms < 1e-9 < fit.linear_rms
+    assert fit.seconds_per_wave == pytest.approx(8e-5)
+    assert fit.waves(66) == 1 and fit.waves(67) == 2
+    assert fit.predict(100) == pytest.approx(5e-6 + 1.6e-4)
+    line = [(b, 5e-6 + 1.2e-6 * b) for b in bs]   # no quantization: the line wins
+    lf = gpu.fit_wave_width(line, m, n, sms)
+    assert lf.linear_rms < 1e-9 < lf.staircase_rms
+    with pytest.raises(ValueError, match="at least 4"):
+        gpu.fit_wave_width(stairs[:3], m, n, sms)
+    with pytest.raises(ValueError, match="single wave"):
+        gpu.fit_wave_width([(b, 1e-5) for b in range(1, 6)], m, n, sms)
+
+
+def test_batch_wave_sweep_runs_on_cpu_and_checks_its_arguments():
+    pts = gpu.batch_wave_sweep("cpu", 16, 16, 32, [1, 2, 3], dtype=torch.float32, reps=2)
+    assert [b for b, _ in pts] == [1, 2, 3] and all(t > 0 for _, t in pts)
+    with pytest.raises(ValueError, match="batches"):
+        gpu.batch_wave_sweep("cpu", 16, 16, 32, [0])
+    with pytest.raises(ValueError, match="k must"):
+        gpu.batch_wave_sweep("cpu", 16, 16, 0, [1])
+
+
+def test_graph_copy_sweep_counts_the_working_set_as_its_traffic():
+    from perflab.caches import WorkingSetPoint
+
+    pts = gpu.graph_copy_sweep("cpu", [2**16, 2**18], target_s=1e-5, reps=2)
+    assert [p.nbytes for p in pts] == [2**16, 2**18]
+    assert all(isinstance(p, WorkingSetPoint) and p.bytes_per_s > 0 for p in pts)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        gpu.graph_copy_sweep("cpu", [12])
+    with pytest.raises(ValueError, match="target_s"):
+        gpu.graph_copy_sweep("cpu", [64], target_s=0)
+
+
+def test_burst_and_sustained_times_both_under_telemetry_on_cpu():
+    r = gpu.burst_and_sustained("cpu", 64, dtype=torch.float32, burst_reps=3,
+                                sustained_s=0.05, rest_s=0)
+    assert r.flops == 2 * 64**3
+    assert r.burst_rate > 0 and r.sustained_rate > 0
+    assert r.sustained_window_s >= 0.05
+    assert r.burst.duration_s > 0 and r.sustained.duration_s >= 0.05
+    with pytest.raises(ValueError, match="sustained_s"):
+        gpu.burst_and_sustained("cpu", 8, sustained_s=0)
+    with pytest.raises(ValueError, match="rest_s"):
+        gpu.burst_and_sustained("cpu", 8, rest_s=-1)

@@ -120,6 +120,7 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
     ns = {"Path": Path, "perflab": perflab, "plt": plt, "sc": sc, "overlay_table": overlay_table,
           "ceiling": 1e12, "ref_path": ref_path,
           "ref": perflab.provenance.read_glued(ref_path) if ref_path.exists() else {},
+          "ref_fraction": sc.reference_fraction(536_000.0) if with_reference else None,
           "speed": {"base": run, "mine": run, "fraction": 0.3, "speedup": 2.0},
           "lean": {"ratio": 0.25}}
     src = code_cell(jupytext.read(LAB), "ladder = sc.reference_ladder(")

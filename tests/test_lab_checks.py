@@ -133,6 +133,5 @@ def test_every_exercise_has_a_wrong_solution(lab):
     exercises = {make_student.exercise_number(_meta(c)["grade_id"])
                  for c in jupytext.read(lab).cells if _meta(c).get("grade")}
     covered = {make_student.exercise_number(entry[0]) for entry in WRONG.get(lab.stem, [])}
-    if lab.stem not in WRONG:
-        pytest.xfail(f"{lab.name}: no wrong solutions in tests/lab_wrong_solutions.py yet")
+    assert lab.stem in WRONG, f"{lab.name}: no wrong solutions in tests/lab_wrong_solutions.py"
     assert exercises <= covered, f"{lab.name}: exercises without a wrong solution: {sorted(exercises - covered)}"

@@ -147,6 +147,7 @@ def test_every_task_on_world_size(runs, n):
     for name, formula in (("ddp", "ddp"), ("zero1", "zero1"), ("fsdp", "fsdp")):
         counted = sum(r["sharding"]["strategies"][name]["static_bytes"] for r in res) / n
         assert counted == pytest.approx(P.static_bytes_formula(p, n, formula), rel=0.02), name
+        assert sh["strategies"][name]["released_bytes"] is None  # CUDA allocator only
     assert res[0]["dcp_save"]["files"]
     if n > 2:
         assert res[0]["dcp_load"]["max_diff"] == 0.0
@@ -167,6 +168,57 @@ def test_a_hung_rank_ends_in_the_process_group_timeout():
                          backend="gloo", timeout_s=90)
     assert "Timed out" in f.message or "timed out" in f.message
     assert f.seconds < 90
+    assert "timed out" in f.first_error.lower() and "torch.distributed.run" not in f.first_error
+    # the job ended after the 2 s timeout, measured from the moment a rank started to wait
+    assert 2 <= f.after_wait_s < f.seconds
+
+
+NCCL_TIMEOUT_OUTPUT = """\
+perflab-hang-wait-starts 0 1700000000.250
+[rank0]:[E1130 23:46:25.123456 2629 ProcessGroupNCCL.cpp:685] [PG ID 1 PG GUID 1 Rank 0] \
+Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, \
+Timeout(ms)=10000) ran for 10087 milliseconds before timing out.
+[rank0]:[E1130 23:46:25.123999 2629 ProcessGroupNCCL.cpp:2110] [PG ID 1 PG GUID 1 Rank 0] \
+To avoid data inconsistency, we are taking the entire process down.
+terminate called after throwing an instance of 'c10::DistBackendError'
+  what():  [PG ID 1 PG GUID 1 Rank 0] Process group watchdog thread terminated with exception
+W1130 23:46:26.000000 2620 torch/distributed/elastic/multiprocessing/api.py:900] Sending \
+process 2630 closing signal SIGTERM
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+  exitcode  : -6 (pid: 2629)
+"""
+
+
+def test_an_nccl_timeout_is_reported_by_the_ranks_own_watchdog_line():
+    from perflab.distributed import _failure
+
+    err = _failure("torchrun exited with status 1", ["python", "-m", "torch.distributed.run"],
+                   NCCL_TIMEOUT_OUTPUT)
+    f = P.Failure(11.0, str(err), err.output)
+    assert f.first_error.startswith("[rank0]:[PG ID 1 PG GUID 1 Rank 0] Watchdog caught")
+    assert "ran for 10087 milliseconds" in f.first_error
+    errors = str(err).split("--- worker errors ---\n")[1].split("\n--- last")[0].splitlines()
+    assert errors[1] == "terminate called after throwing an instance of 'c10::DistBackendError'"
+    assert not any("ChildFailedError" in e or "SIGTERM" in e for e in errors)
+    assert P._wait_start(NCCL_TIMEOUT_OUTPUT + "perflab-hang-wait-starts 1 1700000001\n") \
+        == 1700000000.25
+    assert P._wait_start("no marker") is None
+
+
+def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
+    from perflab.distributed import LaunchError
+
+    seen = {}
+
+    def fake_launch(tasks, env=None, **kw):
+        seen.update(env)
+        raise LaunchError("torchrun exited with status 1: x", "perflab-hang-wait-starts 0 1.0\n")
+
+    monkeypatch.setattr(P, "launch", fake_launch)
+    f = P.expect_failure([{"name": "hang"}], env={"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"})
+    assert seen["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert seen["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"   # the caller's env wins
+    assert f.after_wait_s > 0 and f.output.startswith("perflab-hang")
 
 
 def test_the_launcher_kills_a_job_that_outlives_its_timeout():
@@ -179,3 +231,22 @@ def test_expect_failure_refuses_a_job_that_succeeds(monkeypatch):
     monkeypatch.setattr(P, "launch", lambda tasks, **kw: [])
     with pytest.raises(RuntimeError, match="expected to fail"):
         P.expect_failure([{"name": "collectives"}], nproc=2)
+
+
+def test_settled_reading_waits_until_the_reading_stops_changing():
+    # memory_allocated as the watchdog releases stashed tensors: 300, 200, then 100 for good
+    values = iter([300, 200, 100, 100, 100, 100])
+    prepared, slept = [], []
+    got = P.settled_reading(lambda: next(values), lambda: prepared.append(1),
+                            repeats=3, interval_s=0.5, sleep=slept.append)
+    assert got == 100 and len(prepared) == 5 and slept == [0.5] * 4
+
+
+def test_settled_reading_gives_up_after_its_timeout():
+    counter = iter(range(1000))
+    slept = []
+    got = P.settled_reading(lambda: next(counter), repeats=2, interval_s=1.0, timeout_s=3.0,
+                            sleep=slept.append)
+    assert got == 3 and slept == [1.0] * 3
+    with pytest.raises(ValueError, match="repeats"):
+        P.settled_reading(lambda: 0, repeats=0)

@@ -2,15 +2,22 @@
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_notebook_has_a_current_gpu_reference_run():
+    """Missing, CPU-made or code-stale runs and prose drift fail; a run that is stale only
+    because a perflab module it imports changed since (exit 3) is a warning: CI on a CPU cannot
+    fix it, the next reference run on the GPU machine does (``execute.py --check`` names them)."""
     r = subprocess.run([sys.executable, "scripts/execute.py", "--check"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
-    assert r.returncode == 0, "scripts/execute.py --check:\n" + r.stdout + r.stderr
+    assert r.returncode in (0, 3), "scripts/execute.py --check:\n" + r.stdout + r.stderr
+    if r.returncode == 3:
+        warnings.warn("reference runs stale because perflab changed (re-run them on the GPU "
+                      "machine):\n" + r.stdout, UserWarning, stacklevel=1)
 
 
 def test_no_committed_notebook_contradicts_its_own_expectations():

@@ -1,3 +1,9 @@
+import importlib.util
+import linecache
+import os
+import traceback
+import warnings
+
 import pytest
 import torch
 
@@ -62,6 +68,76 @@ def test_sync_debug_warnings_on_a_gpu():
     before = torch.cuda.get_sync_debug_mode()
     _, found = S.sync_debug_warnings(lambda: t.sum().item())
     assert len(found) >= 1 and "synchroniz" in found[0].message
+    assert all(w.line == "_, found = S.sync_debug_warnings(lambda: t.sum().item())"
+               for w in found)
     _, none = S.sync_debug_warnings(lambda: t * 2)
     assert none == []
     assert torch.cuda.get_sync_debug_mode() == before
+
+
+def _fake(message, filename, lineno):
+    return warnings.WarningMessage(UserWarning(message), UserWarning, filename, lineno)
+
+
+def _user_file(tmp_path):
+    path = tmp_path / "cell.py"
+    path.write_text("x = 1\nloss.item()\nout[keep]\n")
+    linecache.checkcache(str(path))
+    return str(path)
+
+
+def test_sync_warnings_from_drops_the_prototype_warning_of_set_sync_debug_mode(tmp_path):
+    # what the H200 run recorded first: the mode's own warning, located in torch.cuda
+    torch_cuda = os.path.join(os.path.dirname(torch.__file__), "cuda", "__init__.py")
+    user = _user_file(tmp_path)
+    records = [
+        _fake("Synchronization debug mode is a prototype feature and does not yet detect "
+              "all synchronizing operations", torch_cuda, 1333),
+        _fake(S.SYNC_WARNING_TEXT + " (Triggered internally at CUDAFunctions.cpp:1.)", user, 2),
+        _fake("some other warning", user, 3),
+    ]
+    found = S.sync_warnings_from(records)
+    assert [(w.filename, w.lineno, w.line) for w in found] == [(user, 2, "loss.item()")]
+    assert S.SYNC_WARNING_TEXT in found[0].message
+
+
+def test_sync_warnings_from_walks_out_of_torch_to_the_callers_line(tmp_path):
+    user = _user_file(tmp_path)
+    inside = os.path.join(os.path.dirname(torch.__file__), "_tensor.py")
+    stack = [traceback.FrameSummary(user, 3, "train"),
+             traceback.FrameSummary(inside, 10, "__format__")]
+    found = S.sync_warnings_from([(_fake(S.SYNC_WARNING_TEXT, inside, 10), stack),
+                                  (_fake(S.SYNC_WARNING_TEXT, user, 2), [])])
+    assert [(w.lineno, w.line) for w in found] == [(3, "out[keep]"), (2, "loss.item()")]
+    assert S.warnings_by_line(found + found[1:]) == [("loss.item()", 2), ("out[keep]", 1)]
+
+
+def test_sync_warnings_from_rejects_other_records():
+    with pytest.raises(TypeError, match="WarningMessage"):
+        S.sync_warnings_from(["called a synchronizing CUDA operation"])
+
+
+def test_recorder_keeps_each_warning_with_the_stack_that_issued_it(tmp_path):
+    # a module outside this file stands for PyTorch code that warns on the caller's behalf
+    lib_dir = tmp_path / "fakelib"
+    lib_dir.mkdir()
+    (lib_dir / "fake_torch_op.py").write_text(
+        "import warnings\n\n\ndef op(text):\n    warnings.warn(text, stacklevel=1)\n")
+    spec = importlib.util.spec_from_file_location("fake_torch_op", lib_dir / "fake_torch_op.py")
+    lib = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lib)
+
+    def user_code():
+        for _ in range(2):
+            lib.op(S.SYNC_WARNING_TEXT)
+        lib.op("not a sync")
+        return 7
+
+    before = warnings.showwarning
+    out, records = S._record_with_stacks(user_code)
+    assert out == 7 and len(records) == 3 and warnings.showwarning is before
+    found = S.sync_warnings_from(records, library_dirs=())
+    assert [w.line for w in found] == ["warnings.warn(text, stacklevel=1)"] * 2
+    found = S.sync_warnings_from(records, library_dirs=(str(lib_dir),))
+    assert [w.line for w in found] == ["lib.op(S.SYNC_WARNING_TEXT)"] * 2
+    assert found[0].filename == os.path.abspath(__file__)

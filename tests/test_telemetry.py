@@ -27,7 +27,8 @@ def test_summary_before_the_block_ends_is_an_error():
         tel.summary()
 
 
-@pytest.mark.parametrize("kwargs, word", [({"interval_s": 0}, "interval_s"), ({"index": -1}, "index")])
+@pytest.mark.parametrize("kwargs, word", [({"interval_s": 0}, "interval_s"), ({"index": -1}, "index"),
+                                          ({"device": "gpu7"}, "device")])
 def test_bad_arguments_name_themselves(kwargs, word):
     with pytest.raises(ValueError, match=word):
         T.Telemetry(**kwargs)
@@ -75,3 +76,29 @@ def test_measure_returns_seconds_and_telemetry():
     assert m.rate(8000) == pytest.approx(8000 / m.seconds)
     with pytest.raises(ValueError, match="work"):
         m.rate(-1)
+
+
+def test_work_on_the_cpu_samples_the_cpu_even_beside_a_gpu(monkeypatch):
+    """On a GPU machine, Telemetry(device="cpu") reads the CPU clock, not the idle GPU's."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(T, "_gpu_reading", lambda index=0: {"sm_clock_mhz": 1980.0})
+    monkeypatch.setattr(T, "_cpu_mhz", lambda: 2400.0)
+    for device, source in ((None, "NVML"), ("cuda", "NVML"), ("cuda:0", "NVML"),
+                           ("cpu", "/proc/cpuinfo"), (torch.device("cpu"), "/proc/cpuinfo")):
+        with T.Telemetry(interval_s=10, device=device) as tel:
+            pass
+        assert tel._source == source, device
+    s = tel.summary()
+    assert s.sm_clock_mhz_median == 2400.0 and "core clock" in s.sentence()
+    # measure() passes the device it benchmarks on
+    seen = []
+    real = T.Telemetry
+
+    def spy(**kw):
+        seen.append(kw.get("device"))
+        return real(**kw)
+
+    monkeypatch.setattr(T, "Telemetry", spy)
+    monkeypatch.setattr(T, "benchmark", lambda fn, dev, min_run_time_s: 1.0)
+    m = T.measure(lambda: None, "cpu")
+    assert seen == [torch.device("cpu")] and m.telemetry.source == "/proc/cpuinfo"
