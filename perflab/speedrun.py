@@ -74,6 +74,10 @@ class Rung:
             or ``"pinned"`` (a ``DataLoader`` with two workers, pinned memory, non-blocking copies).
         checkpoint: recompute each block's activations in the backward
             (``torch.utils.checkpoint``, non-reentrant) instead of storing them.
+        fp8: run the blocks' linear layers (qkv, attention projection, MLP) in FP8 with
+            per-tensor dynamic scales through ``torch._scaled_mm`` (:func:`perflab.fp8.convert`:
+            forward and both gradients; the tied head/embedding stays in the rung's precision).
+            Needs FP8 tensor cores (compute capability >= 8.9) on a GPU; widths multiples of 16.
     """
 
     name: str
@@ -89,6 +93,7 @@ class Rung:
     vocab: int = gpt2.GPT2_VOCAB
     loader: str = "simple"
     checkpoint: bool = False
+    fp8: bool = False
 
     def __post_init__(self):
         for name in ("batch", "seq_len", "accum", "vocab"):
@@ -329,6 +334,9 @@ class _Forward(torch.nn.Module):
         super().__init__()
         self.model, self.rung = model, rung
         self.head_loss = _head_loss
+        if rung.fp8:
+            from perflab import fp8
+            fp8.convert(model)
         if rung.compile:
             for block in model.blocks:
                 block.compile()
