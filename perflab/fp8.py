@@ -4,7 +4,7 @@ A linear layer ``y = x W^T + b`` does three matrix products per training step: t
 ``x W^T``, ``grad_x = g W`` and ``grad_W = g^T x`` (``g`` the gradient of ``y``). On Hopper the
 tensor cores multiply 8-bit floats at twice the bf16 rate, so :class:`Float8Linear` runs all
 three in FP8, the recipe of Micikevicius et al. (2022), "FP8 Formats for Deep Learning"
-(arXiv:2209.05433), section 4, with one scale per tensor computed from the tensor itself in the
+(arXiv:2209.05433; ``micikevicius2022fp8`` in the book's bibliography), with one scale per tensor computed from the tensor itself in the
 same step (*dynamic* scaling, no history):
 
 * activations ``x`` and weights ``W`` are cast to ``float8_e4m3fn`` (4 exponent bits, 3 mantissa
@@ -25,19 +25,22 @@ row-major ``(N, K)`` weight: free); ``grad_x`` needs ``q_W`` transposed (a copy 
 weight); ``grad_W = g^T x`` needs row-major ``q_g^T`` and column-major ``q_x``, i.e. transposed
 copies of both activation-sized FP8 tensors.
 
-Why ``grad_W`` runs in FP8 too (``grad_weight="fp8"``, the default): it is a third of the
-layer's matmul FLOPs. In FP8 it costs two transposed FP8 copies (1 byte per element of ``x``
-and of ``g``, written once; under ``torch.compile`` Inductor writes them in the same kernels
-that cast ``x`` and ``g``), while the bf16 product it replaces reads 2-byte operands at half the
-tensor-core rate. For GPT-2 124M at 65,536 tokens per step the copies are about 9.7 GB per step
-(~2.5 ms at ~4 TB/s) against about 17 ms of bf16 ``grad_W`` products, so FP8 should win;
-``grad_weight="bf16"`` keeps the bf16 product (and the bf16 copy of ``x`` for it) so the choice
-can be measured. ``grad_W`` sums over all M tokens: it is computed with ``_scaled_mm``'s
-default (slower, exact) fp32 accumulation; the forward, whose sums are only K long, uses the
+Why ``grad_W`` runs in FP8 too (``grad_weight="fp8"``, the default, as in the paper's recipe):
+it is a third of the layer's matmul FLOPs. In FP8 it costs two transposed FP8 copies, of ``x``
+and of ``g`` (1 byte written per element, plus a re-read of the source: under
+``torch.compile`` Inductor recomputes the cast inside the copy kernel). For GPT-2 124M at
+65,536 tokens per step, ``x`` and ``g`` of the 48 block linears hold 4.2 G and 5.4 G elements:
+the copies move about 20-30 GB, 5-8 ms at ~4 TB/s, against ~17 ms of bf16 ``grad_W`` products
+of which FP8 saves 35-45 % (6-7.5 ms). At GPT-2 small's widths that is a near tie; the copies
+grow with the token count like the products, but the products' FP8 gain grows with width, and
+FP8 halves the bytes ``x`` keeps for the backward, so FP8 is the default and
+``grad_weight="bf16"`` (a bf16 product from a saved bf16 ``x``, no copies) exists to measure
+the other side. ``grad_W`` sums over all M tokens: it uses ``_scaled_mm``'s default (slower,
+precise) fp32 accumulation, like ``grad_x``; the forward, whose sums are only K long, uses the
 Hopper "fast accumulation" mode (``use_fast_accum=True``).
 
-On a CPU there are no FP8 tensor cores, but ``torch._scaled_mm`` has a CPU kernel (torch
->= 2.7): it dequantizes exactly the same FP8 operands and multiplies them in fp32, so the CPU
+On a CPU there are no FP8 tensor cores, but ``torch._scaled_mm`` has a CPU kernel (in torch 2.13,
+the CI's build): it dequantizes exactly the same FP8 operands and multiplies them in fp32, so the CPU
 computes the same quantized numbers (up to fp32 summation order) and the unit tests check the
 GPU code path's arithmetic. :func:`emulated_mm` is the same computation written out (cast to
 FP8 and back, matmul in fp32), the reference of the tests.
@@ -143,8 +146,9 @@ class _Float8Matmul(torch.autograd.Function):
         qw, sw = quantize(w, E4M3)
         y = _scaled_mm(qx, qw.t(), sx, sw, fast=True)
         if fp8_grad_weight:
-            # grad_W = g^T x wants x column-major: keep the transposed FP8 copy, not x
-            ctx.save_for_backward(qx.t().contiguous(), sx, qw, sw)
+            # keep the 1-byte FP8 x for grad_W (not x itself); it is made column-major in the
+            # backward, a copy that reads 1 byte per element
+            ctx.save_for_backward(qx, sx, qw, sw)
         else:
             ctx.save_for_backward(x.to(torch.bfloat16), sx, qw, sw)
         ctx.fp8_grad_weight = fp8_grad_weight
@@ -163,8 +167,9 @@ class _Float8Matmul(torch.autograd.Function):
             grad_x = grad_x.to(ctx.x_dtype)
         if ctx.needs_input_grad[1]:
             if ctx.fp8_grad_weight:
-                # g^T (N, M) row-major @ x (M, K) column-major (= the saved (K, M) copy, .t())
-                grad_w = _scaled_mm(qg.t().contiguous(), saved.t(), sg, sx, fast=False)
+                # g^T (N, M) row-major @ x (M, K) column-major (a (K, M) row-major copy, .t())
+                grad_w = _scaled_mm(qg.t().contiguous(), saved.t().contiguous().t(), sg, sx,
+                                    fast=False)
             else:
                 grad_w = g.to(torch.bfloat16).t() @ saved
             grad_w = grad_w.to(ctx.w_dtype)
