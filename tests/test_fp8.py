@@ -146,3 +146,43 @@ def test_fp8_rung_trains_like_bf16():
     assert a.losses[-1] < a.losses[0] - 0.1          # the curve moves: the check means something
     agree, worst = sr.losses_agree(b.losses, a.losses)
     assert agree, worst
+
+
+class _CudaRules(torch.utils._python_dispatch.TorchDispatchMode):
+    """Record every aten._scaled_mm call and check the rules the CUDA kernel enforces (the CPU
+    kernel is lenient): row-major first operand, column-major second, dimensions multiples of
+    16, fp32 scalar scales, no e5m2 x e5m2."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._scaled_mm.default:
+            a, b, sa, sb = args[:4]
+            self.calls.append((a.dtype, b.dtype, tuple(a.shape), tuple(b.shape)))
+            assert a.stride(1) == 1 and a.stride(0) > 1, ("a not row-major", a.stride())
+            assert b.stride(0) == 1 and b.stride(1) > 1, ("b not column-major", b.stride())
+            assert a.shape[1] % 16 == 0 and b.shape[0] % 16 == 0 and b.shape[1] % 16 == 0
+            assert sa.dtype == sb.dtype == torch.float32 and sa.numel() == sb.numel() == 1
+            assert (a.dtype, b.dtype) != (fp8.E5M2, fp8.E5M2)
+            bound = dict(zip([arg.name for arg in func._schema.arguments], args), **kwargs)
+            assert bound.get("out_dtype") == torch.bfloat16 and bound.get("bias") is None
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("grad_weight", ["fp8", "bf16"])
+def test_every_scaled_mm_call_meets_the_cuda_layout_rules(grad_weight):
+    # GPT-2 124M's four block shapes, 32 tokens
+    for k, n in ((768, 2304), (768, 768), (768, 3072), (3072, 768)):
+        lin = fp8.Float8Linear(k, n, grad_weight=grad_weight)
+        x = torch.randn(2, 16, k, requires_grad=True)
+        with _CudaRules() as rules:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = lin(x)
+            y.float().sum().backward()
+        expect = [(fp8.E4M3, fp8.E4M3, (32, k), (k, n)), (fp8.E5M2, fp8.E4M3, (32, n), (n, k))]
+        if grad_weight == "fp8":
+            expect.append((fp8.E5M2, fp8.E4M3, (n, 32), (32, k)))
+        assert rules.calls == expect
