@@ -4,8 +4,8 @@ A linear layer ``y = x W^T + b`` does three matrix products per training step: t
 ``x W^T``, ``grad_x = g W`` and ``grad_W = g^T x`` (``g`` the gradient of ``y``). On Hopper the
 tensor cores multiply 8-bit floats at twice the bf16 rate, so :class:`Float8Linear` runs all
 three in FP8, the recipe of Micikevicius et al. (2022), "FP8 Formats for Deep Learning"
-(arXiv:2209.05433; ``micikevicius2022fp8`` in the book's bibliography), with one scale per tensor computed from the tensor itself in the
-same step (*dynamic* scaling, no history):
+(arXiv:2209.05433; ``micikevicius2022fp8`` in the book's bibliography), with one scale per
+tensor computed from the tensor itself in the same step (*dynamic* scaling, no history):
 
 * activations ``x`` and weights ``W`` are cast to ``float8_e4m3fn`` (4 exponent bits, 3 mantissa
   bits, largest value 448); gradients ``g`` to ``float8_e5m2`` (5 exponent bits, 2 mantissa
@@ -39,11 +39,12 @@ the other side. ``grad_W`` sums over all M tokens: it uses ``_scaled_mm``'s defa
 precise) fp32 accumulation, like ``grad_x``; the forward, whose sums are only K long, uses the
 Hopper "fast accumulation" mode (``use_fast_accum=True``).
 
-On a CPU there are no FP8 tensor cores, but ``torch._scaled_mm`` has a CPU kernel (in torch 2.13,
-the CI's build): it dequantizes exactly the same FP8 operands and multiplies them in fp32, so the CPU
-computes the same quantized numbers (up to fp32 summation order) and the unit tests check the
-GPU code path's arithmetic. :func:`emulated_mm` is the same computation written out (cast to
-FP8 and back, matmul in fp32), the reference of the tests.
+On a CPU there are no FP8 tensor cores, but ``torch._scaled_mm`` has a CPU kernel (in torch
+2.13, the CI's build): it dequantizes exactly the same FP8 operands and multiplies them in
+fp32, so the CPU computes the same quantized numbers (up to summation order and the bf16
+rounding of the output) and the unit tests check the GPU code path's arithmetic (its layout
+rules too, by intercepting every call). :func:`emulated_mm` is the same computation written
+out (cast to FP8 and back, matmul in fp32), the reference of the tests.
 
 Under ``torch.compile`` the :class:`torch.autograd.Function` is traced whole (forward and
 backward, no graph break), and Inductor fuses each amax reduction and cast into the kernels
