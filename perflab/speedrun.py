@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from perflab import gpt2
+from perflab import fp8, gpt2
 from perflab.telemetry import Telemetry
 
 __all__ = ["Rung", "RunResult", "speed_ladder", "memory_ladder", "train", "batches",
@@ -335,7 +335,6 @@ class _Forward(torch.nn.Module):
         self.model, self.rung = model, rung
         self.head_loss = _head_loss
         if rung.fp8:
-            from perflab import fp8
             fp8.convert(model)
         if rung.compile:
             for block in model.blocks:
