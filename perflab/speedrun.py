@@ -37,7 +37,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import ProfilerActivity, profile as _profile
 
-from perflab import gpt2, memory
+from perflab import fp8, gpt2, memory
 from perflab.telemetry import Telemetry
 
 __all__ = ["Rung", "RunResult", "speed_ladder", "memory_ladder", "train", "batches",
@@ -78,6 +78,10 @@ class Rung:
             or ``"pinned"`` (a ``DataLoader`` with two workers, pinned memory, non-blocking copies).
         checkpoint: recompute each block's activations in the backward
             (``torch.utils.checkpoint``, non-reentrant) instead of storing them.
+        fp8: run the blocks' linear layers (qkv, attention projection, MLP) in FP8 with
+            per-tensor dynamic scales through ``torch._scaled_mm`` (:func:`perflab.fp8.convert`:
+            forward and both gradients; the tied head/embedding stays in the rung's precision).
+            Needs FP8 tensor cores (compute capability >= 8.9) on a GPU; widths multiples of 16.
     """
 
     name: str
@@ -93,6 +97,7 @@ class Rung:
     vocab: int = gpt2.GPT2_VOCAB
     loader: str = "simple"
     checkpoint: bool = False
+    fp8: bool = False
 
     def __post_init__(self):
         for name in ("batch", "seq_len", "accum", "vocab"):
@@ -332,6 +337,8 @@ class _Forward(torch.nn.Module):
         super().__init__()
         self.model, self.rung = model, rung
         self.head_loss = _head_loss
+        if rung.fp8:
+            fp8.convert(model)
         if rung.compile:
             for block in model.blocks:
                 block.compile()
