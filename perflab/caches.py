@@ -217,7 +217,9 @@ def fit_fixed_cost(points: Sequence[WorkingSetPoint], lo: float = 0, hi: float =
     (filling the machine with blocks, the last wave, the final step of a reduction), so
     ``nbytes / time`` under-reads the bandwidth of small working sets. The slope of time against
     size is the bandwidth without that cost; the intercept is the cost (:func:`perflab.fits.fit_line`).
-    Each point's time is ``nbytes / bytes_per_s``.
+    Each point's time is ``nbytes / bytes_per_s``. An intercept below zero (kernels replayed
+    back to back in a CUDA graph can have no measurable fixed cost, and noise then puts the
+    intercept a fraction of a microsecond on either side of zero) is reported as 0.
 
     Raises:
         ValueError: fewer than 2 points in the range, or a fit whose slope is not positive.
@@ -228,7 +230,7 @@ def fit_fixed_cost(points: Sequence[WorkingSetPoint], lo: float = 0, hi: float =
     fit = fit_line([float(p.nbytes) for p in sel], [p.nbytes / p.bytes_per_s for p in sel])
     if fit.slope <= 0:
         raise ValueError("time does not grow with size in this range: no bandwidth can be fitted")
-    return FixedCostFit(fit.fixed, 1.0 / fit.slope, fit.points)
+    return FixedCostFit(max(fit.fixed, 0.0), 1.0 / fit.slope, fit.points)
 
 
 def without_fixed_cost(points: Sequence[WorkingSetPoint], fixed_s: float) -> list[WorkingSetPoint]:

@@ -144,3 +144,11 @@ def test_fixed_cost_fit_rejects_too_few_points_and_flat_time():
     with pytest.raises(ValueError, match="fixed_s"):
         without_fixed_cost(flat, -1)
     assert without_fixed_cost(flat, 2e-6) == []
+
+
+def test_fixed_cost_below_zero_is_reported_as_zero():
+    # t = -0.3 us + n / 5e12: a fit through points with no fixed cost, noise below zero
+    pts = [C.WorkingSetPoint(n, n / (n / 5e12 - 3e-7)) for n in (2**24, 2**25, 2**26)]
+    fit = C.fit_fixed_cost(pts)
+    assert fit.fixed_s == 0.0
+    assert C.without_fixed_cost(pts, fit.fixed_s)
