@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import math
+
 import torch
 from . import exercises
 from .compiler import graph_breaks
@@ -358,7 +360,8 @@ def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: flo
     """Lab check: ``fused(x, a, y, b)`` equals ``a*x + b*y`` and beats the eager composition.
 
     Both are timed in this run by :func:`perflab.timing.benchmark` on float32 tensors of
-    ``numel`` elements; the ratio eager / fused must be at least ``minimum``. A fused kernel
+    ``numel`` elements, in three alternating rounds (the best time of each); the ratio
+    eager / fused must be at least ``minimum``. A fused kernel
     moves 3 tensors' worth of bytes against eager's 7, so a right answer reaches about 2x on
     any bandwidth-bound machine; the default 1.3 leaves room for noise.
 
@@ -385,8 +388,12 @@ def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: flo
                 not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
             raise ExerciseFailed(f"✗ Exercise {exercise}: your operator's result differs from "
                                  "1.5 * x - 0.25 * y.")
-        eager_s = benchmark(lambda: axpby_eager(x, 1.5, y, -0.25), dev)
-        fused_s = benchmark(lambda: fused(x, 1.5, y, -0.25), dev)
+        # three alternating rounds, the best of each: on a loaded machine (a shared CPU) a
+        # burst of load during one measurement cannot decide the verdict
+        eager_s = fused_s = math.inf
+        for _ in range(3):
+            eager_s = min(eager_s, benchmark(lambda: axpby_eager(x, 1.5, y, -0.25), dev))
+            fused_s = min(fused_s, benchmark(lambda: fused(x, 1.5, y, -0.25), dev))
     ratio = eager_s / fused_s
     if ratio < minimum:
         raise ExerciseFailed(f"✗ Exercise {exercise}: your operator is {ratio:.2f}x the eager "

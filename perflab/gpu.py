@@ -29,7 +29,9 @@ from typing import Iterable, Sequence
 
 import torch
 
+from .caches import WorkingSetPoint
 from .fits import fit_line
+from .telemetry import Telemetry
 from .hardware import has_gpu
 from .progress import progress as show_progress
 from .roofline import SweepPoint, matmul_rate, sweep_repeat
@@ -462,8 +464,6 @@ def graph_copy_sweep(
         ValueError: empty ``sizes``, a size that is not a positive multiple of 8 bytes, or a
             non-positive ``target_s`` or ``reps``.
     """
-    from .caches import WorkingSetPoint
-
     sizes = list(sizes)
     if not sizes or any(isinstance(x, bool) or not isinstance(x, int) or x < 8 or x % 8
                         for x in sizes):
@@ -541,8 +541,6 @@ def burst_and_sustained(
         ValueError: a non-positive ``n``, ``burst_reps`` or ``sustained_s``, or a negative
             ``rest_s``.
     """
-    from .telemetry import Telemetry
-
     for name, v in (("n", n), ("burst_reps", burst_reps)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
