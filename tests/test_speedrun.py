@@ -91,7 +91,9 @@ def test_losses_agree_and_mfu():
     assert sr.padded(50257) == 50304 and sr.padded(64) == 64
 
 
-@pytest.mark.parametrize("fsdp", [False, True])
+# DDP on gloo runs in chapter 10's CPU execution (nbval) on every CI run; the unit test covers
+# the sharded path, which has more to go wrong (tied weights under fully_shard)
+@pytest.mark.parametrize("fsdp", [True])
 def test_data_parallel_rung_on_two_gloo_ranks(fsdp):
     rung = asdict(base(batch=2))
     out = parallel.launch([{"name": "gpt2", "args": {"rung": rung, "steps": 1, "warmup": 1,
