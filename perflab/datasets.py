@@ -67,12 +67,12 @@ __all__ = [
     "decode_pil",
     "decode_resized",
     "gpu_augment",
+    "gpu_augment_list",
     "gpu_decode",
     "gpu_rate",
     "ladder_loaders",
     "loader_rate",
     "make_jpeg_folder",
-    "pad_batch",
     "pil_pipeline",
     "read_blobs",
     "read_rate",
@@ -435,18 +435,37 @@ def seed_worker(worker_id: int) -> None:
     torch.set_num_threads(1)
 
 
+def _crop_boxes(h: torch.Tensor, w: torch.Tensor, generator: torch.Generator | None,
+                scale: tuple[float, float], flip: bool) -> tuple[torch.Tensor, ...]:
+    """Random square crop boxes for images of heights ``h`` and widths ``w`` (float64 ``(B,)``
+    on the CPU): ``(y0, x0, side, sign)``, ``sign`` -1 for a horizontal flip. One draw of
+    ``torch.rand(B, 4)`` from ``generator``, so both augment functions crop alike."""
+    b = h.shape[0]
+    r = torch.rand(b, 4, generator=generator, dtype=torch.float64)
+    s = torch.sqrt((scale[0] + r[:, 0] * (scale[1] - scale[0])) * h * w)
+    side = torch.minimum(s, torch.minimum(h, w))  # square crops: the output is square
+    y0, x0 = r[:, 1] * (h - side), r[:, 2] * (w - side)
+    sign = torch.where(r[:, 3] < 0.5, -1.0, 1.0) if flip else torch.ones(b, dtype=torch.float64)
+    return y0, x0, side, sign
+
+
+def _normalize(x: torch.Tensor) -> torch.Tensor:
+    mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1) * 255
+    std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1) * 255
+    return (x - mean) / std
+
+
 def gpu_augment(batch: torch.Tensor, out: int, generator: torch.Generator | None = None,
-                sizes: torch.Tensor | None = None, scale: tuple[float, float] = (0.25, 1.0),
-                flip: bool = True) -> torch.Tensor:
+                scale: tuple[float, float] = (0.25, 1.0), flip: bool = True) -> torch.Tensor:
     """Random resized crop + horizontal flip + normalize of a whole batch in a few kernels.
 
-    ``batch``: uint8 ``(B, 3, H, W)`` on any device (images padded to ``H x W`` when their own
-    sizes differ; ``sizes``, int ``(B, 2)`` of (height, width), says which part of each is real).
-    Each crop is a square covering ``scale`` of the image's area (at most its shorter side) at a
-    random place. One affine grid per image (crop box, and a mirrored x axis for a flip) and one bilinear
-    ``F.grid_sample`` do every crop and resize at once; the result is float32 ``(B, 3, out, out)``
-    normalized with :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`. Random numbers come from
-    ``generator`` (on the CPU) so the same seed gives the same crops on any device.
+    ``batch``: uint8 ``(B, 3, H, W)`` on any device, images of one size. Each crop is a square
+    covering ``scale`` of the image's area (at most its shorter side) at a random place. One
+    affine grid per image (crop box, and a mirrored x axis for a flip) and one bilinear
+    ``F.grid_sample`` do every crop and resize at once; the result is float32
+    ``(B, 3, out, out)`` normalized with :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`. Random
+    numbers come from ``generator`` (on the CPU) so the same seed gives the same crops on any
+    device. For images of different sizes, :func:`gpu_augment_list`.
 
     Raises:
         ValueError: ``batch`` not a 4-d uint8 tensor with 3 channels.
@@ -456,27 +475,78 @@ def gpu_augment(batch: torch.Tensor, out: int, generator: torch.Generator | None
     _positive_int("out", out)
     b, _, H, W = batch.shape
     dev = batch.device
-    if sizes is None:
-        sizes = torch.tensor([[H, W]] * b)
-    sizes = sizes.to("cpu", torch.float64)
-    h, w = sizes[:, 0], sizes[:, 1]
-    r = torch.rand(b, 4, generator=generator, dtype=torch.float64)
-    s = torch.sqrt((scale[0] + r[:, 0] * (scale[1] - scale[0])) * h * w)
-    ch = cw = torch.minimum(s, torch.minimum(h, w))  # square crops: the output is square
-    y0, x0 = r[:, 1] * (h - ch), r[:, 2] * (w - cw)
-    sign = torch.where(r[:, 3] < 0.5, -1.0, 1.0) if flip else torch.ones(b, dtype=torch.float64)
-    # crop box -> normalized [-1, 1] coordinates of the padded canvas (align_corners=False)
+    h = torch.full((b,), float(H), dtype=torch.float64)
+    w = torch.full((b,), float(W), dtype=torch.float64)
+    y0, x0, side, sign = _crop_boxes(h, w, generator, scale, flip)
+    # crop box -> normalized [-1, 1] coordinates (align_corners=False)
     theta = torch.zeros(b, 2, 3, dtype=torch.float64)
-    theta[:, 0, 0] = sign * cw / W
-    theta[:, 0, 2] = (2 * x0 + cw) / W - 1
-    theta[:, 1, 1] = ch / H
-    theta[:, 1, 2] = (2 * y0 + ch) / H - 1
+    theta[:, 0, 0] = sign * side / W
+    theta[:, 0, 2] = (2 * x0 + side) / W - 1
+    theta[:, 1, 1] = side / H
+    theta[:, 1, 2] = (2 * y0 + side) / H - 1
     grid = F.affine_grid(theta.float().to(dev), [b, 3, out, out], align_corners=False)
     x = F.grid_sample(batch.float(), grid, mode="bilinear", padding_mode="border",
                       align_corners=False)
-    mean = torch.tensor(IMAGENET_MEAN, device=dev).view(1, 3, 1, 1) * 255
-    std = torch.tensor(IMAGENET_STD, device=dev).view(1, 3, 1, 1) * 255
-    return (x - mean) / std
+    return _normalize(x)
+
+
+def gpu_augment_list(images: Sequence[torch.Tensor], out: int,
+                     generator: torch.Generator | None = None,
+                     scale: tuple[float, float] = (0.25, 1.0), flip: bool = True) -> torch.Tensor:
+    """:func:`gpu_augment` for images of different sizes (what a batched JPEG decode returns),
+    with a number of kernels that does not grow with the batch.
+
+    ``images``: uint8 ``(3, H_i, W_i)`` tensors on one device. They are concatenated into one
+    flat buffer (one ``torch.cat``); every output pixel's four bilinear neighbours are then
+    gathered from it by index arithmetic on the whole batch at once (``torch.take``), with
+    coordinates clamped to each image's own border (``grid_sample``'s ``padding_mode="border"``,
+    ``align_corners=False``). Same crops, flips and result as :func:`gpu_augment` for the same
+    ``generator`` when the images share one size. Returns float32 ``(B, 3, out, out)``.
+    Temporary memory: about 40 bytes per output element (int64 indices, float32 values).
+
+    Raises:
+        ValueError: ``images`` empty, or an image not uint8 ``(3, H, W)``.
+    """
+    if len(images) == 0:
+        raise ValueError("images is empty")
+    for k, t in enumerate(images):
+        if t.dim() != 3 or t.shape[0] != 3 or t.dtype != torch.uint8:
+            raise ValueError(f"images[{k}] must be uint8 (3, H, W), got {t.dtype} {tuple(t.shape)}")
+    _positive_int("out", out)
+    dev = images[0].device
+    b = len(images)
+    hw = torch.tensor([[t.shape[1], t.shape[2]] for t in images], dtype=torch.float64)
+    h, w = hw[:, 0], hw[:, 1]
+    y0, x0, side, sign = _crop_boxes(h, w, generator, scale, flip)
+    start = torch.cumsum(3 * h * w, 0) - 3 * h * w          # each image's offset in the buffer
+    # one host-to-device copy of every per-image number: (B, 7) float64
+    p = torch.stack([y0, x0, side, sign, h, w, start], 1).to(dev)
+    y0, x0, side, sign, h, w, start = p.unbind(1)
+    flat = torch.cat([t.reshape(-1) for t in images])
+    centres = (torch.arange(out, device=dev, dtype=torch.float64) + 0.5) / out
+    # source pixel coordinates (pixel centres at integers), a flip mirrors x inside the box
+    ys = y0[:, None] + side[:, None] * centres - 0.5
+    xs = torch.where(sign[:, None] > 0, x0[:, None] + side[:, None] * centres,
+                     x0[:, None] + side[:, None] * (1 - centres)) - 0.5
+    ys = torch.minimum(ys.clamp(min=0), h[:, None] - 1)
+    xs = torch.minimum(xs.clamp(min=0), w[:, None] - 1)
+    y_lo, x_lo = ys.floor(), xs.floor()
+    wy = (ys - y_lo).float()[:, None, :, None]               # (B, 1, out, 1)
+    wx = (xs - x_lo).float()[:, None, None, :]               # (B, 1, 1, out)
+    y_hi = torch.minimum(y_lo + 1, h[:, None] - 1)
+    x_hi = torch.minimum(x_lo + 1, w[:, None] - 1)
+    width = w.long()[:, None]
+    chan = (start[:, None] + torch.arange(3, device=dev) * (h * w)[:, None]).long()
+    chan = chan[:, :, None, None]                           # (B, 3, 1, 1)
+    rows = [(y.long() * width)[:, None, :, None] for y in (y_lo, y_hi)]
+    cols = [x.long()[:, None, None, :] for x in (x_lo, x_hi)]
+
+    def at(r, c):
+        return torch.take(flat, chan + r + c).float()
+
+    top = at(rows[0], cols[0]) * (1 - wx) + at(rows[0], cols[1]) * wx
+    bottom = at(rows[1], cols[0]) * (1 - wx) + at(rows[1], cols[1]) * wx
+    return _normalize(top * (1 - wy) + bottom * wy)
 
 
 def read_rate(dataset, n: int | None = None, batch: int = 64) -> float:
@@ -843,24 +913,10 @@ def gpu_decode(blobs: Sequence[bytes | torch.Tensor],
     return decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
 
 
-def pad_batch(images: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ``(3, H_i, W_i)`` uint8 images into one zero-padded ``(B, 3, H, W)`` tensor on their
-    device, with their sizes as int64 ``(B, 2)`` (height, width) on the CPU (for :func:`gpu_augment`)."""
-    if not images:
-        raise ValueError("images is empty")
-    H = max(int(t.shape[1]) for t in images)
-    W = max(int(t.shape[2]) for t in images)
-    out = images[0].new_zeros((len(images), 3, H, W))
-    for k, t in enumerate(images):
-        out[k, :, : t.shape[1], : t.shape[2]] = t
-    sizes = torch.tensor([[int(t.shape[1]), int(t.shape[2])] for t in images])
-    return out, sizes
-
-
 def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
              device: str | torch.device = "cuda", repeats: int = 3) -> float:
     """Images/s of batched nvJPEG decode (``what="decode"``) or of the whole GPU pipeline
-    (``"pipeline"``: decode, :func:`pad_batch`, :func:`gpu_augment` to 224 x 224) over ``blobs``
+    (``"pipeline"``: decode, then :func:`gpu_augment_list` to 224 x 224) over ``blobs``
     in batches of ``batch``, from bytes in host memory to pixels on the GPU; best of ``repeats``
     timed passes after one warm-up pass, synchronized (``time.perf_counter``).
 
@@ -876,8 +932,7 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
         for k in range(0, len(data), batch):
             imgs = gpu_decode(data[k:k + batch], device)
             if what == "pipeline":
-                x, sizes = pad_batch(imgs)
-                gpu_augment(x, 224, generator=g, sizes=sizes)
+                gpu_augment_list(imgs, 224, generator=g)
         torch.cuda.synchronize(device)
 
     one_pass()

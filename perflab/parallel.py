@@ -379,8 +379,12 @@ def lab_launch(exercise: int, tasks: Sequence[dict], user_code: Sequence = (),
 # TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN=0: no C++ stack symbolized on the way out.
 # TORCH_ELASTIC_SHUTDOWN_TIMEOUT=2: torchrun's grace between SIGTERM and SIGKILL for the other
 # ranks (torch >= 2.12, also --shutdown-timeout; 30 s fixed before, and unknown variables are
-# ignored). gloo reads none of them.
+# ignored). With the three above, the 2x H200 run still ended 65 s after its 10 s timeout;
+# TORCH_NCCL_ENABLE_MONITORING=0 turns off the heartbeat-monitor thread, which on a watchdog
+# error waits for debug information before it terminates the process (pytorch/pytorch#112518,
+# #133028); the next run measures whether that was the wait. gloo reads none of them.
 FAIL_FAST_ENV = {
+    "TORCH_NCCL_ENABLE_MONITORING": "0",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
     "TORCH_NCCL_LOG_CPP_STACK_ON_UNCLEAN_SHUTDOWN": "0",

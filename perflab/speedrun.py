@@ -39,9 +39,11 @@ from torch.profiler import ProfilerActivity, profile as _profile
 
 from perflab import fp8, gpt2, memory
 from perflab.telemetry import Telemetry
+from perflab.timing import synchronize
 
-__all__ = ["Rung", "RunResult", "speed_ladder", "memory_ladder", "train", "batches",
-           "losses_agree", "mfu"]
+__all__ = ["Rung", "RunResult", "StepBreakdown", "speed_ladder", "memory_ladder", "train",
+           "batches", "kernel_kind", "losses_agree", "mfu", "step_breakdown",
+           "weight_matmul_flops"]
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 ATTENTIONS = ("math", "sdpa", "cudnn")
@@ -304,10 +306,10 @@ def _pinned_batches(tokens: np.ndarray, batch: int, seq_len: int):
 # Training
 # ---------------------------------------------------------------------------------------------
 
-def _precision(p: str) -> contextlib.AbstractContextManager:
+def _set_precision(p: str) -> None:
+    """Global matmul/convolution precision for ``p`` (strict float32 or TF32 allowed)."""
     torch.set_float32_matmul_precision("highest" if p == "fp32" else "high")
     torch.backends.cudnn.allow_tf32 = p != "fp32"
-    return contextlib.nullcontext()
 
 
 def _autocast(rung: Rung, device: torch.device):
@@ -392,11 +394,6 @@ class _InBackward:
             self.opts[p].zero_grad(set_to_none=True)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str,
           warmup: int = 2, seed: int = 0, lr: float = 3e-4, ddp: Any = None,
           profile: bool = False, snapshot: str | None = None) -> RunResult:
@@ -415,7 +412,11 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
             with its arguments bound), or None. With DDP each rank reads its own windows.
         profile: after the timed steps, profile one more step with ``torch.profiler`` and put
             its kernels in ``result.extra["kernels"]``: ``[(name, seconds), ...]``, the
-            longest first (device time on a GPU, self CPU time on a CPU).
+            12 longest rows of the profiler's table (device time on a GPU, where ATen operators
+            and the kernels they launch both appear, so do not sum it; self CPU time on a
+            CPU), and every device kernel in ``result.extra["device_kernels"]`` (GPU: the
+            device-side events only, each kernel counted once, for :func:`step_breakdown`;
+            CPU: every operator's self CPU time).
         snapshot: a file to write a CUDA memory snapshot of one more step to
             (``torch.cuda.memory._dump_snapshot``, for https://pytorch.org/memory_viz); ignored
             on a CPU (``result.extra["snapshot"]`` is None there).
@@ -437,7 +438,7 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     if top >= rung.vocab:
         raise ValueError(f"tokens hold id {top}, outside the vocabulary of {rung.vocab}")
     cfg = rung.config()
-    _precision(rung.precision)
+    _set_precision(rung.precision)
     torch.compiler.reset()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -451,9 +452,11 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     start = rank * rung.batch
-    stream = (_pinned_batches(tokens, rung.batch, rung.seq_len) if rung.loader == "pinned"
-              else batches(tokens, rung.batch, rung.seq_len, start=start))
-    if rung.loader == "pinned" and world > 1:
+    # with several ranks each reads its own windows, which the DataLoader's one sequential
+    # order does not give: those ranks cut their batches in the main process
+    if rung.loader == "pinned" and world == 1:
+        stream = _pinned_batches(tokens, rung.batch, rung.seq_len)
+    else:
         stream = batches(tokens, rung.batch, rung.seq_len, start=start)
     non_blocking = rung.loader == "pinned"
     losses: list[torch.Tensor] = []
@@ -482,20 +485,20 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     for i in range(warmup):
         step()
         if i == 0:
-            _sync(device)
+            synchronize(device)
             first = time.perf_counter() - t0
-    _sync(device)
+    synchronize(device)
     with Telemetry(index=device.index or 0 if device.type == "cuda" else 0) as tel:
         t1 = time.perf_counter()
         for _ in range(steps):
             step()
-        _sync(device)
+        synchronize(device)
         elapsed = time.perf_counter() - t1
     summary = tel.summary()
     step_s = elapsed / steps
     extra = {}
     if profile:
-        extra["kernels"] = _profile_step(step, device)
+        extra.update(_profile_step(step, device))
     if snapshot is not None:
         extra["snapshot"] = None
         if device.type == "cuda":
@@ -515,11 +518,14 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     return result
 
 
-def _profile_step(step, device: torch.device, n: int = 12) -> list[tuple[str, float]]:
+def _profile_step(step, device: torch.device, n: int = 12) -> dict:
+    """Profile one call of ``step()``: ``{"kernels": the n longest rows of the profiler's
+    table, "device_kernels": every device-side event (GPU) or operator (CPU), by name}``,
+    each ``[(name, seconds), ...]``, the longest first."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with _profile(activities=acts) as prof:
         step()
-        _sync(device)
+        synchronize(device)
     rows = []
     for e in prof.key_averages():
         if device.type == "cuda":
@@ -531,7 +537,132 @@ def _profile_step(step, device: torch.device, n: int = 12) -> list[tuple[str, fl
         if t > 0:
             rows.append((e.key, t * 1e-6))
     rows.sort(key=lambda r: -r[1])
-    return rows[:n]
+    if device.type != "cuda":
+        return {"kernels": rows[:n], "device_kernels": rows}
+    # an ATen operator's row carries the device time of the kernels it launched, and a
+    # kernel Inductor launches under a record_function of its own name shares that name:
+    # only the device-side events count each kernel once
+    return {"kernels": rows[:n], "device_kernels": _device_rows(prof.events())}
+
+
+def _device_rows(events) -> list[tuple[str, float]]:
+    """``[(name, seconds)]`` summed over the device-side events (kernels, copies, memsets) of a
+    profile's ``events()``, the longest first; host-side operators are left out."""
+    totals: dict[str, float] = {}
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CPU:
+            totals[e.name] = totals.get(e.name, 0.0) + e.device_time_total * 1e-6
+    return sorted(((k, v) for k, v in totals.items() if v > 0), key=lambda r: -r[1])
+
+
+#: substrings of attention kernels (flash, cuDNN's SDPA, xFormers/CUTLASS fmha, ATen's CPU SDPA)
+_ATTENTION = ("flash", "fmha", "sdpa", "attention", "scaled_dot_product")
+#: substrings of matrix-product kernels (cuBLAS: gemm, nvjet (Hopper), cutlass, xmma; ATen ops
+#: on a CPU; Inductor's Triton matmul templates ``triton_tem_*mm*``)
+_MATMUL = ("gemm", "nvjet", "cublas", "cutlass", "xmma")
+_MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm",
+               "aten::addbmm", "aten::matmul")
+
+
+def kernel_kind(name: str) -> str:
+    """``"attention"``, ``"matmul"`` or ``"other"`` for a profiled kernel (or CPU operator) name.
+
+    Attention is tested first (a fused attention kernel multiplies matrices too, and its name
+    may say so); Inductor's pointwise and reduction kernels (``triton_poi_``, ``triton_red_``,
+    ``triton_per_``) are ``"other"`` even when their name lists the ``addmm`` whose bias they
+    fused.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    low = name.lower()
+    if any(k in low for k in _ATTENTION):
+        return "attention"
+    if low.startswith(("triton_poi", "triton_red", "triton_per")):
+        return "other"
+    if any(k in low for k in _MATMUL) or low.split("(")[0].strip() in _MATMUL_OPS:
+        return "matmul"
+    if low.startswith("triton_tem") and "mm" in low:
+        return "matmul"
+    return "other"
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """A profiled step's device time split into matrix products, attention and the rest.
+
+    Attributes:
+        matmul_s, attention_s, other_s: seconds of kernels of each kind (:func:`kernel_kind`).
+    """
+
+    matmul_s: float
+    attention_s: float
+    other_s: float
+
+    @property
+    def total_s(self) -> float:
+        """All kernel time (s): the device's busy time if kernels do not overlap."""
+        return self.matmul_s + self.attention_s + self.other_s
+
+    def share(self, kind: str) -> float:
+        """Fraction of :attr:`total_s` spent in ``kind`` (``"matmul"``, ``"attention"``,
+        ``"other"``).
+
+        Raises:
+            ValueError: an unknown kind, or no kernel time at all.
+        """
+        if kind not in ("matmul", "attention", "other"):
+            raise ValueError(f"kind must be 'matmul', 'attention' or 'other', got {kind!r}")
+        if self.total_s <= 0:
+            raise ValueError("the breakdown holds no kernel time")
+        return getattr(self, f"{kind}_s") / self.total_s
+
+    def rate(self, matmul_flops: float) -> float:
+        """Achieved matrix-product rate (FLOP/s) if the step's matmuls do ``matmul_flops``.
+
+        Raises:
+            ValueError: ``matmul_flops`` negative, or no matmul time.
+        """
+        if matmul_flops < 0:
+            raise ValueError(f"matmul_flops must be >= 0, got {matmul_flops}")
+        if self.matmul_s <= 0:
+            raise ValueError("the breakdown holds no matmul time")
+        return matmul_flops / self.matmul_s
+
+
+def step_breakdown(kernels: Sequence[tuple[str, float]]) -> StepBreakdown:
+    """Sum a profiled step's kernels by kind (:func:`kernel_kind`).
+
+    Args:
+        kernels: ``[(name, seconds), ...]``, each kernel once, e.g. ``train(...,
+            profile=True).extra["device_kernels"]`` (not ``extra["kernels"]``, which is cut to
+            12 rows and, on a GPU, lists operators beside their kernels).
+
+    Raises:
+        ValueError: a negative time.
+    """
+    sums = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
+    for name, seconds in kernels:
+        if seconds < 0:
+            raise ValueError(f"kernel {name!r} has a negative time {seconds}")
+        sums[kernel_kind(name)] += float(seconds)
+    return StepBreakdown(sums["matmul"], sums["attention"], sums["other"])
+
+
+def weight_matmul_flops(params: int, tokens: int) -> float:
+    """FLOPs of a training step's weight matrix products: ``6 x params x tokens`` (2 per weight
+    and token forward, 4 backward; Kaplan et al., 2020). ``params`` as
+    :meth:`perflab.gpt2.GPT.num_params` counts them (the tied head included, the position
+    embedding left out); attention's ``QK^T`` and ``AV`` are not included.
+
+    Raises:
+        ValueError: a non-positive argument.
+    """
+    if params < 1 or tokens < 1:
+        raise ValueError(f"params and tokens must be positive, got {params}, {tokens}")
+    return 6.0 * params * tokens
 
 
 def attention_kernel(kernels: Sequence[tuple[str, float]]) -> str:

@@ -177,4 +177,27 @@ WRONG = {
                          "gap = abs(losses[choice] - ref) / ref",
          'choice = "fp16"\ngain, gap = 2.0, 0.0', r"not one of the modes"),
     ],
+    "10_gpt2_speedrun": [
+        # the attention term forgotten: 6N only
+        ("ex1-solution", "return 6 * n_params + 12 * n_layer * n_embd * seq_len", "return 6 * n_params",
+         r"attention"),
+        # the forward pass only (2 FLOPs per weight, one third of the attention term)
+        ("ex1-solution", "return 6 * n_params + 12 * n_layer * n_embd * seq_len",
+         "return 2 * n_params + 4 * n_layer * n_embd * seq_len", r"forward only"),
+        # Adam's two moments forgotten
+        ("ex2-solution", '"adam_m": 4, "adam_v": 4', '"adam_m": 0, "adam_v": 0', r"adam_m"),
+        # 8 bytes per parameter
+        ("ex2-solution", "predicted_static = n_124M * sum(bytes_per_param.values())",
+         "predicted_static = n_124M * 8", r"static bytes"),
+        # TF32 is chapter 10's first big win on a GPU; on a CPU it changes nothing
+        ("ex3-solution", 'my_rung = base.then("my speedrun", batch=32 * base.batch,\n'
+                         '                        attention="sdpa", optimizer="fused")',
+         'my_rung = base.then("my speedrun", precision="tf32")', r"below the target"),
+        # a smaller batch: less memory, but another training
+        ("ex4-solution", "batch=mem_base.batch // 8, accum=8,\n                          checkpoint=True",
+         "batch=mem_base.batch // 8", r"global batch"),
+        # the optimizer in the backward alone: it frees gradients, not activations
+        ("ex4-solution", "batch=mem_base.batch // 8, accum=8,\n                          checkpoint=True",
+         'optimizer="in_backward"', r"target is at most"),
+    ],
 }

@@ -149,12 +149,33 @@ def test_gpu_augment_crops_flips_and_normalizes_on_the_cpu():
                            generator=torch.Generator().manual_seed(0))
     slope = draws[:, 0, :, -1].mean(1) - draws[:, 0, :, 0].mean(1)
     assert 10 < int((slope < 0).sum()) < 54             # about half the images were flipped
-    # padding: only the real part of a padded image is sampled
-    padded, sizes = ds.pad_batch([torch.full((3, 10, 12), 200, dtype=torch.uint8),
-                                  torch.full((3, 16, 8), 200, dtype=torch.uint8)])
-    assert padded.shape == (2, 3, 16, 12) and sizes.tolist() == [[10, 12], [16, 8]]
-    crop = ds.gpu_augment(padded, 6, sizes=sizes, generator=torch.Generator().manual_seed(0))
-    assert torch.allclose(crop, ((200 - mean) / std).expand_as(crop), atol=1e-3)
+
+
+def test_gpu_augment_list_matches_the_batched_version_and_keeps_images_apart():
+    g = torch.Generator().manual_seed(0)
+    pics = torch.randint(0, 256, (6, 3, 24, 40), dtype=torch.uint8, generator=g)
+    same = ds.gpu_augment(pics, 12, generator=torch.Generator().manual_seed(3))
+    listed = ds.gpu_augment_list(list(pics), 12, generator=torch.Generator().manual_seed(3))
+    assert listed.shape == (6, 3, 12, 12) and listed.dtype == torch.float32
+    assert torch.allclose(listed, same, atol=1e-3)      # same crops, flips and bilinear weights
+    # images of different sizes: each output is sampled from its own pixels only
+    mean = torch.tensor(ds.IMAGENET_MEAN).view(1, 3, 1, 1) * 255
+    std = torch.tensor(ds.IMAGENET_STD).view(1, 3, 1, 1) * 255
+    sizes = [(10, 12), (16, 8), (5, 31), (40, 40)]
+    imgs = [torch.full((3, hh, ww), 50 * k + 10, dtype=torch.uint8)
+            for k, (hh, ww) in enumerate(sizes)]
+    out = ds.gpu_augment_list(imgs, 9, generator=torch.Generator().manual_seed(1))
+    want = ((torch.tensor([10.0, 60, 110, 160]).view(4, 1, 1, 1) - mean) / std).expand_as(out)
+    assert torch.allclose(out, want, atol=1e-4)
+    # a whole-image crop without a flip is a plain bilinear resize
+    ramp = torch.arange(20, dtype=torch.uint8).repeat(3, 20, 1) * 12
+    full = ds.gpu_augment_list([ramp], 16, scale=(1, 1), flip=False)
+    assert torch.allclose(full, (F.interpolate(ramp[None].float(), size=(16, 16),
+                                               mode="bilinear") - mean) / std, atol=1e-3)
+    with pytest.raises(ValueError, match="images is empty"):
+        ds.gpu_augment_list([], 8)
+    with pytest.raises(ValueError, match=r"images\[1\]"):
+        ds.gpu_augment_list([ramp, ramp.float()], 8)
 
 
 def test_pil_pipeline_is_seeded_by_torch(files):

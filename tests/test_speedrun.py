@@ -74,6 +74,10 @@ def test_profile_and_attention_kernel_names():
     r = sr.train(base(attention="sdpa"), tokens(), steps=1, device="cpu", warmup=1,
                  profile=True)
     assert r.extra["kernels"] and all(t > 0 for _, t in r.extra["kernels"])
+    every = r.extra["device_kernels"]               # not cut to 12 rows
+    assert len(every) >= len(r.extra["kernels"]) and every[:12] == r.extra["kernels"]
+    b = sr.step_breakdown(every)
+    assert b.matmul_s > 0 and b.attention_s > 0 and b.other_s > 0   # aten::mm, CPU SDPA, rest
     assert sr.attention_kernel([("cudnn_generated_fort_native_sdpa_sm90_flash", 1.0)]) == "cuDNN"
     assert sr.attention_kernel([("flash_fwd_kernel", 1.0)]) == "flash"
     assert sr.attention_kernel([("aten::_softmax", 1.0)]) == "math"
@@ -105,3 +109,59 @@ def test_data_parallel_rung_on_two_gloo_ranks(fsdp):
     # ranks read different windows but end with the same (all-reduced) weights: same losses
     # are not expected, finite ones are
     assert all(np.isfinite(p["losses"]).all() for p in per)
+
+
+def test_kernel_kind_sorts_gpu_and_cpu_names():
+    matmul = ["nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN",
+              "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64",
+              "ampere_sgemm_128x64_nn", "cublasLt::splitKreduce_kernel",
+              "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128>",
+              "triton_tem_fused_mm_3", "aten::addmm", "aten::mm", "aten::bmm"]
+    attention = ["cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16",
+                 "void pytorch_flash::flash_bwd_kernel<Flash_bwd_kernel_traits>",
+                 "fmha_cutlassF_bf16_aligned_64x64_rf_sm80",
+                 "aten::_scaled_dot_product_flash_attention_for_cpu"]
+    other = ["triton_poi_fused_addmm_gelu_1", "triton_red_fused_native_layer_norm_0",
+             "triton_per_fused__log_softmax_2", "Memcpy HtoD (Pageable -> Device)",
+             "void at::native::multi_tensor_apply_kernel<FusedAdamW>", "aten::add_"]
+    assert [sr.kernel_kind(k) for k in matmul] == ["matmul"] * len(matmul)
+    assert [sr.kernel_kind(k) for k in attention] == ["attention"] * len(attention)
+    assert [sr.kernel_kind(k) for k in other] == ["other"] * len(other)
+    with pytest.raises(TypeError, match="name"):
+        sr.kernel_kind(None)
+
+
+def test_step_breakdown_shares_and_matmul_rate():
+    b = sr.step_breakdown([("nvjet_tst_a", 0.06), ("sm90_xmma_gemm_b", 0.02),
+                           ("flash_fwd_kernel", 0.01), ("flash_bwd_kernel", 0.01),
+                           ("triton_poi_fused_addmm_gelu_1", 0.02)])
+    assert b.total_s == pytest.approx(0.12)
+    assert b.share("matmul") == pytest.approx(2 / 3)
+    assert b.share("attention") == pytest.approx(1 / 6)
+    assert b.share("other") == pytest.approx(1 / 6)
+    flops = sr.weight_matmul_flops(124_000_000, 65_536)
+    assert flops == pytest.approx(6 * 124e6 * 65536)
+    assert b.rate(flops) == pytest.approx(flops / 0.08)
+    with pytest.raises(ValueError, match="kind"):
+        b.share("gemm")
+    with pytest.raises(ValueError, match="no kernel time"):
+        sr.step_breakdown([]).share("matmul")
+    with pytest.raises(ValueError, match="no matmul"):
+        sr.step_breakdown([("flash_fwd_kernel", 1.0)]).rate(1.0)
+    with pytest.raises(ValueError, match="negative"):
+        sr.step_breakdown([("x", -1.0)])
+    with pytest.raises(ValueError, match="positive"):
+        sr.weight_matmul_flops(0, 10)
+
+
+def test_device_rows_count_each_kernel_once_and_skip_host_operators():
+    from types import SimpleNamespace as E
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    events = [E(name="aten::mm", device_type=cpu, device_time_total=50.0),   # carries its kernel
+              E(name="nvjet_tst_a", device_type=cuda, device_time_total=50.0),
+              E(name="nvjet_tst_a", device_type=cuda, device_time_total=30.0),
+              E(name="triton_poi_fused_0", device_type=cpu, device_time_total=7.0),  # its launch
+              E(name="triton_poi_fused_0", device_type=cuda, device_time_total=7.0),
+              E(name="idle", device_type=cuda, device_time_total=0.0)]
+    rows = sr._device_rows(events)
+    assert rows == [("nvjet_tst_a", pytest.approx(80e-6)), ("triton_poi_fused_0", pytest.approx(7e-6))]

@@ -1,0 +1,135 @@
+"""Lab 10: the student edition is valid and stops with one sentence per exercise, and the GPU
+sizes (which CI cannot run) make valid rungs that keep each exercise's rules. Every check's
+wrong solutions are proven in tests/test_lab_checks.py (tests/lab_wrong_solutions.py), and the
+check functions in tests/test_speedrun_checks.py."""
+
+import ast
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import jupytext
+import pytest
+
+from perflab import gpt2, speedrun as sr
+from perflab.exercises import ExerciseNotDone
+
+ROOT = Path(__file__).resolve().parent.parent
+LAB = ROOT / "labs" / "10_gpt2_speedrun.md"
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
+import make_student  # noqa: E402
+from lab_cells import code_cell  # noqa: E402
+
+
+def test_student_version_is_valid_python(tmp_path):
+    assert make_student.main([str(LAB), "-o", str(tmp_path)]) == 0
+    nb = jupytext.read(tmp_path / "10_gpt2_speedrun.ipynb")
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            ast.parse(cell.source)
+
+
+def _gpu_namespace(gib):
+    """The lab's set-up, rung and solution cells executed with the GPU's sizes (nothing runs)."""
+    nb = jupytext.read(LAB)
+    import perflab
+    from perflab import speedrun_checks as sc
+
+    ns = {"pick": lambda cpu, gpu: gpu, "on_gpu": True, "gib": gib, "sr": sr, "gpt2": gpt2,
+          "Path": Path, "perflab": perflab, "sc": sc,
+          "corpus": SimpleNamespace(vocab_size=8192),
+          "ceilings": SimpleNamespace(load=lambda: SimpleNamespace(value=lambda name: 7e14))}
+    for needle in ("TINY = ", "my_rung = None"):
+        exec(compile(code_cell(nb, needle), f"<lab10 {needle}>", "exec"), ns)
+    mem_cell = code_cell(nb, "mem_base = sr.Rung(")
+    exec(compile(mem_cell.split("estimate = ")[0], "<lab10 mem_base>", "exec"), ns)
+    exec(compile(code_cell(nb, "lean_rung = None"), "<lab10 lean>", "exec"), ns)
+    return ns
+
+
+@pytest.mark.parametrize("gib", [24, 80, 141])
+def test_gpu_sizes_make_valid_rungs(gib):
+    ns = _gpu_namespace(gib)
+    base, mine, mem_base, lean = ns["base"], ns["my_rung"], ns["mem_base"], ns["lean_rung"]
+    assert (base.model, base.seq_len, base.precision, base.attention) == \
+        ("124M", 1024, "fp32", "math")
+    assert base.config().n_layer == mine.config().n_layer == 12
+    assert mine.seq_len == base.seq_len and mine.vocab % 64 == 0
+    assert (mine.precision, mine.compile, mine.attention) == ("bf16", True, "sdpa")
+    # batch sizes that fit: fp32 math attention at batch 4 and bf16 SDPA at 16 on a 24 GB card
+    assert base.batch == (4 if gib < 70 else 16) and mine.batch == 4 * base.batch
+    assert lean.batch * lean.accum == mem_base.batch * mem_base.accum
+    assert lean.batch >= 1 and lean.checkpoint and lean.precision == mem_base.precision
+    assert mem_base.batch == (8 if gib < 40 else 16)
+    assert ns["ceiling_name"] == "matmul_bf16" and ns["min_speedup"] > 1
+
+
+def test_unfinished_exercises_say_so(tmp_path):
+    """The student edition's stubs end in ExerciseNotDone (one sentence), never NameError."""
+    assert make_student.main([str(LAB), "-o", str(tmp_path)]) == 0
+    nb = jupytext.read(tmp_path / "10_gpt2_speedrun.ipynb")
+    src = code_cell(nb, "def flops_per_token")
+    ns: dict = {}
+    exec("import perflab\n" + src, ns)
+    with pytest.raises(ExerciseNotDone, match="Exercise 1 is not done yet"):
+        ns["flops_per_token"](1, 1, 1, 1)
+    for needle, name in (("bytes_per_param = None", "bytes_per_param"),
+                         ("my_rung = None", "my_rung"), ("lean_rung = None", "lean_rung")):
+        stub = code_cell(nb, needle)
+        with pytest.raises(ExerciseNotDone, match="not done yet"):
+            exec("import perflab\n" + stub, {"on_gpu": False})
+        assert f"{name} = None" in stub
+
+
+def _glued_notebook(values):
+    cells = [{"cell_type": "code", "source": "", "metadata": {}, "execution_count": 1,
+              "outputs": [{"output_type": "display_data",
+                           "metadata": {"scrapbook": {"name": k, "mime_prefix":
+                                                      "application/papermill.record/"}},
+                           "data": {"application/papermill.record/text/plain": repr(v)}}
+                          for k, v in values.items()]}]
+    return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+@pytest.mark.parametrize("with_reference", [False, True])
+def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch, with_reference):
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import perflab
+    from perflab import speedrun_checks as sc
+    from perflab.exercises import overlay_table
+
+    (tmp_path / "labs").mkdir()
+    (tmp_path / "book").mkdir()
+    if with_reference:
+        ladder = [{"name": "baseline", "tokens_per_s": 44_500.0, "mfu": 0.038},
+                  {"name": "fused AdamW", "tokens_per_s": 512_000.0, "mfu": 0.44}]
+        nb = _glued_notebook({"gpt2_tokens_per_s": 536_000.0, "gpt2_mfu": 0.46,
+                              "gpt2_speedup_vs_baseline": 12.0,
+                              "gpt2_memory_reduction": 5.0,
+                              "gpt2_speed_ladder": json.dumps(ladder)})
+        (tmp_path / "book" / "10_gpt2_case_study.ipynb").write_text(json.dumps(nb))
+    monkeypatch.chdir(tmp_path / "labs")
+    run = SimpleNamespace(tokens_per_s=1000.0, rung={"name": "x"}, mfu=lambda c: 0.3)
+    ref_path = Path("../book/10_gpt2_case_study.ipynb")
+    ns = {"Path": Path, "perflab": perflab, "plt": plt, "sc": sc, "overlay_table": overlay_table,
+          "ceiling": 1e12, "ref_path": ref_path,
+          "ref": perflab.provenance.read_glued(ref_path) if ref_path.exists() else {},
+          "ref_fraction": sc.reference_fraction(536_000.0) if with_reference else None,
+          "speed": {"base": run, "mine": run, "fraction": 0.3, "speedup": 2.0},
+          "lean": {"ratio": 0.25}}
+    src = code_cell(jupytext.read(LAB), "ladder = sc.reference_ladder(")
+    exec(compile(src, "<lab10 overlay>", "exec"), ns)
+    yours = {r[0]: r for r in ns["rows"]}
+    assert yours["peak memory reduction"][1] == 4.0
+    if with_reference:
+        assert len(ns["theirs"]) == 2 and yours["speedup over the baseline"][2] == 12.0
+        assert 0.5 < yours["MFU against the measured matmul ceiling"][2] < 0.8
+    else:
+        assert ns["theirs"] == [] and yours["tokens/s of your fastest rung"][2] is None
+    plt.close("all")
