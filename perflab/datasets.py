@@ -35,12 +35,13 @@ import hashlib
 import io
 import json
 import math
+import multiprocessing
 import os
 import random
 import sysconfig
 import tarfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -73,6 +74,7 @@ __all__ = [
     "ladder_loaders",
     "loader_rate",
     "make_jpeg_folder",
+    "parallel_decode_rate",
     "pil_pipeline",
     "read_blobs",
     "read_rate",
@@ -490,39 +492,13 @@ def gpu_augment(batch: torch.Tensor, out: int, generator: torch.Generator | None
     return _normalize(x)
 
 
-def gpu_augment_list(images: Sequence[torch.Tensor], out: int,
-                     generator: torch.Generator | None = None,
-                     scale: tuple[float, float] = (0.25, 1.0), flip: bool = True) -> torch.Tensor:
-    """:func:`gpu_augment` for images of different sizes (what a batched JPEG decode returns),
-    with a number of kernels that does not grow with the batch.
-
-    ``images``: uint8 ``(3, H_i, W_i)`` tensors on one device. They are concatenated into one
-    flat buffer (one ``torch.cat``); every output pixel's four bilinear neighbours are then
-    gathered from it by index arithmetic on the whole batch at once (``torch.take``), with
-    coordinates clamped to each image's own border (``grid_sample``'s ``padding_mode="border"``,
-    ``align_corners=False``). Same crops, flips and result as :func:`gpu_augment` for the same
-    ``generator`` when the images share one size. Returns float32 ``(B, 3, out, out)``.
-    Temporary memory: about 40 bytes per output element (int64 indices, float32 values).
-
-    Raises:
-        ValueError: ``images`` empty, or an image not uint8 ``(3, H, W)``.
-    """
-    if len(images) == 0:
-        raise ValueError("images is empty")
-    for k, t in enumerate(images):
-        if t.dim() != 3 or t.shape[0] != 3 or t.dtype != torch.uint8:
-            raise ValueError(f"images[{k}] must be uint8 (3, H, W), got {t.dtype} {tuple(t.shape)}")
-    _positive_int("out", out)
-    dev = images[0].device
-    b = len(images)
-    hw = torch.tensor([[t.shape[1], t.shape[2]] for t in images], dtype=torch.float64)
-    h, w = hw[:, 0], hw[:, 1]
-    y0, x0, side, sign = _crop_boxes(h, w, generator, scale, flip)
-    start = torch.cumsum(3 * h * w, 0) - 3 * h * w          # each image's offset in the buffer
-    # one host-to-device copy of every per-image number: (B, 7) float64
-    p = torch.stack([y0, x0, side, sign, h, w, start], 1).to(dev)
+def _resample(flat: torch.Tensor, p: torch.Tensor, out: int) -> torch.Tensor:
+    """Bilinear crops of the images packed in ``flat`` (uint8, each image ``(3, h, w)``
+    contiguous) to float32 ``(B, 3, out, out)``, normalized. ``p``: float64 ``(B, 7)`` rows of
+    (y0, x0, side, sign, h, w, offset of the image in ``flat``). Pure tensor code: eager it runs
+    about twenty kernels over ``(B, 3, out, out)`` tensors; ``torch.compile`` fuses them into one."""
+    dev = flat.device
     y0, x0, side, sign, h, w, start = p.unbind(1)
-    flat = torch.cat([t.reshape(-1) for t in images])
     centres = (torch.arange(out, device=dev, dtype=torch.float64) + 0.5) / out
     # source pixel coordinates (pixel centres at integers), a flip mirrors x inside the box
     ys = y0[:, None] + side[:, None] * centres - 0.5
@@ -538,15 +514,63 @@ def gpu_augment_list(images: Sequence[torch.Tensor], out: int,
     width = w.long()[:, None]
     chan = (start[:, None] + torch.arange(3, device=dev) * (h * w)[:, None]).long()
     chan = chan[:, :, None, None]                           # (B, 3, 1, 1)
-    rows = [(y.long() * width)[:, None, :, None] for y in (y_lo, y_hi)]
+    rows = [chan + (y.long() * width)[:, None, :, None] for y in (y_lo, y_hi)]
     cols = [x.long()[:, None, None, :] for x in (x_lo, x_hi)]
 
-    def at(r, c):
-        return torch.take(flat, chan + r + c).float()
+    def at(r, c):                                           # (B, 3, out, out)
+        return torch.take(flat, r + c).float()
 
-    top = at(rows[0], cols[0]) * (1 - wx) + at(rows[0], cols[1]) * wx
-    bottom = at(rows[1], cols[0]) * (1 - wx) + at(rows[1], cols[1]) * wx
-    return _normalize(top * (1 - wy) + bottom * wy)
+    top = torch.lerp(at(rows[0], cols[0]), at(rows[0], cols[1]), wx)
+    bottom = torch.lerp(at(rows[1], cols[0]), at(rows[1], cols[1]), wx)
+    mean = torch.tensor(IMAGENET_MEAN, device=dev).view(1, 3, 1, 1) * 255
+    std = torch.tensor(IMAGENET_STD, device=dev).view(1, 3, 1, 1) * 255
+    return torch.addcmul(-mean / std, torch.lerp(top, bottom, wy), 1 / std)
+
+
+_COMPILED_RESAMPLE: list = []
+
+
+def gpu_augment_list(images: Sequence[torch.Tensor], out: int,
+                     generator: torch.Generator | None = None,
+                     scale: tuple[float, float] = (0.25, 1.0), flip: bool = True,
+                     compiled: bool = False) -> torch.Tensor:
+    """:func:`gpu_augment` for images of different sizes (what a batched JPEG decode returns),
+    with a number of kernels that does not grow with the batch.
+
+    ``images``: uint8 ``(3, H_i, W_i)`` tensors on one device. They are concatenated into one
+    flat buffer (one ``torch.cat``); every output pixel's four bilinear neighbours are then
+    gathered from it by index arithmetic on the whole batch at once (``torch.take``), with
+    coordinates clamped to each image's own border (``grid_sample``'s ``padding_mode="border"``,
+    ``align_corners=False``). Same crops, flips and result as :func:`gpu_augment` for the same
+    ``generator`` when the images share one size. Returns float32 ``(B, 3, out, out)``.
+
+    Eager, the gathers and blends write int64 indices and float32 values for every output
+    element, about 130 bytes of memory traffic per output element; ``compiled=True`` runs the
+    same code through ``torch.compile(dynamic=True)`` (compiled once per process, chapter 9),
+    which fuses it into one kernel that writes only the 4-byte result.
+
+    Raises:
+        ValueError: ``images`` empty, or an image not uint8 ``(3, H, W)``.
+    """
+    if len(images) == 0:
+        raise ValueError("images is empty")
+    for k, t in enumerate(images):
+        if t.dim() != 3 or t.shape[0] != 3 or t.dtype != torch.uint8:
+            raise ValueError(f"images[{k}] must be uint8 (3, H, W), got {t.dtype} {tuple(t.shape)}")
+    _positive_int("out", out)
+    dev = images[0].device
+    hw = torch.tensor([[t.shape[1], t.shape[2]] for t in images], dtype=torch.float64)
+    h, w = hw[:, 0], hw[:, 1]
+    y0, x0, side, sign = _crop_boxes(h, w, generator, scale, flip)
+    start = torch.cumsum(3 * h * w, 0) - 3 * h * w          # each image's offset in the buffer
+    # one host-to-device copy of every per-image number: (B, 7) float64
+    p = torch.stack([y0, x0, side, sign, h, w, start], 1).to(dev)
+    flat = torch.cat([t.reshape(-1) for t in images])
+    if not compiled:
+        return _resample(flat, p, out)
+    if not _COMPILED_RESAMPLE:
+        _COMPILED_RESAMPLE.append(torch.compile(_resample, dynamic=True))
+    return _COMPILED_RESAMPLE[0](flat, p, out)
 
 
 def read_rate(dataset, n: int | None = None, batch: int = 64) -> float:
@@ -578,6 +602,45 @@ def read_rate(dataset, n: int | None = None, batch: int = 64) -> float:
         for i in range(n):
             dataset[i]
     return n / (time.perf_counter() - t0)
+
+
+def _decode_share(args: tuple) -> tuple[float, int]:
+    files, side, t_go = args
+    while time.time() < t_go:                 # every process starts at the same moment
+        time.sleep(0.0005)
+    t0 = time.perf_counter()
+    for f in files:
+        decode_resized(f, side)
+    return time.perf_counter() - t0, len(files)
+
+
+def _ready(_: int) -> int:
+    return os.getpid()
+
+
+def parallel_decode_rate(files: Sequence[str | os.PathLike], processes: int,
+                         side: int = 144) -> float:
+    """Images/s of ``processes`` plain processes, each decoding its own share of ``files`` with
+    :func:`decode_resized` (what :class:`JpegFolder` does per item) and keeping nothing: no
+    DataLoader, no batches sent anywhere. This is the machine's own scaling with cores (clock
+    boost, shared caches and memory bandwidth, shared physical cores), the ceiling a loader with
+    as many workers can reach. Processes are forked (spawned where fork does not exist), started
+    and warmed before the clock; the rate is all images over the slowest process's time.
+
+    Raises:
+        ValueError: ``processes`` not a positive int, or fewer ``files`` than ``processes``.
+    """
+    _positive_int("processes", processes)
+    if len(files) < processes:
+        raise ValueError(f"need at least processes={processes} files, got {len(files)}")
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    ctx = multiprocessing.get_context(method)
+    with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
+        list(pool.map(_ready, range(4 * processes)))           # every process up
+        t_go = time.time() + 0.1 + 0.01 * processes
+        shares = [(list(files[k::processes]), side, t_go) for k in range(processes)]
+        done = list(pool.map(_decode_share, shares))
+    return sum(n for _, n in done) / max(t for t, _ in done)
 
 
 def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int = 1) -> dict:
@@ -914,9 +977,10 @@ def gpu_decode(blobs: Sequence[bytes | torch.Tensor],
 
 
 def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
-             device: str | torch.device = "cuda", repeats: int = 3) -> float:
+             device: str | torch.device = "cuda", repeats: int = 3,
+             compiled: bool = False) -> float:
     """Images/s of batched nvJPEG decode (``what="decode"``) or of the whole GPU pipeline
-    (``"pipeline"``: decode, then :func:`gpu_augment_list` to 224 x 224) over ``blobs``
+    (``"pipeline"``: decode, then :func:`gpu_augment_list` to 224 x 224, ``compiled`` passed on) over ``blobs``
     in batches of ``batch``, from bytes in host memory to pixels on the GPU; best of ``repeats``
     timed passes after one warm-up pass, synchronized (``time.perf_counter``).
 
@@ -932,7 +996,7 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
         for k in range(0, len(data), batch):
             imgs = gpu_decode(data[k:k + batch], device)
             if what == "pipeline":
-                gpu_augment_list(imgs, 224, generator=g)
+                gpu_augment_list(imgs, 224, generator=g, compiled=compiled)
         torch.cuda.synchronize(device)
 
     one_pass()

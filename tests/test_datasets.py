@@ -251,3 +251,13 @@ def test_text_corpus_tokenizes_once_into_uint16(tmp_path):
     loader = DataLoader(data, batch_size=8, num_workers=2, multiprocessing_context="fork")
     xb, yb = next(iter(loader))
     assert xb.shape == (8, 16) and torch.equal(xb[0], data[0][0])
+
+
+def test_parallel_decode_rate_counts_every_image(files):
+    one = ds.parallel_decode_rate(files[:8], 1, side=32)
+    two = ds.parallel_decode_rate(files[:8], 2, side=32)
+    assert one > 0 and two > 0
+    with pytest.raises(ValueError, match="processes"):
+        ds.parallel_decode_rate(files[:8], 0)
+    with pytest.raises(ValueError, match="at least processes=9"):
+        ds.parallel_decode_rate(files[:8], 9)
