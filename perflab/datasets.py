@@ -495,8 +495,8 @@ def gpu_augment(batch: torch.Tensor, out: int, generator: torch.Generator | None
 def _resample(flat: torch.Tensor, p: torch.Tensor, out: int) -> torch.Tensor:
     """Bilinear crops of the images packed in ``flat`` (uint8, each image ``(3, h, w)``
     contiguous) to float32 ``(B, 3, out, out)``, normalized. ``p``: float64 ``(B, 7)`` rows of
-    (y0, x0, side, sign, h, w, offset of the image in ``flat``). Pure tensor code: eager it runs
-    about twenty kernels over ``(B, 3, out, out)`` tensors; ``torch.compile`` fuses them into one."""
+    (y0, x0, side, sign, h, w, offset of the image in ``flat``). About twenty kernels over
+    ``(B, 3, out, out)`` tensors, whatever ``B``."""
     dev = flat.device
     y0, x0, side, sign, h, w, start = p.unbind(1)
     centres = (torch.arange(out, device=dev, dtype=torch.float64) + 0.5) / out
@@ -527,13 +527,9 @@ def _resample(flat: torch.Tensor, p: torch.Tensor, out: int) -> torch.Tensor:
     return torch.addcmul(-mean / std, torch.lerp(top, bottom, wy), 1 / std)
 
 
-_COMPILED_RESAMPLE: list = []
-
-
 def gpu_augment_list(images: Sequence[torch.Tensor], out: int,
                      generator: torch.Generator | None = None,
-                     scale: tuple[float, float] = (0.25, 1.0), flip: bool = True,
-                     compiled: bool = False) -> torch.Tensor:
+                     scale: tuple[float, float] = (0.25, 1.0), flip: bool = True) -> torch.Tensor:
     """:func:`gpu_augment` for images of different sizes (what a batched JPEG decode returns),
     with a number of kernels that does not grow with the batch.
 
@@ -544,10 +540,8 @@ def gpu_augment_list(images: Sequence[torch.Tensor], out: int,
     ``align_corners=False``). Same crops, flips and result as :func:`gpu_augment` for the same
     ``generator`` when the images share one size. Returns float32 ``(B, 3, out, out)``.
 
-    Eager, the gathers and blends write int64 indices and float32 values for every output
-    element, about 130 bytes of memory traffic per output element; ``compiled=True`` runs the
-    same code through ``torch.compile(dynamic=True)`` (compiled once per process, chapter 9),
-    which fuses it into one kernel that writes only the 4-byte result.
+    The gathers and blends write int64 indices and float32 values for every output element:
+    about 130 bytes of memory traffic per output element (4 written in the end).
 
     Raises:
         ValueError: ``images`` empty, or an image not uint8 ``(3, H, W)``.
@@ -566,11 +560,7 @@ def gpu_augment_list(images: Sequence[torch.Tensor], out: int,
     # one host-to-device copy of every per-image number: (B, 7) float64
     p = torch.stack([y0, x0, side, sign, h, w, start], 1).to(dev)
     flat = torch.cat([t.reshape(-1) for t in images])
-    if not compiled:
-        return _resample(flat, p, out)
-    if not _COMPILED_RESAMPLE:
-        _COMPILED_RESAMPLE.append(torch.compile(_resample, dynamic=True))
-    return _COMPILED_RESAMPLE[0](flat, p, out)
+    return _resample(flat, p, out)
 
 
 def read_rate(dataset, n: int | None = None, batch: int = 64) -> float:
@@ -977,10 +967,9 @@ def gpu_decode(blobs: Sequence[bytes | torch.Tensor],
 
 
 def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
-             device: str | torch.device = "cuda", repeats: int = 3,
-             compiled: bool = False) -> float:
+             device: str | torch.device = "cuda", repeats: int = 3) -> float:
     """Images/s of batched nvJPEG decode (``what="decode"``) or of the whole GPU pipeline
-    (``"pipeline"``: decode, then :func:`gpu_augment_list` to 224 x 224, ``compiled`` passed on) over ``blobs``
+    (``"pipeline"``: decode, then :func:`gpu_augment_list` to 224 x 224) over ``blobs``
     in batches of ``batch``, from bytes in host memory to pixels on the GPU; best of ``repeats``
     timed passes after one warm-up pass, synchronized (``time.perf_counter``).
 
@@ -996,7 +985,7 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
         for k in range(0, len(data), batch):
             imgs = gpu_decode(data[k:k + batch], device)
             if what == "pipeline":
-                gpu_augment_list(imgs, 224, generator=g, compiled=compiled)
+                gpu_augment_list(imgs, 224, generator=g)
         torch.cuda.synchronize(device)
 
     one_pass()
