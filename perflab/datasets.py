@@ -558,10 +558,7 @@ def gpu_augment_list(images: Sequence[torch.Tensor], out: int,
     y0, x0, side, sign = _crop_boxes(h, w, generator, scale, flip)
     start = torch.cumsum(3 * h * w, 0) - 3 * h * w          # each image's offset in the buffer
     # one host-to-device copy of every per-image number: (B, 7) float64
-    p = torch.stack([y0, x0, side, sign, h, w, start], 1)
-    if dev.type == "cuda":     # pinned, so the copy does not make the host wait for the GPU
-        p = p.pin_memory()
-    p = p.to(dev, non_blocking=True)
+    p = torch.stack([y0, x0, side, sign, h, w, start], 1).to(dev)
     flat = torch.cat([t.reshape(-1) for t in images])
     return _resample(flat, p, out)
 
@@ -970,15 +967,11 @@ def gpu_decode(blobs: Sequence[bytes | torch.Tensor],
 
 
 def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
-             device: str | torch.device = "cuda", repeats: int = 3,
-             overlap: bool = False) -> float:
+             device: str | torch.device = "cuda", repeats: int = 3) -> float:
     """Images/s of batched nvJPEG decode (``what="decode"``) or of the whole GPU pipeline
     (``"pipeline"``: decode, then :func:`gpu_augment_list` to 224 x 224) over ``blobs``
     in batches of ``batch``, from bytes in host memory to pixels on the GPU; best of ``repeats``
-    timed passes after one warm-up pass, synchronized (``time.perf_counter``). With
-    ``overlap``, each batch's augmentation runs on a second CUDA stream, so that its kernels run
-    while the host decodes the next batch (nvJPEG's batched decode keeps the host busy and the
-    GPU mostly idle).
+    timed passes after one warm-up pass, synchronized (``time.perf_counter``).
 
     Raises:
         ValueError: ``what`` not "decode" or "pipeline".
@@ -988,19 +981,11 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
     g = torch.Generator().manual_seed(0)
     data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]  # once, untimed
 
-    side = torch.cuda.Stream(device) if overlap else None
-
     def one_pass():
         for k in range(0, len(data), batch):
             imgs = gpu_decode(data[k:k + batch], device)
-            if what == "pipeline" and side is None:
+            if what == "pipeline":
                 gpu_augment_list(imgs, 224, generator=g)
-            elif what == "pipeline":
-                side.wait_stream(torch.cuda.current_stream(device))   # pixels ready
-                with torch.cuda.stream(side):
-                    gpu_augment_list(imgs, 224, generator=g)
-                for t in imgs:                     # not reused before side is done
-                    t.record_stream(side)
         torch.cuda.synchronize(device)
 
     one_pass()
