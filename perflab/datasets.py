@@ -1028,7 +1028,7 @@ def small_cnn_flops(width: int = 64, side: int = 128) -> float:
 
 
 def ladder_loaders(folder: str | os.PathLike, memmap: str | os.PathLike, batch: int,
-                   workers: int, out: int = 128, seed: int = 0) -> dict:
+                   workers: int, out: int = 128, seed: int = 0, epochs: int = 1) -> dict:
     """The rungs of the loading ladder, as ``{name: (loader, gpu_transform or None)}``:
 
     * ``naive``: :class:`JpegFolder` decoding and augmenting each image with Pillow
@@ -1038,25 +1038,34 @@ def ladder_loaders(folder: str | os.PathLike, memmap: str | os.PathLike, batch: 
     * ``pinned``: and ``pin_memory=True`` (so the copy to the GPU can be asynchronous);
     * ``memmap_gpu_aug``: offline-decoded :class:`MemmapImages` read a batch per call by
       ``workers`` workers, uint8 to the GPU, :func:`gpu_augment` there.
+
+    Each loader draws ``epochs`` passes over its data (a fresh random order per pass), so that a
+    timing can skip the workers' first burst and still see several rounds of batches.
     """
     from functools import partial
     from torch.utils.data import BatchSampler, RandomSampler
 
     _positive_int("batch", batch)
     _positive_int("workers", workers)
+    _positive_int("epochs", epochs)
     jpeg = JpegFolder(folder, transform=partial(pil_pipeline, out=out))
     g = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
-    common = dict(batch_size=batch, shuffle=True, drop_last=True)
+
+    def order(data):
+        return RandomSampler(data, num_samples=epochs * len(data), generator=g())
+
+    common = dict(batch_size=batch, drop_last=True)
     par = dict(num_workers=workers, persistent_workers=True, prefetch_factor=4,
                worker_init_fn=seed_worker)
     pin = torch.cuda.is_available()  # pinning needs a GPU (and warns without one)
     mm = MemmapImages(memmap)
-    sampler = BatchSampler(RandomSampler(mm, generator=g()), batch, drop_last=True)
+    sampler = BatchSampler(order(mm), batch, drop_last=True)
     aug_gen = g()
     return {
-        "naive": (DataLoader(jpeg, generator=g(), **common), None),
-        "workers": (DataLoader(jpeg, generator=g(), **common, **par), None),
-        "pinned": (DataLoader(jpeg, generator=g(), pin_memory=pin, **common, **par), None),
+        "naive": (DataLoader(jpeg, sampler=order(jpeg), **common), None),
+        "workers": (DataLoader(jpeg, sampler=order(jpeg), **common, **par), None),
+        "pinned": (DataLoader(jpeg, sampler=order(jpeg), pin_memory=pin, **common, **par),
+                   None),
         "memmap_gpu_aug": (DataLoader(mm, batch_size=None, sampler=sampler, pin_memory=pin,
                                       num_workers=min(workers, 4), persistent_workers=True,
                                       prefetch_factor=4, worker_init_fn=seed_worker),

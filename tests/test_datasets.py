@@ -217,6 +217,12 @@ def test_cpu_rate_and_training_ladder_run_on_the_cpu(folder, files, tmp_path):
             assert 0 < r["data_wait_fraction"] < 1 and r["images_per_s"] > 0
     finally:
         torch.set_num_threads(threads)
+    # epochs: the loaders draw several passes over the data
+    twice = ds.ladder_loaders(folder, mm, batch=4, workers=1, out=32, epochs=2)
+    loader, _ = twice["naive"]
+    assert len(loader) == 2 * rungs["naive"][0].__len__()
+    with pytest.raises(ValueError, match="epochs"):
+        ds.ladder_loaders(folder, mm, batch=4, workers=1, epochs=0)
     assert ds.small_cnn_flops(4, 32) > 0
     x = torch.zeros(1, 3, 128, 128)
     assert ds.small_cnn(8)(x).shape == (1, 10)
