@@ -24,6 +24,7 @@ Conventions:
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -207,7 +208,9 @@ class RunResult:
         tokens_per_s: trained tokens per second over the timed steps.
         step_s: seconds per optimizer step over the timed steps (mean).
         flops_per_token: training FLOPs per token (6N + 12 L d T).
-        peak_bytes: peak memory the caching allocator handed out (GPU), else None.
+        peak_bytes: peak memory the caching allocator handed out (GPU) during the run, above
+            what was already allocated when it started (tensors of earlier runs still alive in
+            the process are not this rung's), else None.
         losses: the loss of every step, warm-up steps included (floats, nats).
         compile_s: seconds of the first step (compilation included) minus a timed step's.
         telemetry: the clock sentence of the timed steps (:meth:`TelemetrySummary.sentence`).
@@ -440,9 +443,12 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     cfg = rung.config()
     _set_precision(rung.precision)
     torch.compiler.reset()
+    held = 0
     if device.type == "cuda":
+        gc.collect()                     # earlier runs' models in reference cycles
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+        held = torch.cuda.memory_allocated(device)   # not this run's: left out
     torch.manual_seed(seed)
     model = gpt2.GPT(cfg).to(device)
     fwd = _Forward(model, rung)
@@ -504,7 +510,7 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         if device.type == "cuda":
             memory.save_snapshot(memory.record_snapshot(step), snapshot)
             extra["snapshot"] = str(snapshot)
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    peak = torch.cuda.max_memory_allocated(device) - held if device.type == "cuda" else None
     result = RunResult(
         rung=asdict(rung), tokens_per_s=rung.tokens_per_step / step_s, step_s=step_s,
         flops_per_token=model.flops_per_token(rung.seq_len), peak_bytes=peak,
