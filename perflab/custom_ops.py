@@ -356,14 +356,17 @@ def _not_done(exercise: int, what: str):
     raise exercises.ExerciseNotDone(exercise, what)
 
 def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: float = 1.3,
-                        exercise: int = 1) -> float:
+                        exercise: int = 1, cpu_minimum: float = 1.1) -> float:
     """Lab check: ``fused(x, a, y, b)`` equals ``a*x + b*y`` and beats the eager composition.
 
     Both are timed in this run by :func:`perflab.timing.benchmark` on float32 tensors of
     ``numel`` elements, in three alternating rounds (the best time of each); the ratio
-    eager / fused must be at least ``minimum``. A fused kernel
-    moves 3 tensors' worth of bytes against eager's 7, so a right answer reaches about 2x on
-    any bandwidth-bound machine; the default 1.3 leaves room for noise.
+    eager / fused must be at least ``minimum`` on a GPU, ``cpu_minimum`` on a CPU. A fused
+    kernel moves 3 tensors' worth of bytes against eager's 7, so a right answer reaches about
+    2x where the arrays stream from DRAM (a GPU: 2.3x on the H200); the default 1.3 leaves room
+    for noise. On a CPU, arrays of a few MB stay partly in the last-level cache and the eager
+    operations use every core, so the gain is smaller (1.26x on a loaded 2-core CI machine):
+    there the bar is 1.1, still clear of the eager composition itself (1.0).
 
     Returns:
         the measured speedup.
@@ -371,10 +374,11 @@ def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: flo
     Raises:
         perflab.exercises.ExerciseFailed: ``fused`` is None, gives a wrong result, or is too
             slow (one sentence each).
-        ValueError: ``numel`` or ``minimum`` not positive.
+        ValueError: ``numel``, ``minimum`` or ``cpu_minimum`` not positive.
     """
-    if numel < 1 or minimum <= 0:
-        raise ValueError(f"numel and minimum must be positive, got {numel} and {minimum}")
+    if numel < 1 or minimum <= 0 or cpu_minimum <= 0:
+        raise ValueError(f"numel, minimum and cpu_minimum must be positive, got {numel}, "
+                         f"{minimum} and {cpu_minimum}")
     if fused is None:
         _not_done(exercise, "set `fused_axpby` to your fused operator")
     dev = torch.device(device)
@@ -395,6 +399,8 @@ def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: flo
             eager_s = min(eager_s, benchmark(lambda: axpby_eager(x, 1.5, y, -0.25), dev))
             fused_s = min(fused_s, benchmark(lambda: fused(x, 1.5, y, -0.25), dev))
     ratio = eager_s / fused_s
+    if dev.type == "cpu":
+        minimum = cpu_minimum
     if ratio < minimum:
         raise ExerciseFailed(f"✗ Exercise {exercise}: your operator is {ratio:.2f}x the eager "
                              f"composition; it must reach {minimum:.2f}x (one pass over memory).")
