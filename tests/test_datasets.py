@@ -220,7 +220,7 @@ def test_cpu_rate_and_training_ladder_run_on_the_cpu(folder, files, tmp_path):
     # epochs: the loaders draw several passes over the data
     twice = ds.ladder_loaders(folder, mm, batch=4, workers=1, out=32, epochs=2)
     loader, _ = twice["naive"]
-    assert len(loader) == 2 * rungs["naive"][0].__len__()
+    assert len(loader) == 2 * len(rungs["naive"][0])
     with pytest.raises(ValueError, match="epochs"):
         ds.ladder_loaders(folder, mm, batch=4, workers=1, epochs=0)
     assert ds.small_cnn_flops(4, 32) > 0
