@@ -30,10 +30,12 @@ from .costs import Cost, arithmetic_intensity, elementwise_cost, matmul_cost
 from .plotting import finish
 from .profiling import kernels_per_call
 from .progress import progress as show_progress
+from .telemetry import measure
 from .timing import benchmark
 
 __all__ = [
     "Cost",
+    "KneeCheck",
     "SweepPoint",
     "arithmetic_intensity",
     "attainable_flops",
@@ -41,6 +43,7 @@ __all__ = [
     "copy_bandwidth",
     "elementwise_cost",
     "fp8_matmul_rate",
+    "knee_check",
     "knee_from_sweep",
     "matmul_cost",
     "matmul_rate",
@@ -328,6 +331,136 @@ def knee_from_sweep(points: Sequence[SweepPoint]) -> float:
             "the sweep never turned compute-bound (time at the largest repeat is within 1.5x of the "
             "flat region): extend repeats")
     return t_flat / (last.seconds / last.repeat)
+
+
+@dataclass(frozen=True)
+class KneeCheck:
+    """The runtime of the ``x*2`` kernel at one ``repeat`` against the roofline's bound there.
+
+    The roofline bounds the runtime from below by ``max(bytes / BW, FLOPs / peak)`` (perfect
+    overlap of loads and arithmetic); a kernel that overlapped nothing would take their sum. Unlike
+    the ratio of measured to predicted knee (which equals compute plateau / memory plateau, so it
+    is near 1 whatever happens at the knee), this comparison can fail.
+
+    Attributes:
+        repeat: multiplications per element.
+        seconds: median time of one call (s).
+        memory_s: ``bytes / bandwidth`` (s).
+        compute_s: ``FLOPs / peak`` at the peak's (maximum) clock (s).
+        telemetry: the :class:`~perflab.telemetry.TelemetrySummary` of the timed calls.
+    """
+
+    repeat: int
+    seconds: float
+    memory_s: float
+    compute_s: float
+    telemetry: object = None
+
+    @property
+    def clock_fraction(self) -> float:
+        """Median SM clock / maximum while timed (1.0 where unknown, e.g. on a CPU)."""
+        frac = getattr(self.telemetry, "clock_fraction", None)
+        return frac if frac else 1.0
+
+    @property
+    def bound_s(self) -> float:
+        """The roofline bound ``max(memory_s, compute_s)`` (s)."""
+        return max(self.memory_s, self.compute_s)
+
+    @property
+    def bound_at_clock_s(self) -> float:
+        """The bound with the compute term at the clock the kernel ran at (s)."""
+        return max(self.memory_s, self.compute_s / self.clock_fraction)
+
+    @property
+    def sum_s(self) -> float:
+        """No overlap at all: ``memory_s + compute_s`` (s)."""
+        return self.memory_s + self.compute_s
+
+    @property
+    def ratio(self) -> float:
+        """Measured time / bound (>= 1 unless a ceiling was underestimated)."""
+        return self.seconds / self.bound_s
+
+    @property
+    def ratio_at_clock(self) -> float:
+        """Measured time / bound at the clock the kernel ran at."""
+        return self.seconds / self.bound_at_clock_s
+
+    @property
+    def verdict(self) -> str:
+        """``"at bound"`` (ratio <= 1.05), ``"clock"`` (at the bound once the clock is
+        accounted for), ``"partial overlap"`` (below the sum of the two terms) or ``"other"``
+        (above the sum: something besides the two roofs limits the kernel)."""
+        if self.ratio <= 1.05:
+            return "at bound"
+        if self.ratio_at_clock <= 1.05:
+            return "clock"
+        if self.seconds < self.sum_s:
+            return "partial overlap"
+        return "other"
+
+    def sentence(self, predicted_repeat: float | None = None) -> str:
+        """One or two sentences: the measured time, the bound, their ratio and the verdict."""
+        gap = {
+            "at bound": "at the bound: loads and arithmetic overlapped fully.",
+            "clock": ("above the bound only because the SM clock was below its maximum: at "
+                      f"the clock it ran at, the bound is {self.bound_at_clock_s * 1e3:.3f} "
+                      "ms, and the kernel met it."),
+            "partial overlap": (
+                f"between the roofline's bound and the sum of the two terms "
+                f"({self.sum_s * 1e3:.3f} ms): at the knee neither the memory system nor "
+                "the multipliers have slack, so the time a warp waits for its loads is no "
+                "longer hidden behind other warps' arithmetic, and the two overlap only in "
+                "part" + (f" (at the clock it ran at, {self.ratio_at_clock:.2f}x the bound)."
+                          if self.clock_fraction < 0.99 else ".")),
+            "other": ("more than the sum of the two terms: something other than the two "
+                      "roofs limits this kernel."),
+        }[self.verdict]
+        formula = (f" (the formula gives {predicted_repeat:.1f})"
+                   if predicted_repeat is not None else "")
+        return (f"At repeat {self.repeat}{formula} the kernel took {self.seconds * 1e3:.3f} ms "
+                f"against a roofline bound of {self.bound_s * 1e3:.3f} ms (memory "
+                f"{self.memory_s * 1e3:.3f} ms, compute {self.compute_s * 1e3:.3f} ms at the "
+                f"maximum clock): {self.ratio:.2f}x, " + gap)
+
+
+def knee_check(x: torch.Tensor, repeat: int, peak_flops: float, bandwidth: float,
+               compile: bool = True) -> KneeCheck:
+    """Time the fused ``x*2``-``repeat`` kernel on ``x`` under telemetry and compare it with the
+    roofline bound ``max(bytes / bandwidth, FLOPs / peak_flops)``.
+
+    Args:
+        x: floating-point tensor on the device to test (any shape); on an H200 use 2**28 float32
+            (1 GiB, far beyond the L2).
+        repeat: multiplications per element, usually the sweep's power of two nearest the
+            predicted knee (:func:`predicted_knee_repeat`).
+        peak_flops: the multiply peak (FLOP/s), e.g. :func:`perflab.hardware.fp32_peak_flops`
+            with ``fma=False``.
+        bandwidth: the copy bandwidth (bytes/s, read + write), from :mod:`perflab.ceilings`.
+        compile: fuse into one kernel (:func:`repeat_multiply`); ``False`` runs eagerly (tests).
+
+    Timing: :func:`perflab.telemetry.measure` (``do_bench`` with L2 flushes on CUDA,
+    ``torch.utils.benchmark`` on a CPU); bytes and FLOPs from :func:`elementwise_cost`.
+
+    Raises:
+        TypeError: ``x`` is not a floating-point tensor.
+        ValueError: ``repeat`` not a positive integer, or a non-positive ``peak_flops`` or
+            ``bandwidth``.
+    """
+    if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
+        raise TypeError("x must be a floating-point torch.Tensor")
+    _positive_int("repeat", repeat)
+    if not peak_flops or peak_flops <= 0:
+        raise ValueError(f"peak_flops must be > 0 FLOP/s, got {peak_flops!r}")
+    if not bandwidth or bandwidth <= 0:
+        raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
+    fn = repeat_multiply(repeat, compile=compile)
+    fn(x)  # compile and warm up outside the timed region
+    m = measure(lambda: fn(x), x.device)
+    cost = elementwise_cost(x.numel(), repeat, x.dtype)
+    return KneeCheck(repeat=repeat, seconds=m.seconds, memory_s=cost.bytes / bandwidth,
+                     compute_s=cost.flops / peak_flops, telemetry=m.telemetry)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -72,8 +72,11 @@ WRONG = {
         # still synchronizes: .item() at every step
         ("ex4-solution", "losses[step] = loss.detach()", "losses[step] = loss.item()", r"synchroni"),
         # 4 bytes per element instead of 8 (read and write)
-        ("ex5-prediction", "predicted_crossover = tiny_s * copy_bw / 8", "predicted_crossover = tiny_s * copy_bw / 4",
-         r"predicted crossover"),
+        ("ex5-prediction", "predicted_crossover = (h - d0) * copy_bw / 8",
+         "predicted_crossover = (h - d0) * copy_bw / 4", r"predicted crossover"),
+        # the crossover in bytes, not elements
+        ("ex5-prediction", "predicted_crossover = (h - d0) * copy_bw / 8",
+         "predicted_crossover = (h - d0) * copy_bw", r"predicted crossover"),
         # an unweighted least-squares fit (absolute instead of relative error)
         ("ex5-solution", "design = np.stack([1 / t, n / t], axis=1)\n    (t0, c), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)",
          "design = np.stack([np.ones_like(n), n], axis=1)\n    (t0, c), *_ = np.linalg.lstsq(design, t, rcond=None)",
@@ -89,6 +92,9 @@ WRONG = {
         ("ex5-solution", *_wrong_diagnosis("c"), r"."),
         # the remedy of one regime given to another
         ("ex6-solution", '"compute-bound": "lower precision"', '"compute-bound": "fuse"', r"remedy"),
+        # a bandwidth remedy for an overhead-bound step
+        ("ex6-solution", '"overhead-bound": "fewer launches"', '"overhead-bound": "fuse"',
+         r"remedy for step .* \(overhead-bound\)"),
     ],
     "05_data_loading": [
         # "more workers" instead of less work per image: the check times num_workers=0 only

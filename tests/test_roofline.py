@@ -134,3 +134,40 @@ def test_plots_return_figures():
     assert len(fig.axes) == 3
     fig = R.plot_roofline(8e9, 64e9, pts, labelled=[("mm", 100.0, 50e9)], extra_roofs=[("tc", 1e12)])
     assert fig.axes[0].get_xscale() == "log"
+
+
+def test_knee_check_bound_is_the_larger_roof_term_and_verdicts_follow_the_ratio():
+    k = R.KneeCheck(repeat=64, seconds=0.6e-3, memory_s=0.5e-3, compute_s=0.45e-3)
+    assert k.bound_s == 0.5e-3 and k.sum_s == pytest.approx(0.95e-3)
+    assert k.ratio == pytest.approx(1.2)
+    assert k.clock_fraction == 1.0               # no telemetry: the clock is taken as maximal
+    assert k.verdict == "partial overlap"
+    assert "1.20x" in k.sentence(63.7) and "formula gives 63.7" in k.sentence(63.7)
+    assert R.KneeCheck(64, 0.51e-3, 0.5e-3, 0.45e-3).verdict == "at bound"
+    assert R.KneeCheck(64, 2e-3, 0.5e-3, 0.45e-3).verdict == "other"
+
+
+def test_knee_check_accounts_for_a_lowered_clock():
+    class Tel:
+        clock_fraction = 0.8
+    k = R.KneeCheck(64, 0.6e-3, 0.4e-3, 0.48e-3, telemetry=Tel())
+    assert k.bound_at_clock_s == pytest.approx(0.6e-3)    # 0.48 / 0.8
+    assert k.verdict == "clock"
+    assert "clock it ran at" in k.sentence()
+
+
+def test_knee_check_measures_on_cpu_and_rejects_bad_arguments():
+    x = torch.randn(4096)
+    k = R.knee_check(x, 8, peak_flops=1e12, bandwidth=1e10, compile=False)
+    assert k.repeat == 8 and k.seconds > 0
+    assert k.memory_s == pytest.approx(4096 * 8 / 1e10)
+    assert k.compute_s == pytest.approx(4096 * 8 / 1e12)
+    assert k.telemetry is not None
+    with pytest.raises(ValueError, match="peak_flops"):
+        R.knee_check(x, 8, peak_flops=None, bandwidth=1e10)
+    with pytest.raises(ValueError, match="bandwidth"):
+        R.knee_check(x, 8, peak_flops=1e12, bandwidth=0)
+    with pytest.raises(ValueError, match="repeat"):
+        R.knee_check(x, 0, peak_flops=1e12, bandwidth=1e10)
+    with pytest.raises(TypeError, match="x must"):
+        R.knee_check(torch.arange(4), 8, peak_flops=1e12, bandwidth=1e10)
