@@ -46,9 +46,11 @@ rounding of the output) and the unit tests check the GPU code path's arithmetic 
 rules too, by intercepting every call). :func:`emulated_mm` is the same computation written
 out (cast to FP8 and back, matmul in fp32), the reference of the tests.
 
-Under ``torch.compile`` the :class:`torch.autograd.Function` is traced whole (forward and
-backward, no graph break), and Inductor fuses each amax reduction and cast into the kernels
-around it. Without compile (eager) every cast is a few separate kernels and FP8 is slower
+Under ``torch.compile`` the product is one custom operator (``perflab::fp8_matmul``, opaque
+to the compiler: its quantization of ``x`` and ``W`` runs inside it) whose registered backward
+is traced like ordinary code, so Inductor fuses the gradient's amax reduction and cast into the
+kernels around it. (An autograd.Function version returned zero gradients when compiled on
+torch 2.11 with CUDA: see the comment at :func:`fp8_matmul`.) Without compile (eager) every cast is a few separate kernels and FP8 is slower
 than bf16.
 """
 
@@ -57,7 +59,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["Float8Linear", "convert", "quantize", "emulated_mm", "check_shape", "E4M3", "E5M2"]
+__all__ = ["Float8Linear", "convert", "fp8_matmul", "quantize", "emulated_mm", "check_shape", "E4M3", "E5M2"]
 
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
@@ -138,43 +140,93 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-class _Float8Matmul(torch.autograd.Function):
-    """``x (M, K) @ W (N, K)^T`` with all three products in FP8 (or ``grad_W`` in bf16)."""
+# The product is a custom operator (torch.library.custom_op) with its gradient registered
+# (register_autograd), not a torch.autograd.Function: torch.compile then treats the forward as
+# one opaque node and AOTAutograd traces the registered backward like any other code (its
+# amax reductions and casts fuse with the kernels around them). A torch.autograd.Function
+# version of exactly this code, compiled on torch 2.11 with CUDA, returned all-zero gradients
+# for x and W (Dynamo's tracing of the Function's backward; every backend, even "eager"; with
+# the grad_W product in bf16 too), while the same code run eagerly was right: the FP8 layers'
+# weights never moved, which chapter 10's loss curves showed. tests/test_fp8.py compares
+# compiled and eager gradients; the reference run checks the loss curve on the GPU.
+def _fp8_forward(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, fp8_grad_weight: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x (M, K) @ W (N, K)^T`` in FP8 -> ``(y (M, N), saved_x, scale_x, q_W, scale_W)``, ``y``
+    rounded to bf16 and then cast to ``out_dtype``; ``saved_x`` is the FP8 ``x`` (for an FP8
+    ``grad_W``) or ``x`` in bf16."""
+    qx, sx = quantize(x, E4M3)
+    qw, sw = quantize(w, E4M3)
+    y = _scaled_mm(qx, qw.t(), sx, sw, fast=True).to(out_dtype)
+    saved = qx if fp8_grad_weight else x.to(torch.bfloat16)
+    return y, saved, sx, qw, sw
 
-    @staticmethod
-    def forward(ctx, x, w, out_dtype, fp8_grad_weight):
-        qx, sx = quantize(x, E4M3)
-        qw, sw = quantize(w, E4M3)
-        y = _scaled_mm(qx, qw.t(), sx, sw, fast=True)
-        if fp8_grad_weight:
-            # keep the 1-byte FP8 x for grad_W (not x itself); it is made column-major in the
-            # backward, a copy that reads 1 byte per element
-            ctx.save_for_backward(qx, sx, qw, sw)
-        else:
-            ctx.save_for_backward(x.to(torch.bfloat16), sx, qw, sw)
-        ctx.fp8_grad_weight = fp8_grad_weight
-        ctx.x_dtype, ctx.w_dtype = x.dtype, w.dtype
-        return y.to(out_dtype)
 
-    @staticmethod
-    def backward(ctx, g):
-        saved, sx, qw, sw = ctx.saved_tensors
-        g = g.contiguous()
-        qg, sg = quantize(g, E5M2)
-        grad_x = grad_w = None
-        if ctx.needs_input_grad[0]:
-            # g (M, N) @ W (N, K): W must be column-major, i.e. a row-major copy of W^T
-            grad_x = _scaled_mm(qg, qw.t().contiguous().t(), sg, sw, fast=False)
-            grad_x = grad_x.to(ctx.x_dtype)
-        if ctx.needs_input_grad[1]:
-            if ctx.fp8_grad_weight:
-                # g^T (N, M) row-major @ x (M, K) column-major (a (K, M) row-major copy, .t())
-                grad_w = _scaled_mm(qg.t().contiguous(), saved.t().contiguous().t(), sg, sx,
-                                    fast=False)
-            else:
-                grad_w = g.to(torch.bfloat16).t() @ saved
-            grad_w = grad_w.to(ctx.w_dtype)
-        return grad_x, grad_w, None, None
+@torch.library.custom_op("perflab::fp8_matmul", mutates_args=())
+def _fp8_matmul(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, fp8_grad_weight: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_fp8_forward` as one operator (opaque to torch.compile)."""
+    return _fp8_forward(x, w, out_dtype, fp8_grad_weight)
+
+
+@_fp8_matmul.register_fake
+def _(x, w, out_dtype, fp8_grad_weight):
+    m, n = x.shape[0], w.shape[0]
+    scalar = x.new_empty((), dtype=torch.float32)
+    saved = x.new_empty(x.shape, dtype=E4M3 if fp8_grad_weight else torch.bfloat16)
+    return (x.new_empty((m, n), dtype=out_dtype), saved, scalar,
+            w.new_empty(w.shape, dtype=E4M3), scalar.clone())
+
+
+def _fp8_setup(ctx, inputs, output):
+    x, w, _, fp8_grad_weight = inputs
+    _, saved, sx, qw, sw = output
+    ctx.save_for_backward(saved, sx, qw, sw)
+    ctx.fp8_grad_weight = fp8_grad_weight
+    ctx.x_dtype, ctx.w_dtype = x.dtype, w.dtype
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _fp8_backward(ctx, g, *_unused):
+    saved, sx, qw, sw = ctx.saved_tensors
+    g = g.contiguous()
+    qg, sg = quantize(g, E5M2)
+    # g (M, N) @ W (N, K): W must be column-major, i.e. a row-major copy of W^T
+    grad_x = _scaled_mm(qg, qw.t().contiguous().t(), sg, sw, fast=False).to(ctx.x_dtype)
+    if ctx.fp8_grad_weight:
+        # g^T (N, M) row-major @ x (M, K) column-major (a (K, M) row-major copy, .t())
+        grad_w = _scaled_mm(qg.t().contiguous(), saved.t().contiguous().t(), sg, sx, fast=False)
+    else:
+        grad_w = g.to(torch.bfloat16).t() @ saved
+    return grad_x, grad_w.to(ctx.w_dtype), None, None
+
+
+_fp8_matmul.register_autograd(_fp8_backward, setup_context=_fp8_setup)
+
+
+def fp8_matmul(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16,
+               grad_weight: str = "fp8") -> torch.Tensor:
+    """``x (M, K) @ w (N, K)^T`` with its three training products in FP8 (module docstring).
+
+    Args:
+        x: 2-D float input ``(M, K)``; ``M`` a multiple of 16 with ``grad_weight="fp8"``.
+        w: 2-D float weight ``(N, K)``; ``N`` and ``K`` multiples of 16.
+        out_dtype: the output's dtype (the product is rounded to bf16 first); the gradient
+            arrives in it and is quantized from it.
+        grad_weight: ``"fp8"`` or ``"bf16"``: the precision of ``grad_W = g^T x``.
+
+    Returns:
+        ``(M, N)`` in ``out_dtype``; differentiable in ``x`` and ``w``.
+
+    Raises:
+        ValueError: not two 2-D tensors with a shared inner dimension, or an unknown
+            ``grad_weight``.
+    """
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"x and w must be (M, K) and (N, K), got {tuple(x.shape)} and "
+                         f"{tuple(w.shape)}")
+    if grad_weight not in GRAD_WEIGHT:
+        raise ValueError(f"grad_weight must be one of {GRAD_WEIGHT}, got {grad_weight!r}")
+    return _fp8_matmul(x, w, out_dtype, grad_weight == "fp8")[0]
 
 
 class Float8Linear(nn.Linear):
@@ -234,7 +286,7 @@ class Float8Linear(nn.Linear):
                              f"got {x2.shape[0]} from input shape {tuple(x.shape)}; use "
                              f"grad_weight='bf16' or pad")
         out_dtype = _out_dtype(x)
-        y = _Float8Matmul.apply(x2, self.weight, out_dtype, fp8_gw)
+        y = fp8_matmul(x2, self.weight, out_dtype, self.grad_weight)
         if self.bias is not None:
             y = y + self.bias.to(out_dtype)
         return y.reshape(*lead, self.out_features)
