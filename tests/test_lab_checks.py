@@ -1,25 +1,28 @@
 """Every lab's checks are proven: the reference solution passes them, each wrong solution fails.
 
-Each lab (``labs/*.md``, so labs added later are covered) is executed once in this process on
-CPU, cell by cell, with its hidden tests: every check must pass. The namespace is kept as it was
-before each solution cell; a wrong solution (``tests/lab_wrong_solutions.py``) is then run from
-there, followed by the cells up to its exercise's checks, one of which must raise
-``ExerciseFailed`` saying what is wrong. Speed checks are also replayed on modelled machines in
-``tests/test_exercises.py`` (a right answer must not fail on another host/GPU balance).
+Each lab (``labs/*.md``, so labs added later are covered) is executed once, cell by cell, with
+its hidden tests, in a Jupyter kernel started in ``labs/`` (as a student's notebook server, nbval
+or ``scripts/execute.py`` would run it): every cell must run and every check must pass. This is
+also CI's execution of the lab on CPU (pyproject.toml's ``testpaths`` leave ``labs/*.ipynb`` to
+this test instead of nbval: ``tests/test_reference_runs.py`` keeps their code identical to the
+``.md``). The kernel's namespace is kept as it was before each solution cell; every wrong
+solution of the lab (``tests/lab_wrong_solutions.py``) is then run in the same kernel from
+there, followed by the cells up to its exercise's last check cell, one of which must raise
+``ExerciseFailed`` saying what is wrong. The reference run and all of a lab's wrong solutions
+happen in the first test that asks for the lab, in one kernel that is then shut down (one lab's
+kernel alive at a time); the tests read the recorded outcomes. Speed checks are also replayed on
+modelled machines in ``tests/test_exercises.py`` (a right answer must not fail on another
+host/GPU balance).
 """
 
-import linecache
-import os
 import re
 import sys
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jupytext
-import matplotlib
 import pytest
-
-matplotlib.use("Agg")
+from jupyter_client.manager import start_new_kernel
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -30,78 +33,158 @@ from lab_wrong_solutions import WRONG  # noqa: E402
 from perflab.exercises import ExerciseFailed  # noqa: E402
 
 LABS = sorted((ROOT / "labs").glob("*.md"))
-_RUNS: dict = {}
+CELL_TIMEOUT_S = 300       # a lab cell takes well under a minute on a loaded 2-core CPU
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+NO_REPLY = "no reply within"
 
 
+def _subclass_names(cls) -> set[str]:
+    return {cls.__name__}.union(*(_subclass_names(c) for c in cls.__subclasses__()))
 
-def _exec(src: str, name: str, ns: dict) -> None:
-    """Execute a cell's source in ``ns`` as a notebook kernel would: with its text registered in
-    ``linecache``, so that ``inspect.getsource`` finds the functions it defines (lab 8 sends the
-    student's functions to its worker processes by their source)."""
-    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
-    exec(compile(src, name, "exec"), ns)
+
+# a kernel reports an exception by its class name: ExerciseFailed and its subclasses
+# (ExerciseNotDone) are a check's verdict; anything else is a broken cell
+VERDICTS = _subclass_names(ExerciseFailed)
+
 
 def _meta(cell) -> dict:
     return cell.get("metadata", {}).get("nbgrader", {}) or {}
 
 
-def _run(cells, ns, start, stop_after_exercise=None, first_source=None):
-    """Execute code cells from ``start``; return {check grade_id: None or the ExerciseFailed}."""
-    results = {}
-    for i in range(start, len(cells)):
-        cell = cells[i]
-        g = _meta(cell)
-        number = make_student.exercise_number(g.get("grade_id"))
-        if stop_after_exercise is not None and g.get("grade") and number != stop_after_exercise and results:
+class CellError(Exception):
+    """A cell raised something other than ExerciseFailed, or the kernel did not answer."""
+
+
+class Kernel:
+    """A python3 Jupyter kernel in ``cwd`` that runs cells and keeps named namespace snapshots."""
+
+    def __init__(self, cwd: Path):
+        self.km, self.kc = start_new_kernel(kernel_name="python3", cwd=str(cwd), startup_timeout=120)
+        self.run("get_ipython().perflab_snapshots = {}", silent=True)
+
+    def run(self, code: str, silent: bool = False) -> str | None:
+        """Execute ``code`` as a cell; None, or the message of the ExerciseFailed it raised.
+
+        Raises:
+            CellError: another exception (with the cell's traceback), or no reply within
+                ``CELL_TIMEOUT_S``.
+        """
+        try:
+            reply = self.kc.execute_interactive(code, silent=silent, store_history=not silent,
+                                                allow_stdin=False, timeout=CELL_TIMEOUT_S,
+                                                output_hook=lambda msg: None)
+        except TimeoutError:
+            raise CellError(f"{NO_REPLY} {CELL_TIMEOUT_S} s") from None
+        content = reply["content"]
+        if content["status"] == "ok":
+            return None
+        if content.get("ename") in VERDICTS:
+            return content["evalue"]
+        trace = ANSI.sub("", "\n".join(content.get("traceback", [])))
+        raise CellError(f"{content.get('ename')}: {content.get('evalue')}\n{trace[-3000:]}")
+
+    def snapshot(self, name: str) -> None:
+        """Keep (a shallow copy of) the namespace under ``name``."""
+        self.run(f"(lambda ip: ip.perflab_snapshots.__setitem__({name!r}, dict(ip.user_ns)))"
+                 "(get_ipython())", silent=True)
+
+    def restore(self, name: str) -> None:
+        """Make the namespace what it was at ``snapshot(name)`` (the snapshot itself is kept)."""
+        self.run("(lambda ip: (ip.user_ns.clear(), ip.user_ns.update(ip.perflab_snapshots["
+                 f"{name!r}])))(get_ipython())", silent=True)
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+@dataclass
+class LabRun:
+    cells: list
+    results: dict                      # check grade_id (or "cell i") -> None or the failure
+    broken: str | None = None          # the reference run stopped: cell and error
+    wrong: dict = field(default_factory=dict)   # k -> {grade_id: None or failure} or CellError
+
+
+_RUNS: dict[Path, LabRun] = {}
+
+
+def _index(cells) -> dict[str, int]:
+    """{grade_id: index of its code cell}"""
+    return {_meta(c)["grade_id"]: i for i, c in enumerate(cells) if _meta(c).get("grade_id")}
+
+
+def _last_check(cells, exercise: str) -> int:
+    return max((i for i, c in enumerate(cells)
+                if _meta(c).get("grade") and make_student.exercise_number(_meta(c)["grade_id"]) == exercise),
+               default=len(cells) - 1)
+
+
+def _wrong_outcome(kernel: Kernel, cells, start: int, source: str, stop: int) -> dict:
+    """Run ``source`` in place of cell ``start``, then the cells up to ``stop``; the checks' outcomes.
+
+    A non-check cell that raises ExerciseFailed ends the run there (what follows needs it)."""
+    outcome = {}
+    for i in range(start, stop + 1):
+        g = _meta(cells[i])
+        err = kernel.run(source if i == start else cells[i].source)
+        if g.get("grade"):
+            outcome[g["grade_id"]] = err
+        elif err is not None:
+            outcome[g.get("grade_id", f"cell {i}")] = err
             break
-        src = first_source if (i == start and first_source is not None) else cell.source
-        try:
-            _exec(src, f"<cell {i} {g.get('grade_id', '')}>", ns)
-            if g.get("grade"):
-                results[g["grade_id"]] = None
-        except ExerciseFailed as err:
-            if not g.get("grade") and stop_after_exercise is None:
-                raise
-            results[g.get("grade_id", f"cell {i}")] = err
-            if not g.get("grade"):
+    return outcome
+
+
+def lab_run(lab: Path) -> LabRun:
+    """The lab's reference run and every wrong solution's outcome (executed on first use)."""
+    if lab in _RUNS:
+        return _RUNS[lab]
+    cells = [c for c in jupytext.read(lab).cells if c.cell_type == "code"]
+    run = LabRun(cells, {})
+    kernel = Kernel(lab.parent)        # the closing cells read ../book/NN_*.ipynb
+    try:
+        for i, cell in enumerate(cells):
+            g = _meta(cell)
+            if g.get("solution"):
+                kernel.snapshot(g["grade_id"])
+            try:
+                err = kernel.run(cell.source)
+            except CellError as e:
+                run.broken = f"cell {i} ({g.get('grade_id', 'not graded')}): {e}"
                 break
-    return results
-
-
-def reference(lab: Path):
-    """(cells, {solution grade_id: namespace before it}, check results, seconds): cached per lab."""
-    if lab not in _RUNS:
-        cells = [c for c in jupytext.read(lab).cells if c.cell_type == "code"]
-        ns: dict = {"__name__": "__lab__"}
-        snapshots, results = {}, {}
-        cwd = os.getcwd()
-        os.chdir(lab.parent)          # the closing cells read ../book/NN_*.ipynb
-        t0 = time.perf_counter()
-        try:
-            for i, cell in enumerate(cells):
-                g = _meta(cell)
-                if g.get("solution"):
-                    snapshots[g["grade_id"]] = (i, dict(ns))
+            if g.get("grade") or err is not None:
+                run.results[g.get("grade_id", f"cell {i}")] = err
+        if run.broken is None and not any(run.results.values()):
+            index = _index(cells)
+            for k, (sol_id, old, new, _) in enumerate(WRONG.get(lab.stem, [])):
+                start = index.get(sol_id)
+                if start is None or old not in cells[start].source:
+                    continue                   # the test reports it
                 try:
-                    _exec(cell.source, f"<{lab.stem} cell {i}>", ns)
-                    if g.get("grade"):
-                        results[g["grade_id"]] = None
-                except ExerciseFailed as err:
-                    results[g.get("grade_id", f"cell {i}")] = err
-        finally:
-            os.chdir(cwd)
-        _RUNS[lab] = (cells, snapshots, results, time.perf_counter() - t0)
-    return _RUNS[lab]
+                    kernel.restore(sol_id)
+                    run.wrong[k] = _wrong_outcome(kernel, cells, start, cells[start].source.replace(old, new),
+                                                  _last_check(cells, make_student.exercise_number(sol_id)))
+                except CellError as e:
+                    run.wrong[k] = e
+                    if str(e).startswith(NO_REPLY):    # the kernel is still busy: no later case can run
+                        run.wrong.update({j: CellError(f"not run: case {k} left the kernel busy")
+                                          for j in range(k + 1, len(WRONG[lab.stem]))})
+                        break
+    finally:
+        kernel.close()
+    _RUNS[lab] = run
+    return run
 
 
 @pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
 def test_reference_solution_passes_every_check(lab):
-    cells, _, results, seconds = reference(lab)
-    print(f"{lab.name}: reference executed in-process in {seconds:.1f} s")
-    failed = {gid: str(err) for gid, err in results.items() if err is not None}
+    run = lab_run(lab)
+    assert run.broken is None, f"{lab.name}: the reference run stopped at {run.broken}"
+    failed = {gid: err for gid, err in run.results.items() if err is not None}
     assert not failed, f"{lab.name}: the reference solution fails {failed}"
-    checks = {_meta(c)["grade_id"] for c in cells if _meta(c).get("grade")}
-    assert checks <= set(results)
+    checks = {_meta(c)["grade_id"] for c in run.cells if _meta(c).get("grade")}
+    assert checks <= set(run.results)
 
 
 CASES = [(lab, k) for lab in LABS for k in range(len(WRONG.get(lab.stem, [])))]
@@ -110,20 +193,16 @@ CASES = [(lab, k) for lab in LABS for k in range(len(WRONG.get(lab.stem, [])))]
 @pytest.mark.parametrize("lab, k", CASES, ids=[f"{lab.stem}-{WRONG[lab.stem][k][0]}-{k}" for lab, k in CASES])
 def test_wrong_solution_fails_its_check(lab, k):
     sol_id, old, new, pattern = WRONG[lab.stem][k]
-    cells, snapshots, results, _ = reference(lab)
-    if any(err is not None for err in results.values()):
+    run = lab_run(lab)
+    if run.broken is not None or any(run.results.values()):
         pytest.skip("the reference run failed (see test_reference_solution_passes_every_check)")
-    start, before = snapshots[sol_id]
-    assert old in cells[start].source, f"{sol_id}: {old!r} is not in the reference solution any more"
-    ns = dict(before)
-    cwd = os.getcwd()
-    os.chdir(lab.parent)
-    try:
-        outcome = _run(cells, ns, start, stop_after_exercise=make_student.exercise_number(sol_id),
-                       first_source=cells[start].source.replace(old, new))
-    finally:
-        os.chdir(cwd)
-    errors = [str(e) for e in outcome.values() if e is not None]
+    start = _index(run.cells).get(sol_id)
+    assert start is not None, f"{sol_id} is not a grade_id of {lab.name}"
+    assert old in run.cells[start].source, f"{sol_id}: {old!r} is not in the reference solution any more"
+    outcome = run.wrong[k]
+    if isinstance(outcome, CellError):
+        pytest.fail(f"{lab.name}: the wrong solution ({new[:60]!r}) broke a cell: {outcome}")
+    errors = [e for e in outcome.values() if e is not None]
     assert errors, f"{lab.name}: the wrong solution ({new[:60]!r}) passed every check: {list(outcome)}"
     assert any(re.search(pattern, e) for e in errors), f"{lab.name}: failed, but not as expected: {errors}"
 
