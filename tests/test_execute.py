@@ -1,5 +1,15 @@
-"""scripts/execute.py: the reference run and its --check, on tiny notebooks in a temporary folder."""
+"""scripts/execute.py: the reference run and its --check, on tiny notebooks in a temporary folder.
 
+Most tests call the script's ``main(argv)`` in this process (``run``): the exit status, stdout and
+stderr are what ``python scripts/execute.py ARGS`` gives (its last line is
+``sys.exit(main())``), without starting a Python and importing torch for each of the ~20 calls.
+The command line itself is run as a process (``run_script``) where that is the point: a missing
+path's exit status and one-line message, a real execution with provenance, a Python without
+jupytext.
+"""
+
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -9,6 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "execute.py"
+sys.path.insert(0, str(ROOT / "scripts"))
+import execute  # noqa: E402
 
 from myst_source import HEADER  # noqa: E402
 
@@ -21,13 +33,23 @@ def write_nb(path: Path, *cells: str, prose: str = "# A notebook") -> Path:
     return path
 
 
-def run(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+def run_script(*args):
+    """``python scripts/execute.py ARGS`` in a process of its own."""
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
 
 
+def run(*args):
+    """``execute.main(ARGS)`` in this process: its exit status, stdout and stderr, as ``run_script``
+    returns them."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = execute.main([str(a) for a in args])
+    return subprocess.CompletedProcess([str(SCRIPT), *map(str, args)], code, out.getvalue(), err.getvalue())
+
+
 def test_missing_path_is_one_clear_line_and_exit_2(tmp_path):
-    r = run(tmp_path / "nope.md")
+    r = run_script(tmp_path / "nope.md")
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "no such file" in r.stderr
 
@@ -42,7 +64,7 @@ def test_a_plain_markdown_file_is_not_a_notebook(tmp_path):
 def test_executes_in_the_notebooks_folder_and_writes_provenance(tmp_path):
     (tmp_path / "data.txt").write_text("42")
     md = write_nb(tmp_path / "nb.md", "print(open('data.txt').read())", "from perflab.provenance import glue\nglue('answer', 42)")
-    r = run(md)
+    r = run_script(md)
     assert r.returncode == 0, r.stderr
     assert "[1/1]" in r.stdout and "ok on" in r.stdout
     nb = json.loads(md.with_suffix(".ipynb").read_text())

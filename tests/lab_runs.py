@@ -1,0 +1,250 @@
+"""Test helper: each lab executed once in a Jupyter kernel, for tests/test_lab_checks.py and
+tests/test_student_editions.py (one home for the kernel runs; each lab runs once per session).
+
+:func:`lab_run` starts a python3 kernel in ``labs/`` (as nbval, a student's notebook server or
+``scripts/execute.py`` would), and in it
+
+1. executes the lab's ``.md`` cell by cell with its hidden tests (the reference run), keeping a
+   shallow copy of the namespace before each solution cell, and before the first cell that the
+   student edition changes;
+2. replays each wrong solution of ``tests/lab_wrong_solutions.py`` from the namespace before its
+   solution cell: the wrong cell, then the cells up to its exercise's last check cell;
+3. runs the student edition (``scripts/make_student.py``) from the namespace before the first
+   cell it changes (the cells before it are the same code, already run by step 1), every cell
+   whatever the one before raised, as *Run All* with errors allowed does. Where that shared start
+   cannot be used (the reference run stopped there, a cell left the kernel busy, or a GPU is
+   visible: the student edition is checked as a student without one), the student edition runs
+   whole in a fresh kernel with ``CUDA_VISIBLE_DEVICES`` empty.
+
+The kernel is then shut down (one lab's kernel alive at a time), and the tests read the recorded
+outcomes. Asking for one lab (``pytest -k 05_``) runs all three steps for it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jupytext
+import torch
+from jupyter_client.manager import start_new_kernel
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
+import make_student  # noqa: E402
+from lab_wrong_solutions import WRONG  # noqa: E402
+
+from perflab.exercises import ExerciseFailed  # noqa: E402
+
+CELL_TIMEOUT_S = 300       # a lab cell takes well under a minute on a loaded 2-core CPU
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+NO_REPLY = "no reply within"
+
+
+def _subclass_names(cls) -> set[str]:
+    return {cls.__name__}.union(*(_subclass_names(c) for c in cls.__subclasses__()))
+
+
+# a kernel reports an exception by its class name: ExerciseFailed and its subclasses
+# (ExerciseNotDone) are a check's verdict; anything else is a broken cell
+VERDICTS = _subclass_names(ExerciseFailed)
+
+
+def meta(cell) -> dict:
+    """A cell's nbgrader metadata ({} if none)."""
+    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+
+
+class CellError(Exception):
+    """A cell raised something other than ExerciseFailed, or the kernel did not answer."""
+
+
+class Kernel:
+    """A python3 Jupyter kernel in ``cwd`` that runs cells and keeps named namespace snapshots."""
+
+    def __init__(self, cwd: Path, env: dict | None = None):
+        self.km, self.kc = start_new_kernel(kernel_name="python3", cwd=str(cwd), startup_timeout=120,
+                                            **({"env": env} if env is not None else {}))
+        self.run("get_ipython().perflab_snapshots = {}", silent=True)
+
+    def execute(self, code: str, silent: bool = False) -> dict:
+        """Execute ``code`` as a cell; the reply's content (``status``; ``ename``, ``evalue``,
+        ``traceback`` on an error).
+
+        Raises:
+            CellError: no reply within ``CELL_TIMEOUT_S``.
+        """
+        try:
+            reply = self.kc.execute_interactive(code, silent=silent, store_history=not silent,
+                                                allow_stdin=False, timeout=CELL_TIMEOUT_S,
+                                                output_hook=lambda msg: None)
+        except TimeoutError:
+            raise CellError(f"{NO_REPLY} {CELL_TIMEOUT_S} s") from None
+        return reply["content"]
+
+    def run(self, code: str, silent: bool = False) -> str | None:
+        """Execute ``code`` as a cell; None, or the message of the ExerciseFailed it raised.
+
+        Raises:
+            CellError: another exception (with the cell's traceback), or no reply in time.
+        """
+        content = self.execute(code, silent)
+        if content["status"] == "ok":
+            return None
+        if content.get("ename") in VERDICTS:
+            return content["evalue"]
+        trace = ANSI.sub("", "\n".join(content.get("traceback", [])))
+        raise CellError(f"{content.get('ename')}: {content.get('evalue')}\n{trace[-3000:]}")
+
+    def snapshot(self, name: str) -> None:
+        """Keep (a shallow copy of) the namespace under ``name``."""
+        self.run(f"(lambda ip: ip.perflab_snapshots.__setitem__({name!r}, dict(ip.user_ns)))"
+                 "(get_ipython())", silent=True)
+
+    def restore(self, name: str) -> None:
+        """Make the namespace what it was at ``snapshot(name)`` (the snapshot itself is kept)."""
+        self.run("(lambda ip: (ip.user_ns.clear(), ip.user_ns.update(ip.perflab_snapshots["
+                 f"{name!r}])))(get_ipython())", silent=True)
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+@dataclass
+class StudentCell:
+    """One executed code cell of the student edition."""
+
+    source: str
+    grade: dict                         # its nbgrader metadata
+    ename: str | None = None            # the error it ended in, if any
+    evalue: str = ""
+    traceback_lines: int = 0
+
+
+@dataclass
+class LabRun:
+    cells: list                         # the lab's code cells
+    results: dict                       # check grade_id (or "cell i") -> None or the failure
+    broken: str | None = None           # the reference run stopped: cell and error
+    wrong: dict = field(default_factory=dict)     # k -> {grade_id: None or failure} or CellError
+    student: list = field(default_factory=list)   # StudentCell per code cell of the student edition
+    student_shared: int = 0             # leading cells the student edition took from the reference run
+    student_error: str | None = None    # a student-edition cell left the kernel without a reply
+
+
+_RUNS: dict[Path, LabRun] = {}
+
+
+def grade_index(cells) -> dict[str, int]:
+    """{grade_id: index of its code cell}"""
+    return {meta(c)["grade_id"]: i for i, c in enumerate(cells) if meta(c).get("grade_id")}
+
+
+def _last_check(cells, exercise: str) -> int:
+    return max((i for i, c in enumerate(cells)
+                if meta(c).get("grade") and make_student.exercise_number(meta(c)["grade_id"]) == exercise),
+               default=len(cells) - 1)
+
+
+def _wrong_outcome(kernel: Kernel, cells, start: int, source: str, stop: int) -> dict:
+    """Run ``source`` in place of cell ``start``, then the cells up to ``stop``; the checks' outcomes.
+
+    A non-check cell that raises ExerciseFailed ends the run there (what follows needs it)."""
+    outcome = {}
+    for i in range(start, stop + 1):
+        g = meta(cells[i])
+        err = kernel.run(source if i == start else cells[i].source)
+        if g.get("grade"):
+            outcome[g["grade_id"]] = err
+        elif err is not None:
+            outcome[g.get("grade_id", f"cell {i}")] = err
+            break
+    return outcome
+
+
+def _student_cells(kernel: Kernel, cells) -> list[StudentCell]:
+    out = []
+    for cell in cells:
+        content = kernel.execute(cell.source)
+        done = StudentCell(cell.source, meta(cell))
+        if content["status"] != "ok":
+            done.ename, done.evalue = content.get("ename"), content.get("evalue", "")
+            done.traceback_lines = len(content.get("traceback", []))
+        out.append(done)
+    return out
+
+
+def lab_run(lab: Path) -> LabRun:
+    """The lab's reference run, every wrong solution's outcome and its student edition's cells
+    (executed on first use; see the module docstring)."""
+    if lab in _RUNS:
+        return _RUNS[lab]
+    cells = [c for c in jupytext.read(lab).cells if c.cell_type == "code"]
+    student = [c for c in make_student.student_notebook(lab).cells if c.cell_type == "code"]
+    shared = 0
+    while shared < min(len(cells), len(student)) and cells[shared].source == student[shared].source:
+        shared += 1
+    run = LabRun(cells, {})
+    busy = False
+    prefix_ok = True                   # the cells before `shared` ran without an error
+    kernel = Kernel(lab.parent)        # the closing cells read ../book/NN_*.ipynb
+    try:
+        for i, cell in enumerate(cells):
+            g = meta(cell)
+            if i == shared:
+                kernel.snapshot("student edition")
+            if g.get("solution"):
+                kernel.snapshot(g["grade_id"])
+            try:
+                err = kernel.run(cell.source)
+            except CellError as e:
+                run.broken = f"cell {i} ({g.get('grade_id', 'not graded')}): {e}"
+                busy = str(e).startswith(NO_REPLY)
+                prefix_ok = prefix_ok and i >= shared
+                break
+            if g.get("grade") or err is not None:
+                run.results[g.get("grade_id", f"cell {i}")] = err
+            prefix_ok = prefix_ok and (err is None or i >= shared)
+        if run.broken is None and not any(run.results.values()):
+            index = grade_index(cells)
+            for k, (sol_id, old, new, _) in enumerate(WRONG.get(lab.stem, [])):
+                start = index.get(sol_id)
+                if start is None or old not in cells[start].source:
+                    continue                   # the test reports it
+                try:
+                    kernel.restore(sol_id)
+                    run.wrong[k] = _wrong_outcome(kernel, cells, start, cells[start].source.replace(old, new),
+                                                  _last_check(cells, make_student.exercise_number(sol_id)))
+                except CellError as e:
+                    run.wrong[k] = e
+                    if str(e).startswith(NO_REPLY):    # the kernel is still busy: no later case can run
+                        run.wrong.update({j: CellError(f"not run: case {k} left the kernel busy")
+                                          for j in range(k + 1, len(WRONG[lab.stem]))})
+                        busy = True
+                        break
+        if prefix_ok and not busy and not torch.cuda.is_available():
+            if shared < len(student):
+                kernel.restore("student edition")
+            run.student_shared = shared
+            try:
+                run.student = [StudentCell(c.source, meta(c)) for c in student[:shared]]
+                run.student += _student_cells(kernel, student[shared:])
+            except CellError as e:
+                run.student_error = str(e)
+    finally:
+        kernel.close()
+    if not run.student and run.student_error is None:
+        fresh = Kernel(lab.parent, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+        try:
+            run.student = _student_cells(fresh, student)
+        except CellError as e:
+            run.student_error = str(e)
+        finally:
+            fresh.close()
+    _RUNS[lab] = run
+    return run
