@@ -50,8 +50,8 @@ Under ``torch.compile`` the product is one custom operator (``perflab::fp8_matmu
 to the compiler: its quantization of ``x`` and ``W`` runs inside it) whose registered backward
 is traced like ordinary code, so Inductor fuses the gradient's amax reduction and cast into the
 kernels around it. (An autograd.Function version returned zero gradients when compiled on
-torch 2.11 with CUDA: see the comment at :func:`fp8_matmul`.) Without compile (eager) every cast is a few separate kernels and FP8 is slower
-than bf16.
+torch 2.11 with CUDA: see the comment above :func:`_fp8_forward`.) Without compile (eager)
+every cast is a few separate kernels and FP8 is slower than bf16.
 """
 
 from __future__ import annotations
