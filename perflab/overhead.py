@@ -6,6 +6,7 @@ Rates here are operations per second; times are seconds. Every function runs on 
 from __future__ import annotations
 
 import math
+import statistics
 import os
 import time
 import timeit
@@ -18,7 +19,7 @@ from .cpu import cache_levels
 from .roofline import copy_bandwidth
 from .timing import benchmark, synchronize
 
-__all__ = ["CallModel", "batch_scaling", "beyond_cache_numel", "call_model",
+__all__ = ["CallModel", "batch_scaling", "beyond_cache_numel", "call_model", "issue_time",
            "cuda_graph_op_rate", "dram_copy_bandwidth", "op_rate", "python_adds_per_second"]
 
 
@@ -35,6 +36,44 @@ def python_adds_per_second(n: int = 2_000_000) -> float:
     code = "x = 0\nfor _ in range(n):\n    x = x + 1"
     best = min(timeit.repeat(code, globals={"n": n}, number=1, repeat=3))
     return n / best
+
+
+def issue_time(fn: Callable[[], object], device: torch.device | str, calls: int = 10,
+               bursts: int = 5) -> float:
+    """Host seconds per call of ``fn`` when ``calls`` calls are issued back to back.
+
+    Each burst starts from an empty queue (synchronize), issues ``calls`` calls and reads the
+    host clock *without* synchronizing; the result is the median over ``bursts`` bursts of the
+    burst time divided by ``calls``. On a GPU this is the host's cost to issue a call (Python,
+    dispatcher, allocation, launch), as long as the device's queue absorbs the burst; a kernel
+    longer than the issue time does not add to it. On a CPU the kernel runs on the calling
+    thread, so it is the whole call. Chapter 3 compares it with the profiler's host times and
+    with a timer that forgets to synchronize.
+
+    Args:
+        fn: the call to issue (its result is discarded).
+        device: where ``fn`` runs (synchronized before each burst and at the end).
+        calls: calls per burst (>= 1).
+        bursts: bursts; the median is returned (>= 1).
+
+    Returns:
+        seconds per call (host clock, ``time.perf_counter``).
+
+    Raises:
+        ValueError: ``calls`` or ``bursts`` below 1.
+    """
+    for name, v in (("calls", calls), ("bursts", bursts)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    per_call = []
+    for _ in range(bursts):
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) / calls)
+    synchronize(device)
+    return statistics.median(per_call)
 
 
 def op_rate(device: torch.device | str, numel: int = 1, ops: int = 5000) -> float:

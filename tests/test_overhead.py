@@ -97,3 +97,18 @@ def test_beyond_cache_numel_reads_the_last_level_cache(tmp_path, monkeypatch):
         O.beyond_cache_numel(0.5)
     with pytest.raises(ValueError, match="maximum"):
         O.beyond_cache_numel(maximum=1)
+
+
+def test_issue_time_is_the_median_burst_per_call_and_counts_every_call():
+    calls = []
+    # every call sleeps 2 ms: on a CPU the whole call is the issue time
+    t = O.issue_time(lambda: (calls.append(1), __import__("time").sleep(0.002)),
+                          "cpu", calls=4, bursts=3)
+    assert len(calls) == 12
+    assert 0.0019 < t < 0.05
+
+
+@pytest.mark.parametrize("kw", [{"calls": 0}, {"bursts": 0}, {"calls": 2.0}, {"bursts": True}])
+def test_issue_time_rejects_bad_counts(kw):
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        O.issue_time(lambda: None, "cpu", **kw)
