@@ -59,7 +59,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["Float8Linear", "convert", "fp8_matmul", "quantize", "emulated_mm", "check_shape", "E4M3", "E5M2"]
+from perflab import crossentropy
+
+__all__ = ["Float8Linear", "convert", "fp8_matmul", "head_cross_entropy", "quantize",
+           "emulated_mm", "check_shape", "E4M3", "E5M2"]
 
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
@@ -67,24 +70,35 @@ GRAD_WEIGHT = ("fp8", "bf16")
 _EPS = 1e-12          # smallest amax: an all-zero tensor gets a tiny scale and stays zero
 
 
-def quantize(t: torch.Tensor, dtype: torch.dtype = E4M3) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor dynamic scaling of ``t`` to FP8: returns ``(q, scale)``.
+def quantize(t: torch.Tensor, dtype: torch.dtype = E4M3, bound: float | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tensor scaling of ``t`` to FP8: returns ``(q, scale)``.
 
-    ``scale = max(amax(|t|), 1e-12) / finfo(dtype).max`` (a 0-d float32 tensor) and
+    Dynamic scaling (``bound=None``): ``scale = max(amax(|t|), 1e-12) / finfo(dtype).max`` (a
+    0-d float32 tensor), one reduction over ``t`` first. Static scaling (``bound`` a float
+    known in advance to satisfy ``|t| <= bound``): ``scale = bound / finfo(dtype).max``, no
+    reduction, so the cast can fuse into the kernel that produces ``t``. Either way
     ``q = clamp(t / scale, -max, max).to(dtype)`` (``t``'s shape and strides), so ``q.float() *
-    scale`` approximates ``t`` (Micikevicius et al., 2022, section 4.3). An all-zero tensor
+    scale`` approximates ``t`` (Micikevicius et al., 2022, section 4.3); a value beyond a static
+    bound saturates at the format's largest value, it never becomes inf. An all-zero tensor
     quantizes to zeros. Works under ``torch.compile`` (no data-dependent Python).
 
     Raises:
-        ValueError: ``dtype`` is not ``float8_e4m3fn`` or ``float8_e5m2``; ``t`` not floating.
+        ValueError: ``dtype`` is not ``float8_e4m3fn`` or ``float8_e5m2``; ``t`` not floating;
+            ``bound`` not a positive finite number.
     """
     if dtype not in (E4M3, E5M2):
         raise ValueError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
     if not t.is_floating_point() or t.dtype in (E4M3, E5M2):
         raise ValueError(f"t must be a float32/bf16/fp16 tensor, got {t.dtype}")
     top = torch.finfo(dtype).max
-    amax = t.detach().abs().amax().float().clamp(min=_EPS)
-    scale = amax / top
+    if bound is not None:
+        if isinstance(bound, bool) or not 0 < float(bound) < float("inf"):
+            raise ValueError(f"bound must be a positive finite float, got {bound!r}")
+        scale = torch.full((), float(bound) / top, dtype=torch.float32, device=t.device)
+    else:
+        amax = t.detach().abs().amax().float().clamp(min=_EPS)
+        scale = amax / top
     q = (t.float() / scale).clamp(-top, top).to(dtype)
     return q, scale
 
@@ -133,11 +147,7 @@ def emulated_mm(a: torch.Tensor, b: torch.Tensor, a_dtype: torch.dtype = E4M3,
     return (qa.float() * sa) @ (qb.float() * sb)
 
 
-def _out_dtype(x: torch.Tensor) -> torch.dtype:
-    kind = x.device.type
-    if torch.is_autocast_enabled(kind):
-        return torch.get_autocast_dtype(kind)
-    return x.dtype
+_out_dtype = crossentropy.compute_dtype
 
 
 # The product is a custom operator (torch.library.custom_op) with its gradient registered
@@ -227,6 +237,97 @@ def fp8_matmul(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype = torch.
     if grad_weight not in GRAD_WEIGHT:
         raise ValueError(f"grad_weight must be one of {GRAD_WEIGHT}, got {grad_weight!r}")
     return _fp8_matmul(x, w, out_dtype, grad_weight == "fp8")[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The language-model head in FP8, its cross-entropy fused
+# ---------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("perflab::fp8_head_loss", mutates_args=())
+def _fp8_head_loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                              torch.Tensor, torch.Tensor]:
+    """``(loss, q_h, s_h, q_W, s_W, q_g)``: the FP8 logits, their mean cross-entropy and the
+    e5m2 gradient ``q_g = (softmax - one_hot) x 57344`` (scale ``1 / (M x 57344)``)."""
+    qh, sh = quantize(h, E4M3)
+    qw, sw = quantize(w, E4M3)
+    logits = _scaled_mm(qh, qw.t(), sh, sw, fast=True)          # (M, V) bf16
+    top = torch.finfo(E5M2).max
+    qg = torch.empty(logits.shape, dtype=E5M2, device=logits.device)
+    rows = crossentropy.loss_and_grad(logits, y, qg, grad_scale=top)
+    return rows.mean(), qh, sh, qw, sw, qg
+
+
+@_fp8_head_loss.register_fake
+def _(h, w, y):
+    m, v = h.shape[0], w.shape[0]
+    scalar = h.new_empty((), dtype=torch.float32)
+    return (scalar, h.new_empty(h.shape, dtype=E4M3), scalar.clone(),
+            w.new_empty(w.shape, dtype=E4M3), scalar.clone(),
+            h.new_empty((m, v), dtype=E5M2))
+
+
+def _head_setup(ctx, inputs, output):
+    h, w, _ = inputs
+    _, qh, sh, qw, sw, qg = output
+    ctx.save_for_backward(qh, sh, qw, sw, qg)
+    ctx.h_dtype, ctx.w_dtype = h.dtype, w.dtype
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _head_backward(ctx, go, *_unused):
+    qh, sh, qw, sw, qg = ctx.saved_tensors
+    # d loss / d logits = q_g * go / (M * 57344): the scale of q_g, on the device (no sync)
+    sg = go.float() / (qg.shape[0] * torch.finfo(E5M2).max)
+    grad_h = _scaled_mm(qg, qw.t().contiguous().t(), sg, sw, fast=False).to(ctx.h_dtype)
+    # g^T (V, M) row-major @ h (M, K) column-major: the one transposed copy of the gradient
+    grad_w = _scaled_mm(crossentropy.transpose(qg), qh.t().contiguous().t(), sg, sh,
+                        fast=False)
+    return grad_h, grad_w.to(ctx.w_dtype), None
+
+
+_fp8_head_loss.register_autograd(_head_backward, setup_context=_head_setup)
+
+
+def head_cross_entropy(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of a language-model head whose three products run in FP8.
+
+    ``logits = h @ w^T`` by ``torch._scaled_mm`` (e4m3 ``h`` and ``w``, dynamic per-tensor
+    scales), then :func:`perflab.crossentropy.loss_and_grad` computes the loss *and* the
+    gradient of the logits in one pass over them, in the forward. The gradient is stored in
+    e5m2 with a *static* scale: for a mean over ``M`` tokens, ``d loss / d logit[i, j] =
+    (p[i, j] - [j == y[i]]) / M`` lies in ``(-1/M, 1/M)`` whatever the logits (``p`` a softmax
+    row), so ``q = (p - one_hot) x 57344`` (e5m2's largest value) with the scale
+    ``1 / (M x 57344)`` never overflows, and no reduction over the ``M x V`` gradient is
+    needed. The bf16 logits live only inside the forward; the backward keeps the 1-byte
+    gradient instead and runs ``grad_h = g W`` and ``grad_W = g^T h`` in FP8, times the
+    incoming gradient of the loss (a loss divided later, e.g. by accumulation steps, scales
+    them). An FP8 head with a fixed gradient scale is also what the modded-nanogpt GPT-2
+    speedruns use (Jordan et al., 2024; ``jordan2024moddednanogpt`` in the bibliography).
+
+    Args:
+        h: features ``(B, T, d)`` or ``(M, d)``, any float dtype.
+        w: head weight ``(V, d)`` (the tied embedding); ``V`` and ``d`` multiples of 16.
+        y: int64 targets ``(B, T)`` or ``(M,)``, each in ``[0, V)``.
+
+    Returns:
+        The 0-d float32 mean loss, differentiable in ``h`` and ``w``.
+
+    Raises:
+        ValueError: shapes that do not match or that ``torch._scaled_mm`` cannot take
+            (``M`` must be a multiple of 16 too).
+    """
+    h2 = h.reshape(-1, h.shape[-1])
+    y2 = y.reshape(-1)
+    if w.dim() != 2 or w.shape[1] != h2.shape[1]:
+        raise ValueError(f"w must be (V, {h2.shape[1]}), got {tuple(w.shape)}")
+    if h2.shape[0] != y2.shape[0]:
+        raise ValueError(f"h holds {h2.shape[0]} tokens but y {y2.shape[0]} targets")
+    check_shape(w.shape[1], w.shape[0], "head")
+    if h2.shape[0] % 16:
+        raise ValueError(f"the FP8 head needs a token count that is a multiple of 16, got "
+                         f"{h2.shape[0]}")
+    return _fp8_head_loss(h2, w, y2)[0]
 
 
 class Float8Linear(nn.Linear):

@@ -38,11 +38,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import ProfilerActivity, profile as _profile
 
-from perflab import fp8, gpt2, memory
+from perflab import crossentropy, fp8, gpt2, memory
 from perflab.telemetry import Telemetry
 from perflab.timing import synchronize
 
 __all__ = ["Rung", "RunResult", "StepBreakdown", "speed_ladder", "memory_ladder", "train",
+           "last_parallel_rung",
            "batches", "kernel_kind", "losses_agree", "mfu", "step_breakdown",
            "weight_matmul_flops"]
 
@@ -85,6 +86,19 @@ class Rung:
             per-tensor dynamic scales through ``torch._scaled_mm`` (:func:`perflab.fp8.convert`:
             forward and both gradients; the tied head/embedding stays in the rung's precision).
             Needs FP8 tensor cores (compute capability >= 8.9) on a GPU; widths multiples of 16.
+        fused_ce: the head by :func:`perflab.crossentropy.linear_cross_entropy`: product, loss
+            and the gradient of the logits in one operator, the loss and gradient in one pass
+            over the logits in the forward (a Triton kernel on a GPU).
+        fp8_head: run the tied head's three products in FP8 with the fused loss
+            (:func:`perflab.fp8.head_cross_entropy`: dynamic scales for features and weight,
+            a static one for the logits' gradient, which a mean cross-entropy bounds by
+            1 / tokens; ``fused_ce`` is then implied). Needs a vocabulary and width that are
+            multiples of 16.
+        graphs: compile the whole forward (embeddings, blocks, head and loss) as one graph
+            with ``mode="reduce-overhead"``, so forward and backward replay as CUDA graphs
+            (one launch each instead of hundreds of kernel launches); needs ``compile``, one
+            process (not with DDP) and no activation checkpointing. On a CPU the same code
+            compiles without graphs.
     """
 
     name: str
@@ -101,6 +115,9 @@ class Rung:
     loader: str = "simple"
     checkpoint: bool = False
     fp8: bool = False
+    fused_ce: bool = False
+    fp8_head: bool = False
+    graphs: bool = False
 
     def __post_init__(self):
         for name in ("batch", "seq_len", "accum", "vocab"):
@@ -115,6 +132,11 @@ class Rung:
             raise ValueError(f"model must be one of {list(gpt2.CONFIGS)}, got {self.model!r}")
         if self.seq_len > self.config().block_size:
             raise ValueError(f"seq_len {self.seq_len} exceeds the model's block_size")
+        if self.fp8_head and (self.vocab % 16 or self.config().n_embd % 16):
+            raise ValueError(f"fp8_head needs vocab and n_embd that are multiples of 16, got "
+                             f"vocab={self.vocab}, n_embd={self.config().n_embd}")
+        if self.graphs and (not self.compile or self.checkpoint):
+            raise ValueError("graphs needs compile=True and checkpoint=False")
 
     def config(self) -> gpt2.GPTConfig:
         """The model's :class:`perflab.gpt2.GPTConfig` (vocabulary, attention and changes applied)."""
@@ -149,7 +171,9 @@ def speed_ladder(base: Rung) -> list[Rung]:
     Rungs: baseline -> larger batch (x2) -> pinned loader -> TF32 -> bf16 autocast ->
     torch.compile -> SDPA (a fused attention kernel) -> batch x4 (the memory SDPA frees) ->
     fused AdamW (the *plain compiled bf16* rung) -> vocabulary padded to a multiple of 64
-    (50,257 -> 50,304).
+    (50,257 -> 50,304) -> fused head (product, loss and gradient of the logits in one
+    operator) -> FP8 head (its three products in FP8) -> CUDA graphs (the whole forward
+    and backward replayed as graphs; one process only, see :func:`last_parallel_rung`).
 
     Raises:
         TypeError: ``base`` is not a :class:`Rung`.
@@ -170,7 +194,23 @@ def speed_ladder(base: Rung) -> list[Rung]:
     add("batch x4", batch=4 * base.batch)
     add("fused AdamW", optimizer="fused")
     add(f"vocab {padded(base.vocab):,}", vocab=padded(base.vocab))
+    add("fused head", fused_ce=True)
+    add("FP8 head", fp8_head=True)
+    add("CUDA graphs", graphs=True)
     return rungs
+
+
+def last_parallel_rung(ladder: Sequence[Rung]) -> Rung:
+    """The last rung of ``ladder`` that can run under DDP (not a ``graphs`` rung, which is
+    compiled for one process).
+
+    Raises:
+        ValueError: no such rung.
+    """
+    for rung in reversed(list(ladder)):
+        if not rung.graphs:
+            return rung
+    raise ValueError("every rung of the ladder is a graphs rung")
 
 
 #: the name of the rung the issue calls "plain compiled bf16" (bf16, compile, SDPA, fused AdamW)
@@ -335,19 +375,26 @@ def _head_loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tenso
     return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
 
 
+def _head(rung: Rung):
+    if rung.fp8_head:
+        return fp8.head_cross_entropy
+    return crossentropy.linear_cross_entropy if rung.fused_ce else _head_loss
+
+
 class _Forward(torch.nn.Module):
-    """features -> tied head -> loss, with optional compiled blocks/head and checkpointing."""
+    """features -> tied head -> loss, with optional compiled blocks/head and checkpointing
+    (``rung.graphs``: the caller compiles the whole module instead)."""
 
     def __init__(self, model: gpt2.GPT, rung: Rung):
         super().__init__()
         self.model, self.rung = model, rung
-        self.head_loss = _head_loss
+        self.head_loss = _head(rung)
         if rung.fp8:
             fp8.convert(model)
-        if rung.compile:
+        if rung.compile and not rung.graphs:
             for block in model.blocks:
                 block.compile()
-            self.head_loss = torch.compile(_head_loss)
+            self.head_loss = torch.compile(self.head_loss)
 
     def forward(self, x, y):
         m = self.model
@@ -452,7 +499,12 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     torch.manual_seed(seed)
     model = gpt2.GPT(cfg).to(device)
     fwd = _Forward(model, rung)
-    net = ddp(fwd) if ddp is not None else fwd
+    if rung.graphs:
+        if ddp is not None:
+            raise ValueError("a graphs rung runs in one process: train it without ddp")
+        net = torch.compile(fwd, mode="reduce-overhead")
+    else:
+        net = ddp(fwd) if ddp is not None else fwd
     opt = _optimizer(model, rung, lr, device)
     rank, world = 0, 1
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -477,9 +529,14 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
                 opt.last = micro == rung.accum - 1
             sync_ctx = (net.no_sync() if hasattr(net, "no_sync") and micro < rung.accum - 1
                         else contextlib.nullcontext())
+            if rung.graphs:
+                # a new replay may overwrite the last one's outputs: say a step begins
+                torch.compiler.cudagraph_mark_step_begin()
             with sync_ctx, _attention_ctx(rung, device), _autocast(rung, device):
                 loss = net(x, y) / rung.accum
             loss.backward()
+            # the division is outside the graph, so ``loss`` is a tensor of its own and
+            # survives the next replay
             total = loss.detach() if total is None else total + loss.detach()
         if not isinstance(opt, _InBackward):
             opt.step()

@@ -301,7 +301,8 @@ def peak_estimate(rung: sr.Rung, tokens: np.ndarray, device="cpu", seed: int = 0
             seen[key] = t.untyped_storage().nbytes()
         return t
 
-    fwd = sr._Forward(model, rung.then(rung.name, compile=False, checkpoint=False))
+    fwd = sr._Forward(model, rung.then(rung.name, compile=False, checkpoint=False,
+                                       graphs=False))
     x, y = next(sr.batches(tokens, rung.batch, rung.seq_len))
     x, y = x.to(device), y.to(device)
     before = {}

@@ -13,8 +13,8 @@ def tokens(n=20_000, top=200):
 
 
 def base(**kw):
-    kw = {"batch": 4, **kw}
-    return sr.Rung("base", changes=TINY, seq_len=32, vocab=257, **kw)
+    kw = {"batch": 4, "vocab": 257, **kw}
+    return sr.Rung("base", changes=TINY, seq_len=32, **kw)
 
 
 def test_speed_ladder_changes_one_thing_per_rung():
@@ -26,6 +26,11 @@ def test_speed_ladder_changes_one_thing_per_rung():
         changed = [k for k in da if k != "name" and da[k] != db[k]]
         assert len(changed) == 1, (b.name, changed)
     assert ladder[-1].vocab == 320 and ladder[-1].vocab % 64 == 0
+    assert [r.name for r in ladder[-3:]] == ["fused head", "FP8 head", "CUDA graphs"]
+    assert ladder[-1].graphs and not sr.last_parallel_rung(ladder).graphs
+    assert sr.last_parallel_rung(ladder).name == "FP8 head"
+    with pytest.raises(ValueError, match="graphs"):
+        sr.last_parallel_rung(ladder[-1:])
     plain = ladder[names.index(sr.PLAIN_RUNG)]
     assert (plain.precision, plain.compile, plain.attention, plain.optimizer) == \
         ("bf16", True, "sdpa", "fused")
@@ -61,6 +66,50 @@ def test_train_measures_and_every_rung_starts_from_the_same_weights():
     assert a.losses[0] == pytest.approx(b.losses[0], rel=1e-6)
     assert 0 < a.mfu(1e12) < 1
     assert a.losses[-1] < a.losses[0]       # it learns
+
+
+def test_fp8_head_and_graphs_rungs_validate_their_shapes():
+    with pytest.raises(ValueError, match="fp8_head"):
+        base(fp8_head=True)                       # vocab 257 is not a multiple of 16
+    base(fp8_head=True, vocab=272)
+    with pytest.raises(ValueError, match="graphs"):
+        base(graphs=True)                         # graphs without compile
+    with pytest.raises(ValueError, match="graphs"):
+        base(graphs=True, compile=True, checkpoint=True)
+
+
+def test_fused_and_fp8_head_rungs_train_like_the_plain_head():
+    rung = base(precision="bf16", vocab=272)
+    a = sr.train(rung, tokens(), steps=12, device="cpu", warmup=1, lr=3e-3)
+    assert a.losses[-1] < a.losses[0] - 0.1      # the curve moves: the check means something
+    fused = sr.train(rung.then("fused", fused_ce=True), tokens(), steps=12,
+                     device="cpu", warmup=1, lr=3e-3)
+    np.testing.assert_allclose(fused.losses, a.losses, rtol=2e-3)
+    b = sr.train(rung.then("fp8 head", fp8_head=True), tokens(), steps=12,
+                 device="cpu", warmup=1, lr=3e-3)
+    agree, worst = sr.losses_agree(b.losses, a.losses)
+    assert agree, worst
+
+
+def test_graphs_rung_compiles_the_whole_forward_once(monkeypatch):
+    """The graphs rung hands the whole forward module to torch.compile with
+    mode="reduce-overhead" and compiles no block on its own (compile stubbed: Inductor's CPU
+    build is minutes; the GPU run measures the graphs)."""
+    seen = []
+
+    def fake_compile(fn=None, **kw):
+        seen.append((type(fn).__name__, kw.get("mode")))
+        return fn
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin",
+                        lambda: marks.append(1))
+    rung = base(precision="bf16", compile=True, graphs=True)
+    res = sr.train(rung, tokens(), steps=2, device="cpu", warmup=1)
+    assert seen == [("_Forward", "reduce-overhead")]
+    assert len(marks) == 3 and np.isfinite(res.losses).all()
+    with pytest.raises(ValueError, match="ddp"):
+        sr.train(rung, tokens(), steps=1, device="cpu", ddp=lambda m: m)
 
 
 def test_memory_rungs_compute_the_same_training():
