@@ -382,7 +382,8 @@ def lab_launch(exercise: int, tasks: Sequence[dict], user_code: Sequence = (),
 # ignored). With the three above, the 2x H200 run still ended 65 s after its 10 s timeout;
 # TORCH_NCCL_ENABLE_MONITORING=0 turns off the heartbeat-monitor thread, which on a watchdog
 # error waits for debug information before it terminates the process (pytorch/pytorch#112518,
-# #133028); the next run measures whether that was the wait. gloo reads none of them.
+# #133028): the likely cause of that wait, which chapter 8's next 2-GPU run measures (the
+# waiting ranks print the values they ran with, Failure.rank_env). gloo reads none of them.
 FAIL_FAST_ENV = {
     "TORCH_NCCL_ENABLE_MONITORING": "0",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
@@ -391,8 +392,10 @@ FAIL_FAST_ENV = {
     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2",
 }
 
-# printed by the ranks of the hang task when they start to wait: "<marker> <rank> <unix time>"
+# printed by the ranks of the hang task when they start to wait: "<marker> <rank> <unix time>",
+# and before it "<env marker> <JSON of the FAIL_FAST_ENV variables as the rank sees them>"
 _WAIT_MARKER = "perflab-hang-wait-starts"
+_ENV_MARKER = "perflab-hang-env"
 
 
 def _wait_start(output: str) -> float | None:
@@ -407,6 +410,16 @@ def _wait_start(output: str) -> float | None:
     return min(times) if times else None
 
 
+def _rank_env(output: str) -> dict | None:
+    """The fail-fast variables as the first waiting rank printed them (None: not printed)."""
+    for line in output.splitlines():
+        i = line.find(_ENV_MARKER)
+        if i >= 0:
+            with contextlib.suppress(ValueError):
+                return json.loads(line[i + len(_ENV_MARKER):])
+    return None
+
+
 @dataclass(frozen=True)
 class Failure:
     """A launch that failed as intended.
@@ -417,12 +430,16 @@ class Failure:
         output: the launch's whole output (every rank's lines and torchrun's).
         after_wait_s: seconds from the moment the first rank started waiting in the hung
             collective (task ``hang``) to the end of the job; None for other tasks.
+        rank_env: the :data:`FAIL_FAST_ENV` variables as a waiting rank saw them in its own
+            environment (``{name: value or None}``, task ``hang``), so a run shows the
+            settings it was measured with; None for other tasks.
     """
 
     seconds: float
     message: str
     output: str = ""
     after_wait_s: float | None = None
+    rank_env: dict | None = None
 
     @property
     def first_error(self) -> str:
@@ -436,7 +453,7 @@ class Failure:
         for line in (self.output or self.message).splitlines():
             low = line.lower()
             if ("watchdog" in low or "timed out" in low or "timeout" in low) \
-                    and "torch.distributed.run" not in line:
+                    and "torch.distributed.run" not in line and _ENV_MARKER not in line:
                 return line.strip()
         return self.message.splitlines()[0]
 
@@ -458,7 +475,7 @@ def expect_failure(tasks: Sequence[dict], env: dict | None = None, **kwargs) -> 
         output = getattr(e, "output", "")
         started = _wait_start(output)
         return Failure(seconds, str(e), output,
-                       None if started is None else ended - started)
+                       None if started is None else ended - started, _rank_env(output))
     raise RuntimeError(f"the job {[t['name'] for t in tasks]} was expected to fail but succeeded")
 
 
@@ -1171,8 +1188,9 @@ def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600, timeout_s: float 
     the others wait in it until a timeout ends them: ``timeout_s`` seconds on a process group made
     for the purpose (``dist.new_group(timeout=...)``, after every rank has joined, so a slow
     start cannot trip it), or the launch's process-group timeout when ``timeout_s`` is None.
-    Each waiting rank prints one line, ``perflab-hang-wait-starts <rank> <Unix time>``, as it
-    enters the hung all-reduce (read by :func:`expect_failure`)."""
+    Each waiting rank prints ``perflab-hang-env <JSON>`` (the :data:`FAIL_FAST_ENV` variables
+    in its environment) and ``perflab-hang-wait-starts <rank> <Unix time>`` as it enters the
+    hung all-reduce (both read by :func:`expect_failure`)."""
     import datetime
 
     r = hang_rank % ctx.world
@@ -1186,6 +1204,8 @@ def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600, timeout_s: float 
     if ctx.rank == r:
         time.sleep(sleep_s)
     else:
+        seen = {k: os.environ.get(k) for k in FAIL_FAST_ENV}
+        print(f"{_ENV_MARKER} {json.dumps(seen)}", flush=True)
         print(f"{_WAIT_MARKER} {ctx.rank} {time.time():.3f}", flush=True)
         ctx.dist.all_reduce(x, group=group)
         ctx.sync()

@@ -171,6 +171,9 @@ def test_a_hung_rank_ends_in_the_process_group_timeout():
     assert "timed out" in f.first_error.lower() and "torch.distributed.run" not in f.first_error
     # the job ended after the 2 s timeout, measured from the moment a rank started to wait
     assert 2 <= f.after_wait_s < f.seconds
+    # the waiting rank ran with the fail-fast settings, NCCL's heartbeat monitor off among them
+    assert f.rank_env == P.FAIL_FAST_ENV
+    assert f.rank_env["TORCH_NCCL_ENABLE_MONITORING"] == "0"
 
 
 NCCL_TIMEOUT_OUTPUT = """\
@@ -205,6 +208,20 @@ def test_an_nccl_timeout_is_reported_by_the_ranks_own_watchdog_line():
     assert P._wait_start("no marker") is None
 
 
+def test_the_ranks_environment_line_is_read_and_never_taken_for_the_error():
+    from perflab.distributed import _failure
+
+    out = ('[rank1]:perflab-hang-env {"TORCH_NCCL_ENABLE_MONITORING": "0", '
+           '"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}\n'
+           "[rank1]: the collective hit its timeout after 3 s\n")
+    err = _failure("torchrun exited with status 1", ["torchrun"], out)
+    f = P.Failure(4.0, str(err), out)
+    assert f.first_error == "[rank1]: the collective hit its timeout after 3 s"
+    assert P._rank_env(out) == {"TORCH_NCCL_ENABLE_MONITORING": "0",
+                                "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}
+    assert P._rank_env("no marker") is None
+
+
 def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
     from perflab.distributed import LaunchError
 
@@ -217,6 +234,7 @@ def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
     monkeypatch.setattr(P, "launch", fake_launch)
     f = P.expect_failure([{"name": "hang"}], env={"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"})
     assert seen["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert seen["TORCH_NCCL_ENABLE_MONITORING"] == "0"   # no heartbeat monitor's wait
     assert seen["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"   # the caller's env wins
     assert f.after_wait_s > 0 and f.output.startswith("perflab-hang")
 
