@@ -12,7 +12,8 @@ Tasks (``{"name": ..., "args": {...}}``; see ``TASKS`` and each ``_task_*`` docs
 * ``collectives``: the six collectives on tiny tensors (inputs and outputs per rank);
 * ``sweep``: time of all-reduce / all-gather / reduce-scatter / broadcast / all-to-all against size;
 * ``manual_vs_ddp``: the same step by a hand-written gradient all-reduce and by DDP (float64:
-  parameters compared), then step times of single-process, manual and DDP training;
+  parameters compared), then step times of single-process, manual and DDP training, timed in
+  interleaved rounds (:func:`interleaved_rounds`);
 * ``buckets``: DDP step time against ``bucket_cap_mb``;
 * ``overlap``: a profiled DDP step, summarized by :func:`overlap_from_trace`;
 * ``no_sync``: gradient accumulation with ``DDP.no_sync`` against single-process training;
@@ -31,12 +32,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib.util
 import inspect
 import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +65,7 @@ __all__ = [
     "FAIL_FAST_ENV",
     "expect_failure",
     "free_port",
+    "interleaved_rounds",
     "lab_launch",
     "launch",
     "load_checkpoint_here",
@@ -132,6 +136,51 @@ def pick_for(backend: str, cpu, gpu):
     if os.environ.get("PERFLAB_FORCE_CPU_SIZES") == "1":
         return cpu
     return gpu if backend == "nccl" else cpu
+
+
+def interleaved_rounds(steps: dict[str, Callable[[], object]],
+                       time_one: Callable[[Callable[[], object]], float],
+                       rounds: int) -> tuple[dict[str, list[float]], list[list[str]]]:
+    """Time every step of ``steps`` once per round, the order rotating from round to round.
+
+    Round ``r`` times the steps in the order of ``steps`` rotated left by ``r`` (three steps
+    a, b, c: ``a b c``, then ``b c a``, then ``c a b``), each with ``time_one(step)``. When
+    ``rounds`` is a multiple of ``len(steps)``, every step runs equally often in every position.
+    Why: timed one after the other, the last step runs on a machine the earlier ones have
+    changed. On the 2x H200 run, DDP timed last ran on GPUs that the single-rank and manual
+    steps had heated toward their 700 W power limit, where the SM clock falls (about 1,980 to
+    1,500-1,650 MHz under sustained matrix products), and its scaling efficiency read low.
+    Interleaved, every step sees the same mix of machine states, and a step's median round
+    compares with another's.
+
+    Args:
+        steps: name -> a callable of no arguments (one training step); at least one. The
+            order of the dict is round 0's order. Every rank must pass the same names in the
+            same order (steps that communicate run in lock-step).
+        time_one: seconds for one step (e.g. a warm-up call, then the mean of a few calls).
+        rounds: number of rounds (>= 1).
+
+    Returns:
+        ``(times, orders)``: ``times[name]`` is the list of that step's seconds, one per round,
+        in round order; ``orders[r]`` the names in the order round ``r`` ran them.
+
+    Raises:
+        ValueError: no steps, or ``rounds`` is not an integer >= 1.
+    """
+    if not steps:
+        raise ValueError("steps must hold at least one step")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    names = list(steps)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    orders = []
+    for r in range(rounds):
+        k = r % len(names)
+        order = names[k:] + names[:k]
+        for name in order:
+            times[name].append(float(time_one(steps[name])))
+        orders.append(order)
+    return times, orders
 
 
 def _union(intervals):
@@ -777,12 +826,19 @@ def _diff_from_ddp(ctx, allreduce, width: int, depth: int, steps: int) -> float:
 
 def _task_manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps: int = 3,
                         width: int = 64, depth: int = 4, batch: int = 32, warmup: int = 2,
-                        iters: int = 5, dtype: str = "float32", allow_tf32: bool = True) -> dict:
+                        iters: int = 5, rounds: int = 3, dtype: str = "float32",
+                        allow_tf32: bool = True) -> dict:
     """(1) float64: manual data parallelism (all-reduce then divide each gradient) against DDP
     after ``check_steps`` SGD steps: ``max_param_diff``. (2) step seconds on a ``depth`` x
-    ``width`` model with ``batch`` rows per rank: ``single_s`` (each rank alone, no communication),
-    ``manual_s``, ``ddp_s``; ``allreduce_s``: one all-reduce of all gradients as one buffer;
-    ``params``, ``flops_per_step`` (6 x params x batch per rank)."""
+    ``width`` model with ``batch`` rows per rank, for three steps built side by side:
+    ``single`` (each rank alone, no communication), ``manual`` and ``ddp``. Each is warmed up
+    ``warmup`` times, then the three are timed in ``rounds`` interleaved rounds
+    (:func:`interleaved_rounds`, order rotating; in each round one untimed step, then the
+    slowest rank's mean of ``iters`` steps). ``single_rounds_s``, ``manual_rounds_s``,
+    ``ddp_rounds_s``: the seconds per round; ``single_s``, ``manual_s``, ``ddp_s``: their
+    medians; ``round_orders``: the order of each round. ``allreduce_s``: one all-reduce of all
+    gradients as one buffer; ``params``, ``grad_bytes``, ``flops_per_step`` (6 x params x batch
+    per rank)."""
     torch = ctx.torch
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     torch.backends.cudnn.allow_tf32 = allow_tf32
@@ -792,7 +848,8 @@ def _task_manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_
     dt = getattr(torch, dtype)
     x, y = _timing_batch(ctx, batch, width, dt)
     res = {"max_param_diff": diff, "check_steps": check_steps}
-    for kind in ("single", "manual", "ddp"):
+
+    def make_step(kind):
         model = _make_model(ctx, width, depth, dtype=dtype)
         if kind == "ddp":
             model = _ddp(ctx, model)
@@ -805,9 +862,20 @@ def _task_manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_
                 _manual_allreduce(ctx, model)
             opt.step()
 
-        res[f"{kind}_s"] = ctx.timed(step, warmup, iters)
-        params = sum(p.numel() for p in model.parameters())
-        del model, opt, step  # the closure would keep the model alive
+        return step, sum(p.numel() for p in model.parameters())
+
+    steps = {}
+    for kind in ("single", "manual", "ddp"):
+        steps[kind], params = make_step(kind)
+        for _ in range(warmup):
+            steps[kind]()
+    times, orders = interleaved_rounds(steps, lambda fn: ctx.timed(fn, 1, iters), rounds)
+    for kind, ts in times.items():
+        res[f"{kind}_rounds_s"] = ts
+        res[f"{kind}_s"] = statistics.median(ts)
+    res["round_orders"] = orders
+    del steps  # the closures hold the three models
+    gc.collect()
     flat = torch.zeros(params, dtype=dt, device=ctx.device)
     res["allreduce_s"] = ctx.timed(lambda: ctx.dist.all_reduce(flat), warmup, iters)
     res["params"] = params
@@ -984,8 +1052,6 @@ def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup
     readings of ``torch.cuda.memory_allocated`` (:func:`settled_reading`): before the model
     was built and after the step, each taken once the collectives' stashed tensors have been
     released, so neither the previous strategy's nor this step's communication buffers count."""
-    import gc
-
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     torch = ctx.torch
