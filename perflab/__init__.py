@@ -31,9 +31,6 @@ rule for overlaps. In short:
   :mod:`~perflab.custom_ops` (a fused operator in C++, CUDA and Triton, registered),
   :mod:`~perflab.compiler` (graph breaks, recompiles, the graphs inside torch.compile),
   :mod:`~perflab.attention` (which SDPA backend runs)
-* chapter 10: :mod:`~perflab.gpt2` (the model), :mod:`~perflab.speedrun` (the speed and memory
-  ladders), :mod:`~perflab.crossentropy` (the fused loss and head), :mod:`~perflab.fp8` (FP8
-  layers and head), :mod:`~perflab.speedrun_checks` (lab 10's checks)
 * the book: :mod:`~perflab.provenance` (where numbers came from; glue), :mod:`~perflab.runs`
   (reference runs as data; is a notebook current?), :mod:`~perflab.plotting` (figure layout and
   provenance stamp), :mod:`~perflab.exercises` (lab checks), :mod:`~perflab.explorer` (the
