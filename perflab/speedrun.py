@@ -26,8 +26,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -38,11 +40,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import ProfilerActivity, profile as _profile
 
-from perflab import crossentropy, fp8, gpt2, memory
+from perflab import crossentropy, fp8, gpt2, memory, profiling
 from perflab.telemetry import Telemetry
 from perflab.timing import synchronize
 
-__all__ = ["Rung", "RunResult", "StepBreakdown", "speed_ladder", "memory_ladder", "train",
+__all__ = ["Rung", "RunResult", "StepBreakdown", "Timeline", "speed_ladder", "memory_ladder",
+           "train",
            "last_parallel_rung",
            "batches", "kernel_kind", "losses_agree", "mfu", "step_breakdown",
            "weight_matmul_flops"]
@@ -466,7 +469,8 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
             and the kernels they launch both appear, so do not sum it; self CPU time on a
             CPU), and every device kernel in ``result.extra["device_kernels"]`` (GPU: the
             device-side events only, each kernel counted once, for :func:`step_breakdown`;
-            CPU: every operator's self CPU time).
+            CPU: every operator's self CPU time), and the step's busy time and idle gaps in
+            ``result.extra["timeline"]`` (a :class:`Timeline`, or None).
         snapshot: a file to write a CUDA memory snapshot of one more step to
             (``torch.cuda.memory._dump_snapshot``, for https://pytorch.org/memory_viz); ignored
             on a CPU (``result.extra["snapshot"]`` is None there).
@@ -581,14 +585,68 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     return result
 
 
+@dataclass(frozen=True)
+class Timeline:
+    """When a profiled step's device was busy (from its trace, :func:`perflab.profiling.summarize_trace`).
+
+    Attributes:
+        window_s: first kernel's start to last kernel's end (CPU: outermost ATen operators), s.
+        busy_s: time in which at least one kernel ran, s.
+        kernels: kernels in the window.
+        gaps_s: every idle gap between consecutive busy intervals, in order, s.
+    """
+
+    window_s: float
+    busy_s: float
+    kernels: int
+    gaps_s: tuple
+
+    @property
+    def idle_s(self) -> float:
+        """Idle time inside the window (s): ``window_s - busy_s``."""
+        return self.window_s - self.busy_s
+
+    def idle_in_gaps_below(self, threshold_s: float) -> float:
+        """Seconds of idle time in gaps shorter than ``threshold_s`` (the boundaries between
+        back-to-back kernels), as opposed to long waits.
+
+        Raises:
+            ValueError: ``threshold_s`` <= 0.
+        """
+        if not threshold_s > 0:
+            raise ValueError(f"threshold_s must be > 0, got {threshold_s!r}")
+        return sum(g for g in self.gaps_s if g < threshold_s)
+
+    @property
+    def median_gap_s(self) -> float:
+        """Median idle gap (s); 0 without gaps."""
+        return float(np.median(self.gaps_s)) if self.gaps_s else 0.0
+
+
+def _timeline(prof) -> Timeline | None:
+    """The :class:`Timeline` of a finished ``torch.profiler`` session (None if its trace holds
+    no work)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        try:
+            t = profiling.summarize_trace(str(path))
+        except ValueError:
+            return None
+    return Timeline(t.window_us * 1e-6, t.busy_us * 1e-6, t.items,
+                    tuple(g * 1e-6 for g in t.gaps_us))
+
+
 def _profile_step(step, device: torch.device, n: int = 12) -> dict:
     """Profile one call of ``step()``: ``{"kernels": the n longest rows of the profiler's
     table, "device_kernels": every device-side event (GPU) or operator (CPU), by name}``,
-    each ``[(name, seconds), ...]``, the longest first."""
+    each ``[(name, seconds), ...]``, the longest first, and ``"timeline"``: the step's
+    :class:`Timeline` (busy time and idle gaps)."""
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with _profile(activities=acts) as prof:
         step()
         synchronize(device)
+    timeline = _timeline(prof)
     rows = []
     for e in prof.key_averages():
         if device.type == "cuda":
@@ -601,11 +659,12 @@ def _profile_step(step, device: torch.device, n: int = 12) -> dict:
             rows.append((e.key, t * 1e-6))
     rows.sort(key=lambda r: -r[1])
     if device.type != "cuda":
-        return {"kernels": rows[:n], "device_kernels": rows}
+        return {"kernels": rows[:n], "device_kernels": rows, "timeline": timeline}
     # an ATen operator's row carries the device time of the kernels it launched, and a
     # kernel Inductor launches under a record_function of its own name shares that name:
     # only the device-side events count each kernel once
-    return {"kernels": rows[:n], "device_kernels": _device_rows(prof.events())}
+    return {"kernels": rows[:n], "device_kernels": _device_rows(prof.events()),
+            "timeline": timeline}
 
 
 def _device_rows(events) -> list[tuple[str, float]]:

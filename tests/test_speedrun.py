@@ -130,6 +130,20 @@ def test_profile_and_attention_kernel_names():
     assert sr.attention_kernel([("cudnn_generated_fort_native_sdpa_sm90_flash", 1.0)]) == "cuDNN"
     assert sr.attention_kernel([("flash_fwd_kernel", 1.0)]) == "flash"
     assert sr.attention_kernel([("aten::_softmax", 1.0)]) == "math"
+    t = r.extra["timeline"]                         # CPU: the outermost ATen operators
+    assert t.kernels > 0 and 0 < t.busy_s <= t.window_s
+    assert t.idle_s == pytest.approx(sum(t.gaps_s), rel=1e-6, abs=1e-9)
+
+
+def test_timeline_splits_idle_time_by_gap_length():
+    t = sr.Timeline(window_s=10e-3, busy_s=9e-3, kernels=5,
+                    gaps_s=(1e-6, 2e-6, 3e-6, 994e-6))
+    assert t.idle_s == pytest.approx(1e-3)
+    assert t.idle_in_gaps_below(10e-6) == pytest.approx(6e-6)
+    assert t.median_gap_s == pytest.approx(2.5e-6)
+    assert sr.Timeline(1.0, 1.0, 1, ()).median_gap_s == 0.0
+    with pytest.raises(ValueError, match="threshold_s"):
+        t.idle_in_gaps_below(0)
 
 
 def test_losses_agree_and_mfu():
