@@ -30,11 +30,13 @@ from typing import Iterable, Sequence
 import torch
 
 from .caches import WorkingSetPoint
+from .costs import elementwise_cost
 from .fits import fit_line
-from .telemetry import Telemetry
+from .telemetry import Telemetry, TelemetrySummary, measure
 from .hardware import has_gpu
+from .profiling import kernels_per_call
 from .progress import progress as show_progress
-from .roofline import SweepPoint, matmul_rate, sweep_repeat
+from .roofline import SweepPoint, matmul_rate, repeat_multiply
 from .timing import event_timer, synchronize
 
 __all__ = [
@@ -147,12 +149,17 @@ def matmul_rates(device: torch.device | str, n: int, kinds: Iterable[str] | None
     return rates, errors
 
 
-def elementwise_rate(device: torch.device | str, numel: int, repeat: int) -> SweepPoint:
-    """The fused ``x*2``-repeated kernel of chapter 1 at one ``repeat``: a :class:`perflab.roofline.SweepPoint`.
+def elementwise_rate(device: torch.device | str, numel: int,
+                     repeat: int) -> tuple[SweepPoint, TelemetrySummary]:
+    """The fused ``x*2``-repeated kernel of chapter 1 at one ``repeat``, timed under telemetry.
 
-    With ``repeat`` far right of the ridge point the kernel is compute-bound, so its
-    ``flops_per_s`` is the elementwise (CUDA-core, non-FMA) FP32 rate; ``kernels`` is the number
-    of kernels per call (1 = fused). Compiled with ``torch.compile`` (a few seconds).
+    Returns ``(point, telemetry)``: a :class:`perflab.roofline.SweepPoint` and the
+    :class:`perflab.telemetry.TelemetrySummary` its timing ran under. With ``repeat`` far right
+    of the ridge point the kernel is compute-bound, so ``point.flops_per_s`` is the elementwise
+    (CUDA-core, non-FMA) FP32 rate; ``point.kernels`` is the number of kernels per call (1 =
+    fused). The function is compiled (:func:`perflab.roofline.repeat_multiply`, a few seconds)
+    and its kernels counted before the timing starts, so the telemetry covers only the timing
+    (:func:`perflab.telemetry.measure`), not an idle GPU waiting for the compiler.
 
     Raises:
         ValueError: ``numel`` or ``repeat`` not a positive integer.
@@ -160,7 +167,12 @@ def elementwise_rate(device: torch.device | str, numel: int, repeat: int) -> Swe
     if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
         raise ValueError(f"numel must be a positive integer, got {numel!r}")
     x = torch.randn(numel, device=device)
-    return sweep_repeat(x, [repeat])[0]
+    fn = repeat_multiply(repeat)
+    fn(x)  # compile and warm up outside the measurement
+    kernels = kernels_per_call(fn, x)
+    m = measure(lambda: fn(x), x.device)
+    cost = elementwise_cost(x.numel(), repeat, x.dtype)
+    return SweepPoint(repeat, m.seconds, cost.flops, cost.bytes, kernels), m.telemetry
 
 
 def tile_count(m: int, n: int, tile_m: int = 128, tile_n: int = 128) -> int:

@@ -74,6 +74,20 @@ def test_elementwise_rate_rejects_a_bad_size():
         gpu.elementwise_rate("cpu", 0, 4)
 
 
+def test_elementwise_rate_is_timed_under_telemetry_after_the_compile(monkeypatch):
+    """The point comes with the telemetry of its timing; the compile (here skipped: eager) is not
+    part of it, so an idle GPU waiting for the compiler cannot set the clock it states."""
+    from perflab import roofline
+    from perflab.telemetry import TelemetrySummary
+
+    monkeypatch.setattr(gpu, "repeat_multiply", lambda r: roofline.repeat_multiply(r, compile=False))
+    point, tel = gpu.elementwise_rate("cpu", 2**12, 4)
+    assert (point.repeat, point.flops, point.bytes) == (4, 4 * 2**12, 2 * 4 * 2**12)
+    assert point.kernels == 4                       # eager: one ATen multiply per repeat
+    assert isinstance(tel, TelemetrySummary) and tel.duration_s > 0
+    assert tel.sentence().startswith("measured over")
+
+
 @cpu_only
 def test_gpu_only_functions_say_so_without_a_gpu():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
