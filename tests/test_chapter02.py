@@ -162,6 +162,16 @@ def test_datasheet_comparisons_come_with_the_clock_normalized_fraction():
     assert summary, "the summary table has no ratio at the measurement's clock"
 
 
+def test_the_sum_probes_fixed_cost_is_measured_not_typed():
+    """The L2 section said x.sum() costs "several microseconds" per call in a CUDA graph without measuring it:
+    now the sum is replayed like the copy, its fixed cost fitted and the sentence chosen by the data."""
+    prose = "\n".join(c.source for c in jupytext.read(CHAPTER).cells if c.cell_type == "markdown")
+    assert "several microseconds" not in prose and "few microseconds" not in prose
+    cell = cell_gluing("l2_sum_verdict")
+    assert "gpu.graph_sum_sweep(" in cell and "caches.fit_fixed_cost(sum_raw)" in cell
+    assert "l2_sentence += claim(" in cell
+
+
 def test_code_lines_fit_in_80_columns():
     for path in (CHAPTER, LAB):
         for cell in code_cells(path):

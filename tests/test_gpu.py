@@ -146,6 +146,20 @@ def test_graph_copy_sweep_counts_the_working_set_as_its_traffic():
         gpu.graph_copy_sweep("cpu", [64], target_s=0)
 
 
+def test_graph_sum_sweep_reads_its_working_set_once_and_checks_sizes_as_the_copy_does():
+    from perflab.caches import WorkingSetPoint
+
+    pts = gpu.graph_sum_sweep("cpu", [2**16, 2**18], target_s=1e-5, reps=2)
+    assert [p.nbytes for p in pts] == [2**16, 2**18]
+    assert all(isinstance(p, WorkingSetPoint) and p.bytes_per_s > 0 for p in pts)
+    call = gpu._sum_call(2**16, torch.device("cpu"))
+    assert float(call()) == 2**16 / 4          # sums 16,384 ones: the whole buffer, once
+    with pytest.raises(ValueError, match="multiples of 8"):
+        gpu.graph_sum_sweep("cpu", [12])
+    with pytest.raises(ValueError, match="reps"):
+        gpu.graph_sum_sweep("cpu", [64], reps=0)
+
+
 def test_burst_and_sustained_times_both_under_telemetry_on_cpu():
     r = gpu.burst_and_sustained("cpu", 64, dtype=torch.float32, burst_reps=3,
                                 sustained_s=0.05, rest_s=0)
