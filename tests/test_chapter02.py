@@ -1,4 +1,5 @@
-"""Chapter 2 and lab 2: the issue's headline numbers are glued, and the lab ends on the overlay."""
+"""Chapter 2 and lab 2: the issue's headline numbers are glued, each with the clock it ran at, and the lab
+ends on the overlay."""
 
 import re
 from pathlib import Path
@@ -12,7 +13,38 @@ LAB = ROOT / "labs" / "02_hardware.md"
 REQUIRED = ["cpu_memory_bandwidth_GBps", "gpu_copy_bandwidth_TBps", "matmul_tflops_bf16", "matmul_tflops_fp32",
             "h2d_pinned_GBps", "h2d_pageable_GBps", "p2p_bandwidth_GBps", "allreduce_busbw_GBps",
             "l2_bandwidth_ratio", "allreduce_latency_us", "allreduce_fit_busbw_GBps", "allreduce_fit_rms",
-            "burst_tflops", "sustained_tflops", "burst_clock", "sustained_clock"]
+            "burst_tflops", "sustained_tflops", "burst_clock", "sustained_clock",
+            # issue 10, section 1: every headline number carries its clock
+            "cpu_copy_clock", "cpu_cache_clock", "cpu_matmul_clock", "disk_clock", "gpu_copy_clock", "l2_clock",
+            "matmul_fp32_clock", "matmul_bf16_clock", "elementwise_clock", "wave_clock", "h2d_clock", "p2p_clock",
+            "allreduce_clock"]
+
+# headline glue name -> how its cell runs under perflab.telemetry (work on the host samples the CPU's clock)
+UNDER_TELEMETRY = {
+    "cpu_memory_bandwidth_GBps": 'telemetry_for("cpu")',
+    "cpu_cache_clock": 'telemetry_for("cpu")',          # the sweep's cell (its treads are read in the next)
+    "cpu_matmul_gflops_fp32": 'telemetry_for("cpu")',
+    "disk_seq_cold_GBps": 'telemetry_for("cpu")',
+    "gpu_copy_bandwidth_TBps": "telemetry_for()",
+    "l2_bandwidth_ratio": "telemetry_for()",
+    "matmul_tflops_bf16": "telemetry_for()",
+    "matmul_tflops_fp32": "telemetry_for()",
+    "elementwise_tflops": "gpu.elementwise_rate(",        # returns the telemetry of its timing
+    "wave_staircase_rms": "telemetry_for()",
+    "burst_tflops": "gpu.burst_and_sustained(",           # samples burst and sustained itself
+    "h2d_pinned_GBps": "telemetry_for()",
+    "p2p_bandwidth_GBps": "telemetry_for(index=0)",
+    "allreduce_latency_us": "ar.telemetry",               # rank 0 samples the timed sweep
+}
+
+# GPU results reach the prose as generated sentences (glue:md): each must carry its clock sentence
+GPU_SENTENCES = ["hbm_sentence", "l2_sentence", "tensor_core_sentence", "wave_sentence", "h2d_sentence",
+                 "non_blocking_sentence", "p2p_sentence"]
+
+# measured values the prose quotes with glue:text: the paragraph that reports each also quotes a clock
+QUOTED_RESULTS = ["cpu_memory_bandwidth_1thread_GBps", "cpu_l1_read_GBps", "cpu_matmul_gflops_fp32",
+                  "disk_rand_cold_iops", "matmul_tflops_bf16", "matmul_tflops_fp32", "burst_sentence",
+                  "allreduce_latency_us"]
 
 
 def glued_names(path):
@@ -74,3 +106,74 @@ def test_report_card_measures_the_l2_and_the_latency_as_the_chapter_does():
     lab = "\n".join(c.source for c in jupytext.read(LAB).cells if c.cell_type == "code")
     assert "other_method" not in lab, "the lab still leaves out a row the card now measures as the chapter does"
     assert "overlay_table(rows, reference_run=" in lab
+
+
+def code_cells(path=CHAPTER):
+    return [c.source for c in jupytext.read(path).cells if c.cell_type == "code"]
+
+
+def cell_gluing(name):
+    cells = [c for c in code_cells() if re.search(r'(?:glue|claim)\(\s*"' + name + '"', c)]
+    assert len(cells) == 1, f"{name} is glued in {len(cells)} cells"
+    return cells[0]
+
+
+def test_every_headline_measurement_runs_under_telemetry():
+    """Issue 10, section 1: each headline measurement runs under perflab.telemetry and states its clock."""
+    for name, how in UNDER_TELEMETRY.items():
+        cell = cell_gluing(name)
+        assert how in cell, f"the cell of {name} does not run under telemetry ({how})"
+        assert ".sentence()" in cell or 'telemetry.get("sentence"' in cell, f"the cell of {name} states no clock"
+    # one sampler, perflab's: the chapter opens Telemetry blocks and writes no sampler or timing loop of its own
+    setup = code_cells()[0]
+    assert "from perflab.telemetry import Telemetry" in setup and "return Telemetry(" in setup
+    code = "\n".join(code_cells())
+    for banned in ("threading", "perf_counter", "Event(enable_timing", "nvml.readings(0, links=False)"):
+        assert banned not in code, f"the chapter times or samples by itself: {banned}"
+
+
+def test_each_gpu_sentence_carries_the_clock_of_its_measurement():
+    for name in GPU_SENTENCES:
+        cell = cell_gluing(name)
+        assert re.search(r"\{\w+\.sentence\(\)\}", cell), f"{name} carries no clock sentence"
+
+
+def test_prose_quotes_a_clock_beside_each_measured_result():
+    prose = "\n".join(c.source for c in jupytext.read(CHAPTER).cells if c.cell_type == "markdown")
+    paragraphs = re.split(r"\n\s*\n", prose)
+    for name in QUOTED_RESULTS:
+        hits = [p for p in paragraphs if "`" + name in p]
+        assert hits, f"the prose does not quote {name}"
+        # the first paragraph reports the result; later ones may compare it with other machines
+        assert re.search(r"\{glue:text\}`\w*clock`", hits[0]), f"{name} is reported without its clock"
+
+
+def test_datasheet_comparisons_come_with_the_clock_normalized_fraction():
+    """Raw efficiency against a datasheet peak (given at the chip's maximum clock) sits beside the efficiency
+    per clock cycle, from perflab.profiling.clock_normalized, as in chapters 1 and 4."""
+    setup = code_cells()[0]
+    assert "from perflab.profiling import clock_normalized" in setup
+    assert "return clock_normalized(fraction, tel.clock_fraction, 1.0)" in setup
+    assert "clock_normalized(frac, mem," in cell_gluing("gpu_copy_bandwidth_TBps")   # HBM: the memory clock
+    assert "at_clock(rate / ref, kind_tel)" in cell_gluing("matmul_tflops_bf16")     # every format
+    assert "at_clock(bf16_frac, best_tel)" in cell_gluing("matmul_tflops_bf16")
+    assert "at_clock(ew_frac, ew_tel)" in cell_gluing("elementwise_tflops")
+    summary = [c for c in code_cells() if "published" in c and "at_clk" in c]
+    assert summary, "the summary table has no ratio at the measurement's clock"
+
+
+def test_the_sum_probes_fixed_cost_is_measured_not_typed():
+    """The L2 section said x.sum() costs "several microseconds" per call in a CUDA graph without measuring it:
+    now the sum is replayed like the copy, its fixed cost fitted and the sentence chosen by the data."""
+    prose = "\n".join(c.source for c in jupytext.read(CHAPTER).cells if c.cell_type == "markdown")
+    assert "several microseconds" not in prose and "few microseconds" not in prose
+    cell = cell_gluing("l2_sum_verdict")
+    assert "gpu.graph_sum_sweep(" in cell and "caches.fit_fixed_cost(sum_raw)" in cell
+    assert "l2_sentence += claim(" in cell
+
+
+def test_code_lines_fit_in_80_columns():
+    for path in (CHAPTER, LAB):
+        for cell in code_cells(path):
+            long = [line for line in cell.splitlines() if len(line) > 80]
+            assert not long, f"{path.name}: {long[0]!r} is {len(long[0])} columns"
