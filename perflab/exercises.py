@@ -237,7 +237,10 @@ def check_timer(mine_s: Sequence[float], library_s: Sequence[float], what: str =
     ``mine_s[i]`` and ``library_s[i]`` are the medians the two timers reported in trial ``i``
     (seconds; the trials alternate, so a burst of load hits both alike). The best (smallest)
     time of each timer is compared, since other programs only ever slow a trial down: the ratio
-    of the two bests must lie within :func:`timer_tolerance` (from the per-trial ratios) of 1.
+    of the two bests, or else the median of the per-trial ratios (one lucky trial of one timer
+    moves the first, not the second: a 2-core CI machine once read 0.68x for a right timer
+    whose paired trials agreed), must lie within :func:`timer_tolerance` (from the per-trial
+    ratios) of 1. A wrong timer is off by 8x or more in both.
 
     Raises:
         ExerciseFailed: the timers disagree (the message says whether yours reads too low: no
@@ -253,8 +256,14 @@ def check_timer(mine_s: Sequence[float], library_s: Sequence[float], what: str =
     ratios = [m / b for m, b in zip(mine, lib)]
     tol = timer_tolerance(ratios)
     ratio = min(mine) / min(lib)
+    # the median of the paired ratios is a second estimate of the same number: one lucky trial
+    # of either timer (faster than all of the other's) moves the ratio of the bests, not it
+    paired = statistics.median(ratios)
     record(what, ratio)
-    if 1 / (1 + tol) <= ratio <= 1 + tol:
+    inside = lambda r: 1 / (1 + tol) <= r <= 1 + tol
+    if not inside(ratio) and inside(paired):
+        ratio = paired
+    if inside(ratio):
         print(f"✓ {what} agrees with the reference timer: best of {len(ratios)} trials {ratio:.3f}x its time "
               f"(tolerance ±{tol:.0%} from their spread).")
         return True

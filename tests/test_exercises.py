@@ -124,6 +124,15 @@ def test_check_timer_accepts_a_right_timer_under_load(seed, noise, capsys):
     assert E.check_timer(mine, lib)
 
 
+def test_check_timer_accepts_a_right_timer_with_one_lucky_trial(capsys):
+    # the CI failure this replaces: one trial of the student's timer beat every library trial
+    # (ratio of the bests 0.68x) while the paired trials agreed
+    mine = [1.0, 1.5, 1.5, 1.4, 1.5, 1.45, 1.5]
+    lib = [1.47, 1.5, 1.48, 1.5, 1.46, 1.52, 1.5]
+    assert min(mine) / min(lib) < 0.7
+    assert E.check_timer([m * 1e-4 for m in mine], [b * 1e-4 for b in lib])
+
+
 @pytest.mark.parametrize("seed", range(20))
 @pytest.mark.parametrize("bias, why", [(0.02, "too low"), (8.0, "too high")])
 def test_check_timer_rejects_wrong_timers_under_load(seed, bias, why):
