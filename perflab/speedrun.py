@@ -45,8 +45,7 @@ from perflab.telemetry import Telemetry
 from perflab.timing import synchronize
 
 __all__ = ["Rung", "RunResult", "StepBreakdown", "Timeline", "speed_ladder", "memory_ladder",
-           "train",
-           "last_parallel_rung",
+           "train", "last_parallel_rung",
            "batches", "kernel_kind", "losses_agree", "mfu", "step_breakdown",
            "weight_matmul_flops"]
 
