@@ -49,9 +49,9 @@ def test_registered_operator_is_right_and_compiles_without_break(built):
 
 def test_fused_speedup_check_rejects_eager_and_accepts_the_extension(built):
     kernel = torch.ops.perflab_ext.axpby
-    assert custom_ops.check_fused_speedup(kernel, "cpu", 2**22) >= 1.1
+    assert custom_ops.check_fused_speedup(kernel, "cpu", 1024) >= 1.2
     with pytest.raises(ExerciseFailed, match="must reach"):
-        custom_ops.check_fused_speedup(custom_ops.axpby_eager, "cpu", 2**22)
+        custom_ops.check_fused_speedup(custom_ops.axpby_eager, "cpu", 1024)
     with pytest.raises(ExerciseFailed, match="differs"):
         custom_ops.check_fused_speedup(lambda x, a, y, b: kernel(x, a, y, -b), "cpu", 1024)
     with pytest.raises(ExerciseFailed, match="not done yet"):
