@@ -1,4 +1,4 @@
-"""perflab.parallel: formulas, the trace summary, and real gloo launches on 2, 3 and 4 CPU processes.
+"""perflab.parallel: formulas, the trace summary, and real gloo launches on 2 and 3 CPU processes.
 
 Every launch carries its own timeout (the launcher kills torchrun's whole session), so no test
 can hang; sizes are tiny and each world size is one launch that batches all the tasks.
@@ -81,11 +81,13 @@ def test_launch_rejects_bad_arguments():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One launch per world size 2, 3, 4; each starts by dying once and resuming (max_restarts=1),
-    then runs every chapter task; world n loads the checkpoint world n-1 saved."""
+    """One launch per world size 2 and 3; each starts by dying once and resuming (max_restarts=1),
+    then runs every chapter task; world 3 loads the checkpoint world 2 saved (a reshard onto a
+    world size that does not divide the first). Three ranks are already more processes than a
+    2-core CI machine has cores; a world of 4 added 11 s of 39 (locally) and nothing 3 lacks."""
     out = {}
     root = tmp_path_factory.mktemp("dcp")
-    for n in (2, 3, 4):
+    for n in (2, 3):
         tasks = [
             {"name": "train_ckpt", "args": {"steps": 4, "every": 2, "fail_at": 3}},
             {"name": "collectives"},
@@ -105,7 +107,7 @@ def runs(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3])
 def test_every_task_on_world_size(runs, n):
     ranks = runs[n]
     assert [r["rank"] for r in ranks] == list(range(n))
