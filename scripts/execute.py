@@ -5,6 +5,7 @@
     python scripts/execute.py --check        # execute nothing; list what is missing or stale
     python scripts/execute.py --sync         # copy prose edits from .md into .ipynb (no execution)
     python scripts/execute.py --out DIR ...  # write the executed .ipynb files under DIR instead
+    python scripts/execute.py --pack T.tgz   # also pack what the run wrote, after each notebook
 
 Each ``.md`` (jupytext ``md:myst``) is executed with nbclient in its own folder, cell by cell,
 under a per-notebook time limit, and its paired ``.ipynb`` is written with outputs and
@@ -19,6 +20,12 @@ as the memory a lab needs), ``cell_seconds`` (each code cell's duration) and ``c
 run's ceilings file as the notebook read it). ``--record-cpu`` (on a machine without a GPU)
 executes as usual, writes no ``.ipynb``, and stores each notebook's duration in
 ``labs/cpu_runs.json`` (with the CPU and core count), for the instructor page's CPU column.
+
+``--pack TGZ`` writes, after each notebook, every file the run has written so far under
+``book/``, ``labs/``, ``perflab/data/`` (and ``--out`` where it lies in the clone) to one gzip
+tar: a run stopped at its time limit still brings back what it finished (a device machine
+returns a few files only). Notebooks are written atomically, so the archive never holds half
+of one.
 
 On a machine without CUDA it refuses (one line, exit 2) to overwrite an ``.ipynb`` that holds a
 GPU reference run, unless ``--allow-cpu`` is given or ``--out`` sends the output elsewhere.
@@ -42,6 +49,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -159,7 +167,7 @@ def sync_prose(md: Path) -> bool:
         else:
             cells.append(cell)
     out.cells = cells
-    nbformat.write(out, ipynb)
+    _write(out, ipynb)
     return True
 
 
@@ -273,8 +281,39 @@ def execute(md: Path, timeout_s: float, index: str, target: Path | None = None,
     nb.metadata.setdefault("jupytext", {})["formats"] = "ipynb,md:myst"
     target = target or md.with_suffix(".ipynb")
     target.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, target)
+    _write(nb, target)
     return True, duration, f"ok on {', '.join(run.devices)}"
+
+
+def _write(nb, path: Path) -> None:
+    """Write ``nb`` to ``path`` atomically: a copy taken meanwhile (``--pack``) never holds
+    half a notebook."""
+    tmp = path.with_name(path.name + ".tmp")
+    nbformat.write(nb, tmp)
+    os.replace(tmp, path)
+
+
+PACKED = ("book", "labs", "perflab/data")
+
+
+def pack(archive: Path, since: float, root: Path = ROOT, folders=PACKED) -> int:
+    """Write every file under ``root / folder`` (for each of ``folders``) modified at or after
+    ``since`` (seconds since the epoch) into the gzip tar ``archive``, named relative to
+    ``root``; atomically (a temporary file, then a rename). Returns the number of files.
+
+    The reference run calls it after each notebook, so a run stopped at a time limit still
+    leaves the notebooks it finished (and the files they wrote) in one archive: the device
+    machine returns at most eight files.
+    """
+    files = sorted(p for folder in folders if (root / folder).is_dir()
+                   for p in (root / folder).rglob("*")
+                   if p.is_file() and not p.name.endswith(".tmp") and p.stat().st_mtime >= since)
+    tmp = archive.with_name(archive.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for p in files:
+            tar.add(p, arcname=p.relative_to(root).as_posix())
+    os.replace(tmp, archive)
+    return len(files)
 
 
 def _holds_gpu_run(ipynb: Path) -> bool:
@@ -350,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
                              "their sources")
     parser.add_argument("--allow-cpu", action="store_true",
                         help="without CUDA, overwrite .ipynb files that hold a GPU reference run anyway")
+    parser.add_argument("--pack", type=Path, default=None, metavar="TGZ",
+                        help="after each notebook, write every file the run has written under "
+                             "book/, labs/ and perflab/data (and --out) to this gzip tar")
     parser.add_argument("--fresh-ceilings", action="store_true",
                         help="on a GPU, measure the run's ceilings again even if "
                              "perflab/data/reference_ceilings.json is from this machine")
@@ -402,7 +444,10 @@ def main(argv: list[str] | None = None) -> int:
     # are the reference; any other execution (tests, a reader's kernel) writes elsewhere
     if args.out is None and torch.cuda.is_available():
         os.environ["PERFLAB_REFERENCE_RUN"] = "1"
+    started = time.time()
     prepare_ceilings(args.fresh_ceilings)
+    folders = PACKED + ((str(args.out.resolve().relative_to(ROOT)),)
+                        if args.out and args.out.resolve().is_relative_to(ROOT) else ())
     failed = 0
     for k, md in enumerate(notebooks, 1):
         index = f"[{k}/{len(notebooks)}]"
@@ -412,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{index} {md.relative_to(ROOT) if md.is_relative_to(ROOT) else md}: {message} ({seconds:.1f} s)",
               flush=True)
         failed += not ok
+        if args.pack:
+            print(f"{index} packed {pack(args.pack, started, folders=folders)} file(s) into {args.pack}",
+                  flush=True)
     if failed:
         print(f"{failed} of {len(notebooks)} notebook(s) failed", file=sys.stderr)
     return 1 if failed else 0

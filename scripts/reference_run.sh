@@ -6,12 +6,12 @@
 # If .whl/ holds wheels (fetched beforehand on a machine with a registry, e.g. with
 # `pip download nbclient ipykernel jupytext ipywidgets myst-nb docutils py-spy -d .whl`), they are
 # installed into /tmp/site first. Then scripts/execute.py runs with the given arguments (default:
-# every notebook in _toc.yml). With $OUT set, the executed notebooks, the files they wrote for the
-# book and the log are packed into $OUT/executed.tgz; the log is $OUT/reference_run.log (else
-# .cache/reference_run.log).
+# every notebook in _toc.yml). With $OUT set, the executed notebooks and the files they wrote for
+# the book are packed into $OUT/executed.tgz (after each notebook); the log is
+# $OUT/reference_run.log (else .cache/reference_run.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-mkdir -p .cache; stamp=.cache/reference_run.stamp; touch "$stamp"
+mkdir -p .cache
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     2>&1 | grep -v -i warning
@@ -27,10 +27,10 @@ nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.draw,temperature
 # writes it at once. Without $OUT it stays in the clone (.cache/, git-ignored).
 log="${OUT:-.cache}/reference_run.log"
 mkdir -p "$(dirname "$log")"
-python3 scripts/execute.py "$@" 2>&1 | grep --line-buffered -v "running over TCP without encryption" | tee "$log"
+# With $OUT, execute.py packs everything the run wrote under book/, labs/ and perflab/data/
+# into $OUT/executed.tgz after each notebook, so a run stopped at a time limit still returns
+# the notebooks it finished.
+pack=(); [ -n "${OUT:-}" ] && pack=(--pack "$OUT/executed.tgz")
+python3 scripts/execute.py "${pack[@]}" "$@" 2>&1 | grep --line-buffered -v "running over TCP without encryption" | tee "$log"
 rc=${PIPESTATUS[0]}
-if [ -n "${OUT:-}" ]; then   # everything the run wrote under book/, labs/ and perflab/data/
-  find book labs perflab/data -type f -newer "$stamp" 2>/dev/null | tar czf "$OUT/executed.tgz" -T -
-fi
-rm -f "$stamp"
 exit $rc

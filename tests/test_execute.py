@@ -85,6 +85,30 @@ def test_a_failing_cell_stops_its_notebook_but_not_the_others(tmp_path):
     assert good.with_suffix(".ipynb").exists()
 
 
+def test_pack_holds_every_file_written_since_the_start_and_is_rewritten_after_each_notebook(tmp_path):
+    import os
+    import tarfile
+    root = tmp_path / "clone"
+    for rel in ("book/old.ipynb", "book/new.ipynb", "book/traces/t.json", "labs/l.ipynb.tmp",
+                "elsewhere/x.ipynb"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+    since = (root / "book" / "new.ipynb").stat().st_mtime
+    os.utime(root / "book" / "old.ipynb", (since - 60, since - 60))
+    archive = tmp_path / "out" / "executed.tgz"
+    archive.parent.mkdir()
+    assert execute.pack(archive, since, root=root, folders=("book", "labs", "missing")) == 2
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == ["book/new.ipynb", "book/traces/t.json"]
+    assert [p.name for p in archive.parent.iterdir()] == ["executed.tgz"]   # no temporary left
+    # through main: packed after each notebook, the failing one too
+    bad = write_nb(tmp_path / "bad.md", "raise ValueError('broken on purpose')")
+    good = write_nb(tmp_path / "good.md", "print('fine')")
+    r = run("--pack", archive, bad, good)
+    assert r.returncode == 1 and r.stdout.count(f"file(s) into {archive}") == 2
+    assert tarfile.is_tarfile(archive)
+
+
 def test_per_notebook_time_limit(tmp_path):
     slow = write_nb(tmp_path / "slow.md", "import time\ntime.sleep(30)")
     r = run("--timeout", "3", slow)
