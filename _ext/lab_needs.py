@@ -62,7 +62,9 @@ class LabNeeds(SphinxDirective):
             n = lab_needs(md)
             gpu = (f"{n['reference_minutes']:.1f} min on {n['reference_devices']}"
                    if n["reference_minutes"] is not None else "not recorded")
-            mem = f"{n['gpu_memory_gib']:.1f} GiB" if n["gpu_memory_gib"] is not None else "not recorded yet"
+            gib = n["gpu_memory_gib"]
+            mem = ("not recorded yet" if gib is None else
+                   "under 0.1 GiB" if gib < 0.05 else f"{gib:.1f} GiB")
             cpu = "not recorded"
             if n["cpu_minutes"] is not None:
                 cpu = f"{n['cpu_minutes']:.1f} min on {n['cpu']}" + ("" if n["cpu_current"] else " (older code)")
