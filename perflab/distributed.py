@@ -22,6 +22,7 @@ Run as a worker (by torchrun only): ``python -m perflab.distributed --out FILE a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -40,6 +41,7 @@ import torch.distributed as dist
 
 from .fits import fit_line
 from .hardware import gpu_count
+from .telemetry import Telemetry
 
 __all__ = [
     "AlphaBeta",
@@ -297,8 +299,10 @@ class AllReducePoint:
 
 @dataclass(frozen=True)
 class AllReduceResult:
-    """An all-reduce sweep: ``backend``, ``world_size``, ``device`` kind, ``points``, ``versions``
-    and ``timer`` (``"cuda events"`` on GPUs, ``"perf_counter"`` on CPU processes)."""
+    """An all-reduce sweep: ``backend``, ``world_size``, ``device`` kind, ``points``, ``versions``,
+    ``timer`` (``"cuda events"`` on GPUs, ``"perf_counter"`` on CPU processes) and ``telemetry``
+    (rank 0's :meth:`perflab.telemetry.TelemetrySummary.as_dict` over the timed part of the
+    sweep: its GPU's clocks and power, or its CPU's clock; empty from a worker that sent none)."""
 
     backend: str
     world_size: int
@@ -306,6 +310,7 @@ class AllReduceResult:
     points: tuple[AllReducePoint, ...]
     versions: dict
     timer: str = "perf_counter"
+    telemetry: dict = field(default_factory=dict)
 
     @property
     def peak_busbw(self) -> float:
@@ -329,7 +334,9 @@ def allreduce_sweep(
     a barrier, three times (once where three would move more than ``4 x target_bytes``); a point
     is the median of those runs, of the slowest rank. On GPUs the repetitions are bracketed by CUDA events on the
     stream the collectives wait on (device time, not the host's); on CPU processes by
-    ``time.perf_counter``. ``target_bytes`` default: 4 GiB for NCCL, 256 MiB for gloo. The
+    ``time.perf_counter``. Rank 0 runs the timed part (not the launch, nor the set-up) under a
+    :class:`perflab.telemetry.Telemetry` sampler of its own device: ``result.telemetry``.
+    ``target_bytes`` default: 4 GiB for NCCL, 256 MiB for gloo. The
     workers check that the reduction is correct.
 
     Raises:
@@ -348,7 +355,7 @@ def allreduce_sweep(
     points = tuple(AllReducePoint(p["nbytes"], p["seconds"], p["iters"], algorithm_bandwidth(p["nbytes"], p["seconds"]),
                                   bus_bandwidth(p["nbytes"], p["seconds"], n)) for p in raw["points"])
     return AllReduceResult(raw["backend"], n, raw["device"], points, raw.get("versions", {}),
-                           raw.get("timer", "perf_counter"))
+                           raw.get("timer", "perf_counter"), raw.get("telemetry", {}))
 
 
 @dataclass(frozen=True)
@@ -440,24 +447,30 @@ def _worker_allreduce(args, dist, torch) -> dict:
             dist.all_reduce(x)
         return (time.perf_counter() - t0) / iters
 
+    # rank 0 states the clock the timed part ran at: its GPU's (NVML), or the CPU's read
+    # every 0.5 s (parsing /proc/cpuinfo holds the GIL the timing loop needs)
+    sampler = (Telemetry(index=device.index or 0, device=device,
+                         interval_s=0.02 if device.type == "cuda" else 0.5)
+               if rank == 0 else contextlib.nullcontext())
     points = []
-    for nbytes in sizes:
-        x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-        for _ in range(max(1, min(5, args.target_bytes // nbytes))):
+    with sampler:
+        for nbytes in sizes:
+            x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+            for _ in range(max(1, min(5, args.target_bytes // nbytes))):
+                dist.all_reduce(x)
+            iters = max(5, min(200, args.target_bytes // nbytes))
+            # three timed runs (their median) unless that would move over 4x target_bytes
+            repeats = 3 if 3 * iters * nbytes <= 4 * args.target_bytes else 1
+            runs = sorted(timed(x, iters) for _ in range(repeats))
+            elapsed = torch.tensor([runs[len(runs) // 2]], dtype=torch.float64, device=device)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            x.fill_(rank + 1)
             dist.all_reduce(x)
-        iters = max(5, min(200, args.target_bytes // nbytes))
-        # three timed runs (their median) unless that would move over 4x target_bytes
-        repeats = 3 if 3 * iters * nbytes <= 4 * args.target_bytes else 1
-        runs = sorted(timed(x, iters) for _ in range(repeats))
-        elapsed = torch.tensor([runs[len(runs) // 2]], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        x.fill_(rank + 1)
-        dist.all_reduce(x)
-        expected = world * (world + 1) / 2
-        if not torch.all(x == expected):
-            raise RuntimeError(f"all-reduce of {nbytes} bytes gave {x[0].item()} on rank {rank}, expected {expected}")
-        points.append({"nbytes": nbytes, "seconds": float(elapsed.item()), "iters": int(iters)})
-        del x
+            expected = world * (world + 1) / 2
+            if not torch.all(x == expected):
+                raise RuntimeError(f"all-reduce of {nbytes} bytes gave {x[0].item()} on rank {rank}, expected {expected}")
+            points.append({"nbytes": nbytes, "seconds": float(elapsed.item()), "iters": int(iters)})
+            del x
     versions = {"torch": torch.__version__}
     if args.backend == "nccl":
         v = torch.cuda.nccl.version()  # a tuple such as (2, 27, 3); an int in old releases
@@ -465,7 +478,8 @@ def _worker_allreduce(args, dist, torch) -> dict:
     return {"backend": args.backend, "world_size": world, "device": device.type,
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "points": points, "versions": versions,
-            "timer": "cuda events" if device.type == "cuda" else "perf_counter"}
+            "timer": "cuda events" if device.type == "cuda" else "perf_counter",
+            "telemetry": sampler.summary().as_dict() if rank == 0 else {}}
 
 
 def _worker_main(argv: list[str] | None = None) -> int:

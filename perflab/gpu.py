@@ -13,7 +13,8 @@
   kernel choice does not change along the sweep.
 * :func:`graph_copy_sweep` measures copy bandwidth against working-set size with many copies
   replayed from one CUDA graph (no launch gaps, a small per-kernel fixed cost), for the L2 / HBM
-  comparison.
+  comparison; :func:`graph_sum_sweep` does the same with ``torch.sum``, whose fixed cost per
+  call says why a reduction is the poorer probe.
 * :func:`burst_and_sustained` times one matrix product briefly after a rest and for seconds back
   to back, each under :class:`perflab.telemetry.Telemetry`: the burst and the sustained rate.
 
@@ -30,11 +31,13 @@ from typing import Iterable, Sequence
 import torch
 
 from .caches import WorkingSetPoint
+from .costs import elementwise_cost
 from .fits import fit_line
-from .telemetry import Telemetry
+from .telemetry import Telemetry, TelemetrySummary, measure
 from .hardware import has_gpu
+from .profiling import kernels_per_call
 from .progress import progress as show_progress
-from .roofline import SweepPoint, matmul_rate, sweep_repeat
+from .roofline import SweepPoint, matmul_rate, repeat_multiply
 from .timing import event_timer, synchronize
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "burst_and_sustained",
     "fit_wave_width",
     "graph_copy_sweep",
+    "graph_sum_sweep",
     "available_matmul_kinds",
     "dram_bandwidth_from_clock",
     "elementwise_rate",
@@ -147,12 +151,17 @@ def matmul_rates(device: torch.device | str, n: int, kinds: Iterable[str] | None
     return rates, errors
 
 
-def elementwise_rate(device: torch.device | str, numel: int, repeat: int) -> SweepPoint:
-    """The fused ``x*2``-repeated kernel of chapter 1 at one ``repeat``: a :class:`perflab.roofline.SweepPoint`.
+def elementwise_rate(device: torch.device | str, numel: int,
+                     repeat: int) -> tuple[SweepPoint, TelemetrySummary]:
+    """The fused ``x*2``-repeated kernel of chapter 1 at one ``repeat``, timed under telemetry.
 
-    With ``repeat`` far right of the ridge point the kernel is compute-bound, so its
-    ``flops_per_s`` is the elementwise (CUDA-core, non-FMA) FP32 rate; ``kernels`` is the number
-    of kernels per call (1 = fused). Compiled with ``torch.compile`` (a few seconds).
+    Returns ``(point, telemetry)``: a :class:`perflab.roofline.SweepPoint` and the
+    :class:`perflab.telemetry.TelemetrySummary` its timing ran under. With ``repeat`` far right
+    of the ridge point the kernel is compute-bound, so ``point.flops_per_s`` is the elementwise
+    (CUDA-core, non-FMA) FP32 rate; ``point.kernels`` is the number of kernels per call (1 =
+    fused). The function is compiled (:func:`perflab.roofline.repeat_multiply`, a few seconds)
+    and its kernels counted before the timing starts, so the telemetry covers only the timing
+    (:func:`perflab.telemetry.measure`), not an idle GPU waiting for the compiler.
 
     Raises:
         ValueError: ``numel`` or ``repeat`` not a positive integer.
@@ -160,7 +169,12 @@ def elementwise_rate(device: torch.device | str, numel: int, repeat: int) -> Swe
     if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
         raise ValueError(f"numel must be a positive integer, got {numel!r}")
     x = torch.randn(numel, device=device)
-    return sweep_repeat(x, [repeat])[0]
+    fn = repeat_multiply(repeat)
+    fn(x)  # compile and warm up outside the measurement
+    kernels = kernels_per_call(fn, x)
+    m = measure(lambda: fn(x), x.device)
+    cost = elementwise_cost(x.numel(), repeat, x.dtype)
+    return SweepPoint(repeat, m.seconds, cost.flops, cost.bytes, kernels), m.telemetry
 
 
 def tile_count(m: int, n: int, tile_m: int = 128, tile_n: int = 128) -> int:
@@ -439,6 +453,43 @@ def _replayer(fn, copies: int, dev: torch.device):
     return graph.replay
 
 
+def _graph_sweep(device, sizes, target_s: float, reps: int, progress: bool, what: str,
+                 make_fn) -> list:
+    """The loop shared by :func:`graph_copy_sweep` and :func:`graph_sum_sweep`: for each size,
+    ``make_fn(nbytes, dev)`` builds one call whose traffic is ``nbytes``; enough calls for about
+    ``target_s`` seconds at 5 TB/s (8 to 2,000) are captured in one CUDA graph and replayed."""
+    sizes = list(sizes)
+    if not sizes or any(isinstance(x, bool) or not isinstance(x, int) or x < 8 or x % 8
+                        for x in sizes):
+        raise ValueError(f"sizes must be positive multiples of 8 bytes, got {sizes[:5]}")
+    if not target_s > 0:
+        raise ValueError(f"target_s must be > 0, got {target_s}")
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"reps must be a positive integer, got {reps!r}")
+    dev = torch.device(device)
+    out = []
+    for nbytes in show_progress(sizes, what, progress):
+        fn = make_fn(nbytes, dev)
+        calls = max(8, min(2000, math.ceil(target_s * 5e12 / nbytes)))
+        replay = _replayer(fn, calls, dev)
+        t = event_timer(replay, dev, warmup=2, reps=reps).median_s / calls
+        out.append(WorkingSetPoint(nbytes, nbytes / t))
+        del replay, fn
+    return out
+
+
+def _copy_call(nbytes: int, dev: torch.device):
+    src = torch.ones(nbytes // 8, device=dev)   # two float32 buffers of nbytes / 2
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def _sum_call(nbytes: int, dev: torch.device):
+    src = torch.ones(nbytes // 4, device=dev)   # one float32 buffer of nbytes
+    out = torch.empty((), device=dev)
+    return lambda: torch.sum(src, 0, out=out)
+
+
 def graph_copy_sweep(
     device: torch.device | str,
     sizes: Sequence[int],
@@ -456,33 +507,37 @@ def graph_copy_sweep(
     the time of one copy is the replay's time / ``copies``. Replayed from a graph, copies run
     back to back with no launch gap and nothing between them flushes the L2, so a working set
     that fits in the L2 is served by it; each copy keeps only the kernel's own fixed cost (ramp
-    and tail, about a microsecond), which :func:`perflab.caches.fit_fixed_cost` separates from
-    the bandwidth. On a CPU (for tests) the copies run in a Python loop timed by
-    ``time.perf_counter``.
+    and tail), which :func:`perflab.caches.fit_fixed_cost` separates from the bandwidth. On a
+    CPU (for tests) the copies run in a Python loop timed by ``time.perf_counter``.
 
     Raises:
         ValueError: empty ``sizes``, a size that is not a positive multiple of 8 bytes, or a
             non-positive ``target_s`` or ``reps``.
     """
-    sizes = list(sizes)
-    if not sizes or any(isinstance(x, bool) or not isinstance(x, int) or x < 8 or x % 8
-                        for x in sizes):
-        raise ValueError(f"sizes must be positive multiples of 8 bytes, got {sizes[:5]}")
-    if not target_s > 0:
-        raise ValueError(f"target_s must be > 0, got {target_s}")
-    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
-        raise ValueError(f"reps must be a positive integer, got {reps!r}")
-    dev = torch.device(device)
-    out = []
-    for nbytes in show_progress(sizes, "graph copy sweep", progress):
-        src = torch.ones(nbytes // 8, device=dev)
-        dst = torch.empty_like(src)
-        copies = max(8, min(2000, math.ceil(target_s * 5e12 / nbytes)))
-        replay = _replayer(lambda: dst.copy_(src), copies, dev)
-        t = event_timer(replay, dev, warmup=2, reps=reps).median_s / copies
-        out.append(WorkingSetPoint(nbytes, nbytes / t))
-        del replay, src, dst
-    return out
+    return _graph_sweep(device, sizes, target_s, reps, progress, "graph copy sweep",
+                        _copy_call)
+
+
+def graph_sum_sweep(
+    device: torch.device | str,
+    sizes: Sequence[int],
+    target_s: float = 2e-3,
+    reps: int = 5,
+    progress: bool = False,
+):
+    """:func:`graph_copy_sweep` with ``torch.sum`` as the kernel: ``[caches.WorkingSetPoint]``.
+
+    For a working set of ``nbytes`` (one float32 buffer of ``nbytes``), the call is
+    ``torch.sum(src, 0, out=out)`` (a preallocated 0-dim ``out``: no result tensor per call),
+    which reads ``nbytes``: traffic equals working set, as for the copy, and the same graph
+    replay and event timing apply. A reduction ends with a step a copy does not have (its blocks combine their
+    partial sums), so :func:`perflab.caches.fit_fixed_cost` of these points against those of
+    :func:`graph_copy_sweep` over the same sizes says what that step costs per call.
+
+    Raises:
+        ValueError: as :func:`graph_copy_sweep`.
+    """
+    return _graph_sweep(device, sizes, target_s, reps, progress, "graph sum sweep", _sum_call)
 
 
 # ---------------------------------------------------------------------------------------------

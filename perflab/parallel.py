@@ -12,7 +12,8 @@ Tasks (``{"name": ..., "args": {...}}``; see ``TASKS`` and each ``_task_*`` docs
 * ``collectives``: the six collectives on tiny tensors (inputs and outputs per rank);
 * ``sweep``: time of all-reduce / all-gather / reduce-scatter / broadcast / all-to-all against size;
 * ``manual_vs_ddp``: the same step by a hand-written gradient all-reduce and by DDP (float64:
-  parameters compared), then step times of single-process, manual and DDP training;
+  parameters compared), then step times of single-process, manual and DDP training, timed in
+  interleaved rounds (:func:`interleaved_rounds`);
 * ``buckets``: DDP step time against ``bucket_cap_mb``;
 * ``overlap``: a profiled DDP step, summarized by :func:`overlap_from_trace`;
 * ``no_sync``: gradient accumulation with ``DDP.no_sync`` against single-process training;
@@ -31,12 +32,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib.util
 import inspect
 import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +65,7 @@ __all__ = [
     "FAIL_FAST_ENV",
     "expect_failure",
     "free_port",
+    "interleaved_rounds",
     "lab_launch",
     "launch",
     "load_checkpoint_here",
@@ -132,6 +136,51 @@ def pick_for(backend: str, cpu, gpu):
     if os.environ.get("PERFLAB_FORCE_CPU_SIZES") == "1":
         return cpu
     return gpu if backend == "nccl" else cpu
+
+
+def interleaved_rounds(steps: dict[str, Callable[[], object]],
+                       time_one: Callable[[Callable[[], object]], float],
+                       rounds: int) -> tuple[dict[str, list[float]], list[list[str]]]:
+    """Time every step of ``steps`` once per round, the order rotating from round to round.
+
+    Round ``r`` times the steps in the order of ``steps`` rotated left by ``r`` (three steps
+    a, b, c: ``a b c``, then ``b c a``, then ``c a b``), each with ``time_one(step)``. When
+    ``rounds`` is a multiple of ``len(steps)``, every step runs equally often in every position.
+    Why: timed one after the other, the last step runs on a machine the earlier ones have
+    changed. On the 2x H200 run, DDP timed last ran on GPUs that the single-rank and manual
+    steps had heated toward their 700 W power limit, where the SM clock falls (about 1,980 to
+    1,500-1,650 MHz under sustained matrix products), and its scaling efficiency read low.
+    Interleaved, every step sees the same mix of machine states, and a step's median round
+    compares with another's.
+
+    Args:
+        steps: name -> a callable of no arguments (one training step); at least one. The
+            order of the dict is round 0's order. Every rank must pass the same names in the
+            same order (steps that communicate run in lock-step).
+        time_one: seconds for one step (e.g. a warm-up call, then the mean of a few calls).
+        rounds: number of rounds (>= 1).
+
+    Returns:
+        ``(times, orders)``: ``times[name]`` is the list of that step's seconds, one per round,
+        in round order; ``orders[r]`` the names in the order round ``r`` ran them.
+
+    Raises:
+        ValueError: no steps, or ``rounds`` is not an integer >= 1.
+    """
+    if not steps:
+        raise ValueError("steps must hold at least one step")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    names = list(steps)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    orders = []
+    for r in range(rounds):
+        k = r % len(names)
+        order = names[k:] + names[:k]
+        for name in order:
+            times[name].append(float(time_one(steps[name])))
+        orders.append(order)
+    return times, orders
 
 
 def _union(intervals):
@@ -382,7 +431,8 @@ def lab_launch(exercise: int, tasks: Sequence[dict], user_code: Sequence = (),
 # ignored). With the three above, the 2x H200 run still ended 65 s after its 10 s timeout;
 # TORCH_NCCL_ENABLE_MONITORING=0 turns off the heartbeat-monitor thread, which on a watchdog
 # error waits for debug information before it terminates the process (pytorch/pytorch#112518,
-# #133028); the next run measures whether that was the wait. gloo reads none of them.
+# #133028): the likely cause of that wait, which chapter 8's next 2-GPU run measures (the
+# waiting ranks print the values they ran with, Failure.rank_env). gloo reads none of them.
 FAIL_FAST_ENV = {
     "TORCH_NCCL_ENABLE_MONITORING": "0",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
@@ -391,8 +441,10 @@ FAIL_FAST_ENV = {
     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2",
 }
 
-# printed by the ranks of the hang task when they start to wait: "<marker> <rank> <unix time>"
+# printed by the ranks of the hang task when they start to wait: "<marker> <rank> <unix time>",
+# and before it "<env marker> <JSON of the FAIL_FAST_ENV variables as the rank sees them>"
 _WAIT_MARKER = "perflab-hang-wait-starts"
+_ENV_MARKER = "perflab-hang-env"
 
 
 def _wait_start(output: str) -> float | None:
@@ -407,6 +459,16 @@ def _wait_start(output: str) -> float | None:
     return min(times) if times else None
 
 
+def _rank_env(output: str) -> dict | None:
+    """The fail-fast variables as the first waiting rank printed them (None: not printed)."""
+    for line in output.splitlines():
+        i = line.find(_ENV_MARKER)
+        if i >= 0:
+            with contextlib.suppress(ValueError):
+                return json.loads(line[i + len(_ENV_MARKER):])
+    return None
+
+
 @dataclass(frozen=True)
 class Failure:
     """A launch that failed as intended.
@@ -417,12 +479,16 @@ class Failure:
         output: the launch's whole output (every rank's lines and torchrun's).
         after_wait_s: seconds from the moment the first rank started waiting in the hung
             collective (task ``hang``) to the end of the job; None for other tasks.
+        rank_env: the :data:`FAIL_FAST_ENV` variables as a waiting rank saw them in its own
+            environment (``{name: value or None}``, task ``hang``), so a run shows the
+            settings it was measured with; None for other tasks.
     """
 
     seconds: float
     message: str
     output: str = ""
     after_wait_s: float | None = None
+    rank_env: dict | None = None
 
     @property
     def first_error(self) -> str:
@@ -436,7 +502,7 @@ class Failure:
         for line in (self.output or self.message).splitlines():
             low = line.lower()
             if ("watchdog" in low or "timed out" in low or "timeout" in low) \
-                    and "torch.distributed.run" not in line:
+                    and "torch.distributed.run" not in line and _ENV_MARKER not in line:
                 return line.strip()
         return self.message.splitlines()[0]
 
@@ -458,7 +524,7 @@ def expect_failure(tasks: Sequence[dict], env: dict | None = None, **kwargs) -> 
         output = getattr(e, "output", "")
         started = _wait_start(output)
         return Failure(seconds, str(e), output,
-                       None if started is None else ended - started)
+                       None if started is None else ended - started, _rank_env(output))
     raise RuntimeError(f"the job {[t['name'] for t in tasks]} was expected to fail but succeeded")
 
 
@@ -760,12 +826,19 @@ def _diff_from_ddp(ctx, allreduce, width: int, depth: int, steps: int) -> float:
 
 def _task_manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps: int = 3,
                         width: int = 64, depth: int = 4, batch: int = 32, warmup: int = 2,
-                        iters: int = 5, dtype: str = "float32", allow_tf32: bool = True) -> dict:
+                        iters: int = 5, rounds: int = 3, dtype: str = "float32",
+                        allow_tf32: bool = True) -> dict:
     """(1) float64: manual data parallelism (all-reduce then divide each gradient) against DDP
     after ``check_steps`` SGD steps: ``max_param_diff``. (2) step seconds on a ``depth`` x
-    ``width`` model with ``batch`` rows per rank: ``single_s`` (each rank alone, no communication),
-    ``manual_s``, ``ddp_s``; ``allreduce_s``: one all-reduce of all gradients as one buffer;
-    ``params``, ``flops_per_step`` (6 x params x batch per rank)."""
+    ``width`` model with ``batch`` rows per rank, for three steps built side by side:
+    ``single`` (each rank alone, no communication), ``manual`` and ``ddp``. Each is warmed up
+    ``warmup`` times, then the three are timed in ``rounds`` interleaved rounds
+    (:func:`interleaved_rounds`, order rotating; in each round one untimed step, then the
+    slowest rank's mean of ``iters`` steps). ``single_rounds_s``, ``manual_rounds_s``,
+    ``ddp_rounds_s``: the seconds per round; ``single_s``, ``manual_s``, ``ddp_s``: their
+    medians; ``round_orders``: the order of each round. ``allreduce_s``: one all-reduce of all
+    gradients as one buffer; ``params``, ``grad_bytes``, ``flops_per_step`` (6 x params x batch
+    per rank)."""
     torch = ctx.torch
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     torch.backends.cudnn.allow_tf32 = allow_tf32
@@ -775,7 +848,8 @@ def _task_manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_
     dt = getattr(torch, dtype)
     x, y = _timing_batch(ctx, batch, width, dt)
     res = {"max_param_diff": diff, "check_steps": check_steps}
-    for kind in ("single", "manual", "ddp"):
+
+    def make_step(kind):
         model = _make_model(ctx, width, depth, dtype=dtype)
         if kind == "ddp":
             model = _ddp(ctx, model)
@@ -788,9 +862,20 @@ def _task_manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_
                 _manual_allreduce(ctx, model)
             opt.step()
 
-        res[f"{kind}_s"] = ctx.timed(step, warmup, iters)
-        params = sum(p.numel() for p in model.parameters())
-        del model, opt, step  # the closure would keep the model alive
+        return step, sum(p.numel() for p in model.parameters())
+
+    steps = {}
+    for kind in ("single", "manual", "ddp"):
+        steps[kind], params = make_step(kind)
+        for _ in range(warmup):
+            steps[kind]()
+    times, orders = interleaved_rounds(steps, lambda fn: ctx.timed(fn, 1, iters), rounds)
+    for kind, ts in times.items():
+        res[f"{kind}_rounds_s"] = ts
+        res[f"{kind}_s"] = statistics.median(ts)
+    res["round_orders"] = orders
+    del steps  # the closures hold the three models
+    gc.collect()
     flat = torch.zeros(params, dtype=dt, device=ctx.device)
     res["allreduce_s"] = ctx.timed(lambda: ctx.dist.all_reduce(flat), warmup, iters)
     res["params"] = params
@@ -967,8 +1052,6 @@ def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup
     readings of ``torch.cuda.memory_allocated`` (:func:`settled_reading`): before the model
     was built and after the step, each taken once the collectives' stashed tensors have been
     released, so neither the previous strategy's nor this step's communication buffers count."""
-    import gc
-
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     torch = ctx.torch
@@ -1171,8 +1254,9 @@ def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600, timeout_s: float 
     the others wait in it until a timeout ends them: ``timeout_s`` seconds on a process group made
     for the purpose (``dist.new_group(timeout=...)``, after every rank has joined, so a slow
     start cannot trip it), or the launch's process-group timeout when ``timeout_s`` is None.
-    Each waiting rank prints one line, ``perflab-hang-wait-starts <rank> <Unix time>``, as it
-    enters the hung all-reduce (read by :func:`expect_failure`)."""
+    Each waiting rank prints ``perflab-hang-env <JSON>`` (the :data:`FAIL_FAST_ENV` variables
+    in its environment) and ``perflab-hang-wait-starts <rank> <Unix time>`` as it enters the
+    hung all-reduce (both read by :func:`expect_failure`)."""
     import datetime
 
     r = hang_rank % ctx.world
@@ -1186,6 +1270,8 @@ def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600, timeout_s: float 
     if ctx.rank == r:
         time.sleep(sleep_s)
     else:
+        seen = {k: os.environ.get(k) for k in FAIL_FAST_ENV}
+        print(f"{_ENV_MARKER} {json.dumps(seen)}", flush=True)
         print(f"{_WAIT_MARKER} {ctx.rank} {time.time():.3f}", flush=True)
         ctx.dist.all_reduce(x, group=group)
         ctx.sync()

@@ -4,13 +4,14 @@
 
 On any machine (CPU only, one GPU, several GPUs) it measures host memory bandwidth (one thread and
 all), the cache hierarchy, CPU matmul, disk reads (cold and warm), and where present the GPU's
-memory bandwidth, L2, matmul rates per number format, host <-> device copies, peer copies and an
-all-reduce (NCCL on two GPUs, else gloo between two CPU processes). It prints one page, writes
-the results as JSON, and divides each figure by the same figure of the reference run
-(``perflab/data/reference_report.json``, written on the course's GPU machine). Whatever it cannot
-measure (no GPU, no NVML, one GPU) is one line under "notes"; a measurement that fails is one line
-under "failures" and makes the exit status 1. ``--quick`` shrinks every problem (for tests and
-laptops); a full card takes under two minutes.
+memory bandwidth, L2 (copies replayed from a CUDA graph), matmul rates per number format, host <->
+device copies, peer copies and an all-reduce (NCCL on two GPUs, else gloo between two CPU
+processes; latency and bus bandwidth fitted to the whole sweep), each with the functions chapter 2
+uses. It prints one page, writes the results as JSON, and divides each figure by the same figure
+of the reference run (``perflab/data/reference_report.json``, written on the course's GPU
+machine). Whatever it cannot measure (no GPU, no NVML, one GPU) is one line under "notes"; a
+measurement that fails is one line under "failures" and makes the exit status 1. ``--quick``
+shrinks every problem (for tests and laptops); a full card takes under two minutes.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ __all__ = [
     "REFERENCE_PATH",
     "SCHEMA",
     "Card",
+    "L2_METHOD",
+    "LATENCY_METHOD",
     "Metric",
     "load_reference",
     "main",
@@ -48,6 +51,9 @@ __all__ = [
 ]
 
 SCHEMA = "perflab-report/1"
+#: The methods of chapter 2 the card shares, named in the ``context`` of the metrics they give.
+L2_METHOD = "CUDA-graph copies"
+LATENCY_METHOD = "alpha-beta fit"
 #: Where the course keeps the reference run's card (written on the GPU machine).
 REFERENCE_PATH = Path(__file__).resolve().parent / "data" / "reference_report.json"
 
@@ -64,8 +70,9 @@ class Metric:
         unit: e.g. ``"GB/s"``, ``"TFLOP/s"``.
         datasheet: the published or theoretical ceiling in the same unit, or None.
         source: where ``datasheet`` comes from.
-        context: what must match for a ratio with the reference to mean anything (e.g. the
-            collective's backend); ratios are omitted when it differs.
+        context: what must match for a ratio with the reference to mean anything (the
+            collective's backend, the method: :data:`L2_METHOD`, :data:`LATENCY_METHOD`);
+            ratios are omitted when it differs.
     """
 
     name: str
@@ -110,13 +117,15 @@ class Card:
 # ---------------------------------------------------------------------------------------------
 
 def _sizes(quick: bool) -> dict:
+    # the full card's L2 sweep (from 2 MiB, 4 sizes per octave) and NCCL sweep (4 KiB .. 1 GiB,
+    # x4 apart) are chapter 2's, so that its rows compare with the chapter's glued values
     if quick:
         return dict(cpu_copy=64 * 2**20, cpu_n=512, cache_hi=256 * 2**20, cache_per_octave=1, disk=32 * 2**20,
-                    disk_reads=500, gpu_copy=256 * 2**20, l2_per_octave=2, gpu_n=(4096,), hd=64 * 2**20,
-                    p2p=256 * 2**20, gloo=[4096, 2**20, 2**24], nccl=[4096, 2**20, 2**26])
+                    disk_reads=500, gpu_copy=256 * 2**20, l2_hi=512 * 2**20, l2_per_octave=2, gpu_n=(4096,),
+                    hd=64 * 2**20, p2p=256 * 2**20, gloo=[4096, 2**20, 2**24], nccl=[4096, 2**20, 2**26])
     return dict(cpu_copy=512 * 2**20, cpu_n=2048, cache_hi=512 * 2**20, cache_per_octave=2, disk=256 * 2**20,
-                disk_reads=2000, gpu_copy=2**30, l2_per_octave=4, gpu_n=(8192, 16384), hd=256 * 2**20,
-                p2p=2**30, gloo=[4096, 65536, 2**20, 2**24, 2**26], nccl=[4096, 65536, 2**20, 2**24, 2**28, 2**30])
+                disk_reads=2000, gpu_copy=2**30, l2_hi=2**30, l2_per_octave=4, gpu_n=(8192, 16384), hd=256 * 2**20,
+                p2p=2**30, gloo=[4096, 65536, 2**20, 2**24, 2**26], nccl=[2**k for k in range(12, 31, 2)])
 
 
 def _cpu_memory(card: Card, s: dict) -> None:
@@ -204,27 +213,37 @@ def _gpu_memory(card: Card, s: dict) -> None:
     ds = sheet.get("memory_bandwidth")
     card.add("gpu_copy_bandwidth_TBps", "GPU", f"HBM copy, {s['gpu_copy'] >> 20} MiB, read+write",
              bw / 1e12, "TB/s", ds / 1e12 if ds else None, _sheet_name() if ds else None)
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", None)
-    hi = max(512 * 2**20, 8 * (l2 or 0))
-    # from 8 MiB: below that a sum kernel is mostly fixed cost and its bandwidth mostly noise
-    sizes = caches.geometric_sizes(8 * 2**20, hi, per_octave=s["l2_per_octave"])
-    raw = caches.working_set_sweep(dev, sizes)
-    # kernel time = fixed cost + bytes / bandwidth (chapter 2): fitted inside one L2 partition and
-    # far beyond the L2; the stored curve has the fixed cost taken out
-    size = l2 or 32 * 2**20
-    in_l2 = caches.fit_fixed_cost(raw, lo=size / 16, hi=size / 2)
-    far = caches.fit_fixed_cost(raw, lo=2 * size).bytes_per_s
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", None)
+    if not l2:
+        card.note("torch reports no L2 size for this GPU: no L2 / HBM ratio and no L2 read back")
+        return
+    _l2(card, s, dev, l2)
+
+
+def _l2(card: Card, s: dict, dev: torch.device, l2_bytes: int) -> None:
+    """Chapter 2's L2 measurement: copies replayed from a CUDA graph (:func:`perflab.gpu.graph_copy_sweep`),
+    time = fixed cost + bytes / bandwidth fitted inside one L2 partition and far beyond the L2
+    (:func:`perflab.caches.fit_fixed_cost`), the same calls with the same ranges as the chapter.
+    The stored curve ``gpu_l2`` has the in-L2 fixed cost taken out; ``gpu_l2_raw`` is bytes / copy time."""
+    sizes = caches.geometric_sizes(2 * 2**20, max(s["l2_hi"], 8 * l2_bytes), per_octave=s["l2_per_octave"])
+    raw = gpu.graph_copy_sweep(dev, sizes)
+    in_l2 = caches.fit_fixed_cost(raw, lo=l2_bytes / 16, hi=l2_bytes / 2)
+    in_hbm = caches.fit_fixed_cost(raw, lo=2 * l2_bytes)
     points = caches.without_fixed_cost(raw, in_l2.fixed_s)
-    card.curves["gpu_l2"] = {"nbytes": [p.nbytes for p in points], "bytes_per_s": [p.bytes_per_s for p in points]}
+    card.curves["gpu_l2"] = {"nbytes": [p.nbytes for p in points], "bytes_per_s": [p.bytes_per_s for p in points],
+                             "method": "copies replayed from a CUDA graph, in-L2 fixed cost taken out",
+                             "fixed_s": in_l2.fixed_s}
     card.curves["gpu_l2_raw"] = {"nbytes": [p.nbytes for p in raw], "bytes_per_s": [p.bytes_per_s for p in raw]}
-    card.add("l2_bandwidth_ratio", "GPU", "read, L2-resident / HBM", in_l2.bytes_per_s / far, "x")
+    # the context names the method: a card (or reference) that read the L2 with sum kernels
+    # measured something else, and is not compared with this one
+    card.add("l2_bandwidth_ratio", "GPU", "copy, in L2 / from HBM (graph)", in_l2.bytes_per_s / in_hbm.bytes_per_s,
+             "x", context=L2_METHOD)
     step = caches.largest_step(caches.find_steps([p.nbytes for p in points], [p.bytes_per_s for p in points]))
     if step is None:
         card.note("the GPU bandwidth curve shows no clear step: no L2 size read back")
     else:
         card.add("gpu_l2_from_curve_MiB", "GPU", "L2 size, from the curve", step.capacity_bytes / 2**20, "MiB",
-                 l2 / 2**20 if l2 else None, "torch: L2_cache_size" if l2 else None)
+                 l2_bytes / 2**20, "torch: L2_cache_size", context=L2_METHOD)
 
 
 def _gpu_matmul(card: Card, s: dict) -> None:
@@ -279,18 +298,34 @@ def _peer(card: Card, s: dict) -> None:
 
 
 def _allreduce(card: Card, s: dict) -> None:
+    """Chapter 2's all-reduce: the sweep (:func:`perflab.distributed.allreduce_sweep`) and its
+    latency and bus bandwidth from the alpha-beta fit of the whole sweep
+    (:func:`perflab.distributed.alpha_beta`), not from one size (the smallest carried set-up cost)."""
     backend = "nccl" if gpu_count() >= 2 else "gloo"
     result = distributed.allreduce_sweep(s[backend], nproc=2, backend=backend)
-    card.curves["allreduce"] = {"backend": backend, "nbytes": [p.nbytes for p in result.points],
-                                "seconds": [p.seconds for p in result.points], "busbw": [p.busbw for p in result.points]}
+    fit = distributed.alpha_beta(result)
+    card.curves["allreduce"] = {
+        "backend": backend, "timer": result.timer, "nbytes": [p.nbytes for p in result.points],
+        "seconds": [p.seconds for p in result.points], "busbw": [p.busbw for p in result.points],
+        "alpha_s": fit.alpha_s, "fit_busbw": fit.busbw, "fit_rms": fit.rms_relative}
     theory, source = (None, None)
     if backend == "nccl":
         theory, source, _ = _nvlink_theory()
     best = max(result.points, key=lambda p: p.busbw)
-    card.add("allreduce_busbw_GBps", "collective", f"all-reduce busbw, {backend}, {best.nbytes >> 20} MiB",
+    card.add("allreduce_busbw_GBps", "collective", f"all-reduce busbw, {backend}, {format_bytes(best.nbytes)}",
              best.busbw / 1e9, "GB/s", theory, source, context=backend)
-    card.add("allreduce_latency_us", "collective", f"all-reduce of {result.points[0].nbytes >> 10} KiB, {backend}",
-             result.points[0].seconds * 1e6, "us", context=backend)
+    card.add("allreduce_fit_busbw_GBps", "collective", f"all-reduce busbw (a-b fit), {backend}",
+             fit.busbw / 1e9, "GB/s", theory, source, context=backend)
+    if fit.alpha_s > 0:
+        # context: the backend and the method (a latency read off the smallest size is another figure)
+        card.add("allreduce_latency_us", "collective", f"all-reduce latency (a-b fit), {backend}",
+                 fit.alpha_s * 1e6, "us", context=f"{backend}, {LATENCY_METHOD}")
+    else:
+        card.note(f"the alpha-beta fit of the all-reduce sweep put the latency at {fit.alpha_s * 1e6:.1f} us "
+                  f"(RMS residual {fit.rms_relative:.0%}): no latency reported")
+    if fit.rms_relative > 0.15:
+        card.note(f"the alpha-beta model misses the all-reduce times by {fit.rms_relative:.0%} (RMS): its latency "
+                  "and bus bandwidth are averages over the sweep")
 
 
 def measure(quick: bool = False, progress: bool = True, disk_dir: str | None = None) -> dict:

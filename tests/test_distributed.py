@@ -61,6 +61,9 @@ def test_gloo_allreduce_between_two_cpu_processes():
         assert p.busbw == pytest.approx(p.algbw)          # n = 2
     assert result.peak_busbw == max(p.busbw for p in result.points)
     assert result.timer == "perf_counter"
+    # rank 0 sampled the clock its timed part ran at (here the CPU's) and sent it back
+    assert result.telemetry["sentence"].startswith("measured over")
+    assert result.telemetry["source"] in ("/proc/cpuinfo", "none")
 
 
 def test_a_failing_worker_raises_with_its_output():

@@ -4,6 +4,9 @@ Every launch carries its own timeout (the launcher kills torchrun's whole sessio
 can hang; sizes are tiny and each world size is one launch that batches all the tasks.
 """
 
+import statistics
+from collections import Counter
+
 import pytest
 
 from perflab import parallel as P
@@ -58,6 +61,42 @@ def test_overlap_from_trace_gpu_and_cpu():
         P.overlap_from_trace({})
 
 
+def test_interleaved_rounds_rotate_the_order_so_a_drift_reaches_every_step_alike():
+    # three equally fast steps on a machine that slows down by 2 % with every call (GPUs
+    # heating toward their power limit): the true ratio of any two steps is 1
+    calls = []
+
+    def heating(step):
+        calls.append(step())
+        return 1.0 + 0.02 * (len(calls) - 1)
+
+    names = ["single", "manual", "ddp"]
+    steps = {n: (lambda n=n: n) for n in names}
+    times, orders = P.interleaved_rounds(steps, heating, rounds=6)
+    assert orders[:3] == [names, ["manual", "ddp", "single"], ["ddp", "single", "manual"]]
+    assert orders[3:] == orders[:3] and calls == [n for o in orders for n in o]
+    assert all(len(times[n]) == 6 for n in names)
+    # each step ran twice in each position of a round
+    for n in names:
+        assert Counter(o.index(n) for o in orders) == {0: 2, 1: 2, 2: 2}
+    interleaved = statistics.median(times["single"]) / statistics.median(times["ddp"])
+    # the same 18 calls one step after the other, DDP last, read DDP 19 % slow
+    k = iter(range(18))
+    one_after_another = {n: [1.0 + 0.02 * next(k) for _ in range(6)] for n in names}
+    sequential = (statistics.median(one_after_another["single"])
+                  / statistics.median(one_after_another["ddp"]))
+    assert sequential < 0.85
+    assert abs(interleaved - 1) < 0.02
+
+
+def test_interleaved_rounds_reject_bad_arguments():
+    with pytest.raises(ValueError, match="steps"):
+        P.interleaved_rounds({}, lambda fn: 1.0, 3)
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="rounds"):
+            P.interleaved_rounds({"a": lambda: None}, lambda fn: 1.0, bad)
+
+
 def test_pick_for_follows_the_workers_backend(monkeypatch):
     monkeypatch.delenv("PERFLAB_FORCE_CPU_SIZES", raising=False)
     assert P.pick_for("gloo", 1, 2) == 1 and P.pick_for("nccl", 1, 2) == 2
@@ -94,7 +133,7 @@ def runs(tmp_path_factory):
             {"name": "sweep", "args": {"sizes": [4096, 65536], "max_iters": 3,
                                        "ops": ["all_reduce", "all_gather", "reduce_scatter",
                                                "broadcast", "all_to_all"]}},
-            {"name": "manual_vs_ddp", "args": dict(TINY, check_steps=2)},
+            {"name": "manual_vs_ddp", "args": dict(TINY, check_steps=2, rounds=3)},
             {"name": "buckets", "args": dict(TINY, bucket_mbs=[0.001, 1])},
             {"name": "overlap", "args": {"width": 16, "depth": 2, "batch": 4, "bucket_mb": 0.001, "steps": 2}},
             {"name": "no_sync", "args": {"accum": 3}},
@@ -137,6 +176,12 @@ def test_every_task_on_world_size(runs, n):
     mv = res[0]["manual_vs_ddp"]
     assert mv["max_param_diff"] < 1e-12
     assert all(mv[k] > 0 for k in ("single_s", "manual_s", "ddp_s", "allreduce_s"))
+    # the three steps were timed in three interleaved rounds, each reported as its median
+    assert mv["round_orders"] == [["single", "manual", "ddp"], ["manual", "ddp", "single"],
+                                  ["ddp", "single", "manual"]]
+    for k in ("single", "manual", "ddp"):
+        assert len(mv[k + "_rounds_s"]) == 3
+        assert mv[k + "_s"] == statistics.median(mv[k + "_rounds_s"])
     assert set(res[0]["buckets"]["step_s"]) == {"0.001", "1.0"}
     ov = res[0]["overlap"]
     assert ov["comm_s"] > 0 and 0 <= ov["overlap_fraction"] <= 1
@@ -173,6 +218,9 @@ def test_a_hung_rank_ends_in_the_process_group_timeout():
     assert "timed out" in f.first_error.lower() and "torch.distributed.run" not in f.first_error
     # the job ended after the 2 s timeout, measured from the moment a rank started to wait
     assert 2 <= f.after_wait_s < f.seconds
+    # the waiting rank ran with the fail-fast settings, NCCL's heartbeat monitor off among them
+    assert f.rank_env == P.FAIL_FAST_ENV
+    assert f.rank_env["TORCH_NCCL_ENABLE_MONITORING"] == "0"
 
 
 NCCL_TIMEOUT_OUTPUT = """\
@@ -207,6 +255,20 @@ def test_an_nccl_timeout_is_reported_by_the_ranks_own_watchdog_line():
     assert P._wait_start("no marker") is None
 
 
+def test_the_ranks_environment_line_is_read_and_never_taken_for_the_error():
+    from perflab.distributed import _failure
+
+    out = ('[rank1]:perflab-hang-env {"TORCH_NCCL_ENABLE_MONITORING": "0", '
+           '"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}\n'
+           "[rank1]: the collective hit its timeout after 3 s\n")
+    err = _failure("torchrun exited with status 1", ["torchrun"], out)
+    f = P.Failure(4.0, str(err), out)
+    assert f.first_error == "[rank1]: the collective hit its timeout after 3 s"
+    assert P._rank_env(out) == {"TORCH_NCCL_ENABLE_MONITORING": "0",
+                                "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}
+    assert P._rank_env("no marker") is None
+
+
 def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
     from perflab.distributed import LaunchError
 
@@ -219,6 +281,7 @@ def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
     monkeypatch.setattr(P, "launch", fake_launch)
     f = P.expect_failure([{"name": "hang"}], env={"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"})
     assert seen["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert seen["TORCH_NCCL_ENABLE_MONITORING"] == "0"   # no heartbeat monitor's wait
     assert seen["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"   # the caller's env wins
     assert f.after_wait_s > 0 and f.output.startswith("perflab-hang")
 

@@ -40,7 +40,8 @@ def test_cli_measures_prints_one_page_and_writes_json(cli_run):
     card = json.loads(out.read_text())
     assert card["schema"] == report.SCHEMA and card["failures"] == [] and card["quick"] is True
     for name in ("cpu_memory_bandwidth_GBps", "cpu_memory_bandwidth_1thread_GBps", "cpu_matmul_gflops_fp32",
-                 "disk_seq_cold_GBps", "disk_rand_cold_iops", "allreduce_busbw_GBps", "allreduce_latency_us"):
+                 "disk_seq_cold_GBps", "disk_rand_cold_iops", "allreduce_busbw_GBps", "allreduce_latency_us",
+                 "allreduce_fit_busbw_GBps"):
         value = card["metrics"][name]["value"]
         assert math.isfinite(value) and value > 0, name
         assert card["metrics"][name]["label"] in page or card["metrics"][name]["label"][:50] in page
@@ -137,3 +138,68 @@ def test_a_bad_json_path_is_one_line_and_exit_2_before_measuring(tmp_path, where
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "nothing measured" in done.stderr
     assert not (tmp_path / "nope").exists()
+
+
+def test_l2_row_is_chapter_2s_graph_replayed_copy_fit(monkeypatch):
+    """The card's L2 / HBM ratio comes from perflab.gpu.graph_copy_sweep and the fixed-cost fit
+    over chapter 2's sizes and ranges (a synthetic curve: 10 TB/s in L2, 4 TB/s from HBM, 1 us
+    fixed cost per copy), not from a second implementation."""
+    from perflab.caches import WorkingSetPoint, geometric_sizes
+
+    l2, asked = 60 * 2**20, {}
+
+    def fake_sweep(device, sizes, **kwargs):
+        asked["device"], asked["sizes"] = device, list(sizes)
+        return [WorkingSetPoint(n, n / (1e-6 + n / (10e12 if n <= l2 / 2 else 4e12))) for n in sizes]
+
+    monkeypatch.setattr(report.gpu, "graph_copy_sweep", fake_sweep)
+    card = report.Card()
+    report._l2(card, report._sizes(quick=False), "cpu", l2)
+    assert asked["sizes"] == geometric_sizes(2 * 2**20, 2**30, per_octave=4)   # chapter 2's sweep
+    assert card.metrics["l2_bandwidth_ratio"].value == pytest.approx(2.5, rel=1e-6)
+    assert card.curves["gpu_l2"]["fixed_s"] == pytest.approx(1e-6, rel=1e-6)
+    # the stored curve has the fixed cost taken out: the in-L2 points read 10 TB/s
+    inside = [b for n, b in zip(card.curves["gpu_l2"]["nbytes"], card.curves["gpu_l2"]["bytes_per_s"])
+              if n <= l2 / 2]
+    assert inside and all(b == pytest.approx(10e12, rel=1e-6) for b in inside)
+    step = card.metrics["gpu_l2_from_curve_MiB"]
+    assert 15 <= step.value <= 60 and step.datasheet == 60
+    assert len(card.metrics["l2_bandwidth_ratio"].label) <= 35
+    assert card.metrics["l2_bandwidth_ratio"].context == step.context == "CUDA-graph copies"
+
+
+def _sweep(alpha, busbw, sizes=(4096, 2**16, 2**20, 2**24)):
+    """A gloo sweep on 2 ranks whose times follow t = alpha + S / busbw exactly (alpha may be < 0)."""
+    from perflab import distributed as D
+
+    pts = tuple(D.AllReducePoint(s, alpha + s / busbw, 10, s / (alpha + s / busbw), s / (alpha + s / busbw))
+                for s in sizes)
+    return D.AllReduceResult("gloo", 2, "cpu", pts, {}, "perf_counter")
+
+
+def test_allreduce_latency_is_the_alpha_beta_intercept_not_the_first_size(monkeypatch):
+    """Chapter 2 glues alpha of the alpha-beta fit as the all-reduce latency; the card reports the same."""
+    monkeypatch.setattr(report, "gpu_count", lambda: 0)
+    monkeypatch.setattr(report.distributed, "allreduce_sweep", lambda *a, **k: _sweep(50e-6, 2e9))
+    card = report.Card()
+    report._allreduce(card, report._sizes(quick=True))
+    first = card.curves["allreduce"]["seconds"][0]
+    assert card.metrics["allreduce_latency_us"].value == pytest.approx(50.0, rel=1e-6)
+    assert first * 1e6 > 50.0 * 1.01                   # the first size's time is not the latency
+    assert card.metrics["allreduce_fit_busbw_GBps"].value == pytest.approx(2.0, rel=1e-6)
+    assert card.metrics["allreduce_latency_us"].context == "gloo, alpha-beta fit"
+    # a reference card whose latency was read off the smallest size (context "gloo") is not compared
+    old = {"metrics": {"allreduce_latency_us": {"value": 60.0, "context": "gloo"}}}
+    assert report.ratios({"metrics": {k: vars(m) for k, m in card.metrics.items()}}, old) == {}
+    assert all(len(m.label) <= 35 for m in card.metrics.values())
+    assert card.notes == []
+
+
+def test_a_fit_without_a_positive_latency_is_a_note_not_a_metric(monkeypatch):
+    monkeypatch.setattr(report, "gpu_count", lambda: 0)
+    monkeypatch.setattr(report.distributed, "allreduce_sweep",
+                        lambda *a, **k: _sweep(-5e-6, 2e9, (2**20, 2**22, 2**24)))
+    card = report.Card()
+    report._allreduce(card, report._sizes(quick=True))
+    assert "allreduce_latency_us" not in card.metrics
+    assert any("no latency reported" in n for n in card.notes)
