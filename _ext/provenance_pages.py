@@ -4,6 +4,11 @@ The executed notebooks carry ``metadata.reference_run`` (written by ``scripts/ex
 devices, driver, CUDA, torch, Python, start time, duration, SHA-256 of the source's code cells,
 git commit). At build time this extension turns it into what a reader sees:
 
+* **A badge at the top** of every notebook page: how many GPUs its reference run needs (the
+  front matter's ``perflab: {gpus: N}``, :func:`perflab.runs.required_gpus`), the run it shows
+  and whether that run is current; a page whose run is stale, or that keeps an older run while
+  its revised source waits in ``pending/``, says so there, in a warning box, not only in the
+  footer and on the status page.
 * **A footer** on every page built from an ``.ipynb``: "This page was run on ...". A notebook
   without a reference run gets a warning (so ``-W`` builds fail) rather than a silent page with no
   provenance. When the notebook's MyST source has changed since the run, the footer says so.
@@ -16,7 +21,8 @@ git commit). At build time this extension turns it into what a reader sees:
   ``_toc.yml`` (chapters, labs, tools) with its device(s), driver, torch, date, duration and
   whether it is current with its source (``reference_run.source_sha256`` compared with
   :func:`perflab.runs.source_code_sha256` of the ``.md``, as ``scripts/execute.py --check``
-  does). Pages holding the directive are re-read on every build, and a notebook page is re-read
+  does), the GPUs each needs, and the sources waiting in ``pending/`` with what they wait for.
+  Pages holding the directive are re-read on every build, and a notebook page is re-read
   when its source's code changes, so neither can go stale.
 * **No blank widget boxes**: ipywidgets views (tqdm progress bars, the roofline explorer) need a
   live kernel. Their outputs are dropped from the static pages, which show an equivalent static
@@ -164,10 +170,22 @@ def notebook_status(app, docname: str) -> dict | None:
     ``state`` (``current``, ``cpu``, ``stale``, ``missing``, ``no-metadata``) and ``words``
     (what the status page prints)."""
     src = Path(app.srcdir)
-    st = runs.status(src / f"{docname}.md", src / f"{docname}.ipynb")
+    md = src / f"{docname}.md"
+    st = runs.status(md, src / f"{docname}.ipynb")
     if st is None:
         return None
-    return {"run": st.run.as_metadata() if st.run else None, "state": st.state, "words": st.words}
+    myst = runs.is_myst_notebook(md)
+    later = runs.pending_replacement(md) if myst else None
+    return {"run": st.run.as_metadata() if st.run else None, "state": st.state, "words": st.words,
+            "gpus": runs.required_gpus(md) if myst else None,
+            "pending": str(later.relative_to(src)) if later else None}
+
+
+def gpus_text(gpus: int | None) -> str:
+    """``"1 GPU"``, ``"2 GPUs"`` (``"?"`` when the page declares nothing readable)."""
+    if gpus is None:
+        return "?"
+    return f"{gpus} GPU" + ("s" if gpus != 1 else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,6 +298,47 @@ def on_doctree_read(app, doctree) -> None:
         box["classes"].append("provenance-stale")
     sections = list(doctree.findall(nodes.section))
     (sections[0] if sections else doctree).append(box)
+    _add_badge(app, doctree, docname, run)
+
+
+def badge_words(status: dict, run: dict) -> tuple[str, str | None]:
+    """The badge line at the top of a notebook page and, when the run shown is not a current
+    one, the warning a reader must see before the outputs (None when it is current)."""
+    line = (f"Needs {gpus_text(status.get('gpus'))} · reference run: "
+            f"{short_devices(run.get('devices'))}, {run_date(run)} · ")
+    if status.get("pending"):
+        return (line + "an older source's run",
+                f"The outputs on this page come from the run of {run_date(run)} on "
+                f"{short_devices(run.get('devices'))} of an older source. The revised page "
+                f"({status['pending']}) waits for a machine with {gpus_text(status.get('gpus'))}; "
+                "the note below lists what is known to be wrong in these outputs.")
+    if status["state"] == "current":
+        return line + "current with its source", None
+    if status["state"] == "stale":
+        return (line + "stale",
+                "This page's run is stale: " + status["words"].removeprefix("stale: ") + ". The "
+                "outputs shown are those of the code shown; the next reference run refreshes them.")
+    return line + status["words"], f"This page has no current GPU reference run ({status['words']})."
+
+
+def _add_badge(app, doctree, docname: str, run: dict) -> None:
+    status = notebook_status(app, docname)
+    if status is None:
+        return
+    line, warning = badge_words(status, run)
+    para = nodes.paragraph("", "", classes=["provenance-badge"])
+    para += nodes.Text(line + " · ")
+    para += _status_link(app, "run status")
+    nodes_ = [para]
+    if warning:
+        box = nodes.warning()
+        box += nodes.paragraph(text=warning)
+        nodes_.append(box)
+    sections = list(doctree.findall(nodes.section))
+    host = sections[0] if sections else doctree
+    at = 1 if host.children and isinstance(host.children[0], nodes.title) else 0
+    for k, node in enumerate(nodes_):
+        host.insert(at + k, node)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,15 +385,15 @@ class ProvenanceStatus(SphinxDirective):
         if "summary-only" in self.options:
             return [summary]
 
-        headers = ["page", "current with its source", "device(s)", "driver", "torch", "started (UTC)",
-                   "duration"]
+        headers = ["page", "needs", "current with its source", "device(s)", "driver", "torch",
+                   "started (UTC)", "duration"]
         tables: list[nodes.Node] = []
         for part in dict.fromkeys(part for part, _, _ in rows):
             table = nodes.table(classes=["provenance-status-table"])
             table += nodes.title(text=part or "Notebooks")
             group = nodes.tgroup(cols=len(headers))
             table += group
-            for width in (30, 22, 16, 10, 12, 14, 8):
+            for width in (28, 7, 22, 15, 10, 12, 14, 8):
                 group += nodes.colspec(colwidth=width)
             head = nodes.thead()
             row = nodes.row()
@@ -356,7 +415,10 @@ class ProvenanceStatus(SphinxDirective):
                 started = (run.get("started") or "").replace("T", " ").replace("Z", "")[:16]
                 duration = f"{float(run['duration_s']):.1f} s" if run.get("duration_s") is not None else ""
                 row = nodes.row(classes=[f"provenance-{status['state']}"])
-                for value in (link, f"{STATE_MARK[status['state']]} {status['words']}",
+                words = f"{STATE_MARK[status['state']]} {status['words']}"
+                if status.get("pending"):
+                    words += f"; an older source's run: the revised page waits in {status['pending']}"
+                for value in (link, gpus_text(status.get("gpus")), words,
                               short_devices(run.get("devices")) if run else "", run.get("driver") or "",
                               run.get("torch") or "", started, duration):
                     row += _cell(value)
@@ -369,7 +431,25 @@ class ProvenanceStatus(SphinxDirective):
             "✗ stale: the code changed after the run, or the run left no metadata; "
             "— the notebook has not been executed yet."))
         legend["classes"].append("provenance-status-legend")
-        return [summary, *tables, legend]
+        waiting = self._pending(app)
+        return [summary, *tables, legend, *waiting]
+
+    def _pending(self, app) -> list[nodes.Node]:
+        """The sources waiting in ``pending/`` (not in the book yet), with what each waits for."""
+        src = Path(app.srcdir)
+        found = runs.pending_sources(src)
+        if not found:
+            return []
+        para = nodes.paragraph(text=("Waiting, outside the book, for a machine kind that is not lent "
+                                     "now (pending/README.md says what each replaces or joins; CI "
+                                     "runs them on a CPU):"))
+        items = nodes.bullet_list()
+        for md in found:
+            item = nodes.list_item()
+            item += nodes.paragraph(text=f"{md.relative_to(src)}: needs "
+                                         f"{gpus_text(runs.required_gpus(md))}")
+            items += item
+        return [para, items]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,6 +14,11 @@ the status page) and the tests (``tests/test_reference_runs.py``).
   statically and transitively by :func:`perflab_modules`): a change to either makes the run
   stale, and :attr:`RunStatus.cause` says which (``"code"`` or ``"perflab"``, with the modules).
 * :func:`toc_files`, :func:`is_myst_notebook`: which files are notebooks of the book.
+* :func:`required_gpus`: how many GPUs a page's reference run needs, as its front matter
+  declares (``perflab: {gpus: N}``); :func:`pending_sources`, :func:`home`,
+  :func:`pending_replacement`: sources that wait, outside the table of contents, in
+  ``pending/`` for a machine kind that is not lent (``pending/book/X.md`` will become
+  ``book/X.md``, and runs with ``book/`` as its working folder meanwhile).
 
 Needs jupytext and PyYAML (the ``book`` extra); notebooks never import this module.
 """
@@ -42,7 +47,13 @@ __all__ = [
     "is_myst_notebook",
     "perflab_modules",
     "perflab_sha256",
+    "PENDING",
+    "home",
+    "pending_replacement",
+    "pending_sources",
+    "declares_gpus",
     "read",
+    "required_gpus",
     "source_code_sha256",
     "status",
     "toc_files",
@@ -426,3 +437,86 @@ def toc_files(toc: str | os.PathLike) -> list[str]:
 
     walk(yaml.safe_load(Path(toc).read_text()))
     return found
+
+
+#: The folder, at the repository's root, of sources waiting for a machine kind that is not lent.
+PENDING = "pending"
+
+
+def _front_matter(path: Path) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8")
+    if not text.startswith("---"):
+        return {}
+    end = text.find("\n---", 3)
+    if end < 0:
+        return {}
+    doc = yaml.safe_load(text[3:end]) or {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def required_gpus(source: str | os.PathLike) -> int:
+    """How many GPUs the reference run of a MyST notebook needs: its front matter's
+    ``perflab: {gpus: N}`` (written beside ``kernelspec``; jupytext carries it into the
+    notebook's metadata). A page with no declaration needs one GPU.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: ``source`` is not a MyST notebook, or ``gpus`` is not an integer >= 1.
+    """
+    path = Path(source)
+    if not is_myst_notebook(path):
+        raise ValueError(f"source={str(path)!r} is not a jupytext MyST notebook")
+    meta = _front_matter(path).get("perflab") or {}
+    gpus = meta.get("gpus", 1) if isinstance(meta, dict) else None
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"{path}: front matter 'perflab: gpus' must be an integer >= 1, got {gpus!r}")
+    return gpus
+
+
+def declares_gpus(source: str | os.PathLike) -> bool:
+    """True when a MyST notebook's front matter says how many GPUs it needs."""
+    meta = _front_matter(Path(source)).get("perflab")
+    return isinstance(meta, dict) and "gpus" in meta
+
+
+def _root_of(path: Path) -> Path:
+    """The repository root above ``path``: the folder holding ``_toc.yml``."""
+    for parent in path.resolve().parents:
+        if (parent / "_toc.yml").exists():
+            return parent
+    raise ValueError(f"{path}: not inside the course repository (no _toc.yml above it)")
+
+
+def pending_sources(root: str | os.PathLike) -> list[Path]:
+    """Every MyST notebook under ``root/pending/`` (sorted): sources that wait for a machine kind
+    that is not lent. They are not in the table of contents; CI executes them on a CPU."""
+    folder = Path(root) / PENDING
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob("*.md") if is_myst_notebook(p))
+
+
+def home(source: str | os.PathLike) -> Path:
+    """The folder a notebook runs in: its own, or, for ``pending/<dir>/X.md``, ``<dir>`` at the
+    root (where it will live once it has run), so its relative paths are the final ones."""
+    path = Path(source).resolve()
+    try:
+        rel = path.relative_to(_root_of(path) / PENDING)
+    except ValueError:
+        return path.parent
+    return _root_of(path) / rel.parent
+
+
+def pending_replacement(source: str | os.PathLike) -> Path | None:
+    """For a page of the book (``book/X.md``), its revised source waiting in
+    ``pending/book/X.md``, or None. A page with one keeps its older run on show (with a note of
+    its known defects) until the revised source has run."""
+    path = Path(source).resolve()
+    try:
+        root = _root_of(path)
+    except ValueError:  # a notebook outside the course repository has no pending/ beside it
+        return None
+    if path.is_relative_to(root / PENDING):
+        return None
+    candidate = root / PENDING / path.relative_to(root)
+    return candidate if candidate.exists() else None

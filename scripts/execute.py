@@ -27,18 +27,29 @@ tar: a run stopped at its time limit still brings back what it finished (a devic
 returns a few files only). Notebooks are written atomically, so the archive never holds half
 of one.
 
-On a machine without CUDA it refuses (one line, exit 2) to overwrite an ``.ipynb`` that holds a
-GPU reference run, unless ``--allow-cpu`` is given or ``--out`` sends the output elsewhere.
+Each page declares how many GPUs its reference run needs (front matter ``perflab: {gpus: N}``,
+:func:`perflab.runs.required_gpus`). A run refuses, in one line, to write the reference run of a
+page on a machine with fewer GPUs than it declares (exit 2 for a page named on the command line;
+in a run of the whole table of contents such a page is skipped with that line): ``--out DIR``
+writes a scratch run elsewhere instead. On a machine without CUDA it also refuses (one line,
+exit 2) to overwrite an ``.ipynb`` that holds a GPU reference run, unless ``--allow-cpu`` is
+given or ``--out`` sends the output elsewhere.
 
-``--check`` lists each notebook that is not current (:func:`perflab.runs.status`: missing, stale
+Sources that wait for a machine kind that is not lent live in ``pending/`` (outside the table of
+contents, :func:`perflab.runs.pending_sources`); ``pending/book/X.md`` runs with ``book/`` as its
+working folder (where it will live) and writes ``pending/book/X.ipynb``. ``--check`` lists them,
+and the pages that need more GPUs than one, with what they wait for, without failing on them.
+
+``--check`` lists each one-GPU notebook of the table of contents that is not current (:func:`perflab.runs.status`: missing, stale
 code, stale perflab modules, no metadata, not from a CUDA device) or whose prose differs (fix that
 with ``--sync``; the others need a run on a GPU machine), saying why. A run records, beside the
 hash of the notebook's code cells, a hash of each perflab module that code imports (found
 statically and transitively, :func:`perflab.runs.perflab_sha256`), so an edit to perflab marks
 the notebooks that run it stale and ``--check`` names the modules. Exit status of ``--check``:
-0 when every notebook is current; 3 when the only problem is perflab modules changed since the
-runs (the notebooks' own code and prose are current: re-run them on the GPU machine); 1 for
-anything else.
+0 when every one-GPU notebook is current; 3 when the only problem is perflab modules changed
+since the runs (the notebooks' own code and prose are current: re-run them on the GPU machine);
+1 for anything else. A page that needs several GPUs is listed with what it waits for and fails
+the check only when its code or prose no longer matches the run it shows.
 """
 
 from __future__ import annotations
@@ -98,14 +109,31 @@ def resolve(path: str) -> Path:
     return md.resolve()
 
 
-def default_notebooks() -> list[Path]:
-    """Every entry of ``_toc.yml`` that is a MyST notebook source, in book order."""
+def default_notebooks(pending: bool = False) -> list[Path]:
+    """Every entry of ``_toc.yml`` that is a MyST notebook source, in book order; with
+    ``pending``, then every source waiting in ``pending/``."""
     out = []
     for entry in runs.toc_files(ROOT / "_toc.yml"):
         md = ROOT / (entry if entry.endswith(".md") else entry + ".md")
         if md.exists() and runs.is_myst_notebook(md):
             out.append(md.resolve())
+    if pending:
+        out += [p.resolve() for p in runs.pending_sources(ROOT)]
     return out
+
+
+def gpus_here() -> int:
+    """CUDA devices this process can use (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def too_few_gpus(md: Path) -> str | None:
+    """One line when this machine has fewer GPUs than ``md`` declares, else None."""
+    need, have = runs.required_gpus(md), gpus_here()
+    if have >= need or (have == 0 and need == 1):
+        return None  # a CPU machine: the GPU-run guard in main() decides
+    return (f"{_rel(md)} needs {need} GPU(s) and this machine has {have}: its reference run is "
+            "not written here (use --out DIR for a scratch run)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,12 +154,52 @@ PERFLAB_STALE = "stale: perflab modules it imports changed since the run (re-run
 EXIT_PERFLAB_ONLY = 3   # --check: only perflab staleness (see the module docstring)
 
 
+def _rel(md: Path) -> Path:
+    return md.relative_to(ROOT) if md.is_relative_to(ROOT) else md
+
+
+def waiting(md: Path) -> str | None:
+    """One line saying what a page that needs several GPUs (or waits in ``pending/``) waits for,
+    or None for a one-GPU page of the table of contents (those must be current)."""
+    gpus = runs.required_gpus(md)
+    pending = md.is_relative_to(ROOT / runs.PENDING)
+    if gpus <= 1 and not pending:
+        return None
+    st = runs.status(md)
+    kind = f"a machine with {gpus} GPUs" if gpus > 1 else "its run"
+    if pending:
+        shown = "no reference run yet" if st.state == "missing" else f"run: {st.words}"
+        return f"{_rel(md)}: needs {gpus} GPU(s), waits in pending/ for {kind} ({shown})"
+    later = runs.pending_replacement(md)
+    run = st.run
+    shown = (f"shows the run of {run.started[:10]} on {run.devices_text}" if run and run.started
+             else st.words)
+    if later is not None:
+        return (f"{_rel(md)}: needs {gpus} GPUs; {shown} of an older source; its revised "
+                f"source {_rel(later)} waits for {kind}")
+    return f"{_rel(md)}: needs {gpus} GPUs; {shown} ({st.words})"
+
+
 def problems(md: Path) -> list[str]:
     """Why ``md``'s ``.ipynb`` is not a current reference run (empty list: it is): the staleness
     decision of :func:`perflab.runs.status`, plus prose that ``--sync`` would copy. A line for
-    perflab staleness alone contains :data:`PERFLAB_STALE`."""
-    rel = md.relative_to(ROOT) if md.is_relative_to(ROOT) else md
+    perflab staleness alone contains :data:`PERFLAB_STALE`. For a page that needs several GPUs
+    or waits in ``pending/`` (:func:`waiting`), only a run that no longer matches the page's code
+    or prose is a problem: the rest waits for its machine."""
+    rel = _rel(md)
     st = runs.status(md)
+    if waiting(md) is not None:
+        found = []
+        if st.state == "stale" and st.cause == "code" and runs.pending_replacement(md) is not None:
+            found.append(f"{rel}: {STATUS_WORDS['stale']}; the run it shows must stay the run of "
+                         "its code (revise the source in pending/ instead)")
+        if st.state not in ("missing",):
+            src = jupytext.read(md)
+            out = nbformat.read(md.with_suffix(".ipynb"), as_version=4)
+            if _cells(src, "markdown") != _cells(out, "markdown"):
+                found.append(f"{rel}: prose differs from the .ipynb (python scripts/execute.py "
+                             f"--sync {rel})")
+        return found
     if st.ok:
         found = []
     elif st.cause == "perflab":
@@ -243,7 +311,8 @@ def execute(md: Path, timeout_s: float, index: str, target: Path | None = None,
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.monotonic()
     client = NotebookClient(nb, timeout=int(timeout_s), kernel_name="python3",
-                            resources={"metadata": {"path": str(md.parent)}}, store_widget_state=True)
+                            resources={"metadata": {"path": str(runs.home(md))}},
+                            store_widget_state=True)
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     cell_seconds = []
     try:
@@ -293,7 +362,7 @@ def _write(nb, path: Path) -> None:
     os.replace(tmp, path)
 
 
-PACKED = ("book", "labs", "perflab/data")
+PACKED = ("book", "labs", "pending", "perflab/data")
 
 
 def pack(archive: Path, since: float, root: Path = ROOT, folders=PACKED) -> int:
@@ -392,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pack", type=Path, default=None, metavar="TGZ",
                         help="after each notebook, write every file the run has written under "
                              "book/, labs/ and perflab/data (and --out) to this gzip tar")
+    parser.add_argument("--pending", action="store_true",
+                        help="with no paths: also the sources waiting in pending/ (CI runs them on CPU)")
     parser.add_argument("--fresh-ceilings", action="store_true",
                         help="on a GPU, measure the run's ceilings again even if "
                              "perflab/data/reference_ceilings.json is from this machine")
@@ -405,7 +476,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     try:
-        notebooks = [resolve(p) for p in args.paths] if args.paths else default_notebooks()
+        notebooks = ([resolve(p) for p in args.paths] if args.paths
+                     else default_notebooks(pending=args.pending or args.check))
     except NotANotebook as err:
         print(f"execute.py: {err}", file=sys.stderr)
         return 2
@@ -417,8 +489,13 @@ def main(argv: list[str] | None = None) -> int:
         found = [p for md in notebooks for p in problems(md)]
         for line in found:
             print(line)
+        waits = [w for md in notebooks if (w := waiting(md)) is not None]
+        for line in waits:
+            print("waiting: " + line)
         if not found:
-            print(f"{len(notebooks)} notebook(s) carry a current reference run from a CUDA device")
+            print(f"{len(notebooks) - len(waits)} one-GPU notebook(s) carry a current reference "
+                  f"run from a CUDA device" + (f"; {len(waits)} wait(s) for a machine" if waits
+                                               else ""))
             return 0
         return EXIT_PERFLAB_ONLY if all(PERFLAB_STALE in line for line in found) else 1
 
@@ -426,6 +503,16 @@ def main(argv: list[str] | None = None) -> int:
         for md in notebooks:
             print(f"{md.name}: {'prose synced' if sync_prose(md) else 'not synced (missing, or code changed: run it)'}")
         return 0
+
+    if args.out is None:
+        short = [(md, why) for md in notebooks if (why := too_few_gpus(md)) is not None]
+        for md, why in short:
+            print(f"execute.py: {why}", file=sys.stderr)
+        if short and args.paths:
+            return 2
+        notebooks = [md for md in notebooks if md not in dict(short)]
+        if not notebooks:
+            return 2
 
     def target(md: Path) -> Path:
         if args.out is None:

@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import make_student  # noqa: E402
 from lab_wrong_solutions import WRONG  # noqa: E402
 
+from perflab import runs  # noqa: E402
 from perflab.exercises import ExerciseFailed  # noqa: E402
 
 CELL_TIMEOUT_S = 300       # a lab cell takes well under a minute on a loaded 2-core CPU
@@ -192,7 +193,7 @@ def lab_run(lab: Path) -> LabRun:
     run = LabRun(cells, {})
     busy = False
     prefix_ok = True                   # the cells before `shared` ran without an error
-    kernel = Kernel(lab.parent)        # the closing cells read ../book/NN_*.ipynb
+    kernel = Kernel(runs.home(lab))    # labs/ (pending labs too): closing cells read ../book/
     try:
         for i, cell in enumerate(cells):
             g = meta(cell)
@@ -239,7 +240,7 @@ def lab_run(lab: Path) -> LabRun:
     finally:
         kernel.close()
     if not run.student and run.student_error is None:
-        fresh = Kernel(lab.parent, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+        fresh = Kernel(runs.home(lab), env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
         try:
             run.student = _student_cells(fresh, student)
         except CellError as e:

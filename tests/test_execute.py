@@ -274,3 +274,59 @@ def test_check_names_the_perflab_modules_a_stale_run_depends_on(tmp_path):
     ipynb.write_text(json.dumps(nb))
     r = run("--check", md)
     assert r.returncode == 3 and "recorded no perflab hashes" in r.stdout
+
+
+def declare(md: Path, gpus: int) -> Path:
+    """Give a test notebook the front matter ``perflab: {gpus: N}``."""
+    text = md.read_text()
+    end = text.index("\n---", 3)
+    md.write_text(text[:end] + f"\nperflab:\n  gpus: {gpus}" + text[end:])
+    return md
+
+
+def test_a_page_is_not_run_on_a_machine_with_fewer_gpus_than_it_declares(tmp_path, monkeypatch):
+    two = declare(write_nb(tmp_path / "two.md", "x = 1"), 2)
+    one = declare(write_nb(tmp_path / "one.md", "x = 1"), 1)
+    monkeypatch.setattr(execute, "gpus_here", lambda: 1)
+    monkeypatch.setattr(execute.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(execute, "prepare_ceilings", lambda fresh: None)
+    r = run(two)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "needs 2 GPU(s) and this machine has 1" in r.stderr and "--out" in r.stderr
+    assert not two.with_suffix(".ipynb").exists()
+    monkeypatch.setattr(execute, "gpus_here", lambda: 2)   # enough GPUs: it runs
+    assert execute.too_few_gpus(two) is None and execute.too_few_gpus(one) is None
+    monkeypatch.setattr(execute, "gpus_here", lambda: 0)   # a CPU: the CPU guard decides
+    assert execute.too_few_gpus(one) is None and execute.too_few_gpus(two) is not None
+
+
+def test_a_bad_gpu_declaration_is_refused_naming_the_page(tmp_path):
+    from perflab import runs
+
+    md = declare(write_nb(tmp_path / "bad.md", "x = 1"), 0)
+    with pytest.raises(ValueError, match="bad.md.*gpus"):
+        runs.required_gpus(md)
+    md.write_text(md.read_text().replace("gpus: 0", "gpus: two"))
+    with pytest.raises(ValueError, match="gpus"):
+        runs.required_gpus(md)
+    assert runs.required_gpus(write_nb(tmp_path / "plain.md", "x = 1")) == 1
+    assert not runs.declares_gpus(tmp_path / "plain.md")
+
+
+def test_check_lists_multi_gpu_pages_with_what_they_wait_for_without_failing(tmp_path):
+    one = write_nb(tmp_path / "one.md", "x = 1")
+    two = declare(write_nb(tmp_path / "two.md", "y = 1"), 2)
+    for md in (one, two):
+        assert run("--out", tmp_path / "o", "--allow-cpu", md).returncode == 0
+        ipynb = (tmp_path / "o").rglob(md.stem + ".ipynb").__next__()
+        nb = json.loads(ipynb.read_text())
+        nb["metadata"]["reference_run"].update(devices=["NVIDIA H200"] * (2 if md is two else 1),
+                                               cuda="13.0")
+        md.with_suffix(".ipynb").write_text(json.dumps(nb))
+    write_nb(two, "y = 2")       # its code moved on: a page that needs 2 GPUs waits, it does not fail
+    declare(two, 2)
+    r = run("--check", one, two)
+    assert r.returncode == 0, r.stdout
+    assert "waiting: " in r.stdout and "needs 2 GPUs" in r.stdout
+    write_nb(one, "x = 2")       # a one-GPU page that is stale fails
+    assert run("--check", one, two).returncode == 1

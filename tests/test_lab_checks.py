@@ -22,11 +22,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
+from pages import lab_sources  # noqa: E402
 import make_student  # noqa: E402
 from lab_runs import CellError, grade_index, lab_run, meta  # noqa: E402
 from lab_wrong_solutions import WRONG  # noqa: E402
 
-LABS = sorted((ROOT / "labs").glob("*.md"))
+LABS = lab_sources()  # labs/ and pending/labs/ (tests/pages.py)
 
 
 @pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])

@@ -8,10 +8,12 @@ import jupytext
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from pages import lab_sources  # noqa: E402
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_student  # noqa: E402
 
-LABS = sorted((ROOT / "labs").glob("*.md"))
+LABS = lab_sources()  # labs/ and pending/labs/ (tests/pages.py)
 
 
 def test_strip_code_replaces_solutions_and_drops_hidden_tests():

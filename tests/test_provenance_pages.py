@@ -250,3 +250,18 @@ def test_mathjax_is_vendored_from_the_npm_tarball_and_checked(tmp_path, monkeypa
     assert (root / "mathjax" / "tex-mml-chtml.js").read_bytes() == b"// mathjax"
     assert (root / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2" / "a.woff").exists()
     assert not (root / "mathjax" / "sre").exists()
+
+
+def test_the_badge_says_what_a_page_needs_and_warns_when_its_run_is_not_current():
+    run = {"devices": ["NVIDIA H200"], "started": "2026-12-02T10:00:00Z", "cuda": "13.0"}
+    line, warning = PP.badge_words({"state": "current", "words": "current", "gpus": 1,
+                                     "pending": None}, run)
+    assert line.startswith("Needs 1 GPU · reference run: NVIDIA H200, 2026-12-02")
+    assert warning is None
+    line, warning = PP.badge_words({"state": "stale", "words": "stale: code changed since the run",
+                                     "gpus": 1, "pending": None}, run)
+    assert "stale" in line and "code changed since the run" in warning
+    line, warning = PP.badge_words({"state": "stale", "words": "stale: perflab changed", "gpus": 2,
+                                     "pending": "pending/book/08_x.md"}, run)
+    assert line.startswith("Needs 2 GPUs") and "pending/book/08_x.md" in warning
+    assert "older source" in warning and "known to be wrong" in warning

@@ -23,10 +23,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
+from pages import lab_sources  # noqa: E402
 import make_student  # noqa: E402
 from lab_runs import lab_run  # noqa: E402
 
-LABS = sorted((ROOT / "labs").glob("*.md"))
+LABS = lab_sources()  # labs/ and pending/labs/ (tests/pages.py)
 NOT_DONE = re.compile(r"^Exercise (\S+( to \S+)?) is not done yet: [^\n]+\.$")
 
 
