@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ import torch
 from . import exercises
 from .compiler import graph_breaks
 from .exercises import ExerciseFailed
-from .timing import benchmark
+from .timing import benchmark, paired_ratio
 
 __all__ = [
     "check_fused_speedup",
@@ -359,32 +358,6 @@ def _not_done(exercise: int, what: str):
 CPU_TIMING_NUMEL = 2**24
 
 
-def _paired_ratio(base: Callable[[], object], candidate: Callable[[], object],
-                  pairs: int = 15, block_s: float = 0.01) -> float:
-    """Median over ``pairs`` of (time of a block of ``base`` calls / time of ``candidate``'s).
-
-    CPU only (host clock, no synchronization). Each block runs the same number of calls,
-    chosen so that a block of ``base`` lasts about ``block_s`` seconds; the two blocks of a
-    pair run back to back, in alternating order, after one warm-up block each.
-    """
-    def block(fn: Callable[[], object], calls: int) -> float:
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (time.perf_counter() - start) / calls
-
-    block(base, 2), block(candidate, 2)
-    calls = max(1, int(block_s / block(base, 2)))
-    ratios = []
-    for i in range(pairs):
-        if i % 2:
-            cand = block(candidate, calls)
-            ratios.append(block(base, calls) / cand)
-        else:
-            ratios.append(block(base, calls) / block(candidate, calls))
-    return statistics.median(ratios)
-
-
 def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: float = 1.3,
                         exercise: int = 1, cpu_minimum: float = 1.2) -> float:
     """Lab check: ``fused(x, a, y, b)`` equals ``a*x + b*y`` and beats the eager composition.
@@ -435,8 +408,8 @@ def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: flo
             raise ExerciseFailed(f"✗ Exercise {exercise}: your operator's result differs from "
                                  "1.5 * x - 0.25 * y.")
         if dev.type == "cpu":
-            ratio = _paired_ratio(lambda: axpby_eager(x, 1.5, y, -0.25),
-                                  lambda: fused(x, 1.5, y, -0.25))
+            ratio, _ = paired_ratio(lambda: axpby_eager(x, 1.5, y, -0.25),
+                                    lambda: fused(x, 1.5, y, -0.25))
             minimum = cpu_minimum
         else:
             # three alternating rounds, the best of each: a burst of load during one

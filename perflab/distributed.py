@@ -174,8 +174,16 @@ def gpu_link(text: str, src: int = 0, dst: int = 1) -> str | None:
 # Launching
 # ---------------------------------------------------------------------------------------------
 
-def _child_env(backend: str, extra: dict | None) -> dict:
+def _child_env(backend: str, extra: dict | None, scratch: str | os.PathLike | None = None) -> dict:
+    """The environment of a ``torchrun`` launch: perflab importable, NVLink multicast off, and,
+    with ``scratch``, every temporary file of torchrun and its workers (torchrun's
+    ``torchelastic_*`` log folders, Inductor's precompiled headers, ``tempfile`` users) inside
+    ``scratch/tmp``, a folder of the launch's own scratch directory, removed with it."""
     env = dict(os.environ)
+    if scratch is not None:
+        tmp = Path(scratch) / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(tmp)
     package_parent = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = package_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast on the course's machines
@@ -264,7 +272,7 @@ def launch(
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                "-m", "perflab.distributed", "--backend", backend, "--out", str(out), *map(str, task_args)]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=_child_env(backend, env), start_new_session=True)
+                                env=_child_env(backend, env, scratch=tmp), start_new_session=True)
         try:
             output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -344,7 +344,7 @@ def launch(
             rid = f"perflab-{uuid.uuid4().hex[:8]}"
             cmds = [base + ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
                             f"--rdzv-id={rid}"] + worker for _ in range(2)]
-        envs = [_child_env(backend, env) for _ in cmds]
+        envs = [_child_env(backend, env, scratch=tmp) for _ in cmds]
         if backend == "nccl" and nnodes > 1:  # each "node" sees its own GPUs, as on two machines
             visible = envs[0].get("CUDA_VISIBLE_DEVICES")
             gpus = visible.split(",") if visible else [str(i) for i in range(gpu_count())]

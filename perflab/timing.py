@@ -21,7 +21,7 @@ import torch
 from torch.utils import benchmark as tub
 
 __all__ = ["CacheTiming", "Timing", "benchmark", "event_timer", "flush_l2", "hot_and_cold",
-           "order_effect", "synchronize"]
+           "order_effect", "paired_ratio", "synchronize"]
 
 
 @dataclass(frozen=True)
@@ -319,3 +319,55 @@ def order_effect(first: tuple[float, float], second: tuple[float, float],
     if r1 < lo and r2 < lo:
         return "b slower"
     return "same"
+
+
+def paired_ratio(base: Callable[[], object], candidate: Callable[[], object],
+                 device: torch.device | str = "cpu", pairs: int = 15,
+                 block_s: float = 0.01) -> tuple[float, tuple[float, ...]]:
+    """How many times faster ``candidate`` is than ``base``, robust to a shared machine's load.
+
+    Each *pair* times a block of ``base`` calls and a block of ``candidate`` calls back to back
+    (alternating which goes first), the device synchronized around each block; the ratio of a
+    pair is (base seconds per call) / (candidate seconds per call), and the result is the median
+    over ``pairs`` pairs. A busy machine's load comes in bursts that slow both blocks of a pair
+    alike, where the best of a few separate runs of each can land in different bursts (a 2-core
+    CI machine read an 8 -> 16 batch change, about 2x, as above 3x that way). Every block runs
+    the same number of calls, chosen after a warm-up block of two calls each so that a block of ``base``
+    lasts about ``block_s`` seconds.
+
+    Args:
+        base, candidate: callables of no argument (the slow and the fast version of one work).
+        device: where they run (synchronized around each block on CUDA).
+        pairs: number of pairs (odd keeps the median one of them), >= 1.
+        block_s: seconds a block of ``base`` should last, > 0.
+
+    Returns:
+        ``(median ratio, every pair's ratio)``.
+
+    Raises:
+        ValueError: ``pairs`` < 1 or ``block_s`` <= 0.
+    """
+    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
+        raise ValueError(f"pairs must be an integer >= 1, got {pairs!r}")
+    if not block_s > 0:
+        raise ValueError(f"block_s must be > 0, got {block_s!r}")
+    dev = torch.device(device)
+
+    def block(fn: Callable[[], object], calls: int) -> float:
+        synchronize(dev)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        synchronize(dev)
+        return (time.perf_counter() - start) / calls
+
+    block(base, 2), block(candidate, 2)
+    calls = max(1, int(block_s / block(base, 2)))
+    ratios = []
+    for i in range(pairs):
+        if i % 2:
+            cand = block(candidate, calls)
+            ratios.append(block(base, calls) / cand)
+        else:
+            ratios.append(block(base, calls) / block(candidate, calls))
+    return statistics.median(ratios), tuple(ratios)
