@@ -93,3 +93,27 @@ def test_order_effect_separates_drift_from_the_timer():
         timing.order_effect((0.0, 1.0), (1.0, 1.0))
     with pytest.raises(ValueError, match="tolerance"):
         timing.order_effect((1.0, 1.0), (1.0, 1.0), tolerance=-1)
+
+
+def test_paired_ratio_is_the_median_of_back_to_back_pairs(monkeypatch):
+    """With a fake clock (base costs 3 ticks a call, candidate 1, one pair disturbed by a burst
+    of 100 ticks), the ratio is 3: the burst moves one pair, not the median."""
+    from perflab import timing
+
+    clock = {"t": 0.0, "calls": 0}
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock["t"])
+
+    def base():
+        clock["calls"] += 1
+        clock["t"] += 3e-3 + (0.1 if clock["calls"] == 12 else 0.0)
+
+    def candidate():
+        clock["t"] += 1e-3
+
+    ratio, pairs = timing.paired_ratio(base, candidate, "cpu", pairs=5, block_s=0.01)
+    assert ratio == pytest.approx(3.0) and len(pairs) == 5
+    assert max(pairs) > 3.5             # the disturbed pair, outvoted
+    with pytest.raises(ValueError, match="pairs"):
+        timing.paired_ratio(base, candidate, pairs=0)
+    with pytest.raises(ValueError, match="block_s"):
+        timing.paired_ratio(base, candidate, block_s=0)
