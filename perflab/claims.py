@@ -11,6 +11,10 @@ differently. Two tools keep prose honest:
   when any committed notebook holds an expectation that its own run contradicts
   (:func:`failed_expectations`).
 
+:func:`compare` is the claim behind every prediction: it glues the sentence that says how a
+measurement compares with the number predicted for it, two-sided (a measurement far *below* its
+prediction is a miss too), and returns whether it falls inside the stated band.
+
 :func:`relation` turns two measured values into words ("2.3x faster than", "about the same as")
 with a stated tolerance, for use inside :func:`claim` or glued sentences.
 """
@@ -25,7 +29,7 @@ import numpy as np
 
 from .provenance import glue, read_glued
 
-__all__ = ["EXPECT_PREFIX", "claim", "expect", "failed_expectations", "relation"]
+__all__ = ["EXPECT_PREFIX", "claim", "compare", "expect", "failed_expectations", "relation"]
 
 EXPECT_PREFIX = "expect_"
 
@@ -125,3 +129,41 @@ def relation(a: float, b: float, quantity: str = "time", tolerance: float = 0.1)
     faster = ratio < 1 if quantity == "time" else ratio > 1
     factor = max(ratio, 1 / ratio)
     return f"{factor:.1f}x {'faster' if faster else 'slower'} than"
+
+
+def _ratio_words(ratio: float) -> str:
+    return f"{ratio:.2f}" if 0.1 <= ratio < 10 else f"{ratio:.3g}"
+
+
+def compare(name: str, measured: float, predicted: float, tolerance: float = 0.25) -> bool:
+    """Glue, under ``name``, how ``measured`` compares with ``predicted``; True when it is within
+    ``tolerance`` (relative, both sides) of it.
+
+    The sentence is a clause to follow a glued measurement: ``"within 25 % of the prediction
+    (0.93x it)"`` or ``"1.7x the prediction, outside its 25 % band"``. A miss is a miss on either
+    side: a step predicted at 2 ms that takes 0.5 ms means the model is wrong as surely as one
+    that takes 8 ms. The caller explains a miss with an experiment on the page; this function
+    only reports it.
+
+    Args:
+        name: glue name (a Python identifier).
+        measured, predicted: positive finite numbers of the same unit.
+        tolerance: half-width of the band, relative to ``predicted`` (0 < tolerance < 1).
+
+    Raises:
+        ValueError: a bad name, a value that is not positive and finite, or a tolerance outside
+            (0, 1).
+    """
+    _check_name(name)
+    for label, v in (("measured", measured), ("predicted", predicted)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
+                or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{label} must be a positive finite number, got {v!r}")
+    if not 0 < tolerance < 1:
+        raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
+    ratio = float(measured) / float(predicted)
+    holds = abs(ratio - 1) <= tolerance
+    band = f"{tolerance:.0%}".replace("%", " %")
+    claim(name, holds, f"within {band} of the prediction ({_ratio_words(ratio)}x it)",
+          f"{_ratio_words(ratio)}x the prediction, outside its {band} band")
+    return holds

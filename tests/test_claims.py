@@ -60,3 +60,17 @@ def test_relation_rejects_bad_values():
 def test_failed_expectations_read_from_a_notebook(tmp_path, monkeypatch):
     monkeypatch.setattr(claims, "read_glued", lambda p: {"expect_a": True, "expect_b": False, "x": 1})
     assert claims.failed_expectations(tmp_path / "nb.ipynb") == ["b"]
+
+
+def test_compare_is_two_sided_and_states_the_ratio(glued):
+    assert claims.compare("hit", 0.9, 1.0) is True
+    assert glued["hit"] == "within 25 % of the prediction (0.90x it)"
+    assert claims.compare("high", 1.7, 1.0) is False
+    assert glued["high"] == "1.70x the prediction, outside its 25 % band"
+    assert claims.compare("low", 0.5, 1.0, tolerance=0.1) is False     # below is a miss too
+    assert "outside its 10 % band" in glued["low"]
+    for bad in [(0.0, 1.0), (1.0, float("inf")), (True, 1.0)]:
+        with pytest.raises(ValueError):
+            claims.compare("x", *bad)
+    with pytest.raises(ValueError):
+        claims.compare("x", 1.0, 1.0, tolerance=1.5)
