@@ -8,8 +8,7 @@ Four groups of helpers, one per question chapter 7 asks:
   per-layer count follows Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
   Transformer Models", section 4.1, redone for this module's float32 blocks without dropout).
 * **The model.** :class:`BlockStackConfig` and :class:`BlockStack`: pre-LayerNorm transformer
-  blocks with written-out attention (so the ``a s^2 b`` attention-score term is there to see),
-  with ``checkpoint="none" | "full" | "selective"``.
+  blocks with written-out attention (so the ``a s^2 b`` attention-score term is there to see).
 * **What does it take?** :func:`saved_bytes` (saved tensors through
   ``torch.autograd.graph.saved_tensors_hooks``, via :mod:`perflab.autograd`), :func:`peak_bytes`
   (the CUDA caching allocator's counters on a GPU; the profiler's memory events on a CPU, where
@@ -30,7 +29,6 @@ Units: bytes unless a name says otherwise.
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import json
 import math
@@ -39,6 +37,8 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import time
+import warnings
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +57,7 @@ __all__ = [
     "check_no_leak",
     "check_largest_allocation",
     "ADAM_BYTES_PER_PARAM",
+    "MARK_BYTES",
     "Block",
     "BlockStack",
     "BlockStackConfig",
@@ -67,18 +68,24 @@ __all__ = [
     "allocator_rounding",
     "allocator_experiment",
     "block_tensor_bytes",
+    "copy_profile",
     "cpu_memory_trace",
     "driver_view",
     "freed_without_gc",
+    "gradient_tolerance",
     "largest_allocation",
+    "live_at_peak",
     "load_snapshot",
     "load_snapshot_config",
+    "mark",
     "max_relative_difference",
     "name_allocation",
     "measure_phases",
+    "memory_timeline",
     "optimizer_in_backward",
     "param_count",
     "peak_bytes",
+    "phase_bounds",
     "record_snapshot",
     "run_allocator_experiment",
     "save_snapshot",
@@ -134,15 +141,6 @@ class BlockStackConfig:
             raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
 
 
-def _save_matmuls_policy(ctx, op, *args, **kwargs):
-    """Selective checkpointing: keep the outputs of the Linear layers' matrix products."""
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    if op in (torch.ops.aten.addmm.default, torch.ops.aten.mm.default):
-        return CheckpointPolicy.MUST_SAVE
-    return CheckpointPolicy.PREFER_RECOMPUTE
-
-
 class Block(nn.Module):
     """One pre-LayerNorm transformer block: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``.
 
@@ -177,52 +175,21 @@ class Block(nn.Module):
 
 
 class BlockStack(nn.Module):
-    """``n_layers`` :class:`Block` s applied in turn; ``checkpoint`` picks what autograd keeps.
-
-    * ``"none"``: every block saves what its backward needs (:func:`activation_bytes`).
-    * ``"full"``: each block runs under ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``:
-      only its input is kept; the block's forward runs again in the backward pass.
-    * ``"selective"``: the same, with a policy from
-      ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` that keeps the outputs of
-      the Linear layers' matrix products (``aten.addmm``/``aten.mm``) and recomputes the rest
-      (LayerNorm, the attention scores and softmax, GELU).
+    """``n_layers`` :class:`Block` s applied in turn (``self.blocks``), nothing else: the model
+    chapter 7 measures. How much of it autograd keeps (activation checkpointing) is the chapter's
+    technique, written on its page (``perflab.memory.checkpointing``), not a switch of the model.
 
     Input and output: float ``(batch, seq_len, d_model)``.
-
-    Raises:
-        ValueError: unknown ``checkpoint``.
     """
 
-    MODES = ("none", "full", "selective")
-
-    def __init__(self, cfg: BlockStackConfig, checkpoint: str = "none"):
+    def __init__(self, cfg: BlockStackConfig):
         super().__init__()
         self.cfg = cfg
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.checkpoint = checkpoint
-
-    @property
-    def checkpoint(self) -> str:
-        return self._checkpoint
-
-    @checkpoint.setter
-    def checkpoint(self, mode: str) -> None:
-        if mode not in self.MODES:
-            raise ValueError(f"checkpoint must be one of {self.MODES}, got {mode!r}")
-        self._checkpoint = mode
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
-
         for block in self.blocks:
-            if self.checkpoint == "none" or not torch.is_grad_enabled():
-                x = block(x)
-            elif self.checkpoint == "full":
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                context = functools.partial(create_selective_checkpoint_contexts,
-                                            _save_matmuls_policy)
-                x = checkpoint(block, x, use_reentrant=False, context_fn=context)
+            x = block(x)
         return x
 
 
@@ -467,6 +434,87 @@ def measure_phases(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.
     step, _ = peak_bytes(optimizer.step, device)
     return [PhaseMemory("forward", fwd.peak, fwd.net), PhaseMemory("backward", bwd.peak, bwd.net),
             PhaseMemory("step", step.peak, step.net)]
+
+
+def memory_timeline(fn: Callable[[], Any], device: torch.device | str
+                    ) -> tuple[list[float], dict[str, list[int]]]:
+    """The profiler's memory timeline of ``fn()``: bytes of each category over time.
+
+    Runs ``fn`` under ``torch.profiler`` with ``profile_memory``, ``record_shapes`` and
+    ``with_stack`` (the memory profiler needs all three) and reads
+    ``export_memory_timeline(<file>.json, device)``: the profiler classifies each tensor as a
+    parameter, optimizer state, input, temporary, activation, gradient or autograd detail from how
+    it is used (``torch/profiler/_memory_profiler.py``). Recent PyTorch marks the export
+    deprecated in favour of memory snapshots; its warning is silenced here, nothing else.
+
+    Returns:
+        ``(times, {category: bytes at each time})``: times in milliseconds from the first event;
+        category names as the profiler spells them (``"ACTIVATION"``, ``"GRADIENT"``, ...,
+        ``"UNKNOWN"`` for tensors it could not classify).
+    """
+    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX  # the export's column order
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with _NativeStderrSilenced(), profile(activities=activities, profile_memory=True,
+                                          record_shapes=True, with_stack=True) as prof:
+        fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    with tempfile.TemporaryDirectory(prefix="perflab_timeline_") as tmp:
+        path = Path(tmp) / "timeline.json"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            prof.export_memory_timeline(str(path), device=str(dev))
+        times, sizes = json.loads(path.read_text())
+    names = ["UNKNOWN" if c is None else c.name for c in _CATEGORY_TO_INDEX]
+    t0 = times[0] if times else 0
+    series = {name: [row[k + 1] for row in sizes] for k, name in enumerate(names)}
+    return [(t - t0) / 1e3 for t in times], series
+
+
+def copy_profile(fn: Callable[[], Any]) -> dict[str, float]:
+    """Where the host-device copies of ``fn()`` went, from a ``torch.profiler`` trace (CUDA).
+
+    Returns ``{"copy_s", "copy_bytes", "d2h_s", "h2d_s", "host_alloc_s", "wall_s"}``: the summed
+    duration and bytes of the device's memcpy events (device to host and host to device), the
+    host's time in ``cudaHostAlloc``/``cudaMallocHost`` (pinned allocations), and the wall time
+    of the profiled call (synchronized).
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("copy_profile needs a CUDA GPU: it reads the device's copies")
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="perflab_copies_") as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    out = {"copy_s": 0.0, "copy_bytes": 0.0, "d2h_s": 0.0, "h2d_s": 0.0, "host_alloc_s": 0.0,
+           "wall_s": wall}
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        name, cat, dur = str(e.get("name", "")), str(e.get("cat", "")).lower(), e["dur"] * 1e-6
+        if cat == "gpu_memcpy" and ("DtoH" in name or "HtoD" in name):
+            out["copy_s"] += dur
+            out["copy_bytes"] += float(e.get("args", {}).get("bytes", 0))
+            out["d2h_s" if "DtoH" in name else "h2d_s"] += dur
+        elif cat == "cuda_runtime" and name in ("cudaHostAlloc", "cudaMallocHost"):
+            out["host_alloc_s"] += dur
+    return out
 
 
 def _storages_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -721,6 +769,60 @@ def name_allocation(size: int, candidates: dict[str, int], rtol: float = 0.01) -
     return None
 
 
+#: bytes of the marker tensor :func:`mark` allocates (7 x 512: a size no tensor of the chapter's
+#: models has, and a multiple of the CUDA allocator's 512-byte block, so it is not rounded)
+MARK_BYTES = 3584
+
+
+def mark(device: torch.device | str) -> None:
+    """Allocate and free a ``MARK_BYTES`` tensor on ``device``: a marker in a memory trace.
+
+    Called between the phases of a recorded step, it leaves an allocation of a size nothing else
+    has in the snapshot (or the CPU profiler's trace); :func:`phase_bounds` finds the markers.
+    """
+    torch.empty(MARK_BYTES, dtype=torch.uint8, device=device)
+
+
+def phase_bounds(snapshot: dict, device_index: int = 0) -> list[float]:
+    """Times (ms, on :func:`allocation_timeline`'s clock) of the :func:`mark` allocations in a
+    snapshot's trace, in order.
+
+    Raises:
+        ValueError: no trace for ``device_index``, or no marker in it.
+    """
+    trace = [e for e in _trace(snapshot, device_index) if e.get("action") in ("alloc", "free_completed")]
+    t0 = trace[0].get("time_us", 0) if trace else 0
+    found = [(e["time_us"] - t0) / 1e3 if "time_us" in e else float(i)
+             for i, e in enumerate(trace) if e["action"] == "alloc" and e["size"] == MARK_BYTES]
+    if not found:
+        raise ValueError(f"no marker allocation of {MARK_BYTES} bytes in the trace")
+    return found
+
+
+def live_at_peak(snapshot: dict, since_ms: float, device_index: int = 0) -> list[int]:
+    """Sizes (bytes, largest first) of the blocks allocated after ``since_ms`` that are still
+    allocated at the highest point of :func:`allocation_timeline` after it: what a phase added to
+    reach its peak (pass the phase's start, e.g. from :func:`phase_bounds`).
+
+    Raises:
+        ValueError: no trace for ``device_index``, or no event after ``since_ms``.
+    """
+    trace = [e for e in _trace(snapshot, device_index) if e.get("action") in ("alloc", "free_completed")]
+    times, levels = allocation_timeline(snapshot, device_index)
+    after = [i for i, t in enumerate(times) if t >= since_ms]
+    if not after:
+        raise ValueError(f"no event after {since_ms} ms")
+    peak = max(after, key=lambda i: (levels[i], -i))
+    live: dict[Any, int] = {}
+    for e in trace[after[0]:peak + 1]:
+        key = e.get("addr", id(e))
+        if e["action"] == "alloc":
+            live[key] = e["size"]
+        else:
+            live.pop(key, None)
+    return sorted(live.values(), reverse=True)
+
+
 # ----------------------------------------------------------------------------------------------
 # the techniques
 
@@ -807,6 +909,27 @@ def max_relative_difference(a: Iterable[torch.Tensor | None], b: Iterable[torch.
         diff = max(diff, (u.detach().double() - v.detach().double()).abs().max().item())
         scale = max(scale, v.detach().double().abs().max().item())
     return diff / scale if scale else diff
+
+
+def gradient_tolerance(spread: float, factor: float = 100.0) -> float:
+    """The tolerance of a "same gradients" check, from a measured rounding spread.
+
+    ``spread`` is :func:`max_relative_difference` between two computations that are equal in exact
+    arithmetic and differ only in the order of their sums (the same batch with its samples
+    permuted). A right reordering, such as accumulation over micro-batches, differs by a small
+    multiple of it; the tolerance is ``factor`` times the spread, and at least ``factor`` times
+    float32's machine epsilon (a spread that happened to be 0). The mistakes the checks exist for
+    (gradients of part of the batch, or scaled by the number of micro-batches) differ by 1e-2 and
+    more, orders of magnitude above (``tests/test_memory.py`` shows both rejected).
+
+    Raises:
+        ValueError: a spread that is negative or not finite, or a ``factor`` below 1.
+    """
+    if not (math.isfinite(spread) and spread >= 0):
+        raise ValueError(f"spread must be a finite number >= 0, got {spread!r}")
+    if factor < 1:
+        raise ValueError(f"factor must be >= 1, got {factor}")
+    return factor * max(spread, torch.finfo(torch.float32).eps)
 
 
 def freed_without_gc(make: Callable[[], Any], attribute: Callable[[Any], torch.Tensor]) -> bool:
