@@ -38,6 +38,8 @@ import math
 import multiprocessing
 import os
 import random
+import subprocess
+import sys
 import sysconfig
 import tarfile
 import time
@@ -51,6 +53,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from .telemetry import Telemetry
+
+try:  # Unix only: the CPU time of finished loader workers (None on Windows)
+    import resource
+except ImportError:
+    resource = None
+
 __all__ = [
     "AugmentBatch",
     "IMAGENET_MEAN",
@@ -61,21 +70,27 @@ __all__ = [
     "TarShards",
     "TextCorpus",
     "TokenDataset",
+    "ZeroImages",
     "cache_dir",
     "collate_list",
+    "collate_packed",
     "cpu_rate",
+    "decode_augment",
     "decode_blur",
     "decode_pil",
     "decode_resized",
+    "decode_scaled",
     "gpu_augment",
     "gpu_augment_list",
     "gpu_decode",
+    "gpu_decode_profile",
     "gpu_rate",
-    "ladder_loaders",
+    "import_seconds",
     "loader_rate",
     "make_jpeg_folder",
     "parallel_decode_rate",
     "pil_pipeline",
+    "raw_read_rate",
     "read_blobs",
     "read_rate",
     "seed_worker",
@@ -86,6 +101,8 @@ __all__ = [
     "text_corpus",
     "threads_everywhere",
     "train_steps",
+    "unpack",
+    "usable_cores",
     "worker_thread_counts",
     "write_memmap",
     "write_tar_shards",
@@ -110,6 +127,15 @@ def cache_dir(*parts: str) -> Path:
     path = base.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on: ``os.sched_getaffinity(0)`` where it exists
+    (Linux; a container or ``taskset`` may allow fewer cores than the machine has), else
+    ``os.cpu_count()`` (macOS and Windows have no affinity call in Python's ``os``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,9 +228,14 @@ def _label(path: Path) -> int:
     return int(path.stem.rsplit("_", 1)[1])
 
 
-def decode_resized(data: bytes | str | os.PathLike, side: int) -> np.ndarray:
+def decode_resized(data: bytes | str | os.PathLike, side: int, draft: bool = False) -> np.ndarray:
     """Decode one JPEG (bytes or path) and resize its shorter side to ``side``, centre-cropped to a
     square: a ``(side, side, 3)`` uint8 RGB array (Pillow, bilinear with antialiasing).
+
+    ``draft=True`` asks libjpeg for a reduced-size decode first (Pillow's ``Image.draft``): the
+    decoder scales by 1/2, 1/4 or 1/8 inside the inverse DCT, choosing the smallest scale that
+    keeps the image at least ``side`` pixels on its shorter side, so fewer pixels are made and
+    fewer resampled; the entropy decoding of the whole file remains.
 
     Raises:
         ValueError: ``side`` not a positive integer.
@@ -214,10 +245,32 @@ def decode_resized(data: bytes | str | os.PathLike, side: int) -> np.ndarray:
     _positive_int("side", side)
     src = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
     with Image.open(src) as im:
+        if draft:
+            w, h = im.size
+            k = side / min(w, h)                      # the shorter side must stay >= side
+            im.draft("RGB", (math.ceil(w * k), math.ceil(h * k)))
         w, h = im.size
         s = min(w, h)
         box = ((w - s) // 2, (h - s) // 2, (w - s) // 2 + s, (h - s) // 2 + s)
         return np.array(im.convert("RGB").resize((side, side), Image.BILINEAR, box=box))
+
+
+def decode_scaled(data: bytes, scale: int) -> np.ndarray:
+    """Decode JPEG bytes at ``1/scale`` of their size in libjpeg's inverse DCT (``scale`` 1, 2,
+    4 or 8; Pillow's ``Image.draft``): an ``(H/scale, W/scale, 3)`` uint8 array, rounded up.
+
+    Raises:
+        ValueError: ``scale`` not 1, 2, 4 or 8.
+    """
+    from PIL import Image
+
+    if scale not in (1, 2, 4, 8):
+        raise ValueError(f"scale must be 1, 2, 4 or 8 (libjpeg's DCT scales), got {scale!r}")
+    with Image.open(io.BytesIO(data)) as im:
+        if scale > 1:
+            w, h = im.size
+            im.draft("RGB", (w // scale, h // scale))
+        return np.asarray(im.convert("RGB"))
 
 
 def pil_pipeline(data: bytes | str | os.PathLike, out: int, generator: torch.Generator | None = None,
@@ -348,9 +401,13 @@ class MemmapImages(Dataset):
 
 def write_tar_shards(files: Sequence[str | os.PathLike], folder: str | os.PathLike,
                      per_shard: int = 256) -> list[Path]:
-    """Pack JPEG files, unchanged, into tar archives of ``per_shard`` files each (stdlib
-    ``tarfile``, no compression): ``shard-000000.tar``, ... Each member keeps its file name, so
-    the label travels with it. Returns the shard paths.
+    """Pack JPEG files, unchanged, into tar archives of ``per_shard`` samples each (stdlib
+    ``tarfile``, no compression): ``shard-000000.tar``, ...
+
+    The layout is WebDataset's: a sample is the consecutive members that share a key (the file
+    name without its extension), here ``<key>.jpg`` (the JPEG bytes) and ``<key>.cls`` (the
+    label, as decimal text), so the ``webdataset`` library, NVIDIA DALI's reader and
+    :class:`TarShards` all read these shards. Returns the shard paths.
 
     Raises:
         ValueError: empty ``files`` or ``per_shard`` not a positive integer.
@@ -366,13 +423,18 @@ def write_tar_shards(files: Sequence[str | os.PathLike], folder: str | os.PathLi
         p = folder / f"shard-{k // per_shard:06d}.tar"
         with tarfile.open(p, "w") as tar:
             for f in files[k:k + per_shard]:
-                tar.add(f, arcname=f.name)
+                tar.add(f, arcname=f"{f.stem}.jpg")
+                label = str(_label(f)).encode()
+                info = tarfile.TarInfo(f"{f.stem}.cls")
+                info.size = len(label)
+                tar.addfile(info, io.BytesIO(label))
         shards.append(p)
     return shards
 
 
 class TarShards(IterableDataset):
-    """Iterable dataset over tar shards: yields ``(transform(jpeg_bytes), label)``.
+    """Iterable dataset over WebDataset-layout tar shards (:func:`write_tar_shards`): yields
+    ``(transform(jpeg_bytes), label)`` per sample.
 
     With loader workers, worker ``w`` of ``W`` reads shards ``w, w + W, ...`` (so every sample is
     seen exactly once per epoch when there are at least as many shards as workers), front to back:
@@ -395,23 +457,32 @@ class TarShards(IterableDataset):
             return list(self.shards)
         return self.shards[info.id::info.num_workers]
 
+    @staticmethod
+    def samples(tar: tarfile.TarFile) -> list[dict[str, bytes]]:
+        """The samples of an open shard, in order: ``{extension: bytes}`` per key."""
+        out: dict[str, dict[str, bytes]] = {}
+        for m in tar:
+            if m.isfile():
+                key, _, ext = m.name.rpartition(".")
+                out.setdefault(key, {})[ext] = tar.extractfile(m).read()
+        return list(out.values())
+
     def __iter__(self) -> Iterator:
         mine = self._mine()
         if self.shuffle:
             mine = [mine[i] for i in torch.randperm(len(mine)).tolist()]
         for shard in mine:
             with tarfile.open(shard, "r") as tar:
-                members = [m for m in tar.getmembers() if m.isfile()]
-                if self.shuffle:
-                    members = [members[i] for i in torch.randperm(len(members)).tolist()]
-                for m in members:
-                    data = tar.extractfile(m).read()
-                    label = _label(Path(m.name))
-                    if self.transform is None:
-                        x = torch.from_numpy(decode_resized(data, 144)).permute(2, 0, 1)
-                    else:
-                        x = self.transform(data)
-                    yield x, label
+                samples = self.samples(tar)
+            if self.shuffle:
+                samples = [samples[i] for i in torch.randperm(len(samples)).tolist()]
+            for sample in samples:
+                data, label = sample["jpg"], int(sample["cls"])
+                if self.transform is None:
+                    x = torch.from_numpy(decode_resized(data, 144)).permute(2, 0, 1)
+                else:
+                    x = self.transform(data)
+                yield x, label
 
 
 def seed_worker(worker_id: int) -> None:
@@ -633,36 +704,103 @@ def parallel_decode_rate(files: Sequence[str | os.PathLike], processes: int,
     return sum(n for _, n in done) / max(t for t, _ in done)
 
 
-def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int = 1) -> dict:
-    """Drain ``loader`` and time it: a dict with ``images_per_s`` (after ``warmup`` batches),
-    ``first_batch_s`` (creating the iterator, starting workers, first batch), ``images``.
+def _children_cpu_s() -> float | None:
+    if resource is None:
+        return None
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
-    A batch is a tensor, or a tuple/list whose first element is one (its first dimension counts
-    the images) or a list of images (:func:`collate_list`).
+
+def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | None = None,
+                count: Callable | None = None) -> dict:
+    """Drain ``loader`` and time its steady state.
+
+    Loader workers start together, so their first batches arrive in one burst (one per worker,
+    built from scratch), and at the end of an epoch they run out of batches one by one: neither
+    is what a long epoch sees. By default the clock starts after the first *round* (``warmup`` =
+    one batch per worker, or one batch without workers) and stops one round before the end
+    (``batches`` = the batches in between). Returns a dict with ``images_per_s`` (over the timed
+    batches), ``first_batch_s`` (creating the iterator, starting workers, first batch),
+    ``images`` (timed), ``worker_cpu_s`` (CPU seconds the loader's worker processes used, read
+    when they have exited; None without workers or where the OS does not say) and
+    ``main_cpu_s`` (CPU seconds of this process over the timed batches).
+
+    A batch is counted with ``count(batch)`` when given; else it is a tensor, or a tuple/list
+    whose first element is one (its first dimension counts the images) or a list of images
+    (:func:`collate_list`).
 
     Raises:
-        ValueError: the loader gives fewer than ``warmup + 1`` batches.
+        ValueError: a loader too short for ``warmup`` plus one timed batch.
     """
+    rounds = max(1, loader.num_workers)
+    if warmup is None:
+        warmup = rounds
+    if batches is None:
+        try:
+            total = len(loader)
+        except TypeError:       # an iterable dataset without a length: time it to the end
+            total = None
+        batches = None if total is None else total - warmup - (rounds if loader.num_workers else 0)
+        if batches is not None and batches < 1:
+            raise ValueError(f"the loader gives {total} batches: too few to skip a round of "
+                             f"{rounds} at each end and time one")
+    cpu0 = _children_cpu_s()
     t0 = time.perf_counter()
     it = iter(loader)
-    count, n_batches = 0, 0
-    first = None
-    t_start = None
+    count_, n_batches = 0, 0
+    first = t_start = main0 = None
     for batch in it:
-        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        if count is not None:
+            k = count(batch)
+        else:
+            x = batch[0] if isinstance(batch, (tuple, list)) else batch
+            k = len(x)
         n_batches += 1
         if first is None:
             first = time.perf_counter() - t0
         if n_batches == warmup:
-            t_start = time.perf_counter()
+            t_start, main0 = time.perf_counter(), time.process_time()
         elif n_batches > warmup:
-            count += len(x)
+            count_ += k
         if batches is not None and n_batches >= batches + warmup:
             break
-    if t_start is None or count == 0:
+    t_end, main1 = time.perf_counter(), time.process_time()
+    del it                                   # the workers exit (and are reaped) here
+    cpu1 = _children_cpu_s()
+    if t_start is None or count_ == 0:
         raise ValueError(f"the loader gave {n_batches} batches; need more than warmup={warmup}")
-    return {"images_per_s": count / (time.perf_counter() - t_start), "first_batch_s": first,
-            "images": count}
+    return {"images_per_s": count_ / (t_end - t_start), "first_batch_s": first, "images": count_,
+            "worker_cpu_s": (cpu1 - cpu0) if loader.num_workers and cpu0 is not None else None,
+            "main_cpu_s": main1 - main0}
+
+
+def raw_read_rate(files: Sequence[str | os.PathLike]) -> float:
+    """Bytes per second of reading ``files`` whole, one after the other, in this process (no
+    decoding): the storage's rate when their pages are not cached, the page cache's when they
+    are. One timed pass, so cold stays cold."""
+    t0 = time.perf_counter()
+    total = sum(len(Path(f).read_bytes()) for f in files)
+    return total / (time.perf_counter() - t0)
+
+
+def import_seconds(modules: Sequence[str] = ("torch", "perflab.datasets")) -> float:
+    """Seconds a fresh Python process takes to import ``modules`` and exit: what every loader
+    worker started with ``spawn`` or ``forkserver`` pays before its first batch (they import the
+    dataset's module by name). Runs ``sys.executable -c "import ..."`` once, with this clone on
+    the path.
+
+    Raises:
+        RuntimeError: the child process failed (its stderr in the message).
+    """
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", "import " + ", ".join(modules)],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"importing {modules} failed: {proc.stderr[-1000:]}")
+    return time.perf_counter() - t0
 
 
 def threads_everywhere(worker_id: int) -> None:
@@ -919,8 +1057,39 @@ def _pipeline_224(data: bytes) -> torch.Tensor:
 
 def collate_list(batch: list) -> tuple[list]:
     """Collate that keeps the images as a list (images of different sizes cannot be stacked):
-    returns ``(list_of_images,)``, so the batch's first element holds the images, as usual."""
+    returns ``(list_of_images,)``, so the batch's first element holds the images, as usual.
+    A worker sends each of them to the training process as a tensor of its own."""
     return (batch,)
+
+
+def collate_packed(batch: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """Collate images of different sizes into **one** tensor: ``(shapes, packed)``, ``shapes`` an
+    int64 ``(B, 3)`` tensor of each image's shape and ``packed`` their bytes concatenated (uint8,
+    1-d). A worker then sends one buffer per batch instead of one per image; :func:`unpack`
+    splits it again (views, no copy). Count the images with ``count=lambda b: len(b[0])``."""
+    shapes = torch.tensor([tuple(t.shape) for t in batch], dtype=torch.int64)
+    return shapes, torch.cat([t.reshape(-1) for t in batch])
+
+
+def unpack(shapes: torch.Tensor, packed: torch.Tensor) -> list[torch.Tensor]:
+    """The images of a :func:`collate_packed` batch, as views of ``packed``."""
+    sizes = shapes.prod(dim=1).tolist()
+    return [p.view(*shape) for p, shape in zip(packed.split(sizes), shapes.tolist())]
+
+
+class ZeroImages(Dataset):
+    """``n`` all-zero uint8 images of ``shape``: a loader whose workers do no work, so its rate is
+    what the training process can *receive*, tensor by tensor."""
+
+    def __init__(self, n: int, shape: tuple[int, ...] = (375, 500, 3)):
+        self.n = _positive_int("n", n)
+        self.shape = tuple(shape)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.zeros(self.shape, dtype=torch.uint8)
 
 
 def read_blobs(files: Sequence[str | os.PathLike]) -> list[bytes]:
@@ -929,33 +1098,42 @@ def read_blobs(files: Sequence[str | os.PathLike]) -> list[bytes]:
 
 
 def cpu_rate(blobs: Sequence[bytes], what: str = "decode", num_workers: int | None = None,
-             batch: int = 64, multiprocessing_context: str | None = None) -> dict:
+             batch: int = 64, multiprocessing_context: str | None = None,
+             collate: str = "list") -> dict:
     """Images/s of decoding (``what="decode"``, Pillow, pixels delivered to this process) or of
     the full pipeline (``what="pipeline"``: :func:`pil_pipeline` to 224 x 224, batches of float32
-    ``(B, 3, 224, 224)``) on ``num_workers`` loader workers (default: every core; 0 = this
-    process). Returns :func:`loader_rate`'s dict over one pass of ``blobs``.
+    ``(B, 3, 224, 224)`` stacked by the default collate) on ``num_workers`` loader workers
+    (default: every usable core; 0 = this process). Decoded images differ in size: ``collate``
+    ``"list"`` sends them as one tensor each (:func:`collate_list`), ``"packed"`` as one tensor
+    per batch (:func:`collate_packed`). Returns :func:`loader_rate`'s dict over one pass of
+    ``blobs`` (steady state).
 
     Raises:
-        ValueError: ``what`` not "decode" or "pipeline".
+        ValueError: ``what`` not "decode" or "pipeline", or ``collate`` not "list" or "packed".
     """
     if what not in ("decode", "pipeline"):
         raise ValueError(f"what must be 'decode' or 'pipeline', got {what!r}")
-    workers = os.cpu_count() if num_workers is None else num_workers
+    if collate not in ("list", "packed"):
+        raise ValueError(f"collate must be 'list' or 'packed', got {collate!r}")
+    workers = usable_cores() if num_workers is None else num_workers
     fn = decode_pil if what == "decode" else _pipeline_224
+    collate_fn = None if what == "pipeline" else collate_list if collate == "list" else collate_packed
     loader = DataLoader(_BytesDataset(blobs, fn), batch_size=batch, num_workers=workers,
-                        collate_fn=collate_list if what == "decode" else None,
-                        worker_init_fn=seed_worker if workers else None,
+                        collate_fn=collate_fn, worker_init_fn=seed_worker if workers else None,
                         multiprocessing_context=multiprocessing_context if workers else None)
-    return loader_rate(loader)
+    packed = what == "decode" and collate == "packed"
+    return loader_rate(loader, count=(lambda b: len(b[0])) if packed else None)
 
 
 def gpu_decode(blobs: Sequence[bytes | torch.Tensor],
                device: str | torch.device = "cuda") -> list[torch.Tensor]:
-    """Decode a batch of JPEGs with nvJPEG: ``torchvision.io.decode_jpeg(list, device=device)``.
+    """Decode a batch of JPEGs on the GPU: ``torchvision.io.decode_jpeg(list, device=device)``.
 
     ``blobs``: the files' bytes, or 1-d uint8 CPU tensors of them. The compressed bytes are copied
-    to the GPU inside the call (counted in its time). Returns uint8 ``(3, H, W)`` tensors on
-    ``device``.
+    to the GPU inside the call (counted in its time). torchvision asks nvJPEG for its *hardware*
+    back end (the JPEG decoding engines of an A100, H100 or H200) and falls back to the default,
+    CUDA, back end where the GPU has none (torchvision's ``decode_jpegs_cuda.cpp``). Returns uint8
+    ``(3, H, W)`` tensors on ``device``.
     """
     # torchvision is optional (the "vision" extra): the CPU wheels of torch this course pins have
     # no matching torchvision on PyPI, so only GPU code paths import it.
@@ -967,11 +1145,16 @@ def gpu_decode(blobs: Sequence[bytes | torch.Tensor],
 
 
 def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
-             device: str | torch.device = "cuda", repeats: int = 3) -> float:
-    """Images/s of batched nvJPEG decode (``what="decode"``) or of the whole GPU pipeline
-    (``"pipeline"``: decode, then :func:`gpu_augment_list` to 224 x 224) over ``blobs``
-    in batches of ``batch``, from bytes in host memory to pixels on the GPU; best of ``repeats``
-    timed passes after one warm-up pass, synchronized (``time.perf_counter``).
+             device: str | torch.device = "cuda", repeats: int = 3) -> dict:
+    """Images/s of batched GPU decode (``what="decode"``) or of the whole GPU pipeline
+    (``"pipeline"``: decode, then :func:`gpu_augment_list` to 224 x 224) over ``blobs`` in
+    batches of ``batch``, from bytes in host memory to pixels on the GPU.
+
+    One warm-up pass, then ``repeats`` timed passes (synchronized, ``time.perf_counter``), the
+    best kept. Returns ``{"images_per_s", "host_cpu_fraction", "telemetry"}``: the host CPU time
+    of this process over the timed passes divided by their wall time (1.0 = one core busy all
+    along), and the :class:`perflab.telemetry.TelemetrySummary` of the timed passes only (the
+    GPU's clock while it worked, not while it waited for the warm-up or the set-up).
 
     Raises:
         ValueError: ``what`` not "decode" or "pipeline".
@@ -989,12 +1172,56 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
         torch.cuda.synchronize(device)
 
     one_pass()
-    best = math.inf
-    for _ in range(repeats):
+    best, cpu, wall = math.inf, 0.0, 0.0
+    with Telemetry(device=device) as tel:
+        for _ in range(repeats):
+            c0, t0 = time.process_time(), time.perf_counter()
+            one_pass()
+            dt = time.perf_counter() - t0
+            cpu, wall = cpu + time.process_time() - c0, wall + dt
+            best = min(best, dt)
+    return {"images_per_s": len(blobs) / best, "host_cpu_fraction": cpu / wall,
+            "telemetry": tel.summary()}
+
+
+def gpu_decode_profile(blobs: Sequence[bytes], device: str | torch.device = "cuda") -> dict:
+    """Which engine decodes: one batched :func:`gpu_decode` of ``blobs`` under ``torch.profiler``.
+
+    Returns ``{"wall_s", "kernel_s", "sm_busy_fraction", "kernels"}``: the call's wall time, the
+    summed duration of the CUDA kernels it launched (copies excluded), their ratio, and the names
+    of the five longest kernels with their seconds. nvJPEG's CUDA back end runs its inverse DCT
+    and colour conversion as kernels on the SMs; its hardware back end runs them on the JPEG
+    engines, which launch no kernel a profiler sees.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
+    gpu_decode(data, device)                  # warm-up: the decoder and its buffers
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        one_pass()
-        best = min(best, time.perf_counter() - t0)
-    return len(blobs) / best
+        gpu_decode(data, device)
+        torch.cuda.synchronize(device)
+        wall = time.perf_counter() - t0
+    per_name: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(
+                ("Memcpy", "Memset", "[memory]")):
+            per_name[e.name] = per_name.get(e.name, 0.0) + (e.time_range.end - e.time_range.start) * 1e-6
+    kernel_s = sum(per_name.values())
+    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:5]
+    return {"wall_s": wall, "kernel_s": kernel_s, "sm_busy_fraction": kernel_s / wall,
+            "kernels": top}
+
+
+def decode_augment(path: str | os.PathLike, out: int = 128) -> torch.Tensor:
+    """The loading ladder's per-image CPU work: decode and resize to the 144 x 144 centre square
+    (:func:`decode_resized`, what the memory map stores), then :func:`gpu_augment`'s random
+    resized crop to ``out``, flip and normalization of that one image, on the CPU: float32
+    ``(3, out, out)``. The offline rung does the same arithmetic, on the GPU, for a whole batch,
+    so every rung trains on the same distribution of crops."""
+    x = torch.from_numpy(decode_resized(path, 144)).permute(2, 0, 1)
+    return gpu_augment(x.unsqueeze(0), out)[0]
 
 
 def small_cnn(width: int = 64, classes: int = 10) -> torch.nn.Module:
@@ -1025,52 +1252,6 @@ def small_cnn_flops(width: int = 64, side: int = 128) -> float:
         total += 2 * 9 * c_in * c_out * s * s + 2 * 9 * c_out * c_out * s * s
         c_in = c_out
     return total
-
-
-def ladder_loaders(folder: str | os.PathLike, memmap: str | os.PathLike, batch: int,
-                   workers: int, out: int = 128, seed: int = 0, epochs: int = 1) -> dict:
-    """The rungs of the loading ladder, as ``{name: (loader, gpu_transform or None)}``:
-
-    * ``naive``: :class:`JpegFolder` decoding and augmenting each image with Pillow
-      (:func:`pil_pipeline`) in the training process (``num_workers=0``);
-    * ``workers``: the same on ``workers`` persistent loader processes (:func:`seed_worker`,
-      ``prefetch_factor=4``);
-    * ``pinned``: and ``pin_memory=True`` (so the copy to the GPU can be asynchronous);
-    * ``memmap_gpu_aug``: offline-decoded :class:`MemmapImages` read a batch per call by
-      ``workers`` workers, uint8 to the GPU, :func:`gpu_augment` there.
-
-    Each loader draws ``epochs`` passes over its data (a fresh random order per pass), so that a
-    timing can skip the workers' first burst and still see several rounds of batches.
-    """
-    from functools import partial
-    from torch.utils.data import BatchSampler, RandomSampler
-
-    _positive_int("batch", batch)
-    _positive_int("workers", workers)
-    _positive_int("epochs", epochs)
-    jpeg = JpegFolder(folder, transform=partial(pil_pipeline, out=out))
-    g = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
-
-    def order(data):
-        return RandomSampler(data, num_samples=epochs * len(data), generator=g())
-
-    common = dict(batch_size=batch, drop_last=True)
-    par = dict(num_workers=workers, persistent_workers=True, prefetch_factor=4,
-               worker_init_fn=seed_worker)
-    pin = torch.cuda.is_available()  # pinning needs a GPU (and warns without one)
-    mm = MemmapImages(memmap)
-    sampler = BatchSampler(order(mm), batch, drop_last=True)
-    aug_gen = g()
-    return {
-        "naive": (DataLoader(jpeg, sampler=order(jpeg), **common), None),
-        "workers": (DataLoader(jpeg, sampler=order(jpeg), **common, **par), None),
-        "pinned": (DataLoader(jpeg, sampler=order(jpeg), pin_memory=pin, **common, **par),
-                   None),
-        "memmap_gpu_aug": (DataLoader(mm, batch_size=None, sampler=sampler, pin_memory=pin,
-                                      num_workers=min(workers, 4), persistent_workers=True,
-                                      prefetch_factor=4, worker_init_fn=seed_worker),
-                           lambda x: gpu_augment(x, out, generator=aug_gen)),
-    }
 
 
 def train_steps(loader, model: torch.nn.Module, steps: int, device: str | torch.device,

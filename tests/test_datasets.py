@@ -105,6 +105,19 @@ def test_tar_shards_split_across_workers_each_sample_once(files, tmp_path, metho
     sizes = sorted(int(s) for xs, _ in loader for s in xs)
     assert len(labels) == 24
     assert sizes == sorted(f.stat().st_size for f in files)   # every file once, bytes intact
+    assert sorted(labels) == sorted(ds.JpegFolder(files=files).labels)
+
+
+def test_tar_shards_have_the_webdataset_layout(files, tmp_path):
+    import tarfile
+
+    shard = ds.write_tar_shards(files[:3], tmp_path, per_shard=5)[0]
+    with tarfile.open(shard) as tar:
+        names = tar.getnames()
+        label = tar.extractfile(f"{files[0].stem}.cls").read()
+    # one sample = consecutive members sharing a key: key.jpg, key.cls
+    assert names == [f"{f.stem}.{ext}" for f in files[:3] for ext in ("jpg", "cls")]
+    assert int(label) == ds.JpegFolder(files=files).labels[0]
 
 
 def test_memmap_matches_decoding_and_reads_a_batch_per_call(files, tmp_path):
@@ -203,29 +216,81 @@ def _two_then_seed(worker_id):
 def test_cpu_rate_and_training_ladder_run_on_the_cpu(folder, files, tmp_path):
     blobs = ds.read_blobs(files[:8])
     assert ds.cpu_rate(blobs, "decode", num_workers=0, batch=2)["images"] == 6
+    assert ds.cpu_rate(blobs, "decode", num_workers=0, batch=2, collate="packed")["images"] == 6
     assert ds.cpu_rate(blobs, "pipeline", num_workers=0, batch=2)["images_per_s"] > 0
-    mm = ds.write_memmap(files, tmp_path / "l.u8", side=40)
-    rungs = ds.ladder_loaders(folder, mm, batch=4, workers=1, out=32)
-    assert list(rungs) == ["naive", "workers", "pinned", "memmap_gpu_aug"]
+    with pytest.raises(ValueError, match="collate"):
+        ds.cpu_rate(blobs, "decode", collate="tuple")
+    # the chapter's rungs: per-image CPU work, and stored squares cropped as a batch
+    jpeg = ds.JpegFolder(files=files, transform=ds.decode_augment)
+    x, _ = jpeg[0]
+    assert x.shape == (3, 128, 128) and x.dtype == torch.float32
+    mm = ds.MemmapImages(ds.write_memmap(files, tmp_path / "l.u8", side=144))
+    naive = DataLoader(jpeg, batch_size=4, drop_last=True)
+    stored = DataLoader(mm, batch_size=None,
+                        sampler=BatchSampler(SequentialSampler(mm), 4, drop_last=True))
     model = ds.small_cnn(width=4)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny convolutions: threads would only contend on a busy machine
     try:
-        for name in ("naive", "memmap_gpu_aug"):
-            loader, tf = rungs[name]
+        for loader, tf in ((naive, None), (stored, lambda b: ds.gpu_augment(b, 128))):
             r = ds.train_steps(loader, model, steps=2, device="cpu", gpu_transform=tf, warmup=1)
             assert 0 < r["data_wait_fraction"] < 1 and r["images_per_s"] > 0
     finally:
         torch.set_num_threads(threads)
-    # epochs: the loaders draw several passes over the data
-    twice = ds.ladder_loaders(folder, mm, batch=4, workers=1, out=32, epochs=2)
-    loader, _ = twice["naive"]
-    assert len(loader) == 2 * len(rungs["naive"][0])
-    with pytest.raises(ValueError, match="epochs"):
-        ds.ladder_loaders(folder, mm, batch=4, workers=1, epochs=0)
     assert ds.small_cnn_flops(4, 32) > 0
-    x = torch.zeros(1, 3, 128, 128)
-    assert ds.small_cnn(8)(x).shape == (1, 10)
+    assert ds.small_cnn(8)(torch.zeros(1, 3, 128, 128)).shape == (1, 10)
+
+
+def test_usable_cores_without_sched_getaffinity(monkeypatch):
+    """macOS and Windows have no os.sched_getaffinity: the count falls back to os.cpu_count."""
+    import os
+
+    if hasattr(os, "sched_getaffinity"):
+        assert ds.usable_cores() == len(os.sched_getaffinity(0))
+        monkeypatch.delattr(os, "sched_getaffinity")
+    assert ds.usable_cores() == (os.cpu_count() or 1)
+
+
+def test_draft_decoding_scales_in_the_dct(files):
+    blob = files[0].read_bytes()
+    full = ds.decode_scaled(blob, 1)
+    for k in (2, 4, 8):
+        assert ds.decode_scaled(blob, k).shape == (-(-full.shape[0] // k), -(-full.shape[1] // k), 3)
+    with pytest.raises(ValueError, match="scale"):
+        ds.decode_scaled(blob, 3)
+    small = ds.decode_resized(blob, 16, draft=True)
+    exact = ds.decode_resized(blob, 16)
+    assert small.shape == exact.shape == (16, 16, 3)
+    assert np.abs(small.astype(float) - exact).mean() < 20     # the same picture
+
+
+def test_packed_batches_round_trip_and_count_as_images(files):
+    imgs = [torch.randint(0, 255, (h, w, 3), dtype=torch.uint8) for h, w in ((4, 5), (6, 2))]
+    shapes, packed = ds.collate_packed(imgs)
+    assert packed.dim() == 1 and packed.numel() == sum(t.numel() for t in imgs)
+    assert all(torch.equal(a, b) for a, b in zip(ds.unpack(shapes, packed), imgs))
+    loader = DataLoader(ds.ZeroImages(12, (3, 4, 3)), batch_size=3, collate_fn=ds.collate_packed)
+    r = ds.loader_rate(loader, count=lambda b: len(b[0]))
+    assert r["images"] == 9                       # 4 batches, the first one untimed
+
+
+def test_loader_rate_times_the_steady_state():
+    data = ds.ZeroImages(64, (2, 2))
+    loader = DataLoader(data, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    r = ds.loader_rate(loader)                    # skip a round of 2 at each end: 12 timed
+    assert r["images"] == 12 * 4 and r["first_batch_s"] > 0
+    assert r["worker_cpu_s"] is None or r["worker_cpu_s"] >= 0
+    short = DataLoader(ds.ZeroImages(16, (2,)), batch_size=4, num_workers=2,
+                       multiprocessing_context="fork")
+    with pytest.raises(ValueError, match="too few"):
+        ds.loader_rate(short)                     # 4 batches: nothing left between the rounds
+
+
+def test_raw_reads_and_a_fresh_interpreter(files):
+    assert ds.raw_read_rate(files[:4]) > 0
+    assert ds.import_seconds(("json",)) > 0
+    with pytest.raises(RuntimeError, match="no_such_module"):
+        ds.import_seconds(("no_such_module",))
 
 
 def test_stdlib_sources_are_cleaned():
