@@ -1,21 +1,21 @@
-"""Single-GPU training speed: the pieces chapter 6 measures, each usable on a CPU.
+"""Single-GPU training speed: what chapter 6 measures with, each usable on a CPU.
+
+The techniques themselves (the prefetcher, BN folding, the CUDA-graph step, the ladder's loop)
+are written on chapter 6's page; the page exports the ones later pages reuse (``perflab.speed``'s
+generated modules). This module holds the workload and the measuring:
 
 * :func:`synthetic_images` and :class:`SmallCNN`: a small image-classification task with
   learnable structure, built in memory (chapter 5 builds real loaders; this chapter needs only
   a fixed stream of batches so that every optimization sees the same data).
-* :class:`Prefetcher`: copies the next batch to the GPU on a side CUDA stream while the current
-  batch computes (double buffering). On a CPU it is a plain iterator.
-* :class:`StepConfig`, :data:`LADDER`, :func:`train_run`, :func:`run_ladder`: the training
-  ladder, one optimization per rung, each rung's samples/s and losses measured in one run.
-* :class:`GraphedStep`: a whole training step (forward, backward, optimizer) captured into one
-  CUDA graph with static inputs and a capturable optimizer (PyTorch documentation, "CUDA
-  Graphs", whole-network capture, https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs).
-* :func:`overlap_fraction` and :func:`trace_intervals`: how much of the host-to-device copy
-  time a profiler trace shows running under a kernel.
-* :func:`fold_batchnorm`: an inference-time ``Conv2d``/``Linear`` with a following
-  ``BatchNorm`` folded into its weights and bias.
+* :func:`op_count`: the operators a step dispatches (the unit of its host cost).
+* :func:`final_loss`, :func:`loss_tolerance`, :func:`same_losses`: "the same result", with a
+  tolerance that can fail (from the seed-to-seed spread of training, or from rounding).
+* :func:`wave_model`: wave quantization of a tiled matrix product.
+* :func:`overlap_fraction`, :func:`trace_intervals`, :func:`profile_overlap`: how much of the
+  host-to-device copy time a profiler trace shows running under a kernel.
 * :func:`capture_logs`: ``torch._logging`` output (for example why ``torch.compile`` skipped
   CUDA graphs) returned as text instead of written to stderr.
+* :func:`wall_time`: synchronized wall-clock time of a loop, as a training loop runs it.
 
 Units: samples per second, seconds; images are ``uint8`` in ``[0, 255]``, shape ``(N, 3, H, W)``.
 """
@@ -29,21 +29,22 @@ import math
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Iterator, Sequence
+import statistics
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from . import exercises
 from .exercises import ExerciseFailed, check_ratio_at_least
 
 __all__ = [
-    "LADDER", "MEAN", "STD", "GraphedStep", "Prefetcher", "Rung", "RungResult", "SmallCNN",
-    "StepConfig", "capture_logs", "check_same_and_faster", "fold_batchnorm",
-    "graph_replay_semantics", "host_batches", "ladder_configs", "ladder_table", "loss_within",
-    "make_optimizer", "normalize", "overlap_fraction", "profile_overlap", "run_ladder",
-    "synthetic_images", "trace_intervals", "train_run", "not_done", "wall_time",
+    "MEAN", "STD", "SmallCNN", "capture_logs", "check_same_and_faster", "final_loss",
+    "graph_replay_semantics", "loss_tolerance", "loss_within", "normalize", "not_done", "op_count",
+    "overlap_fraction", "profile_overlap", "same_losses", "synthetic_images", "trace_intervals",
+    "wall_time", "wave_model",
 ]
 
 #: per-channel mean and standard deviation of :func:`synthetic_images` (in [0, 1] units)
@@ -132,345 +133,110 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x).mean(dim=(2, 3)))
 
 
-def make_optimizer(params: Iterable[torch.nn.Parameter], kind: str, lr: float = 2e-3,
-                   capturable: bool = False) -> torch.optim.AdamW:
-    """AdamW in one of its three implementations.
-
-    * ``"forloop"``: ``foreach=False, fused=False``: a Python loop, several kernels per tensor;
-    * ``"foreach"``: ``foreach=True``: multi-tensor kernels, a few launches for all tensors;
-    * ``"fused"``: ``fused=True``: one fused kernel (per device and dtype group).
-
-    ``capturable=True`` keeps the step count on the device so that the step can be captured in
-    a CUDA graph (needed by :class:`GraphedStep`).
-
-    Raises:
-        ValueError: unknown ``kind``.
-    """
-    opts = {"forloop": dict(foreach=False, fused=False), "foreach": dict(foreach=True),
-            "fused": dict(fused=True)}
-    if kind not in opts:
-        raise ValueError(f"kind must be one of {sorted(opts)}, got {kind!r}")
-    return torch.optim.AdamW(params, lr=lr, capturable=capturable, **opts[kind])
-
-
-class Prefetcher:
-    """Iterate over batches already on ``device``, the next one copied while the current computes.
-
-    ``batches`` yields tuples of CPU tensors (pin them for truly asynchronous copies). On CUDA,
-    the copy of batch ``i + 1`` is issued with ``non_blocking=True`` on a side stream right
-    after batch ``i`` is handed out, so it overlaps batch ``i``'s compute (double buffering: two
-    batches in flight). Before a batch is handed out the current stream waits for its copy, and
-    ``record_stream`` tells the caching allocator that the current stream uses the memory.
-    On any other device it is a plain iterator that moves each batch with ``.to(device)``.
-
-    Raises:
-        TypeError: ``batches`` is not iterable.
-    """
-
-    def __init__(self, batches: Iterable[Sequence[torch.Tensor]], device: torch.device | str):
-        if not hasattr(batches, "__iter__"):
-            raise TypeError(f"batches must be iterable, got {type(batches).__name__}")
-        self.batches = batches
-        self.device = torch.device(device)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        dev = self.device
-        if dev.type != "cuda":
-            for batch in self.batches:
-                yield tuple(t.to(dev) for t in batch)
-            return
-        stream = torch.cuda.Stream(dev)
-
-        def load(batch):
-            if batch is None:
-                return None
-            with torch.cuda.stream(stream):
-                return tuple(t.to(dev, non_blocking=True) for t in batch)
-
-        source = iter(self.batches)
-        ahead = load(next(source, None))
-        while ahead is not None:
-            current = torch.cuda.current_stream(dev)
-            current.wait_stream(stream)          # the copy of `ahead` has finished
-            for t in ahead:
-                t.record_stream(current)
-            batch, ahead = ahead, load(next(source, None))
-            yield batch
-
-
-def host_batches(images: torch.Tensor, labels: torch.Tensor, batch_size: int, steps: int,
-                 float_on_cpu: bool, pinned: bool = False) -> Iterator[tuple[torch.Tensor, ...]]:
-    """``steps`` batches in a fixed order, cycling through the data set, on the CPU.
-
-    ``float_on_cpu=True`` normalizes each ``uint8`` batch on the CPU (4 bytes per value over
-    the bus; images that are already floating point are shipped as they are); otherwise
-    batches stay ``uint8`` (1 byte per value) for :func:`normalize` on the device.
-    ``pinned=True`` expects ``images``/``labels`` already pinned (slices of a pinned tensor are
-    pinned) and pins CPU-normalized batches.
-
-    Raises:
-        ValueError: ``batch_size`` does not divide the number of images, or ``steps`` < 1.
-    """
-    n = images.shape[0]
-    if batch_size < 1 or n % batch_size:
-        raise ValueError(f"batch_size must divide the {n} images, got {batch_size}")
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    for i in range(steps):
-        lo = (i * batch_size) % n
-        x, y = images[lo:lo + batch_size], labels[lo:lo + batch_size]
-        if float_on_cpu and x.dtype == torch.uint8:
-            x = normalize(x)
-            if pinned:
-                x = x.pin_memory()
-        yield x, y
-
-
-@dataclass(frozen=True)
-class StepConfig:
-    """How one training run moves data and steps the model (one switch per optimization).
-
-    Attributes:
-        sync_every_step: read the loss with ``.item()`` and log it every step (a host sync).
-        uint8_transfer: copy ``uint8`` images and normalize on the device (else on the CPU).
-        pinned: pinned host memory and ``non_blocking=True`` copies.
-        prefetch: copy the next batch on a side stream (:class:`Prefetcher`).
-        optimizer: ``"forloop"``, ``"foreach"`` or ``"fused"`` AdamW.
-        cuda_graph: replay the whole step from a CUDA graph (CUDA only; eager elsewhere).
-    """
-
-    sync_every_step: bool = True
-    uint8_transfer: bool = False
-    pinned: bool = False
-    prefetch: bool = False
-    optimizer: str = "forloop"
-    cuda_graph: bool = False
-
-
-@dataclass(frozen=True)
-class Rung:
-    """One rung of the ladder: a name, what it changes (``StepConfig`` fields), and why."""
-
-    name: str
-    changes: dict
-    why: str
-
-
-#: the chapter's ladder; each rung keeps the previous rungs' changes
-LADDER: tuple[Rung, ...] = (
-    Rung("naive", {}, "float32 made on the CPU, pageable copy, .item() every step, "
-         "for-loop AdamW"),
-    Rung("no per-step sync", {"sync_every_step": False},
-         "losses stay on the device; read once at the end"),
-    Rung("uint8 over the bus", {"uint8_transfer": True},
-         "4x fewer bytes copied; normalize on the device"),
-    Rung("pinned + prefetch", {"pinned": True, "prefetch": True},
-         "async copy on a side stream, overlapped with compute"),
-    Rung("fused AdamW", {"optimizer": "fused"}, "one optimizer kernel instead of ~7 per tensor"),
-    Rung("CUDA graph", {"cuda_graph": True}, "the whole step replayed with one launch"),
-)
-
-
-def ladder_configs(rungs: Sequence[Rung] = LADDER) -> list[tuple[Rung, StepConfig]]:
-    """Each rung with its cumulative :class:`StepConfig` (the changes of all rungs up to it).
-
-    Raises:
-        ValueError: empty ``rungs`` or a change that names no ``StepConfig`` field.
-    """
-    if not rungs:
-        raise ValueError("rungs must not be empty")
-    cfg, out = StepConfig(), []
-    for rung in rungs:
-        unknown = set(rung.changes) - set(StepConfig.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"rung {rung.name!r} changes unknown fields {sorted(unknown)}")
-        cfg = replace(cfg, **rung.changes)
-        out.append((rung, cfg))
-    return out
-
-
-class GraphedStep:
-    """A whole training step captured in one CUDA graph, replayed with static inputs.
-
-    ``GraphedStep(model, optimizer, example_x, example_y, prepare)`` captures
-    ``loss = cross_entropy(model(prepare(x)), y); loss.backward(); optimizer.step()`` reading
-    from two static input tensors. ``step(x, y)`` copies ``x``/``y`` into them, replays the
-    graph and returns the static loss tensor (overwritten by the next replay: copy it to keep
-    it). Only the recorded kernels replay: Python code in the step (counters, prints, a new
-    tensor bound to a name) runs once, during capture. The optimizer must be capturable
-    (``make_optimizer(..., capturable=True)``), and its state must exist before capture, so
-    ``warmup_batches`` real steps run eagerly on a side stream first (PyTorch documentation,
-    "CUDA Graphs", whole-network capture).
-
-    Raises:
-        RuntimeError: the model is not on a CUDA device.
-        ValueError: ``warmup_batches`` is empty.
-    """
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 warmup_batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                 prepare: Callable[[torch.Tensor], torch.Tensor] = lambda x: x):
-        dev = next(model.parameters()).device
-        if dev.type != "cuda":
-            raise RuntimeError("GraphedStep needs a model on a CUDA device")
-        if not warmup_batches:
-            raise ValueError("warmup_batches must hold at least one (x, y) batch")
-        self.model, self.optimizer, self.prepare = model, optimizer, prepare
-        self.warmup_losses = []
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            for x, y in warmup_batches:
-                self.warmup_losses.append(self._eager(x, y).detach())
-        torch.cuda.current_stream(dev).wait_stream(side)
-        x0, y0 = warmup_batches[0]
-        self.static_x, self.static_y = torch.empty_like(x0), torch.empty_like(y0)
-        self.graph = torch.cuda.CUDAGraph()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.cuda.graph(self.graph):
-            self.static_loss = self._eager(self.static_x, self.static_y, zero=False)
-
-    def _eager(self, x, y, zero=True):
-        if zero:
-            self.optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(self.prepare(x)), y)
-        loss.backward()
-        self.optimizer.step()
-        return loss
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Copy the batch into the static inputs, replay, return the (static) loss tensor."""
-        self.static_x.copy_(x, non_blocking=True)
-        self.static_y.copy_(y, non_blocking=True)
-        self.graph.replay()
-        return self.static_loss
-
-
-@dataclass
-class RungResult:
-    """One training run: ``samples_per_s`` over the timed steps, all per-step ``losses``."""
-
-    name: str
-    config: StepConfig
-    samples_per_s: float
-    seconds: float
-    losses: list[float]
-    graphed: bool
-    log: list[str] = field(default_factory=list, repr=False)
-
-    @property
-    def final_loss(self) -> float:
-        """Mean loss over the last fifth of the steps (at least one)."""
-        k = max(1, len(self.losses) // 5)
-        return sum(self.losses[-k:]) / k
-
-
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
 
 
-def train_run(config: StepConfig, images: torch.Tensor, labels: torch.Tensor, steps: int,
-              batch_size: int, device: torch.device | str, width: int = 32, warmup: int = 3,
-              seed: int = 0, name: str = "") -> RungResult:
-    """Train a fresh :class:`SmallCNN` (same seed, same batches) for ``warmup + steps`` steps.
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
 
-    The first ``warmup`` steps run untimed (first-call costs, optimizer state, the CUDA graph's
-    warm-up and capture); the next ``steps`` are timed with the device synchronized before and
-    after. Every run sees the same batches in the same order, so losses can be compared.
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
 
-    ``images`` are ``uint8`` (normalized on the CPU or, with ``uint8_transfer``, on the
-    device) or already-normalized ``float32`` (shipped as they are).
 
-    Returns:
-        :class:`RungResult`, ``samples_per_s = steps * batch_size / seconds``.
+def op_count(fn: Callable[[], object]) -> int:
+    """The ATen operators one call of ``fn()`` dispatches: forward, backward (the autograd engine's
+    threads inherit the counting mode) and optimizer alike, views and copies included.
+
+    Each costs the host a dispatch (and on a GPU, most a kernel launch), so for a step whose
+    kernels are short this count times the host's cost per operator is the step's time. Call
+    ``fn`` once before (optimizer state, cuDNN's choices) so the count is a steady step's.
 
     Raises:
-        ValueError: ``steps`` or ``warmup`` < 1, a bad ``batch_size``, or ``uint8_transfer``
-            with images that are not ``uint8``.
+        TypeError: ``fn`` is not callable.
     """
-    if steps < 1 or warmup < 1:
-        raise ValueError(f"steps and warmup must be >= 1, got {steps}, {warmup}")
-    dev = torch.device(device)
-    cuda = dev.type == "cuda"
-    torch.manual_seed(seed)
-    model = SmallCNN(width).to(dev)
-    graphed = config.cuda_graph and cuda
-    opt = make_optimizer(model.parameters(), config.optimizer, capturable=graphed)
-    pin = config.pinned and cuda
-    if pin:
-        images, labels = images.pin_memory(), labels.pin_memory()
-    source = host_batches(images, labels, batch_size, warmup + steps,
-                          float_on_cpu=not config.uint8_transfer, pinned=pin)
-    if config.prefetch:
-        batches: Iterable = Prefetcher(source, dev)
-    else:
-        batches = ((x.to(dev, non_blocking=pin), y.to(dev, non_blocking=pin))
-                   for x, y in source)
-    if config.uint8_transfer and images.dtype != torch.uint8:
-        raise ValueError("uint8_transfer needs uint8 images")
-    prepare = normalize if config.uint8_transfer else (lambda x: x)
-    it = iter(batches)
-    log: list[str] = []
-    losses = torch.zeros(warmup + steps, device=dev)
-    host_losses: list[float] = []
-
-    def eager(x, y):
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(prepare(x)), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    graph = None
-    if graphed:
-        warm = [next(it) for _ in range(warmup)]
-        graph = GraphedStep(model, opt, warm, prepare)
-        for i, loss in enumerate(graph.warmup_losses):
-            losses[i] = loss
-        step_fn = graph.step
-    else:
-        step_fn = eager
-    seconds = 0.0
-    for i in range(warmup + steps):
-        if i == warmup:
-            _sync(dev)
-            t0 = time.perf_counter()
-        if graphed and i < warmup:
-            continue
-        x, y = next(it)
-        loss = step_fn(x, y)
-        if config.sync_every_step:
-            value = loss.item()
-            host_losses.append(value)
-            log.append(f"step {i}: loss {value:.4f}")   # as print(...) every step would
-        else:
-            losses[i].copy_(loss.detach())
-    _sync(dev)
-    seconds = time.perf_counter() - t0
-    if config.sync_every_step:
-        values = ([float(v) for v in losses[:warmup].tolist()] if graphed else []) + host_losses
-    else:
-        values = losses.tolist()
-    return RungResult(name or "run", config, steps * batch_size / seconds, seconds, values,
-                      graphed, log)
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    with _OpCounter() as counter:
+        fn()
+    return counter.count
 
 
-def run_ladder(images: torch.Tensor, labels: torch.Tensor, steps: int, batch_size: int,
-               device: torch.device | str, rungs: Sequence[Rung] = LADDER, width: int = 32,
-               warmup: int = 3, progress: Callable[[str], None] | None = None
-               ) -> list[RungResult]:
-    """Run every rung of ``rungs`` (cumulative configs) on the same data, one after the other.
+def final_loss(losses: Sequence[float]) -> float:
+    """Mean of the last fifth of ``losses`` (at least one): a training run's result, less noisy
+    than its last step.
 
-    ``progress(name)`` (optional) is called before each rung. Returns one
-    :class:`RungResult` per rung, in order.
+    Raises:
+        ValueError: no losses, or one that is not finite.
     """
+    values = [float(v) for v in losses]
+    if not values or not all(math.isfinite(v) for v in values):
+        raise ValueError("losses must be a non-empty list of finite numbers")
+    k = max(1, len(values) // 5)
+    return sum(values[-k:]) / k
+
+
+def loss_tolerance(seed_losses: Sequence[float], k: float = 3.0) -> float:
+    """How far a final loss may be from a reference and still be "the same training": ``k``
+    standard deviations of the final loss over runs that differ only in their random seed.
+
+    Training from another seed is the spread a result has by nature; a speed optimization that
+    only reorders floating-point sums moves the loss far less, and one that changes the training
+    (fewer batches, one batch seen over and over, another learning rate) moves it by more than the
+    seeds do. The floor, 1e-4 of the mean loss, keeps a degenerate spread (identical seeds) from
+    rejecting rounding.
+
+    Raises:
+        ValueError: fewer than two losses, a loss that is not finite, or ``k`` not positive.
+    """
+    values = [float(v) for v in seed_losses]
+    if len(values) < 2 or not all(math.isfinite(v) for v in values):
+        raise ValueError("need at least two finite final losses from different seeds")
+    if not k > 0:
+        raise ValueError(f"k must be > 0, got {k}")
+    return max(k * statistics.stdev(values), 1e-4 * abs(statistics.fmean(values)))
+
+
+def same_losses(reference: Sequence[float], losses: Sequence[float], rtol: float = 1e-3) -> bool:
+    """True when ``losses`` follow ``reference`` step by step: same length, and every loss within
+    ``rtol`` (relative) of the reference's at that step.
+
+    For two loops that do the same arithmetic in another order (a fused optimizer, a mask turned
+    into a weight, a copy made asynchronous) the losses differ by rounding, about 1e-6 relative,
+    growing slowly over the steps; a loop that trains on other data or with another loss differs
+    at its first steps by percents.
+
+    Raises:
+        ValueError: ``rtol`` not positive, or a loss that is not finite.
+    """
+    if not rtol > 0:
+        raise ValueError(f"rtol must be > 0, got {rtol}")
+    ref, got = [float(v) for v in reference], [float(v) for v in losses]
+    if not all(math.isfinite(v) for v in ref + got):
+        raise ValueError("losses must be finite")
+    return len(ref) == len(got) and all(abs(a - b) <= rtol * abs(a) for a, b in zip(ref, got))
+
+
+def wave_model(sizes: Sequence[int], plateau: float, sms: int, tile: tuple[int, int] = (128, 256)
+               ) -> list[float]:
+    """Predicted rate of an ``n x n`` matrix product for each ``n`` in ``sizes``: ``plateau``
+    times the share of the last wave that is used, ``T / (sms * ceil(T / sms))`` with
+    ``T = ceil(n / tile[0]) * ceil(n / tile[1])`` output tiles (wave quantization; NVIDIA's
+    matrix multiplication guide).
+
+    Raises:
+        ValueError: a size, ``sms`` or a tile side that is not positive.
+    """
+    if sms < 1 or min(tile) < 1 or any(n < 1 for n in sizes):
+        raise ValueError("sizes, sms and tile sides must be positive")
     out = []
-    for rung, cfg in ladder_configs(rungs):
-        if progress is not None:
-            progress(rung.name)
-        out.append(train_run(cfg, images, labels, steps, batch_size, device, width=width,
-                             warmup=warmup, name=rung.name))
+    for n in sizes:
+        tiles = math.ceil(n / tile[0]) * math.ceil(n / tile[1])
+        out.append(plateau * tiles / (sms * math.ceil(tiles / sms)))
     return out
 
 
@@ -485,29 +251,6 @@ def loss_within(loss: float, reference: float, rtol: float = 0.05, atol: float =
     if not (math.isfinite(loss) and math.isfinite(reference)):
         raise ValueError(f"losses must be finite, got {loss}, {reference}")
     return abs(loss - reference) <= rtol * abs(reference) + atol
-
-
-def ladder_table(results: Sequence[RungResult], rtol: float = 0.05, atol: float = 0.02) -> str:
-    """A plain-text table: rung, samples/s, speedup over the first rung and over the previous
-    rung, final loss, and whether it is within tolerance of the first rung's.
-
-    Raises:
-        ValueError: ``results`` is empty.
-    """
-    if not results:
-        raise ValueError("results must not be empty")
-    base = results[0]
-    lines = [f"{'rung':22s} {'samples/s':>11s} {'vs naive':>9s} {'vs prev':>8s} "
-             f"{'loss':>7s}  same result"]
-    prev = base
-    for r in results:
-        ok = loss_within(r.final_loss, base.final_loss, rtol, atol)
-        lines.append(f"{r.name:22s} {r.samples_per_s:11,.0f} "
-                     f"{r.samples_per_s / base.samples_per_s:8.2f}x "
-                     f"{r.samples_per_s / prev.samples_per_s:7.2f}x {r.final_loss:7.4f}  "
-                     f"{'yes' if ok else 'NO'}")
-        prev = r
-    return "\n".join(lines)
 
 
 def overlap_fraction(copies: Sequence[tuple[float, float]],
@@ -592,37 +335,6 @@ def profile_overlap(fn: Callable[[], object]) -> tuple[float, int, int]:
     if not copies:
         raise RuntimeError("the trace holds no host-to-device copy")
     return overlap_fraction(copies, kernels), len(copies), len(kernels)
-
-
-def fold_batchnorm(layer: nn.Module, bn: nn.Module) -> nn.Module:
-    """A copy of ``layer`` (``Conv2d`` or ``Linear``) with the eval-mode ``bn`` after it folded in.
-
-    In eval mode BatchNorm is affine per channel: ``y = gamma * (z - mu) / sqrt(var + eps) +
-    beta``. With ``s = gamma / sqrt(var + eps)`` the folded layer has weight ``W * s`` (per
-    output channel) and bias ``(b - mu) * s + beta``, one operator instead of two. Valid for
-    inference only: in training the statistics come from the batch.
-
-    Raises:
-        TypeError: ``layer`` is not ``Conv2d``/``Linear`` or ``bn`` not ``BatchNorm1d/2d``.
-        ValueError: channel counts differ.
-    """
-    if not isinstance(layer, (nn.Conv2d, nn.Linear)):
-        raise TypeError(f"layer must be nn.Conv2d or nn.Linear, got {type(layer).__name__}")
-    if not isinstance(bn, (nn.BatchNorm1d, nn.BatchNorm2d)):
-        raise TypeError(f"bn must be nn.BatchNorm1d or nn.BatchNorm2d, got {type(bn).__name__}")
-    out_ch = layer.out_channels if isinstance(layer, nn.Conv2d) else layer.out_features
-    if bn.num_features != out_ch:
-        raise ValueError(f"bn has {bn.num_features} channels, layer outputs {out_ch}")
-    import copy
-
-    fused = copy.deepcopy(layer)
-    with torch.no_grad():
-        scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
-        shape = (-1,) + (1,) * (layer.weight.dim() - 1)
-        fused.weight.copy_(layer.weight * scale.view(shape))
-        bias = layer.bias if layer.bias is not None else torch.zeros_like(bn.running_mean)
-        fused.bias = nn.Parameter((bias - bn.running_mean) * scale + bn.bias)
-    return fused.eval()
 
 
 def capture_logs(fn: Callable[[], Any], **set_logs: Any) -> tuple[Any, str]:
