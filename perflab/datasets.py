@@ -1214,13 +1214,13 @@ def gpu_decode_profile(blobs: Sequence[bytes], device: str | torch.device = "cud
             "kernels": top}
 
 
-def decode_augment(path: str | os.PathLike, out: int = 128) -> torch.Tensor:
-    """The loading ladder's per-image CPU work: decode and resize to the 144 x 144 centre square
-    (:func:`decode_resized`, what the memory map stores), then :func:`gpu_augment`'s random
-    resized crop to ``out``, flip and normalization of that one image, on the CPU: float32
+def decode_augment(path: str | os.PathLike, out: int = 128, side: int = 144) -> torch.Tensor:
+    """The loading ladder's per-image CPU work: decode and resize to the ``side`` x ``side``
+    centre square (:func:`decode_resized`, what the memory map stores), then :func:`gpu_augment`'s
+    random resized crop to ``out``, flip and normalization of that one image, on the CPU: float32
     ``(3, out, out)``. The offline rung does the same arithmetic, on the GPU, for a whole batch,
     so every rung trains on the same distribution of crops."""
-    x = torch.from_numpy(decode_resized(path, 144)).permute(2, 0, 1)
+    x = torch.from_numpy(decode_resized(path, side)).permute(2, 0, 1)
     return gpu_augment(x.unsqueeze(0), out)[0]
 
 

@@ -1,27 +1,33 @@
-"""Lab 5: each check accepts the reference solution and rejects a plausible wrong one.
+"""Lab 5: each check accepts the reference solution and rejects a plausible wrong one, and the lab
+runs under every start method of worker processes and without ``os.sched_getaffinity``.
 
 The lab's own set-up and solution cells run here on CPU sizes, with the data built under
 pytest's tmp_path (PERFLAB_DATA_DIR)."""
 
 import json
+import multiprocessing
 import os
+import sys
 from pathlib import Path
 
 import jupytext
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, SequentialSampler
 
 from perflab import datasets as ds
 from perflab import loader_checks as lc
+from perflab import runs
 from perflab.exercises import ExerciseFailed
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "05_data_loading.md"
-
+sys.path.insert(0, str(ROOT / "tests"))
 
 from lab_cells import code_cell as _cell  # noqa: E402
+
+METHODS = [m for m in ("spawn", "forkserver") if m in multiprocessing.get_all_start_methods()]
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +38,9 @@ def lab(tmp_path_factory):
     os.environ["PERFLAB_FORCE_CPU_SIZES"] = "1"
     nb = jupytext.read(LAB)
     ns: dict = {}
-    for needle in ("cores = len(", "slow_loader = DataLoader(", "fast_loader = None",
-                   "def tuned_init", "total_threads = None", "def make_loader",
-                   "curve = None", "memmap_path = None"):
+    for needle in ("cores = ds.usable_cores()", "def make_slow_loader", "make_fast_loader = None",
+                   "total_threads = None", "def make_loader", "curve = None",
+                   "memmap_path = None"):
         exec(compile(_cell(nb, needle), f"<lab5 cell {needle}>", "exec"), ns)
     yield ns
     os.environ.pop("PERFLAB_FORCE_CPU_SIZES")
@@ -44,41 +50,68 @@ def lab(tmp_path_factory):
         os.environ["PERFLAB_DATA_DIR"] = old
 
 
-def test_ex1_rejects_more_workers_and_other_shapes_and_accepts_the_batched_memmap(lab):
-    slow = lab["slow_loader"]
-    with_workers = DataLoader(slow.dataset, batch_size=32, num_workers=2)
-    with pytest.raises(ExerciseFailed, match="num_workers=2"):
-        lc.check_loader_speedup(slow, with_workers)
-    mm, fast = lab["mm"], lab["fast_loader"]
-    wrong_size = DataLoader(mm, batch_size=None, collate_fn=ds.AugmentBatch(32),
-                            sampler=fast.sampler)
-    with pytest.raises(ExerciseFailed, match="same crops"):
-        lc.check_loader_speedup(slow, wrong_size)
+def test_ex1_probe_rejects_workers_sizes_no_normalization_no_crop_no_shuffle(lab, tmp_path):
+    """Each plausible shortcut fails on the probe folder; the reference passes at >= 4x."""
+    F = torch.nn.functional
+    slow, make_slow, files = lab["slow_loader"], lab["make_slow_loader"], lab["files"]
+
+    def fast_with(collate=None, sampler=SequentialSampler, workers=0):
+        def make(fs, folder):
+            mm = ds.MemmapImages(ds.write_memmap(fs, folder / "w.u8", side=72))
+            order = torch.utils.data.RandomSampler(mm) if sampler is None else sampler(mm)
+            return DataLoader(mm, batch_size=None, num_workers=workers,
+                              collate_fn=collate or ds.AugmentBatch(64),
+                              sampler=torch.utils.data.BatchSampler(order, 32, drop_last=True))
+        return make
+
+    cases = [
+        (fast_with(sampler=None, workers=2), "num_workers=2"),
+        (fast_with(ds.AugmentBatch(32), sampler=None), "same crops"),
+        (fast_with(lambda b: (F.interpolate(b[0].float(), size=64) / 255, b[1]), None),
+         "not normalized"),
+        (fast_with(lambda b: ((F.interpolate(b[0].float(), size=64) / 255 - 0.45) / 0.226,
+                              b[1]), None), "crops every image the same way"),
+        (fast_with(), "same order every epoch"),                   # no shuffle
+    ]
+    for make, message in cases:
+        with pytest.raises(ExerciseFailed, match=message):
+            lc.check_loader_speedup(slow, make, files, make_slow)
     with pytest.raises(ExerciseFailed, match="not done yet"):
-        lc.check_loader_speedup(slow, None)
+        lc.check_loader_speedup(slow, None, files, make_slow)
     # the reference solution: ~10-50x on one thread, far from the 4x line
-    assert lc.check_loader_speedup(slow, fast)["speedup"] >= 4
+    assert lc.check_loader_speedup(slow, lab["make_fast_loader"], files,
+                                   make_slow)["speedup"] >= 4
+
+
+def test_ex1_the_slow_loader_passes_its_own_probe(tmp_path, lab):
+    probe = lc.make_probe_folder(tmp_path)
+    props = lc.probe_properties(lab["make_slow_loader"](probe))
+    lc._check_probe(props, props)                    # normalized, cropped, flipped, shuffled
+    assert props["red_left"] > 0 and props["red_right"] > 0
 
 
 def _omp_env(worker_id):
-    _tuned_everywhere(worker_id)
+    lc.tuned_init(worker_id)
     os.environ["OMP_NUM_THREADS"] = "1"   # too late: torch's pool is already sized
 
 
-def test_ex2_rejects_a_wrong_count_and_an_environment_fix(lab):
-    tuned = lab["tuned_init"]
+def _no_tuned(worker_id):
+    torch.set_num_threads(1)
+
+
+def test_ex2_rejects_a_wrong_count_an_environment_fix_and_a_dropped_init(lab):
     expected = 2 * (os.cpu_count() or 1)
     with pytest.raises(ExerciseFailed, match="total_threads is 2"):
-        lc.check_oversubscription(2, tuned, lab["fixed_init"])
+        lc.check_oversubscription(2, lc.tuned_init, lab["fixed_init"])
+    with pytest.raises(ExerciseFailed, match="still call"):
+        lc.check_oversubscription(expected, lc.tuned_init, _no_tuned)
     if expected > 2:  # a one-core machine cannot oversubscribe
         with pytest.raises(ExerciseFailed, match="still run"):
-            lc.check_oversubscription(expected, _tuned_everywhere, _omp_env)
+            lc.check_oversubscription(expected, lc.tuned_init, _omp_env)
     assert lab["total_threads"] == expected
-    assert lc.check_oversubscription(lab["total_threads"], tuned, lab["fixed_init"])
-
-
-def _tuned_everywhere(worker_id):
-    torch.set_num_threads(os.cpu_count())
+    threads = torch.get_num_threads()
+    assert lc.check_oversubscription(lab["total_threads"], lc.tuned_init, lab["fixed_init"])
+    assert torch.get_num_threads() == threads                # the check restores it
 
 
 def test_ex3_rejects_the_most_workers_on_a_flat_curve_and_a_partial_curve():
@@ -98,18 +131,50 @@ def test_ex3_solution_follows_the_rule(lab):
     assert lc.check_num_workers(lab["curve"], lab["best_workers"], lab["cores"]) is not None
 
 
-def test_ex4_rejects_a_channels_first_file_and_a_format_that_is_not_faster(lab, tmp_path):
+def test_ex4_rejects_a_channels_first_file_and_a_short_one(lab, tmp_path):
     files = lab["files"]
     wrong = tmp_path / "chw.u8"
-    arr = np.stack([ds.decode_resized(f, 72).transpose(2, 0, 1) for f in files])
+    arr = np.stack([ds.decode_resized(f, 144).transpose(2, 0, 1) for f in files])
     arr.tofile(wrong)
-    Path(f"{wrong}.json").write_text(json.dumps({"shape": [len(files), 72, 72, 3],
+    Path(f"{wrong}.json").write_text(json.dumps({"shape": [len(files), 144, 144, 3],
                                                  "labels": [0] * len(files)}))
     with pytest.raises(ExerciseFailed, match="NHWC"):
-        lc.check_storage_conversion(wrong, files, 72, 100.0, 10_000.0)
-    with pytest.raises(ExerciseFailed, match="below the required 3"):
-        lc.check_storage_conversion(lab["memmap_path"], files, 72, 100.0, 150.0)
+        lc.check_storage_conversion(wrong, files, 144)
     with pytest.raises(ExerciseFailed, match="uint8"):
-        lc.check_storage_conversion(lab["memmap_path"], files[:-1], 72, 100.0, 1e4)
-    assert lc.check_storage_conversion(lab["memmap_path"], files, 72, lab["jpeg_rate"],
-                                       lab["memmap_rate"]) >= 3
+        lc.check_storage_conversion(lab["memmap_path"], files[:-1], 144)
+    with pytest.raises(ExerciseFailed, match="not done yet"):
+        lc.check_storage_conversion(None, files, 144)
+    assert lc.check_storage_conversion(lab["memmap_path"], files, 144) >= 3
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_labs_worker_code_runs_under(method, lab):
+    """What lab 5 sends to workers comes from modules: it runs under spawn and forkserver."""
+    counts = ds.worker_thread_counts(2, lc.tuned_init, multiprocessing_context=method)
+    assert set(counts.values()) == {os.cpu_count() or 1}
+    loader = DataLoader(ds.JpegFolder(files=lab["files"][:96]), batch_size=16, num_workers=2,
+                        worker_init_fn=ds.seed_worker, multiprocessing_context=method)
+    assert ds.loader_rate(loader)["images"] == 2 * 16     # 6 batches, a round of 2 at each end
+
+
+def test_the_whole_lab_runs_under_spawn_without_sched_getaffinity(tmp_path):
+    """macOS and Windows: spawn is the default start method and os has no sched_getaffinity.
+    The lab, reference solution and checks included, runs in a kernel set up that way."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from lab_runs import Kernel  # noqa: E402 (test helper: a Jupyter kernel)
+
+    env = dict(os.environ, PERFLAB_DATA_DIR=str(tmp_path), PERFLAB_FORCE_CPU_SIZES="1")
+    kernel = Kernel(runs.home(LAB), env=env)
+    try:
+        kernel.run("import multiprocessing, os\n"
+                   "multiprocessing.set_start_method('spawn', force=True)\n"
+                   "del os.sched_getaffinity\n" if hasattr(os, "sched_getaffinity") else
+                   "import multiprocessing\n"
+                   "multiprocessing.set_start_method('spawn', force=True)\n")
+        for cell in jupytext.read(LAB).cells:
+            if cell.cell_type == "code":
+                assert kernel.run(cell.source) is None, cell.source[:60]
+        assert kernel.run("assert multiprocessing.get_start_method() == 'spawn'\n"
+                          "assert not hasattr(os, 'sched_getaffinity')") is None
+    finally:
+        kernel.close()
