@@ -28,6 +28,7 @@ __all__ = [
     "caption",
     "environment",
     "glue",
+    "lab_reference",
     "read_glued",
     "reference_run",
     "short_devices",
@@ -150,3 +151,18 @@ def reference_run(path: str | os.PathLike) -> dict[str, Any] | None:
     """
     nb = json.loads(Path(path).read_text())
     return nb.get("metadata", {}).get("reference_run")
+
+
+def lab_reference(stem: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A lab's own reference run: ``(glued values, reference_run metadata)`` of
+    ``labs/<stem>.ipynb`` in the clone perflab is installed from (``pip install -e .``), or
+    ``({}, None)`` when there is none (an installed wheel, a missing notebook).
+
+    A lab's closing table compares the student's numbers with the *same* exercise run on the
+    reference machine: the same code and sizes, only the machine differs. Found through the
+    package's location, so a student edition copied elsewhere finds it too.
+    """
+    path = Path(__file__).resolve().parent.parent / "labs" / f"{stem}.ipynb"
+    if not path.exists():
+        return {}, None
+    return read_glued(path), reference_run(path)

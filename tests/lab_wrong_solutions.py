@@ -138,6 +138,9 @@ WRONG = {
         # the loss still read with .item() at every step
         ("ex1-solution", "        losses[i] = loss.detach()\n    return losses",
          "        losses[i] = loss.item()\n    return losses", r"still synchronizes"),
+        # the first batch over and over: no sync, and another training
+        ("ex1-solution", "per_row = F.cross_entropy(model(xs[i]), ys[i].clamp_min(0),",
+         "per_row = F.cross_entropy(model(xs[0]), ys[0].clamp_min(0),", r"result changed"),
         # the batch's summed loss where the given loop takes the mean: another quantity
         ("ex2-solution", "loss = F.cross_entropy(model(x), y)",
          'loss = F.cross_entropy(model(x), y, reduction="sum")', r"result changed"),

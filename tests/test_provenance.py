@@ -63,3 +63,12 @@ def test_reference_run_reads_metadata(tmp_path):
     nb.metadata.pop("reference_run")
     nbformat.write(nb, path)
     assert P.reference_run(path) is None
+
+
+def test_lab_reference_reads_the_labs_own_run_or_nothing():
+    from perflab import provenance
+
+    glued, run = provenance.lab_reference("no_such_lab")
+    assert glued == {} and run is None
+    glued, run = provenance.lab_reference("01_roofline")     # committed with the repository
+    assert isinstance(glued, dict) and (run is None or "devices" in run)

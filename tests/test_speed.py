@@ -24,13 +24,6 @@ def test_normalize_matches_the_formula_and_rejects_bad_shapes():
         speed.normalize(torch.zeros(3, 2, 2, dtype=torch.uint8))
 
 
-def test_loss_within_tolerances():
-    assert speed.loss_within(1.04, 1.0, rtol=0.05, atol=0.0)
-    assert not speed.loss_within(1.2, 1.0, rtol=0.05, atol=0.02)
-    with pytest.raises(ValueError):
-        speed.loss_within(float("nan"), 1.0)
-
-
 def test_overlap_fraction_merges_kernels_and_checks_intervals():
     assert speed.overlap_fraction([(0, 10)], [(0, 5), (2, 5)]) == pytest.approx(0.5)
     assert speed.overlap_fraction([(0, 10), (20, 30)], [(5, 25)]) == pytest.approx(0.5)
