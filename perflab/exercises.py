@@ -118,9 +118,16 @@ def short_errors() -> bool:
 
 
 def _fmt(x: Any) -> str:
-    if isinstance(x, float):
+    """A number as a reader writes it: four significant digits, thousands separated, never an
+    exponent below 1e15 (``680,400,000``, not ``6.804e+08``)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return repr(x)
+    if not math.isfinite(x) or x == 0:
+        return repr(float(x)) if isinstance(x, float) else repr(x)
+    if abs(x) >= 1e15 or abs(x) < 1e-6:
         return f"{x:.4g}"
-    return repr(x)
+    decimals = max(0, 3 - math.floor(math.log10(abs(x))))
+    return f"{round(x, 3 - math.floor(math.log10(abs(x)))):,.{decimals}f}"
 
 
 def _number(name: str, value: Any) -> float:

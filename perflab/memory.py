@@ -1090,6 +1090,31 @@ def check_static_prediction(predicted: Any, model: nn.Module, optimizer: torch.o
                        hint="parameters, gradients and Adam's two moments, each float32")
 
 
+def _diagnose_gradients(baseline: nn.Module, lean: nn.Module) -> None:
+    """Lab 7, exercise 2: name what is wrong with the lean step's accumulated gradients (left in
+    ``.grad`` after the step) against the baseline's, when both are there: scaled by a factor
+    (the micro-batch losses not divided by their number) or pointing elsewhere (cleared inside
+    the loop: only the last micro-batch's). Silent when they agree or one side has none."""
+    pairs = [(p.grad, q.grad) for p, q in zip(lean.parameters(), baseline.parameters())]
+    if not pairs or any(g is None or h is None for g, h in pairs):
+        return
+    g = torch.cat([a.detach().double().flatten() for a, _ in pairs])
+    h = torch.cat([b.detach().double().flatten() for _, b in pairs])
+    dot, hh, gg = float(g @ h), float(h @ h), float(g @ g)
+    if hh == 0 or gg == 0:
+        return
+    scale, cosine = dot / hh, dot / math.sqrt(gg * hh)
+    if cosine > 0.999 and abs(scale - 1) > 0.01:
+        raise ExerciseFailed(
+            f"✗ lean_step's accumulated gradient is {scale:.3g} times the batch's: divide each "
+            "micro-batch's loss by the number of micro-batches, so that their sum is the mean.")
+    if cosine <= 0.999:
+        raise ExerciseFailed(
+            f"✗ lean_step's accumulated gradient points elsewhere than the batch's (cosine "
+            f"{cosine:.3f}): clear the gradients once, before the micro-batch loop; cleared "
+            "inside it, only the last micro-batch's gradient is left.")
+
+
 def check_peak_cut(make_model: Callable[[], nn.Module], baseline_step: Callable, lean_step: Callable | None,
                    x: torch.Tensor, y: torch.Tensor, device: torch.device | str,
                    max_ratio: float = 0.6, loss_rtol: float = 1e-5, param_rtol: float = 1e-4) -> float:
@@ -1126,16 +1151,18 @@ def check_peak_cut(make_model: Callable[[], nn.Module], baseline_step: Callable,
     if not isinstance(losses[1], (int, float)) and not (isinstance(losses[1], torch.Tensor)
                                                         and losses[1].numel() == 1):
         raise ExerciseFailed(f"✗ lean_step must return the batch's loss as a number, got {type(losses[1]).__name__}.")
+    _diagnose_gradients(models[0], models[1])
     base_loss, lean_loss = float(losses[0]), float(losses[1])
     check_true(abs(lean_loss - base_loss) <= loss_rtol * abs(base_loss),
                f"lean_step's loss {lean_loss:.6f} equals the baseline's.",
-               f"lean_step's loss {lean_loss:.6f} differs from the baseline's {base_loss:.6f}: "
-               "is each micro-batch's loss divided by the number of micro-batches?")
+               f"lean_step returns the loss {lean_loss:.6f}, the baseline {base_loss:.6f}: "
+               "return the full batch's mean loss (the sum of the scaled micro-batch losses).")
     diff = max_relative_difference(models[1].parameters(), models[0].parameters())
     check_true(diff <= param_rtol,
                "after the step the parameters equal the baseline's.",
                f"after the step the parameters differ from the baseline's (by {diff:.2g} of the "
-               "largest): are the gradients cleared once, before the micro-batch loop?")
+               "largest): the update is not the batch's; step the optimizer once, after all "
+               "micro-batches, with the same optimizer.")
     ratio = peaks[1] / peaks[0] if peaks[0] else float("inf")
     check_true(ratio <= max_ratio,
                f"lean_step's peak is {ratio:.2f}x the baseline's (at most {max_ratio} required).",
@@ -1195,20 +1222,26 @@ def _cycle_attribute(cls: type, names: list[str]) -> str:
     raise ValueError(f"{cls.__name__} has no single attribute that closes a cycle")
 
 
-def check_largest_allocation(snapshot: dict, cfg: BlockStackConfig, batch: int, largest_bytes: Any,
-                             largest_tensor: Any) -> bool:
-    """Lab 7, exercise 4: the size of the snapshot's largest allocation, and which tensor it is
-    (a name from :func:`block_tensor_bytes` of ``cfg`` and ``batch``).
+def check_largest_allocation(snapshot: dict, cfg: BlockStackConfig, batch: int,
+                             predicted_sizes: Any, largest_bytes: Any, largest_tensor: Any) -> bool:
+    """Lab 7, exercise 4: the bytes of each of one block's tensors predicted from their shapes
+    (``predicted_sizes``, ``{name: bytes}`` for the names of :func:`block_tensor_bytes`), the size
+    of the snapshot's largest allocation, and which of those tensors it is.
 
     Raises:
-        ExerciseFailed: not done, a wrong size or a wrong name.
+        ExerciseFailed: not done, a wrong prediction, a wrong size or a wrong name.
     """
-    if largest_bytes is None or largest_tensor is None:
-        raise _not_done(4, "set largest_bytes and largest_tensor")
+    if predicted_sizes is None or largest_bytes is None or largest_tensor is None:
+        raise _not_done(4, "set predicted_sizes, largest_bytes and largest_tensor")
+    truth = block_tensor_bytes(cfg, batch)
+    if not isinstance(predicted_sizes, dict) or set(predicted_sizes) != set(truth):
+        raise ExerciseFailed(f"✗ predicted_sizes must map each of {sorted(truth)} to bytes.")
+    for name in sorted(truth):
+        check_close(predicted_sizes[name], truth[name], f"predicted size of {name!r} (bytes)",
+                    rtol=0.0, hint="elements from the shape, times 4 bytes per float32")
     big = largest_allocation(snapshot)
-    candidates = block_tensor_bytes(cfg, batch)
     check_choice(int(largest_bytes), big["size"], "the largest allocation's size (bytes)",
                  hint="look at every 'alloc' event of snapshot['device_traces'][0]")
-    return check_choice(largest_tensor, name_allocation(big["size"], candidates),
-                        "the tensor it holds", choices=sorted(candidates),
-                        hint="compare its size with block_tensor_bytes(cfg, batch)")
+    return check_choice(largest_tensor, name_allocation(big["size"], truth),
+                        "the tensor it holds", choices=sorted(truth),
+                        hint="which of your predicted sizes is it?")

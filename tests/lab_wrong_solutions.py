@@ -179,17 +179,28 @@ WRONG = {
     "07_memory": [
         # Adam's two moments forgotten: weights and gradients only
         ("ex1-solution", "predicted_static = L * per_block * (4 + 4 + 8)",
-         "predicted_static = L * per_block * (4 + 4)", r"."),
-        # micro-batches whose losses are not scaled: four times the gradient, another training
+         "predicted_static = L * per_block * (4 + 4)", r"predicted static memory"),
+        # micro-batches whose losses are not divided: four times the gradient, another training
         ("ex2-solution", "loss = F.mse_loss(model(xs), ys) / micro", "loss = F.mse_loss(model(xs), ys)",
-         r"differs from the baseline"),
+         r"divide each micro-batch's loss"),
+        # gradients cleared inside the loop: only the last micro-batch's is left
+        ("ex2-solution", "    for xs, ys in zip(x.chunk(micro), y.chunk(micro)):\n",
+         "    for xs, ys in zip(x.chunk(micro), y.chunk(micro)):\n        opt.zero_grad(set_to_none=True)\n",
+         r"clear the gradients once"),
         # the attribute that holds the big buffer named instead of the one that closes the cycle
-        ("ex3-solution", 'cycle_attribute = "hooks"', 'cycle_attribute = "activations"', r"."),
+        ("ex3-solution", 'cycle_attribute = "hooks"', 'cycle_attribute = "activations"', r"closes the cycle"),
         # the hook still a bound method of the monitor: the cycle stays
         ("ex3-solution", '        self.hooks = {"after_step": lambda value: this().record(value)}',
-         '        self.hooks = {"after_step": self.record}', r"."),
+         '        self.hooks = {"after_step": self.record}', r"cycle remains"),
+        # 2 bytes per element, as if the tensors were bfloat16
+        ("ex4-solution", '"attention scores": 4 * b * a * s * s', '"attention scores": 2 * b * a * s * s',
+         r"predicted size of 'attention scores'"),
         # all the allocations added up instead of the largest one
-        ("ex4-solution", "largest_bytes = max(allocs)", "largest_bytes = sum(allocs)", r"."),
+        ("ex4-solution", "largest_bytes = max(allocs)", "largest_bytes = sum(allocs)", r"largest allocation's size"),
+        # the tensor that looks largest (4h wide), named without comparing sizes
+        ("ex4-solution", "largest_tensor = min(predicted_sizes,      # the one of that size\n"
+         "                     key=lambda k: abs(predicted_sizes[k] - largest_bytes))",
+         'largest_tensor = "MLP hidden"', r"the tensor it holds"),
     ],
     "09_advanced": [
         # the two coefficients swapped: a fast kernel of the wrong formula

@@ -89,9 +89,10 @@ def test_peak_cut_check(ns):
 
     with pytest.raises(ExerciseFailed, match="Exercise 2 is not done yet"):
         mem.check_peak_cut(*args, not_done, x, y, "cpu")
-    with pytest.raises(ExerciseFailed, match="parameters differ"):
+    # each mistake is named by what it did to the accumulated gradient
+    with pytest.raises(ExerciseFailed, match="clear the gradients once"):
         mem.check_peak_cut(*args, zero_grad_inside, x, y, "cpu")
-    with pytest.raises(ExerciseFailed, match="loss"):
+    with pytest.raises(ExerciseFailed, match="4 times the batch's: divide"):
         mem.check_peak_cut(*args, unscaled, x, y, "cpu")
     with pytest.raises(ExerciseFailed, match="peak"):
         mem.check_peak_cut(*args, ns["baseline_step"], x, y, "cpu")   # no saving
@@ -129,10 +130,16 @@ def test_snapshot_check():
     sizes = mem.block_tensor_bytes(cfg, 2)
     allocs = [e["size"] for e in snap["device_traces"][0] if e["action"] == "alloc"]
     with pytest.raises(ExerciseFailed, match="Exercise 4 is not done yet"):
-        mem.check_largest_allocation(snap, cfg, 2, None, None)
+        mem.check_largest_allocation(snap, cfg, 2, None, None, None)
+    half = {k: v // 2 for k, v in sizes.items()}                    # bfloat16 sizes
+    with pytest.raises(ExerciseFailed, match="predicted size of"):
+        mem.check_largest_allocation(snap, cfg, 2, half, max(allocs), "attention scores")
+    with pytest.raises(ExerciseFailed, match="map each of"):
+        mem.check_largest_allocation(snap, cfg, 2, {"qkv": 1}, max(allocs), "qkv")
     with pytest.raises(ExerciseFailed, match="size"):
-        mem.check_largest_allocation(snap, cfg, 2, allocs[-1], "attention scores")  # the last one
+        mem.check_largest_allocation(snap, cfg, 2, sizes, allocs[-1], "attention scores")
     with pytest.raises(ExerciseFailed, match="tensor"):
-        mem.check_largest_allocation(snap, cfg, 2, max(allocs), "MLP hidden")
+        mem.check_largest_allocation(snap, cfg, 2, sizes, max(allocs), "MLP hidden")
     assert mem.name_allocation(max(allocs), sizes) == "attention scores"
-    assert mem.check_largest_allocation(snap, cfg, 2, max(allocs), "attention scores")
+    assert mem.check_largest_allocation(snap, cfg, 2, dict(sizes), max(allocs),
+                                        "attention scores")
