@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .provenance import glue, read_glued
+from .tables import sig
 
 __all__ = ["EXPECT_PREFIX", "claim", "compare", "expect", "failed_expectations", "relation"]
 
@@ -132,7 +133,7 @@ def relation(a: float, b: float, quantity: str = "time", tolerance: float = 0.1)
 
 
 def _ratio_words(ratio: float) -> str:
-    return f"{ratio:.2f}" if 0.1 <= ratio < 10 else f"{ratio:.3g}"
+    return f"{ratio:.2f}" if 0.1 <= ratio < 10 else sig(ratio, 2)
 
 
 def compare(name: str, measured: float, predicted: float, tolerance: float = 0.25) -> bool:
@@ -147,20 +148,27 @@ def compare(name: str, measured: float, predicted: float, tolerance: float = 0.2
 
     Args:
         name: glue name (a Python identifier).
-        measured, predicted: positive finite numbers of the same unit.
+        measured, predicted: finite numbers of the same unit, ``predicted`` positive (a
+            measurement at or below zero is reported as a miss, never an error: a saving that
+            did not happen is a result).
         tolerance: half-width of the band, relative to ``predicted`` (0 < tolerance < 1).
 
     Raises:
-        ValueError: a bad name, a value that is not positive and finite, or a tolerance outside
-            (0, 1).
+        ValueError: a bad name, a value that is not finite, a prediction that is not positive,
+            or a tolerance outside (0, 1).
     """
     _check_name(name)
     for label, v in (("measured", measured), ("predicted", predicted)):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
-                or not math.isfinite(v) or v <= 0:
-            raise ValueError(f"{label} must be a positive finite number, got {v!r}")
+                or not math.isfinite(v):
+            raise ValueError(f"{label} must be a finite number, got {v!r}")
+    if predicted <= 0:
+        raise ValueError(f"predicted must be positive, got {predicted!r}")
     if not 0 < tolerance < 1:
         raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
+    if measured <= 0:       # a saving that did not happen, a time that did not grow
+        claim(name, False, "unused", "none of the positive amount predicted")
+        return False
     ratio = float(measured) / float(predicted)
     holds = abs(ratio - 1) <= tolerance
     band = f"{tolerance:.0%}".replace("%", " %")
