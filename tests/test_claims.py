@@ -69,7 +69,11 @@ def test_compare_is_two_sided_and_states_the_ratio(glued):
     assert glued["high"] == "1.70x the prediction, outside its 25 % band"
     assert claims.compare("low", 0.5, 1.0, tolerance=0.1) is False     # below is a miss too
     assert "outside its 10 % band" in glued["low"]
-    for bad in [(0.0, 1.0), (1.0, float("inf")), (True, 1.0)]:
+    assert claims.compare("none", -3.0, 1.0) is False   # a saving that did not happen
+    assert glued["none"] == "none of the positive amount predicted"
+    claims.compare("far", 2500.0, 1.0)
+    assert glued["far"] == "2,500x the prediction, outside its 25 % band"
+    for bad in [(1.0, 0.0), (1.0, float("inf")), (True, 1.0), (float("nan"), 1.0)]:
         with pytest.raises(ValueError):
             claims.compare("x", *bad)
     with pytest.raises(ValueError):
