@@ -19,7 +19,7 @@ REQUIRED = ["cpu_memory_bandwidth_GBps", "gpu_copy_bandwidth_TBps", "matmul_tflo
             "matmul_fp32_clock", "matmul_bf16_clock", "elementwise_clock", "wave_clock", "h2d_clock", "p2p_clock",
             "allreduce_clock"]
 
-# headline glue name -> how its cell runs under perflab.telemetry (work on the host samples the CPU's clock)
+# headline glue name -> how its cell runs under perflab.core.sampler (work on the host samples the CPU's clock)
 UNDER_TELEMETRY = {
     "cpu_memory_bandwidth_GBps": 'telemetry_for("cpu")',
     "cpu_cache_clock": 'telemetry_for("cpu")',          # the sweep's cell (its treads are read in the next)
@@ -78,7 +78,7 @@ def test_lab_uses_the_report_card_and_ends_on_the_overlay():
 
 
 def test_claims_about_waves_clocks_and_the_alpha_beta_fit_follow_the_data():
-    """The sentences that compare measured values are chosen by perflab.claims, not typed."""
+    """The sentences that compare measured values are chosen by perflab.record.claims, not typed."""
     code = "\n".join(c.source for c in jupytext.read(CHAPTER).cells if c.cell_type == "code")
     for name in ("wave_sentence_text", "burst_sentence", "ceiling_vs_burst", "allreduce_fit_sentence",
                  "cpu_littles_law_verdict", "cpu_cache_verdict", "disk_random_verdict"):
@@ -100,7 +100,7 @@ def test_lab_reference_column_reads_the_chapters_glued_values_only():
 def test_report_card_measures_the_l2_and_the_latency_as_the_chapter_does():
     """The lab's reference column is chapter 2's glued values, so the card the lab measures must use the
     chapter's methods: graph-replayed copies for the L2 and the alpha-beta fit for the latency."""
-    report = (ROOT / "perflab" / "report.py").read_text()
+    report = (ROOT / "perflab" / "machine" / "report.py").read_text()
     assert "gpu.graph_copy_sweep(" in report and "working_set_sweep(dev" not in report
     assert "distributed.alpha_beta(" in report and "result.points[0].seconds" not in report
     lab = "\n".join(c.source for c in jupytext.read(LAB).cells if c.cell_type == "code")
@@ -119,14 +119,14 @@ def cell_gluing(name):
 
 
 def test_every_headline_measurement_runs_under_telemetry():
-    """Issue 10, section 1: each headline measurement runs under perflab.telemetry and states its clock."""
+    """Issue 10, section 1: each headline measurement runs under perflab.core.sampler and states its clock."""
     for name, how in UNDER_TELEMETRY.items():
         cell = cell_gluing(name)
         assert how in cell, f"the cell of {name} does not run under telemetry ({how})"
         assert ".sentence()" in cell or 'telemetry.get("sentence"' in cell, f"the cell of {name} states no clock"
     # one sampler, perflab's: the chapter opens Telemetry blocks and writes no sampler or timing loop of its own
     setup = code_cells()[0]
-    assert "from perflab.telemetry import Telemetry" in setup and "return Telemetry(" in setup
+    assert "from perflab.core.sampler import Telemetry" in setup and "return Telemetry(" in setup
     code = "\n".join(code_cells())
     for banned in ("threading", "perf_counter", "Event(enable_timing", "nvml.readings(0, links=False)"):
         assert banned not in code, f"the chapter times or samples by itself: {banned}"
@@ -150,9 +150,9 @@ def test_prose_quotes_a_clock_beside_each_measured_result():
 
 def test_datasheet_comparisons_come_with_the_clock_normalized_fraction():
     """Raw efficiency against a datasheet peak (given at the chip's maximum clock) sits beside the efficiency
-    per clock cycle, from perflab.profiling.clock_normalized, as in chapters 1 and 4."""
+    per clock cycle, from perflab.profiling.trace.clock_normalized, as in chapters 1 and 4."""
     setup = code_cells()[0]
-    assert "from perflab.profiling import clock_normalized" in setup
+    assert "from perflab.profiling.trace import clock_normalized" in setup
     assert "return clock_normalized(fraction, tel.clock_fraction, 1.0)" in setup
     assert "clock_normalized(frac, mem," in cell_gluing("gpu_copy_bandwidth_TBps")   # HBM: the memory clock
     assert "at_clock(rate / ref, kind_tel)" in cell_gluing("matmul_tflops_bf16")     # every format
