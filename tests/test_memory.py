@@ -1,4 +1,4 @@
-"""perflab.memory on CPU: predictions against saved tensors, the techniques leave the training
+"""perflab.memory.training on CPU: predictions against saved tensors, the techniques leave the training
 unchanged, snapshots and traces, the fragmentation worker's plumbing."""
 
 import json
@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from perflab import memory as mem
+from perflab.memory import checkpointing as ckpt
+from perflab.memory import steps
+from perflab.memory import training as mem
 
 CFG = mem.BlockStackConfig(d_model=32, n_heads=4, n_layers=2, seq_len=16)
 TOL = 1e-5
@@ -48,7 +50,7 @@ def test_static_bytes_is_16_per_adam_parameter():
 def test_state_bytes_after_a_step_matches_the_prediction():
     model, x, y = _problem()
     opt = torch.optim.Adam(model.parameters())
-    mem.train_step(model, opt, x, y)
+    steps.train_step(model, opt, x, y)
     counted = mem.state_bytes(model, opt)
     predicted = mem.static_bytes(mem.param_count(CFG))
     assert counted["params"] == predicted["params"] and counted["grads"] == predicted["grads"]
@@ -85,22 +87,38 @@ def test_peak_bytes_rejects_non_callables():
 
 def test_accumulation_equals_the_full_batch_and_the_wrong_way_does_not():
     model, x, y = _problem(batch=8)
-    full = mem.train_step(model, None, x, y)
+    full = steps.accumulate_gradients(model, x, y)
     g_full = _grads(model)
-    acc = mem.train_step(model, None, x, y, micro_batches=4)
-    assert acc == pytest.approx(full, rel=1e-6)
+    acc = steps.accumulate_gradients(model, x, y, micro_batches=4)
+    assert float(acc) == pytest.approx(float(full), rel=1e-6)
     assert mem.max_relative_difference(_grads(model), g_full) <= TOL
     for xs, ys in zip(x.chunk(4), y.chunk(4)):      # zero_grad inside the loop
         model.zero_grad(set_to_none=True)
         F.mse_loss(model(xs), ys).backward()
     assert mem.max_relative_difference(_grads(model), g_full) > 0.05
-    with pytest.raises(ValueError, match="micro_batches"):
-        mem.train_step(model, None, x, y, micro_batches=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    steps.accumulated_step(model, opt, x, y, micro_batches=2)
+    assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), before))
+
+
+def test_checkpointing_keeps_less_and_leaves_gradients_equal():
+    model, x, y = _problem()
+    nets, grads = {}, {}
+    for policy in ckpt.POLICIES:
+        forward = lambda t, p=policy: ckpt.checkpointed(model, t, p)   # noqa: E731
+        steps.accumulate_gradients(model, x, y, forward=forward)
+        grads[policy] = _grads(model)
+        model.zero_grad(set_to_none=True)
+        nets[policy] = mem.peak_bytes(lambda: F.mse_loss(forward(x), y), "cpu")[0].net
+    assert nets["full"] < nets["selective"] < nets["none"]
+    for policy in ("full", "selective"):
+        assert mem.max_relative_difference(grads[policy], grads["none"]) <= TOL
 
 
 def test_save_on_cpu_leaves_gradients_equal():
     model, x, y = _problem()
-    mem.train_step(model, None, x, y)
+    steps.accumulate_gradients(model, x, y)
     ref = _grads(model)
     model.zero_grad(set_to_none=True)
     with torch.autograd.graph.save_on_cpu(pin_memory=False):
@@ -114,8 +132,8 @@ def test_optimizer_in_backward_makes_the_same_update_and_frees_gradients():
     fused, _, _ = _problem()
     init = [p.detach().clone() for p in plain.parameters()]
     opt = torch.optim.Adam(plain.parameters(), lr=1e-3)
-    mem.train_step(plain, opt, x, y)
-    hooks = mem.optimizer_in_backward(fused, lambda ps: torch.optim.Adam(ps, lr=1e-3))
+    steps.train_step(plain, opt, x, y)
+    hooks = steps.optimizer_in_backward(fused, lambda ps: torch.optim.Adam(ps, lr=1e-3))
     F.mse_loss(fused(x), y).backward()
     assert all(p.grad is None for p in fused.parameters())
     upd = lambda m: [p.detach() - q for p, q in zip(m.parameters(), init)]  # noqa: E731
@@ -126,7 +144,7 @@ def test_optimizer_in_backward_makes_the_same_update_and_frees_gradients():
 def test_measure_phases_on_cpu():
     model, x, y = _problem()
     opt = torch.optim.Adam(model.parameters())
-    mem.train_step(model, opt, x, y)
+    steps.train_step(model, opt, x, y)
     fwd, bwd, step = mem.measure_phases(model, opt, x, y, "cpu")
     assert (fwd.phase, bwd.phase, step.phase) == ("forward", "backward", "step")
     assert fwd.net > 0 and bwd.net < 0
@@ -158,8 +176,8 @@ def test_allocator_rounding():
 def test_cpu_trace_snapshot_roundtrip_and_largest_allocation(tmp_path):
     model, x, y = _problem()
     opt = torch.optim.Adam(model.parameters())
-    mem.train_step(model, opt, x, y)
-    snap = mem.cpu_memory_trace(lambda: mem.train_step(model, opt, x, y))
+    steps.train_step(model, opt, x, y)
+    snap = mem.cpu_memory_trace(lambda: steps.train_step(model, opt, x, y))
     path = mem.save_snapshot(snap, tmp_path / "s.pickle")
     mem.save_snapshot_config(CFG, 4, path)
     again = mem.load_snapshot(path)
@@ -297,7 +315,7 @@ def test_live_at_peak_on_a_cuda_shaped_trace():
 def test_memory_timeline_names_the_categories_on_cpu():
     model, x, y = _problem()
     opt = torch.optim.Adam(model.parameters())
-    step = lambda: mem.train_step(model, opt, x, y)   # noqa: E731
+    step = lambda: steps.train_step(model, opt, x, y)   # noqa: E731
     step()
     times, by_cat = mem.memory_timeline(step, "cpu")
     assert times == sorted(times) and {"PARAMETER", "GRADIENT", "ACTIVATION"} <= set(by_cat)

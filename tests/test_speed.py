@@ -1,10 +1,10 @@
-"""perflab.speed on CPU: data, prefetcher, ladder, overlap arithmetic, BN folding, log capture."""
+"""perflab.speed.techniques on CPU: data, prefetcher, ladder, overlap arithmetic, BN folding, log capture."""
 
 import pytest
 import torch
 from torch import nn
 
-from perflab import speed
+from perflab.speed import techniques as speed
 
 
 def test_synthetic_images_shapes_dtypes_and_determinism():
@@ -154,3 +154,28 @@ def test_wave_model_dips_just_past_a_wave():
     assert full == pytest.approx(100 * 128 / 132) and past == pytest.approx(100 * 153 / 264)
     with pytest.raises(ValueError):
         speed.wave_model([0], 1.0, 132)
+
+
+def test_the_pages_prefetcher_is_a_plain_iterator_on_cpu():
+    from perflab.speed.overlap import Prefetcher
+
+    batches = [(torch.ones(2), torch.zeros(2)), (torch.full((2,), 2.0), torch.ones(2))]
+    out = list(Prefetcher(batches, "cpu"))
+    assert len(out) == 2 and all(torch.equal(a, b) for (a, _), (b, _) in zip(out, batches))
+
+
+@pytest.mark.parametrize("kind", ["conv", "linear"])
+def test_the_pages_bn_folding_matches_layer_then_bn_in_eval(kind):
+    from perflab.speed.fusion import fold_batchnorm
+
+    torch.manual_seed(0)
+    if kind == "conv":
+        layer, bn, x = nn.Conv2d(3, 5, 3, bias=False), nn.BatchNorm2d(5), torch.randn(2, 3, 8, 8)
+    else:
+        layer, bn, x = nn.Linear(4, 5), nn.BatchNorm1d(5), torch.randn(6, 4)
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    bn.weight.data.uniform_(0.5, 2)
+    bn.bias.data.uniform_(-1, 1)
+    bn.eval()
+    assert torch.allclose(fold_batchnorm(layer, bn)(x), bn(layer(x)), atol=1e-5)

@@ -1,0 +1,68 @@
+"""Lab 6's checks: the fast loop gives the same result, and is faster; an optimizer that updates
+all tensors at once."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from perflab.labs.exercises import ExerciseFailed, check_ratio_at_least, not_done
+from perflab.speed.techniques import same_losses
+
+__all__ = ["check_same_and_faster", "multi_tensor"]
+
+
+def check_same_and_faster(what: str, slow_losses: Sequence[float], fast_losses: Sequence[float],
+                          ratio: float, device: torch.device | str, min_ratio: float,
+                          ratio_on_cpu: bool = False, rtol: float = 1e-3) -> bool:
+    """A lab check: the fast loop gives the same result, and (where meaningful) is faster.
+
+    ``what`` starts with the exercise's name, e.g. ``"Exercise 2: pinned copies"``; an answer
+    that is still ``None`` raises "Exercise 2 is not done yet" (see :func:`perflab.labs.exercises.not_done`).
+
+    * Result (every device): :func:`same_losses`: the same number of losses, each within ``rtol``
+      of the given loop's at the same step. Reordered arithmetic passes (about 1e-6); a loop that
+      trains on other batches, with another loss or another optimizer fails within a few steps.
+    * Speed: ``ratio`` (slow time / fast time, measured in the same run with paired, interleaved
+      blocks: :func:`perflab.core.timing.paired_ratio`) at least ``min_ratio``. Checked on a CUDA
+      device always, on a CPU only when ``ratio_on_cpu`` (for effects that exist there, such as
+      per-call overhead); otherwise the check says that the speed part needs a GPU.
+
+    Prints one sentence and returns True on success.
+
+    Raises:
+        perflab.labs.exercises.ExerciseFailed: missing answers, a changed result or too small a
+            speedup (the message says which).
+    """
+    if slow_losses is None or fast_losses is None or ratio is None:
+        number = what.split(":")[0].replace("Exercise", "").strip() or "?"
+        not_done(number, "run your version of the loop first (its result is still None)")
+    slow, fast = [float(v) for v in slow_losses], [float(v) for v in fast_losses]
+    if not fast or len(fast) != len(slow):
+        raise ExerciseFailed(f"✗ {what}: expected {len(slow)} losses, got {len(fast)}.")
+    if not all(math.isfinite(v) for v in fast):
+        raise ExerciseFailed(f"✗ {what}: a loss is not finite.")
+    if not same_losses(slow, fast, rtol):
+        step = next(i for i, (a, b) in enumerate(zip(slow, fast)) if abs(a - b) > rtol * abs(a))
+        raise ExerciseFailed(f"✗ {what}: the result changed: at step {step} the loss is "
+                             f"{fast[step]:.6g} against {slow[step]:.6g} (tolerance "
+                             f"{rtol:g}, relative).")
+    dev = torch.device(device)
+    if dev.type == "cuda" or ratio_on_cpu:
+        check_ratio_at_least(ratio, 1.0, min_ratio, f"{what} (speedup, same result)")
+    else:
+        print(f"✓ {what}: same result (every loss within {rtol:g}); the speed part "
+              f"(≥ {min_ratio:g}x) needs a GPU and is not checked on a {dev.type}.")
+    return True
+
+
+def multi_tensor(optimizer: torch.optim.Optimizer) -> bool:
+    """True when ``optimizer`` updates all its parameters with multi-tensor or fused kernels on a
+    GPU: ``fused=True``, ``foreach=True``, or ``foreach`` left at its default (None), which
+    PyTorch turns into foreach for CUDA parameters. Only an explicit ``foreach=False`` without
+    ``fused`` is the per-tensor for-loop (on a CPU every implementation loops, so the request is
+    what counts)."""
+    d = optimizer.defaults
+    return bool(d.get("fused")) or d.get("foreach") is not False

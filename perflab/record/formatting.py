@@ -1,0 +1,81 @@
+"""Tables and numbers for the page: one call builds a Markdown table and glues it.
+
+Bookkeeping, kept out of the chapters' cells: a cell computes rows of values, and
+:func:`glue_table` turns them into one Markdown table glued under a name (shown in the prose with
+``{glue:md}`name```). :func:`sig` and :func:`nbytes` write a number with three significant
+digits and a unit, never as ``2.05e+03 MiB`` or ``734,577,152 bytes``.
+
+(Interim: the course's shared formatter and table helper, ``perflab.record.numbers`` and
+``perflab.record.tables``, are being written; these functions follow the same convention and
+give way to them when they land.)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from perflab.record.provenance import glue
+
+__all__ = ["glue_table", "markdown", "nbytes", "sig"]
+
+_BYTE_UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
+
+
+def sig(x: float, digits: int = 3, unit: str = "") -> str:
+    """``x`` with ``digits`` significant digits, thousands separated, no exponent below 1e15:
+    ``sig(1234.5) == "1,230"``, ``sig(0.012345) == "0.0123"``, ``sig(0) == "0"``.
+
+    Raises:
+        ValueError: ``x`` not finite or ``digits`` < 1.
+    """
+    if digits < 1:
+        raise ValueError(f"digits must be >= 1, got {digits}")
+    if not math.isfinite(x):
+        raise ValueError(f"x must be finite, got {x}")
+    if x == 0:
+        text = "0"
+    else:
+        decimals = digits - 1 - math.floor(math.log10(abs(x)))
+        text = f"{round(x, decimals):,.{max(decimals, 0)}f}"
+    return f"{text} {unit}".rstrip() if unit else text
+
+
+def nbytes(n: float, digits: int = 3) -> str:
+    """Bytes in the largest binary unit that keeps the value at or above 1: ``"1.50 GiB"``,
+    ``"32.0 MiB"``, ``"512 B"``; negative values keep their sign."""
+    mag = abs(n)
+    for size, unit in _BYTE_UNITS:
+        if mag >= size:
+            return sig(n / size, digits, unit)
+    return sig(n, digits, "B")
+
+
+def markdown(columns: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
+    """A Markdown table: ``columns`` headers, ``rows`` of cells (``str(cell)`` each), and ``align``
+    one letter per column (``l`` or ``r``; default: the first column left, the rest right).
+
+    Raises:
+        ValueError: a row of another length than ``columns``, or a bad ``align``.
+    """
+    align = align or "l" + "r" * (len(columns) - 1)
+    if len(align) != len(columns) or set(align) - {"l", "r"}:
+        raise ValueError(f"align must be one l or r per column, got {align!r}")
+    lines = ["| " + " | ".join(columns) + " |",
+             "|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|"]
+    for k, row in enumerate(rows):
+        if len(row) != len(columns):
+            raise ValueError(f"row {k} has {len(row)} cells for {len(columns)} columns")
+        lines.append("| " + " | ".join(str(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+def glue_table(name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+               align: str | None = None):
+    """Build :func:`markdown`'s table, glue it under ``name`` (for ``{glue:md}`name```) and
+    return it as an IPython ``Markdown`` object."""
+    from IPython.display import Markdown  # optional: only notebooks glue tables
+
+    table = Markdown(markdown(columns, rows, align))
+    glue(name, table)
+    return table

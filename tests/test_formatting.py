@@ -1,0 +1,23 @@
+"""perflab.record.formatting: numbers as a person writes them, tables in one call."""
+
+import pytest
+
+from perflab.record import formatting as fm
+
+
+def test_sig_and_nbytes_never_write_exponents_or_long_byte_counts():
+    assert fm.sig(1234.5) == "1,230" and fm.sig(0.012345) == "0.0123" and fm.sig(0) == "0"
+    assert fm.sig(999.7) == "1,000" and fm.sig(12.345, unit="ms") == "12.3 ms"
+    assert fm.nbytes(1_612_316_672) == "1.50 GiB" and fm.nbytes(32 * 2**20) == "32.0 MiB"
+    assert fm.nbytes(512) == "512 B" and fm.nbytes(-6.03 * 2**20) == "-6.03 MiB"
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            fm.sig(bad)
+
+
+def test_markdown_table_checks_its_shape():
+    assert fm.markdown(["a", "b"], [[1, 2]]) == "| a | b |\n|:---|---:|\n| 1 | 2 |"
+    with pytest.raises(ValueError, match="row 0"):
+        fm.markdown(["a", "b"], [[1]])
+    with pytest.raises(ValueError, match="align"):
+        fm.markdown(["a"], [[1]], align="c")
