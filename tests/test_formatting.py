@@ -21,3 +21,11 @@ def test_markdown_table_checks_its_shape():
         fm.markdown(["a", "b"], [[1]])
     with pytest.raises(ValueError, match="align"):
         fm.markdown(["a"], [[1]], align="c")
+
+
+def test_small_writes_tiny_numbers_with_a_power_of_ten():
+    assert fm.small(4.5e-7) == "4.5 × 10⁻⁷" and fm.small(-1.04e-5) == "-1.0 × 10⁻⁵"
+    assert fm.small(9.96e-6) == "1.0 × 10⁻⁵"                 # rounding up moves the exponent
+    assert fm.small(0.0123) == "0.012" and fm.small(0) == "0" and fm.small(0.18) == "0.18"
+    with pytest.raises(ValueError):
+        fm.small(float("nan"))

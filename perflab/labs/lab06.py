@@ -47,7 +47,7 @@ def check_same_and_faster(what: str, slow_losses: Sequence[float], fast_losses: 
     if not same_losses(slow, fast, rtol):
         step = next(i for i, (a, b) in enumerate(zip(slow, fast)) if abs(a - b) > rtol * abs(a))
         raise ExerciseFailed(f"✗ {what}: the result changed: at step {step} the loss is "
-                             f"{fast[step]:.6g} against {slow[step]:.6g} (tolerance "
+                             f"{fast[step]:.4f} against {slow[step]:.4f} (tolerance "
                              f"{rtol:g}, relative).")
     dev = torch.device(device)
     if dev.type == "cuda" or ratio_on_cpu:

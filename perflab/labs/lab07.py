@@ -105,8 +105,8 @@ def check_peak_cut(make_model: Callable[[], nn.Module], baseline_step: Callable,
     _diagnose_gradients(models[0], models[1])
     base_loss, lean_loss = float(losses[0]), float(losses[1])
     check_true(abs(lean_loss - base_loss) <= loss_rtol * abs(base_loss),
-               f"lean_step's loss {lean_loss:.6f} equals the baseline's.",
-               f"lean_step returns the loss {lean_loss:.6f}, the baseline {base_loss:.6f}: "
+               f"lean_step's loss {lean_loss:.4f} equals the baseline's.",
+               f"lean_step returns the loss {lean_loss:.4f}, the baseline {base_loss:.4f}: "
                "return the full batch's mean loss (the sum of the scaled micro-batch losses).")
     diff = max_relative_difference(models[1].parameters(), models[0].parameters())
     check_true(diff <= param_rtol,

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from perflab.record.provenance import glue
 
-__all__ = ["glue_table", "markdown", "nbytes", "sig"]
+__all__ = ["glue_table", "markdown", "nbytes", "sig", "small"]
 
 _BYTE_UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
 
@@ -39,6 +39,31 @@ def sig(x: float, digits: int = 3, unit: str = "") -> str:
         decimals = digits - 1 - math.floor(math.log10(abs(x)))
         text = f"{round(x, decimals):,.{max(decimals, 0)}f}"
     return f"{text} {unit}".rstrip() if unit else text
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def small(x: float, digits: int = 2) -> str:
+    """A number that may be tiny (a rounding difference, a tolerance) as a person writes it:
+    ``small(4.5e-7) == "4.5 × 10⁻⁷"``, ``small(0.0123) == "0.012"``, ``small(0) == "0"``; never
+    ``4.5e-07`` or ``0.00000045``.
+
+    Raises:
+        ValueError: ``x`` not finite or ``digits`` < 1.
+    """
+    if digits < 1:
+        raise ValueError(f"digits must be >= 1, got {digits}")
+    if not math.isfinite(x):
+        raise ValueError(f"x must be finite, got {x}")
+    if x == 0 or abs(x) >= 1e-3:
+        return sig(x, digits)
+    exponent = math.floor(math.log10(abs(x)))
+    mantissa = round(x / 10**exponent, digits - 1)
+    if abs(mantissa) >= 10:
+        mantissa, exponent = mantissa / 10, exponent + 1
+    head = f"{mantissa:.{digits - 1}f}"
+    return f"{head} × 10{str(exponent).translate(_SUPERSCRIPT)}"
 
 
 def nbytes(n: float, digits: int = 3) -> str:
