@@ -332,3 +332,12 @@ def test_parallel_decode_rate_counts_every_image(files):
         ds.parallel_decode_rate(files[:8], 0)
     with pytest.raises(ValueError, match="at least processes=9"):
         ds.parallel_decode_rate(files[:8], 9)
+
+
+def test_import_seconds_starts_processes_together():
+    assert ds.import_seconds(("json",), processes=2) > 0
+    with pytest.raises(ValueError, match="processes"):
+        ds.import_seconds(("json",), processes=0)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            ds.kernel_seconds(lambda: None)

@@ -86,6 +86,7 @@ __all__ = [
     "gpu_decode_profile",
     "gpu_rate",
     "import_seconds",
+    "kernel_seconds",
     "loader_rate",
     "make_jpeg_folder",
     "parallel_decode_rate",
@@ -783,24 +784,55 @@ def raw_read_rate(files: Sequence[str | os.PathLike]) -> float:
     return total / (time.perf_counter() - t0)
 
 
-def import_seconds(modules: Sequence[str] = ("torch", "perflab.loading.datasets")) -> float:
-    """Seconds a fresh Python process takes to import ``modules`` and exit: what every loader
-    worker started with ``spawn`` or ``forkserver`` pays before its first batch (they import the
-    dataset's module by name). Runs ``sys.executable -c "import ..."`` once, with this clone on
-    the path.
+def import_seconds(modules: Sequence[str] = ("torch", "perflab.loading.datasets"),
+                   processes: int = 1) -> float:
+    """Seconds ``processes`` fresh Python processes, started together, take to import ``modules``
+    and exit (the slowest of them): what loader workers started with ``spawn`` or ``forkserver``
+    pay before their first batch, since they start together and import the dataset's module by
+    name. Runs ``sys.executable -c "import ..."`` with this clone on the path.
 
     Raises:
-        RuntimeError: the child process failed (its stderr in the message).
+        RuntimeError: a child process failed (its stderr in the message).
+        ValueError: ``processes`` not a positive integer.
     """
+    _positive_int("processes", processes)
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", "import " + ", ".join(modules)],
-                          capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"importing {modules} failed: {proc.stderr[-1000:]}")
-    return time.perf_counter() - t0
+    procs = [subprocess.Popen([sys.executable, "-c", "import " + ", ".join(modules)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(processes)]
+    errors = [p.communicate()[1] for p in procs]
+    elapsed = time.perf_counter() - t0
+    for p, err in zip(procs, errors):
+        if p.returncode != 0:
+            raise RuntimeError(f"importing {modules} failed: {err[-1000:]}")
+    return elapsed
+
+
+def kernel_seconds(fn: Callable[[], object]) -> dict[str, float]:
+    """Seconds each CUDA kernel name took in one call of ``fn()`` (after one warm-up call), from
+    ``torch.profiler``, longest first: where a GPU function's time goes, kernel by kernel.
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("kernel_seconds needs a CUDA GPU")
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(
+                ("Memcpy", "Memset", "[memory]")):
+            out[e.name] = out.get(e.name, 0.0) + (e.time_range.end - e.time_range.start) * 1e-6
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def threads_everywhere(worker_id: int) -> None:
