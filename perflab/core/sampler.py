@@ -32,6 +32,7 @@ import torch
 from perflab.core import nvml
 from perflab.core.device import cpu_name, cpuinfo
 from perflab.core.timing import benchmark
+from perflab.core.validate import positive
 
 __all__ = ["cpu_state", "machine_state", "measure", "Measurement", "Telemetry", "TelemetrySummary",
            "UtilizationSampler"]
@@ -172,8 +173,7 @@ class Telemetry:
     _source: str = "none"
 
     def __post_init__(self) -> None:
-        if not self.interval_s > 0:
-            raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
+        positive("interval_s", self.interval_s)
         if self.index < 0:
             raise ValueError(f"index must be >= 0, got {self.index}")
         if self.device is not None:
@@ -393,8 +393,7 @@ class UtilizationSampler:
     samples: list[tuple[float, int]] = field(default_factory=list)
 
     def __post_init__(self):
-        if self.interval_s <= 0:
-            raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
+        positive("interval_s", self.interval_s)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -20,6 +20,8 @@ from typing import Callable
 import torch
 from torch.utils import benchmark as tub
 
+from perflab.core.validate import positive, positive_int
+
 __all__ = ["CacheTiming", "Timing", "benchmark", "event_timer", "flush_l2", "hot_and_cold",
            "order_effect", "paired_ratio", "synchronize"]
 
@@ -146,8 +148,7 @@ def benchmark(
     Raises:
         ValueError: ``min_run_time_s`` is not positive.
     """
-    if min_run_time_s <= 0:
-        raise ValueError(f"min_run_time_s must be > 0, got {min_run_time_s}")
+    positive("min_run_time_s", min_run_time_s)
     dev = torch.device(device) if device is not None else (
         torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     if dev.type == "cuda":
@@ -347,10 +348,8 @@ def paired_ratio(base: Callable[[], object], candidate: Callable[[], object],
     Raises:
         ValueError: ``pairs`` < 1 or ``block_s`` <= 0.
     """
-    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
-        raise ValueError(f"pairs must be an integer >= 1, got {pairs!r}")
-    if not block_s > 0:
-        raise ValueError(f"block_s must be > 0, got {block_s!r}")
+    positive_int("pairs", pairs)
+    positive("block_s", block_s)
     dev = torch.device(device)
 
     def block(fn: Callable[[], object], calls: int) -> float:

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from perflab.core.device import gpu_count
 from perflab.core.fits import fit_line
 from perflab.core.sampler import Telemetry
+from perflab.core.validate import integer, positive
 
 __all__ = [
     "AlphaBeta",
@@ -80,15 +81,12 @@ def algorithm_bandwidth(nbytes: float, seconds: float) -> float:
     """
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-    if seconds <= 0:
-        raise ValueError(f"seconds must be > 0, got {seconds}")
+    positive("seconds", seconds)
     return nbytes / seconds
 
 
 def _check_world(world_size) -> None:
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
-        raise ValueError(f"world_size must be an integer >= 2 (an all-reduce on one rank moves no data), "
-                         f"got {world_size!r}")
+    integer("world_size", world_size, 2)  # an all-reduce on one rank moves no data
 
 
 def bus_bandwidth(nbytes: float, seconds: float, world_size: int) -> float:
@@ -111,8 +109,7 @@ def allreduce_time(nbytes: float, busbw: float, world_size: int, latency_s: floa
         ValueError: ``world_size`` < 2, ``busbw`` not positive, or negative ``nbytes``/``latency_s``.
     """
     _check_world(world_size)
-    if busbw <= 0:
-        raise ValueError(f"busbw must be > 0 bytes/s, got {busbw}")
+    positive("busbw", busbw)
     if nbytes < 0 or latency_s < 0:
         raise ValueError(f"nbytes and latency_s must be >= 0, got {nbytes}, {latency_s}")
     return latency_s + nbytes * 2 * (world_size - 1) / world_size / busbw
@@ -260,8 +257,7 @@ def launch(
         LaunchError: a worker failed or the launch timed out (the message carries the exit status
             and the last lines the workers printed), or rank 0 wrote no result.
     """
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2:
-        raise ValueError(f"nproc must be an integer >= 2, got {nproc!r}")
+    integer("nproc", nproc, 2)
     backend = backend or default_backend()
     if backend not in ("nccl", "gloo"):
         raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from perflab.core.device import gpu_count
+from perflab.core.validate import integer, positive_int
 from perflab.distributed.collectives import LaunchError, _child_env, _failure, default_backend
 from perflab.gpt2 import ladder as speedrun
 from perflab.labs.exercises import ExerciseNotDone
@@ -77,8 +78,7 @@ def bus_factor(op: str, world_size: int) -> float:
     """
     if op not in COLLECTIVES:
         raise ValueError(f"op must be one of {COLLECTIVES}, got {op!r}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
-        raise ValueError(f"world_size must be an integer >= 2, got {world_size!r}")
+    integer("world_size", world_size, 2)
     n = world_size
     return {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0, "reduce": 1.0}.get(op, (n - 1) / n)
 
@@ -153,8 +153,7 @@ def interleaved_rounds(steps: dict[str, Callable[[], object]],
     """
     if not steps:
         raise ValueError("steps must hold at least one step")
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    positive_int("rounds", rounds)
     names = list(steps)
     times: dict[str, list[float]] = {n: [] for n in names}
     orders = []
@@ -292,8 +291,7 @@ def launch(
         LaunchError: a worker failed, the launch timed out (all processes are killed), or a rank
             wrote no result; the message holds the command, status and the workers' last lines.
     """
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
-        raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
+    positive_int("nproc", nproc)
     if nnodes not in (1, 2):
         raise ValueError(f"nnodes must be 1 or 2 (two 'nodes' on this machine), got {nnodes!r}")
     if timeout_s <= 0 or pg_timeout_s <= 0:

@@ -41,6 +41,7 @@ from torch.profiler import ProfilerActivity, profile as _profile
 
 from perflab.core.sampler import Telemetry
 from perflab.core.timing import synchronize
+from perflab.core.validate import integer, positive, positive_int
 from perflab.gpt2 import model as gpt2
 from perflab.kernels import crossentropy, fp8
 from perflab.memory import training as memory
@@ -126,8 +127,7 @@ class Rung:
     def __post_init__(self):
         for name in ("batch", "seq_len", "accum", "vocab"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            positive_int(name, v)
         for name, allowed in (("precision", PRECISIONS), ("attention", ATTENTIONS),
                               ("optimizer", OPTIMIZERS), ("loader", LOADERS)):
             if getattr(self, name) not in allowed:
@@ -482,10 +482,8 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     Raises:
         ValueError: ``steps`` < 1, ``warmup`` < 0, or token ids outside the vocabulary.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    positive_int("steps", steps)
+    integer("warmup", warmup, 0)
     if not isinstance(rung, Rung):
         raise TypeError(f"rung must be a Rung, got {type(rung).__name__}")
     device = torch.device(device)
@@ -614,8 +612,7 @@ class Timeline:
         Raises:
             ValueError: ``threshold_s`` <= 0.
         """
-        if not threshold_s > 0:
-            raise ValueError(f"threshold_s must be > 0, got {threshold_s!r}")
+        positive("threshold_s", threshold_s)
         return sum(g for g in self.gaps_s if g < threshold_s)
 
     @property

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import torch
 
 from perflab.core.timing import benchmark, synchronize
+from perflab.core.validate import positive, positive_int
 from perflab.machine.cpu import cache_levels
 from perflab.machine.roofline import copy_bandwidth
 
@@ -63,8 +64,7 @@ def issue_time(fn: Callable[[], object], device: torch.device | str, calls: int 
         ValueError: ``calls`` or ``bursts`` below 1.
     """
     for name, v in (("calls", calls), ("bursts", bursts)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        positive_int(name, v)
     per_call = []
     for _ in range(bursts):
         synchronize(device)
@@ -280,8 +280,7 @@ def call_model(device: torch.device | str, bandwidth: float,
     Raises:
         ValueError: a non-positive ``bandwidth`` or ``peak_flops``.
     """
-    if not bandwidth > 0:
-        raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
+    positive("bandwidth", bandwidth)
     dev = torch.device(device)
     host = 1.0 / op_rate(dev)
     gpu = dev.type == "cuda"

@@ -51,6 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from perflab.core.validate import positive_int
+
 __all__ = [
     "AugmentBatch",
     "IMAGENET_MEAN",
@@ -94,12 +96,6 @@ __all__ = [
 # ImageNet channel statistics (RGB, on the 0-1 scale), the constants torchvision's models use.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def cache_dir(*parts: str) -> Path:
@@ -176,7 +172,7 @@ def make_jpeg_folder(n: int, size: tuple[int, int] = (500, 375), quality: int = 
     Raises:
         ValueError: ``n`` not a positive integer, ``quality`` outside 1-95.
     """
-    _positive_int("n", n)
+    positive_int("n", n)
     if not 1 <= quality <= 95:
         raise ValueError(f"quality must be in 1..95 (Pillow's range), got {quality}")
     photos = source_photos()
@@ -211,7 +207,7 @@ def decode_resized(data: bytes | str | os.PathLike, side: int) -> np.ndarray:
     """
     from PIL import Image
 
-    _positive_int("side", side)
+    positive_int("side", side)
     src = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
     with Image.open(src) as im:
         w, h = im.size
@@ -233,7 +229,7 @@ def pil_pipeline(data: bytes | str | os.PathLike, out: int, generator: torch.Gen
     """
     from PIL import Image
 
-    _positive_int("out", out)
+    positive_int("out", out)
     src = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
     r = torch.rand(4, generator=generator).tolist()
     with Image.open(src) as im:
@@ -355,7 +351,7 @@ def write_tar_shards(files: Sequence[str | os.PathLike], folder: str | os.PathLi
     Raises:
         ValueError: empty ``files`` or ``per_shard`` not a positive integer.
     """
-    _positive_int("per_shard", per_shard)
+    positive_int("per_shard", per_shard)
     files = [Path(f) for f in files]
     if not files:
         raise ValueError("files is empty")
@@ -474,7 +470,7 @@ def gpu_augment(batch: torch.Tensor, out: int, generator: torch.Generator | None
     """
     if batch.dim() != 4 or batch.shape[1] != 3 or batch.dtype != torch.uint8:
         raise ValueError(f"batch must be uint8 (B, 3, H, W), got {batch.dtype} {tuple(batch.shape)}")
-    _positive_int("out", out)
+    positive_int("out", out)
     b, _, H, W = batch.shape
     dev = batch.device
     h = torch.full((b,), float(H), dtype=torch.float64)
@@ -551,7 +547,7 @@ def gpu_augment_list(images: Sequence[torch.Tensor], out: int,
     for k, t in enumerate(images):
         if t.dim() != 3 or t.shape[0] != 3 or t.dtype != torch.uint8:
             raise ValueError(f"images[{k}] must be uint8 (3, H, W), got {t.dtype} {tuple(t.shape)}")
-    _positive_int("out", out)
+    positive_int("out", out)
     dev = images[0].device
     hw = torch.tensor([[t.shape[1], t.shape[2]] for t in images], dtype=torch.float64)
     h, w = hw[:, 0], hw[:, 1]
@@ -581,7 +577,7 @@ def read_rate(dataset, n: int | None = None, batch: int = 64) -> float:
             if n is not None and count >= n:
                 break
         return count / (time.perf_counter() - t0)
-    n = len(dataset) if n is None else _positive_int("n", n)
+    n = len(dataset) if n is None else positive_int("n", n)
     if n > len(dataset):
         raise ValueError(f"n={n} but the dataset has {len(dataset)} items")
     t0 = time.perf_counter()
@@ -620,7 +616,7 @@ def parallel_decode_rate(files: Sequence[str | os.PathLike], processes: int,
     Raises:
         ValueError: ``processes`` not a positive int, or fewer ``files`` than ``processes``.
     """
-    _positive_int("processes", processes)
+    positive_int("processes", processes)
     if len(files) < processes:
         raise ValueError(f"need at least processes={processes} files, got {len(files)}")
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
@@ -686,7 +682,7 @@ class AugmentBatch:
     (picklable, so it also works in workers)."""
 
     def __init__(self, out: int, seed: int | None = None):
-        self.out = _positive_int("out", out)
+        self.out = positive_int("out", out)
         self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
 
     def __call__(self, batch):
@@ -702,7 +698,7 @@ class RandomProbe(Dataset):
     across workers and epochs."""
 
     def __init__(self, n: int, seed: int = 0):
-        self.n = _positive_int("n", n)
+        self.n = positive_int("n", n)
         self.rng = np.random.default_rng(seed)
 
     def __len__(self):
@@ -862,7 +858,7 @@ class TokenDataset(Dataset):
     """
 
     def __init__(self, corpus: TextCorpus | str | os.PathLike, seq_len: int):
-        _positive_int("seq_len", seq_len)
+        positive_int("seq_len", seq_len)
         self.path = Path(corpus.tokens if isinstance(corpus, TextCorpus) else corpus)
         self.n_tokens = self.path.stat().st_size // 2
         self.seq_len = seq_len
@@ -1001,7 +997,7 @@ def small_cnn(width: int = 64, classes: int = 10) -> torch.nn.Module:
     """A small convolutional classifier: four stages, each a stride-2 3x3 convolution and a
     stride-1 3x3 convolution (``width``, 2x, 4x, 8x channels, BatchNorm + ReLU after each), global
     average pooling and a linear head. FLOPs: :func:`small_cnn_flops`."""
-    _positive_int("width", width)
+    positive_int("width", width)
     layers, c_in = [], 3
     for k in range(4):
         c_out = width * 2**k
@@ -1045,9 +1041,9 @@ def ladder_loaders(folder: str | os.PathLike, memmap: str | os.PathLike, batch: 
     from functools import partial
     from torch.utils.data import BatchSampler, RandomSampler
 
-    _positive_int("batch", batch)
-    _positive_int("workers", workers)
-    _positive_int("epochs", epochs)
+    positive_int("batch", batch)
+    positive_int("workers", workers)
+    positive_int("epochs", epochs)
     jpeg = JpegFolder(folder, transform=partial(pil_pipeline, out=out))
     g = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
 
@@ -1087,7 +1083,7 @@ def train_steps(loader, model: torch.nn.Module, steps: int, device: str | torch.
     Raises:
         ValueError: ``steps`` not positive, or the loader ran out before ``warmup + steps``.
     """
-    _positive_int("steps", steps)
+    positive_int("steps", steps)
     dev = torch.device(device)
     model = model.to(dev).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

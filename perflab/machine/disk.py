@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from perflab.core.validate import positive_int
+
 __all__ = [
     "DiskReport",
     "default_directory",
@@ -32,12 +34,6 @@ __all__ = [
     "random_read",
     "sequential_read",
 ]
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def filesystem(path: str | os.PathLike) -> tuple[str, str]:
@@ -80,8 +76,8 @@ def make_file(nbytes: int, directory: str | os.PathLike | None = None, chunk: in
         ValueError: ``nbytes`` or ``chunk`` not a positive integer.
         OSError: the directory is not writable or the disk is full.
     """
-    _positive_int("nbytes", nbytes)
-    _positive_int("chunk", chunk)
+    positive_int("nbytes", nbytes)
+    positive_int("chunk", chunk)
     rng = np.random.default_rng(0)
     fd, name = tempfile.mkstemp(prefix="perflab-disk-", suffix=".bin",
                                 dir=directory if directory is not None else default_directory())
@@ -132,7 +128,7 @@ def sequential_read(path: str | os.PathLike, block: int = 2**20, cold: bool = Tr
         ValueError: ``block`` not a positive integer.
         FileNotFoundError: no such file.
     """
-    _positive_int("block", block)
+    positive_int("block", block)
     if cold:
         drop_cache(path)
     buf = bytearray(block)
@@ -168,8 +164,8 @@ def random_read(
         ValueError: ``block`` or ``count`` not positive, or a file smaller than one block.
         FileNotFoundError: no such file.
     """
-    _positive_int("block", block)
-    _positive_int("count", count)
+    positive_int("block", block)
+    positive_int("count", count)
     size = os.path.getsize(path)
     if size < block:
         raise ValueError(f"{path} holds {size} bytes, less than one block of {block}")
@@ -243,8 +239,8 @@ def measure(
         ValueError: ``nbytes`` smaller than ``block``, or bad ``block``/``count``.
         OSError: the directory is not writable or the disk is full.
     """
-    _positive_int("nbytes", nbytes)
-    _positive_int("block", block)
+    positive_int("nbytes", nbytes)
+    positive_int("block", block)
     if nbytes < block:
         raise ValueError(f"nbytes ({nbytes}) must be at least one block ({block})")
     path = make_file(nbytes, directory)

@@ -25,6 +25,7 @@ import torch
 from perflab.core.device import gpu_count, has_gpu
 from perflab.core.progress import progress as show_progress
 from perflab.core.timing import benchmark, event_timer
+from perflab.core.validate import integer, positive_int
 
 __all__ = [
     "PCIE_GT_PER_S",
@@ -60,8 +61,7 @@ def pcie_bandwidth(generation: int, width: int) -> float:
     """
     if generation not in PCIE_GT_PER_S:
         raise ValueError(f"generation must be one of {sorted(PCIE_GT_PER_S)}, got {generation!r}")
-    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= 32:
-        raise ValueError(f"width must be a lane count from 1 to 32, got {width!r}")
+    integer("width", width, 1, 32)
     rate, efficiency = PCIE_GT_PER_S[generation]
     return rate * 1e9 * width * efficiency / 8
 
@@ -101,8 +101,7 @@ def _buffers(nbytes: int, dev: torch.device, pinned: bool) -> tuple[torch.Tensor
 
 
 def _check_nbytes(nbytes) -> None:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
-        raise ValueError(f"nbytes must be a positive integer, got {nbytes!r}")
+    positive_int("nbytes", nbytes)
 
 
 def _copy_seconds(host: torch.Tensor, gpu: torch.Tensor, direction: str, dev: torch.device) -> float:

@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from perflab.core.validate import positive_int
 from perflab.internals.autograd import saved_tensors
 
 __all__ = ["activation_bytes", "ADAM_BYTES_PER_PARAM", "allocation_timeline",
@@ -65,12 +66,6 @@ MiB = 2**20
 # (Rajbhandari et al. 2020, "ZeRO", section 3.1, count 16 bytes per parameter for mixed precision
 # as 2 + 2 + 12; in plain float32 it is 4 + 4 + 8)
 ADAM_BYTES_PER_PARAM = {"params": 4, "grads": 4, "optimizer": 8}
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 # ----------------------------------------------------------------------------------------------
@@ -98,7 +93,7 @@ class BlockStackConfig:
 
     def __post_init__(self):
         for name in ("d_model", "n_heads", "n_layers", "seq_len"):
-            _positive_int(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
 
@@ -230,7 +225,7 @@ def static_bytes(n_params: int, bytes_per_param: dict[str, int] | None = None) -
     Raises:
         ValueError: ``n_params`` not a positive int, or a negative byte count.
     """
-    _positive_int("n_params", n_params)
+    positive_int("n_params", n_params)
     per = dict(ADAM_BYTES_PER_PARAM if bytes_per_param is None else bytes_per_param)
     if any(v < 0 for v in per.values()):
         raise ValueError(f"bytes_per_param must be >= 0, got {per}")
@@ -264,8 +259,8 @@ def activation_bytes(cfg: BlockStackConfig, batch: int, dtype_bytes: int = 4) ->
     Raises:
         ValueError: ``batch`` or ``dtype_bytes`` not a positive int.
     """
-    _positive_int("batch", batch)
-    _positive_int("dtype_bytes", dtype_bytes)
+    positive_int("batch", batch)
+    positive_int("dtype_bytes", dtype_bytes)
     b, s, h, a, L = batch, cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.n_layers
     sbh = s * b * h
     scores = a * s * s * b
@@ -285,8 +280,8 @@ def block_tensor_bytes(cfg: BlockStackConfig, batch: int, dtype_bytes: int = 4) 
     Raises:
         ValueError: ``batch`` or ``dtype_bytes`` not a positive int.
     """
-    _positive_int("batch", batch)
-    _positive_int("dtype_bytes", dtype_bytes)
+    positive_int("batch", batch)
+    positive_int("dtype_bytes", dtype_bytes)
     b, s, h, a = batch, cfg.seq_len, cfg.d_model, cfg.n_heads
     sizes = {"attention scores": b * a * s * s, "MLP hidden": b * s * 4 * h, "qkv": b * s * 3 * h,
              "activation": b * s * h, "up-projection weight": 4 * h * h}
@@ -485,7 +480,7 @@ def allocator_rounding(nbytes: int) -> dict[str, int]:
     Raises:
         ValueError: ``nbytes`` not a positive int.
     """
-    _positive_int("nbytes", nbytes)
+    positive_int("nbytes", nbytes)
     block = -(-nbytes // 512) * 512
     if block <= MiB:
         return {"block": block, "segment": 2 * MiB, "pool": 0}
@@ -567,7 +562,7 @@ def save_snapshot_config(cfg: BlockStackConfig, batch: int, path: str | os.PathL
     """Write ``{"config": ..., "batch": ...}`` beside a snapshot (``<path>.json``), so a reader of
     the snapshot can name its allocations with :func:`block_tensor_bytes`."""
     side = Path(str(path) + ".json")
-    side.write_text(json.dumps({"config": cfg.__dict__, "batch": _positive_int("batch", batch)}))
+    side.write_text(json.dumps({"config": cfg.__dict__, "batch": positive_int("batch", batch)}))
     return side
 
 
@@ -713,7 +708,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer | None, x: tor
     Raises:
         ValueError: ``micro_batches`` not a positive int or not dividing the batch.
     """
-    _positive_int("micro_batches", micro_batches)
+    positive_int("micro_batches", micro_batches)
     if x.shape[0] % micro_batches:
         raise ValueError(f"micro_batches={micro_batches} must divide the batch of {x.shape[0]}")
     if optimizer is not None:
@@ -829,7 +824,7 @@ def allocator_experiment(cap_mib: int = 2048, big_mib: int = 1600, piece_mib: in
     """
     for name, v in (("cap_mib", cap_mib), ("big_mib", big_mib), ("piece_mib", piece_mib),
                     ("request_mib", request_mib)):
-        _positive_int(name, v)
+        positive_int(name, v)
     if big_mib >= cap_mib or piece_mib > big_mib or request_mib <= piece_mib:
         raise ValueError("need piece_mib <= big_mib < cap_mib and request_mib > piece_mib")
     dev = torch.device(device)

@@ -36,6 +36,7 @@ from typing import Any, Iterable
 import jupytext
 import yaml
 
+from perflab.core.validate import positive_int
 from perflab.record.provenance import environment, reference_run, short_devices
 
 __all__ = [
@@ -468,8 +469,7 @@ def required_gpus(source: str | os.PathLike) -> int:
         raise ValueError(f"source={str(path)!r} is not a jupytext MyST notebook")
     meta = _front_matter(path).get("perflab") or {}
     gpus = meta.get("gpus", 1) if isinstance(meta, dict) else None
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise ValueError(f"{path}: front matter 'perflab: gpus' must be an integer >= 1, got {gpus!r}")
+    positive_int(f"{path}: front matter 'perflab: gpus'", gpus)
     return gpus
 
 
