@@ -17,7 +17,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from perflab.core.device import cpuinfo
+from perflab.core.device import cpu_clocks_mhz, cpuinfo
 from perflab.core.validate import integer, positive, positive_int
 from perflab.machine.roofline import copy_bandwidth, matmul_rate
 
@@ -229,18 +229,15 @@ def clock_hz() -> float | None:
     """The CPU's maximum clock in Hz as the OS reports it, or None.
 
     Prefers ``/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq`` (kHz); virtual machines
-    often lack it, and then the ``cpu MHz`` line of ``/proc/cpuinfo`` (the current clock) is used.
+    often lack it, and then the first core's current clock
+    (:func:`perflab.core.device.cpu_clocks_mhz`) is used.
     """
     try:
         return float(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) * 1e3
     except (OSError, ValueError):
         pass
-    for block in cpuinfo():
-        try:
-            return float(block["cpu MHz"]) * 1e6
-        except (KeyError, ValueError):
-            continue
-    return None
+    mhz = cpu_clocks_mhz()
+    return mhz[0] * 1e6 if mhz else None
 
 
 def peak_flops_estimate(cores: int = 1, fma_units: int = 2, clock: float | None = None,
