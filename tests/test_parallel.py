@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from perflab.distributed import training as P
+from perflab.distributed import torchrun, training as P
 from perflab.core.device import gpu_count
 
 pytestmark = pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU (gloo) path")
@@ -115,7 +115,7 @@ def test_launch_rejects_bad_arguments():
         P.launch([], nproc=gpu_count() + 1, backend="nccl")
     with pytest.raises(ValueError, match="source"):
         P._source_of(len)
-    assert 0 < P.free_port() < 65536
+    assert 0 < torchrun.free_port() < 65536
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +240,7 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 
 
 def test_an_nccl_timeout_is_reported_by_the_ranks_own_watchdog_line():
-    from perflab.distributed.collectives import _failure
+    from perflab.distributed.torchrun import _failure
 
     err = _failure("torchrun exited with status 1", ["python", "-m", "torch.distributed.run"],
                    NCCL_TIMEOUT_OUTPUT)
@@ -256,7 +256,7 @@ def test_an_nccl_timeout_is_reported_by_the_ranks_own_watchdog_line():
 
 
 def test_the_ranks_environment_line_is_read_and_never_taken_for_the_error():
-    from perflab.distributed.collectives import _failure
+    from perflab.distributed.torchrun import _failure
 
     out = ('[rank1]:perflab-hang-env {"TORCH_NCCL_ENABLE_MONITORING": "0", '
            '"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}\n'
@@ -270,7 +270,7 @@ def test_the_ranks_environment_line_is_read_and_never_taken_for_the_error():
 
 
 def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
-    from perflab.distributed.collectives import LaunchError
+    from perflab.distributed.torchrun import LaunchError
 
     seen = {}
 

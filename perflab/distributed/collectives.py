@@ -1,11 +1,10 @@
 """Several processes, several GPUs: launching ``torchrun`` from a notebook, topology, all-reduce.
 
-A notebook cannot itself be several processes, so :func:`launch` starts
-``python -m torch.distributed.run --standalone --nproc-per-node N -m perflab.distributed.collectives ...``:
-this module is also the worker script. Rank 0 writes its results as JSON to a file named by the
-launcher, which reads it back; when any worker fails, :class:`LaunchError` carries the exit
-status and the tail of the workers' output. The child environment keeps ``NCCL_NVLS_ENABLE=0``
-(NVLink SHARP multicast stays off on the course's machines).
+A notebook cannot itself be several processes, so :func:`launch` starts this module as the
+worker of ``torchrun`` through the course's one launcher, :func:`perflab.distributed.torchrun.run`.
+Rank 0 writes its results as JSON to a file named by the launcher, which reads it back; when any
+worker fails, :class:`perflab.distributed.torchrun.LaunchError` carries the exit status and the
+tail of the workers' output.
 
 Bandwidth of an all-reduce is reported as in NVIDIA's nccl-tests (``doc/PERFORMANCE.md``):
 
@@ -27,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,38 +37,25 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from perflab.core.device import gpu_count
 from perflab.core.fits import fit_line
 from perflab.core.sampler import Telemetry
 from perflab.core.validate import integer, positive
+from perflab.distributed import torchrun
+from perflab.distributed.torchrun import default_backend
 
 __all__ = [
     "AlphaBeta",
     "AllReducePoint",
     "AllReduceResult",
-    "LaunchError",
     "algorithm_bandwidth",
     "allreduce_sweep",
     "alpha_beta",
     "allreduce_time",
     "bus_bandwidth",
-    "default_backend",
     "gpu_link",
     "launch",
     "topology_text",
 ]
-
-
-class LaunchError(RuntimeError):
-    """A ``torchrun`` launch failed: the message holds the command, exit status and the workers' output.
-
-    ``output`` holds the whole output of the launch (every rank's lines and torchrun's), of
-    which the message shows the error lines and the last lines only.
-    """
-
-    def __init__(self, message: str, output: str = "") -> None:
-        super().__init__(message)
-        self.output = output
 
 
 def algorithm_bandwidth(nbytes: float, seconds: float) -> float:
@@ -113,11 +98,6 @@ def allreduce_time(nbytes: float, busbw: float, world_size: int, latency_s: floa
     if nbytes < 0 or latency_s < 0:
         raise ValueError(f"nbytes and latency_s must be >= 0, got {nbytes}, {latency_s}")
     return latency_s + nbytes * 2 * (world_size - 1) / world_size / busbw
-
-
-def default_backend() -> str:
-    """``"nccl"`` when at least two GPUs are visible, else ``"gloo"`` (CPU processes)."""
-    return "nccl" if gpu_count() >= 2 else "gloo"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,77 +147,6 @@ def gpu_link(text: str, src: int = 0, dst: int = 1) -> str | None:
     return cells[i] if i < len(cells) else None
 
 
-# ---------------------------------------------------------------------------------------------
-# Launching
-# ---------------------------------------------------------------------------------------------
-
-def _child_env(backend: str, extra: dict | None, scratch: str | os.PathLike | None = None) -> dict:
-    """The environment of a ``torchrun`` launch: perflab importable, NVLink multicast off, and,
-    with ``scratch``, every temporary file of torchrun and its workers (torchrun's
-    ``torchelastic_*`` log folders, Inductor's precompiled headers, ``tempfile`` users) inside
-    ``scratch/tmp``, a folder of the launch's own scratch directory, removed with it."""
-    env = dict(os.environ)
-    if scratch is not None:
-        tmp = Path(scratch) / "tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        env["TMPDIR"] = str(tmp)
-    package_parent = str(Path(__file__).resolve().parent.parent.parent)
-    env["PYTHONPATH"] = package_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast on the course's machines
-    env.setdefault("OMP_NUM_THREADS", "1")  # silences torchrun's warning; collectives need no BLAS threads
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    if extra:
-        env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def _tail(text: str, lines: int = 25) -> str:
-    kept = [ln for ln in text.splitlines() if ln.strip()]
-    return "\n".join(kept[-lines:])
-
-
-_ERROR_LINE = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?([A-Za-z_.]*(?:Error|Exception)): (.+)$")
-
-
-# What a rank logs when a collective times out without a Python exception: NCCL's watchdog
-# thread ("Watchdog caught collective operation timeout: WorkNCCL(...) ran for 10012
-# milliseconds before timing out."), then the c10::DistBackendError it terminates the process
-# with. torchrun's own summary ("ChildFailedError", "exitcode", "Signal 6") is left out.
-_RANK_ERROR_MARKERS = ("Watchdog caught collective operation timeout", "DistBackendError",
-                       "timed out", "Timed out")
-_TORCHRUN_LINE = ("ChildFailedError", "torch.distributed.elastic", "exitcode", "traceback :")
-# the glog prefix of C++ log lines: "[E1130 23:46:25.123456 12345 ProcessGroupNCCL.cpp:685] "
-_GLOG_PREFIX = re.compile(r"\[[EWIF]\d{4} [\d:.]+ \d+ [^\]]+\] ?")
-
-
-def _worker_errors(text: str) -> str:
-    """The error lines the ranks printed, in order, at most five, torchrun's own left out.
-
-    An error line is a Python exception line (``ValueError: ...``, with or without torchrun's
-    ``[rank0]:`` prefix) or a line in which a rank reports a collective's timeout (NCCL's
-    watchdog, a ``DistBackendError``, gloo's "Timed out waiting ..."); the C++ log prefix
-    (severity, time, thread, source line) is dropped. ``what():`` lines repeat the watchdog's
-    message and are skipped.
-    """
-    found = []
-    for line in text.splitlines():
-        m = _ERROR_LINE.match(line)
-        if m:
-            keep = "ChildFailedError" not in m.group(1)
-        else:
-            keep = (any(k in line for k in _RANK_ERROR_MARKERS)
-                    and not any(k in line for k in _TORCHRUN_LINE) and "what():" not in line)
-        line = _GLOG_PREFIX.sub("", line).strip()
-        if keep and line not in found:
-            found.append(line)
-    return "\n".join(found[:5]) or "(no exception line found in the output)"
-
-
-def _failure(summary: str, cmd: list[str], output: str) -> LaunchError:
-    return LaunchError(f"{summary}: {' '.join(cmd)}\n--- worker errors ---\n{_worker_errors(output)}\n"
-                       f"--- last lines of output ---\n{_tail(output)}", output)
-
-
 def launch(
     task_args: Sequence[str],
     nproc: int = 2,
@@ -247,10 +156,10 @@ def launch(
 ) -> dict:
     """Run this module's worker on ``nproc`` processes under torchrun; return rank 0's JSON result.
 
-    The command is ``python -m torch.distributed.run --standalone --nproc-per-node=<nproc>
-    -m perflab.distributed.collectives --backend <backend> --out <tmp.json> <task_args...>``. ``backend``
-    defaults to :func:`default_backend`. ``env`` adds variables to the children's environment
-    (which always has ``NCCL_NVLS_ENABLE=0`` and this package on ``PYTHONPATH``).
+    The worker is ``-m perflab.distributed.collectives --backend <backend> --out <tmp.json>
+    <task_args...>``, started by :func:`perflab.distributed.torchrun.run` (``--standalone``).
+    ``backend`` defaults to :func:`~perflab.distributed.torchrun.default_backend`. ``env`` adds
+    variables to the children's environment.
 
     Raises:
         ValueError: ``nproc`` < 2 or an unknown backend; ``nccl`` with fewer GPUs than processes.
@@ -258,27 +167,14 @@ def launch(
             and the last lines the workers printed), or rank 0 wrote no result.
     """
     integer("nproc", nproc, 2)
-    backend = backend or default_backend()
-    if backend not in ("nccl", "gloo"):
-        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
-    if backend == "nccl" and gpu_count() < nproc:
-        raise ValueError(f"backend='nccl' with nproc={nproc} needs {nproc} GPUs; this machine has {gpu_count()}")
+    backend = torchrun.backend_for(backend, nproc)
     with tempfile.TemporaryDirectory(prefix="perflab-dist-") as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "perflab.distributed.collectives", "--backend", backend, "--out", str(out), *map(str, task_args)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=_child_env(backend, env, scratch=tmp), start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers share the new session
-            output, _ = proc.communicate()
-            raise _failure(f"torchrun timed out after {timeout_s:g} s", cmd, output or "") from None
-        if proc.returncode != 0:
-            raise _failure(f"torchrun exited with status {proc.returncode}", cmd, output or "")
+        worker = ["-m", "perflab.distributed.collectives", "--backend", backend, "--out", str(out),
+                  *map(str, task_args)]
+        done = torchrun.run(worker, tmp, nproc=nproc, backend=backend, timeout_s=timeout_s, env=env)
         if not out.exists():
-            raise _failure(f"the workers exited cleanly but rank 0 wrote no result to {out}", cmd, output or "")
+            raise done.failure(f"the workers exited cleanly but rank 0 wrote no result to {out}")
         return json.loads(out.read_text())
 
 

@@ -4,7 +4,7 @@ A notebook cannot be several processes, so :func:`launch` starts ``torchrun`` (o
 "nodes" on this machine) running this module as the worker, with a list of *tasks* (experiments)
 batched into one launch; every rank writes its results as JSON into a temporary folder and the
 launcher returns them, one dict per rank. A launch that outlives ``timeout_s`` is killed (the
-whole process group of every ``torchrun``) and raises :class:`perflab.distributed.collectives.LaunchError`;
+whole process group of every ``torchrun``) and raises :class:`perflab.distributed.torchrun.LaunchError`;
 the workers always destroy their process group. The children keep ``NCCL_NVLS_ENABLE=0``.
 
 Tasks (``{"name": ..., "args": {...}}``; see ``TASKS`` and each ``_task_*`` docstring):
@@ -37,26 +37,22 @@ import importlib.util
 import inspect
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from perflab.core.device import gpu_count
-from perflab.core.validate import integer, positive_int
-from perflab.distributed.collectives import LaunchError, _child_env, _failure, default_backend
+from perflab.core.validate import integer, positive, positive_int
+from perflab.distributed import torchrun
+from perflab.distributed.torchrun import LaunchError
 from perflab.gpt2 import ladder as speedrun
 from perflab.labs.exercises import ExerciseNotDone
 
-__all__ = ["bus_factor", "COLLECTIVES", "expect_failure", "FAIL_FAST_ENV", "Failure", "free_port",
+__all__ = ["bus_factor", "COLLECTIVES", "expect_failure", "FAIL_FAST_ENV", "Failure",
            "interleaved_rounds", "lab_launch", "launch", "load_checkpoint_here",
            "overlap_from_trace", "pick_for", "settled_reading", "static_bytes_formula"]
 
@@ -242,13 +238,6 @@ def overlap_from_trace(trace: dict) -> dict:
 # Launching
 # ---------------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    """A TCP port on localhost that was free a moment ago (the OS picks it: bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _source_of(fn) -> str:
     if isinstance(fn, str):
         return textwrap.dedent(fn)
@@ -292,16 +281,10 @@ def launch(
             wrote no result; the message holds the command, status and the workers' last lines.
     """
     positive_int("nproc", nproc)
-    if nnodes not in (1, 2):
-        raise ValueError(f"nnodes must be 1 or 2 (two 'nodes' on this machine), got {nnodes!r}")
-    if timeout_s <= 0 or pg_timeout_s <= 0:
-        raise ValueError(f"timeout_s and pg_timeout_s must be > 0, got {timeout_s}, {pg_timeout_s}")
-    backend = backend or default_backend()
-    if backend not in ("nccl", "gloo"):
-        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+    integer("nnodes", nnodes, 1, 2)
+    positive("pg_timeout_s", pg_timeout_s)
     world = nproc * nnodes
-    if backend == "nccl" and gpu_count() < world:
-        raise ValueError(f"backend='nccl' with {world} processes needs {world} GPUs; this machine has {gpu_count()}")
+    backend = torchrun.backend_for(backend, world)
     tasks = [dict(t) for t in tasks]
     for t in tasks:
         if t.get("name") not in TASKS:
@@ -317,59 +300,13 @@ def launch(
         (tmp / "scratch").mkdir()
         worker = ["-m", "perflab.distributed.training", "--backend", backend, "--out-dir", str(tmp),
                   "--spec", str(tmp / "spec.json")]
-        base = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                f"--max-restarts={max_restarts}"]
-        if nnodes == 1:
-            cmds = [base + ["--standalone"] + worker]
-        else:
-            endpoint = f"localhost:{free_port()}"
-            rid = f"perflab-{uuid.uuid4().hex[:8]}"
-            cmds = [base + ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-                            f"--rdzv-id={rid}"] + worker for _ in range(2)]
-        envs = [_child_env(backend, env, scratch=tmp) for _ in cmds]
-        if backend == "nccl" and nnodes > 1:  # each "node" sees its own GPUs, as on two machines
-            visible = envs[0].get("CUDA_VISIBLE_DEVICES")
-            gpus = visible.split(",") if visible else [str(i) for i in range(gpu_count())]
-            for i, e in enumerate(envs):
-                e["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i * nproc:(i + 1) * nproc])
-        logs = [open(tmp / f"node{i}.log", "w+") for i in range(len(cmds))]
-        procs = [subprocess.Popen(c, stdout=f, stderr=subprocess.STDOUT, text=True, env=e,
-                                  start_new_session=True) for c, e, f in zip(cmds, envs, logs)]
-        deadline = time.monotonic() + timeout_s
-        failed = None
-        try:
-            while any(p.poll() is None for p in procs):
-                if time.monotonic() > deadline:
-                    failed = f"torchrun timed out after {timeout_s:g} s"
-                    break
-                bad = [p for p in procs if p.poll() not in (None, 0)]
-                if bad:  # one node failed: the other would wait for it until its own timeout
-                    failed = f"torchrun exited with status {bad[0].returncode}"
-                    break
-                time.sleep(0.05)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(p.pid, signal.SIGKILL)  # torchrun and its workers share the session
-                    p.wait()
-            output = ""
-            for i, f in enumerate(logs):
-                f.seek(0)
-                text = f.read()
-                f.close()
-                output += (f"[node {i}]\n" if len(logs) > 1 else "") + text
-        if failed is None:
-            codes = [p.returncode for p in procs]
-            if any(codes):
-                failed = f"torchrun exited with status {max(codes, key=abs)}"
-        if failed:
-            raise _failure(failed, cmds[0], output)
+        done = torchrun.run(worker, tmp, nproc=nproc, nnodes=nnodes, backend=backend,
+                            timeout_s=timeout_s, max_restarts=max_restarts, env=env)
         results = []
         for r in range(world):
             path = tmp / f"rank{r}.json"
             if not path.exists():
-                raise _failure(f"the workers exited cleanly but rank {r} wrote no result", cmds[0], output)
+                raise done.failure(f"the workers exited cleanly but rank {r} wrote no result")
             results.append(json.loads(path.read_text()))
         return results
 
