@@ -117,3 +117,58 @@ def test_paired_ratio_is_the_median_of_back_to_back_pairs(monkeypatch):
         timing.paired_ratio(base, candidate, pairs=0)
     with pytest.raises(ValueError, match="block_s"):
         timing.paired_ratio(base, candidate, block_s=0)
+
+
+class FakeClock:
+    """time.perf_counter / time.time / time.monotonic that move only when work advances them."""
+
+    def __init__(self, monkeypatch, start=1000.0):
+        self.t = start
+        for name in ("perf_counter", "time", "monotonic"):
+            monkeypatch.setattr(timing.time, name, lambda: self.t)
+
+    def work(self, seconds):
+        return lambda: self.advance(seconds)
+
+    def advance(self, seconds):
+        self.t += seconds
+
+
+def test_stopwatch_reads_elapsed_time_and_its_block(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    with timing.Stopwatch("cpu") as sw:
+        clock.advance(0.25)
+        assert sw.elapsed() == pytest.approx(0.25)
+        clock.advance(0.5)
+    assert sw.seconds == pytest.approx(0.75)
+    with pytest.raises(RuntimeError, match="before start"):
+        timing.Stopwatch().elapsed()
+    with pytest.raises(ValueError, match="device"):
+        timing.Stopwatch("gpu7")
+
+
+def test_seconds_per_call_and_best_of_divide_by_the_calls(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    costs = iter([3.0, 1.0, 2.0] * 4)
+    assert timing.seconds_per_call(clock.work(0.2), calls=4, device="cpu") == pytest.approx(0.2)
+    # blocks of two calls cost (3 + 1), (2 + 3), (1 + 2): the best is 1.5 s a call
+    assert timing.best_of(lambda: clock.advance(next(costs)), repeats=3, calls=2) == pytest.approx(1.5)
+    for bad in ({"calls": 0}, {"repeats": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            timing.best_of(clock.work(1), **bad)
+
+
+def test_deadline_and_timestamps(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    d = timing.Deadline(10)
+    clock.advance(9)
+    assert not d.expired() and d.left_s() == pytest.approx(1)
+    clock.advance(2)
+    assert d.expired()
+    then = timing.timestamp()
+    clock.advance(4)
+    assert timing.seconds_since(then) == pytest.approx(4)
+    with pytest.raises(ValueError, match="seconds"):
+        timing.Deadline(0)
+    with pytest.raises(ValueError, match="moment"):
+        timing.seconds_since(float("nan"))

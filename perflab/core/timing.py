@@ -134,21 +134,22 @@ class Stopwatch:
 
 
 def seconds_per_call(fn: Callable[[], object], calls: int = 1,
-                     device: torch.device | str | None = None) -> float:
+                     device: torch.device | str | None = None, events: bool = False) -> float:
     """Seconds per call of ``calls`` back-to-back calls of ``fn()``, timed as one block.
 
-    On a CUDA ``device`` two CUDA events bracket the block (device time of the whole block;
-    the host may run ahead), read after one synchronize; elsewhere a :class:`Stopwatch` on
-    ``device`` (synchronized before and after). No warm-up: call ``fn`` first if its first call
-    is special. Use it where a single call is too short to time alone, or where calls must run
-    back to back (a collective every rank runs in lock-step).
+    By default a :class:`Stopwatch` on ``device`` (synchronized before and after): wall time,
+    host work included. With ``events=True`` on a CUDA ``device``, two CUDA events bracket the
+    block instead (device time from the first kernel to the last; the host may run ahead), read
+    after one synchronize. No warm-up: call ``fn`` first if its first call is special. Use it
+    where a single call is too short to time alone, or where calls must run back to back (a
+    collective every rank runs in lock-step).
 
     Raises:
         ValueError: ``calls`` is not a positive integer.
     """
     positive_int("calls", calls)
     dev = torch.device(device) if device is not None else None
-    if dev is not None and dev.type == "cuda":
+    if events and dev is not None and dev.type == "cuda":
         synchronize(dev)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

@@ -29,7 +29,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -39,6 +38,7 @@ import torch.distributed as dist
 
 from perflab.core.fits import fit_line
 from perflab.core.sampler import Telemetry
+from perflab.core.timing import seconds_per_call
 from perflab.core.validate import integer, positive
 from perflab.distributed import torchrun
 from perflab.distributed.torchrun import default_backend
@@ -233,8 +233,8 @@ def allreduce_sweep(
     once) and timed over ``max(5, min(200, target_bytes // size))`` back-to-back repetitions after
     a barrier, three times (once where three would move more than ``4 x target_bytes``); a point
     is the median of those runs, of the slowest rank. On GPUs the repetitions are bracketed by CUDA events on the
-    stream the collectives wait on (device time, not the host's); on CPU processes by
-    ``time.perf_counter``. Rank 0 runs the timed part (not the launch, nor the set-up) under a
+    stream the collectives wait on (device time, not the host's); on CPU processes by the host clock
+    (:func:`perflab.core.timing.seconds_per_call`). Rank 0 runs the timed part (not the launch, nor the set-up) under a
     :class:`perflab.core.sampler.Telemetry` sampler of its own device: ``result.telemetry``.
     ``target_bytes`` default: 4 GiB for NCCL, 256 MiB for gloo. The
     workers check that the reduction is correct.
@@ -334,18 +334,8 @@ def _worker_allreduce(args, dist, torch) -> dict:
 
     def timed(x, iters: int) -> float:
         barrier()
-        if device.type == "cuda":  # device time of the back-to-back collectives
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                dist.all_reduce(x)
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3 / iters
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(x)
-        return (time.perf_counter() - t0) / iters
+        # on a GPU, device time of the back-to-back collectives (CUDA events)
+        return seconds_per_call(lambda: dist.all_reduce(x), iters, device, events=True)
 
     # rank 0 states the clock the timed part ran at: its GPU's (NVML), or the CPU's read
     # every 0.5 s (parsing /proc/cpuinfo holds the GIL the timing loop needs)

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from perflab.core.timing import Stopwatch, seconds_per_call, seconds_since, timestamp
 from perflab.core.validate import integer, positive, positive_int
 from perflab.distributed import torchrun
 from perflab.distributed.torchrun import LaunchError
@@ -435,15 +436,15 @@ def expect_failure(tasks: Sequence[dict], env: dict | None = None, **kwargs) -> 
     Raises:
         RuntimeError: the job succeeded.
     """
-    t0 = time.perf_counter()
+    clock = Stopwatch().start()
     try:
         launch(tasks, env={**FAIL_FAST_ENV, **(env or {})}, **kwargs)
     except LaunchError as e:
-        ended, seconds = time.time(), time.perf_counter() - t0
+        seconds = clock.elapsed()
         output = getattr(e, "output", "")
-        started = _wait_start(output)
+        started = _wait_start(output)      # a timestamp() the hung rank printed
         return Failure(seconds, str(e), output,
-                       None if started is None else ended - started, _rank_env(output))
+                       None if started is None else seconds_since(started), _rank_env(output))
     raise RuntimeError(f"the job {[t['name'] for t in tasks]} was expected to fail but succeeded")
 
 
@@ -483,11 +484,7 @@ class _Ctx:
         for _ in range(warmup):
             step()
         self.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            step()
-        self.sync()
-        return self.max_over_ranks((time.perf_counter() - t0) / iters)
+        return self.max_over_ranks(seconds_per_call(step, iters, self.device))
 
 
 def _make_model(ctx, width: int, depth: int, seed: int = 0, dtype: str = "float32"):
@@ -1100,7 +1097,7 @@ def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600, timeout_s: float 
     else:
         seen = {k: os.environ.get(k) for k in FAIL_FAST_ENV}
         print(f"{_ENV_MARKER} {json.dumps(seen)}", flush=True)
-        print(f"{_WAIT_MARKER} {ctx.rank} {time.time():.3f}", flush=True)
+        print(f"{_WAIT_MARKER} {ctx.rank} {timestamp():.3f}", flush=True)
         ctx.dist.all_reduce(x, group=group)
         ctx.sync()
         x.sum().item()
@@ -1162,7 +1159,7 @@ TASKS = {
 }
 
 
-_STARTED = time.time()
+_STARTED = timestamp()
 
 
 def _worker_main(argv: list[str] | None = None) -> int:
@@ -1210,9 +1207,9 @@ def _worker_main(argv: list[str] | None = None) -> int:
         results, task_s = {}, {}
         for task in spec["tasks"]:
             key = task.get("key", task["name"])
-            t0 = time.perf_counter()
-            results[key] = TASKS[task["name"]](ctx, **task.get("args", {}))
-            task_s[key] = time.perf_counter() - t0
+            with Stopwatch() as task_clock:
+                results[key] = TASKS[task["name"]](ctx, **task.get("args", {}))
+            task_s[key] = task_clock.seconds
         record = {"rank": ctx.rank, "world_size": ctx.world, "local_rank": int(os.environ["LOCAL_RANK"]),
                   "node": int(os.environ.get("GROUP_RANK", 0)),
                   "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -40,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import ProfilerActivity, profile as _profile
 
 from perflab.core.sampler import Telemetry
-from perflab.core.timing import synchronize
+from perflab.core.timing import Stopwatch, synchronize
 from perflab.core.validate import integer, positive, positive_int
 from perflab.gpt2 import model as gpt2
 from perflab.kernels import crossentropy, fp8
@@ -546,22 +544,18 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
             opt.zero_grad(set_to_none=True)
         losses.append(total)
 
-    t0 = time.perf_counter()
+    first_step = Stopwatch(device).start()
     first = None
     for i in range(warmup):
         step()
         if i == 0:
-            synchronize(device)
-            first = time.perf_counter() - t0
-    synchronize(device)
+            first = first_step.elapsed()
     with Telemetry(index=device.index or 0 if device.type == "cuda" else 0) as tel:
-        t1 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        synchronize(device)
-        elapsed = time.perf_counter() - t1
+        with Stopwatch(device) as timed:
+            for _ in range(steps):
+                step()
     summary = tel.summary()
-    step_s = elapsed / steps
+    step_s = timed.seconds / steps
     extra = {}
     if profile:
         extra.update(_profile_step(step, device))

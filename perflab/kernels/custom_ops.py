@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from perflab.core.timing import Stopwatch
 
 __all__ = ["axpby", "axpby_eager", "axpby_triton", "Build", "build_extension", "code_of",
            "CPP_SOURCE", "CUDA_SOURCE", "extension_dir", "register", "triton_axpby"]
@@ -183,7 +184,7 @@ def build_extension(cpp_source: str = CPP_SOURCE, cuda_source: str | None = None
 
     directory = extension_dir() / name
     directory.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    clock = Stopwatch().start()
     library = load_inline(
         name=name,
         cpp_sources=[cpp_source],
@@ -195,7 +196,7 @@ def build_extension(cpp_source: str = CPP_SOURCE, cuda_source: str | None = None
         no_implicit_headers=True,
         verbose=verbose,
     )
-    build = Build(name, str(library), time.perf_counter() - t0, bool(cuda_source))
+    build = Build(name, str(library), clock.elapsed(), bool(cuda_source))
     _LOADED[name] = build
     return build
 

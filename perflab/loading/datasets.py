@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from perflab.core.timing import Stopwatch, best_of, timestamp
 from perflab.core.validate import positive_int
 
 __all__ = [
@@ -564,40 +565,40 @@ def read_rate(dataset, n: int | None = None, batch: int = 64) -> float:
 
     Map-style datasets of single items are indexed ``0..n-1``; a :class:`MemmapImages` is read
     ``batch`` indices per call; an iterable dataset is iterated. One timed pass
-    (``time.perf_counter``), so a cold page cache stays cold.
+    (:class:`perflab.core.timing.Stopwatch`), so a cold page cache stays cold.
 
     Raises:
         ValueError: ``n`` not positive or larger than the dataset.
     """
     if isinstance(dataset, IterableDataset):
-        t0 = time.perf_counter()
         count = 0
-        for _ in dataset:
-            count += 1
-            if n is not None and count >= n:
-                break
-        return count / (time.perf_counter() - t0)
+        with Stopwatch() as sw:
+            for _ in dataset:
+                count += 1
+                if n is not None and count >= n:
+                    break
+        return count / sw.seconds
     n = len(dataset) if n is None else positive_int("n", n)
     if n > len(dataset):
         raise ValueError(f"n={n} but the dataset has {len(dataset)} items")
-    t0 = time.perf_counter()
-    if isinstance(dataset, MemmapImages):
-        for k in range(0, n, batch):
-            dataset[list(range(k, min(n, k + batch)))]
-    else:
-        for i in range(n):
-            dataset[i]
-    return n / (time.perf_counter() - t0)
+    with Stopwatch() as sw:
+        if isinstance(dataset, MemmapImages):
+            for k in range(0, n, batch):
+                dataset[list(range(k, min(n, k + batch)))]
+        else:
+            for i in range(n):
+                dataset[i]
+    return n / sw.seconds
 
 
 def _decode_share(args: tuple) -> tuple[float, int]:
     files, side, t_go = args
-    while time.time() < t_go:                 # every process starts at the same moment
+    while timestamp() < t_go:                 # every process starts at the same moment
         time.sleep(0.0005)
-    t0 = time.perf_counter()
-    for f in files:
-        decode_resized(f, side)
-    return time.perf_counter() - t0, len(files)
+    with Stopwatch() as sw:
+        for f in files:
+            decode_resized(f, side)
+    return sw.seconds, len(files)
 
 
 def _ready(_: int) -> int:
@@ -623,7 +624,7 @@ def parallel_decode_rate(files: Sequence[str | os.PathLike], processes: int,
     ctx = multiprocessing.get_context(method)
     with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
         list(pool.map(_ready, range(4 * processes)))           # every process up
-        t_go = time.time() + 0.1 + 0.01 * processes
+        t_go = timestamp() + 0.1 + 0.01 * processes
         shares = [(list(files[k::processes]), side, t_go) for k in range(processes)]
         done = list(pool.map(_decode_share, shares))
     return sum(n for _, n in done) / max(t for t, _ in done)
@@ -639,26 +640,25 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int = 1)
     Raises:
         ValueError: the loader gives fewer than ``warmup + 1`` batches.
     """
-    t0 = time.perf_counter()
+    sw = Stopwatch().start()
     it = iter(loader)
     count, n_batches = 0, 0
     first = None
-    t_start = None
+    timed = None
     for batch in it:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         n_batches += 1
         if first is None:
-            first = time.perf_counter() - t0
+            first = sw.elapsed()
         if n_batches == warmup:
-            t_start = time.perf_counter()
+            timed = Stopwatch().start()
         elif n_batches > warmup:
             count += len(x)
         if batches is not None and n_batches >= batches + warmup:
             break
-    if t_start is None or count == 0:
+    if timed is None or count == 0:
         raise ValueError(f"the loader gave {n_batches} batches; need more than warmup={warmup}")
-    return {"images_per_s": count / (time.perf_counter() - t_start), "first_batch_s": first,
-            "images": count}
+    return {"images_per_s": count / timed.elapsed(), "first_batch_s": first, "images": count}
 
 
 def threads_everywhere(worker_id: int) -> None:
@@ -967,7 +967,7 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
     """Images/s of batched nvJPEG decode (``what="decode"``) or of the whole GPU pipeline
     (``"pipeline"``: decode, then :func:`gpu_augment_list` to 224 x 224) over ``blobs``
     in batches of ``batch``, from bytes in host memory to pixels on the GPU; best of ``repeats``
-    timed passes after one warm-up pass, synchronized (``time.perf_counter``).
+    timed passes after one warm-up pass, synchronized (:func:`perflab.core.timing.best_of`).
 
     Raises:
         ValueError: ``what`` not "decode" or "pipeline".
@@ -982,15 +982,9 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
             imgs = gpu_decode(data[k:k + batch], device)
             if what == "pipeline":
                 gpu_augment_list(imgs, 224, generator=g)
-        torch.cuda.synchronize(device)
 
     one_pass()
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        one_pass()
-        best = min(best, time.perf_counter() - t0)
-    return len(blobs) / best
+    return len(blobs) / best_of(one_pass, repeats, device=device)
 
 
 def small_cnn(width: int = 64, classes: int = 10) -> torch.nn.Module:
@@ -1074,7 +1068,7 @@ def train_steps(loader, model: torch.nn.Module, steps: int, device: str | torch.
     """Train ``model`` (SGD, cross-entropy) for ``steps`` batches of ``loader`` and split each
     step's time into waiting for data and the rest.
 
-    Per step: ``t0``; ``next(loader)``; copy to ``device`` (``non_blocking`` when the batch is
+    Per step (a :class:`perflab.core.timing.Stopwatch` on ``device``): ``next(loader)``; copy to ``device`` (``non_blocking`` when the batch is
     pinned); ``gpu_transform(x)`` if given, else ``x.float() / 255`` when ``x`` is uint8;
     forward, backward, optimizer step; synchronize. Data wait = time until the batch is on the
     device (the GPU is idle meanwhile). Returns ``images_per_s``, ``data_wait_fraction``
@@ -1091,16 +1085,14 @@ def train_steps(loader, model: torch.nn.Module, steps: int, device: str | torch.
     wait = total = 0.0
     images = 0
     for k in range(warmup + steps):
-        t0 = time.perf_counter()
+        sw = Stopwatch(dev).start()
         try:
             x, y = next(it)
         except StopIteration:
             raise ValueError(f"the loader ran out after {k} batches; need {warmup + steps}") from None
         x = x.to(dev, non_blocking=x.is_pinned())
         y = torch.as_tensor(y).to(dev, non_blocking=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t1 = time.perf_counter()
+        waited = sw.elapsed()                    # the batch is on the device
         if gpu_transform is not None:
             x = gpu_transform(x)
         elif x.dtype == torch.uint8:
@@ -1109,12 +1101,10 @@ def train_steps(loader, model: torch.nn.Module, steps: int, device: str | torch.
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t2 = time.perf_counter()
+        step_s = sw.elapsed()
         if k >= warmup:
-            wait += t1 - t0
-            total += t2 - t0
+            wait += waited
+            total += step_s
             images += len(y)
     return {"images_per_s": images / total, "data_wait_fraction": wait / total,
             "step_ms": 1e3 * total / steps, "steps": steps}

@@ -7,7 +7,7 @@ pages cannot be dropped): see the Linux ``posix_fadvise(2)`` manual page. The ca
 file system may ignore it (tmpfs keeps files *only* in RAM), in which case "cold" reads come out
 as fast as warm ones; :func:`measure` reports that.
 
-Each measurement is one timed pass (``time.perf_counter``) rather than a repeated benchmark,
+Each measurement is one timed pass (:class:`perflab.core.timing.Stopwatch`) rather than a repeated benchmark,
 because a second pass would find the pages cached. Units: bytes, seconds, bytes/s, reads/s (IOPS).
 """
 
@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 import random
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from perflab.core.timing import Stopwatch
 from perflab.core.validate import positive_int
 
 __all__ = [
@@ -135,13 +135,13 @@ def sequential_read(path: str | os.PathLike, block: int = 2**20, cold: bool = Tr
     view = memoryview(buf)
     total = 0
     with open(path, "rb", buffering=0) as f:
-        t0 = time.perf_counter()
-        while True:
-            n = f.readinto(view)
-            if not n:
-                break
-            total += n
-        seconds = time.perf_counter() - t0
+        with Stopwatch() as sw:
+            while True:
+                n = f.readinto(view)
+                if not n:
+                    break
+                total += n
+        seconds = sw.seconds
     if total == 0:
         raise ValueError(f"{path} is empty: nothing to read")
     return total / seconds
@@ -175,10 +175,10 @@ def random_read(
         drop_cache(path)
     fd = os.open(path, os.O_RDONLY)
     try:
-        t0 = time.perf_counter()
-        for off in offsets:
-            os.pread(fd, block, off)
-        seconds = time.perf_counter() - t0
+        with Stopwatch() as sw:
+            for off in offsets:
+                os.pread(fd, block, off)
+        seconds = sw.seconds
     finally:
         os.close(fd)
     return count / seconds

@@ -34,7 +34,7 @@ from perflab.core.device import has_gpu
 from perflab.core.fits import fit_line
 from perflab.core.progress import progress as show_progress
 from perflab.core.sampler import Telemetry, TelemetrySummary, measure
-from perflab.core.timing import event_timer, synchronize
+from perflab.core.timing import Stopwatch, event_timer, synchronize
 from perflab.core.validate import integers, positive, positive_int
 from perflab.machine.caches import WorkingSetPoint
 from perflab.machine.costs import elementwise_cost
@@ -604,10 +604,10 @@ def burst_and_sustained(
         burst = event_timer(fn, dev, warmup=2, reps=burst_reps).median_s
     chunks = []
     with Telemetry(index=index) as tel_sus:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < sustained_s or len(chunks) < 2:
-            chunks.append((time.perf_counter() - t0, event_timer(fn, dev, warmup=0, reps=20)))
-        window = time.perf_counter() - t0
+        clock = Stopwatch().start()
+        while clock.elapsed() < sustained_s or len(chunks) < 2:
+            chunks.append((clock.elapsed(), event_timer(fn, dev, warmup=0, reps=20)))
+        window = clock.elapsed()
     late = [t for start, t in chunks if start >= window / 2] or [chunks[-1][1]]
     samples = sorted(x for t in late for x in t.samples_s)
     sustained = samples[len(samples) // 2]

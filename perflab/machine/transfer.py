@@ -16,7 +16,6 @@ Bandwidths are bytes/s counting the bytes transferred once (not read + write). T
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -24,7 +23,7 @@ import torch
 
 from perflab.core.device import gpu_count, has_gpu
 from perflab.core.progress import progress as show_progress
-from perflab.core.timing import benchmark, event_timer
+from perflab.core.timing import Stopwatch, benchmark, event_timer
 from perflab.core.validate import integer, positive_int
 
 __all__ = [
@@ -189,9 +188,9 @@ def non_blocking_behaviour(nbytes: int, device=None, reps: int = 3) -> list[dict
         times, busy, result = [], [], None
         for _ in range(reps):
             torch.cuda.synchronize(dev)
-            t0 = time.perf_counter()
-            result = fn()
-            times.append(time.perf_counter() - t0)
+            with Stopwatch() as host:     # host time only: no synchronization inside
+                result = fn()
+            times.append(host.seconds)
             busy.append(not stream.query())
             torch.cuda.synchronize(dev)
         row = {"case": name, "host_s": statistics.median(times), "still_copying": all(busy)}

@@ -28,13 +28,14 @@ import json
 import math
 import os
 import tempfile
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from perflab.core.timing import Stopwatch, seconds_per_call
 
 __all__ = ["capture_logs", "fold_batchnorm", "graph_replay_semantics", "GraphedStep",
            "host_batches", "LADDER", "ladder_configs", "ladder_table", "loss_within",
@@ -361,11 +362,6 @@ class RungResult:
         return sum(self.losses[-k:]) / k
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def train_run(config: StepConfig, images: torch.Tensor, labels: torch.Tensor, steps: int,
               batch_size: int, device: torch.device | str, width: int = 32, warmup: int = 3,
               seed: int = 0, name: str = "") -> RungResult:
@@ -427,11 +423,10 @@ def train_run(config: StepConfig, images: torch.Tensor, labels: torch.Tensor, st
         step_fn = graph.step
     else:
         step_fn = eager
-    seconds = 0.0
+    clock = Stopwatch(dev)
     for i in range(warmup + steps):
         if i == warmup:
-            _sync(dev)
-            t0 = time.perf_counter()
+            clock.start()
         if graphed and i < warmup:
             continue
         x, y = next(it)
@@ -442,8 +437,7 @@ def train_run(config: StepConfig, images: torch.Tensor, labels: torch.Tensor, st
             log.append(f"step {i}: loss {value:.4f}")   # as print(...) every step would
         else:
             losses[i].copy_(loss.detach())
-    _sync(dev)
-    seconds = time.perf_counter() - t0
+    seconds = clock.elapsed()
     if config.sync_every_step:
         values = ([float(v) for v in losses[:warmup].tolist()] if graphed else []) + host_losses
     else:
@@ -713,12 +707,5 @@ def wall_time(fn: Callable[[], object], device: torch.device | str, reps: int = 
     dev = torch.device(device)
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(reps):
-        _sync(dev)
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        times.append(time.perf_counter() - t0)
-    times.sort()
+    times = sorted(seconds_per_call(fn, 1, dev) for _ in range(reps))
     return times[0] if stat == "min" else times[len(times) // 2]
