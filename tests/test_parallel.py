@@ -114,7 +114,7 @@ def test_launch_rejects_bad_arguments():
     with pytest.raises(ValueError, match="nccl"):
         P.launch([], nproc=gpu_count() + 1, backend="nccl")
     with pytest.raises(ValueError, match="source"):
-        P._source_of(len)
+        P.source_of(len)
     assert 0 < torchrun.free_port() < 65536
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import gc
 import importlib.util
 import inspect
@@ -42,19 +43,32 @@ import sys
 import tempfile
 import textwrap
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.profiler as tp
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+try:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # torch >= 2.6
+except ImportError:  # torch 2.4-2.5 kept FSDP2 under its composable-API name
+    from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
 
 from perflab.core.timing import Stopwatch, seconds_per_call, seconds_since, timestamp
 from perflab.core.validate import integer, positive, positive_int
 from perflab.distributed import torchrun
 from perflab.distributed.torchrun import LaunchError
 from perflab.gpt2 import ladder as speedrun
-from perflab.labs.exercises import ExerciseNotDone
 
 __all__ = ["bus_factor", "COLLECTIVES", "expect_failure", "FAIL_FAST_ENV", "Failure",
-           "interleaved_rounds", "lab_launch", "launch", "load_checkpoint_here",
+           "interleaved_rounds", "launch", "source_of", "load_checkpoint_here",
            "overlap_from_trace", "pick_for", "settled_reading", "static_bytes_formula"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
@@ -239,7 +253,15 @@ def overlap_from_trace(trace: dict) -> dict:
 # Launching
 # ---------------------------------------------------------------------------------------------
 
-def _source_of(fn) -> str:
+def source_of(fn) -> str:
+    """The source text of ``fn`` (a function defined with ``def``), dedented, or ``fn`` itself
+    dedented when it is already source text: what :func:`launch` writes to the module the
+    workers import as ``user_code``.
+
+    Raises:
+        ValueError: ``fn`` is neither callable nor text, or its source cannot be read (a lambda
+            typed at a prompt, a builtin).
+    """
     if isinstance(fn, str):
         return textwrap.dedent(fn)
     if not callable(fn):
@@ -295,7 +317,7 @@ def launch(
         spec = {"tasks": tasks, "pg_timeout_s": pg_timeout_s, "scratch": str(tmp / "scratch")}
         if user_code:
             (tmp / "user_code.py").write_text("import torch\nimport torch.distributed as dist\n\n\n"
-                                              + "\n\n".join(_source_of(f) for f in user_code))
+                                              + "\n\n".join(source_of(f) for f in user_code))
             spec["user_code"] = str(tmp / "user_code.py")
         (tmp / "spec.json").write_text(json.dumps(spec))
         (tmp / "scratch").mkdir()
@@ -310,32 +332,6 @@ def launch(
                 raise done.failure(f"the workers exited cleanly but rank {r} wrote no result")
             results.append(json.loads(path.read_text()))
         return results
-
-
-def lab_launch(exercise: int, tasks: Sequence[dict], user_code: Sequence = (),
-               skip_unfinished: bool = False, **kwargs) -> list[dict]:
-    """:func:`launch` for a lab exercise. When a function in ``user_code`` is still the student
-    edition's stub (``not_done(...)`` or ``raise NotImplementedError``), it refuses at once with
-    one sentence; with ``skip_unfinished``, it says so in one printed line instead and runs the
-    tasks that need no student code (names not starting with ``user_``), so that later
-    exercises get their measurements.
-
-    Raises:
-        ExerciseNotDone: "Exercise N is not done yet: ..." for an unfinished function (unless
-            ``skip_unfinished`` and some task needs no student code).
-        LaunchError: see :func:`launch`.
-    """
-    for fn in user_code:
-        src = _source_of(fn)
-        if "raise NotImplementedError" in src or "not_done(" in src:
-            name = getattr(fn, "__name__", "your function")
-            what = f"write the body of {name}() in the cell above and run it again"
-            others = [t for t in tasks if not str(t.get("name", "")).startswith("user_")]
-            if not (skip_unfinished and others):
-                raise ExerciseNotDone(exercise, what)
-            print(f"Exercise {exercise} is not done yet: {what}; the other measurements run.")
-            return launch(others, user_code=(), **kwargs)
-    return launch(tasks, user_code=user_code, **kwargs)
 
 
 # Environment for a job that is meant to fail (torch 2.11 meanings, ProcessGroupNCCL.hpp and
@@ -542,8 +538,6 @@ def _max_param_diff(a, b) -> float:
 
 
 def _ddp(ctx, model, **kw):
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return DDP(model, device_ids=ids, **kw)
 
@@ -735,7 +729,6 @@ def _task_overlap(ctx, width: int = 64, depth: int = 4, batch: int = 32, bucket_
                   steps: int = 3, dtype: str = "float32") -> dict:
     """A DDP step profiled on rank 0 (torch.profiler), summarized by :func:`overlap_from_trace`
     over the last of ``steps`` steps; other ranks return ``{}``."""
-    import torch.profiler as tp
 
     torch = ctx.torch
     dt = getattr(torch, dtype)
@@ -805,11 +798,6 @@ def _task_no_sync(ctx, width: int = 16, depth: int = 3, batch: int = 4, accum: i
 
 
 def _fsdp(ctx, model, reshard: bool = True, bf16: bool = False):
-    try:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # torch >= 2.6
-    except ImportError:  # torch 2.4-2.5 kept FSDP2 under its composable-API name
-        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
-
     torch = ctx.torch
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
         else MixedPrecisionPolicy()
@@ -877,7 +865,6 @@ def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup
     readings of ``torch.cuda.memory_allocated`` (:func:`settled_reading`): before the model
     was built and after the step, each taken once the collectives' stashed tensors have been
     released, so neither the previous strategy's nor this step's communication buffers count."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
 
     torch = ctx.torch
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
@@ -950,8 +937,6 @@ def _task_dcp_save(ctx, width: int = 32, depth: int = 3, path: str | None = None
     """An FSDP2 model (one Adam step taken) saved with ``torch.distributed.checkpoint`` to ``path``
     (default: the launch's scratch folder); rank 0 also writes the full tensors beside it
     (``reference.pt``) for the load to compare with. Returns this rank's shard shapes."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     torch = ctx.torch
     model = _fsdp(ctx, _make_model(ctx, width, depth, seed=5))
@@ -975,8 +960,6 @@ def _task_dcp_load(ctx, path: str, width: int = 32, depth: int = 3) -> dict:
     """Load the checkpoint at ``path`` into a freshly initialized FSDP2 model on this launch's world
     size: ``max_diff`` against the saved full tensors (0 when resharding worked), this rank's
     ``shards``."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     torch = ctx.torch
     model = _fsdp(ctx, _make_model(ctx, width, depth, seed=99))
@@ -1002,10 +985,6 @@ def load_checkpoint_here(path: str | os.PathLike, width: int = 32, depth: int = 
     Raises:
         FileNotFoundError: ``path`` holds no checkpoint (no ``.metadata`` file).
     """
-    import warnings
-
-    import torch
-    import torch.distributed.checkpoint as dcp
 
     path = Path(path)
     if not (path / ".metadata").exists():
@@ -1082,7 +1061,6 @@ def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600, timeout_s: float 
     Each waiting rank prints ``perflab-hang-env <JSON>`` (the :data:`FAIL_FAST_ENV` variables
     in its environment) and ``perflab-hang-wait-starts <rank> <Unix time>`` as it enters the
     hung all-reduce (both read by :func:`expect_failure`)."""
-    import datetime
 
     r = hang_rank % ctx.world
     group = None
@@ -1163,11 +1141,6 @@ _STARTED = timestamp()
 
 
 def _worker_main(argv: list[str] | None = None) -> int:
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
     parser = argparse.ArgumentParser(description="perflab.distributed.training worker (launched by torchrun)")
     parser.add_argument("--backend", choices=["nccl", "gloo"], required=True)
     parser.add_argument("--out-dir", required=True)

@@ -37,6 +37,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import ProfilerActivity, profile as _profile
 
+try:
+    from torch.distributed.fsdp import fully_shard  # torch >= 2.6
+except ImportError:  # torch 2.4-2.5 kept FSDP2 under its composable-API name
+    from torch.distributed._composable.fsdp import fully_shard
+
 from perflab.core.sampler import Telemetry
 from perflab.core.timing import Stopwatch, synchronize
 from perflab.core.validate import integer, positive, positive_int
@@ -849,10 +854,6 @@ def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str |
 
 
 def _fsdp_wrapper(ctx):
-    # optional: FSDP2 is imported only by the ranks that shard (it pulls in the
-    # distributed tensor machinery, which single-process rungs never need)
-    from torch.distributed.fsdp import fully_shard
-
     def wrap(module):
         for block in module.model.blocks:
             fully_shard(block)

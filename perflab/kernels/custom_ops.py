@@ -27,12 +27,15 @@ Three backends, one operator:
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.utils.cpp_extension import load_inline
 
 from perflab.core.timing import Stopwatch
 
@@ -180,7 +183,6 @@ def build_extension(cpp_source: str = CPP_SOURCE, cuda_source: str | None = None
     name = f"perflab_axpby_{digest[:12]}"
     if name in _LOADED:
         return _LOADED[name]
-    from torch.utils.cpp_extension import load_inline
 
     directory = extension_dir() / name
     directory.mkdir(parents=True, exist_ok=True)
@@ -240,8 +242,8 @@ _KERNEL = None
 def _triton_kernel():
     global _KERNEL
     if _KERNEL is None:
-        import triton
-        import triton.language as tl
+        import triton  # optional: CUDA builds of torch ship Triton; CPU builds never get here
+        import triton.language as tl  # optional: as above
 
         @triton.jit
         def _axpby(x_ptr, y_ptr, out_ptr, a, b, n, BLOCK: tl.constexpr):
@@ -339,8 +341,6 @@ def code_of(fn: Callable) -> str:
     Raises:
         TypeError: ``fn``'s source is not available (a builtin).
     """
-    import inspect
-    import textwrap
 
     lines = textwrap.dedent(inspect.getsource(fn)).splitlines()
     doc = fn.__doc__

@@ -38,18 +38,24 @@ import math
 import multiprocessing
 import os
 import random
+import sys
 import sysconfig
 import tarfile
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import matplotlib
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from PIL import Image
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler,
+                              get_worker_info)
 
 from perflab.core.timing import Stopwatch, best_of, timestamp
 from perflab.core.validate import positive_int
@@ -120,12 +126,10 @@ def source_photos(min_side: int = 300) -> list[tuple[str, np.ndarray]]:
     its shorter side in scikit-image's ``skimage/data`` folder when scikit-image is installed (read
     from the package's files: nothing is downloaded).
     """
-    from PIL import Image
-    import matplotlib
 
     paths = [Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"]
     try:
-        import skimage.data
+        import skimage.data  # optional: scikit-image adds photographs when installed
     except ImportError:  # scikit-image is optional: matplotlib's photograph is enough
         skimage = None
     if skimage is not None:
@@ -141,8 +145,6 @@ def source_photos(min_side: int = 300) -> list[tuple[str, np.ndarray]]:
 
 
 def _make_one(args) -> None:
-    from PIL import Image
-
     photo, path, seed, size, quality = args
     rng = random.Random(seed)
     h, w = photo.shape[:2]
@@ -206,7 +208,6 @@ def decode_resized(data: bytes | str | os.PathLike, side: int) -> np.ndarray:
     Raises:
         ValueError: ``side`` not a positive integer.
     """
-    from PIL import Image
 
     positive_int("side", side)
     src = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
@@ -228,7 +229,6 @@ def pil_pipeline(data: bytes | str | os.PathLike, out: int, generator: torch.Gen
     differently in every worker and epoch. Returns a ``(3, out, out)`` float32 tensor normalized
     with :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`.
     """
-    from PIL import Image
 
     positive_int("out", out)
     src = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
@@ -792,7 +792,6 @@ class TextCorpus:
 
     def load_tokenizer(self):
         """The trained ``tokenizers.Tokenizer``."""
-        from tokenizers import Tokenizer
 
         return Tokenizer.from_file(str(self.tokenizer))
 
@@ -812,7 +811,6 @@ def text_corpus(max_bytes: int | None = None, vocab_size: int = 8192,
     """
     if not 257 <= vocab_size <= 65536:
         raise ValueError(f"vocab_size must be in 257..65536 for uint16 token ids, got {vocab_size}")
-    import sys
 
     key = f"py{sys.version_info[0]}{sys.version_info[1]}_b{max_bytes}_v{vocab_size}_t{train_bytes}"
     folder = Path(folder) if folder is not None else cache_dir("text", key)
@@ -821,7 +819,6 @@ def text_corpus(max_bytes: int | None = None, vocab_size: int = 8192,
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         return TextCorpus(folder / "tokens.u16", folder / "tokenizer.json", **meta)
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     docs = [text for _, text in stdlib_sources(max_bytes)]
     tok = Tokenizer(models.BPE())
@@ -903,7 +900,6 @@ class _BytesDataset(Dataset):
 
 def decode_pil(data: bytes) -> torch.Tensor:
     """Decode JPEG bytes with Pillow: uint8 ``(H, W, 3)`` tensor (shares the array's memory)."""
-    from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:
         return torch.from_numpy(np.array(im.convert("RGB")))
@@ -1032,8 +1028,6 @@ def ladder_loaders(folder: str | os.PathLike, memmap: str | os.PathLike, batch: 
     Each loader draws ``epochs`` passes over its data (a fresh random order per pass), so that a
     timing can skip the workers' first burst and still see several rounds of batches.
     """
-    from functools import partial
-    from torch.utils.data import BatchSampler, RandomSampler
 
     positive_int("batch", batch)
     positive_int("workers", workers)

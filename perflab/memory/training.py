@@ -47,6 +47,9 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
+                                    create_selective_checkpoint_contexts)
 
 from perflab.core.validate import positive_int
 from perflab.internals.autograd import saved_tensors
@@ -100,7 +103,6 @@ class BlockStackConfig:
 
 def _save_matmuls_policy(ctx, op, *args, **kwargs):
     """Selective checkpointing: keep the outputs of the Linear layers' matrix products."""
-    from torch.utils.checkpoint import CheckpointPolicy
 
     if op in (torch.ops.aten.addmm.default, torch.ops.aten.mm.default):
         return CheckpointPolicy.MUST_SAVE
@@ -176,8 +178,6 @@ class BlockStack(nn.Module):
         self._checkpoint = mode
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
-
         for block in self.blocks:
             if self.checkpoint == "none" or not torch.is_grad_enabled():
                 x = block(x)
@@ -338,8 +338,6 @@ class _NativeStderrSilenced:
 
 
 def _chrome_trace(fn: Callable[[], Any]) -> tuple[list[dict], Any]:
-    from torch.profiler import ProfilerActivity, profile
-
     with tempfile.TemporaryDirectory(prefix="perflab_mem_") as tmp:
         with _NativeStderrSilenced(), profile(activities=[ProfilerActivity.CPU],
                                               profile_memory=True) as prof:

@@ -23,6 +23,7 @@ Units: samples per second, seconds; images are ``uint8`` in ``[0, 255]``, shape 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import math
@@ -34,6 +35,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
 
 from perflab.core.timing import Stopwatch, seconds_per_call
 
@@ -570,7 +572,6 @@ def profile_overlap(fn: Callable[[], object]) -> tuple[float, int, int]:
     """
     if not torch.cuda.is_available():
         raise RuntimeError("profile_overlap needs a CUDA GPU")
-    from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
@@ -603,7 +604,6 @@ def fold_batchnorm(layer: nn.Module, bn: nn.Module) -> nn.Module:
     out_ch = layer.out_channels if isinstance(layer, nn.Conv2d) else layer.out_features
     if bn.num_features != out_ch:
         raise ValueError(f"bn has {bn.num_features} channels, layer outputs {out_ch}")
-    import copy
 
     fused = copy.deepcopy(layer)
     with torch.no_grad():
