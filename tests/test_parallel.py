@@ -214,10 +214,11 @@ def test_a_hung_rank_ends_in_the_process_group_timeout():
     f = P.expect_failure([{"name": "hang", "args": {"sleep_s": 300, "timeout_s": 2}}], nproc=2,
                          backend="gloo", timeout_s=90)
     assert "Timed out" in f.message or "timed out" in f.message
-    assert f.seconds < 90
+    assert "torchrun timed out" not in f.message     # the ranks' 2 s timeout ended it, not the launcher
     assert "timed out" in f.first_error.lower() and "torch.distributed.run" not in f.first_error
-    # the job ended after the 2 s timeout, measured from the moment a rank started to wait
-    assert 2 <= f.after_wait_s < f.seconds
+    # the job ended after the 2 s timeout (a timeout never fires early), counted from the
+    # moment a rank started to wait
+    assert f.after_wait_s >= 2
     # the waiting rank ran with the fail-fast settings, NCCL's heartbeat monitor off among them
     assert f.rank_env == P.FAIL_FAST_ENV
     assert f.rank_env["TORCH_NCCL_ENABLE_MONITORING"] == "0"

@@ -13,11 +13,11 @@ def test_event_timer_on_cpu_returns_one_sample_per_rep_after_warmup():
     assert t.min_s <= t.median_s
 
 
-def test_event_timer_sees_a_sleep():
-    import time
-
-    t = timing.event_timer(lambda: time.sleep(0.002), "cpu", warmup=0, reps=3)
-    assert t.median_s >= 0.002
+def test_event_timer_times_each_call_on_the_cpu_clock(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    costs = iter([9.0, 0.002, 0.003, 0.001])          # the warm-up call is slow and not counted
+    t = timing.event_timer(lambda: clock.advance(next(costs)), "cpu", warmup=1, reps=3)
+    assert t.samples_s == pytest.approx((0.002, 0.003, 0.001)) and t.median_s == pytest.approx(0.002)
 
 
 @pytest.mark.parametrize("kwargs, word", [(dict(warmup=-1), "warmup"), (dict(reps=0), "reps")])
@@ -33,18 +33,39 @@ def test_timing_statistics():
     assert timing.Timing((1.0,)).iqr_s == 0.0
 
 
-def test_benchmark_on_cpu_uses_torch_utils_benchmark_and_agrees_with_a_sleep():
-    import time
+def test_benchmark_on_cpu_is_torch_utils_benchmarks_median_after_one_warm_up(monkeypatch):
+    """torch.utils.benchmark is faked: what is tested is how benchmark() drives it (the
+    function warmed up once, the Timer given it and torch's thread count, blocked_autorange's
+    median returned), not how long anything takes."""
+    seen = {}
 
-    s = timing.benchmark(lambda: time.sleep(0.001), "cpu", min_run_time_s=0.05)
-    assert 0.001 <= s < 0.05
+    class FakeTimer:
+        def __init__(self, stmt, globals, num_threads):
+            seen.update(stmt=stmt, fn=globals["fn"], threads=num_threads)
+
+        def blocked_autorange(self, min_run_time):
+            seen["min_run_time"] = min_run_time
+            return type("Measurement", (), {"median": 0.125})()
+
+    monkeypatch.setattr(timing.tub, "Timer", FakeTimer)
+    calls = []
+    work = lambda: calls.append(1)  # noqa: E731
+    assert timing.benchmark(work, "cpu", min_run_time_s=0.05) == 0.125
+    assert calls == [1] and seen["fn"] is work and seen["stmt"] == "fn()"
+    assert seen["min_run_time"] == 0.05 and seen["threads"] == torch.get_num_threads()
     with pytest.raises(ValueError, match="min_run_time_s"):
         timing.benchmark(lambda: None, "cpu", min_run_time_s=0)
 
 
-def test_flush_and_synchronize_are_noops_on_cpu():
+def test_flush_and_synchronize_are_noops_on_cpu(monkeypatch):
+    def no_cuda(*args):
+        raise AssertionError("a CPU device reached torch.cuda.synchronize")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", no_cuda)
     timing.flush_l2("cpu")
     timing.synchronize("cpu")
+    timing.synchronize(torch.device("cpu"))
+    assert timing._L2_FLUSH == {}                 # no flush buffer allocated for a CPU
 
 
 def test_progress_is_a_pass_through_when_disabled_and_yields_every_item_when_enabled():
