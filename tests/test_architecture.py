@@ -101,10 +101,8 @@ def test_the_map_follows_imports_in_notebooks_modules_and_scripts(tmp_path):
             "perflab.a.y.f()\nex.g()\nrun(['-m', 'perflab.b.z'])\n")
     assert architecture.referenced(ast.parse(code), names) == names
     assert architecture.referenced(ast.parse("import perflab\n"), names) == set()
-    top = "from perflab.a import x\n\ndef f():\n    from perflab.a import y\n"
-    assert architecture.referenced(ast.parse(top), names, top_only=True) == {"a.x"}
     relative = "from .x import f\nfrom ..b import z\n"
-    assert architecture.referenced(ast.parse(relative), names, top_only=True, here="a") == {"a.x", "b.z"}
+    assert architecture.referenced(ast.parse(relative), names, module="a.y") == {"a.x", "b.z"}
     assert architecture.first_sentence("One idea (of ``a.b``). More.\n\nDetails.") == "One idea (of ``a.b``)."
 
 
