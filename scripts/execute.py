@@ -80,6 +80,8 @@ except ImportError as err:  # the script's one dependency check: say which envir
 
 import torch  # noqa: E402
 
+from perflab.core.device import cpu_name  # noqa: E402
+from perflab.core.sampler import MemoryPeak  # noqa: E402
 from perflab.record import ceilings, runs  # noqa: E402
 
 
@@ -261,47 +263,6 @@ def _error_text(cell) -> str:
     return "unknown error"
 
 
-class GpuMemoryPeak:
-    """Sample every GPU's used memory with NVML in a thread; ``peak`` is the largest rise in bytes."""
-
-    def __init__(self, interval_s: float = 0.2):
-        self.peak = None
-        self._stop = False
-        self._interval = interval_s
-        self._thread = None
-
-    def __enter__(self):
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        except Exception:   # no NVML (a CPU machine): nothing to record
-            return self
-        if not handles:
-            return self
-        import threading
-
-        base = [pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles]
-        self.peak = 0
-
-        def sample():
-            while not self._stop:
-                used = [pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles]
-                self.peak = max(self.peak, max(u - b for u, b in zip(used, base)))
-                time.sleep(self._interval)
-
-        self._thread = threading.Thread(target=sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop = True
-        if self._thread:
-            self._thread.join(timeout=2)
-        return False
-
-
 def execute(md: Path, timeout_s: float, index: str, target: Path | None = None,
             write: bool = True) -> tuple[bool, float, str]:
     """Execute one notebook; write its ``.ipynb`` (to ``target``, default beside ``md``) on
@@ -316,7 +277,7 @@ def execute(md: Path, timeout_s: float, index: str, target: Path | None = None,
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     cell_seconds = []
     try:
-        with GpuMemoryPeak() as memory, client.setup_kernel():
+        with MemoryPeak(interval_s=0.2) as memory, client.setup_kernel():
             for n, i in enumerate(code_cells, 1):
                 left = timeout_s - (time.monotonic() - t0)
                 if left <= 0:
@@ -413,18 +374,9 @@ def prepare_ceilings(fresh: bool) -> None:
 
 def record_cpu_run(md: Path, seconds: float) -> None:
     """Store a CPU execution's duration in ``labs/cpu_runs.json`` (``{stem: {...}}``)."""
-    import platform
-
     path = ROOT / "labs" / "cpu_runs.json"
     table = json.loads(path.read_text()) if path.exists() else {}
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     table[md.stem] = {"duration_s": round(seconds, 1), "cpu": cpu, "cores": os.cpu_count(),
                      "started": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                      "source_sha256": runs.code_sha256(_cells(jupytext.read(md), "code"))}

@@ -1,79 +1,241 @@
-"""The shape of perflab that docs/ARCHITECTURE.md describes: no import cycle, imports at the top
-of modules (except optional ones, each with a comment), every module in the module map."""
+"""The rules docs/ARCHITECTURE.md states about perflab, each enforced here.
+
+1. The module map on the page is what ``scripts/architecture.py`` generates from the code (every
+   module, its size, its docstring's first sentence, who uses it): the page cannot drift.
+2. No import cycle between perflab modules, following ``from perflab.x import y``,
+   ``import perflab.x`` and relative imports alike; ``core`` imports nothing else of perflab and
+   nothing outside ``labs`` imports ``labs``.
+3. Only ``core/nvml.py`` imports ``pynvml`` (in perflab, scripts/ and _ext/).
+4. Only ``core/device.py`` opens ``/proc/cpuinfo`` (no call anywhere else takes that path).
+5. Only ``core/timing.py`` reads a clock: no ``time.perf_counter``/``time.time``/
+   ``time.monotonic``/``process_time``/``thread_time`` (or their ``_ns`` forms), no ``timeit``,
+   no ``torch.cuda.Event``, no ``torch.utils.benchmark`` or ``triton.testing`` elsewhere in
+   perflab; and no subtraction of two ``timing.timestamp()`` readings (a duration is a
+   ``Stopwatch``'s). ``time.sleep`` is not a clock.
+6. Imports sit at the top of a module (its top-level statements, ``if``/``try`` blocks
+   included); an import inside a function is an optional dependency listed in
+   :data:`OPTIONAL_IMPORTS`, with a comment on its line or the line above saying why.
+"""
 
 import ast
+import importlib.util
 import re
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "perflab"
-MODULES = sorted(".".join(p.relative_to(PKG).with_suffix("").parts) for p in PKG.rglob("*.py")
-                 if p.stem != "__init__")
+
+_spec = importlib.util.spec_from_file_location("architecture", ROOT / "scripts" / "architecture.py")
+architecture = importlib.util.module_from_spec(_spec)
+sys.modules["architecture"] = architecture   # dataclasses look their module up there
+_spec.loader.exec_module(architecture)
+
+MODULES = architecture.modules(PKG)
+SOURCES = sorted(PKG.rglob("*.py"))
+ELSEWHERE = sorted((ROOT / "scripts").glob("*.py")) + sorted((ROOT / "_ext").glob("*.py"))
+
+#: the only imports allowed inside functions: optional dependencies, by module file
+OPTIONAL_IMPORTS = {
+    "core/nvml.py": {"pynvml"},                          # the `gpu` extra
+    "core/timing.py": {"triton.testing"},                # CUDA builds of torch only
+    "kernels/crossentropy.py": {"triton", "triton.language"},
+    "kernels/custom_ops.py": {"triton", "triton.language"},
+    "labs/exercises.py": {"IPython", "jupytext"},        # a live kernel; the `book` extra
+    "loading/datasets.py": {"skimage.data", "torchvision.io"},  # scikit-image, the `vision` extra
+    "machine/explorer.py": {"ipywidgets"},               # the `book` extra
+    "record/provenance.py": {"myst_nb"},                 # the `book` extra
+    "record/formatting.py": {"IPython.display"},         # a live kernel
+}
+
+CLOCKS = {"perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns",
+          "process_time", "process_time_ns", "thread_time", "thread_time_ns"}
 
 
-def _file(name: str) -> Path:
-    return PKG.joinpath(*name.split(".")).with_suffix(".py")
+def _rel(path: Path) -> str:
+    return path.relative_to(PKG).as_posix() if path.is_relative_to(PKG) else path.relative_to(ROOT).as_posix()
 
 
-def _internal_imports(name: str) -> tuple[set[str], list[tuple[int, str]]]:
-    """(perflab modules imported at module level, in-function imports as (line, text))."""
-    tree = ast.parse(_file(name).read_text())
-    top, nested = set(), []
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.Import, ast.ImportFrom)):
-            continue
-        at_top = node in tree.body or any(node in getattr(n, "body", []) for n in tree.body
-                                          if isinstance(n, (ast.If, ast.Try)))
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("perflab."):
-            if at_top:
-                mod = node.module.removeprefix("perflab.")
-                top.update(f"{mod}.{a.name}" if f"{mod}.{a.name}" in MODULES else mod for a in node.names)
-        if not at_top:
-            nested.append((node.lineno, ast.unparse(node)))
-    return top, nested
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
+
+def _dotted(node: ast.AST) -> str:
+    """``a.b.c`` for an attribute chain on a name, else ''."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id] + parts[::-1]) if isinstance(node, ast.Name) else ""
+
+
+def _imported(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and not node.level:
+        return [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return []
+
+
+# 1. the map cannot drift ------------------------------------------------------------------------
+
+def test_the_module_map_is_generated_from_the_code():
+    page = architecture.PAGE.read_text(encoding="utf-8")
+    assert architecture.BEGIN in page and architecture.END in page, "the map's marker lines are missing"
+    wanted = architecture.replace_map(page, architecture.render())
+    assert wanted == page, ("docs/ARCHITECTURE.md's module map differs from the code: run "
+                            "python scripts/architecture.py (python scripts/architecture.py --check shows the diff)")
+
+
+def test_the_map_lists_every_module_with_its_users():
+    page = architecture.PAGE.read_text(encoding="utf-8")
+    missing = [m for m in MODULES if f"| `{m}` |" not in page]
+    assert not missing, f"modules missing from the map: {missing}"
+    assert MODULES["core.nvml"].idea, "a module without a docstring has no idea in the map"
+
+
+def test_the_map_follows_imports_in_notebooks_modules_and_scripts(tmp_path):
+    names = {"a.x", "a.y", "b.z"}
+    code = ("import perflab\nfrom perflab.a import x as ex\nimport perflab.b.z as zed\n"
+            "perflab.a.y.f()\nex.g()\nrun(['-m', 'perflab.b.z'])\n")
+    assert architecture.referenced(ast.parse(code), names) == names
+    assert architecture.referenced(ast.parse("import perflab\n"), names) == set()
+    relative = "from .x import f\nfrom ..b import z\n"
+    assert architecture.referenced(ast.parse(relative), names, module="a.y") == {"a.x", "b.z"}
+    assert architecture.first_sentence("One idea (of ``a.b``). More.\n\nDetails.") == "One idea (of ``a.b``)."
+
+
+# 2. no import cycle -------------------------------------------------------------------------------
 
 def test_the_import_graph_has_no_cycle():
-    graph = {m: _internal_imports(m)[0] & set(MODULES) for m in MODULES}
+    graph = {m: MODULES[m].imports for m in MODULES}
     state: dict[str, int] = {}
 
     def visit(m, path):
         state[m] = 1
-        for n in graph[m]:
+        for n in sorted(graph[m]):
             assert state.get(n) != 1, "import cycle: " + " -> ".join(path + [n])
             if n not in state:
                 visit(n, path + [n])
         state[m] = 2
 
-    for m in MODULES:
+    for m in sorted(MODULES):
         if m not in state:
             visit(m, [m])
 
 
-# Modules of chapters 5-9, merged while issue 9 was under way: their perflab imports are at the top
-# like everyone's, but their third-party imports inside functions (torchvision, PIL, triton,
-# tokenizers, torch.distributed.checkpoint, ...) have not been reviewed one by one yet.
-THIRD_PARTY_IMPORTS_NOT_YET_REVIEWED = {"kernels.attention", "kernels.compiler", "kernels.custom_ops",
-                                        "speed.datamovement", "loading.datasets", "gpt2.model", "labs.lab05",
-                                        "memory.training", "distributed.training", "kernels.precision",
-                                        "speed.techniques", "labs.lab09", "labs.lab07"}
+def test_core_stands_alone_and_only_labs_import_labs():
+    bad = [f"{m} imports {n}" for m in MODULES for n in MODULES[m].imports
+           if (m.startswith("core.") and not n.startswith("core."))
+           or (n.startswith("labs.") and not m.startswith("labs."))]
+    assert not bad, "layering broken: " + "; ".join(bad)
 
 
-def test_imports_inside_functions_are_optional_ones_with_a_reason():
-    lines = {m: _file(m).read_text().splitlines() for m in MODULES}
+def test_the_cycle_check_sees_absolute_imports():
+    assert "core.nvml" in MODULES["core.device"].imports          # from perflab.core import nvml
+    assert "core.timing" in MODULES["core.sampler"].imports       # from perflab.core.timing import ...
+
+
+# 3. one NVML reader -------------------------------------------------------------------------------
+
+def test_only_core_nvml_imports_pynvml():
+    bad = [f"{_rel(p)}:{node.lineno}" for p in SOURCES + ELSEWHERE if _rel(p) != "core/nvml.py"
+           for node in ast.walk(_tree(p)) if any(n.split(".")[0] == "pynvml" for n in _imported(node))]
+    assert not bad, f"pynvml imported outside perflab/core/nvml.py: {bad}"
+
+
+# 4. one /proc/cpuinfo reader ------------------------------------------------------------------------
+
+def test_only_core_device_opens_proc_cpuinfo():
     bad = []
-    for m in MODULES:
-        for lineno, text in _internal_imports(m)[1]:
-            window = " ".join(lines[m][max(0, lineno - 3): lineno])
-            if "from perflab" in text or ("#" not in window and m not in THIRD_PARTY_IMPORTS_NOT_YET_REVIEWED):
-                bad.append(f"{_file(m).relative_to(ROOT)}:{lineno}: {text}")
-    assert not bad, "imports inside functions without an 'optional: why' comment:\n" + "\n".join(bad)
+    for p in SOURCES + ELSEWHERE:
+        if _rel(p) == "core/device.py":
+            continue
+        for node in ast.walk(_tree(p)):
+            if isinstance(node, ast.Call) and any(isinstance(a, ast.Constant) and isinstance(a.value, str)
+                                                  and "/proc/cpuinfo" in a.value for a in node.args):
+                bad.append(f"{_rel(p)}:{node.lineno}")
+    assert not bad, f"/proc/cpuinfo read outside perflab/core/device.py (use device.cpuinfo()): {bad}"
 
 
-def test_every_module_is_in_the_architecture_map():
-    doc = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
-    missing = [m for m in MODULES if not re.search(rf"`{m}`", doc)]
-    assert not missing, f"docs/ARCHITECTURE.md's module map lacks {missing}"
+# 5. one place that reads a clock ----------------------------------------------------------------------
+
+def clock_reads(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) for every clock read the rule forbids outside core/timing.py."""
+    found = []
+    stamps = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            name = _dotted(node)
+            if (name.startswith("time.") and name[5:] in CLOCKS) or name in ("torch.cuda.Event",) \
+                    or name.startswith(("torch.utils.benchmark", "timeit.", "triton.testing")):
+                found.append((node.lineno, name))
+        for mod in _imported(node):
+            if mod in ("timeit", "torch.utils.benchmark", "triton.testing") or \
+                    (mod.startswith("time.") and mod[5:] in CLOCKS) or mod == "torch.utils.benchmark":
+                found.append((node.lineno, f"import {mod}"))
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                and _dotted(node.value.func).endswith("timestamp"):
+            stamps.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
+            for side in (node.left, node.right):
+                if (isinstance(side, ast.Call) and _dotted(side.func).endswith("timestamp")) or \
+                        (isinstance(side, ast.Name) and side.id in stamps):
+                    found.append((node.lineno, "a difference of timestamps"))
+    return found
+
+
+def test_only_core_timing_reads_a_clock():
+    bad = [f"{_rel(p)}:{line}: {what}" for p in SOURCES if _rel(p) != "core/timing.py"
+           for line, what in clock_reads(_tree(p))]
+    assert not bad, "clocks read outside perflab/core/timing.py (use Stopwatch, seconds_per_call, " \
+                    "best_of, Deadline or timestamp there):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("code", [
+    "import time\nt0 = time.perf_counter()\n",
+    "import time\nstart = time.monotonic()\n",
+    "from time import perf_counter\n",
+    "import timeit\n",
+    "import torch\ne = torch.cuda.Event(enable_timing=True)\n",
+    "from torch.utils import benchmark\n",
+    "from perflab.core.timing import timestamp\nt = timestamp()\nx = timestamp() - t\n",
+])
+def test_the_clock_rule_catches_each_way_of_reading_a_clock(code):
+    assert clock_reads(ast.parse(code)), code
+
+
+def test_the_clock_rule_leaves_sleep_and_timestamps_alone():
+    assert clock_reads(ast.parse("import time\ntime.sleep(1)\nfrom x import timestamp\nt = timestamp()\n"
+                                 "ok = timestamp() < t + 1\n")) == []
+
+
+# 6. imports at the top --------------------------------------------------------------------------------
+
+def nested_imports(tree: ast.Module) -> list[ast.stmt]:
+    top = set()
+    for node in tree.body:
+        top.add(node)
+        if isinstance(node, (ast.If, ast.Try)):
+            top.update(ast.walk(node))
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and n not in top]
+
+
+def test_imports_inside_functions_are_listed_optional_ones_with_a_reason():
+    bad = []
+    for p in SOURCES:
+        lines = p.read_text(encoding="utf-8").splitlines()
+        allowed = OPTIONAL_IMPORTS.get(_rel(p), set())
+        for node in nested_imports(_tree(p)):
+            names = [a.name if isinstance(node, ast.Import) else node.module for a in node.names]
+            window = " ".join(lines[max(0, node.lineno - 3): node.lineno])
+            if any(n not in allowed for n in names) or "#" not in window:
+                bad.append(f"perflab/{_rel(p)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    assert not bad, ("imports inside functions that are not listed optional dependencies with a "
+                     "comment (move them to the top, or list them in OPTIONAL_IMPORTS):\n" + "\n".join(bad))
 
 
 def test_nothing_cites_a_file_outside_the_repository():

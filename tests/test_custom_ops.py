@@ -48,11 +48,36 @@ def test_registered_operator_is_right_and_compiles_without_break(built):
         torch.ops.perflab_ext.axpby(torch.ones(3), 1.0, torch.ones(4), 1.0)
 
 
-def test_fused_speedup_check_rejects_eager_and_accepts_the_extension(built):
-    kernel = torch.ops.perflab_ext.axpby
-    assert lab09.check_fused_speedup(kernel, "cpu", 1024) >= 1.2
-    with pytest.raises(ExerciseFailed, match="must reach"):
-        lab09.check_fused_speedup(custom_ops.axpby_eager, "cpu", 1024)
+def test_fused_speedup_check_times_eager_against_yours_and_applies_the_bar(built, monkeypatch):
+    """The ratio comes from paired_ratio (faked here: how fast a CPU is belongs to lab 9's run,
+    not to a unit test); the check must pass eager as the base and the student's operator as
+    the candidate, and hold the ratio to cpu_minimum."""
+    calls = []
+
+    def kernel(*args):
+        calls.append(1)
+        return torch.ops.perflab_ext.axpby(*args)
+
+    seen = []
+
+    def fake_ratio(ratio):
+        def paired(base, candidate):
+            before = len(calls)
+            eager = base()
+            assert len(calls) == before, "the base of the ratio must be eager a*x + b*y"
+            seen.append((eager, candidate()))
+            assert len(calls) == before + 1, "the candidate must be the student's operator"
+            return ratio, (ratio,)
+        return paired
+
+    monkeypatch.setattr(lab09, "paired_ratio", fake_ratio(1.6))
+    assert lab09.check_fused_speedup(kernel, "cpu", 1024) == 1.6
+    (eager_out, fused_out), = seen
+    torch.testing.assert_close(fused_out, eager_out)
+    assert eager_out.numel() == lab09.CPU_TIMING_NUMEL          # small sizes are raised on a CPU
+    monkeypatch.setattr(lab09, "paired_ratio", fake_ratio(1.1))
+    with pytest.raises(ExerciseFailed, match="1.10x the eager composition; it must reach 1.20x"):
+        lab09.check_fused_speedup(kernel, "cpu", 1024)
     with pytest.raises(ExerciseFailed, match="differs"):
         lab09.check_fused_speedup(lambda x, a, y, b: kernel(x, a, y, -b), "cpu", 1024)
     with pytest.raises(ExerciseFailed, match="not done yet"):

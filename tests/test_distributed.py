@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from perflab.distributed import collectives as D
+from perflab.distributed import collectives as D, torchrun
 from perflab.core.device import gpu_count
 
 TOPO = """\
@@ -44,7 +44,7 @@ def test_gpu_link_reads_the_topology_matrix():
 
 def test_child_environment_keeps_nvlink_multicast_off_and_finds_perflab(monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
-    env = D._child_env("nccl", {"EXTRA": 3})
+    env = torchrun._child_env({"EXTRA": 3})
     assert env["NCCL_NVLS_ENABLE"] == "0"
     assert env["EXTRA"] == "3"
     assert os.path.isdir(os.path.join(env["PYTHONPATH"].split(os.pathsep)[0], "perflab"))
@@ -52,7 +52,7 @@ def test_child_environment_keeps_nvlink_multicast_off_and_finds_perflab(monkeypa
 
 @pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU fallback")
 def test_gloo_allreduce_between_two_cpu_processes():
-    assert D.default_backend() == "gloo"
+    assert torchrun.default_backend() == "gloo"
     result = D.allreduce_sweep([4096, 2**20], nproc=2)
     assert (result.backend, result.world_size, result.device) == ("gloo", 2, "cpu")
     assert [p.nbytes for p in result.points] == [4096, 2**20]
@@ -67,13 +67,13 @@ def test_gloo_allreduce_between_two_cpu_processes():
 
 
 def test_a_failing_worker_raises_with_its_output():
-    with pytest.raises(D.LaunchError, match="invalid literal") as err:
+    with pytest.raises(torchrun.LaunchError, match="invalid literal") as err:
         D.launch(["allreduce", "--sizes", "lots"], nproc=2, backend="gloo", timeout_s=120)
     assert "exited with status" in str(err.value)
 
 
 def test_a_launch_that_runs_too_long_is_killed():
-    with pytest.raises(D.LaunchError, match="timed out"):
+    with pytest.raises(torchrun.LaunchError, match="timed out"):
         D.launch(["allreduce", "--sizes", "4096"], nproc=2, backend="gloo", timeout_s=0.5)
 
 
@@ -114,3 +114,16 @@ def test_alpha_beta_recovers_latency_and_bus_bandwidth_from_a_sweep():
     flat = tuple(D.AllReducePoint(s, 1e-3 - 1e-13 * s, 10, 0.0, 0.0) for s in sizes)
     with pytest.raises(ValueError, match="grow"):
         D.alpha_beta(D.AllReduceResult("gloo", 2, "cpu", flat, {}))
+
+
+def test_the_launcher_checks_its_arguments_before_starting_anything(tmp_path):
+    with pytest.raises(ValueError, match="backend must be 'nccl' or 'gloo'"):
+        torchrun.backend_for("mpi", 2)
+    if gpu_count() < 2:
+        with pytest.raises(ValueError, match="needs 2 GPUs"):
+            torchrun.backend_for("nccl", 2)
+    for kwargs, word in (({"nnodes": 3}, "nnodes"), ({"nproc": 0}, "nproc"),
+                         ({"timeout_s": 0}, "timeout_s"), ({"max_restarts": -1}, "max_restarts")):
+        with pytest.raises(ValueError, match=word):
+            torchrun.run(["-c", "pass"], tmp_path, backend="gloo", **kwargs)
+    assert list(tmp_path.iterdir()) == []          # nothing was started

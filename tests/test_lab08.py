@@ -33,7 +33,7 @@ def test_student_version_is_valid_python_and_stubs_refuse_to_launch(tmp_path):
     stub = make_student.strip_code(_cell("def allreduce_gradients"))
     assert "not_done(" in stub
     with pytest.raises(ExerciseFailed, match="Exercise 1 is not done yet"):
-        P.lab_launch(1, [], user_code=[stub])
+        lab08.lab_launch(1, [], user_code=[stub])
 
 
 WRONG_ALLREDUCE = '''

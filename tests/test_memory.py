@@ -247,8 +247,13 @@ def test_allocator_experiment_on_cpu_and_in_a_subprocess():
         mem.allocator_experiment(cap_mib=10, big_mib=20, device="cpu")
 
 
-def test_warm_up_runs_on_cpu():
+def test_warm_up_takes_one_training_step_of_a_block_stack_on_the_device(monkeypatch):
+    seen = []
+    real = mem.train_step
+    monkeypatch.setattr(mem, "train_step", lambda model, opt, x, y: seen.append(
+        (type(model).__name__, x.device.type, type(opt).__name__)) or real(model, opt, x, y))
     mem.warm_up("cpu")
+    assert seen == [("BlockStack", "cpu", "Adam")]
 
 
 def test_gradient_tolerance_rejects_the_plausible_wrong_accumulations():

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from perflab.distributed import training as P
+from perflab.distributed import torchrun, training as P
 from perflab.core.device import gpu_count
 
 pytestmark = pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU (gloo) path")
@@ -114,8 +114,8 @@ def test_launch_rejects_bad_arguments():
     with pytest.raises(ValueError, match="nccl"):
         P.launch([], nproc=gpu_count() + 1, backend="nccl")
     with pytest.raises(ValueError, match="source"):
-        P._source_of(len)
-    assert 0 < P.free_port() < 65536
+        P.source_of(len)
+    assert 0 < torchrun.free_port() < 65536
 
 
 @pytest.fixture(scope="module")
@@ -214,10 +214,11 @@ def test_a_hung_rank_ends_in_the_process_group_timeout():
     f = P.expect_failure([{"name": "hang", "args": {"sleep_s": 300, "timeout_s": 2}}], nproc=2,
                          backend="gloo", timeout_s=90)
     assert "Timed out" in f.message or "timed out" in f.message
-    assert f.seconds < 90
+    assert "torchrun timed out" not in f.message     # the ranks' 2 s timeout ended it, not the launcher
     assert "timed out" in f.first_error.lower() and "torch.distributed.run" not in f.first_error
-    # the job ended after the 2 s timeout, measured from the moment a rank started to wait
-    assert 2 <= f.after_wait_s < f.seconds
+    # the job ended after the 2 s timeout (a timeout never fires early), counted from the
+    # moment a rank started to wait
+    assert f.after_wait_s >= 2
     # the waiting rank ran with the fail-fast settings, NCCL's heartbeat monitor off among them
     assert f.rank_env == P.FAIL_FAST_ENV
     assert f.rank_env["TORCH_NCCL_ENABLE_MONITORING"] == "0"
@@ -240,7 +241,7 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 
 
 def test_an_nccl_timeout_is_reported_by_the_ranks_own_watchdog_line():
-    from perflab.distributed.collectives import _failure
+    from perflab.distributed.torchrun import _failure
 
     err = _failure("torchrun exited with status 1", ["python", "-m", "torch.distributed.run"],
                    NCCL_TIMEOUT_OUTPUT)
@@ -256,7 +257,7 @@ def test_an_nccl_timeout_is_reported_by_the_ranks_own_watchdog_line():
 
 
 def test_the_ranks_environment_line_is_read_and_never_taken_for_the_error():
-    from perflab.distributed.collectives import _failure
+    from perflab.distributed.torchrun import _failure
 
     out = ('[rank1]:perflab-hang-env {"TORCH_NCCL_ENABLE_MONITORING": "0", '
            '"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}\n'
@@ -270,7 +271,7 @@ def test_the_ranks_environment_line_is_read_and_never_taken_for_the_error():
 
 
 def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
-    from perflab.distributed.collectives import LaunchError
+    from perflab.distributed.torchrun import LaunchError
 
     seen = {}
 

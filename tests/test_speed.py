@@ -70,10 +70,18 @@ def test_gpu_only_helpers_raise_on_cpu():
         speed.graph_replay_semantics()
 
 
-def test_wall_time_counts_calls_and_checks_arguments():
-    calls = []
-    t = speed.wall_time(lambda: calls.append(1), "cpu", reps=3, warmup=2, stat="min")
-    assert t >= 0 and len(calls) == 5
+def test_wall_time_counts_calls_and_checks_arguments(monkeypatch):
+    from perflab.core import timing
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock["t"])
+    costs = iter([5.0, 5.0, 0.3, 0.1, 0.2] * 2)           # two warm-up calls, then three timed
+
+    def call():
+        clock["t"] += next(costs)
+
+    assert speed.wall_time(call, "cpu", reps=3, warmup=2, stat="min") == pytest.approx(0.1)
+    assert speed.wall_time(call, "cpu", reps=3, warmup=2, stat="median") == pytest.approx(0.2)
     with pytest.raises(ValueError, match="stat"):
         speed.wall_time(lambda: None, "cpu", stat="mean")
     with pytest.raises(ValueError, match="reps"):

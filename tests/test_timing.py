@@ -13,11 +13,11 @@ def test_event_timer_on_cpu_returns_one_sample_per_rep_after_warmup():
     assert t.min_s <= t.median_s
 
 
-def test_event_timer_sees_a_sleep():
-    import time
-
-    t = timing.event_timer(lambda: time.sleep(0.002), "cpu", warmup=0, reps=3)
-    assert t.median_s >= 0.002
+def test_event_timer_times_each_call_on_the_cpu_clock(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    costs = iter([9.0, 0.002, 0.003, 0.001])          # the warm-up call is slow and not counted
+    t = timing.event_timer(lambda: clock.advance(next(costs)), "cpu", warmup=1, reps=3)
+    assert t.samples_s == pytest.approx((0.002, 0.003, 0.001)) and t.median_s == pytest.approx(0.002)
 
 
 @pytest.mark.parametrize("kwargs, word", [(dict(warmup=-1), "warmup"), (dict(reps=0), "reps")])
@@ -33,18 +33,39 @@ def test_timing_statistics():
     assert timing.Timing((1.0,)).iqr_s == 0.0
 
 
-def test_benchmark_on_cpu_uses_torch_utils_benchmark_and_agrees_with_a_sleep():
-    import time
+def test_benchmark_on_cpu_is_torch_utils_benchmarks_median_after_one_warm_up(monkeypatch):
+    """torch.utils.benchmark is faked: what is tested is how benchmark() drives it (the
+    function warmed up once, the Timer given it and torch's thread count, blocked_autorange's
+    median returned), not how long anything takes."""
+    seen = {}
 
-    s = timing.benchmark(lambda: time.sleep(0.001), "cpu", min_run_time_s=0.05)
-    assert 0.001 <= s < 0.05
+    class FakeTimer:
+        def __init__(self, stmt, globals, num_threads):
+            seen.update(stmt=stmt, fn=globals["fn"], threads=num_threads)
+
+        def blocked_autorange(self, min_run_time):
+            seen["min_run_time"] = min_run_time
+            return type("Measurement", (), {"median": 0.125})()
+
+    monkeypatch.setattr(timing.tub, "Timer", FakeTimer)
+    calls = []
+    work = lambda: calls.append(1)  # noqa: E731
+    assert timing.benchmark(work, "cpu", min_run_time_s=0.05) == 0.125
+    assert calls == [1] and seen["fn"] is work and seen["stmt"] == "fn()"
+    assert seen["min_run_time"] == 0.05 and seen["threads"] == torch.get_num_threads()
     with pytest.raises(ValueError, match="min_run_time_s"):
         timing.benchmark(lambda: None, "cpu", min_run_time_s=0)
 
 
-def test_flush_and_synchronize_are_noops_on_cpu():
+def test_flush_and_synchronize_are_noops_on_cpu(monkeypatch):
+    def no_cuda(*args):
+        raise AssertionError("a CPU device reached torch.cuda.synchronize")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", no_cuda)
     timing.flush_l2("cpu")
     timing.synchronize("cpu")
+    timing.synchronize(torch.device("cpu"))
+    assert timing._L2_FLUSH == {}                 # no flush buffer allocated for a CPU
 
 
 def test_progress_is_a_pass_through_when_disabled_and_yields_every_item_when_enabled():
@@ -131,3 +152,58 @@ def test_paired_ratio_times_with_the_threads_asked_and_restores_them():
     assert set(seen) == {1} and torch.get_num_threads() == before
     with pytest.raises(ValueError, match="cpu_threads"):
         timing.paired_ratio(lambda: None, lambda: None, cpu_threads=0)
+
+
+class FakeClock:
+    """time.perf_counter / time.time / time.monotonic that move only when work advances them."""
+
+    def __init__(self, monkeypatch, start=1000.0):
+        self.t = start
+        for name in ("perf_counter", "time", "monotonic"):
+            monkeypatch.setattr(timing.time, name, lambda: self.t)
+
+    def work(self, seconds):
+        return lambda: self.advance(seconds)
+
+    def advance(self, seconds):
+        self.t += seconds
+
+
+def test_stopwatch_reads_elapsed_time_and_its_block(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    with timing.Stopwatch("cpu") as sw:
+        clock.advance(0.25)
+        assert sw.elapsed() == pytest.approx(0.25)
+        clock.advance(0.5)
+    assert sw.seconds == pytest.approx(0.75)
+    with pytest.raises(RuntimeError, match="before start"):
+        timing.Stopwatch().elapsed()
+    with pytest.raises(ValueError, match="device"):
+        timing.Stopwatch("gpu7")
+
+
+def test_seconds_per_call_and_best_of_divide_by_the_calls(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    costs = iter([3.0, 1.0, 2.0] * 4)
+    assert timing.seconds_per_call(clock.work(0.2), calls=4, device="cpu") == pytest.approx(0.2)
+    # blocks of two calls cost (3 + 1), (2 + 3), (1 + 2): the best is 1.5 s a call
+    assert timing.best_of(lambda: clock.advance(next(costs)), repeats=3, calls=2) == pytest.approx(1.5)
+    for bad in ({"calls": 0}, {"repeats": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            timing.best_of(clock.work(1), **bad)
+
+
+def test_deadline_and_timestamps(monkeypatch):
+    clock = FakeClock(monkeypatch)
+    d = timing.Deadline(10)
+    clock.advance(9)
+    assert not d.expired() and d.left_s() == pytest.approx(1)
+    clock.advance(2)
+    assert d.expired()
+    then = timing.timestamp()
+    clock.advance(4)
+    assert timing.seconds_since(then) == pytest.approx(4)
+    with pytest.raises(ValueError, match="seconds"):
+        timing.Deadline(0)
+    with pytest.raises(ValueError, match="moment"):
+        timing.seconds_since(float("nan"))

@@ -17,7 +17,7 @@ from perflab.core import nvml
 
 T = TypeVar("T")
 
-__all__ = ["cpu_name", "cpuinfo", "describe", "device", "gpu_count", "has_gpu", "pick",
+__all__ = ["cpu_clocks_mhz", "cpu_name", "cpuinfo", "describe", "device", "gpu_count", "has_gpu", "pick",
            "requires_gpu"]
 
 
@@ -96,6 +96,19 @@ def cpuinfo() -> list[dict[str, str]]:
         if fields:
             blocks.append(fields)
     return blocks
+
+
+def cpu_clocks_mhz() -> list[float] | None:
+    """Each logical CPU's current clock in MHz, as the kernel reports it now (the ``cpu MHz``
+    lines of :func:`cpuinfo`): the one reading of the CPU's clock. None where the OS reports
+    none (Arm kernels, macOS, Windows)."""
+    mhz = []
+    for block in cpuinfo():
+        try:
+            mhz.append(float(block["cpu MHz"]))
+        except (KeyError, ValueError):
+            pass
+    return mhz or None
 
 
 def cpu_name() -> str:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["CLOCK_EVENT_REASONS", "driver_version", "handle", "max_sm_clock_hz", "nvlinks",
-           "readings", "utilization_pct"]
+__all__ = ["CLOCK_EVENT_REASONS", "device_count", "driver_version", "handle", "max_sm_clock_hz",
+           "memory_used_bytes", "nvlinks", "readings", "utilization_pct"]
 
 #: Bits of ``nvmlDeviceGetCurrentClocksEventReasons``: why the SM clock is below its maximum now.
 CLOCK_EVENT_REASONS: dict[int, str] = {
@@ -193,6 +193,24 @@ def utilization_pct(index: int = 0) -> int | None:
     h = handle(index)
     util = None if h is None else _call("nvmlDeviceGetUtilizationRates", h)
     return None if util is None else util.gpu
+
+
+def memory_used_bytes(index: int = 0) -> int | None:
+    """Bytes of GPU ``index``'s memory in use by every process (``nvmlDeviceGetMemoryInfo``'s
+    ``used``, what ``nvidia-smi`` shows), or None when NVML cannot say. Unlike
+    ``torch.cuda.memory_allocated`` it sees other processes (a notebook's kernel, torchrun's
+    workers) and the CUDA context itself."""
+    h = handle(index)
+    info = None if h is None else _call("nvmlDeviceGetMemoryInfo", h)
+    return None if info is None else int(info.used)
+
+
+def device_count() -> int:
+    """Number of GPUs NVML sees (0 without nvidia-ml-py, a driver or a GPU). It ignores
+    ``CUDA_VISIBLE_DEVICES``, which only torch's numbering follows."""
+    if _pynvml() is None or handle(0) is None:
+        return 0
+    return _call("nvmlDeviceGetCount") or 0
 
 
 def max_sm_clock_hz(index: int = 0) -> float | None:

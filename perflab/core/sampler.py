@@ -1,20 +1,28 @@
-"""Telemetry: the clocks, power and throttle reasons a benchmark actually ran under.
+"""The one sampler: a background thread that reads the machine while a block of work runs.
 
-A GPU does not run at one speed. The same 8192^3 bf16 matrix product reads ~800 TFLOP/s for
-twenty repetitions at 1,980 MHz and ~685 TFLOP/s for three hundred back-to-back repetitions,
-when the board reaches its power limit and the driver lowers the SM clock to ~1,500 MHz (NVML
-sets the "software power cap" clock-event reason). A number without its clock and duration
-cannot be compared with another one, so every headline benchmark of the course runs under a
-:class:`Telemetry` sampler and states what it saw.
+:class:`Sampler` is that thread (one reading every ``interval_s`` seconds, each kept with its
+time); three readers use it:
 
-The sampler is a background thread that reads NVML (:func:`perflab.core.nvml.readings`, the course's
-one NVML reader: SM and memory clocks, power, temperature, clock-event reasons) every ``interval_s`` seconds while the ``with``
-block runs; on a machine without a GPU it reads the CPU frequency the OS exposes
-(``/proc/cpuinfo``), and says which quantities it could not read. Reading NVML costs tens of
-microseconds on the host and nothing on the GPU. Nothing here changes a clock or a limit.
+* :class:`Telemetry`: the clocks, power and throttle reasons a benchmark actually ran under. A
+  GPU does not run at one speed: the same 8192^3 bf16 matrix product reads ~800 TFLOP/s for
+  twenty repetitions at 1,980 MHz and ~685 TFLOP/s for three hundred back-to-back repetitions,
+  when the board reaches its power limit and the driver lowers the SM clock to ~1,500 MHz (NVML
+  sets the "software power cap" clock-event reason). A number without its clock and duration
+  cannot be compared with another one, so every headline benchmark of the course runs under
+  :class:`Telemetry` (or :func:`measure`) and states what it saw. Without a GPU it reads the
+  CPU's clock (:func:`perflab.core.device.cpu_clocks_mhz`) and says what it could not read.
+* :class:`UtilizationSampler`: NVML's "GPU utilization" over a loop (chapter 4).
+* :class:`MemoryPeak`: the largest rise of any GPU's used memory while a notebook runs
+  (``scripts/execute.py`` records it as ``gpu_memory_peak_bytes``).
+
+Beside them, :func:`cpu_state` and :func:`machine_state` read the machine once (CPU governor and
+clocks, NVML's readings). Every GPU reading goes through :mod:`perflab.core.nvml`, the course's
+one NVML reader; reading NVML costs tens of microseconds on the host and nothing on the GPU.
+Nothing here changes a clock or a limit.
 
 NVML reference: ``nvmlDeviceGetClockInfo``, ``nvmlDeviceGetPowerUsage``,
-``nvmlDeviceGetCurrentClocksEventReasons`` (NVIDIA Management Library API reference).
+``nvmlDeviceGetCurrentClocksEventReasons``, ``nvmlDeviceGetUtilizationRates``,
+``nvmlDeviceGetMemoryInfo`` (NVIDIA Management Library API reference).
 """
 
 from __future__ import annotations
@@ -23,18 +31,18 @@ import glob
 import os
 import statistics
 import threading
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from perflab.core import nvml
-from perflab.core.device import cpu_name, cpuinfo
-from perflab.core.timing import benchmark
+from perflab.core.device import cpu_clocks_mhz, cpu_name
+from perflab.core.timing import Stopwatch, benchmark
+from perflab.core.validate import positive
 
-__all__ = ["cpu_state", "machine_state", "measure", "Measurement", "Telemetry", "TelemetrySummary",
-           "UtilizationSampler"]
+__all__ = ["cpu_state", "machine_state", "measure", "Measurement", "MemoryPeak", "Sampler", "Telemetry",
+           "TelemetrySummary", "UtilizationSampler"]
 
 _IDLE = "idle"  # perflab.core.nvml.CLOCK_EVENT_REASONS[0x1]: not a slowdown
 
@@ -121,6 +129,68 @@ class TelemetrySummary:
         return d
 
 
+class Sampler:
+    """Call ``read()`` every ``interval_s`` seconds in one background thread while a ``with``
+    block runs, and once more as the block ends (so a short block still gets a reading).
+
+    Each reading that is not None is kept in :attr:`samples` as ``(t, reading)``, ``t`` in
+    seconds since the block started (host clock, :class:`perflab.core.timing.Stopwatch`);
+    :attr:`duration_s` is the block's length once it has ended. ``read`` runs in the sampler's
+    thread: it must not touch the GPU's streams (NVML and ``/proc`` reads are fine).
+
+    Args:
+        read: a callable of no argument returning one reading, or None when there is nothing
+            to read this time.
+        interval_s: seconds between readings (> 0).
+        name: the thread's name (shows in ``py-spy dump`` and tracebacks).
+
+    Raises:
+        ValueError: ``interval_s`` is not a positive finite number.
+
+    Example::
+
+        with Sampler(lambda: nvml.utilization_pct(0), interval_s=0.05) as s:
+            run_loop()
+        print(s.samples[-1])
+    """
+
+    def __init__(self, read: Callable[[], Any], interval_s: float = 0.05, name: str = "perflab-sampler"):
+        self.read = read
+        self.interval_s = positive("interval_s", interval_s)
+        self.name = name
+        self.samples: list[tuple[float, Any]] = []
+        self.duration_s: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._clock = Stopwatch()
+
+    def _keep(self) -> None:
+        reading = self.read()
+        if reading is not None:
+            self.samples.append((self._clock.elapsed(), reading))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._keep()
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "Sampler":
+        self.samples.clear()
+        self.duration_s = None
+        self._stop.clear()
+        self._clock.start()
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.duration_s = self._clock.elapsed()
+        self._keep()
+
+
 def _gpu_reading(index: int = 0) -> dict[str, Any] | None:
     """One NVML reading of GPU ``index`` in the sampler's units (MHz), or None without NVML."""
     r = nvml.readings(index, links=False)
@@ -134,7 +204,8 @@ def _gpu_reading(index: int = 0) -> dict[str, Any] | None:
 
 
 def _cpu_mhz() -> float | None:
-    mhz = cpu_state().get("cur_mhz")
+    """The median of the CPU cores' current clocks (MHz), or None where the OS reports none."""
+    mhz = cpu_clocks_mhz()
     return statistics.median(mhz) if mhz else None
 
 
@@ -165,15 +236,11 @@ class Telemetry:
     interval_s: float = 0.02
     device: Any = None
     samples: list[dict[str, Any]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
-    _thread: threading.Thread | None = field(default=None, repr=False)
-    _t0: float = 0.0
-    _t1: float | None = None
+    _sampler: Sampler | None = field(default=None, repr=False)
     _source: str = "none"
 
     def __post_init__(self) -> None:
-        if not self.interval_s > 0:
-            raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
+        positive("interval_s", self.interval_s)
         if self.index < 0:
             raise ValueError(f"index must be >= 0, got {self.index}")
         if self.device is not None:
@@ -191,18 +258,8 @@ class Telemetry:
             return None if mhz is None else {"sm_clock_mhz": mhz}
         return None
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            reading = self._read()
-            if reading is not None:
-                reading["t"] = time.perf_counter() - self._t0
-                self.samples.append(reading)
-            self._stop.wait(self.interval_s)
-
     def __enter__(self) -> "Telemetry":
         self.samples.clear()
-        self._stop.clear()
-        self._t1 = None
         on_cpu = self.device is not None and torch.device(self.device).type == "cpu"
         if not on_cpu and torch.cuda.is_available() and _gpu_reading(self.index) is not None:
             self._source = "NVML"
@@ -210,20 +267,13 @@ class Telemetry:
             self._source = "/proc/cpuinfo"
         else:
             self._source = "none"
-        self._t0 = time.perf_counter()
-        self._thread = threading.Thread(target=self._loop, name="perflab-telemetry", daemon=True)
-        self._thread.start()
+        self._sampler = Sampler(self._read, self.interval_s, name="perflab-telemetry")
+        self._sampler.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._t1 = time.perf_counter()
-        reading = self._read()  # one reading at the very end: short blocks still get one
-        if reading is not None:
-            reading["t"] = self._t1 - self._t0
-            self.samples.append(reading)
+        self._sampler.__exit__(*exc)
+        self.samples[:] = [{**reading, "t": t} for t, reading in self._sampler.samples]
 
     def summary(self) -> TelemetrySummary:
         """What was seen, as a :class:`TelemetrySummary`.
@@ -231,9 +281,9 @@ class Telemetry:
         Raises:
             RuntimeError: called before the ``with`` block has finished.
         """
-        if self._t1 is None:
+        if self._sampler is None or self._sampler.duration_s is None:
             raise RuntimeError("summary() is available after the with-block has finished")
-        duration = self._t1 - self._t0
+        duration = self._sampler.duration_s
         values = lambda key: [s[key] for s in self.samples if s.get(key) is not None]  # noqa: E731
         clocks = values("sm_clock_mhz")
         if self._source == "NVML":
@@ -328,17 +378,12 @@ def cpu_state() -> dict[str, Any]:
 
     Returns a dict with ``governor`` (``scaling_governor`` of cpu0, e.g. ``"performance"`` or
     ``"powersave"``; None where the kernel exposes no cpufreq, as in most containers and VMs),
-    ``driver`` (``scaling_driver``), ``cur_mhz`` (the current frequency of each core from
-    ``/proc/cpuinfo``), ``cores`` (``os.cpu_count()``) and ``load_avg_1min`` (run-queue length
+    ``driver`` (``scaling_driver``), ``cur_mhz`` (the current frequency of each core,
+    :func:`perflab.core.device.cpu_clocks_mhz`), ``cores`` (``os.cpu_count()``) and ``load_avg_1min`` (run-queue length
     averaged over the last minute: other work competing for the cores).
     """
     base = "/sys/devices/system/cpu/cpu0/cpufreq/"
-    mhz = []
-    for block in cpuinfo():
-        try:
-            mhz.append(float(block["cpu MHz"]))
-        except (KeyError, ValueError):
-            pass
+    mhz = cpu_clocks_mhz()
     try:
         load = os.getloadavg()[0]
     except OSError:
@@ -346,7 +391,7 @@ def cpu_state() -> dict[str, Any]:
     return {
         "governor": _read(base + "scaling_governor"),
         "driver": _read(base + "scaling_driver"),
-        "cur_mhz": mhz or None,
+        "cur_mhz": mhz,
         "cores": os.cpu_count(),
         "load_avg_1min": load,
         "governors_seen": sorted({_read(p) for p in glob.glob("/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor")}
@@ -364,22 +409,21 @@ def machine_state(index: int = 0) -> dict[str, Any]:
     return {"gpu": nvml.readings(index, links=False), "cpu": cpu_state()}
 
 
-@dataclass
-class UtilizationSampler:
-    """Sample NVML's GPU utilization in a background thread while the ``with`` block runs.
+class UtilizationSampler(Sampler):
+    """Sample NVML's GPU utilization (percent) while the ``with`` block runs.
 
     ``nvmlDeviceGetUtilizationRates(handle).gpu`` is the percent of time over the driver's last
     sample period (between 1/6 s and 1 s depending on the product) during which *any* kernel was
     running: a single one-block kernel on a 132-SM GPU counts as fully busy. Each reading is kept
-    with its time (``time.perf_counter`` seconds) in :attr:`samples`.
+    as ``(t, percent)`` in :attr:`samples` (:class:`Sampler`).
 
     Args:
-        index: GPU index.
+        index: GPU index (>= 0).
         interval_s: seconds between readings (> 0).
 
     Raises:
         RuntimeError: on entering, when NVML cannot be read (no GPU, no driver, no nvidia-ml-py).
-        ValueError: ``interval_s`` is not positive.
+        ValueError: ``interval_s`` is not positive, or ``index`` is negative.
 
     Example::
 
@@ -388,37 +432,18 @@ class UtilizationSampler:
         print(util.median_pct)
     """
 
-    index: int = 0
-    interval_s: float = 0.05
-    samples: list[tuple[float, int]] = field(default_factory=list)
-
-    def __post_init__(self):
-        if self.interval_s <= 0:
-            raise ValueError(f"interval_s must be > 0, got {self.interval_s}")
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def _run(self):
-        while not self._stop.is_set():
-            pct = nvml.utilization_pct(self.index)
-            if pct is not None:
-                self.samples.append((time.perf_counter(), pct))
-            self._stop.wait(self.interval_s)
+    def __init__(self, index: int = 0, interval_s: float = 0.05):
+        if index < 0:
+            raise ValueError(f"index must be >= 0, got {index}")
+        self.index = index
+        super().__init__(lambda: nvml.utilization_pct(self.index), interval_s, "perflab-utilization")
 
     def __enter__(self) -> "UtilizationSampler":
         if nvml.utilization_pct(self.index) is None:
             raise RuntimeError("UtilizationSampler needs NVML (an NVIDIA GPU, its driver and nvidia-ml-py); "
                                "none is readable here")
-        self.samples.clear()
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__enter__()
         return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
 
     def values(self, skip_s: float = 0.0) -> list[int]:
         """Readings (percent) taken at least ``skip_s`` seconds after the first one."""
@@ -439,3 +464,53 @@ class UtilizationSampler:
         if not vals:
             raise ValueError("no utilization readings after the first second: run the loop longer")
         return float(statistics.median(vals))
+
+
+class MemoryPeak(Sampler):
+    """The largest rise of any GPU's used memory (NVML, bytes, all processes) over its value when
+    the ``with`` block started, sampled every ``interval_s`` seconds.
+
+    :attr:`peak` is that rise in bytes (0 when nothing grew), or None where NVML sees no GPU (a
+    CPU machine): there is then no thread and nothing to record. Every GPU NVML sees counts, so
+    the work of a notebook's kernel and of the processes it starts (torchrun's workers) is
+    included; a rise shorter than ``interval_s`` may be missed.
+
+    Args:
+        interval_s: seconds between readings (> 0).
+
+    Raises:
+        ValueError: ``interval_s`` is not positive.
+    """
+
+    def __init__(self, interval_s: float = 0.2):
+        super().__init__(self._rise, interval_s, "perflab-memory-peak")
+        self._base: list[int] | None = None
+
+    def _used(self) -> list[int] | None:
+        used = [nvml.memory_used_bytes(i) for i in range(nvml.device_count())]
+        return None if not used or None in used else used
+
+    def _rise(self) -> int | None:
+        used = self._used()
+        if used is None or self._base is None:
+            return None
+        return max(u - b for u, b in zip(used, self._base))
+
+    def __enter__(self) -> "MemoryPeak":
+        self._base = self._used()
+        if self._base is None:
+            self.samples.clear()
+            return self
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._base is not None:
+            super().__exit__(*exc)
+
+    @property
+    def peak(self) -> int | None:
+        """The largest rise seen, in bytes (>= 0), or None without NVML."""
+        if self._base is None:
+            return None
+        return max([0] + [r for _, r in self.samples])

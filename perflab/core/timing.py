@@ -7,11 +7,21 @@ Two layers, as the course teaches them:
 * :func:`benchmark` reaches for the well-kept library: ``triton.testing.do_bench`` on a GPU and
   ``torch.utils.benchmark.Timer`` on a CPU. Chapters use it for their headline numbers.
 
+* :class:`Stopwatch`, :func:`seconds_per_call` and :func:`best_of` time what is not a small
+  repeatable callable: one pass over a file, a training run's timed steps, a block of calls.
+
+This module is the only place in perflab that reads a clock (``time.perf_counter``,
+``time.time``, ``time.monotonic``, CUDA events, ``torch.utils.benchmark``, ``do_bench``);
+``tests/test_architecture.py`` enforces it. Everything else asks one of the functions here,
+including the two non-measurements: a :class:`Deadline` (a timeout) and a :func:`timestamp`
+(seconds since the epoch, to compare moments between processes with :func:`seconds_since`).
+
 All times are in **seconds**.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -20,8 +30,11 @@ from typing import Callable
 import torch
 from torch.utils import benchmark as tub
 
-__all__ = ["CacheTiming", "Timing", "benchmark", "event_timer", "flush_l2", "hot_and_cold",
-           "order_effect", "paired_ratio", "synchronize"]
+from perflab.core.validate import positive, positive_int
+
+__all__ = ["CacheTiming", "Deadline", "Stopwatch", "Timing", "benchmark", "best_of", "event_timer",
+           "flush_l2", "hot_and_cold", "order_effect", "paired_ratio", "process_seconds", "seconds_per_call",
+           "seconds_since", "synchronize", "timestamp"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +79,144 @@ def synchronize(device: torch.device | str | None = None) -> None:
         torch.cuda.synchronize(dev)
     elif dev is None and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
+
+
+class Stopwatch:
+    """Host wall-clock seconds (``time.perf_counter``) since :meth:`start`.
+
+    With a ``device``, the device is synchronized when the watch starts and at every reading,
+    so work queued on a GPU before a reading is counted in it (and work queued before the start
+    is not). Without one (None) nothing is synchronized: the watch may run in any thread (the
+    samplers use it) and measures host time only.
+
+    ``with Stopwatch(dev) as sw: work()`` sets ``sw.seconds`` at the end of the block;
+    ``sw.elapsed()`` reads the time so far without stopping (splits of a step, the first batch).
+
+    Args:
+        device: a ``torch.device`` or its name to synchronize, or None.
+
+    Raises:
+        ValueError: ``device`` is not a device.
+        RuntimeError: :meth:`elapsed` before :meth:`start`.
+    """
+
+    def __init__(self, device: torch.device | str | None = None):
+        try:
+            self.device = None if device is None else torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device must be a torch device or its name, got {device!r}") from None
+        self.seconds: float | None = None
+        self._t0: float | None = None
+
+    def _sync(self) -> None:
+        if self.device is not None:
+            synchronize(self.device)
+
+    def start(self) -> "Stopwatch":
+        """(Re)start the watch at zero; returns the watch."""
+        self._sync()
+        self.seconds = None
+        self._t0 = time.perf_counter()
+        return self
+
+    def elapsed(self) -> float:
+        """Seconds since :meth:`start` (the device synchronized first)."""
+        if self._t0 is None:
+            raise RuntimeError("Stopwatch.elapsed() before start()")
+        self._sync()
+        return time.perf_counter() - self._t0
+
+    def __enter__(self) -> "Stopwatch":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = self.elapsed()
+
+
+def seconds_per_call(fn: Callable[[], object], calls: int = 1,
+                     device: torch.device | str | None = None, events: bool = False) -> float:
+    """Seconds per call of ``calls`` back-to-back calls of ``fn()``, timed as one block.
+
+    By default a :class:`Stopwatch` on ``device`` (synchronized before and after): wall time,
+    host work included. With ``events=True`` on a CUDA ``device``, two CUDA events bracket the
+    block instead (device time from the first kernel to the last; the host may run ahead), read
+    after one synchronize. No warm-up: call ``fn`` first if its first call is special. Use it
+    where a single call is too short to time alone, or where calls must run back to back (a
+    collective every rank runs in lock-step).
+
+    Raises:
+        ValueError: ``calls`` is not a positive integer.
+    """
+    positive_int("calls", calls)
+    dev = torch.device(device) if device is not None else None
+    if events and dev is not None and dev.type == "cuda":
+        synchronize(dev)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+    with Stopwatch(dev) as sw:
+        for _ in range(calls):
+            fn()
+    return sw.seconds / calls
+
+
+def best_of(fn: Callable[[], object], repeats: int = 3, calls: int = 1,
+            device: torch.device | str | None = None) -> float:
+    """The fastest of ``repeats`` :func:`seconds_per_call` blocks of ``calls`` calls, in seconds
+    per call: the estimate least disturbed by other work on the machine.
+
+    Raises:
+        ValueError: ``repeats`` or ``calls`` is not a positive integer.
+    """
+    positive_int("repeats", repeats)
+    return min(seconds_per_call(fn, calls, device) for _ in range(repeats))
+
+
+class Deadline:
+    """A timeout: ``Deadline(30).expired()`` turns True 30 seconds after it was made.
+
+    Raises:
+        ValueError: ``seconds`` is not a positive finite number.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds = positive("seconds", seconds)
+        self._end = time.monotonic() + self.seconds
+
+    def left_s(self) -> float:
+        """Seconds until the deadline (negative once it has passed)."""
+        return self._end - time.monotonic()
+
+    def expired(self) -> bool:
+        """True once the deadline has passed."""
+        return self.left_s() < 0
+
+
+def timestamp() -> float:
+    """Now, in seconds since the epoch (``time.time()``): a moment other processes can compare
+    with theirs. Not for measuring durations in one process (use :class:`Stopwatch`)."""
+    return time.time()
+
+
+def process_seconds() -> float:
+    """CPU seconds this process has used so far (user + system, ``time.process_time()``):
+    subtract two readings for the CPU time of the work between them."""
+    return time.process_time()
+
+
+def seconds_since(moment: float) -> float:
+    """Seconds from ``moment`` (a :func:`timestamp`, possibly another process's) until now.
+
+    Raises:
+        ValueError: ``moment`` is not a finite number.
+    """
+    if isinstance(moment, bool) or not isinstance(moment, (int, float)) or not math.isfinite(moment):
+        raise ValueError(f"moment must be a finite timestamp in seconds, got {moment!r}")
+    return time.time() - moment
 
 
 _L2_FLUSH: dict[torch.device, torch.Tensor] = {}
@@ -146,8 +297,7 @@ def benchmark(
     Raises:
         ValueError: ``min_run_time_s`` is not positive.
     """
-    if min_run_time_s <= 0:
-        raise ValueError(f"min_run_time_s must be > 0, got {min_run_time_s}")
+    positive("min_run_time_s", min_run_time_s)
     dev = torch.device(device) if device is not None else (
         torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     if dev.type == "cuda":
@@ -353,12 +503,10 @@ def paired_ratio(base: Callable[[], object], candidate: Callable[[], object],
     Raises:
         ValueError: ``pairs`` < 1, ``block_s`` <= 0 or ``cpu_threads`` < 1.
     """
-    if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
-        raise ValueError(f"pairs must be an integer >= 1, got {pairs!r}")
-    if not block_s > 0:
-        raise ValueError(f"block_s must be > 0, got {block_s!r}")
-    if cpu_threads is not None and (not isinstance(cpu_threads, int) or cpu_threads < 1):
-        raise ValueError(f"cpu_threads must be None or an integer >= 1, got {cpu_threads!r}")
+    positive_int("pairs", pairs)
+    positive("block_s", block_s)
+    if cpu_threads is not None:
+        positive_int("cpu_threads", cpu_threads)
     dev = torch.device(device)
     if dev.type == "cpu" and cpu_threads is not None:
         before = torch.get_num_threads()
@@ -369,12 +517,10 @@ def paired_ratio(base: Callable[[], object], candidate: Callable[[], object],
             torch.set_num_threads(before)
 
     def block(fn: Callable[[], object], calls: int) -> float:
-        synchronize(dev)
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        synchronize(dev)
-        return (time.perf_counter() - start) / calls
+        with Stopwatch(dev) as sw:
+            for _ in range(calls):
+                fn()
+        return sw.seconds / calls
 
     block(base, 2), block(candidate, 2)
     calls = max(1, int(block_s / block(base, 2)))

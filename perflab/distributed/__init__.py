@@ -1,4 +1,4 @@
-"""perflab.distributed.collectives: Chapter 8 and chapter 2's several-GPU page: torchrun from a notebook,
+"""perflab.distributed: Chapter 8 and chapter 2's several-GPU page: the one torchrun launcher,
 collectives, data parallelism, sharding, checkpoints."""
 
 from perflab import _submodules

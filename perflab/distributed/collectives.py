@@ -1,11 +1,10 @@
 """Several processes, several GPUs: launching ``torchrun`` from a notebook, topology, all-reduce.
 
-A notebook cannot itself be several processes, so :func:`launch` starts
-``python -m torch.distributed.run --standalone --nproc-per-node N -m perflab.distributed.collectives ...``:
-this module is also the worker script. Rank 0 writes its results as JSON to a file named by the
-launcher, which reads it back; when any worker fails, :class:`LaunchError` carries the exit
-status and the tail of the workers' output. The child environment keeps ``NCCL_NVLS_ENABLE=0``
-(NVLink SHARP multicast stays off on the course's machines).
+A notebook cannot itself be several processes, so :func:`launch` starts this module as the
+worker of ``torchrun`` through the course's one launcher, :func:`perflab.distributed.torchrun.run`.
+Rank 0 writes its results as JSON to a file named by the launcher, which reads it back; when any
+worker fails, :class:`perflab.distributed.torchrun.LaunchError` carries the exit status and the
+tail of the workers' output.
 
 Bandwidth of an all-reduce is reported as in NVIDIA's nccl-tests (``doc/PERFORMANCE.md``):
 
@@ -27,11 +26,9 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -39,37 +36,26 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from perflab.core.device import gpu_count
 from perflab.core.fits import fit_line
 from perflab.core.sampler import Telemetry
+from perflab.core.timing import seconds_per_call
+from perflab.core.validate import integer, positive
+from perflab.distributed import torchrun
+from perflab.distributed.torchrun import default_backend
 
 __all__ = [
     "AlphaBeta",
     "AllReducePoint",
     "AllReduceResult",
-    "LaunchError",
     "algorithm_bandwidth",
     "allreduce_sweep",
     "alpha_beta",
     "allreduce_time",
     "bus_bandwidth",
-    "default_backend",
     "gpu_link",
     "launch",
     "topology_text",
 ]
-
-
-class LaunchError(RuntimeError):
-    """A ``torchrun`` launch failed: the message holds the command, exit status and the workers' output.
-
-    ``output`` holds the whole output of the launch (every rank's lines and torchrun's), of
-    which the message shows the error lines and the last lines only.
-    """
-
-    def __init__(self, message: str, output: str = "") -> None:
-        super().__init__(message)
-        self.output = output
 
 
 def algorithm_bandwidth(nbytes: float, seconds: float) -> float:
@@ -80,15 +66,12 @@ def algorithm_bandwidth(nbytes: float, seconds: float) -> float:
     """
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-    if seconds <= 0:
-        raise ValueError(f"seconds must be > 0, got {seconds}")
+    positive("seconds", seconds)
     return nbytes / seconds
 
 
 def _check_world(world_size) -> None:
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
-        raise ValueError(f"world_size must be an integer >= 2 (an all-reduce on one rank moves no data), "
-                         f"got {world_size!r}")
+    integer("world_size", world_size, 2)  # an all-reduce on one rank moves no data
 
 
 def bus_bandwidth(nbytes: float, seconds: float, world_size: int) -> float:
@@ -111,16 +94,10 @@ def allreduce_time(nbytes: float, busbw: float, world_size: int, latency_s: floa
         ValueError: ``world_size`` < 2, ``busbw`` not positive, or negative ``nbytes``/``latency_s``.
     """
     _check_world(world_size)
-    if busbw <= 0:
-        raise ValueError(f"busbw must be > 0 bytes/s, got {busbw}")
+    positive("busbw", busbw)
     if nbytes < 0 or latency_s < 0:
         raise ValueError(f"nbytes and latency_s must be >= 0, got {nbytes}, {latency_s}")
     return latency_s + nbytes * 2 * (world_size - 1) / world_size / busbw
-
-
-def default_backend() -> str:
-    """``"nccl"`` when at least two GPUs are visible, else ``"gloo"`` (CPU processes)."""
-    return "nccl" if gpu_count() >= 2 else "gloo"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,77 +147,6 @@ def gpu_link(text: str, src: int = 0, dst: int = 1) -> str | None:
     return cells[i] if i < len(cells) else None
 
 
-# ---------------------------------------------------------------------------------------------
-# Launching
-# ---------------------------------------------------------------------------------------------
-
-def _child_env(backend: str, extra: dict | None, scratch: str | os.PathLike | None = None) -> dict:
-    """The environment of a ``torchrun`` launch: perflab importable, NVLink multicast off, and,
-    with ``scratch``, every temporary file of torchrun and its workers (torchrun's
-    ``torchelastic_*`` log folders, Inductor's precompiled headers, ``tempfile`` users) inside
-    ``scratch/tmp``, a folder of the launch's own scratch directory, removed with it."""
-    env = dict(os.environ)
-    if scratch is not None:
-        tmp = Path(scratch) / "tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        env["TMPDIR"] = str(tmp)
-    package_parent = str(Path(__file__).resolve().parent.parent.parent)
-    env["PYTHONPATH"] = package_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast on the course's machines
-    env.setdefault("OMP_NUM_THREADS", "1")  # silences torchrun's warning; collectives need no BLAS threads
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    if extra:
-        env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def _tail(text: str, lines: int = 25) -> str:
-    kept = [ln for ln in text.splitlines() if ln.strip()]
-    return "\n".join(kept[-lines:])
-
-
-_ERROR_LINE = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?([A-Za-z_.]*(?:Error|Exception)): (.+)$")
-
-
-# What a rank logs when a collective times out without a Python exception: NCCL's watchdog
-# thread ("Watchdog caught collective operation timeout: WorkNCCL(...) ran for 10012
-# milliseconds before timing out."), then the c10::DistBackendError it terminates the process
-# with. torchrun's own summary ("ChildFailedError", "exitcode", "Signal 6") is left out.
-_RANK_ERROR_MARKERS = ("Watchdog caught collective operation timeout", "DistBackendError",
-                       "timed out", "Timed out")
-_TORCHRUN_LINE = ("ChildFailedError", "torch.distributed.elastic", "exitcode", "traceback :")
-# the glog prefix of C++ log lines: "[E1130 23:46:25.123456 12345 ProcessGroupNCCL.cpp:685] "
-_GLOG_PREFIX = re.compile(r"\[[EWIF]\d{4} [\d:.]+ \d+ [^\]]+\] ?")
-
-
-def _worker_errors(text: str) -> str:
-    """The error lines the ranks printed, in order, at most five, torchrun's own left out.
-
-    An error line is a Python exception line (``ValueError: ...``, with or without torchrun's
-    ``[rank0]:`` prefix) or a line in which a rank reports a collective's timeout (NCCL's
-    watchdog, a ``DistBackendError``, gloo's "Timed out waiting ..."); the C++ log prefix
-    (severity, time, thread, source line) is dropped. ``what():`` lines repeat the watchdog's
-    message and are skipped.
-    """
-    found = []
-    for line in text.splitlines():
-        m = _ERROR_LINE.match(line)
-        if m:
-            keep = "ChildFailedError" not in m.group(1)
-        else:
-            keep = (any(k in line for k in _RANK_ERROR_MARKERS)
-                    and not any(k in line for k in _TORCHRUN_LINE) and "what():" not in line)
-        line = _GLOG_PREFIX.sub("", line).strip()
-        if keep and line not in found:
-            found.append(line)
-    return "\n".join(found[:5]) or "(no exception line found in the output)"
-
-
-def _failure(summary: str, cmd: list[str], output: str) -> LaunchError:
-    return LaunchError(f"{summary}: {' '.join(cmd)}\n--- worker errors ---\n{_worker_errors(output)}\n"
-                       f"--- last lines of output ---\n{_tail(output)}", output)
-
-
 def launch(
     task_args: Sequence[str],
     nproc: int = 2,
@@ -250,39 +156,25 @@ def launch(
 ) -> dict:
     """Run this module's worker on ``nproc`` processes under torchrun; return rank 0's JSON result.
 
-    The command is ``python -m torch.distributed.run --standalone --nproc-per-node=<nproc>
-    -m perflab.distributed.collectives --backend <backend> --out <tmp.json> <task_args...>``. ``backend``
-    defaults to :func:`default_backend`. ``env`` adds variables to the children's environment
-    (which always has ``NCCL_NVLS_ENABLE=0`` and this package on ``PYTHONPATH``).
+    The worker is ``-m perflab.distributed.collectives --backend <backend> --out <tmp.json>
+    <task_args...>``, started by :func:`perflab.distributed.torchrun.run` (``--standalone``).
+    ``backend`` defaults to :func:`~perflab.distributed.torchrun.default_backend`. ``env`` adds
+    variables to the children's environment.
 
     Raises:
         ValueError: ``nproc`` < 2 or an unknown backend; ``nccl`` with fewer GPUs than processes.
         LaunchError: a worker failed or the launch timed out (the message carries the exit status
             and the last lines the workers printed), or rank 0 wrote no result.
     """
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2:
-        raise ValueError(f"nproc must be an integer >= 2, got {nproc!r}")
-    backend = backend or default_backend()
-    if backend not in ("nccl", "gloo"):
-        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
-    if backend == "nccl" and gpu_count() < nproc:
-        raise ValueError(f"backend='nccl' with nproc={nproc} needs {nproc} GPUs; this machine has {gpu_count()}")
+    integer("nproc", nproc, 2)
+    backend = torchrun.backend_for(backend, nproc)
     with tempfile.TemporaryDirectory(prefix="perflab-dist-") as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "perflab.distributed.collectives", "--backend", backend, "--out", str(out), *map(str, task_args)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=_child_env(backend, env, scratch=tmp), start_new_session=True)
-        try:
-            output, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers share the new session
-            output, _ = proc.communicate()
-            raise _failure(f"torchrun timed out after {timeout_s:g} s", cmd, output or "") from None
-        if proc.returncode != 0:
-            raise _failure(f"torchrun exited with status {proc.returncode}", cmd, output or "")
+        worker = ["-m", "perflab.distributed.collectives", "--backend", backend, "--out", str(out),
+                  *map(str, task_args)]
+        done = torchrun.run(worker, tmp, nproc=nproc, backend=backend, timeout_s=timeout_s, env=env)
         if not out.exists():
-            raise _failure(f"the workers exited cleanly but rank 0 wrote no result to {out}", cmd, output or "")
+            raise done.failure(f"the workers exited cleanly but rank 0 wrote no result to {out}")
         return json.loads(out.read_text())
 
 
@@ -341,8 +233,8 @@ def allreduce_sweep(
     once) and timed over ``max(5, min(200, target_bytes // size))`` back-to-back repetitions after
     a barrier, three times (once where three would move more than ``4 x target_bytes``); a point
     is the median of those runs, of the slowest rank. On GPUs the repetitions are bracketed by CUDA events on the
-    stream the collectives wait on (device time, not the host's); on CPU processes by
-    ``time.perf_counter``. Rank 0 runs the timed part (not the launch, nor the set-up) under a
+    stream the collectives wait on (device time, not the host's); on CPU processes by the host clock
+    (:func:`perflab.core.timing.seconds_per_call`). Rank 0 runs the timed part (not the launch, nor the set-up) under a
     :class:`perflab.core.sampler.Telemetry` sampler of its own device: ``result.telemetry``.
     ``target_bytes`` default: 4 GiB for NCCL, 256 MiB for gloo. The
     workers check that the reduction is correct.
@@ -442,18 +334,8 @@ def _worker_allreduce(args, dist, torch) -> dict:
 
     def timed(x, iters: int) -> float:
         barrier()
-        if device.type == "cuda":  # device time of the back-to-back collectives
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                dist.all_reduce(x)
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3 / iters
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(x)
-        return (time.perf_counter() - t0) / iters
+        # on a GPU, device time of the back-to-back collectives (CUDA events)
+        return seconds_per_call(lambda: dist.all_reduce(x), iters, device, events=True)
 
     # rank 0 states the clock the timed part ran at: its GPU's (NVML), or the CPU's read
     # every 0.5 s (parsing /proc/cpuinfo holds the GIL the timing loop needs)

@@ -4,7 +4,7 @@ A notebook cannot be several processes, so :func:`launch` starts ``torchrun`` (o
 "nodes" on this machine) running this module as the worker, with a list of *tasks* (experiments)
 batched into one launch; every rank writes its results as JSON into a temporary folder and the
 launcher returns them, one dict per rank. A launch that outlives ``timeout_s`` is killed (the
-whole process group of every ``torchrun``) and raises :class:`perflab.distributed.collectives.LaunchError`;
+whole process group of every ``torchrun``) and raises :class:`perflab.distributed.torchrun.LaunchError`;
 the workers always destroy their process group. The children keep ``NCCL_NVLS_ENABLE=0``.
 
 Tasks (``{"name": ..., "args": {...}}``; see ``TASKS`` and each ``_task_*`` docstring):
@@ -32,31 +32,43 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import gc
 import importlib.util
 import inspect
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from perflab.core.device import gpu_count
-from perflab.distributed.collectives import LaunchError, _child_env, _failure, default_backend
-from perflab.gpt2 import ladder as speedrun
-from perflab.labs.exercises import ExerciseNotDone
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.profiler as tp
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-__all__ = ["bus_factor", "COLLECTIVES", "expect_failure", "FAIL_FAST_ENV", "Failure", "free_port",
-           "interleaved_rounds", "lab_launch", "launch", "load_checkpoint_here",
+try:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # torch >= 2.6
+except ImportError:  # torch 2.4-2.5 kept FSDP2 under its composable-API name
+    from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+
+from perflab.core.timing import Stopwatch, seconds_per_call, seconds_since, timestamp
+from perflab.core.validate import integer, positive, positive_int
+from perflab.distributed import torchrun
+from perflab.distributed.torchrun import LaunchError
+from perflab.gpt2 import ladder as speedrun
+
+__all__ = ["bus_factor", "COLLECTIVES", "expect_failure", "FAIL_FAST_ENV", "Failure",
+           "interleaved_rounds", "launch", "source_of", "load_checkpoint_here",
            "overlap_from_trace", "pick_for", "settled_reading", "static_bytes_formula"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
@@ -77,8 +89,7 @@ def bus_factor(op: str, world_size: int) -> float:
     """
     if op not in COLLECTIVES:
         raise ValueError(f"op must be one of {COLLECTIVES}, got {op!r}")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
-        raise ValueError(f"world_size must be an integer >= 2, got {world_size!r}")
+    integer("world_size", world_size, 2)
     n = world_size
     return {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0, "reduce": 1.0}.get(op, (n - 1) / n)
 
@@ -153,8 +164,7 @@ def interleaved_rounds(steps: dict[str, Callable[[], object]],
     """
     if not steps:
         raise ValueError("steps must hold at least one step")
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
-        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    positive_int("rounds", rounds)
     names = list(steps)
     times: dict[str, list[float]] = {n: [] for n in names}
     orders = []
@@ -243,14 +253,15 @@ def overlap_from_trace(trace: dict) -> dict:
 # Launching
 # ---------------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    """A TCP port on localhost that was free a moment ago (the OS picks it: bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def source_of(fn) -> str:
+    """The source text of ``fn`` (a function defined with ``def``), dedented, or ``fn`` itself
+    dedented when it is already source text: what :func:`launch` writes to the module the
+    workers import as ``user_code``.
 
-
-def _source_of(fn) -> str:
+    Raises:
+        ValueError: ``fn`` is neither callable nor text, or its source cannot be read (a lambda
+            typed at a prompt, a builtin).
+    """
     if isinstance(fn, str):
         return textwrap.dedent(fn)
     if not callable(fn):
@@ -292,18 +303,11 @@ def launch(
         LaunchError: a worker failed, the launch timed out (all processes are killed), or a rank
             wrote no result; the message holds the command, status and the workers' last lines.
     """
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
-        raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
-    if nnodes not in (1, 2):
-        raise ValueError(f"nnodes must be 1 or 2 (two 'nodes' on this machine), got {nnodes!r}")
-    if timeout_s <= 0 or pg_timeout_s <= 0:
-        raise ValueError(f"timeout_s and pg_timeout_s must be > 0, got {timeout_s}, {pg_timeout_s}")
-    backend = backend or default_backend()
-    if backend not in ("nccl", "gloo"):
-        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+    positive_int("nproc", nproc)
+    integer("nnodes", nnodes, 1, 2)
+    positive("pg_timeout_s", pg_timeout_s)
     world = nproc * nnodes
-    if backend == "nccl" and gpu_count() < world:
-        raise ValueError(f"backend='nccl' with {world} processes needs {world} GPUs; this machine has {gpu_count()}")
+    backend = torchrun.backend_for(backend, world)
     tasks = [dict(t) for t in tasks]
     for t in tasks:
         if t.get("name") not in TASKS:
@@ -313,93 +317,21 @@ def launch(
         spec = {"tasks": tasks, "pg_timeout_s": pg_timeout_s, "scratch": str(tmp / "scratch")}
         if user_code:
             (tmp / "user_code.py").write_text("import torch\nimport torch.distributed as dist\n\n\n"
-                                              + "\n\n".join(_source_of(f) for f in user_code))
+                                              + "\n\n".join(source_of(f) for f in user_code))
             spec["user_code"] = str(tmp / "user_code.py")
         (tmp / "spec.json").write_text(json.dumps(spec))
         (tmp / "scratch").mkdir()
         worker = ["-m", "perflab.distributed.training", "--backend", backend, "--out-dir", str(tmp),
                   "--spec", str(tmp / "spec.json")]
-        base = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                f"--max-restarts={max_restarts}"]
-        if nnodes == 1:
-            cmds = [base + ["--standalone"] + worker]
-        else:
-            endpoint = f"localhost:{free_port()}"
-            rid = f"perflab-{uuid.uuid4().hex[:8]}"
-            cmds = [base + ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-                            f"--rdzv-id={rid}"] + worker for _ in range(2)]
-        envs = [_child_env(backend, env, scratch=tmp) for _ in cmds]
-        if backend == "nccl" and nnodes > 1:  # each "node" sees its own GPUs, as on two machines
-            visible = envs[0].get("CUDA_VISIBLE_DEVICES")
-            gpus = visible.split(",") if visible else [str(i) for i in range(gpu_count())]
-            for i, e in enumerate(envs):
-                e["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i * nproc:(i + 1) * nproc])
-        logs = [open(tmp / f"node{i}.log", "w+") for i in range(len(cmds))]
-        procs = [subprocess.Popen(c, stdout=f, stderr=subprocess.STDOUT, text=True, env=e,
-                                  start_new_session=True) for c, e, f in zip(cmds, envs, logs)]
-        deadline = time.monotonic() + timeout_s
-        failed = None
-        try:
-            while any(p.poll() is None for p in procs):
-                if time.monotonic() > deadline:
-                    failed = f"torchrun timed out after {timeout_s:g} s"
-                    break
-                bad = [p for p in procs if p.poll() not in (None, 0)]
-                if bad:  # one node failed: the other would wait for it until its own timeout
-                    failed = f"torchrun exited with status {bad[0].returncode}"
-                    break
-                time.sleep(0.05)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(p.pid, signal.SIGKILL)  # torchrun and its workers share the session
-                    p.wait()
-            output = ""
-            for i, f in enumerate(logs):
-                f.seek(0)
-                text = f.read()
-                f.close()
-                output += (f"[node {i}]\n" if len(logs) > 1 else "") + text
-        if failed is None:
-            codes = [p.returncode for p in procs]
-            if any(codes):
-                failed = f"torchrun exited with status {max(codes, key=abs)}"
-        if failed:
-            raise _failure(failed, cmds[0], output)
+        done = torchrun.run(worker, tmp, nproc=nproc, nnodes=nnodes, backend=backend,
+                            timeout_s=timeout_s, max_restarts=max_restarts, env=env)
         results = []
         for r in range(world):
             path = tmp / f"rank{r}.json"
             if not path.exists():
-                raise _failure(f"the workers exited cleanly but rank {r} wrote no result", cmds[0], output)
+                raise done.failure(f"the workers exited cleanly but rank {r} wrote no result")
             results.append(json.loads(path.read_text()))
         return results
-
-
-def lab_launch(exercise: int, tasks: Sequence[dict], user_code: Sequence = (),
-               skip_unfinished: bool = False, **kwargs) -> list[dict]:
-    """:func:`launch` for a lab exercise. When a function in ``user_code`` is still the student
-    edition's stub (``not_done(...)`` or ``raise NotImplementedError``), it refuses at once with
-    one sentence; with ``skip_unfinished``, it says so in one printed line instead and runs the
-    tasks that need no student code (names not starting with ``user_``), so that later
-    exercises get their measurements.
-
-    Raises:
-        ExerciseNotDone: "Exercise N is not done yet: ..." for an unfinished function (unless
-            ``skip_unfinished`` and some task needs no student code).
-        LaunchError: see :func:`launch`.
-    """
-    for fn in user_code:
-        src = _source_of(fn)
-        if "raise NotImplementedError" in src or "not_done(" in src:
-            name = getattr(fn, "__name__", "your function")
-            what = f"write the body of {name}() in the cell above and run it again"
-            others = [t for t in tasks if not str(t.get("name", "")).startswith("user_")]
-            if not (skip_unfinished and others):
-                raise ExerciseNotDone(exercise, what)
-            print(f"Exercise {exercise} is not done yet: {what}; the other measurements run.")
-            return launch(others, user_code=(), **kwargs)
-    return launch(tasks, user_code=user_code, **kwargs)
 
 
 # Environment for a job that is meant to fail (torch 2.11 meanings, ProcessGroupNCCL.hpp and
@@ -500,15 +432,15 @@ def expect_failure(tasks: Sequence[dict], env: dict | None = None, **kwargs) -> 
     Raises:
         RuntimeError: the job succeeded.
     """
-    t0 = time.perf_counter()
+    clock = Stopwatch().start()
     try:
         launch(tasks, env={**FAIL_FAST_ENV, **(env or {})}, **kwargs)
     except LaunchError as e:
-        ended, seconds = time.time(), time.perf_counter() - t0
+        seconds = clock.elapsed()
         output = getattr(e, "output", "")
-        started = _wait_start(output)
+        started = _wait_start(output)      # a timestamp() the hung rank printed
         return Failure(seconds, str(e), output,
-                       None if started is None else ended - started, _rank_env(output))
+                       None if started is None else seconds_since(started), _rank_env(output))
     raise RuntimeError(f"the job {[t['name'] for t in tasks]} was expected to fail but succeeded")
 
 
@@ -548,11 +480,7 @@ class _Ctx:
         for _ in range(warmup):
             step()
         self.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            step()
-        self.sync()
-        return self.max_over_ranks((time.perf_counter() - t0) / iters)
+        return self.max_over_ranks(seconds_per_call(step, iters, self.device))
 
 
 def _make_model(ctx, width: int, depth: int, seed: int = 0, dtype: str = "float32"):
@@ -610,8 +538,6 @@ def _max_param_diff(a, b) -> float:
 
 
 def _ddp(ctx, model, **kw):
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return DDP(model, device_ids=ids, **kw)
 
@@ -803,7 +729,6 @@ def _task_overlap(ctx, width: int = 64, depth: int = 4, batch: int = 32, bucket_
                   steps: int = 3, dtype: str = "float32") -> dict:
     """A DDP step profiled on rank 0 (torch.profiler), summarized by :func:`overlap_from_trace`
     over the last of ``steps`` steps; other ranks return ``{}``."""
-    import torch.profiler as tp
 
     torch = ctx.torch
     dt = getattr(torch, dtype)
@@ -873,11 +798,6 @@ def _task_no_sync(ctx, width: int = 16, depth: int = 3, batch: int = 4, accum: i
 
 
 def _fsdp(ctx, model, reshard: bool = True, bf16: bool = False):
-    try:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # torch >= 2.6
-    except ImportError:  # torch 2.4-2.5 kept FSDP2 under its composable-API name
-        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
-
     torch = ctx.torch
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
         else MixedPrecisionPolicy()
@@ -945,7 +865,6 @@ def _task_sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup
     readings of ``torch.cuda.memory_allocated`` (:func:`settled_reading`): before the model
     was built and after the step, each taken once the collectives' stashed tensors have been
     released, so neither the previous strategy's nor this step's communication buffers count."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
 
     torch = ctx.torch
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
@@ -1018,8 +937,6 @@ def _task_dcp_save(ctx, width: int = 32, depth: int = 3, path: str | None = None
     """An FSDP2 model (one Adam step taken) saved with ``torch.distributed.checkpoint`` to ``path``
     (default: the launch's scratch folder); rank 0 also writes the full tensors beside it
     (``reference.pt``) for the load to compare with. Returns this rank's shard shapes."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     torch = ctx.torch
     model = _fsdp(ctx, _make_model(ctx, width, depth, seed=5))
@@ -1043,8 +960,6 @@ def _task_dcp_load(ctx, path: str, width: int = 32, depth: int = 3) -> dict:
     """Load the checkpoint at ``path`` into a freshly initialized FSDP2 model on this launch's world
     size: ``max_diff`` against the saved full tensors (0 when resharding worked), this rank's
     ``shards``."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     torch = ctx.torch
     model = _fsdp(ctx, _make_model(ctx, width, depth, seed=99))
@@ -1070,10 +985,6 @@ def load_checkpoint_here(path: str | os.PathLike, width: int = 32, depth: int = 
     Raises:
         FileNotFoundError: ``path`` holds no checkpoint (no ``.metadata`` file).
     """
-    import warnings
-
-    import torch
-    import torch.distributed.checkpoint as dcp
 
     path = Path(path)
     if not (path / ".metadata").exists():
@@ -1150,7 +1061,6 @@ def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600, timeout_s: float 
     Each waiting rank prints ``perflab-hang-env <JSON>`` (the :data:`FAIL_FAST_ENV` variables
     in its environment) and ``perflab-hang-wait-starts <rank> <Unix time>`` as it enters the
     hung all-reduce (both read by :func:`expect_failure`)."""
-    import datetime
 
     r = hang_rank % ctx.world
     group = None
@@ -1165,7 +1075,7 @@ def _task_hang(ctx, hang_rank: int = -1, sleep_s: float = 600, timeout_s: float 
     else:
         seen = {k: os.environ.get(k) for k in FAIL_FAST_ENV}
         print(f"{_ENV_MARKER} {json.dumps(seen)}", flush=True)
-        print(f"{_WAIT_MARKER} {ctx.rank} {time.time():.3f}", flush=True)
+        print(f"{_WAIT_MARKER} {ctx.rank} {timestamp():.3f}", flush=True)
         ctx.dist.all_reduce(x, group=group)
         ctx.sync()
         x.sum().item()
@@ -1227,15 +1137,10 @@ TASKS = {
 }
 
 
-_STARTED = time.time()
+_STARTED = timestamp()
 
 
 def _worker_main(argv: list[str] | None = None) -> int:
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
     parser = argparse.ArgumentParser(description="perflab.distributed.training worker (launched by torchrun)")
     parser.add_argument("--backend", choices=["nccl", "gloo"], required=True)
     parser.add_argument("--out-dir", required=True)
@@ -1275,9 +1180,9 @@ def _worker_main(argv: list[str] | None = None) -> int:
         results, task_s = {}, {}
         for task in spec["tasks"]:
             key = task.get("key", task["name"])
-            t0 = time.perf_counter()
-            results[key] = TASKS[task["name"]](ctx, **task.get("args", {}))
-            task_s[key] = time.perf_counter() - t0
+            with Stopwatch() as task_clock:
+                results[key] = TASKS[task["name"]](ctx, **task.get("args", {}))
+            task_s[key] = task_clock.seconds
         record = {"rank": ctx.rank, "world_size": ctx.world, "local_rank": int(os.environ["LOCAL_RANK"]),
                   "node": int(os.environ.get("GROUP_RANK", 0)),
                   "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),

@@ -1,4 +1,4 @@
-"""perflab.gpt2.model: Chapter 10: a readable GPT-2 and its speed and memory ladders."""
+"""perflab.gpt2: Chapter 10: a readable GPT-2 and its speed and memory ladders."""
 
 from perflab import _submodules
 

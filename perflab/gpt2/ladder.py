@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import math
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -39,8 +37,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import ProfilerActivity, profile as _profile
 
+try:
+    from torch.distributed.fsdp import fully_shard  # torch >= 2.6
+except ImportError:  # torch 2.4-2.5 kept FSDP2 under its composable-API name
+    from torch.distributed._composable.fsdp import fully_shard
+
 from perflab.core.sampler import Telemetry
-from perflab.core.timing import synchronize
+from perflab.core.timing import Stopwatch, synchronize
+from perflab.core.validate import integer, positive, positive_int
 from perflab.gpt2 import model as gpt2
 from perflab.kernels import crossentropy, fp8
 from perflab.memory import training as memory
@@ -126,8 +130,7 @@ class Rung:
     def __post_init__(self):
         for name in ("batch", "seq_len", "accum", "vocab"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            positive_int(name, v)
         for name, allowed in (("precision", PRECISIONS), ("attention", ATTENTIONS),
                               ("optimizer", OPTIMIZERS), ("loader", LOADERS)):
             if getattr(self, name) not in allowed:
@@ -482,10 +485,8 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     Raises:
         ValueError: ``steps`` < 1, ``warmup`` < 0, or token ids outside the vocabulary.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    positive_int("steps", steps)
+    integer("warmup", warmup, 0)
     if not isinstance(rung, Rung):
         raise TypeError(f"rung must be a Rung, got {type(rung).__name__}")
     device = torch.device(device)
@@ -548,22 +549,18 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
             opt.zero_grad(set_to_none=True)
         losses.append(total)
 
-    t0 = time.perf_counter()
+    first_step = Stopwatch(device).start()
     first = None
     for i in range(warmup):
         step()
         if i == 0:
-            synchronize(device)
-            first = time.perf_counter() - t0
-    synchronize(device)
+            first = first_step.elapsed()
     with Telemetry(index=device.index or 0 if device.type == "cuda" else 0) as tel:
-        t1 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        synchronize(device)
-        elapsed = time.perf_counter() - t1
+        with Stopwatch(device) as timed:
+            for _ in range(steps):
+                step()
     summary = tel.summary()
-    step_s = elapsed / steps
+    step_s = timed.seconds / steps
     extra = {}
     if profile:
         extra.update(_profile_step(step, device))
@@ -614,8 +611,7 @@ class Timeline:
         Raises:
             ValueError: ``threshold_s`` <= 0.
         """
-        if not threshold_s > 0:
-            raise ValueError(f"threshold_s must be > 0, got {threshold_s!r}")
+        positive("threshold_s", threshold_s)
         return sum(g for g in self.gaps_s if g < threshold_s)
 
     @property
@@ -858,10 +854,6 @@ def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str |
 
 
 def _fsdp_wrapper(ctx):
-    # optional: FSDP2 is imported only by the ranks that shard (it pulls in the
-    # distributed tensor machinery, which single-process rungs never need)
-    from torch.distributed.fsdp import fully_shard
-
     def wrap(module):
         for block in module.model.blocks:
             fully_shard(block)

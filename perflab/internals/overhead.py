@@ -8,19 +8,25 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import time
-import timeit
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
-from perflab.core.timing import benchmark, synchronize
+from perflab.core.timing import Stopwatch, benchmark, best_of, synchronize
+from perflab.core.validate import positive, positive_int
 from perflab.machine.cpu import cache_levels
 from perflab.machine.roofline import copy_bandwidth
 
 __all__ = ["CallModel", "batch_scaling", "beyond_cache_numel", "call_model", "issue_time",
            "cuda_graph_op_rate", "dram_copy_bandwidth", "op_rate", "python_adds_per_second"]
+
+
+def _add_loop(n: int) -> int:
+    x = 0
+    for _ in range(n):
+        x = x + 1
+    return x
 
 
 def python_adds_per_second(n: int = 2_000_000) -> float:
@@ -33,9 +39,7 @@ def python_adds_per_second(n: int = 2_000_000) -> float:
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    code = "x = 0\nfor _ in range(n):\n    x = x + 1"
-    best = min(timeit.repeat(code, globals={"n": n}, number=1, repeat=3))
-    return n / best
+    return n / best_of(lambda: _add_loop(n), repeats=3)
 
 
 def issue_time(fn: Callable[[], object], device: torch.device | str, calls: int = 10,
@@ -57,21 +61,20 @@ def issue_time(fn: Callable[[], object], device: torch.device | str, calls: int 
         bursts: bursts; the median is returned (>= 1).
 
     Returns:
-        seconds per call (host clock, ``time.perf_counter``).
+        seconds per call (host clock, :class:`perflab.core.timing.Stopwatch`).
 
     Raises:
         ValueError: ``calls`` or ``bursts`` below 1.
     """
     for name, v in (("calls", calls), ("bursts", bursts)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        positive_int(name, v)
     per_call = []
     for _ in range(bursts):
         synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter() - t0) / calls)
+        with Stopwatch() as host:      # the host clock, read without synchronizing
+            for _ in range(calls):
+                fn()
+        per_call.append(host.seconds / calls)
     synchronize(device)
     return statistics.median(per_call)
 
@@ -93,15 +96,12 @@ def op_rate(device: torch.device | str, numel: int = 1, ops: int = 5000) -> floa
     for _ in range(100):  # warm-up: CUDA context, caching allocator, kernel load
         y = x * 2
     synchronize(dev)
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
+
+    def block():
         for _ in range(ops):
-            y = x * 2
-        synchronize(dev)
-        best = min(best, time.perf_counter() - t0)
-    del y
-    return ops / best
+            x * 2
+
+    return ops / best_of(block, repeats=3, device=dev)
 
 
 def cuda_graph_op_rate(numel: int = 1, ops: int = 1000, replays: int = 20) -> float:
@@ -134,15 +134,12 @@ def cuda_graph_op_rate(numel: int = 1, ops: int = 1000, replays: int = 20) -> fl
         for _ in range(ops):
             y = y * 2
     graph.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
+
+    def block():
         for _ in range(replays):
             graph.replay()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return ops * replays / best
+
+    return ops * replays / best_of(block, repeats=3, device=torch.device("cuda"))
 
 
 def batch_scaling(
@@ -280,8 +277,7 @@ def call_model(device: torch.device | str, bandwidth: float,
     Raises:
         ValueError: a non-positive ``bandwidth`` or ``peak_flops``.
     """
-    if not bandwidth > 0:
-        raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
+    positive("bandwidth", bandwidth)
     dev = torch.device(device)
     host = 1.0 / op_rate(dev)
     gpu = dev.type == "cuda"

@@ -18,6 +18,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from perflab.core.validate import integer
+
 __all__ = ["contiguous_strides", "layout", "shares_storage", "view_or_copy"]
 
 
@@ -34,8 +36,7 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """
     sizes = list(shape)
     for d, s in enumerate(sizes):
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise ValueError(f"shape[{d}] must be a non-negative integer, got {s!r}")
+        integer(f"shape[{d}]", s, 0)
     strides = []
     step = 1
     for s in reversed(sizes):

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 __all__ = ["BACKEND_MARKERS", "backend_kernel", "backend_of", "math_scores_bytes", "sdpa_kernels"]
 
@@ -53,7 +54,6 @@ def sdpa_kernels(fn: Callable[[], object]) -> list[str]:
     Raises:
         TypeError: ``fn`` is not callable.
     """
-    from torch.profiler import ProfilerActivity, profile
 
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")

@@ -19,10 +19,14 @@ kernels (Triton on a GPU, C++/OpenMP on a CPU).
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
+from functorch.compile import (aot_function, default_partition, make_boxed_func,
+                               min_cut_rematerialization_partition)
+from torch._inductor.utils import run_and_get_code
 
 __all__ = ["aot_graphs", "AotGraphs", "CountingBackend", "dynamo_graphs", "graph_breaks",
            "GraphBreaks", "inductor_code", "recompile_limit", "recompile_limit_name"]
@@ -84,7 +88,6 @@ def graph_breaks(fn: Callable, *args, **kwargs) -> GraphBreaks:
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    import logging
 
     torch._dynamo.reset()
     log = logging.getLogger("torch._dynamo")
@@ -170,8 +173,6 @@ def aot_graphs(fn: Callable, *args, partition: str = "min_cut") -> AotGraphs:
     Raises:
         ValueError: unknown ``partition``.
     """
-    from functorch.compile import aot_function, default_partition, make_boxed_func, \
-        min_cut_rematerialization_partition
 
     if partition not in ("min_cut", "default"):
         raise ValueError(f"partition must be 'min_cut' or 'default', got {partition!r}")
@@ -210,7 +211,6 @@ def inductor_code(fn: Callable, *args) -> str:
     Raises:
         TypeError: ``fn`` is not callable.
     """
-    from torch._inductor.utils import run_and_get_code
 
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")

@@ -27,13 +27,17 @@ Three backends, one operator:
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
-import time
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.utils.cpp_extension import load_inline
+
+from perflab.core.timing import Stopwatch
 
 __all__ = ["axpby", "axpby_eager", "axpby_triton", "Build", "build_extension", "code_of",
            "CPP_SOURCE", "CUDA_SOURCE", "extension_dir", "register", "triton_axpby"]
@@ -179,11 +183,10 @@ def build_extension(cpp_source: str = CPP_SOURCE, cuda_source: str | None = None
     name = f"perflab_axpby_{digest[:12]}"
     if name in _LOADED:
         return _LOADED[name]
-    from torch.utils.cpp_extension import load_inline
 
     directory = extension_dir() / name
     directory.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    clock = Stopwatch().start()
     library = load_inline(
         name=name,
         cpp_sources=[cpp_source],
@@ -195,7 +198,7 @@ def build_extension(cpp_source: str = CPP_SOURCE, cuda_source: str | None = None
         no_implicit_headers=True,
         verbose=verbose,
     )
-    build = Build(name, str(library), time.perf_counter() - t0, bool(cuda_source))
+    build = Build(name, str(library), clock.elapsed(), bool(cuda_source))
     _LOADED[name] = build
     return build
 
@@ -239,8 +242,8 @@ _KERNEL = None
 def _triton_kernel():
     global _KERNEL
     if _KERNEL is None:
-        import triton
-        import triton.language as tl
+        import triton  # optional: CUDA builds of torch ship Triton; CPU builds never get here
+        import triton.language as tl  # optional: as above
 
         @triton.jit
         def _axpby(x_ptr, y_ptr, out_ptr, a, b, n, BLOCK: tl.constexpr):
@@ -338,8 +341,6 @@ def code_of(fn: Callable) -> str:
     Raises:
         TypeError: ``fn``'s source is not available (a builtin).
     """
-    import inspect
-    import textwrap
 
     lines = textwrap.dedent(inspect.getsource(fn)).splitlines()
     doc = fn.__doc__

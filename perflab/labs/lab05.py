@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+from PIL import Image
 import torch
 from torch.utils.data import DataLoader
 
@@ -59,8 +60,6 @@ def make_probe_folder(folder: str | os.PathLike, n: int = PROBE_IMAGES,
     A random crop changes the share of red from draw to draw, a horizontal flip moves the red to
     the right, normalization maps red and blue to the ImageNet-normalized values. Returns the
     files, in order."""
-    from PIL import Image  # Pillow: the course's JPEG codec (perflab.loading.datasets imports it likewise)
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     w, h = size

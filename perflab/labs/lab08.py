@@ -1,14 +1,42 @@
 """Lab 8's checks: a manual all-reduce, a communication prediction, a bucket size, a sharded
-optimizer."""
+optimizer; and the launch that runs the student's functions inside torchrun's workers."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from perflab.distributed.training import launch, source_of
 from perflab.labs.exercises import ExerciseFailed, ExerciseNotDone, _number
 
 __all__ = ["check_bucket_choice", "check_comm_prediction", "check_manual_allreduce",
-           "check_sharded_optimizer"]
+           "check_sharded_optimizer", "lab_launch"]
+
+
+def lab_launch(exercise: int, tasks: Sequence[dict], user_code: Sequence = (),
+               skip_unfinished: bool = False, **kwargs) -> list[dict]:
+    """:func:`perflab.distributed.training.launch` for a lab exercise: the student's functions
+    (``user_code``) run inside the workers. When one of them is still the student edition's
+    stub (``not_done(...)`` or ``raise NotImplementedError``), it refuses at once with one
+    sentence; with ``skip_unfinished``, it says so in one printed line instead and runs the
+    tasks that need no student code (names not starting with ``user_``), so that later
+    exercises get their measurements.
+
+    Raises:
+        ExerciseNotDone: "Exercise N is not done yet: ..." for an unfinished function (unless
+            ``skip_unfinished`` and some task needs no student code).
+        LaunchError: see :func:`perflab.distributed.training.launch`.
+    """
+    for fn in user_code:
+        src = source_of(fn)
+        if "raise NotImplementedError" in src or "not_done(" in src:
+            name = getattr(fn, "__name__", "your function")
+            what = f"write the body of {name}() in the cell above and run it again"
+            others = [t for t in tasks if not str(t.get("name", "")).startswith("user_")]
+            if not (skip_unfinished and others):
+                raise ExerciseNotDone(exercise, what)
+            print(f"Exercise {exercise} is not done yet: {what}; the other measurements run.")
+            return launch(others, user_code=(), **kwargs)
+    return launch(tasks, user_code=user_code, **kwargs)
 
 
 def check_manual_allreduce(max_param_diff, tol: float = 1e-9) -> bool:

@@ -45,13 +45,22 @@ import tarfile
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import matplotlib
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from PIL import Image
+from torch.profiler import ProfilerActivity, profile
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler,
+                              get_worker_info)
+
+from perflab.core.timing import Stopwatch, best_of, process_seconds, timestamp
+from perflab.core.validate import positive_int
 
 from perflab.core.sampler import Telemetry
 
@@ -114,12 +123,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def cache_dir(*parts: str) -> Path:
     """The folder where built data live (created on first use): ``$PERFLAB_DATA_DIR`` or
     ``<clone>/.cache/perflab/data``, joined with ``parts``."""
@@ -150,12 +153,10 @@ def source_photos(min_side: int = 300) -> list[tuple[str, np.ndarray]]:
     its shorter side in scikit-image's ``skimage/data`` folder when scikit-image is installed (read
     from the package's files: nothing is downloaded).
     """
-    from PIL import Image
-    import matplotlib
 
     paths = [Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"]
     try:
-        import skimage.data
+        import skimage.data  # optional: scikit-image adds photographs when installed
     except ImportError:  # scikit-image is optional: matplotlib's photograph is enough
         skimage = None
     if skimage is not None:
@@ -171,8 +172,6 @@ def source_photos(min_side: int = 300) -> list[tuple[str, np.ndarray]]:
 
 
 def _make_one(args) -> None:
-    from PIL import Image
-
     photo, path, seed, size, quality = args
     rng = random.Random(seed)
     h, w = photo.shape[:2]
@@ -203,7 +202,7 @@ def make_jpeg_folder(n: int, size: tuple[int, int] = (500, 375), quality: int = 
     Raises:
         ValueError: ``n`` not a positive integer, ``quality`` outside 1-95.
     """
-    _positive_int("n", n)
+    positive_int("n", n)
     if not 1 <= quality <= 95:
         raise ValueError(f"quality must be in 1..95 (Pillow's range), got {quality}")
     photos = source_photos()
@@ -241,9 +240,8 @@ def decode_resized(data: bytes | str | os.PathLike, side: int, draft: bool = Fal
     Raises:
         ValueError: ``side`` not a positive integer.
     """
-    from PIL import Image
 
-    _positive_int("side", side)
+    positive_int("side", side)
     src = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
     with Image.open(src) as im:
         if draft:
@@ -263,7 +261,6 @@ def decode_scaled(data: bytes, scale: int) -> np.ndarray:
     Raises:
         ValueError: ``scale`` not 1, 2, 4 or 8.
     """
-    from PIL import Image
 
     if scale not in (1, 2, 4, 8):
         raise ValueError(f"scale must be 1, 2, 4 or 8 (libjpeg's DCT scales), got {scale!r}")
@@ -285,9 +282,8 @@ def pil_pipeline(data: bytes | str | os.PathLike, out: int, generator: torch.Gen
     differently in every worker and epoch. Returns a ``(3, out, out)`` float32 tensor normalized
     with :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`.
     """
-    from PIL import Image
 
-    _positive_int("out", out)
+    positive_int("out", out)
     src = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
     r = torch.rand(4, generator=generator).tolist()
     with Image.open(src) as im:
@@ -413,7 +409,7 @@ def write_tar_shards(files: Sequence[str | os.PathLike], folder: str | os.PathLi
     Raises:
         ValueError: empty ``files`` or ``per_shard`` not a positive integer.
     """
-    _positive_int("per_shard", per_shard)
+    positive_int("per_shard", per_shard)
     files = [Path(f) for f in files]
     if not files:
         raise ValueError("files is empty")
@@ -546,7 +542,7 @@ def gpu_augment(batch: torch.Tensor, out: int, generator: torch.Generator | None
     """
     if batch.dim() != 4 or batch.shape[1] != 3 or batch.dtype != torch.uint8:
         raise ValueError(f"batch must be uint8 (B, 3, H, W), got {batch.dtype} {tuple(batch.shape)}")
-    _positive_int("out", out)
+    positive_int("out", out)
     b, _, H, W = batch.shape
     dev = batch.device
     h = torch.full((b,), float(H), dtype=torch.float64)
@@ -623,7 +619,7 @@ def gpu_augment_list(images: Sequence[torch.Tensor], out: int,
     for k, t in enumerate(images):
         if t.dim() != 3 or t.shape[0] != 3 or t.dtype != torch.uint8:
             raise ValueError(f"images[{k}] must be uint8 (3, H, W), got {t.dtype} {tuple(t.shape)}")
-    _positive_int("out", out)
+    positive_int("out", out)
     dev = images[0].device
     hw = torch.tensor([[t.shape[1], t.shape[2]] for t in images], dtype=torch.float64)
     h, w = hw[:, 0], hw[:, 1]
@@ -640,40 +636,40 @@ def read_rate(dataset, n: int | None = None, batch: int = 64) -> float:
 
     Map-style datasets of single items are indexed ``0..n-1``; a :class:`MemmapImages` is read
     ``batch`` indices per call; an iterable dataset is iterated. One timed pass
-    (``time.perf_counter``), so a cold page cache stays cold.
+    (:class:`perflab.core.timing.Stopwatch`), so a cold page cache stays cold.
 
     Raises:
         ValueError: ``n`` not positive or larger than the dataset.
     """
     if isinstance(dataset, IterableDataset):
-        t0 = time.perf_counter()
         count = 0
-        for _ in dataset:
-            count += 1
-            if n is not None and count >= n:
-                break
-        return count / (time.perf_counter() - t0)
-    n = len(dataset) if n is None else _positive_int("n", n)
+        with Stopwatch() as sw:
+            for _ in dataset:
+                count += 1
+                if n is not None and count >= n:
+                    break
+        return count / sw.seconds
+    n = len(dataset) if n is None else positive_int("n", n)
     if n > len(dataset):
         raise ValueError(f"n={n} but the dataset has {len(dataset)} items")
-    t0 = time.perf_counter()
-    if isinstance(dataset, MemmapImages):
-        for k in range(0, n, batch):
-            dataset[list(range(k, min(n, k + batch)))]
-    else:
-        for i in range(n):
-            dataset[i]
-    return n / (time.perf_counter() - t0)
+    with Stopwatch() as sw:
+        if isinstance(dataset, MemmapImages):
+            for k in range(0, n, batch):
+                dataset[list(range(k, min(n, k + batch)))]
+        else:
+            for i in range(n):
+                dataset[i]
+    return n / sw.seconds
 
 
 def _decode_share(args: tuple) -> tuple[float, int]:
     files, side, t_go = args
-    while time.time() < t_go:                 # every process starts at the same moment
+    while timestamp() < t_go:                 # every process starts at the same moment
         time.sleep(0.0005)
-    t0 = time.perf_counter()
-    for f in files:
-        decode_resized(f, side)
-    return time.perf_counter() - t0, len(files)
+    with Stopwatch() as sw:
+        for f in files:
+            decode_resized(f, side)
+    return sw.seconds, len(files)
 
 
 def _ready(_: int) -> int:
@@ -692,14 +688,14 @@ def parallel_decode_rate(files: Sequence[str | os.PathLike], processes: int,
     Raises:
         ValueError: ``processes`` not a positive int, or fewer ``files`` than ``processes``.
     """
-    _positive_int("processes", processes)
+    positive_int("processes", processes)
     if len(files) < processes:
         raise ValueError(f"need at least processes={processes} files, got {len(files)}")
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     ctx = multiprocessing.get_context(method)
     with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
         list(pool.map(_ready, range(4 * processes)))           # every process up
-        t_go = time.time() + 0.1 + 0.01 * processes
+        t_go = timestamp() + 0.1 + 0.01 * processes
         shares = [(list(files[k::processes]), side, t_go) for k in range(processes)]
         done = list(pool.map(_decode_share, shares))
     return sum(n for _, n in done) / max(t for t, _ in done)
@@ -746,10 +742,10 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
             raise ValueError(f"the loader gives {total} batches: too few to skip a round of "
                              f"{rounds} at each end and time one")
     cpu0 = _children_cpu_s()
-    t0 = time.perf_counter()
+    sw = Stopwatch().start()
     it = iter(loader)
     count_, n_batches = 0, 0
-    first = t_start = main0 = None
+    first = timed = main0 = None
     for batch in it:
         if count is not None:
             k = count(batch)
@@ -758,19 +754,20 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
             k = len(x)
         n_batches += 1
         if first is None:
-            first = time.perf_counter() - t0
+            first = sw.elapsed()
         if n_batches == warmup:
-            t_start, main0 = time.perf_counter(), time.process_time()
+            timed, main0 = Stopwatch().start(), process_seconds()
         elif n_batches > warmup:
             count_ += k
         if batches is not None and n_batches >= batches + warmup:
             break
-    t_end, main1 = time.perf_counter(), time.process_time()
+    elapsed = timed.elapsed() if timed is not None else None
+    main1 = process_seconds()
     del it                                   # the workers exit (and are reaped) here
     cpu1 = _children_cpu_s()
-    if t_start is None or count_ == 0:
+    if timed is None or count_ == 0:
         raise ValueError(f"the loader gave {n_batches} batches; need more than warmup={warmup}")
-    return {"images_per_s": count_ / (t_end - t_start), "first_batch_s": first, "images": count_,
+    return {"images_per_s": count_ / elapsed, "first_batch_s": first, "images": count_,
             "worker_cpu_s": (cpu1 - cpu0) if loader.num_workers and cpu0 is not None else None,
             "main_cpu_s": main1 - main0}
 
@@ -779,9 +776,9 @@ def raw_read_rate(files: Sequence[str | os.PathLike]) -> float:
     """Bytes per second of reading ``files`` whole, one after the other, in this process (no
     decoding): the storage's rate when their pages are not cached, the page cache's when they
     are. One timed pass, so cold stays cold."""
-    t0 = time.perf_counter()
+    sw = Stopwatch().start()
     total = sum(len(Path(f).read_bytes()) for f in files)
-    return total / (time.perf_counter() - t0)
+    return total / sw.elapsed()
 
 
 def import_seconds(modules: Sequence[str] = ("torch", "perflab.loading.datasets"),
@@ -795,16 +792,16 @@ def import_seconds(modules: Sequence[str] = ("torch", "perflab.loading.datasets"
         RuntimeError: a child process failed (its stderr in the message).
         ValueError: ``processes`` not a positive integer.
     """
-    _positive_int("processes", processes)
+    positive_int("processes", processes)
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    t0 = time.perf_counter()
+    sw = Stopwatch().start()
     procs = [subprocess.Popen([sys.executable, "-c", "import " + ", ".join(modules)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
              for _ in range(processes)]
     errors = [p.communicate()[1] for p in procs]
-    elapsed = time.perf_counter() - t0
+    elapsed = sw.elapsed()
     for p, err in zip(procs, errors):
         if p.returncode != 0:
             raise RuntimeError(f"importing {modules} failed: {err[-1000:]}")
@@ -820,7 +817,6 @@ def kernel_seconds(fn: Callable[[], object]) -> dict[str, float]:
     """
     if not torch.cuda.is_available():
         raise RuntimeError("kernel_seconds needs a CUDA GPU")
-    from torch.profiler import ProfilerActivity, profile
 
     fn()
     torch.cuda.synchronize()
@@ -856,7 +852,7 @@ class AugmentBatch:
     (picklable, so it also works in workers)."""
 
     def __init__(self, out: int, seed: int | None = None):
-        self.out = _positive_int("out", out)
+        self.out = positive_int("out", out)
         self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
 
     def __call__(self, batch):
@@ -872,7 +868,7 @@ class RandomProbe(Dataset):
     across workers and epochs."""
 
     def __init__(self, n: int, seed: int = 0):
-        self.n = _positive_int("n", n)
+        self.n = positive_int("n", n)
         self.rng = np.random.default_rng(seed)
 
     def __len__(self):
@@ -966,7 +962,6 @@ class TextCorpus:
 
     def load_tokenizer(self):
         """The trained ``tokenizers.Tokenizer``."""
-        from tokenizers import Tokenizer
 
         return Tokenizer.from_file(str(self.tokenizer))
 
@@ -986,7 +981,6 @@ def text_corpus(max_bytes: int | None = None, vocab_size: int = 8192,
     """
     if not 257 <= vocab_size <= 65536:
         raise ValueError(f"vocab_size must be in 257..65536 for uint16 token ids, got {vocab_size}")
-    import sys
 
     key = f"py{sys.version_info[0]}{sys.version_info[1]}_b{max_bytes}_v{vocab_size}_t{train_bytes}"
     folder = Path(folder) if folder is not None else cache_dir("text", key)
@@ -995,7 +989,6 @@ def text_corpus(max_bytes: int | None = None, vocab_size: int = 8192,
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         return TextCorpus(folder / "tokens.u16", folder / "tokenizer.json", **meta)
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     docs = [text for _, text in stdlib_sources(max_bytes)]
     tok = Tokenizer(models.BPE())
@@ -1032,7 +1025,7 @@ class TokenDataset(Dataset):
     """
 
     def __init__(self, corpus: TextCorpus | str | os.PathLike, seq_len: int):
-        _positive_int("seq_len", seq_len)
+        positive_int("seq_len", seq_len)
         self.path = Path(corpus.tokens if isinstance(corpus, TextCorpus) else corpus)
         self.n_tokens = self.path.stat().st_size // 2
         self.seq_len = seq_len
@@ -1077,7 +1070,6 @@ class _BytesDataset(Dataset):
 
 def decode_pil(data: bytes) -> torch.Tensor:
     """Decode JPEG bytes with Pillow: uint8 ``(H, W, 3)`` tensor (shares the array's memory)."""
-    from PIL import Image
 
     with Image.open(io.BytesIO(data)) as im:
         return torch.from_numpy(np.array(im.convert("RGB")))
@@ -1114,7 +1106,7 @@ class ZeroImages(Dataset):
     what the training process can *receive*, tensor by tensor."""
 
     def __init__(self, n: int, shape: tuple[int, ...] = (375, 500, 3)):
-        self.n = _positive_int("n", n)
+        self.n = positive_int("n", n)
         self.shape = tuple(shape)
 
     def __len__(self):
@@ -1201,16 +1193,15 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
             imgs = gpu_decode(data[k:k + batch], device)
             if what == "pipeline":
                 gpu_augment_list(imgs, 224, generator=g)
-        torch.cuda.synchronize(device)
 
     one_pass()
     best, cpu, wall = math.inf, 0.0, 0.0
     with Telemetry(device=device) as tel:
         for _ in range(repeats):
-            c0, t0 = time.process_time(), time.perf_counter()
+            c0, sw = process_seconds(), Stopwatch(device).start()
             one_pass()
-            dt = time.perf_counter() - t0
-            cpu, wall = cpu + time.process_time() - c0, wall + dt
+            dt = sw.elapsed()
+            cpu, wall = cpu + process_seconds() - c0, wall + dt
             best = min(best, dt)
     return {"images_per_s": len(blobs) / best, "host_cpu_fraction": cpu / wall,
             "telemetry": tel.summary()}
@@ -1225,16 +1216,14 @@ def gpu_decode_profile(blobs: Sequence[bytes], device: str | torch.device = "cud
     and colour conversion as kernels on the SMs; its hardware back end runs them on the JPEG
     engines, which launch no kernel a profiler sees.
     """
-    from torch.profiler import ProfilerActivity, profile
 
     data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
     gpu_decode(data, device)                  # warm-up: the decoder and its buffers
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
+        sw = Stopwatch(device).start()
         gpu_decode(data, device)
-        torch.cuda.synchronize(device)
-        wall = time.perf_counter() - t0
+        wall = sw.elapsed()
     per_name: dict[str, float] = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(
@@ -1260,7 +1249,7 @@ def small_cnn(width: int = 64, classes: int = 10) -> torch.nn.Module:
     """A small convolutional classifier: four stages, each a stride-2 3x3 convolution and a
     stride-1 3x3 convolution (``width``, 2x, 4x, 8x channels, BatchNorm + ReLU after each), global
     average pooling and a linear head. FLOPs: :func:`small_cnn_flops`."""
-    _positive_int("width", width)
+    positive_int("width", width)
     layers, c_in = [], 3
     for k in range(4):
         c_out = width * 2**k
@@ -1291,7 +1280,7 @@ def train_steps(loader, model: torch.nn.Module, steps: int, device: str | torch.
     """Train ``model`` (SGD, cross-entropy) for ``steps`` batches of ``loader`` and split each
     step's time into waiting for data and the rest.
 
-    Per step: ``t0``; ``next(loader)``; copy to ``device`` (``non_blocking`` when the batch is
+    Per step (a :class:`perflab.core.timing.Stopwatch` on ``device``): ``next(loader)``; copy to ``device`` (``non_blocking`` when the batch is
     pinned); ``gpu_transform(x)`` if given, else ``x.float() / 255`` when ``x`` is uint8;
     forward, backward, optimizer step; synchronize. Data wait = time until the batch is on the
     device (the GPU is idle meanwhile). Returns ``images_per_s``, ``data_wait_fraction``
@@ -1300,7 +1289,7 @@ def train_steps(loader, model: torch.nn.Module, steps: int, device: str | torch.
     Raises:
         ValueError: ``steps`` not positive, or the loader ran out before ``warmup + steps``.
     """
-    _positive_int("steps", steps)
+    positive_int("steps", steps)
     dev = torch.device(device)
     model = model.to(dev).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -1308,16 +1297,14 @@ def train_steps(loader, model: torch.nn.Module, steps: int, device: str | torch.
     wait = total = 0.0
     images = 0
     for k in range(warmup + steps):
-        t0 = time.perf_counter()
+        sw = Stopwatch(dev).start()
         try:
             x, y = next(it)
         except StopIteration:
             raise ValueError(f"the loader ran out after {k} batches; need {warmup + steps}") from None
         x = x.to(dev, non_blocking=x.is_pinned())
         y = torch.as_tensor(y).to(dev, non_blocking=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t1 = time.perf_counter()
+        waited = sw.elapsed()                    # the batch is on the device
         if gpu_transform is not None:
             x = gpu_transform(x)
         elif x.dtype == torch.uint8:
@@ -1326,12 +1313,10 @@ def train_steps(loader, model: torch.nn.Module, steps: int, device: str | torch.
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t2 = time.perf_counter()
+        step_s = sw.elapsed()
         if k >= warmup:
-            wait += t1 - t0
-            total += t2 - t0
+            wait += waited
+            total += step_s
             images += len(y)
     return {"images_per_s": images / total, "data_wait_fraction": wait / total,
             "step_ms": 1e3 * total / steps, "steps": steps}

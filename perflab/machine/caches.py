@@ -33,6 +33,7 @@ from matplotlib.ticker import FuncFormatter
 from perflab.core.fits import fit_line
 from perflab.core.progress import progress as show_progress
 from perflab.core.timing import benchmark
+from perflab.core.validate import integer, positive_int
 from perflab.profiling.trace import device_seconds_per_call
 from perflab.record.plotting import finish
 
@@ -140,8 +141,7 @@ def read_bandwidth(
     """
     dev = torch.device(device)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < itemsize or nbytes % itemsize:
-        raise ValueError(f"nbytes must be a positive multiple of {itemsize} bytes, got {nbytes!r}")
+    integer("nbytes", nbytes, itemsize, multiple_of=itemsize)
     if total_bytes is None:
         total_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
     if total_bytes < 1:
@@ -184,8 +184,7 @@ def working_set_sweep(
     sizes = list(sizes)
     if not sizes:
         raise ValueError("sizes must not be empty")
-    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
-        raise ValueError(f"passes must be a positive integer, got {passes!r}")
+    positive_int("passes", passes)
     jobs = [s for _ in range(passes) for s in sizes]
     iterator = show_progress(jobs, "working-set sweep", progress)
     best: dict[int, float] = {}

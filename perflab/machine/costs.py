@@ -23,6 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
+from perflab.core.validate import positive, positive_int
+
 __all__ = [
     "Cost",
     "arithmetic_intensity",
@@ -53,12 +55,6 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def matmul_cost(m: int, n: int, k: int, dtype: torch.dtype = torch.float32) -> Cost:
     """Cost of ``C[m,n] = A[m,k] @ B[k,n]``: ``2*m*n*k`` FLOPs (one multiply and one add per
     term) and ``(m*k + k*n + m*n) * itemsize`` bytes.
@@ -67,7 +63,7 @@ def matmul_cost(m: int, n: int, k: int, dtype: torch.dtype = torch.float32) -> C
         ValueError: a dimension is not a positive integer.
         TypeError: ``dtype`` is not a torch.dtype.
     """
-    m, n, k = (_positive_int(name, v) for name, v in (("m", m), ("n", n), ("k", k)))
+    m, n, k = (positive_int(name, v) for name, v in (("m", m), ("n", n), ("k", k)))
     size = _itemsize(dtype)
     return Cost(2.0 * m * n * k, float((m * k + k * n + m * n) * size))
 
@@ -89,9 +85,9 @@ def elementwise_cost(
         ValueError: ``numel``, ``inputs`` or ``outputs`` not positive, or negative FLOPs.
         TypeError: ``dtype`` is not a torch.dtype.
     """
-    _positive_int("numel", numel)
-    _positive_int("inputs", inputs)
-    _positive_int("outputs", outputs)
+    positive_int("numel", numel)
+    positive_int("inputs", inputs)
+    positive_int("outputs", outputs)
     if flops_per_element < 0:
         raise ValueError(f"flops_per_element must be >= 0, got {flops_per_element}")
     size = _itemsize(dtype)
@@ -100,8 +96,7 @@ def elementwise_cost(
 
 def arithmetic_intensity(flops: float, nbytes: float) -> float:
     """FLOPs per byte moved. Raises ValueError when ``nbytes`` is not positive or ``flops`` < 0."""
-    if nbytes <= 0:
-        raise ValueError(f"nbytes must be > 0, got {nbytes}")
+    positive("nbytes", nbytes)
     if flops < 0:
         raise ValueError(f"flops must be >= 0, got {flops}")
     return flops / nbytes

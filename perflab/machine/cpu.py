@@ -17,7 +17,8 @@ from typing import Iterator, Sequence
 
 import torch
 
-from perflab.core.device import cpuinfo
+from perflab.core.device import cpu_clocks_mhz, cpuinfo
+from perflab.core.validate import integer, positive, positive_int
 from perflab.machine.roofline import copy_bandwidth, matmul_rate
 
 __all__ = [
@@ -123,8 +124,7 @@ def threads(count: int | None) -> Iterator[int]:
     if count is None:
         yield before
         return
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count must be a positive integer number of threads, got {count!r}")
+    positive_int("count", count)
     torch.set_num_threads(count)
     try:
         yield count
@@ -161,8 +161,7 @@ def memory_bandwidth(nbytes: int, num_threads: int | None = None) -> float:
     Raises:
         ValueError: ``nbytes`` smaller than 4 or not a multiple of 4; a bad ``num_threads``.
     """
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 4 or nbytes % 4:
-        raise ValueError(f"nbytes must be a positive multiple of 4 bytes, got {nbytes!r}")
+    integer("nbytes", nbytes, 4, multiple_of=4)
     with threads(num_threads):
         return copy_bandwidth("cpu", nbytes // 4, torch.float32)
 
@@ -230,18 +229,15 @@ def clock_hz() -> float | None:
     """The CPU's maximum clock in Hz as the OS reports it, or None.
 
     Prefers ``/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq`` (kHz); virtual machines
-    often lack it, and then the ``cpu MHz`` line of ``/proc/cpuinfo`` (the current clock) is used.
+    often lack it, and then the first core's current clock
+    (:func:`perflab.core.device.cpu_clocks_mhz`) is used.
     """
     try:
         return float(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) * 1e3
     except (OSError, ValueError):
         pass
-    for block in cpuinfo():
-        try:
-            return float(block["cpu MHz"]) * 1e6
-        except (KeyError, ValueError):
-            continue
-    return None
+    mhz = cpu_clocks_mhz()
+    return mhz[0] * 1e6 if mhz else None
 
 
 def peak_flops_estimate(cores: int = 1, fma_units: int = 2, clock: float | None = None,
@@ -266,6 +262,5 @@ def peak_flops_estimate(cores: int = 1, fma_units: int = 2, clock: float | None 
         clock = clock_hz()
         if clock is None:
             raise RuntimeError("the OS reports no CPU clock; pass clock= in Hz")
-    if clock <= 0:
-        raise ValueError(f"clock must be > 0 Hz, got {clock}")
+    positive("clock", clock)
     return cores * lanes * 2 * fma_units * clock

@@ -7,7 +7,7 @@ pages cannot be dropped): see the Linux ``posix_fadvise(2)`` manual page. The ca
 file system may ignore it (tmpfs keeps files *only* in RAM), in which case "cold" reads come out
 as fast as warm ones; :func:`measure` reports that.
 
-Each measurement is one timed pass (``time.perf_counter``) rather than a repeated benchmark,
+Each measurement is one timed pass (:class:`perflab.core.timing.Stopwatch`) rather than a repeated benchmark,
 because a second pass would find the pages cached. Units: bytes, seconds, bytes/s, reads/s (IOPS).
 """
 
@@ -16,11 +16,13 @@ from __future__ import annotations
 import os
 import random
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from perflab.core.timing import Stopwatch
+from perflab.core.validate import positive_int
 
 __all__ = [
     "DiskReport",
@@ -32,12 +34,6 @@ __all__ = [
     "random_read",
     "sequential_read",
 ]
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 def filesystem(path: str | os.PathLike) -> tuple[str, str]:
@@ -80,8 +76,8 @@ def make_file(nbytes: int, directory: str | os.PathLike | None = None, chunk: in
         ValueError: ``nbytes`` or ``chunk`` not a positive integer.
         OSError: the directory is not writable or the disk is full.
     """
-    _positive_int("nbytes", nbytes)
-    _positive_int("chunk", chunk)
+    positive_int("nbytes", nbytes)
+    positive_int("chunk", chunk)
     rng = np.random.default_rng(0)
     fd, name = tempfile.mkstemp(prefix="perflab-disk-", suffix=".bin",
                                 dir=directory if directory is not None else default_directory())
@@ -132,20 +128,20 @@ def sequential_read(path: str | os.PathLike, block: int = 2**20, cold: bool = Tr
         ValueError: ``block`` not a positive integer.
         FileNotFoundError: no such file.
     """
-    _positive_int("block", block)
+    positive_int("block", block)
     if cold:
         drop_cache(path)
     buf = bytearray(block)
     view = memoryview(buf)
     total = 0
     with open(path, "rb", buffering=0) as f:
-        t0 = time.perf_counter()
-        while True:
-            n = f.readinto(view)
-            if not n:
-                break
-            total += n
-        seconds = time.perf_counter() - t0
+        with Stopwatch() as sw:
+            while True:
+                n = f.readinto(view)
+                if not n:
+                    break
+                total += n
+        seconds = sw.seconds
     if total == 0:
         raise ValueError(f"{path} is empty: nothing to read")
     return total / seconds
@@ -168,8 +164,8 @@ def random_read(
         ValueError: ``block`` or ``count`` not positive, or a file smaller than one block.
         FileNotFoundError: no such file.
     """
-    _positive_int("block", block)
-    _positive_int("count", count)
+    positive_int("block", block)
+    positive_int("count", count)
     size = os.path.getsize(path)
     if size < block:
         raise ValueError(f"{path} holds {size} bytes, less than one block of {block}")
@@ -179,10 +175,10 @@ def random_read(
         drop_cache(path)
     fd = os.open(path, os.O_RDONLY)
     try:
-        t0 = time.perf_counter()
-        for off in offsets:
-            os.pread(fd, block, off)
-        seconds = time.perf_counter() - t0
+        with Stopwatch() as sw:
+            for off in offsets:
+                os.pread(fd, block, off)
+        seconds = sw.seconds
     finally:
         os.close(fd)
     return count / seconds
@@ -243,8 +239,8 @@ def measure(
         ValueError: ``nbytes`` smaller than ``block``, or bad ``block``/``count``.
         OSError: the directory is not writable or the disk is full.
     """
-    _positive_int("nbytes", nbytes)
-    _positive_int("block", block)
+    positive_int("nbytes", nbytes)
+    positive_int("block", block)
     if nbytes < block:
         raise ValueError(f"nbytes ({nbytes}) must be at least one block ({block})")
     path = make_file(nbytes, directory)

@@ -32,6 +32,7 @@ import torch
 from perflab.core.device import cpu_name, device as default_device
 from perflab.core.formats import FORMATS, check as _check_precision
 from perflab.core.progress import progress as show_progress
+from perflab.core.validate import integers, positive, positive_int
 from perflab.machine import roofline
 from perflab.machine.datasheets import DATASHEETS
 from perflab.record.plotting import finish
@@ -56,12 +57,6 @@ PRECISIONS = FORMATS
 
 # A precision a device lacks -> the one drawn in its place when devices are compared.
 SUBSTITUTES: dict[str, str] = {"bf16": "fp16"}
-
-
-def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -131,12 +126,12 @@ class Machine:
     knee_intensity: float | None = None
 
     def __post_init__(self):
-        _positive("bandwidth", self.bandwidth)
+        positive("bandwidth", self.bandwidth)
         if not self.peaks:
             raise ValueError(f"peaks must name at least one precision for machine {self.name!r}")
         for key, value in self.peaks.items():
             _check_precision(key)
-            _positive(f"peaks[{key!r}]", value)
+            positive(f"peaks[{key!r}]", value)
 
     @property
     def precisions(self) -> list[str]:
@@ -158,7 +153,7 @@ class Machine:
         Raises:
             ValueError: a non-positive intensity, or no roof for ``precision``.
         """
-        intensity = _positive("intensity", intensity)
+        intensity = positive("intensity", intensity)
         _check_precision(precision, self.precisions)
         return roofline.attainable_flops(intensity, self.peaks[precision], self.bandwidth)
 
@@ -178,8 +173,7 @@ def matmul_intensity(n: int, precision: str) -> float:
     Raises:
         ValueError: ``n`` not a positive integer, or an unknown precision.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+    positive_int("n", n)
     itemsize = FORMATS[_check_precision(precision)].itemsize
     return 2.0 * n / (3.0 * itemsize)
 
@@ -257,20 +251,18 @@ def measure_machine(
     """
     dev = torch.device(device) if device is not None else default_device()
     sizes = list(sizes)
-    if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
-        raise ValueError(f"sizes must be a non-empty list of positive integers, got {sizes!r}")
+    integers("sizes", sizes)
     if precisions is None:
         precisions = ["fp32", "tf32", "bf16"] if dev.type == "cuda" else ["fp32"]
     for p in precisions:
         _check_precision(p)
         if p == "fp8" or (p == "tf32" and dev.type != "cuda"):
             raise ValueError(f"precisions: {p!r} cannot be measured on {dev.type} by this function")
-    if isinstance(copy_numel, bool) or not isinstance(copy_numel, int) or copy_numel < 1:
-        raise ValueError(f"copy_numel must be a positive integer, got {copy_numel!r}")
+    positive_int("copy_numel", copy_numel)
 
     if bandwidth is None:
         bandwidth = roofline.copy_bandwidth(dev, copy_numel)
-    bandwidth = _positive("bandwidth", bandwidth)
+    bandwidth = positive("bandwidth", bandwidth)
     jobs = [(p, n) for p in precisions for n in sizes]
     jobs = show_progress(jobs, "matrix products", progress)
     points = []
@@ -325,7 +317,7 @@ class RooflineExplorer:
         m = self.machines[self.device]
         self.precision = precision if precision is not None else self._default_precision(m)
         _check_precision(self.precision, m.precisions)
-        self.intensity = _positive("intensity", intensity)
+        self.intensity = positive("intensity", intensity)
 
     # -- state ------------------------------------------------------------------------------
 
@@ -362,7 +354,7 @@ class RooflineExplorer:
             _check_precision(precision, self.machine.precisions)
             self.precision = precision
         if intensity is not None:
-            self.intensity = _positive("intensity", intensity)
+            self.intensity = positive("intensity", intensity)
         return self.prediction()
 
     def prediction(self) -> Prediction:
@@ -371,7 +363,7 @@ class RooflineExplorer:
 
     def nearest_points(self, factor: float = 2.0) -> list[MeasuredPoint]:
         """Measured points of the selected machine and precision within ``factor`` x of the intensity."""
-        _positive("factor", factor)
+        positive("factor", factor)
         return [p for p in self.machine.points
                 if p.precision == self.precision and self.intensity / factor <= p.intensity <= self.intensity * factor]
 

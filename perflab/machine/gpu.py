@@ -34,7 +34,8 @@ from perflab.core.device import has_gpu
 from perflab.core.fits import fit_line
 from perflab.core.progress import progress as show_progress
 from perflab.core.sampler import Telemetry, TelemetrySummary, measure
-from perflab.core.timing import event_timer, synchronize
+from perflab.core.timing import Stopwatch, event_timer, synchronize
+from perflab.core.validate import integers, positive, positive_int
 from perflab.machine.caches import WorkingSetPoint
 from perflab.machine.costs import elementwise_cost
 from perflab.machine.roofline import SweepPoint, matmul_rate, repeat_multiply
@@ -166,8 +167,7 @@ def elementwise_rate(device: torch.device | str, numel: int,
     Raises:
         ValueError: ``numel`` or ``repeat`` not a positive integer.
     """
-    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
-        raise ValueError(f"numel must be a positive integer, got {numel!r}")
+    positive_int("numel", numel)
     x = torch.randn(numel, device=device)
     fn = repeat_multiply(repeat)
     fn(x)  # compile and warm up outside the measurement
@@ -186,8 +186,7 @@ def tile_count(m: int, n: int, tile_m: int = 128, tile_n: int = 128) -> int:
         ValueError: a non-positive argument.
     """
     for name, v in (("m", m), ("n", n), ("tile_m", tile_m), ("tile_n", tile_n)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        positive_int(name, v)
     return math.ceil(m / tile_m) * math.ceil(n / tile_n)
 
 
@@ -201,8 +200,7 @@ def wave_count(tiles: int, sms: int, tiles_per_sm: int = 1) -> int:
         ValueError: a non-positive argument.
     """
     for name, v in (("tiles", tiles), ("sms", sms), ("tiles_per_sm", tiles_per_sm)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        positive_int(name, v)
     return math.ceil(tiles / (sms * tiles_per_sm))
 
 
@@ -331,10 +329,8 @@ def batch_wave_sweep(
     """
     batches = list(batches)
     for name, v in (("m", m), ("n", n), ("k", k), ("reps", reps)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if not batches or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches):
-        raise ValueError(f"batches must be positive integers, got {batches[:5]}")
+        positive_int(name, v)
+    integers("batches", batches)
     dev = torch.device(device)
     top = max(batches)
     a_full = torch.randn(top, m, k, device=dev).to(dtype)
@@ -404,8 +400,7 @@ def fit_wave_width(
     if not tiles or not blocks_per_sm:
         raise ValueError("tiles and blocks_per_sm must not be empty")
     for name, v in (("m", m), ("n", n), ("sms", sms)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        positive_int(name, v)
     bs = [b for b, _ in points]
     ts = [t for _, t in points]
     if min(ts) <= 0:
@@ -459,13 +454,9 @@ def _graph_sweep(device, sizes, target_s: float, reps: int, progress: bool, what
     ``make_fn(nbytes, dev)`` builds one call whose traffic is ``nbytes``; enough calls for about
     ``target_s`` seconds at 5 TB/s (8 to 2,000) are captured in one CUDA graph and replayed."""
     sizes = list(sizes)
-    if not sizes or any(isinstance(x, bool) or not isinstance(x, int) or x < 8 or x % 8
-                        for x in sizes):
-        raise ValueError(f"sizes must be positive multiples of 8 bytes, got {sizes[:5]}")
-    if not target_s > 0:
-        raise ValueError(f"target_s must be > 0, got {target_s}")
-    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
-        raise ValueError(f"reps must be a positive integer, got {reps!r}")
+    integers("sizes", sizes, 8, multiple_of=8)
+    positive("target_s", target_s)
+    positive_int("reps", reps)
     dev = torch.device(device)
     out = []
     for nbytes in show_progress(sizes, what, progress):
@@ -597,10 +588,8 @@ def burst_and_sustained(
             ``rest_s``.
     """
     for name, v in (("n", n), ("burst_reps", burst_reps)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if not sustained_s > 0:
-        raise ValueError(f"sustained_s must be > 0, got {sustained_s}")
+        positive_int(name, v)
+    positive("sustained_s", sustained_s)
     if rest_s < 0:
         raise ValueError(f"rest_s must be >= 0, got {rest_s}")
     dev = torch.device(device)
@@ -615,10 +604,10 @@ def burst_and_sustained(
         burst = event_timer(fn, dev, warmup=2, reps=burst_reps).median_s
     chunks = []
     with Telemetry(index=index) as tel_sus:
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < sustained_s or len(chunks) < 2:
-            chunks.append((time.perf_counter() - t0, event_timer(fn, dev, warmup=0, reps=20)))
-        window = time.perf_counter() - t0
+        clock = Stopwatch().start()
+        while clock.elapsed() < sustained_s or len(chunks) < 2:
+            chunks.append((clock.elapsed(), event_timer(fn, dev, warmup=0, reps=20)))
+        window = clock.elapsed()
     late = [t for start, t in chunks if start >= window / 2] or [chunks[-1][1]]
     samples = sorted(x for t in late for x in t.samples_s)
     sustained = samples[len(samples) // 2]

@@ -23,7 +23,6 @@ import math
 import os
 import sys
 import textwrap
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -31,8 +30,9 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
-from perflab.core import device as hardware, formats, nvml
+from perflab.core import formats, nvml
 from perflab.core.device import cpu_name, gpu_count
+from perflab.core.timing import Stopwatch
 from perflab.distributed import collectives as distributed
 from perflab.machine import caches, cpu, datasheets, disk, gpu, roofline, transfer
 from perflab.machine.caches import format_bytes
@@ -339,7 +339,7 @@ def measure(quick: bool = False, progress: bool = True, disk_dir: str | None = N
     ``failures`` (``"<step>: <ErrorClass>: <message>"``) and ``curves`` (the raw sweeps).
     A step that raises is recorded under ``failures`` and the others still run.
     """
-    t0 = time.perf_counter()
+    clock = Stopwatch().start()
     s = _sizes(quick)
     card = Card()
     card.machine.append(f"CPU: {cpu_name()} ({os.cpu_count()} logical CPUs; torch uses {torch.get_num_threads()} threads)")
@@ -380,7 +380,7 @@ def measure(quick: bool = False, progress: bool = True, disk_dir: str | None = N
         "schema": SCHEMA,
         "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "quick": quick,
-        "seconds": round(time.perf_counter() - t0, 1),
+        "seconds": round(clock.elapsed(), 1),
         "environment": env,
         "machine": card.machine,
         "metrics": {k: asdict(m) for k, m in card.metrics.items()},

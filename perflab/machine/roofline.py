@@ -29,6 +29,7 @@ from perflab.core import formats
 from perflab.core.progress import progress as show_progress
 from perflab.core.sampler import measure
 from perflab.core.timing import benchmark
+from perflab.core.validate import integer, positive, positive_int
 from perflab.machine.costs import Cost, arithmetic_intensity, elementwise_cost, matmul_cost
 from perflab.profiling.trace import kernels_per_call
 from perflab.record.plotting import finish
@@ -56,12 +57,6 @@ __all__ = [
 ]
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 # ---------------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------------
@@ -72,10 +67,8 @@ def ridge_point(peak_flops: float, bandwidth: float) -> float:
     Raises:
         ValueError: either argument is not positive.
     """
-    if peak_flops <= 0:
-        raise ValueError(f"peak_flops must be > 0 FLOP/s, got {peak_flops}")
-    if bandwidth <= 0:
-        raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth}")
+    positive("peak_flops", peak_flops)
+    positive("bandwidth", bandwidth)
     return peak_flops / bandwidth
 
 
@@ -100,8 +93,7 @@ def classify(intensity: float, ridge: float) -> str:
     Raises:
         ValueError: a negative intensity or a non-positive ridge.
     """
-    if ridge <= 0:
-        raise ValueError(f"ridge must be > 0 FLOP/byte, got {ridge}")
+    positive("ridge", ridge)
     if intensity < 0:
         raise ValueError(f"intensity must be >= 0 FLOP/byte, got {intensity}")
     return "compute-bound" if intensity >= ridge else "bandwidth-bound"
@@ -117,8 +109,7 @@ def predicted_knee_repeat(peak_flops: float, bandwidth: float, bytes_per_element
     Raises:
         ValueError: a non-positive argument.
     """
-    if bytes_per_element <= 0:
-        raise ValueError(f"bytes_per_element must be > 0, got {bytes_per_element}")
+    positive("bytes_per_element", bytes_per_element)
     return bytes_per_element * ridge_point(peak_flops, bandwidth)
 
 
@@ -135,7 +126,7 @@ def copy_bandwidth(device: torch.device | str, numel: int, dtype: torch.dtype = 
     Raises:
         ValueError: ``numel`` is not a positive integer.
     """
-    _positive_int("numel", numel)
+    positive_int("numel", numel)
     src = torch.randn(numel, device=device).to(dtype)
     dst = torch.empty_like(src)
     seconds = benchmark(lambda: dst.copy_(src), device)
@@ -158,8 +149,7 @@ def fp8_matmul_rate(device: torch.device | str, n: int) -> float:
     dev = torch.device(device)
     if dev.type != "cuda":
         raise RuntimeError("fp8_matmul_rate needs a CUDA GPU with fp8 tensor cores; the device is a CPU")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 16 or n % 16:
-        raise ValueError(f"n must be a positive multiple of 16, got {n!r}")
+    integer("n", n, 16, multiple_of=16)
     fp8 = torch.float8_e4m3fn
     a = torch.randn(n, n, device=dev).to(fp8)
     b = torch.randn(n, n, device=dev).to(fp8).t()  # column-major view, as cuBLASLt requires
@@ -188,7 +178,7 @@ def matmul_rate(device: torch.device | str, n: int, dtype: torch.dtype | str = t
         ValueError: ``n`` not a positive integer, ``tf32`` with a dtype other than float32, an
             unknown format key, or ``"tf32"``/``"fp8"`` on a device that is not CUDA.
     """
-    _positive_int("n", n)
+    positive_int("n", n)
     if isinstance(dtype, str):
         fmt = formats.FORMATS[formats.check(dtype)]
         if torch.device(device).type != "cuda" and dtype in ("tf32", "fp8"):
@@ -232,7 +222,7 @@ def repeat_multiply(repeat: int, compile: bool = True) -> Callable[[torch.Tensor
     Raises:
         ValueError: ``repeat`` is not a positive integer.
     """
-    _positive_int("repeat", repeat)
+    positive_int("repeat", repeat)
 
     def f(x: torch.Tensor) -> torch.Tensor:
         return _multiply_by_two(x, repeat)
@@ -450,7 +440,7 @@ def knee_check(x: torch.Tensor, repeat: int, peak_flops: float, bandwidth: float
     """
     if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
         raise TypeError("x must be a floating-point torch.Tensor")
-    _positive_int("repeat", repeat)
+    positive_int("repeat", repeat)
     if not peak_flops or peak_flops <= 0:
         raise ValueError(f"peak_flops must be > 0 FLOP/s, got {peak_flops!r}")
     if not bandwidth or bandwidth <= 0:

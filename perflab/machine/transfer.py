@@ -16,7 +16,6 @@ Bandwidths are bytes/s counting the bytes transferred once (not read + write). T
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -24,7 +23,8 @@ import torch
 
 from perflab.core.device import gpu_count, has_gpu
 from perflab.core.progress import progress as show_progress
-from perflab.core.timing import benchmark, event_timer
+from perflab.core.timing import Stopwatch, benchmark, event_timer
+from perflab.core.validate import integer, positive_int
 
 __all__ = [
     "PCIE_GT_PER_S",
@@ -60,8 +60,7 @@ def pcie_bandwidth(generation: int, width: int) -> float:
     """
     if generation not in PCIE_GT_PER_S:
         raise ValueError(f"generation must be one of {sorted(PCIE_GT_PER_S)}, got {generation!r}")
-    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= 32:
-        raise ValueError(f"width must be a lane count from 1 to 32, got {width!r}")
+    integer("width", width, 1, 32)
     rate, efficiency = PCIE_GT_PER_S[generation]
     return rate * 1e9 * width * efficiency / 8
 
@@ -101,8 +100,7 @@ def _buffers(nbytes: int, dev: torch.device, pinned: bool) -> tuple[torch.Tensor
 
 
 def _check_nbytes(nbytes) -> None:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
-        raise ValueError(f"nbytes must be a positive integer, got {nbytes!r}")
+    positive_int("nbytes", nbytes)
 
 
 def _copy_seconds(host: torch.Tensor, gpu: torch.Tensor, direction: str, dev: torch.device) -> float:
@@ -190,9 +188,9 @@ def non_blocking_behaviour(nbytes: int, device=None, reps: int = 3) -> list[dict
         times, busy, result = [], [], None
         for _ in range(reps):
             torch.cuda.synchronize(dev)
-            t0 = time.perf_counter()
-            result = fn()
-            times.append(time.perf_counter() - t0)
+            with Stopwatch() as host:     # host time only: no synchronization inside
+                result = fn()
+            times.append(host.seconds)
             busy.append(not stream.query())
             torch.cuda.synchronize(dev)
         row = {"case": name, "host_s": statistics.median(times), "still_copying": all(busy)}

@@ -1,4 +1,4 @@
-"""perflab.memory.training: Chapter 7: training memory predicted and measured."""
+"""perflab.memory: Chapter 7: training memory predicted and measured."""
 
 from perflab import _submodules
 

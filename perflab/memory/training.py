@@ -49,7 +49,14 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
+# the memory timeline export's column order (a private table of torch.profiler)
+from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX
+from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
+                                    create_selective_checkpoint_contexts)
 
+from perflab.core.timing import Stopwatch
+from perflab.core.validate import positive_int
 from perflab.internals.autograd import saved_tensors
 from perflab.memory.steps import train_step
 
@@ -101,12 +108,6 @@ MiB = 2**20
 ADAM_BYTES_PER_PARAM = {"params": 4, "grads": 4, "optimizer": 8}
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 # ----------------------------------------------------------------------------------------------
 # the model
 
@@ -132,7 +133,7 @@ class BlockStackConfig:
 
     def __post_init__(self):
         for name in ("d_model", "n_heads", "n_layers", "seq_len"):
-            _positive_int(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
 
@@ -224,7 +225,7 @@ def static_bytes(n_params: int, bytes_per_param: dict[str, int] | None = None) -
     Raises:
         ValueError: ``n_params`` not a positive int, or a negative byte count.
     """
-    _positive_int("n_params", n_params)
+    positive_int("n_params", n_params)
     per = dict(ADAM_BYTES_PER_PARAM if bytes_per_param is None else bytes_per_param)
     if any(v < 0 for v in per.values()):
         raise ValueError(f"bytes_per_param must be >= 0, got {per}")
@@ -258,8 +259,8 @@ def activation_bytes(cfg: BlockStackConfig, batch: int, dtype_bytes: int = 4) ->
     Raises:
         ValueError: ``batch`` or ``dtype_bytes`` not a positive int.
     """
-    _positive_int("batch", batch)
-    _positive_int("dtype_bytes", dtype_bytes)
+    positive_int("batch", batch)
+    positive_int("dtype_bytes", dtype_bytes)
     b, s, h, a, L = batch, cfg.seq_len, cfg.d_model, cfg.n_heads, cfg.n_layers
     sbh = s * b * h
     scores = a * s * s * b
@@ -279,8 +280,8 @@ def block_tensor_bytes(cfg: BlockStackConfig, batch: int, dtype_bytes: int = 4) 
     Raises:
         ValueError: ``batch`` or ``dtype_bytes`` not a positive int.
     """
-    _positive_int("batch", batch)
-    _positive_int("dtype_bytes", dtype_bytes)
+    positive_int("batch", batch)
+    positive_int("dtype_bytes", dtype_bytes)
     b, s, h, a = batch, cfg.seq_len, cfg.d_model, cfg.n_heads
     sizes = {"attention scores": b * a * s * s, "MLP hidden": b * s * 4 * h, "qkv": b * s * 3 * h,
              "activation": b * s * h, "up-projection weight": 4 * h * h}
@@ -337,8 +338,6 @@ class _NativeStderrSilenced:
 
 
 def _chrome_trace(fn: Callable[[], Any]) -> tuple[list[dict], Any]:
-    from torch.profiler import ProfilerActivity, profile
-
     with tempfile.TemporaryDirectory(prefix="perflab_mem_") as tmp:
         with _NativeStderrSilenced(), profile(activities=[ProfilerActivity.CPU],
                                               profile_memory=True) as prof:
@@ -448,8 +447,6 @@ def memory_timeline(fn: Callable[[], Any], device: torch.device | str
         category names as the profiler spells them (``"ACTIVATION"``, ``"GRADIENT"``, ...,
         ``"UNKNOWN"`` for tensors it could not classify).
     """
-    from torch.profiler import ProfilerActivity, profile
-    from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX  # the export's column order
 
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
@@ -486,14 +483,11 @@ def copy_profile(fn: Callable[[], Any]) -> dict[str, float]:
     """
     if not torch.cuda.is_available():
         raise RuntimeError("copy_profile needs a CUDA GPU: it reads the device's copies")
-    from torch.profiler import ProfilerActivity, profile
-
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
+        sw = Stopwatch("cuda").start()
         fn()
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
+        wall = sw.elapsed()
     with tempfile.TemporaryDirectory(prefix="perflab_copies_") as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
@@ -560,7 +554,7 @@ def allocator_rounding(nbytes: int) -> dict[str, int]:
     Raises:
         ValueError: ``nbytes`` not a positive int.
     """
-    _positive_int("nbytes", nbytes)
+    positive_int("nbytes", nbytes)
     block = -(-nbytes // 512) * 512
     if block <= MiB:
         return {"block": block, "segment": 2 * MiB, "pool": 0}
@@ -642,7 +636,7 @@ def save_snapshot_config(cfg: BlockStackConfig, batch: int, path: str | os.PathL
     """Write ``{"config": ..., "batch": ...}`` beside a snapshot (``<path>.json``), so a reader of
     the snapshot can name its allocations with :func:`block_tensor_bytes`."""
     side = Path(str(path) + ".json")
-    side.write_text(json.dumps({"config": cfg.__dict__, "batch": _positive_int("batch", batch)}))
+    side.write_text(json.dumps({"config": cfg.__dict__, "batch": positive_int("batch", batch)}))
     return side
 
 
@@ -917,7 +911,7 @@ def allocator_experiment(cap_mib: int = 2048, big_mib: int = 1600, piece_mib: in
     """
     for name, v in (("cap_mib", cap_mib), ("big_mib", big_mib), ("piece_mib", piece_mib),
                     ("request_mib", request_mib)):
-        _positive_int(name, v)
+        positive_int(name, v)
     if big_mib >= cap_mib or piece_mib > big_mib or request_mib <= piece_mib:
         raise ValueError("need piece_mib <= big_mib < cap_mib and request_mib > piece_mib")
     dev = torch.device(device)

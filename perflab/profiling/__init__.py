@@ -1,4 +1,4 @@
-"""perflab.profiling.trace: Chapter 4: evidence from torch.profiler traces, external profilers (Nsight
+"""perflab.profiling: Chapter 4: evidence from torch.profiler traces, external profilers (Nsight
 Compute, py-spy, strace), reproducibility, lab 4's mystery steps."""
 
 from perflab import _submodules

@@ -1,4 +1,4 @@
-"""Lab 4's three mystery training steps, and the check of a student's diagnosis.
+"""Lab 4's three mystery training steps: one compute-bound, one bandwidth-bound, one overhead-bound.
 
 Each of :func:`step_a`, :func:`step_b` and :func:`step_c` builds a small model, its data and an
 optimizer, and returns a :class:`MysteryStep` whose call runs one training step (forward,
@@ -7,8 +7,9 @@ a GPU and on a CPU alike (sizes come from :func:`perflab.core.device.pick`); whi
 student to find out by measuring. Reading the code is allowed (it is the *prediction*); the check
 wants the measurement.
 
-:func:`check_diagnosis` verifies a diagnosis: the regime named, and the evidence behind it (the
-step's FLOPs and bytes, its time, the ceilings, the busy fraction) against its own measurement.
+:func:`perflab.labs.lab04.check_diagnosis` verifies a diagnosis: the regime named, and the
+evidence behind it (the step's FLOPs and bytes, its time, the ceilings, the busy fraction)
+against its own measurement.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from typing import Callable
+
 import torch
+
 from perflab.core.device import device as default_device, pick
 from perflab.profiling.trace import REGIMES, regime  # a diagnosis names one of regime()'s verdicts
 

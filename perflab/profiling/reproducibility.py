@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from perflab.core.timing import benchmark
+from perflab.core.validate import integer, positive
 
 __all__ = ["coefficient_of_variation", "deterministic", "repeated_medians", "seed_everything"]
 
@@ -31,8 +32,7 @@ def seed_everything(seed: int) -> int:
     Raises:
         ValueError: ``seed`` is not an integer in ``[0, 2**32)``.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+    integer("seed", seed, 0, 2**32 - 1)
 
     random.seed(seed)
     np.random.seed(seed)
@@ -106,6 +106,5 @@ def repeated_medians(
     """
     if repeats < 2:
         raise ValueError(f"repeats must be >= 2 to measure a spread, got {repeats}")
-    if min_run_time_s <= 0:
-        raise ValueError(f"min_run_time_s must be > 0, got {min_run_time_s}")
+    positive("min_run_time_s", min_run_time_s)
     return [benchmark(fn, device, min_run_time_s=min_run_time_s) for _ in range(repeats)]

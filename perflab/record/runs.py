@@ -36,6 +36,7 @@ from typing import Any, Iterable
 import jupytext
 import yaml
 
+from perflab.core.validate import positive_int
 from perflab.record.provenance import environment, reference_run, short_devices
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "changed_modules",
     "code_sha256",
     "is_myst_notebook",
+    "referenced_names",
     "perflab_modules",
     "perflab_sha256",
     "PENDING",
@@ -195,11 +197,20 @@ def _module_file(name: str, package_dir: Path) -> Path | None:
     return None
 
 
-def _referenced(tree: ast.AST, module: str | None, is_package: bool, package: str) -> set[str]:
-    """Dotted names under ``package`` that ``tree`` may import: ``import``/``from`` statements
-    (relative ones resolved against ``module``), attribute chains on an imported name
-    (``perflab.machine.roofline.x``: the package loads submodules on first attribute access) and string
-    constants that are exactly a module name (``["-m", "perflab.distributed.collectives"]``)."""
+def referenced_names(tree: ast.AST, module: str | None = None, is_package: bool = False,
+                     package: str = PACKAGE) -> set[str]:
+    """Dotted names under ``package`` that ``tree`` may import or name, found statically:
+    ``import``/``from`` statements (relative ones resolved against ``module``, the dotted name
+    of the tree's own module, a package when ``is_package``), attribute chains on an imported
+    name (``perflab.machine.roofline.x``: the package loads submodules on first attribute
+    access) and string constants that are exactly a module name (``["-m",
+    "perflab.distributed.collectives"]``). Names that are not modules (functions, classes) are
+    included; callers keep the ones they can resolve. Used by :func:`perflab_modules` and by
+    ``scripts/architecture.py`` (the module map's "used by").
+
+    Returns:
+        a set of dotted names, each starting with ``package``.
+    """
     found: set[str] = set()
     aliases: dict[str, str] = {}
     here = (module.split(".") if is_package else module.split(".")[:-1]) if module else []
@@ -268,7 +279,7 @@ def perflab_modules(code_cells: Iterable[str], package_dir: str | os.PathLike | 
             tree = ast.parse(_MAGIC.sub(r"\1pass", src))
         except SyntaxError as err:
             raise SyntaxError(f"code cell {i + 1}: {err.msg} (line {err.lineno})") from err
-        todo += sorted(_referenced(tree, None, False, package))
+        todo += sorted(referenced_names(tree, None, False, package))
     seen: set[str] = set()
     while todo:
         name = todo.pop()
@@ -285,7 +296,7 @@ def perflab_modules(code_cells: Iterable[str], package_dir: str | os.PathLike | 
                 tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
             except SyntaxError as err:
                 raise SyntaxError(f"{path}: {err.msg} (line {err.lineno})") from err
-            todo += sorted(_referenced(tree, mod, path.name == "__init__.py", package))
+            todo += sorted(referenced_names(tree, mod, path.name == "__init__.py", package))
     return sorted(seen)
 
 
@@ -468,8 +479,7 @@ def required_gpus(source: str | os.PathLike) -> int:
         raise ValueError(f"source={str(path)!r} is not a jupytext MyST notebook")
     meta = _front_matter(path).get("perflab") or {}
     gpus = meta.get("gpus", 1) if isinstance(meta, dict) else None
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
-        raise ValueError(f"{path}: front matter 'perflab: gpus' must be an integer >= 1, got {gpus!r}")
+    positive_int(f"{path}: front matter 'perflab: gpus'", gpus)
     return gpus
 
 

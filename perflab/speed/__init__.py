@@ -1,4 +1,4 @@
-"""perflab.speed.techniques: Chapter 6: single-GPU speed techniques and where a step's time and bytes go."""
+"""perflab.speed: Chapter 6: single-GPU speed techniques and where a step's time and bytes go."""
 
 from perflab import _submodules
 

@@ -30,6 +30,11 @@ from dataclasses import dataclass
 from typing import Callable
 import torch
 from perflab.machine.costs import _POINTWISE, _operator_bytes  # the cost model's operator tables (perflab.costs)
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils._pytree import tree_flatten
 
 __all__ = ["CLASSES", "PAPER_BERT", "StepBreakdown", "classify_kernel", "classify_op",
            "classify_triton", "count_by_class", "shares", "time_by_class", "training_step"]
@@ -217,8 +222,6 @@ _ADAM_FLOPS_PER_PARAM = 14      # two moment updates (7), the bias-corrected ste
 
 
 def _tensors(obj) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_flatten
-
     return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
 
 
@@ -251,7 +254,6 @@ def _extra_flops(base: str, cls: str, args, out) -> float:
 def _sdpa_cpu_flops(base: str, args) -> float:
     """FLOPs of the CPU flash-attention operators, which torch.utils.flop_counter does not
     register (the same formula it uses for the CUDA ones)."""
-    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
     shapes = [tuple(a.shape) for a in args[:4] if isinstance(a, torch.Tensor)]
     if base.endswith("_backward") and len(shapes) >= 4:
@@ -292,8 +294,6 @@ def count_by_class(fn: Callable, *args, optimizer_step: Callable | None = None,
     Raises:
         TypeError: ``fn`` or ``optimizer_step`` is not callable.
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils.flop_counter import FlopCounterMode
 
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
@@ -383,7 +383,6 @@ def time_by_class(step: Callable[[], object], steps: int = 3, warmup: int = 2,
         ValueError: ``steps`` < 1 or ``warmup`` < 0.
         RuntimeError: the profiler recorded no time.
     """
-    from torch.profiler import ProfilerActivity, profile
 
     if not callable(step):
         raise TypeError(f"step must be callable, got {type(step).__name__}")

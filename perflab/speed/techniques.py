@@ -23,6 +23,7 @@ Units: samples per second, seconds; images are ``uint8`` in ``[0, 255]``, shape 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import math
@@ -35,7 +36,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from perflab.core.timing import Stopwatch, seconds_per_call, synchronize
 
 __all__ = [
     "MEAN", "STD", "SmallCNN", "capture_logs", "final_loss",
@@ -128,11 +132,6 @@ class SmallCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x).mean(dim=(2, 3)))
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
 
 
 class _OpCounter(TorchDispatchMode):
@@ -307,7 +306,6 @@ def profile_overlap(fn: Callable[[], object]) -> tuple[float, int, int]:
     """
     if not torch.cuda.is_available():
         raise RuntimeError("profile_overlap needs a CUDA GPU")
-    from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
@@ -413,12 +411,5 @@ def wall_time(fn: Callable[[], object], device: torch.device | str, reps: int = 
     dev = torch.device(device)
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(reps):
-        _sync(dev)
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        times.append(time.perf_counter() - t0)
-    times.sort()
+    times = sorted(seconds_per_call(fn, 1, dev) for _ in range(reps))
     return times[0] if stat == "min" else times[len(times) // 2]

@@ -1,0 +1,245 @@
+"""The one ``torchrun`` launcher: a notebook starts several processes and gets their output back.
+
+A notebook is one process, so every multi-process experiment of the course (chapter 2's
+all-reduce sweep, chapter 8's data parallelism and sharding, lab 8, chapter 10's GPT-2 under
+DDP) starts ``python -m torch.distributed.run ... <worker>`` through :func:`run`: one "node"
+(``--standalone``) or two on this machine (``--nnodes 2`` with a c10d rendezvous on a free
+localhost port: two nodes that find each other as two machines would). The children's
+environment keeps this package importable, ``NCCL_NVLS_ENABLE=0`` (NVLink SHARP multicast stays
+off on the course's machines) and every temporary file inside the launch's scratch folder. A
+launch that fails or outlives its timeout (then every process of it is killed) raises
+:class:`LaunchError`, whose message names the command, the exit status, the error lines the ranks
+printed and the last lines of output.
+
+The workers are the modules that launch them (``perflab.distributed.collectives``,
+``perflab.distributed.training``): each parses its own arguments and writes its results as JSON
+where the launcher told it to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from perflab.core.device import gpu_count
+from perflab.core.timing import Deadline
+from perflab.core.validate import integer, positive, positive_int
+
+__all__ = ["BACKENDS", "Launch", "LaunchError", "backend_for", "default_backend", "free_port", "run"]
+
+#: the process-group backends a launch may use: NCCL between GPUs, gloo between CPU processes
+BACKENDS = ("nccl", "gloo")
+
+
+class LaunchError(RuntimeError):
+    """A ``torchrun`` launch failed: the message holds the command, exit status and the workers' output.
+
+    ``output`` holds the whole output of the launch (every rank's lines and torchrun's), of
+    which the message shows the error lines and the last lines only.
+    """
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
+
+
+def default_backend() -> str:
+    """``"nccl"`` when at least two GPUs are visible, else ``"gloo"`` (CPU processes)."""
+    return "nccl" if gpu_count() >= 2 else "gloo"
+
+
+def backend_for(backend: str | None, world: int) -> str:
+    """``backend`` (default :func:`default_backend`), checked for ``world`` processes.
+
+    Raises:
+        ValueError: an unknown backend, or ``nccl`` with fewer GPUs than processes.
+    """
+    backend = backend or default_backend()
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+    if backend == "nccl" and gpu_count() < world:
+        raise ValueError(f"backend='nccl' with {world} processes needs {world} GPUs; "
+                         f"this machine has {gpu_count()}")
+    return backend
+
+
+def free_port() -> int:
+    """A TCP port on localhost that was free a moment ago (the OS picks it: bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child_env(extra: dict | None = None, scratch: str | os.PathLike | None = None) -> dict:
+    """The environment of a ``torchrun`` launch: perflab importable, NVLink multicast off, and,
+    with ``scratch``, every temporary file of torchrun and its workers (torchrun's
+    ``torchelastic_*`` log folders, Inductor's precompiled headers, ``tempfile`` users) inside
+    ``scratch/tmp``, a folder of the launch's own scratch directory, removed with it."""
+    env = dict(os.environ)
+    if scratch is not None:
+        tmp = Path(scratch) / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(tmp)
+    package_parent = str(Path(__file__).resolve().parent.parent.parent)
+    env["PYTHONPATH"] = package_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast on the course's machines
+    env.setdefault("OMP_NUM_THREADS", "1")  # silences torchrun's warning; collectives need no BLAS threads
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    kept = [ln for ln in text.splitlines() if ln.strip()]
+    return "\n".join(kept[-lines:])
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?([A-Za-z_.]*(?:Error|Exception)): (.+)$")
+
+
+# What a rank logs when a collective times out without a Python exception: NCCL's watchdog
+# thread ("Watchdog caught collective operation timeout: WorkNCCL(...) ran for 10012
+# milliseconds before timing out."), then the c10::DistBackendError it terminates the process
+# with. torchrun's own summary ("ChildFailedError", "exitcode", "Signal 6") is left out.
+_RANK_ERROR_MARKERS = ("Watchdog caught collective operation timeout", "DistBackendError",
+                       "timed out", "Timed out")
+_TORCHRUN_LINE = ("ChildFailedError", "torch.distributed.elastic", "exitcode", "traceback :")
+# the glog prefix of C++ log lines: "[E1130 23:46:25.123456 12345 ProcessGroupNCCL.cpp:685] "
+_GLOG_PREFIX = re.compile(r"\[[EWIF]\d{4} [\d:.]+ \d+ [^\]]+\] ?")
+
+
+def _worker_errors(text: str) -> str:
+    """The error lines the ranks printed, in order, at most five, torchrun's own left out.
+
+    An error line is a Python exception line (``ValueError: ...``, with or without torchrun's
+    ``[rank0]:`` prefix) or a line in which a rank reports a collective's timeout (NCCL's
+    watchdog, a ``DistBackendError``, gloo's "Timed out waiting ..."); the C++ log prefix
+    (severity, time, thread, source line) is dropped. ``what():`` lines repeat the watchdog's
+    message and are skipped.
+    """
+    found = []
+    for line in text.splitlines():
+        m = _ERROR_LINE.match(line)
+        if m:
+            keep = "ChildFailedError" not in m.group(1)
+        else:
+            keep = (any(k in line for k in _RANK_ERROR_MARKERS)
+                    and not any(k in line for k in _TORCHRUN_LINE) and "what():" not in line)
+        line = _GLOG_PREFIX.sub("", line).strip()
+        if keep and line not in found:
+            found.append(line)
+    return "\n".join(found[:5]) or "(no exception line found in the output)"
+
+
+def _failure(summary: str, cmd: list[str], output: str) -> LaunchError:
+    return LaunchError(f"{summary}: {' '.join(cmd)}\n--- worker errors ---\n{_worker_errors(output)}\n"
+                       f"--- last lines of output ---\n{_tail(output)}", output)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A finished launch: the first ``torchrun`` command and the output of every process
+    (``[node i]`` headers with two nodes)."""
+
+    cmd: tuple[str, ...]
+    output: str
+
+    def failure(self, summary: str) -> LaunchError:
+        """A :class:`LaunchError` for this launch, starting with ``summary``."""
+        return _failure(summary, list(self.cmd), self.output)
+
+
+def run(worker: Sequence[str], scratch: str | os.PathLike, nproc: int = 2, nnodes: int = 1,
+        backend: str | None = None, timeout_s: float = 300, max_restarts: int = 0,
+        env: dict | None = None) -> Launch:
+    """Run ``python -m torch.distributed.run <options> <worker...>`` on ``nnodes x nproc``
+    processes of this machine and wait for all of them.
+
+    Args:
+        worker: what torchrun runs, e.g. ``["-m", "perflab.distributed.collectives", "--out",
+            path, ...]`` (the worker's own arguments included).
+        scratch: an existing folder of the launch (the caller removes it): the processes' logs
+            and temporary files go there.
+        nproc: processes per node (>= 1).
+        nnodes: 1 (``--standalone``) or 2 (two ``torchrun`` on this machine, c10d rendezvous
+            on ``localhost:<free port>``; with NCCL each node sees its own GPUs).
+        backend: checked by :func:`backend_for` (the worker is told which one to use by its
+            own arguments).
+        timeout_s: seconds before every process is killed (> 0).
+        max_restarts: torchrun's ``--max-restarts`` (>= 0).
+        env: variables added to the children's environment.
+
+    Returns:
+        the :class:`Launch` (command and output); the caller reads what the workers wrote.
+
+    Raises:
+        ValueError: a bad ``nproc``, ``nnodes``, ``timeout_s``, ``max_restarts`` or backend.
+        LaunchError: a process exited with a non-zero status, or the timeout passed (the
+            message says which, with the workers' error lines and last lines of output).
+    """
+    positive_int("nproc", nproc)
+    integer("nnodes", nnodes, 1, 2)
+    positive("timeout_s", timeout_s)
+    integer("max_restarts", max_restarts, 0)
+    backend = backend_for(backend, nproc * nnodes)
+    scratch = Path(scratch)
+    base = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}"]
+    if nnodes == 1:
+        cmds = [base + ["--standalone", *map(str, worker)]]
+    else:
+        endpoint, rid = f"localhost:{free_port()}", f"perflab-{uuid.uuid4().hex[:8]}"
+        cmds = [base + ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+                        f"--rdzv-id={rid}", *map(str, worker)] for _ in range(2)]
+    envs = [_child_env(env, scratch=scratch) for _ in cmds]
+    if backend == "nccl" and nnodes > 1:  # each "node" sees its own GPUs, as on two machines
+        visible = envs[0].get("CUDA_VISIBLE_DEVICES")
+        gpus = visible.split(",") if visible else [str(i) for i in range(gpu_count())]
+        for i, e in enumerate(envs):
+            e["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i * nproc:(i + 1) * nproc])
+    logs = [open(scratch / f"node{i}.log", "w+") for i in range(len(cmds))]
+    procs = [subprocess.Popen(c, stdout=f, stderr=subprocess.STDOUT, text=True, env=e,
+                              start_new_session=True) for c, e, f in zip(cmds, envs, logs)]
+    deadline = Deadline(timeout_s)
+    failed = None
+    try:
+        while any(p.poll() is None for p in procs):
+            if deadline.expired():
+                failed = f"torchrun timed out after {timeout_s:g} s"
+                break
+            bad = [p for p in procs if p.poll() not in (None, 0)]
+            if bad:  # one node failed: the other would wait for it until its own timeout
+                failed = f"torchrun exited with status {bad[0].returncode}"
+                break
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)  # torchrun and its workers share the session
+                p.wait()
+        output = ""
+        for i, f in enumerate(logs):
+            f.seek(0)
+            text = f.read()
+            f.close()
+            output += (f"[node {i}]\n" if len(logs) > 1 else "") + text
+    launch = Launch(tuple(cmds[0]), output)
+    if failed is None:
+        codes = [p.returncode for p in procs]
+        if any(codes):
+            failed = f"torchrun exited with status {max(codes, key=abs)}"
+    if failed:
+        raise launch.failure(failed)
+    return launch
