@@ -34,13 +34,13 @@ import uuid
 from typing import Any, Callable
 
 
-def fingerprint(nonce: str, detail: list[str] | str, imports: list[str]) -> str:
+def fingerprint(nonce: str, only: list[str] | None, imports: list[str]) -> str:
     """The watched state of this kernel as JSON (runs in the kernel; self-contained).
 
     ``imports``: modules to import first (so that a later student cell cannot patch a module
-    before it is watched); ``detail``: the groups whose object identities to return in full
-    (``"*"`` for all), beside every group's digest. Returns ``{"nonce", "digests", "detail",
-    "errors"}`` as a JSON string.
+    before it is watched). With ``only`` None, returns every group's digest; otherwise the
+    object identities of the groups in ``only`` as well. Returns ``{"nonce", "digests",
+    "detail", "errors"}`` as a JSON string.
     """
     import builtins
     import hashlib
@@ -91,44 +91,40 @@ def fingerprint(nonce: str, detail: list[str] | str, imports: list[str]) -> str:
                 out[prefix + k] = ident(v)
         return out
 
+    heap = 1 << 9   # Py_TPFLAGS_HEAPTYPE: a class defined in Python, whose methods can be replaced
     watched = sorted(n for n in list(sys.modules) if n == "perflab" or n.startswith("perflab.")
                      or n in ("math", "statistics", "time", "torch", "torch.testing",
                               "IPython.core.interactiveshell", "ipykernel.ipkernel",
                               "ipykernel.kernelbase", "ipykernel.zmqshell", "jupyter_client.session"))
-    groups = {}
-    bskip = {"exit", "quit", "get_ipython", "display", "help", "copyright", "credits", "license"}
-    groups["module:builtins"] = callables(vars(builtins), "", {k for k in vars(builtins) if k.startswith("_")} | bskip)
-    for name in watched:
-        mod = sys.modules.get(name)
-        if mod is None:
-            continue
-        entries = callables(vars(mod), "")
-        for k, v in list(vars(mod).items()):
-            if isinstance(v, type) and getattr(v, "__module__", None) == name:
-                entries.update(callables(vars(v), k + "."))
-        if name == "torch":
-            entries.update(callables(vars(mod.Tensor), "Tensor."))
-            entries.update(callables(vars(mod._C.TensorBase), "TensorBase."))
-        groups["module:" + name] = entries
-    groups["sys"] = {
-        "modules": {n: id(sys.modules.get(n)) for n in watched},
-        "excepthook": ident(sys.excepthook), "displayhook": ident(sys.displayhook),
-        "breakpointhook": ident(sys.breakpointhook), "trace": ident(sys.gettrace()),
-        "profile": ident(sys.getprofile()),
-    }
-    try:
-        import threading
-        groups["sys"]["thread_trace"] = ident(getattr(threading, "_trace_hook", None))
-        groups["sys"]["thread_profile"] = ident(getattr(threading, "_profile_hook", None))
-    except Exception:
-        pass
-    ip = None
     try:
         from IPython import get_ipython
         ip = get_ipython()
     except Exception as err:
+        ip = None
         errors.append(f"IPython: {type(err).__name__}")
-    if ip is not None:
+
+    def module_group(name):
+        if name == "builtins":
+            bskip = {"exit", "quit", "get_ipython", "display", "help", "copyright", "credits", "license"}
+            return callables(vars(builtins), "", {k for k in vars(builtins) if k.startswith("_")} | bskip)
+        mod = sys.modules.get(name)
+        entries = callables(vars(mod), "") if mod is not None else {}
+        for k, v in list(vars(mod).items()) if mod is not None else ():
+            if isinstance(v, type) and v.__flags__ & heap and getattr(v, "__module__", None) == name:
+                entries.update(callables(vars(v), k + "."))
+        return entries
+
+    def sys_group():
+        out = {"modules": {n: id(sys.modules.get(n)) for n in watched},
+               "excepthook": ident(sys.excepthook), "displayhook": ident(sys.displayhook),
+               "breakpointhook": ident(sys.breakpointhook), "trace": ident(sys.gettrace()),
+               "profile": ident(sys.getprofile())}
+        threading = sys.modules.get("threading")
+        out["thread_trace"] = ident(getattr(threading, "_trace_hook", None))
+        out["thread_profile"] = ident(getattr(threading, "_profile_hook", None))
+        return out
+
+    def shell_group():
         shell = {}
         for obj, label, names in (
                 (ip, "shell.", ("run_cell", "run_cell_async", "_run_cell", "run_code", "run_ast_nodes",
@@ -155,10 +151,10 @@ def fingerprint(nonce: str, detail: list[str] | str, imports: list[str]) -> str:
                                             for c in (ip.custom_exceptions or ()))
         tb = inspect.getattr_static(ip, "CustomTB")
         if isinstance(tb, types.MethodType):     # set by set_custom_exc: whose handler is inside?
-            inner = [c.cell_contents for c in (tb.__func__.__closure__ or ()) if callable(getattr(c, "cell_contents", None))]
+            inner = [c.cell_contents for c in (tb.__func__.__closure__ or ())
+                     if callable(getattr(c, "cell_contents", None))]
             owners = {getattr(f, "__module__", "") or "" for f in inner}
-            shell["CustomTB"] = ("perflab" if owners and all(o.startswith("perflab") or o.startswith("IPython")
-                                                                for o in owners)
+            shell["CustomTB"] = ("perflab" if owners and all(o.startswith(("perflab", "IPython")) for o in owners)
                                  else ident(tb))
         else:
             shell["CustomTB"] = "default" if isinstance(tb, types.FunctionType) else ident(tb)
@@ -172,7 +168,9 @@ def fingerprint(nonce: str, detail: list[str] | str, imports: list[str]) -> str:
                            for ev, cbs in sorted(getattr(ip.events, "callbacks", {}).items())}
         shell["displayhook"] = id(ip.displayhook)
         shell["display_pub"] = id(ip.display_pub)
-        groups["shell"] = shell
+        return shell
+
+    def ns_group():
         ns = {}      # every name: [identity, whether it holds a module or a perflab/torch/stdlib callable]
         for k, v in list(ip.user_ns.items()):
             if k.startswith("_") or k in ("In", "Out", "exit", "quit", "get_ipython"):
@@ -180,23 +178,29 @@ def fingerprint(nonce: str, detail: list[str] | str, imports: list[str]) -> str:
             owner = getattr(v, "__module__", None) or ""
             ns[k] = [id(v), isinstance(v, types.ModuleType) or (callable(v) and isinstance(owner, str) and (
                 owner.startswith("perflab") or owner in ("math", "statistics", "time", "torch", "builtins")))]
-        groups["ns"] = ns
+        return ns
+
+    builders = {"module:builtins": lambda: module_group("builtins"), "sys": sys_group}
+    for name in watched:
+        builders["module:" + name] = (lambda n: lambda: module_group(n))(name)
+    if ip is not None:
+        builders.update(shell=shell_group, ns=ns_group)
+    groups = {g: build() for g, build in builders.items() if only is None or g in only}
 
     def digest(obj):
         return hashlib.sha1(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
     return json.dumps({"nonce": nonce, "digests": {g: digest(v) for g, v in groups.items()},
-                       "detail": {g: v for g, v in groups.items() if detail == "*" or g in detail},
-                       "errors": errors})
+                       "detail": groups if only is not None else {}, "errors": errors})
 
 
 _SOURCE = textwrap.dedent(inspect.getsource(fingerprint))
 
 
-def probe_expression(nonce: str, detail: list[str] | str, imports: list[str]) -> str:
+def probe_expression(nonce: str, only: list[str] | None, imports: list[str]) -> str:
     """A Python expression that defines :func:`fingerprint` in a fresh namespace and calls it."""
     return (f"(lambda __ns: (exec({_SOURCE!r}, __ns), "
-            f"__ns['fingerprint']({nonce!r}, {detail!r}, {imports!r}))[1])({{}})")
+            f"__ns['fingerprint']({nonce!r}, {only!r}, {imports!r}))[1])({{}})")
 
 
 # the shell entries a lab's own cells may change: perflab.exercises.short_errors sets the handler
@@ -231,9 +235,9 @@ class Watch:
         self.detail: dict[str, dict] = {}
         self.seen: set[str] = set()
 
-    def _probe(self, detail: list[str] | str) -> dict | None:
+    def _probe(self, only: list[str] | None) -> dict | None:
         nonce = uuid.uuid4().hex
-        text = self.ask(probe_expression(nonce, detail, self.imports))
+        text = self.ask(probe_expression(nonce, only, self.imports))
         try:
             got = json.loads(text) if text else None
         except ValueError:
@@ -244,10 +248,11 @@ class Watch:
 
     def baseline(self) -> list[str]:
         """Record the state before any student code runs. Returns findings (empty when fine)."""
-        got = self._probe("*")
-        if got is None:
+        got = self._probe(None)
+        full = self._probe(list(got["digests"])) if got is not None else None
+        if full is None:
             return ["the kernel did not answer the first integrity check"]
-        self.digests, self.detail = dict(got["digests"]), dict(got["detail"])
+        self.digests, self.detail = dict(full["digests"]), dict(full["detail"])
         return []
 
     def after(self, origin: str, where: str) -> list[str]:
@@ -257,7 +262,7 @@ class Watch:
         change is tampering unless it is one the lab's cells make themselves (their own names in
         the namespace, perflab's exception handler); the state it leaves becomes the expected one.
         """
-        got = self._probe([])
+        got = self._probe(None)
         if got is None:
             return self._new([f"the kernel did not answer the integrity check after {where}"])
         changed = [g for g, d in got["digests"].items() if g in self.digests and self.digests[g] != d]
