@@ -59,6 +59,11 @@ def strip_code(source: str, exercise: str = "?") -> str:
     return _HIDDEN.sub("", source).rstrip("\n")
 
 
+def strip_markdown(source: str) -> str:
+    """A markdown cell's source without its ``<!-- BEGIN SOLUTION -->`` ... ``<!-- END SOLUTION -->`` parts."""
+    return _MD_SOLUTION.sub("", source)
+
+
 def student_notebook(md: Path) -> nbformat.NotebookNode:
     """The student version of a lab source (``.md``) as an unexecuted notebook.
 
@@ -82,7 +87,7 @@ def student_notebook(md: Path) -> nbformat.NotebookNode:
             cell.outputs = []
             cell.execution_count = None
         elif cell.cell_type == "markdown":
-            cell.source = _MD_SOLUTION.sub("", cell.source)
+            cell.source = strip_markdown(cell.source)
     nb.metadata.pop("jupytext", None)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     return nb

@@ -1,4 +1,7 @@
+import json
+
 import pytest
+import torch
 
 from perflab.labs import exercises as E
 from perflab.labs import lab01
@@ -84,11 +87,35 @@ def test_answer_or_none_skips_only_unfinished_work():
 def test_record_appends_json_lines_only_under_the_grader(tmp_path, monkeypatch):
     monkeypatch.delenv("PERFLAB_GRADE_LOG", raising=False)
     E.record("x", 1.0)                                   # nothing happens
+    E.ExerciseFailed("✗ not logged")
     log = tmp_path / "log.jsonl"
     monkeypatch.setenv("PERFLAB_GRADE_LOG", str(log))
     E.check_ratio_at_least(3.0, 1.0, 2.0, "speed-up")
     E.record("odd", float("nan"))
-    assert log.read_text().splitlines() == ['{"what": "speed-up", "value": 3.0}', '{"what": "odd", "value": "nan"}']
+    assert [json.loads(line) for line in log.read_text().splitlines()] == [
+        {"what": "speed-up", "value": 3.0},
+        {"check": "ratio_at_least", "what": "speed-up", "passed": True,
+         "inputs": {"numerator": 3.0, "denominator": 1.0, "minimum": 2.0}},
+        {"what": "odd", "value": "nan"}]
+
+
+def test_the_ledger_keeps_each_verdict_and_every_failure_even_a_caught_one(tmp_path, monkeypatch):
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv("PERFLAB_GRADE_LOG", str(log))
+    with pytest.raises(E.ExerciseFailed):
+        E.check_close(63, 42, "double(21)", rtol=0)
+    try:
+        E.check_choice(torch.device("cpu"), "cuda", "device")
+    except E.ExerciseFailed:
+        pass                                              # swallowed: the ledger still has it
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    verdicts = [e for e in entries if "check" in e]
+    failures = [e for e in entries if "failed" in e]
+    assert verdicts[0] == {"check": "close", "what": "double(21)", "passed": False,
+                           "inputs": {"got": 63.0, "expected": 42.0, "rtol": 0}}
+    assert verdicts[1]["passed"] is False and verdicts[1]["inputs"]["got"] == {"repr": "device(type='cpu')"}
+    assert [f["failed"] for f in failures] == ["ExerciseFailed", "ExerciseFailed"]
+    assert failures[0]["message"].startswith("✗ double(21): got 63")
 
 
 def test_short_errors_is_a_no_op_outside_ipython():

@@ -10,8 +10,14 @@ An exercise the student has not done yet ends in :class:`ExerciseNotDone` (a sub
 the student edition's stubs raise it (:func:`not_done`), and a check reads its inputs through
 :func:`require` first so that a stub left at ``None`` gives that sentence rather than a
 ``TypeError``. :func:`short_errors` makes IPython show these errors as that one line, without
-a traceback. When the environment variable ``PERFLAB_GRADE_LOG`` names a file, every check
-appends what it measured to it as one JSON object per line (``scripts/grade.py`` reads it).
+a traceback.
+
+Under the grader (``scripts/grade.py``) the environment variable ``PERFLAB_GRADE_LOG`` names the
+*ledger*, a pipe the grader reads, and this module appends one JSON object per line to it: what
+a check measured (:func:`record`), each check's verdict with the inputs it compared (so that the
+grader can re-check the comparison outside the student's process), and every
+:class:`ExerciseFailed` when it is created (so that a failure the student's code swallowed is
+still seen). Outside the grader nothing is written.
 """
 
 from __future__ import annotations
@@ -30,7 +36,15 @@ __all__ = ["answer_or_none", "check_choice", "check_close", "check_ratio_at_leas
 
 
 class ExerciseFailed(AssertionError):
-    """An exercise's answer is wrong; the message says what and, where possible, why."""
+    """An exercise's answer is wrong; the message says what and, where possible, why.
+
+    Creating one appends ``{"failed": <class name>, "message": ...}`` to the grader's ledger
+    (see the module docstring), whether or not it is then raised and caught.
+    """
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        _ledger({"failed": type(self).__name__, "message": str(args[0])[:500] if args else ""})
 
 
 class ExerciseNotDone(ExerciseFailed):
@@ -77,19 +91,42 @@ def answer_or_none(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return None
 
 
+def _ledger(entry: dict[str, Any]) -> None:
+    """Append ``entry`` as one JSON line to ``$PERFLAB_GRADE_LOG`` (the grader's ledger), if set."""
+    path = os.environ.get("PERFLAB_GRADE_LOG")
+    if not path:
+        return
+    with open(path, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON data (numbers, strings, booleans, None, short lists), else its ``repr``
+    wrapped as ``{"repr": ...}`` (which the grader does not try to re-check)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"repr": repr(value)}
+    if isinstance(value, (list, tuple)) and len(value) <= 1000 and depth < 3:
+        return [_plain(v, depth + 1) for v in value]
+    return {"repr": repr(value)[:200]}
+
+
+def _verdict(check: str, what: str, passed: bool, **inputs: Any) -> None:
+    """Append a check's verdict and the inputs it compared to the grader's ledger."""
+    _ledger({"check": check, "what": what, "passed": bool(passed),
+             "inputs": {k: _plain(v) for k, v in inputs.items()}})
+
+
 def record(what: str, value: Any) -> None:
-    """Append ``{"what": what, "value": value}`` to the file ``$PERFLAB_GRADE_LOG`` if it is set.
+    """Append ``{"what": what, "value": value}`` to the grader's ledger (``$PERFLAB_GRADE_LOG``).
 
     The grader collects these as each exercise's measured numbers; outside the grader this does
     nothing. Values that are not JSON numbers, strings or booleans are stored as their ``repr``.
     """
-    path = os.environ.get("PERFLAB_GRADE_LOG")
-    if not path:
-        return
     if not isinstance(value, (int, float, str, bool)) or isinstance(value, float) and not math.isfinite(value):
         value = repr(value)
-    with open(path, "a") as f:
-        f.write(json.dumps({"what": what, "value": value}) + "\n")
+    _ledger({"what": what, "value": value})
 
 
 def short_errors() -> bool:
@@ -154,7 +191,9 @@ def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: 
     g = _number(what, got)
     e = float(expected)
     record(what, g)
-    if math.isclose(g, e, rel_tol=rtol, abs_tol=0.0 if e else 1e-12):
+    passed = math.isclose(g, e, rel_tol=rtol, abs_tol=0.0 if e else 1e-12)
+    _verdict("close", what, passed, got=g, expected=e, rtol=rtol)
+    if passed:
         print(f"✓ {what}: {_fmt(g)} is right.")
         return True
     off = (g / e) if e else float("inf")
@@ -169,9 +208,12 @@ def check_choice(got: Any, expected: Any, what: str, choices: Iterable[Any] | No
         ExerciseFailed: wrong answer, or one that is not among ``choices``.
     """
     choices = list(choices) if choices is not None else None
-    if choices is not None and got not in choices:
+    valid = choices is None or got in choices
+    passed = valid and bool(got == expected)
+    _verdict("choice", what, passed, got=got, expected=expected, choices=choices)
+    if not valid:
         raise ExerciseFailed(f"✗ {what}: {got!r} is not one of {choices}.")
-    if got == expected:
+    if passed:
         print(f"✓ {what}: {got!r} is right.")
         return True
     raise ExerciseFailed(f"✗ {what}: got {got!r}, expected {expected!r}." + (f" Hint: {hint}" if hint else ""))
@@ -183,6 +225,7 @@ def check_true(condition: bool, passed: str, failed: str) -> bool:
     Raises:
         ExerciseFailed: ``condition`` is false.
     """
+    _verdict("true", passed, bool(condition), condition=bool(condition))
     if condition:
         print(f"✓ {passed}")
         return True
@@ -201,6 +244,7 @@ def check_ratio_at_least(numerator: float, denominator: float, minimum: float, w
         raise ExerciseFailed(f"✗ {what}: both measurements must be positive, got {_fmt(n)} and {_fmt(d)}.")
     ratio = n / d
     record(what, ratio)
+    _verdict("ratio_at_least", what, ratio >= minimum, numerator=n, denominator=d, minimum=minimum)
     if ratio >= minimum:
         print(f"✓ {what}: ratio {ratio:.3g} ≥ {minimum:.3g}.")
         return True

@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Sequence
 
-from perflab.labs.exercises import ExerciseFailed, _number, record
+from perflab.labs.exercises import ExerciseFailed, _number, _verdict, record
 
 __all__ = ["check_timer", "timer_tolerance"]
 
@@ -71,6 +71,7 @@ def check_timer(mine_s: Sequence[float], library_s: Sequence[float], what: str =
     inside = lambda r: 1 / (1 + tol) <= r <= 1 + tol
     if not inside(ratio) and inside(paired):
         ratio = paired
+    _verdict("timer", what, inside(ratio), mine_s=mine, library_s=lib)
     if inside(ratio):
         print(f"✓ {what} agrees with the reference timer: best of {len(ratios)} trials {ratio:.3f}x its time "
               f"(tolerance ±{tol:.0%} from their spread).")
