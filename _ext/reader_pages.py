@@ -37,6 +37,7 @@ import zipfile
 from pathlib import Path
 
 from docutils import nodes
+from sphinx import addnodes
 from sphinx.util import logging
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,12 @@ def search_keywords(text: str) -> list[str]:
 def add_search_keywords(app, doctree, docname) -> None:
     """doctree-resolved (after bibliographies and other late content are filled in, before
     the page is indexed): the page's synonyms as ``<meta name="keywords">`` (indexed, not shown)."""
-    words = search_keywords(doctree.astext())
+    text = [doctree.astext()]
+    for toctree in doctree.findall(addnodes.toctree):  # resolved (into the page's text) after this event
+        for title, ref in toctree.get("entries", []):
+            found = title or (app.env.titles[ref].astext() if ref in app.env.titles else "")
+            text.append(found)
+    words = search_keywords("\n".join(text))
     if not words:
         return
     meta = nodes.meta()
