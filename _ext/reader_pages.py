@@ -136,7 +136,7 @@ def add_search_keywords(app, doctree, docname) -> None:
 
 
 STUDENT_NOTE = ("Student edition: each exercise's solution is replaced by the place for your code "
-                "(perflab.exercises.not_done); the checks are kept. Download the course from the "
+                "(perflab.labs.exercises.not_done); the checks are kept. Download the course from the "
                 "download menu to run it.")
 
 

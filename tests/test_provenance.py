@@ -1,7 +1,7 @@
 import nbformat
 import pytest
 
-from perflab import provenance as P
+from perflab.record import provenance as P
 
 
 def _notebook_with_glue(tmp_path, values):
@@ -10,7 +10,7 @@ def _notebook_with_glue(tmp_path, values):
 
     nb = nbformat.v4.new_notebook()
     nb.cells.append(nbformat.v4.new_code_cell(
-        "from perflab.provenance import glue\n" +
+        "from perflab.record.provenance import glue\n" +
         "\n".join(f"glue({k!r}, {v!r})" for k, v in values.items())))
     NotebookClient(nb, timeout=60, kernel_name="python3").execute()
     path = tmp_path / "nb.ipynb"
@@ -40,7 +40,7 @@ def test_glue_converts_numpy_and_torch_scalars_and_rejects_bad_values(monkeypatc
 
 
 def test_code_sha256_depends_on_code_only():
-    from perflab.runs import code_sha256
+    from perflab.record.runs import code_sha256
 
     a = code_sha256(["x = 1", "print(x)"])
     assert a == code_sha256(["x = 1\n", "  print(x)"])
