@@ -13,10 +13,13 @@ git commit). At build time this extension turns it into what a reader sees:
   without a reference run gets a warning (so ``-W`` builds fail) rather than a silent page with no
   provenance. When the notebook's MyST source has changed since the run, the footer says so.
 * **A caption line under each figure and table** a notebook cell produced (image outputs and HTML
-  tables; a cell tagged ``provenance-caption`` gets one under its text output too): device,
-  torch version and date of the run, in the same words as the stamp that
-  :func:`perflab.record.plotting.finish` draws into each figure, and a link to the status page. One
-  caption per cell, after its last figure or table, however many the cell drew.
+  tables; a cell tagged ``provenance-caption`` gets one under its text output too): the device
+  that did the work (the cell's metadata ``perflab: {measured_on: host | gpu | gpus}``: the
+  host's CPU model and cores from ``reference_run.host``, one GPU of the run, or all of its
+  GPUs), torch version and date of the run, and a link to the status page. One caption per
+  cell, after its last figure or table, however many the cell drew; inside a numbered figure
+  (myst-nb's ``mystnb: {figure: {name, caption}}`` cell metadata) it goes under the figure's
+  caption. Figures carry no stamp of their own: this line is their provenance.
 * **The status page**: the ``provenance-status`` directive renders a table of every notebook in
   ``_toc.yml`` (chapters, labs, tools) with its device(s), driver, torch, date, duration and
   whether it is current with its source (``reference_run.source_sha256`` compared with
@@ -122,9 +125,11 @@ def host_words(run: dict) -> str:
     """The run's host CPU, e.g. ``"the host CPU, AMD EPYC 9654 (32 logical cores)"``, from
     ``reference_run.host`` (runs before that field existed: "model not recorded")."""
     host = run.get("host") or {}
-    model, cores = host.get("cpu"), host.get("logical_cores")
+    model, cores, usable = host.get("cpu"), host.get("logical_cores"), host.get("usable_cores")
     if not model:
         return "the host CPU (model not recorded by this run)"
+    if cores and usable and usable < cores:
+        return f"the host CPU, {model} ({usable} of its {cores} logical cores usable by the run)"
     return f"the host CPU, {model}" + (f" ({cores} logical cores)" if cores else "")
 
 

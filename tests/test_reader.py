@@ -41,6 +41,7 @@ import nbformat
 import pytest
 
 import reader_waiting
+from perflab.record.numbers import BAD_SHAPES
 from book_site import (_jupyter_book, chromium, internal_target, notebook_pages, probe, require_chromium,
                        serve)
 
@@ -103,15 +104,9 @@ def reader_text(page_html: str) -> str:
     return " ".join(" ".join(parser.chunks).split())
 
 
-# Shapes of numbers a person would not write (CONTRIBUTING.md, "Numbers"): each is a regular
-# expression over the text a reader reads, with what is wrong with it.
-# (The look-behinds keep identifiers out: "arXiv:1604.06174", versions, URLs.)
-NUMBER_SHAPES = {
-    "a zero that pretends to precision": r"(?<![\w.:/])[+\-−]?0\.0+\s?%",
-    "scientific notation": r"(?<![\w.:/])[+\-−]?\d+(?:\.\d+)?e[+\-−]\d{2,}(?![\w.])",
-    "a byte count in digits": r"(?<![\w.,:/])(?:\d{1,3}(?:,\d{3}){2,}|\d{7,})\s?(?:bytes|B)\b",
-    "more digits than a measurement has": r"(?<![\w.:/])\d+\.\d{5,}(?![\w.])",
-}
+# Shapes of numbers a person would not write (CONTRIBUTING.md, "Numbers"): one home, the
+# formatter's module, which never produces them.
+NUMBER_SHAPES = BAD_SHAPES
 _SHAPES = {name: re.compile(rx) for name, rx in NUMBER_SHAPES.items()}
 
 
@@ -712,5 +707,7 @@ def test_provenance_line_names_the_device_that_did_the_work():
     assert "measured on 2× NVIDIA H200" in provenance_pages.caption_text(run, ["figure"], "gpus")
     old = dict(run, host=None)
     assert "model not recorded" in provenance_pages.caption_text(old, ["figure"], "host")
+    boxed = dict(run, host={"cpu": "Intel Xeon 8480", "logical_cores": 16, "usable_cores": 4})
+    assert "(4 of its 16 logical cores usable by the run)" in provenance_pages.device_words(boxed, "host")
     single = dict(run, devices=["NVIDIA H200"])
     assert provenance_pages.device_words(single, "gpu") == "one NVIDIA H200"
