@@ -1,3 +1,4 @@
+from pathlib import Path
 import nbformat
 import pytest
 
@@ -75,3 +76,23 @@ def test_reference_run_reads_metadata(tmp_path):
     nb.metadata.pop("reference_run")
     nbformat.write(nb, path)
     assert P.reference_run(path) is None
+
+
+def test_artifacts_are_the_books_in_a_reference_run_and_scratch_removed_at_exit(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from perflab.record import provenance
+
+    monkeypatch.setenv(provenance.REFERENCE_RUN_ENV, "1")
+    monkeypatch.chdir(tmp_path)
+    assert provenance.artifacts("_static_chXX") == Path("_static_chXX")
+    assert (tmp_path / "_static_chXX").is_dir()
+    # elsewhere: a scratch folder that the process removes when it exits
+    code = ("from perflab.record import provenance; d = provenance.artifacts('_static_chXX', 'chXX_');"
+            "(d / 'trace.json').write_text('{}'); print(d)")
+    env = {k: v for k, v in __import__("os").environ.items() if k != provenance.REFERENCE_RUN_ENV}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=str(Path(__file__).resolve().parent.parent), check=True)
+    folder = Path(out.stdout.strip())
+    assert folder.name.startswith("chXX_") and not folder.exists()

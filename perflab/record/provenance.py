@@ -15,6 +15,7 @@ import math
 import numbers
 import os
 import platform
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from perflab.core import nvml
 from perflab.core.device import cpu_name, gpu_count
 
 __all__ = [
+    "artifacts",
     "environment",
     "host",
     "glue",
@@ -33,6 +35,35 @@ __all__ = [
 ]
 
 GLUE_PREFIX = "application/papermill.record/"
+
+#: Set by ``scripts/execute.py`` when it writes the book's reference run.
+REFERENCE_RUN_ENV = "PERFLAB_REFERENCE_RUN"
+_SCRATCH: list[tempfile.TemporaryDirectory] = []
+
+
+def artifacts(book_folder: str | os.PathLike, prefix: str = "perflab_") -> Path:
+    """Where a page writes files (traces, snapshots) for the book or only to read them back.
+
+    In the reference run (``scripts/execute.py`` sets ``PERFLAB_REFERENCE_RUN``) the files are
+    the book's: ``book_folder`` (relative to the notebook's folder, e.g. ``"_static_ch07"``),
+    created if needed. Anywhere else (tests, CI, a reader's kernel) they go to a fresh scratch
+    folder under the system's temporary folder (the clone's ``.cache/tmp`` under ``make`` or
+    pytest), **removed when the kernel exits**, so repeated runs leave nothing behind.
+
+    Args:
+        book_folder: the book's folder for these files, relative to the notebook.
+        prefix: the scratch folder's name prefix (e.g. ``"ch07_"``).
+
+    Returns:
+        the folder, which exists.
+    """
+    if os.environ.get(REFERENCE_RUN_ENV):
+        folder = Path(book_folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    scratch = tempfile.TemporaryDirectory(prefix=prefix)  # removed at exit (weakref finalizer)
+    _SCRATCH.append(scratch)
+    return Path(scratch.name)
 
 
 def host() -> dict[str, Any]:
