@@ -20,8 +20,8 @@ everybody else, with no extra dependency:
 * code between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` is dropped;
 * markdown between ``<!-- BEGIN SOLUTION -->`` and ``<!-- END SOLUTION -->`` is dropped.
 
-``--book DIR`` stages the student edition of the *book*: DIR gets the book's sources (linked,
-not copied) and, for each lab, its executed reference notebook as a student sees it
+``--book DIR`` stages the student edition of the *book*: DIR gets a copy of the book's sources
+(the extensions linked) and, for each lab, its executed reference notebook as a student sees it
 (:func:`student_reference`: solutions replaced by the same stubs, their outputs dropped, hidden
 tests and markdown solutions removed, the other cells' outputs and the run's provenance kept),
 the student sources the course download ships (``DIR/.student_labs/``) and a ``_config.yml``
@@ -147,20 +147,24 @@ def stage_book(dest: Path, root: Path = ROOT) -> Path:
     for item in sorted(root.iterdir()):
         if item.name in _NOT_STAGED:
             continue
-        link = dest / item.name
-        if link.is_symlink() or link.exists():
-            if link.is_dir() and not link.is_symlink():
-                shutil.rmtree(link)
-            else:
-                link.unlink()
-        link.symlink_to(item.resolve())
+        target = dest / item.name
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.is_dir():
+            shutil.rmtree(target)
+        if item.name == "_ext":  # linked: the extensions keep the clone's .cache (vendored MathJax)
+            target.symlink_to(item.resolve())
+        elif item.is_dir():   # copied: a page's paths (pending/, its run status) stay inside the staged book
+            shutil.copytree(item, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(item, target)
     labs, sources = dest / "labs", dest / ".student_labs"
     for folder in (labs, sources):
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
     for item in sorted((root / "labs").iterdir()):
-        if item.suffix != ".ipynb":  # the full sources (never rendered) and data files
-            (labs / item.name).symlink_to(item.resolve())
+        if item.suffix != ".ipynb" and item.is_file():  # the full sources (never rendered), data files
+            shutil.copy2(item, labs / item.name)
     for md in sorted((root / "labs").glob("*.md")):
         jupytext.write(student_notebook(md), sources / md.name, fmt="md:myst")
         if md.with_suffix(".ipynb").exists():

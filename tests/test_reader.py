@@ -328,8 +328,9 @@ def run_course_download(bundle: Path, tmp: Path, drop: str | None = None) -> sub
 def test_course_download_runs_a_chapter_on_cpu(build, tmp_path):
     proc = run_course_download(build.html / reader_pages.BUNDLE_NAME, tmp_path)
     assert proc.returncode == 0, f"chapter 1 did not run from the course download:\n{(proc.stdout + proc.stderr)[-3000:]}"
-    executed = tmp_path / "out" / Path(CHAPTER).with_suffix(".ipynb").name
-    nb = nbformat.read(executed, as_version=4)
+    executed = sorted((tmp_path / "out").rglob(Path(CHAPTER).with_suffix(".ipynb").name))
+    assert executed, f"execute.py wrote no notebook under {tmp_path / 'out'}"
+    nb = nbformat.read(executed[0], as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"], "a cell raised"
     assert any("image/png" in o.get("data", {}) for o in outputs), "the chapter drew no figure"
@@ -645,8 +646,9 @@ def test_student_reference_strips_solutions_and_keeps_checks(tmp_path):
     assert student.metadata["reference_run"] and student.metadata["student_edition"] is True
 
 
-def _small_book(tmp: Path, cells: list, run: dict) -> Path:
+def _small_book(tmp: Path, cells: list, run: dict, extra_config: str = "") -> Path:
     """A one-page book with this repository's extensions; returns its built page."""
+    tmp.mkdir(parents=True, exist_ok=True)
     nb = nbformat.v4.new_notebook()
     nb.cells = cells
     nb.metadata["reference_run"] = run
@@ -656,7 +658,7 @@ def _small_book(tmp: Path, cells: list, run: dict) -> Path:
     (tmp / "_config.yml").write_text(
         "title: t\nexecute:\n  execute_notebooks: 'off'\nsphinx:\n  local_extensions:\n"
         f"    provenance_pages: {ROOT / '_ext'}\n    reader_pages: {ROOT / '_ext'}\n"
-        "  config:\n    reader_bundle: false\n")
+        "  config:\n    reader_bundle: false\n" + extra_config)
     proc = subprocess.run([*_jupyter_book(), "build", str(tmp), "-W", "-n", "--keep-going"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -688,7 +690,8 @@ def test_figure_convention_gives_a_numbered_figure_that_names_its_device(tmp_pat
     run = {"devices": ["NVIDIA H200", "NVIDIA H200"], "cuda": "13.0", "torch": "2.11.0", "python": "3.12",
            "started": "2026-12-01T10:00:00Z", "host": {"cpu": "AMD EPYC 9654", "logical_cores": 32}}
     page = _small_book(tmp_path, [
-        nbformat.v4.new_markdown_cell("# A page\n\n{numref}`fig-ch99-loader` and {numref}`fig-ch99-step`."),
+        nbformat.v4.new_markdown_cell("# A page\n\n{numref}`fig-ch99-loader` and {numref}`fig-ch99-step`. "
+                                      "Read {book-pdf}`the book as one PDF`."),
         figure_cell("fig-ch99-loader", "Images per second of the DataLoader against its workers.", "host"),
         figure_cell("fig-ch99-step", "Milliseconds per training step, eager and compiled.", "gpu"),
     ], run).read_text(encoding="utf-8")
@@ -697,6 +700,8 @@ def test_figure_convention_gives_a_numbered_figure_that_names_its_device(tmp_pat
     assert "measured on the host CPU, AMD EPYC 9654 (32 logical cores)" in page
     assert "measured on one NVIDIA H200 (one of the run" in page
     assert 'alt="Images per second of the DataLoader' in page
+    # no PDF built for this book: the role says how to get one instead of linking a missing file
+    assert "make pdf" in page and reader_pages.PDF_NAME not in page
 
 
 def test_provenance_line_names_the_device_that_did_the_work():
@@ -711,3 +716,28 @@ def test_provenance_line_names_the_device_that_did_the_work():
     assert "(4 of its 16 logical cores usable by the run)" in provenance_pages.device_words(boxed, "host")
     single = dict(run, devices=["NVIDIA H200"])
     assert provenance_pages.device_words(single, "gpu") == "one NVIDIA H200"
+
+
+def test_the_pdf_is_linked_when_built(tmp_path):
+    """The front page's {book-pdf} role links the published PDF when make pdf has built one
+    (the file is copied into the build); without one it explains (the figure test above)."""
+    cells = [nbformat.v4.new_markdown_cell("# A page\n\nRead {book-pdf}`the book as one PDF`.")]
+    run = {"devices": ["NVIDIA H200"], "cuda": "13.0", "torch": "2.11.0", "started": "2026-12-01T10:00:00Z"}
+    pdf = tmp_path / "book.pdf"
+    pdf.write_bytes(b"%PDF-1.4 a stand-in\n")
+    page = _small_book(tmp_path / "book", cells, run, extra_config=f"    reader_pdf: {pdf}\n")
+    html = page.read_text(encoding="utf-8")
+    assert f'href="{reader_pages.PDF_NAME}"' in html and "make pdf" not in html
+    assert (page.parent / reader_pages.PDF_NAME).read_bytes() == pdf.read_bytes()
+
+
+def test_book_pdf_prints_a_page_offline(tmp_path):
+    """scripts/book_pdf.py's printing step (the whole book takes a minute; one page shows it)."""
+    require_chromium()
+    import book_pdf
+
+    (tmp_path / "html").mkdir()
+    (tmp_path / "html" / "index.html").write_text(
+        "<html><body><h1>A book</h1>" + "<p>Prose. </p>" * 200 + "</body></html>")
+    out = book_pdf.print_pdf(book_pdf.find_chromium(), tmp_path / "html", tmp_path / "book.pdf", budget_ms=2000)
+    assert out.read_bytes()[:5] == b"%PDF-"
