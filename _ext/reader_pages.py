@@ -156,6 +156,13 @@ def mark_student_edition(app, doctree) -> None:
     sections = list(doctree.findall(nodes.section))
     host = sections[0] if sections else doctree
     at = 1 if host.children and isinstance(host.children[0], nodes.title) else 0
+    # after the run's badge and its warning (provenance_pages), which come first on every page
+    def provenance(node) -> bool:
+        return isinstance(node, nodes.warning) or (isinstance(node, nodes.Element)
+                                                   and "provenance-badge" in node.get("classes", []))
+
+    while at < len(host.children) and provenance(host.children[at]):
+        at += 1
     host.insert(at, note)
 
 
