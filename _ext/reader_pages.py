@@ -268,8 +268,9 @@ def _file_role(kind: str):
             env.reader_pdf_docs.add(env.docname)
         if kind == "pdf" and _pdf_source(app) is None:
             # no PDF built: say how to get one rather than link to a missing file
-            node = nodes.inline("", f"{text} (not in this build: `make pdf` prints it)",
-                                classes=["reader-missing-pdf"])
+            node = nodes.inline("", "", classes=["reader-missing-pdf"])
+            node += [nodes.Text(f"{text} (not in this build: "), nodes.literal("", "make pdf"),
+                     nodes.Text(" prints it)")]
             return [node], []
         target = BUNDLE_NAME if kind == "bundle" else PDF_NAME
         ref = nodes.reference(rawtext, text, refuri=_to_root(env.docname) + target,
