@@ -1,7 +1,7 @@
 """The built book as a reader sees it: build it once, then open every page in headless Chromium.
 
-The session fixture builds the book with ``jupyter-book build . --all -W -n --keep-going`` into a
-temporary folder (a fresh build, so every page's warnings are reported, and nobody else's
+The session fixtures (``tests/book_site.py``, shared with ``tests/test_reader.py``) build the book
+with ``jupyter-book build . --all -W -n --keep-going`` into a temporary folder (a fresh build, so every page's warnings are reported, and nobody else's
 ``_build`` is touched), serves it over HTTP on 127.0.0.1 (as a reader gets it: ``file://`` pages
 cannot fetch, so search would fail for the wrong reason) and loads every HTML page in Debian's
 ``chromium`` with ``--dump-dom``. The tests then fail on
