@@ -20,7 +20,7 @@ export IPYTHONDIR := $(CACHE)/ipython
 export JUPYTER_RUNTIME_DIR := $(CACHE)/jupyter_runtime
 $(shell mkdir -p $(TMPDIR))
 
-.PHONY: book test student clean
+.PHONY: book book-student pdf test student clean
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,17 @@ $(BIN)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 book: $(BIN)/.installed          ## build the HTML book from the executed notebooks -> _build/html
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	@echo "open _build/html/index.html"
+
+book-student: $(BIN)/.installed  ## the book with the labs' student editions (no solutions) -> _build/html-student
+	$(BIN)/python scripts/make_student.py --book $(CACHE)/student-book
+	$(BIN)/jupyter-book build $(CACHE)/student-book -W -n --keep-going
+	rm -rf _build/html-student && mkdir -p _build && cp -r $(CACHE)/student-book/_build/html _build/html-student
+	@echo "open _build/html-student/index.html"
+
+pdf: $(BIN)/.installed           ## the whole book as one PDF (headless Chromium) -> _build/pdf/, linked by the HTML book
+	$(BIN)/python scripts/book_pdf.py
+	$(BIN)/jupyter-book build . -W -n --keep-going
+	@echo "open _build/pdf/pytorch-performance-course.pdf (the HTML book links it)"
 
 test: $(BIN)/.installed          ## unit tests, notebooks on this machine (nbval), reference-run check, book build
 	$(BIN)/python -m pytest

@@ -13,10 +13,13 @@ git commit). At build time this extension turns it into what a reader sees:
   without a reference run gets a warning (so ``-W`` builds fail) rather than a silent page with no
   provenance. When the notebook's MyST source has changed since the run, the footer says so.
 * **A caption line under each figure and table** a notebook cell produced (image outputs and HTML
-  tables; a cell tagged ``provenance-caption`` gets one under its text output too): device,
-  torch version and date of the run, in the same words as the stamp that
-  :func:`perflab.record.plotting.finish` draws into each figure, and a link to the status page. One
-  caption per cell, after its last figure or table, however many the cell drew.
+  tables; a cell tagged ``provenance-caption`` gets one under its text output too): the device
+  that did the work (the cell's metadata ``perflab: {measured_on: host | gpu | gpus}``: the
+  host's CPU model and cores from ``reference_run.host``, one GPU of the run, or all of its
+  GPUs), torch version and date of the run, and a link to the status page. One caption per
+  cell, after its last figure or table, however many the cell drew; inside a numbered figure
+  (myst-nb's ``mystnb: {figure: {name, caption}}`` cell metadata) it goes under the figure's
+  caption. Figures carry no stamp of their own: this line is their provenance.
 * **The status page**: the ``provenance-status`` directive renders a table of every notebook in
   ``_toc.yml`` (chapters, labs, tools) with its device(s), driver, torch, date, duration and
   whether it is current with its source (``reference_run.source_sha256`` compared with
@@ -115,16 +118,49 @@ def describe_run(run: dict) -> str:
     return text
 
 
-def caption_text(run: dict, kinds: list[str]) -> str:
-    """The caption line under a cell's figure(s)/table(s), e.g.
-    ``"Figure: 2× NVIDIA H200 · torch 2.11.0+cu130 · 2026-11-30"``.
+MEASURED_ON = ("host", "gpu", "gpus")
 
-    Same words as :func:`perflab.record.provenance.caption` (the stamp drawn into each figure at run
-    time), so caption and stamp can be compared at a glance.
+
+def host_words(run: dict) -> str:
+    """The run's host CPU, e.g. ``"the host CPU, AMD EPYC 9654 (32 logical cores)"``, from
+    ``reference_run.host`` (runs before that field existed: "model not recorded")."""
+    host = run.get("host") or {}
+    model, cores, usable = host.get("cpu"), host.get("logical_cores"), host.get("usable_cores")
+    if not model:
+        return "the host CPU (model not recorded by this run)"
+    if cores and usable and usable < cores:
+        return f"the host CPU, {model} ({usable} of its {cores} logical cores usable by the run)"
+    return f"the host CPU, {model}" + (f" ({cores} logical cores)" if cores else "")
+
+
+def device_words(run: dict, measured_on: str | None) -> str:
+    """The device that did the work a figure or table shows, from the cell's
+    ``perflab: {measured_on: host | gpu | gpus}``: the host CPU, one GPU of the run, or all of
+    its GPUs; without ``measured_on``, the run's devices (which may not be the right ones)."""
+    devices = list(run.get("devices") or [])
+    if measured_on == "host":
+        return host_words(run)
+    if measured_on == "gpu":
+        if not devices or not is_gpu_run(run):
+            return f"{short_devices(devices)} (the run had no GPU)"
+        more = f" (one of the run's {len(devices)})" if len(devices) > 1 else ""
+        return f"one {devices[0]}{more}"
+    return short_devices(devices)
+
+
+def caption_text(run: dict, kinds: list[str], measured_on: str | None = None) -> str:
+    """The provenance line under a cell's figure(s)/table(s), e.g.
+    ``"Figure measured on one NVIDIA H200 (one of the run's 2) · torch 2.11.0+cu130 · 2026-11-30"``
+    (see :func:`device_words`); without ``measured_on``, the older
+    ``"Figure: 2× NVIDIA H200 · torch ... · date"``.
     """
     label = " and ".join(dict.fromkeys(kinds)) or "Output"
     label = label[0].upper() + label[1:]
-    text = f"{label}: {short_devices(run.get('devices'))} · torch {run.get('torch', '?')} · {run_date(run)}"
+    if measured_on in MEASURED_ON:
+        head = f"{label} measured on {device_words(run, measured_on)}"
+    else:
+        head = f"{label}: {short_devices(run.get('devices'))}"
+    text = f"{head} · torch {run.get('torch', '?')} · {run_date(run)}"
     if not is_gpu_run(run):
         text += " · not a GPU reference run"
     return text
@@ -235,10 +271,22 @@ def _output_kinds(bundle: nodes.Element) -> list[str]:
     return []
 
 
+def _measured_on(app, cell) -> str | None:
+    """The cell's ``perflab: {measured_on: ...}`` (None when absent; a warning when unknown)."""
+    meta = (cell.get("cell_metadata") or {}).get("perflab") or {}
+    value = meta.get("measured_on") if isinstance(meta, dict) else None
+    if value is not None and value not in MEASURED_ON:
+        logger.warning(f"cell metadata perflab.measured_on is {value!r}; expected one of {MEASURED_ON}",
+                       location=cell)
+        return None
+    return value
+
+
 def _add_captions(app, doctree, run: dict) -> int:
     added = 0
     for cell in list(doctree.findall(lambda n: isinstance(n, nodes.container)
                                      and n.get("nb_element") == "cell_code")):
+        measured_on = _measured_on(app, cell)
         for output in list(cell.findall(lambda n: isinstance(n, nodes.container)
                                         and n.get("nb_element") == "cell_code_output")):
             kinds: list[str] = []
@@ -254,13 +302,19 @@ def _add_captions(app, doctree, run: dict) -> int:
                 last = output.children[-1]
             if last is None:
                 continue
-            # after the figure node that wraps the output, if any; else after the output itself
+            para = nodes.paragraph("", "", classes=["provenance-caption"])
+            para += nodes.Text(caption_text(run, kinds, measured_on) + " · ")
+            para += _status_link(app, "run status")
+            # a numbered figure (myst-nb's cell metadata mystnb.figure): the line goes inside
+            # it, under its caption; else after the output that holds the figure or table
+            figure = last.parent if isinstance(last.parent, nodes.figure) else None
+            if figure is not None:
+                figure += nodes.legend("", para)
+                added += 1
+                continue
             anchor = last
             while anchor.parent is not output and anchor.parent is not None:
                 anchor = anchor.parent
-            para = nodes.paragraph("", "", classes=["provenance-caption"])
-            para += nodes.Text(caption_text(run, kinds) + " · ")
-            para += _status_link(app, "run status")
             output.insert(output.index(anchor) + 1, para)
             added += 1
     return added

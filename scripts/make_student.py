@@ -4,6 +4,8 @@
     python scripts/make_student.py                 # every labs/*.md -> student/labs/*.ipynb,
                                                    # and the reference runs -> student/book/
     python scripts/make_student.py labs/01_roofline.md -o /tmp/out
+    python scripts/make_student.py --book DIR      # the book's sources with student labs, in DIR
+                                                   # (make book-student builds them)
 
 The labs use nbgrader's markers, so instructors who already use nbgrader can run
 ``nbgrader generate_assignment`` on the ``.ipynb`` instead; this script does the same for
@@ -17,6 +19,15 @@ everybody else, with no extra dependency:
   they exist in the student edition too;
 * code between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` is dropped;
 * markdown between ``<!-- BEGIN SOLUTION -->`` and ``<!-- END SOLUTION -->`` is dropped.
+
+``--book DIR`` stages the student edition of the *book*: DIR gets a copy of the book's sources
+(the extensions linked) and, for each lab, its executed reference notebook as a student sees it
+(:func:`student_reference`: solutions replaced by the same stubs, their outputs dropped, hidden
+tests and markdown solutions removed, the other cells' outputs and the run's provenance kept),
+the student sources the course download ships (``DIR/.student_labs/``) and a ``_config.yml``
+that says so (``reader_edition: student``). The lab sources stay the full ones, outside the
+book (Sphinx reads only the ``.ipynb``), so each page's run status is still decided against the
+source that ran.
 
 A missing path or a file that is not a MyST notebook: one line on stderr, exit 2.
 """
@@ -93,11 +104,101 @@ def student_notebook(md: Path) -> nbformat.NotebookNode:
     return nb
 
 
+def student_reference(ipynb: Path) -> nbformat.NotebookNode:
+    """A lab's executed reference notebook as the student edition of the book shows it.
+
+    Code cells get :func:`strip_code` (solutions become stubs, hidden tests go); a cell that held
+    a solution keeps only its glued values (which print nothing; the prose may quote them) and
+    no other output; markdown solutions are removed; ``hide-input`` is dropped from solution
+    cells (the stub is what a student needs to see). ``metadata.reference_run`` is kept and
+    ``metadata.student_edition`` set to True.
+    """
+    nb = nbformat.read(ipynb, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            stripped = strip_code(cell.source, exercise_number(grade_id))
+            if _CODE_SOLUTION.search(cell.source):
+                cell.outputs = [o for o in cell.get("outputs", [])
+                                if o.get("metadata", {}).get("scrapbook")]
+                tags = [t for t in cell.get("metadata", {}).get("tags", []) if t != "hide-input"]
+                if "tags" in cell.metadata:
+                    cell.metadata["tags"] = tags
+            cell.source = stripped
+        elif cell.cell_type == "markdown":
+            cell.source = _MD_SOLUTION.sub("", cell.source)
+    nb.metadata["student_edition"] = True
+    return nb
+
+
+# what --book does not link into the staged sources (build outputs, environments, the labs)
+_NOT_STAGED = {".git", ".venv", "_build", ".cache", "student", ".whl", ".tools", ".pytest_cache", ".ci", "tests",
+               "conftest.py",
+               "__pycache__", "labs", "_config.yml", "conf.py"}
+
+
+def stage_book(dest: Path, root: Path = ROOT) -> Path:
+    """Stage the book's student edition in ``dest`` (see the module docstring); returns ``dest``.
+
+    Raises:
+        ValueError: ``dest`` is the repository itself or holds it.
+    """
+    import yaml  # the book's configuration (PyYAML comes with jupyter-book)
+
+    dest = dest.resolve()
+    if dest == root.resolve() or root.resolve().is_relative_to(dest):
+        raise ValueError(f"--book {dest}: stage the student book outside the repository's own sources")
+    dest.mkdir(parents=True, exist_ok=True)
+    for item in sorted(root.iterdir()):
+        if item.name in _NOT_STAGED:
+            continue
+        target = dest / item.name
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.is_dir():
+            shutil.rmtree(target)
+        if item.name == "_ext":  # linked: the extensions keep the clone's .cache (vendored MathJax)
+            target.symlink_to(item.resolve())
+        elif item.is_dir():   # copied: a page's paths (pending/, its run status) stay inside the staged book
+            shutil.copytree(item, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(item, target)
+    labs, sources = dest / "labs", dest / ".student_labs"
+    for folder in (labs, sources):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+    for item in sorted((root / "labs").iterdir()):
+        if item.suffix != ".ipynb" and item.is_file():  # the full sources (never rendered), data files
+            shutil.copy2(item, labs / item.name)
+    for md in sorted((root / "labs").glob("*.md")):
+        jupytext.write(student_notebook(md), sources / md.name, fmt="md:myst")
+        if md.with_suffix(".ipynb").exists():
+            nbformat.write(student_reference(md.with_suffix(".ipynb")), labs / f"{md.stem}.ipynb")
+    config = yaml.safe_load((root / "_config.yml").read_text(encoding="utf-8"))
+    config["title"] = f"{config.get('title', 'The book')} (student edition)"
+    extra = config.setdefault("sphinx", {}).setdefault("config", {})
+    extra["reader_edition"] = "student"
+    extra["reader_student_sources"] = str(sources)
+    config.setdefault("exclude_patterns", []).append(".student_labs")
+    (dest / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True),
+                                      encoding="utf-8")
+    return dest
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write student versions of the labs.")
     parser.add_argument("paths", nargs="*", help="lab sources (.md); default: labs/*.md")
     parser.add_argument("-o", "--out", default=str(ROOT / "student" / "labs"), help="output folder")
+    parser.add_argument("--book", type=Path, default=None, metavar="DIR",
+                        help="stage the student edition of the book's sources in DIR instead")
     args = parser.parse_args(argv)
+    if args.book is not None:
+        try:
+            print(f"student edition of the book staged in {stage_book(args.book)}")
+        except ValueError as err:
+            print(f"make_student.py: {err}", file=sys.stderr)
+            return 2
+        return 0
     paths = [Path(p) for p in args.paths] or sorted((ROOT / "labs").glob("*.md"))
     out = Path(args.out)
     for p in paths:

@@ -48,6 +48,9 @@ OPTIONAL_IMPORTS = {
     "machine/explorer.py": {"ipywidgets"},               # the `book` extra
     "record/provenance.py": {"myst_nb"},                 # the `book` extra
     "record/formatting.py": {"IPython.display"},         # a live kernel
+    "record/plotting.py": {"IPython", "IPython.display",  # a live kernel (inline figures)
+                           "matplotlib_inline.backend_inline"},
+    "record/tables.py": {"IPython.display"},             # a live kernel
 }
 
 CLOCKS = {"perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic", "monotonic_ns",

@@ -20,6 +20,18 @@ def test_claim_glues_the_sentence_the_data_supports(glued):
     assert claims.claim("np", np.float64(1) < np.float64(2), "yes", "no") == "yes"
 
 
+def test_a_claim_on_a_cell_s_last_line_shows_nothing(glued):
+    """The sentence is glued (the prose quotes it) and returned, but a notebook displays nothing
+    for it: it appears once on the page."""
+    from IPython.core.formatters import DisplayFormatter
+
+    sentence = claims.claim("fused", True, "faster", "slower")
+    assert isinstance(sentence, str) and sentence == "faster" and type(glued["fused"]) is str
+    shown = DisplayFormatter().format(sentence)
+    assert shown == ({}, {}), f"IPython would display the claim: {shown}"
+    assert DisplayFormatter().format("a plain str")[0], "the check would not see a displayed str"
+
+
 def test_expect_records_true_and_false(glued, capsys):
     # None, so a cell ending in expect(...) prints no stray True on the page
     assert claims.expect("knee_in_range", True, "the knee lies between 32 and 64") is None

@@ -139,7 +139,7 @@ def test_figures_draw_roofs_points_and_the_prediction():
     ref = E.reference_machine({"copy_bandwidth_TBps": 2.0, "matmul_tflops_fp32": 5.0, "roofline_knee_repeat": 40})
     point = E.MeasuredPoint("matmul n=30", "fp32", 20.0, 4e12, None, 30)
     ex = E.RooflineExplorer([toy(points=(point,)), *E.datasheet_machines()], precision="fp32", reference=ref)
-    fig = ex.figure(precisions=["fp32", "bf16"], stamp=False)
+    fig = ex.figure(precisions=["fp32", "bf16"])
     try:
         assert len(fig.axes) == 2
         labels = [line.get_label() for line in fig.axes[0].lines]
@@ -151,7 +151,7 @@ def test_figures_draw_roofs_points_and_the_prediction():
         assert any(label.startswith("prediction at") for label in labels)
     finally:
         plt.close(fig)
-    fig = ex.compare_figure(["fp32", "bf16"], stamp=False)
+    fig = ex.compare_figure(["fp32", "bf16"])
     try:
         bf16_labels = [line.get_label() for line in fig.axes[1].lines]
         assert any("V100" in label and "fp16" in label for label in bf16_labels)   # drawn in bf16's place

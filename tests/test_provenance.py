@@ -48,11 +48,23 @@ def test_code_sha256_depends_on_code_only():
     assert a != code_sha256(["x = 2", "print(x)"])
 
 
-def test_environment_and_caption():
+def test_environment_names_the_host_cpu():
     env = P.environment()
     assert env["devices"] and env["torch"] and env["python"]
-    cap = P.caption({"devices": ["NVIDIA H200", "NVIDIA H200"], "torch": "2.11.0"}, date="2026-11-29")
-    assert cap == "2× NVIDIA H200 · torch 2.11.0 · 2026-11-29"
+    host = env["host"]
+    assert host["cpu"] == env["cpu"] and host["logical_cores"] >= host["usable_cores"] >= 1
+
+
+def test_reference_run_records_the_host_and_reads_runs_without_it():
+    from perflab.record.runs import ReferenceRun
+
+    run = ReferenceRun.now("2026-12-01T00:00:00Z", 1.0, "abc", None)
+    meta = run.as_metadata()
+    assert meta["host"]["cpu"] and meta["host"]["logical_cores"] >= 1
+    assert ReferenceRun.from_metadata(meta).host == meta["host"]
+    older = {k: v for k, v in meta.items() if k != "host"}          # a run before the field
+    assert ReferenceRun.from_metadata(older).host is None
+    assert "host" not in ReferenceRun.from_metadata(older).as_metadata()
 
 
 def test_reference_run_reads_metadata(tmp_path):

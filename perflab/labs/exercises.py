@@ -29,6 +29,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from perflab.record.numbers import fmt
+
 
 __all__ = ["answer_or_none", "check_choice", "check_close", "check_ratio_at_least", "check_true",
            "ExerciseFailed", "ExerciseNotDone", "lab_needs", "not_done", "overlay_table", "record",
@@ -153,16 +155,11 @@ def short_errors() -> bool:
 
 
 def _fmt(x: Any) -> str:
-    """A number as a reader writes it: four significant digits, thousands separated, never an
-    exponent below 1e15 (``680,400,000``, not ``6.804e+08``)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return repr(x)
-    if not math.isfinite(x) or x == 0:
-        return repr(float(x)) if isinstance(x, float) else repr(x)
-    if abs(x) >= 1e15 or abs(x) < 1e-6:
-        return f"{x:.4g}"
-    decimals = max(0, 3 - math.floor(math.log10(abs(x))))
-    return f"{round(x, 3 - math.floor(math.log10(abs(x)))):,.{decimals}f}"
+    """A number in a check's sentence, as a person writes it (four significant digits, no
+    scientific notation: ``137.4B``, ``0.0042``)."""
+    if isinstance(x, float) and math.isfinite(x):
+        return fmt(x, sig=4)
+    return repr(x)
 
 
 def _number(name: str, value: Any) -> float:
@@ -196,8 +193,8 @@ def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: 
     if passed:
         print(f"✓ {what}: {_fmt(g)} is right.")
         return True
-    off = (g / e) if e else float("inf")
-    msg = f"✗ {what}: got {_fmt(g)}, expected {_fmt(e)} (±{rtol:.0%}); yours is {off:.3g}x the answer."
+    off = _ratio(g / e) if e else "infinitely many times"
+    msg = f"✗ {what}: got {_fmt(g)}, expected {_fmt(e)} (±{rtol:.0%}); yours is {off}x the answer."
     raise ExerciseFailed(msg + (f" Hint: {hint}" if hint else ""))
 
 
@@ -246,9 +243,9 @@ def check_ratio_at_least(numerator: float, denominator: float, minimum: float, w
     record(what, ratio)
     _verdict("ratio_at_least", what, ratio >= minimum, numerator=n, denominator=d, minimum=minimum)
     if ratio >= minimum:
-        print(f"✓ {what}: ratio {ratio:.3g} ≥ {minimum:.3g}.")
+        print(f"✓ {what}: ratio {_ratio(ratio)} ≥ {_ratio(minimum)}.")
         return True
-    raise ExerciseFailed(f"✗ {what}: ratio {ratio:.3g} is below the required {minimum:.3g}.")
+    raise ExerciseFailed(f"✗ {what}: ratio {_ratio(ratio)} is below the required {_ratio(minimum)}.")
 
 
 def lab_needs(md: str | os.PathLike, cpu_runs: dict | None = None) -> dict[str, Any]:
@@ -315,11 +312,8 @@ def reference_devices(run: dict | None) -> str:
 
 
 def _ratio(q: float) -> str:
-    if q == 0:
-        return "0"
-    if 0.01 <= abs(q) < 1000:
-        return f"{q:.3g}"
-    return f"{q:.1e}"
+    """A ratio with three significant digits, never rounded to a bare zero (``<0.0001``)."""
+    return fmt(q, sig=3)
 
 
 _NO_HEADER = object()
@@ -329,8 +323,9 @@ def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]],
                   reference_run: Any = _NO_HEADER) -> str:
     """A plain-text table of ``(quantity, yours, reference, unit)`` with the ratio yours/reference.
 
-    Missing values print as ``—``; ratios keep three significant digits (``0.0042`` prints as
-    ``4.2e-03``, never as ``0.00``). Returns the table as a string (print it).
+    Missing values print as ``—``; values keep four significant digits and ratios three, written
+    by :func:`perflab.record.numbers.fmt` (``0.0042``, ``137.4B``; never ``0.00`` or ``4.2e-03``).
+    Returns the table as a string (print it).
 
     Args:
         rows: ``(quantity, yours, reference, unit)`` tuples.
@@ -343,8 +338,8 @@ def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]],
         lines += [f"reference: {reference_devices(reference_run)}", ""]
     lines.append(f"{'quantity':38s} {'yours':>12s} {'reference':>12s} {'ratio':>8s}  unit")
     for name, mine, ref, unit in rows:
-        m = "—" if mine is None else f"{mine:.4g}"
-        r = "—" if ref is None else f"{ref:.4g}"
+        m = "—" if mine is None else fmt(mine, sig=4)
+        r = "—" if ref is None else fmt(ref, sig=4)
         q = "—" if (mine is None or not ref) else _ratio(mine / ref)
         lines.append(f"{name:38s} {m:>12s} {r:>12s} {q:>8s}  {unit}")
     return "\n".join(lines)

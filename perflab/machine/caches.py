@@ -35,7 +35,7 @@ from perflab.core.progress import progress as show_progress
 from perflab.core.timing import benchmark
 from perflab.core.validate import integer, positive_int
 from perflab.profiling.trace import device_seconds_per_call
-from perflab.record.plotting import finish
+from perflab.record.plotting import style
 
 __all__ = [
     "FixedCostFit",
@@ -366,7 +366,8 @@ def plot_working_set(
         steps: capacities read back from the curve (:func:`find_steps`): dotted vertical lines.
         unit, unit_label: the y axis is ``bytes_per_s / unit``, labelled ``unit_label``.
 
-    Returns the matplotlib Figure (laid out and stamped by :func:`perflab.record.plotting.finish`).
+    Returns the matplotlib Figure, in the book's style (:func:`perflab.record.plotting.style`); a
+    page shows it with :func:`perflab.record.plotting.finish`.
     """
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for i, (label, points) in enumerate(curves.items()):
@@ -387,4 +388,4 @@ def plot_working_set(
     ax.set(xlabel="working set (bytes, log scale)", ylabel=f"read bandwidth ({unit_label})", title=title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
-    return finish(fig)
+    return style(fig)

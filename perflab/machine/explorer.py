@@ -35,7 +35,7 @@ from perflab.core.progress import progress as show_progress
 from perflab.core.validate import integers, positive, positive_int
 from perflab.machine import roofline
 from perflab.machine.datasheets import DATASHEETS
-from perflab.record.plotting import finish
+from perflab.record.plotting import style
 
 __all__ = [
     "PRECISIONS",
@@ -431,7 +431,7 @@ class RooflineExplorer:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
 
-    def figure(self, precisions: Sequence[str] | None = None, stamp: bool = True):
+    def figure(self, precisions: Sequence[str] | None = None):
         """A static figure of the selected device: one panel per precision (default: the
         selected one), stacked, each with its roofline, measured points, the reference run's measured
         roofs and the selected intensity's prediction. Returns the matplotlib Figure."""
@@ -442,9 +442,9 @@ class RooflineExplorer:
         for ax, p in zip(axes[:, 0], precisions):
             self.draw(ax, p)
             ax.set_title(f"{self.machine.name}\n{PRECISIONS[p][0]}", fontsize=10)
-        return finish(fig, stamp=stamp)
+        return style(fig, legend="keep")  # each panel keeps its own legend, under it
 
-    def compare_figure(self, precisions: Sequence[str], machines: Sequence[str] | None = None, stamp: bool = True):
+    def compare_figure(self, precisions: Sequence[str], machines: Sequence[str] | None = None):
         """Several devices' rooflines on shared axes, one panel per precision (stacked): the static view
         of the device menu. A device without a roof for a panel's precision is drawn with its
         :data:`SUBSTITUTES` precision if it has that (a V100 has fp16 where later GPUs have
@@ -482,7 +482,7 @@ class RooflineExplorer:
                    title=f"{PRECISIONS[p][0]} (dots: ridge points)")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
-        return finish(fig, stamp=stamp)
+        return style(fig, legend="keep")  # each panel keeps its own legend, under it
 
     def widget(self):
         """The explorer as ipywidgets (needs a live Jupyter kernel to respond): an intensity

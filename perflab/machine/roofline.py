@@ -32,7 +32,7 @@ from perflab.core.timing import benchmark
 from perflab.core.validate import integer, positive, positive_int
 from perflab.machine.costs import Cost, arithmetic_intensity, elementwise_cost, matmul_cost
 from perflab.profiling.trace import kernels_per_call
-from perflab.record.plotting import finish
+from perflab.record.plotting import style
 
 __all__ = [
     "Cost",
@@ -496,7 +496,7 @@ def plot_sweep(
     if knee_predicted or knee_measured:
         axes[0].text(0.02, 0.95, "dotted: predicted knee\ndash-dot: measured knee",
                      transform=axes[0].transAxes, va="top", fontsize=8)
-    return finish(fig)
+    return style(fig)
 
 
 def plot_roofline(
@@ -537,4 +537,4 @@ def plot_roofline(
            ylabel="TFLOP/s", title="roofline")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    return finish(fig)
+    return style(fig)

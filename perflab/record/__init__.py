@@ -1,5 +1,6 @@
 """perflab.record: Where numbers come from and where they go: provenance and glue, reference runs
-as data, the run's ceilings, claims checked against data, figure stamps."""
+as data, the run's ceilings, claims checked against data, the plot style, numbers as a person
+writes them, tables in one call."""
 
 from perflab import _submodules
 

@@ -30,7 +30,8 @@ import numpy as np
 from perflab.record.formatting import sig
 from perflab.record.provenance import glue, read_glued
 
-__all__ = ["EXPECT_PREFIX", "claim", "compare", "expect", "failed_expectations", "relation"]
+__all__ = ["EXPECT_PREFIX", "Sentence", "claim", "compare", "expect", "failed_expectations",
+           "relation"]
 
 EXPECT_PREFIX = "expect_"
 
@@ -48,8 +49,23 @@ def _as_bool(holds: Any) -> bool:
     return bool(holds)
 
 
-def claim(name: str, holds: bool, if_true: str, if_false: str) -> str:
+class Sentence(str):
+    """A claim's sentence: a ``str`` that a notebook does not display on its own.
+
+    A cell ending in ``claim(...)`` would otherwise show the sentence as the cell's result, and
+    the reader would read it twice: there, and where the prose quotes it. ``print`` it (or put
+    it in a Markdown output) to show it on purpose.
+    """
+
+    def _ipython_display_(self) -> None:
+        return None
+
+
+def claim(name: str, holds: bool, if_true: str, if_false: str) -> Sentence:
     """Glue, under ``name``, the sentence the data supports, and return it.
+
+    The prose quotes it with ``{glue:text}`name```; the returned :class:`Sentence` shows nothing
+    on a cell's last line, so the sentence appears once on the page.
 
     Args:
         name: glue name (a Python identifier).
@@ -63,8 +79,8 @@ def claim(name: str, holds: bool, if_true: str, if_false: str) -> str:
     holds = _as_bool(holds)
     if not if_true or not if_false:
         raise ValueError("if_true and if_false must both be non-empty sentences")
-    text = if_true if holds else if_false
-    glue(name, text)
+    text = Sentence(if_true if holds else if_false)
+    glue(name, str(text))
     return text
 
 

@@ -1,20 +1,145 @@
-"""One plot style for the book, and the provenance stamp every figure carries."""
+"""One plot style for the book, and figures that are shown exactly once.
+
+Importing this module applies :data:`STYLE` (matplotlib rcParams): figures drawn at the width
+of the book's text column (:data:`COLUMN_WIDTH_IN` inches at 100 px per inch, so they are shown
+at their drawn size, never shrunk), fonts that read at that size, no axis offset text ("+1e9"
+at an axis end), a light grid, constrained layout; in a Jupyter kernel figures are rendered at
+twice that resolution (sharp on high-density screens) and shown at their drawn size.
+
+A page draws with matplotlib and ends with :func:`finish`::
+
+    fig, ax = plt.subplots()
+    ax.plot(sizes, rates, label="copy")
+    ax.set(xlabel="bytes", ylabel="GB/s")
+    finish(fig)
+
+:func:`finish` moves the legend below the axes (where it covers no bar or line), lays the
+figure out, shows it once and closes it, and returns None: a ``plt.show()`` after it, or
+``finish(fig)`` on a cell's last line, cannot show the figure a second time. Library functions
+that build a figure for a page call :func:`style` instead and return the figure.
+
+Provenance is the caption's: the book prints, under each figure, the device that measured it
+(cell metadata ``perflab: {measured_on: host | gpu | gpus}``), torch and date from the run's
+record (see CONTRIBUTING.md, "Figures"). No stamp is drawn into the image.
+"""
 
 from __future__ import annotations
 
-from perflab.record.provenance import caption
+import matplotlib
+import matplotlib.pyplot as plt
+from matplotlib.ticker import ScalarFormatter
 
-__all__ = ["finish"]
+__all__ = ["COLUMN_WIDTH_IN", "STYLE", "apply_style", "finish", "style"]
+
+# The book's text column is about 676 CSS px wide in a 1,280 px window (sphinx-book-theme); a
+# figure 6.5 in wide at 100 px per inch is shown at its drawn size, so 9-10 pt text reads as
+# 12-14 px, like the prose beside it.
+COLUMN_WIDTH_IN = 6.5
+STYLE = {
+    "figure.figsize": (COLUMN_WIDTH_IN, 3.6),
+    "figure.dpi": 100,
+    "figure.constrained_layout.use": True,
+    "savefig.dpi": 200,
+    "font.size": 10,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "xtick.labelsize": 9,
+    "ytick.labelsize": 9,
+    "legend.fontsize": 9,
+    "legend.frameon": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.formatter.useoffset": False,
+    "axes.formatter.limits": (-4, 6),
+    "lines.linewidth": 1.6,
+    "lines.markersize": 5,
+}
 
 
-def finish(fig, stamp: bool = True):
-    """Lay out ``fig`` and stamp it with where its numbers came from; returns ``fig``.
+def apply_style() -> None:
+    """Apply :data:`STYLE`; in a Jupyter kernel, also render inline figures at twice their
+    size and show them at their drawn size ("retina"). Called when this module is imported."""
+    matplotlib.rcParams.update(STYLE)
+    try:  # optional: only inside an IPython kernel with the inline backend
+        from matplotlib_inline.backend_inline import set_matplotlib_formats
+        from IPython import get_ipython
+    except ImportError:
+        return
+    if get_ipython() is not None and "inline" in matplotlib.get_backend():
+        set_matplotlib_formats("retina")
 
-    The stamp is :func:`perflab.record.provenance.caption` (device, torch version, date of the run that
-    drew the figure), written small under the axes, so a figure copied out of the book still
-    says which machine produced it.
+
+def _legend_below(fig) -> None:
+    handles, labels, seen = [], [], set()
+    axes_with_legend = [ax for ax in fig.axes if ax.get_legend() is not None]
+    if not axes_with_legend:
+        return
+    for ax in axes_with_legend:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in seen and not label.startswith("_"):
+                seen.add(label)
+                handles.append(h)
+                labels.append(label)
+        ax.get_legend().remove()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3))
+
+
+def style(fig, legend: str = "below"):
+    """Lay ``fig`` out in the book's style without showing it; returns ``fig``.
+
+    * wider than the column: scaled down to :data:`COLUMN_WIDTH_IN` (its text keeps its size in
+      points, so it stays legible where a shrunk image would not);
+    * constrained layout; no axis offset text on linear axes;
+    * ``legend="below"``: the axes' legends become one legend under the axes (labels shared by
+      several axes listed once); ``"keep"`` leaves them where they are.
+
+    Raises:
+        ValueError: an unknown ``legend``.
     """
-    if stamp:
-        fig.text(0.995, 0.005, caption(), ha="right", va="bottom", fontsize=7, color="0.35")
-    fig.tight_layout(rect=(0, 0.03, 1, 1) if stamp else None)
+    if legend not in ("below", "keep"):
+        raise ValueError(f"legend must be 'below' or 'keep', got {legend!r}")
+    width, height = fig.get_size_inches()
+    if width > COLUMN_WIDTH_IN * 1.01:
+        k = COLUMN_WIDTH_IN / width
+        fig.set_size_inches(COLUMN_WIDTH_IN, max(height * k, min(height, 3.0)))
+    try:
+        fig.set_layout_engine("constrained")
+    except RuntimeError:  # a colorbar made under another engine: keep that engine
+        pass
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            formatter = axis.get_major_formatter()
+            if isinstance(formatter, ScalarFormatter):
+                formatter.set_useOffset(False)
+    if legend == "below":
+        _legend_below(fig)
     return fig
+
+
+def finish(fig, legend: str = "below") -> None:
+    """Style ``fig`` (:func:`style`), show it once and close it. Returns None.
+
+    In a Jupyter kernel the figure is displayed now and closed, so neither the end of the cell
+    nor a ``plt.show()`` after it shows it again. Elsewhere (a script) it is only styled and
+    left open for the script's own ``plt.show()`` or ``savefig``.
+
+    Raises:
+        ValueError: an unknown ``legend``.
+    """
+    style(fig, legend)
+    try:  # optional: only inside an IPython kernel
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return None
+    if get_ipython() is None or "inline" not in matplotlib.get_backend():
+        return None
+    display(fig)
+    plt.close(fig)
+    return None
+
+
+apply_style()

@@ -1,16 +1,15 @@
-"""Where numbers come from, as a reader meets it: the run's environment, figure captions, glue.
+"""Where numbers come from, as a reader meets it: the run's environment, glue.
 
 Inside a notebook, :func:`glue` stores a headline number under a stable name so prose can quote
-it (``{glue:text}``) and tests and labs can read it back with :func:`read_glued`;
-:func:`caption` is the stamp every figure carries. The reference run (``scripts/execute.py``)
-writes :func:`environment` into each executed notebook's ``metadata.reference_run``; its typed
+it (``{glue:text}``) and tests and labs can read it back with :func:`read_glued`. The reference
+run (``scripts/execute.py``) writes :func:`environment` into each executed notebook's
+``metadata.reference_run`` (the book's captions and footers are built from it); its typed
 form, its schema and the "is this notebook current?" decision are build plumbing and live in
 :mod:`perflab.record.runs` (see docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import numbers
@@ -27,8 +26,8 @@ from perflab.core.device import cpu_name, gpu_count
 
 __all__ = [
     "artifacts",
-    "caption",
     "environment",
+    "host",
     "glue",
     "lab_reference",
     "read_glued",
@@ -68,12 +67,20 @@ def artifacts(book_folder: str | os.PathLike, prefix: str = "perflab_") -> Path:
     return Path(scratch.name)
 
 
+def host() -> dict[str, Any]:
+    """The host's CPU, for captions of work it did (data loading, CPU profiles): ``cpu`` (its
+    model), ``logical_cores`` (``os.cpu_count()``) and ``usable_cores`` (the cores this process
+    may run on, which a container or ``taskset`` can make fewer)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu_name(), "logical_cores": os.cpu_count(), "usable_cores": usable}
+
+
 def environment() -> dict[str, Any]:
     """Facts about this run: devices, driver, CUDA, torch, python, CPU, hostname-free.
 
     Returns a dict with ``devices`` (one name per visible GPU, or ``["cpu: <model>"]``),
     ``driver`` (NVIDIA driver version or None), ``cuda`` (torch's CUDA version or None),
-    ``torch``, ``python`` and ``cpu``.
+    ``torch``, ``python``, ``cpu`` (the host CPU's model) and ``host`` (:func:`host`).
     """
     devices = [torch.cuda.get_device_name(i) for i in range(gpu_count())] or [f"cpu: {cpu_name()}"]
     return {
@@ -83,26 +90,17 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpu": cpu_name(),
+        "host": host(),
     }
 
 
 def short_devices(devices: list[str] | None) -> str:
     """``["NVIDIA H200", "NVIDIA H200"]`` -> ``"2× NVIDIA H200"``; mixed lists are comma-joined;
-    ``"?"`` for none. The same words in figure stamps, page captions and the report card."""
+    ``"?"`` for none. The same words in page captions, footers and the report card."""
     devices = list(devices or []) or ["?"]
     if len(devices) > 1 and len(set(devices)) == 1:
         return f"{len(devices)}× {devices[0]}"
     return ", ".join(devices)
-
-
-def caption(env: dict[str, Any] | None = None, date: str | None = None) -> str:
-    """One line saying where numbers came from, e.g. ``"NVIDIA H200 · torch 2.11.0+cu130 · 2026-11-29"``.
-
-    Defaults to this process's :func:`environment` and today's UTC date.
-    """
-    env = env or environment()
-    date = date or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
-    return f"{short_devices(env['devices'])} · torch {env['torch']} · {date}"
 
 
 def _plain(value: Any) -> Any:

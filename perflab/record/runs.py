@@ -86,6 +86,10 @@ class ReferenceRun:
         cell_seconds: seconds each code cell took, in order, so the slow ones are visible.
         ceilings: the run's ceilings file as the notebook read it (``{name: value}`` in bytes/s
             or FLOP/s, plus ``"measured"``: when), or None where no ceilings file was set.
+        host: the host's CPU (:func:`perflab.record.provenance.host`: ``cpu`` model,
+            ``logical_cores``, ``usable_cores``), which the book names under figures of work
+            the CPU did; None in runs before the field existed (an optional field: the schema
+            is unchanged, and older readers ignore it).
         schema: :data:`SCHEMA_VERSION` of the writer.
     """
 
@@ -102,6 +106,7 @@ class ReferenceRun:
     cell_seconds: tuple[float, ...] | None = None
     ceilings: dict[str, Any] | None = None
     perflab_sha256: dict[str, str] | None = None
+    host: dict[str, Any] | None = None
     schema: int = SCHEMA_VERSION
 
     @classmethod
@@ -139,7 +144,7 @@ class ReferenceRun:
         env = environment()
         return cls(devices=tuple(env["devices"]), torch=env["torch"], python=env["python"],
                    started=started, duration_s=round(duration_s, 1), source_sha256=source_sha256,
-                   driver=env["driver"], cuda=env["cuda"], git=git, **extra)
+                   driver=env["driver"], cuda=env["cuda"], git=git, host=env["host"], **extra)
 
     def as_metadata(self) -> dict[str, Any]:
         """The dict written into ``metadata.reference_run``."""
@@ -149,7 +154,7 @@ class ReferenceRun:
             out["cell_seconds"] = list(self.cell_seconds)
         return {k: v for k, v in out.items()
                 if v is not None or k not in ("gpu_memory_peak_bytes", "cell_seconds", "ceilings",
-                                              "perflab_sha256")}
+                                              "perflab_sha256", "host")}
 
     @property
     def is_gpu(self) -> bool:

@@ -1,0 +1,356 @@
+"""Sphinx extension: the built book as readers use it (what a page offers beyond its content).
+
+* **A runnable download of the course**, built with the book: one zip
+  (:data:`BUNDLE_NAME`, at the root of the HTML output) holding the chapter and lab sources,
+  the chapters' reference notebooks and the files they read, ``perflab``, ``pyproject.toml``,
+  ``requirements.txt``, ``scripts/execute.py`` and a short README on running a page on a laptop
+  CPU or a GPU box (``_ext/bundle/README.md``). Every page's download menu offers it beside the
+  ``.ipynb``, and the role ``{course-download}`text``` links it from prose (the front page).
+  The zip is deterministic (fixed timestamps, sorted names), so two builds of one commit give the
+  same bytes. In the student edition (``reader_edition = "student"``), the labs in the zip are
+  the student versions (``reader_student_sources``, written by ``scripts/make_student.py --book``).
+* **Search that knows the field's spellings**: a page that writes "all-reduce" is found by
+  "allreduce", "AllReduce" and "all reduce" too (:data:`SYNONYMS`). The spellings go into the
+  page's ``<meta name="keywords">``, which Sphinx's search index reads
+  (``sphinx.search.IndexBuilder``); nothing is added to what a reader sees.
+* **One search box**: the theme's top bar repeated the sidebar's search field; it is removed.
+* **Wide blocks say that they scroll**: a table, code cell or output wider than the text column
+  scrolls inside its own box, and ``static/reader.js`` puts a visible hint above it ("scroll
+  sideways") and a shadow on its right edge; ``tests/test_reader.py`` measures every page in
+  Chromium and fails on a block that sticks out of the column or scrolls without the hint.
+* **The whole book as a PDF**: ``make pdf`` prints the single-page build with headless
+  Chromium (``scripts/book_pdf.py``) into ``_build/pdf/``; when that file exists, the HTML build
+  copies it to its root (:data:`PDF_NAME`), the download menus offer it and the role
+  ``{book-pdf}`text``` links it (else the role prints how to build it).
+
+Config values: ``reader_edition`` (``"full"`` or ``"student"``), ``reader_student_sources``
+(a folder of student lab sources ``NN_topic.md``, for the student edition's zip),
+``reader_pdf`` (the PDF to publish, default ``_build/pdf/`` + :data:`PDF_NAME`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import zipfile
+from pathlib import Path
+
+from docutils import nodes
+from sphinx import addnodes
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+BUNDLE_NAME = "pytorch-performance-course.zip"
+PDF_NAME = "pytorch-performance-course.pdf"
+BUNDLE_README = HERE / "bundle" / "README.md"
+ZIP_TIME = (2026, 1, 1, 0, 0, 0)  # every entry's timestamp: the same commit gives the same bytes
+
+# What the zip holds, relative to the repository root (globs; folders are taken whole).
+BUNDLE_FILES = (
+    "pyproject.toml", "requirements.txt", "_toc.yml", "scripts/execute.py",
+    "perflab/**/*.py", "perflab/data/*.json",
+    "book/*.md", "book/*.ipynb", "book/_static_ch04/*", "book/_static_ch07/*",
+    "labs/*.md",
+)
+
+# The field's spellings of one idea. A page that contains any spelling of a group (whole words,
+# see _pattern) is indexed under every spelling of it.
+SYNONYMS: tuple[tuple[str, ...], ...] = (
+    ("all-reduce", "allreduce", "all reduce", "AllReduce"),
+    ("all-gather", "allgather", "all gather", "AllGather"),
+    ("reduce-scatter", "reducescatter", "reduce scatter", "ReduceScatter"),
+    ("all-to-all", "alltoall", "all to all"),
+    ("bf16", "bfloat16", "brain float"),
+    ("fp16", "float16", "half precision"),
+    ("fp32", "float32", "single precision"),
+    ("fp64", "float64", "double precision"),
+    ("fp8", "float8", "e4m3", "e5m2"),
+    ("tf32", "TensorFloat-32", "tensorfloat32"),
+    ("MFU", "model FLOPs utilization", "model FLOPs utilisation"),
+    ("DDP", "DistributedDataParallel", "distributed data parallel"),
+    ("FSDP", "FullyShardedDataParallel", "fully sharded data parallel"),
+    ("ZeRO", "zero redundancy optimizer"),
+    ("AMP", "automatic mixed precision", "autocast"),
+    ("GEMM", "matmul", "matrix multiply", "matrix multiplication", "matrix product"),
+    ("HBM", "high bandwidth memory", "high-bandwidth memory"),
+    ("SM", "streaming multiprocessor"),
+    ("H2D", "host-to-device", "host to device"),
+    ("D2H", "device-to-host", "device to host"),
+    ("pinned memory", "page-locked memory", "pin_memory"),
+    ("activation checkpointing", "gradient checkpointing", "recomputation", "rematerialization"),
+    ("CUDA graph", "CUDA graphs", "cudagraph", "cudagraphs"),
+    ("torch.compile", "TorchInductor", "Inductor", "TorchDynamo", "Dynamo"),
+    ("OOM", "out of memory", "out-of-memory"),
+    ("DataLoader", "data loader", "dataloader"),
+    ("roofline", "roofline model"),
+    ("arithmetic intensity", "operational intensity", "FLOPs per byte", "FLOP/byte"),
+)
+_WORD = re.compile(r"\w+")
+
+
+def _pattern(spelling: str) -> re.Pattern:
+    """Whole words, plurals too; any case, except for a spelling with two or more capitals
+    (an acronym: "ZeRO" must not match "zero", nor "SM" "sm")."""
+    parts = [re.escape(p) for p in re.split(r"[\s-]+", spelling)]
+    flags = 0 if sum(c.isupper() for c in spelling) >= 2 else re.I
+    return re.compile(r"(?<![\w])" + r"[\s-]*".join(parts) + r"(?:e?s)?(?![\w])", flags)
+
+
+_GROUPS = [(group, [_pattern(s) for s in group]) for group in SYNONYMS]
+
+
+def search_keywords(text: str) -> list[str]:
+    """The extra words under which a page whose text is ``text`` is indexed: every spelling of
+    each :data:`SYNONYMS` group the text uses, as the words a query splits into (``"all-reduce"``
+    -> ``all``, ``reduce``, ``allreduce``), lower case, sorted."""
+    out: set[str] = set()
+    for group, patterns in _GROUPS:
+        if any(p.search(text) for p in patterns):
+            for spelling in group:
+                words = _WORD.findall(spelling.lower())
+                out.update(words)
+                if len(words) > 1 and "-" in spelling:
+                    out.add("".join(words))
+    return sorted(out)
+
+
+def add_search_keywords(app, doctree, docname) -> None:
+    """doctree-resolved (after bibliographies and other late content are filled in, before
+    the page is indexed): the page's synonyms as ``<meta name="keywords">`` (indexed, not shown)."""
+    text = [doctree.astext()]
+    for toctree in doctree.findall(addnodes.toctree):  # resolved (into the page's text) after this event
+        for title, ref in toctree.get("entries", []):
+            found = title or (app.env.titles[ref].astext() if ref in app.env.titles else "")
+            text.append(found)
+    words = search_keywords("\n".join(text))
+    if not words:
+        return
+    meta = nodes.meta()
+    meta["name"] = "keywords"
+    meta["content"] = ", ".join(words)
+    doctree.insert(0, meta)
+
+
+STUDENT_NOTE = ("Student edition: each exercise's solution is replaced by the place for your code "
+                "(perflab.labs.exercises.not_done); the checks are kept. Download the course from the "
+                "download menu to run it.")
+
+
+def mark_student_edition(app, doctree) -> None:
+    """doctree-read: a lab page of the student edition says so under its title."""
+    path = Path(app.env.doc2path(app.env.docname))
+    if path.suffix != ".ipynb":
+        return
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8")).get("metadata", {})
+    except (OSError, ValueError):
+        return
+    if not meta.get("student_edition"):
+        return
+    note = nodes.note()
+    note += nodes.paragraph(text=STUDENT_NOTE)
+    sections = list(doctree.findall(nodes.section))
+    host = sections[0] if sections else doctree
+    at = 1 if host.children and isinstance(host.children[0], nodes.title) else 0
+    # after the run's badge and its warning (provenance_pages), which come first on every page
+    def provenance(node) -> bool:
+        return isinstance(node, nodes.warning) or (isinstance(node, nodes.Element)
+                                                   and "provenance-badge" in node.get("classes", []))
+
+    while at < len(host.children) and provenance(host.children[at]):
+        at += 1
+    host.insert(at, note)
+
+
+def describe_figures(app, doctree) -> None:
+    """doctree-read: an image in a captioned figure without alt text gets the caption as its
+    alt text (a screen reader otherwise reads the image's file name)."""
+    for figure in doctree.findall(nodes.figure):
+        captions = list(figure.findall(nodes.caption))
+        if not captions:
+            continue
+        words = " ".join(captions[0].astext().split())
+        for image in figure.findall(nodes.image):
+            if not image.get("alt"):
+                image["alt"] = words
+
+
+# ---------------------------------------------------------------------------------------------
+# The course as one runnable download
+# ---------------------------------------------------------------------------------------------
+
+def bundle_members(root: Path = ROOT, student_labs: Path | None = None) -> dict[str, Path]:
+    """``{name in the zip: file}`` for :data:`BUNDLE_FILES` under ``root``; with
+    ``student_labs``, ``labs/*.md`` come from that folder instead (the student edition).
+
+    Raises:
+        FileNotFoundError: a pattern matches nothing (the zip would silently lack a part).
+    """
+    out: dict[str, Path] = {}
+    for pattern in BUNDLE_FILES:
+        if student_labs is not None and pattern == "labs/*.md":
+            found = sorted(student_labs.glob("*.md"))
+            out.update({f"labs/{p.name}": p for p in found})
+        else:
+            found = sorted(p for p in root.glob(pattern) if p.is_file() and "__pycache__" not in p.parts)
+            out.update({p.relative_to(root).as_posix(): p for p in found})
+        if not found:
+            raise FileNotFoundError(f"the course download's pattern {pattern!r} matches no file")
+    return out
+
+
+def torch_pin(requirements: Path) -> str:
+    """The ``torch==X`` line of a requirements file (``"torch"`` when it pins none)."""
+    for line in requirements.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if re.match(r"torch\s*[=<>~!]", line):
+            return line.replace(" ", "")
+    return "torch"
+
+
+def write_bundle(target: Path, members: dict[str, Path], readme: Path = BUNDLE_README) -> Path:
+    """Write the course zip to ``target`` (atomically): ``README.md`` from ``readme`` (its
+    ``@TORCH_PIN@`` replaced by :func:`torch_pin` of the bundled ``requirements.txt``) plus
+    ``members``, sorted, every entry dated :data:`ZIP_TIME`. Returns ``target``."""
+    tmp = target.with_name(target.name + ".tmp")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    pin = torch_pin(members["requirements.txt"]) if "requirements.txt" in members else "torch"
+    entries = {"README.md": readme.read_text(encoding="utf-8").replace("@TORCH_PIN@", pin).encode(),
+               **{name: path.read_bytes() for name, path in members.items()}}
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in sorted(entries):
+            info = zipfile.ZipInfo(name, ZIP_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, entries[name])
+    tmp.replace(target)
+    return target
+
+
+def _is_html(app) -> bool:
+    return app.builder.format == "html" and app.builder.name != "singlehtml"
+
+
+def on_build_finished(app, exception) -> None:
+    if exception is not None or not _is_html(app):
+        return
+    if app.config.reader_bundle:
+        student = app.config.reader_student_sources
+        try:
+            members = bundle_members(Path(app.srcdir), Path(student) if student else None)
+        except FileNotFoundError as err:
+            logger.warning(f"no course download in this build: {err}")
+        else:
+            write_bundle(Path(app.outdir) / BUNDLE_NAME, members)
+    pdf = _pdf_source(app)
+    if pdf is not None:
+        shutil.copyfile(pdf, Path(app.outdir) / PDF_NAME)
+
+
+def _pdf_source(app) -> Path | None:
+    path = Path(app.config.reader_pdf or Path(app.srcdir) / "_build" / "pdf" / PDF_NAME)
+    return path if path.is_file() else None
+
+
+def _to_root(docname: str) -> str:
+    return "../" * docname.count("/")
+
+
+def _file_role(kind: str):
+    def role(name, rawtext, text, lineno, inliner, options=None, content=None):
+        env = inliner.document.settings.env
+        app = env.app
+        if kind == "pdf":
+            env.reader_pdf_docs.add(env.docname)
+        if kind == "pdf" and _pdf_source(app) is None:
+            # no PDF built: say how to get one rather than link to a missing file
+            node = nodes.inline("", "", classes=["reader-missing-pdf"])
+            node += [nodes.Text(f"{text} (not in this build: "), nodes.literal("", "make pdf"),
+                     nodes.Text(" prints it)")]
+            return [node], []
+        target = BUNDLE_NAME if kind == "bundle" else PDF_NAME
+        ref = nodes.reference(rawtext, text, refuri=_to_root(env.docname) + target,
+                              classes=[f"reader-{kind}-link"])
+        return [ref], []
+    return role
+
+
+def add_download_entries(app, pagename, templatename, context, doctree) -> None:
+    """html-page-context, after the theme's buttons: the course zip (and the book's PDF, when
+    built) in each page's download menu, next to the page's own ``.ipynb``."""
+    if not _is_html(app):
+        return
+    for group in context.get("header_buttons") or []:
+        if group.get("label") != "download-buttons":
+            continue
+        buttons = group["buttons"]
+        at = next((i for i, b in enumerate(buttons) if b.get("label") == "download-pdf-button"), len(buttons))
+        extra = [{"type": "link", "url": context["pathto"](BUNDLE_NAME, 1), "text": "course (.zip)",
+                  "tooltip": "The whole course to run: sources, perflab, requirements, a README",
+                  "icon": "fas fa-file-zipper", "label": "download-course-button"}]
+        if _pdf_source(app) is not None:
+            extra.append({"type": "link", "url": context["pathto"](PDF_NAME, 1), "text": "book (.pdf)",
+                          "tooltip": "The whole book as one PDF", "icon": "fas fa-book",
+                          "label": "download-book-pdf-button"})
+        buttons[at:at] = extra
+
+
+def on_builder_inited(app) -> None:
+    env = app.env
+    if not hasattr(env, "reader_pdf_docs"):
+        env.reader_pdf_docs = set()
+
+
+def on_env_get_outdated(app, env, added, changed, removed) -> list[str]:
+    """Pages that link the PDF are re-read when the PDF appears or disappears."""
+    state = _pdf_source(app) is not None
+    if getattr(env, "reader_pdf_state", None) == state:
+        return []
+    env.reader_pdf_state = state
+    return sorted(env.reader_pdf_docs - set(removed))
+
+
+def on_env_purge_doc(app, env, docname) -> None:
+    env.reader_pdf_docs.discard(docname)
+
+
+def on_env_merge_info(app, env, docnames, other) -> None:
+    env.reader_pdf_docs.update(getattr(other, "reader_pdf_docs", set()))
+
+
+def on_config_inited(app, config) -> None:
+    opts = dict(config.html_theme_options or {})
+    opts["navbar_persistent"] = []  # the top bar's search field repeated the sidebar's
+    config.html_theme_options = opts
+    static = str(HERE / "static")
+    if static not in config.html_static_path:
+        config.html_static_path = list(config.html_static_path) + [static]
+    subs = dict(getattr(config, "myst_substitutions", None) or {})
+    subs.setdefault("edition", "student edition" if config.reader_edition == "student" else "full edition")
+    config.myst_substitutions = subs
+
+
+def setup(app):
+    app.add_config_value("reader_edition", "full", "env")
+    app.add_config_value("reader_bundle", True, "html")
+    app.add_config_value("reader_student_sources", "", "env")
+    app.add_config_value("reader_pdf", "", "env")
+    app.add_role("course-download", _file_role("bundle"))
+    app.add_role("book-pdf", _file_role("pdf"))
+    app.add_css_file("reader.css")
+    app.add_js_file("reader.js", loading_method="defer")
+    app.connect("config-inited", on_config_inited)
+    app.connect("builder-inited", on_builder_inited)
+    app.connect("env-get-outdated", on_env_get_outdated)
+    app.connect("env-purge-doc", on_env_purge_doc)
+    app.connect("env-merge-info", on_env_merge_info)
+    app.connect("doctree-resolved", add_search_keywords)
+    app.connect("doctree-read", describe_figures)
+    app.connect("doctree-read", mark_student_edition)
+    app.connect("html-page-context", add_download_entries, priority=510)
+    app.connect("build-finished", on_build_finished)
+    return {"version": "0.1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,129 @@
+"""Numbers as a person writes them: significant digits, a unit, a prefix that fits.
+
+One formatter for every number a reader sees (prose through glue, tables, printed outputs):
+
+    fmt(1.42e9, "B")            -> "1.42 GB"          decimal prefixes (bytes, FLOP, B/s, FLOP/s, Hz, W)
+    fmt(2.2e9, "iB")            -> "2.05 GiB"         binary prefixes ("iB", "iB/s")
+    fmt(734_577_152, "iB")      -> "701 MiB"
+    fmt(0.0123, "s")            -> "12.3 ms"          seconds: ns, µs, ms, s, min, h
+    fmt(510_525, "tokens/s")    -> "511k tokens/s"    counts: k, M, B (billion), T
+    fmt(0.003, "%", signed=True)-> "+0.3 %"           a fraction, shown in percent
+    fmt(0.0, "%", signed=True)  -> "0 %"              never "+0.00 %"
+    fmt(2.345, "x")             -> "2.35x"            a ratio
+    fmt(1234.5)                 -> "1.23k"            a plain count
+
+``sig`` is the most significant digits shown: trailing zeros are dropped ("1.5 GB", not
+"1.50 GB"), and a number is never written in scientific notation or with more digits than it
+has significant ones. :data:`BAD_SHAPES` are the shapes a person would not write ("+0.00 %",
+"0.0e+00", "2.05e+03 MiB", "734,577,152 bytes", "5.105e+05"): ``fmt`` never produces them, and
+the book's tests reject them on every built page (tests/test_reader.py).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers as _numbers
+
+__all__ = ["BAD_SHAPES", "fmt"]
+
+# Shapes of numbers a person would not write, as regular expressions over the text a reader
+# reads (the look-behinds keep identifiers out: "arXiv:1604.06174", versions, URLs).
+BAD_SHAPES = {
+    "a zero that pretends to precision": r"(?<![\w.:/])[+\-−]?0\.0+\s?%",
+    "scientific notation": r"(?<![\w.:/])[+\-−]?\d+(?:\.\d+)?e[+\-−]\d{2,}(?![\w.])",
+    "a byte count in digits": r"(?<![\w.,:/])(?:\d{1,3}(?:,\d{3}){2,}|\d{7,})\s?(?:bytes|B)\b",
+    "more digits than a measurement has": r"(?<![\w.:/])\d+\.\d{5,}(?![\w.])",
+}
+
+_SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "µ"),
+       (1e-9, "n"), (1e-12, "p"))
+_BINARY = ((2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki"), (1, ""))
+_COUNT = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"), (1.0, ""))
+_SECONDS_SMALL = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"), (1e-12, "ps"))
+# units written with decimal (SI) prefixes and a space: "1.42 GB", "989 TFLOP/s", "1.83 GHz"
+SI_UNITS = ("B", "B/s", "FLOP", "FLOP/s", "FLOPs", "Hz", "W", "J", "bit/s", "b/s")
+
+
+MAX_DECIMALS = 4  # a fifth decimal is more than any measurement here has (BAD_SHAPES)
+
+
+def _mantissa(value: float, sig: int) -> str:
+    """``value`` with at most ``sig`` significant digits and :data:`MAX_DECIMALS` decimals, no
+    exponent, trailing zeros dropped; a value too small for that reads ``<0.0001`` (``>-0.0001``)."""
+    if value == 0:
+        return "0"
+    exponent = math.floor(math.log10(abs(value)))
+    decimals = min(MAX_DECIMALS, max(0, sig - 1 - exponent))
+    text = f"{value:.{decimals}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    if text in ("0", "-0"):
+        bound = f"0.{'0' * (MAX_DECIMALS - 1)}1"
+        return f">-{bound}" if value < 0 else f"<{bound}"
+    return text
+
+
+def _round_sig(value: float, sig: int) -> float:
+    if value == 0:
+        return 0.0
+    return round(value, sig - 1 - math.floor(math.log10(abs(value))))
+
+
+def _scaled(value: float, table, sig: int) -> tuple[str, str]:
+    """Mantissa and prefix from ``table`` (``(factor, prefix)``, largest first) such that the
+    rounded mantissa lies in [1, 1000) (or the smallest prefix; zero takes the unprefixed one)."""
+    magnitude = abs(_round_sig(value, sig))
+    if magnitude == 0:
+        return "0", next(prefix for factor, prefix in table if factor == 1)
+    for factor, prefix in table:
+        if magnitude >= factor:
+            return _mantissa(value / factor, sig), prefix
+    factor, prefix = table[-1]
+    return _mantissa(value / factor, sig), prefix
+
+
+def fmt(value: float, unit: str = "", sig: int = 3, signed: bool = False) -> str:
+    """``value`` (in the unit's base: bytes, seconds, FLOP/s, a fraction for ``"%"``) written
+    with at most ``sig`` significant digits and the prefix that keeps it between 1 and 1000.
+
+    Args:
+        value: a finite real number (numpy and torch scalars too).
+        unit: ``"B"``, ``"B/s"``, ``"FLOP"``, ``"FLOP/s"``, ``"Hz"``, ``"W"`` (decimal prefixes);
+            ``"iB"``, ``"iB/s"`` (binary prefixes: KiB, MiB, GiB); ``"s"`` (ns to hours);
+            ``"%"`` (``value`` is a fraction: 0.94 -> "94 %"); ``"x"`` (a ratio: "2.35x");
+            ``""`` (a plain count: "1.23k"); any other unit is a count of it ("511k tokens/s").
+        sig: the most significant digits to show (>= 1).
+        signed: write "+" before a positive value (differences); zero is written "0".
+
+    Raises:
+        ValueError: a value that is not a finite real number (a failed measurement is never
+            printed as a number), or ``sig`` < 1.
+    """
+    if hasattr(value, "item") and not isinstance(value, (int, float)):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, _numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"fmt needs a finite real number, got {value!r}")
+    if not isinstance(sig, int) or sig < 1:
+        raise ValueError(f"sig must be an integer >= 1, got {sig!r}")
+    value = float(value)
+    sign = "+" if signed and _round_sig(value, sig) > 0 else ""
+    if unit == "%":
+        return f"{sign}{_mantissa(value * 100, sig)} %"
+    if unit == "x":
+        return f"{sign}{_mantissa(value, sig)}x"
+    if unit == "s":
+        magnitude = abs(_round_sig(value, sig))
+        if magnitude >= 3600:
+            return f"{sign}{_mantissa(value / 3600, sig)} h"
+        if magnitude >= 60:
+            return f"{sign}{_mantissa(value / 60, sig)} min"
+        mantissa, name = _scaled(value, _SECONDS_SMALL, sig)
+        return f"{sign}{mantissa} {name}"
+    if unit in ("iB", "iB/s"):
+        mantissa, prefix = _scaled(value, _BINARY, sig)
+        return f"{sign}{mantissa} {prefix}{unit[1:]}"
+    if unit in SI_UNITS:
+        mantissa, prefix = _scaled(value, _SI, sig)
+        return f"{sign}{mantissa} {prefix}{unit}"
+    mantissa, prefix = _scaled(value, _COUNT, sig)
+    return f"{sign}{mantissa}{prefix}" + (f" {unit}" if unit else "")

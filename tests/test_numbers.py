@@ -1,0 +1,79 @@
+"""perflab.record.numbers.fmt: numbers as a person writes them (CONTRIBUTING.md, "Numbers")."""
+
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from perflab.record.numbers import BAD_SHAPES, fmt
+
+BAD = [re.compile(rx) for rx in BAD_SHAPES.values()]
+
+
+@pytest.mark.parametrize("value, unit, kwargs, text", [
+    (1.42e9, "B", {}, "1.42 GB"),
+    (2.2e9, "iB", {}, "2.05 GiB"),
+    (734_577_152, "iB", {}, "701 MiB"),
+    (2.05e3 * 2**20, "iB", {}, "2 GiB"),              # the issue's "2.05e+03 MiB"
+    (512, "iB", {}, "512 B"),
+    (0, "B", {}, "0 B"),
+    (3.9e12, "B/s", {}, "3.9 TB/s"),
+    (989.5e12, "FLOP/s", {"sig": 4}, "989.5 TFLOP/s"),
+    (1.83e9, "Hz", {}, "1.83 GHz"),
+    (0.0123, "s", {}, "12.3 ms"),
+    (4.5e-7, "s", {}, "450 ns"),
+    (95, "s", {}, "1.58 min"),
+    (7200, "s", {}, "2 h"),
+    (510_525, "tokens/s", {}, "511k tokens/s"),
+    (2_873_375, "tokens", {}, "2.87M tokens"),
+    (0.003, "%", {"signed": True}, "+0.3 %"),
+    (0.0, "%", {"signed": True}, "0 %"),
+    (-0.021, "%", {"signed": True}, "-2.1 %"),
+    (0.94, "%", {}, "94 %"),
+    (3.1e-8, "%", {}, "<0.0001 %"),
+    (-3.1e-8, "x", {}, ">-0.0001x"),
+    (0.00123, "x", {}, "0.0012x"),
+    (4.2e-9, "FLOP/s", {}, "4.2 nFLOP/s"),
+    (0, "s", {}, "0 s"),
+    (2.345, "x", {}, "2.35x"),
+    (1234.5, "", {}, "1.23k"),
+    (999.7, "B", {}, "1 kB"),
+    (np.float64(1.5e9), "B", {}, "1.5 GB"),
+    (torch.tensor(2.5e-3), "s", {}, "2.5 ms"),
+])
+def test_fmt_writes_numbers_as_a_person_would(value, unit, kwargs, text):
+    assert fmt(value, unit, **kwargs) == text
+
+
+@pytest.mark.parametrize("value", [0.0, 1e-30, 3.3e-9, 0.5, 1.0, 7.77, 123.456, 5.105e5, 2.05e3 * 2**20,
+                                   734_577_152, 1e13, 9.999e11, -4.2e-4])
+@pytest.mark.parametrize("unit", ["", "B", "iB", "s", "%", "x", "tokens/s", "FLOP/s"])
+def test_fmt_never_writes_a_shape_the_book_rejects(value, unit):
+    text = fmt(value, unit, signed=True)
+    assert not any(rx.search(text) for rx in BAD), text
+    assert "e+" not in text and "e-" not in text, text
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, "1.0", None, True])
+def test_fmt_refuses_what_is_not_a_finite_number(bad):
+    with pytest.raises(ValueError, match="finite real number"):
+        fmt(bad, "B")
+
+
+@pytest.mark.parametrize("text", ["+0.00 %", "0.0e+00 of difference", "2.05e+03 MiB", "734,577,152 bytes",
+                                  "5.105e+05 tokens/s", "3.1415926 ms"])
+def test_the_bad_shapes_catch_the_issue_s_examples(text):
+    assert any(rx.search(text) for rx in BAD), text
+
+
+@pytest.mark.parametrize("text", ["1.42 GB", "+0.3 %", "510k tokens/s", "arXiv:1604.06174", "v2.11.0",
+                                  "2026-12-01", "driver 580.159.04", "1e-3 tolerance"])
+def test_the_bad_shapes_leave_what_a_person_writes(text):
+    assert not any(rx.search(text) for rx in BAD), text
+
+
+def test_fmt_refuses_a_bad_sig():
+    with pytest.raises(ValueError, match="sig"):
+        fmt(1.0, "B", sig=0)

@@ -1,0 +1,743 @@
+"""The built book as readers use it (issue 32): what a page offers beyond its content.
+
+Built once per session (the ``build``, ``server`` and ``rendered`` fixtures of
+``tests/book_site.py``), every page is checked for:
+
+* **a runnable course download**: the zip the build writes is linked from the front page and
+  from every notebook page, and, unpacked into a fresh environment, runs chapter 1 on the CPU
+  with its own ``perflab`` (and cannot without it);
+* **pages that fit**: in Chromium at 1,280 px, no block reaches past the text column, nothing
+  is cut off sideways, and every block that scrolls sideways has a visible hint
+  (``tests/layout_probe.js`` measures; ``_ext/static/reader.js`` adds the hints);
+* **one search box** per page, and a search that knows the field's spellings ("allreduce"
+  finds the pages that write "all-reduce");
+* **figures** that are numbered, say which device measured them and are referred to from the
+  prose, each shown once; **numbers** written as a person would;
+* **a student edition** (``make book-student``) with no solution marker or solution line in
+  anything it publishes.
+
+The rules that chapter and lab pages do not meet yet list those pages in
+``tests/reader_waiting.py`` (the lists only shrink; a listed page that passes fails too).
+Each rule is proven to fail on a page that breaks it (the tests at the end, no build needed
+except the small books they build).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html as html_lib
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from html.parser import HTMLParser
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import reader_waiting
+from perflab.record.numbers import BAD_SHAPES
+from book_site import (_jupyter_book, chromium, internal_target, notebook_pages, probe, require_chromium,
+                       serve)
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "_ext"))
+sys.path.insert(0, str(ROOT / "scripts"))
+import make_student  # noqa: E402
+import provenance_pages  # noqa: E402
+import reader_pages  # noqa: E402
+
+CHAPTER = "book/01_why_training_is_slow.md"   # the chapter the course download must run
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading built pages
+# ---------------------------------------------------------------------------------------------
+
+class _Text(HTMLParser):
+    """Text a reader reads as numbers: the article's prose, tables and cell outputs; not code
+    (cell inputs, code blocks, inline literals), maths, scripts or the page's chrome."""
+
+    SKIP_TAGS = {"script", "style", "math", "mjx-container", "svg", "nav"}
+    CODE_TAGS = {"pre", "code", "kbd", "samp"}          # code, unless it is a cell's output
+    SKIP_CLASSES = {"cell_input", "math", "headerlink", "provenance-footer", "provenance-badge"}
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack: list[dict] = []
+        self.chunks: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in _VOID:
+            return
+        classes = set((dict(attrs).get("class") or "").split())
+        up = self.stack[-1] if self.stack else {"article": False, "skip": False, "output": False}
+        output = up["output"] or "cell_output" in classes
+        skip = (up["skip"] or tag in self.SKIP_TAGS or bool(classes & self.SKIP_CLASSES)
+                or (tag in self.CODE_TAGS and not output))
+        self.stack.append({"tag": tag, "article": up["article"] or tag == "article" or "bd-article" in classes,
+                           "skip": skip, "output": output})
+
+    def handle_endtag(self, tag):
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i]["tag"] == tag:
+                del self.stack[i:]
+                break
+
+    def handle_data(self, data):
+        if self.stack and self.stack[-1]["article"] and not self.stack[-1]["skip"]:
+            self.chunks.append(data)
+
+
+_VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+
+def reader_text(page_html: str) -> str:
+    """The text of a page that is read as prose, tables or outputs (see :class:`_Text`)."""
+    parser = _Text()
+    parser.feed(page_html)
+    return " ".join(" ".join(parser.chunks).split())
+
+
+# Shapes of numbers a person would not write (CONTRIBUTING.md, "Numbers"): one home, the
+# formatter's module, which never produces them.
+NUMBER_SHAPES = BAD_SHAPES
+_SHAPES = {name: re.compile(rx) for name, rx in NUMBER_SHAPES.items()}
+
+
+def number_shapes(page_html: str) -> list[tuple[str, str]]:
+    """``(shape, the text around it)`` for every number on the page a person would not write."""
+    text = reader_text(page_html)
+    found = []
+    for name, rx in _SHAPES.items():
+        for m in rx.finditer(text):
+            found.append((name, text[max(0, m.start() - 30): m.end() + 15]))
+    return found
+
+
+class _Figures(HTMLParser):
+    """Images of cell outputs and the figures that hold them; numbered-figure references."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack: list[dict] = []
+        self.unnumbered: list[str] = []          # output images outside any <figure>
+        self.figures: list[dict] = []            # {"id", "number", "measured", "images"}
+        self.references: set[str] = set()        # fragment ids that prose links as Fig. N
+
+    def handle_starttag(self, tag, attrs):
+        if tag in _VOID:
+            if tag == "img":
+                self._image(dict(attrs))
+            return
+        a = dict(attrs)
+        classes = set((a.get("class") or "").split())
+        frame = {"tag": tag, "classes": classes, "id": a.get("id"), "text": []}
+        if tag == "figure":
+            frame["figure"] = {"id": a.get("id"), "number": False, "measured": "", "images": []}
+        if tag == "a" and (a.get("href") or "").startswith("#"):
+            frame["href"] = a["href"][1:]
+        self.stack.append(frame)
+        if "caption-number" in classes:
+            fig = self._figure()
+            if fig is not None:
+                fig["number"] = True
+        if "std-numref" in classes:
+            for f in reversed(self.stack):
+                if "href" in f:
+                    self.references.add(f["href"])
+                    break
+
+    def _figure(self):
+        for f in reversed(self.stack):
+            if "figure" in f:
+                return f["figure"]
+        return None
+
+    def _image(self, attrs):
+        if not any("cell_output" in f["classes"] for f in self.stack):
+            return
+        fig = self._figure()
+        if fig is None:
+            self.unnumbered.append(attrs.get("src", ""))
+        else:
+            fig["images"].append(attrs.get("src", ""))
+
+    def handle_endtag(self, tag):
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i]["tag"] == tag:
+                for frame in reversed(self.stack[i:]):
+                    text = "".join(frame["text"])
+                    if "provenance-caption" in frame["classes"]:
+                        fig = None
+                        for f in reversed(self.stack[:self.stack.index(frame)]):
+                            if "figure" in f:
+                                fig = f["figure"]
+                                break
+                        if fig is not None:
+                            fig["measured"] = " ".join(text.split())
+                    if "figure" in frame and frame["figure"]["images"]:
+                        self.figures.append(frame["figure"])
+                del self.stack[i:]
+                break
+
+    def handle_data(self, data):
+        for f in self.stack:
+            f["text"].append(data)
+
+
+def figure_problems(page_html: str) -> list[str]:
+    """What is wrong with a page's figures: an output image outside a numbered figure, a
+    figure without a number, without a provenance line naming the device that measured it, or
+    that no prose refers to."""
+    parser = _Figures()
+    parser.feed(page_html)
+    problems = [f"an output image that is not a numbered figure ({src.rsplit('/', 1)[-1][:16]}...)"
+                for src in parser.unnumbered]
+    for fig in parser.figures:
+        name = fig["id"] or "a figure without a name"
+        if not fig["number"]:
+            problems.append(f"{name}: no figure number (its cell needs mystnb.figure.caption)")
+        if " measured on " not in fig["measured"]:
+            problems.append(f"{name}: its provenance line does not say which device measured it "
+                            f"(cell metadata perflab.measured_on): {fig['measured'][:80]!r}")
+        if fig["id"] and fig["id"] not in parser.references:
+            problems.append(f"{name}: no prose refers to it ({{numref}}`{fig['id']}`)")
+    return problems
+
+
+def shown_twice(page: Path, page_html: str, html_root: Path) -> list[str]:
+    """Images of a page's article that show the same picture as an earlier one (same file, or
+    the same decoded pixels)."""
+    from PIL import Image
+
+    article = page_html.split("<article", 1)[-1]
+    seen: dict[str, str] = {}
+    twice = []
+    for src in re.findall(r'<img[^>]*\ssrc="([^"]+)"', article):
+        target = internal_target(page, html_lib.unescape(src), html_root)
+        if target is None or not target[0].is_file():
+            continue
+        path = target[0]
+        try:
+            with Image.open(path) as im:
+                key = hashlib.sha256(im.convert("RGBA").tobytes() + str(im.size).encode()).hexdigest()
+        except Exception:  # not a raster image (an SVG): compare its bytes
+            key = hashlib.sha256(path.read_bytes()).hexdigest()
+        if key in seen:
+            twice.append(f"{path.name[:16]}... (shown first as {seen[key][:16]}...)")
+        else:
+            seen[key] = path.name
+    return twice
+
+
+def ratchet(found: dict[str, list[str]], waiting: set[str], rule: str, waiting_name: str) -> None:
+    """Fail on a page that breaks ``rule`` and is not in ``waiting``, and on a page in
+    ``waiting`` that no longer breaks it; print what each waiting page still breaks."""
+    for page in sorted(waiting & set(found)):
+        print(f"waiting ({rule}): {page}: {len(found[page])}: " + "; ".join(found[page][:5]))
+    new = {p: f for p, f in found.items() if p not in waiting}
+    fixed = sorted(p for p in waiting if p not in found)
+    message = []
+    if new:
+        message.append(f"{len(new)} page(s) break the rule '{rule}':\n" + "\n".join(
+            f"  {p}: " + "; ".join(f[:6]) + (f" (+{len(f) - 6} more)" if len(f) > 6 else "")
+            for p, f in sorted(new.items())))
+    if fixed:
+        message.append(f"these pages now keep the rule '{rule}': remove them from "
+                       f"tests/reader_waiting.py {waiting_name}: {fixed}")
+    assert not message, "\n".join(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# The course download
+# ---------------------------------------------------------------------------------------------
+
+def test_course_download_is_built_and_linked_from_every_notebook_page(build, rendered):
+    bundle = build.html / reader_pages.BUNDLE_NAME
+    assert bundle.is_file(), f"the build wrote no course download ({reader_pages.BUNDLE_NAME})"
+    names = set(zipfile.ZipFile(bundle).namelist())
+    for needed in ("README.md", "pyproject.toml", "requirements.txt", "perflab/__init__.py",
+                   "scripts/execute.py", CHAPTER, "labs/01_roofline.md"):
+        assert needed in names, f"the course download lacks {needed}"
+    problems = []
+    for rel in ["index.html", *notebook_pages(build)]:
+        r = rendered[rel]
+        links = [h for h in r.page.links
+                 if (t := internal_target(r.path, h, build.html)) and t[0].resolve() == bundle.resolve()]
+        if not links:
+            problems.append(f"{rel}: no link to the course download")
+    assert not problems, "\n".join(problems)
+
+
+def _fresh_env(tmp: Path) -> Path:
+    """A virtual environment (without pip or setuptools of its own) that sees this test's
+    packages (torch, jupyter, setuptools ...) but not the repository's own perflab: a ``.pth``
+    adds this interpreter's site-packages as plain paths, so the editable install's hook (a
+    ``.pth`` of its own) is not run. Returns its python."""
+    env_dir = tmp / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    (Path(site) / "course_test_parent.pth").write_text("\n".join(ours) + "\n")
+    return python
+
+
+def _clean_env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "JUPYTER_PATH")}
+    env["JUPYTER_DATA_DIR"] = str(tmp / "jupyter-data")   # no user kernelspec can stand in for ours
+    env["PERFLAB_FORCE_CPU_SIZES"] = "1"
+    return env
+
+
+def run_course_download(bundle: Path, tmp: Path, drop: str | None = None) -> subprocess.CompletedProcess:
+    """Unpack ``bundle`` under ``tmp`` (without the folder ``drop``, to prove it is needed),
+    install it in a fresh environment without network (``pip install --no-deps
+    --no-build-isolation``) and execute :data:`CHAPTER` with its ``scripts/execute.py``.
+    Returns the execution; raises when the install fails."""
+    course = tmp / "course"
+    with zipfile.ZipFile(bundle) as zf:
+        zf.extractall(course)
+    if drop:
+        import shutil
+
+        shutil.rmtree(course / drop)
+    python = _fresh_env(tmp)
+    env = _clean_env(tmp)
+    # this interpreter's pip installs into the fresh environment (pip >= 22.3: --python)
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                              "--no-build-isolation", "--no-index", str(course)],
+                             capture_output=True, text=True, env=env, cwd=tmp)
+    assert install.returncode == 0, f"pip could not install the course download:\n{install.stderr[-2000:]}"
+    where = subprocess.run([str(python), "-c", "import perflab, sys; print(perflab.__file__)"],
+                           capture_output=True, text=True, env=env, cwd=tmp)
+    if drop != "perflab":
+        assert where.returncode == 0 and str(tmp / "venv") in where.stdout, (
+            f"perflab in the fresh environment is not the course download's: {where.stdout}{where.stderr}")
+    return subprocess.run([str(python), "scripts/execute.py", "--out", str(tmp / "out"), CHAPTER],
+                          capture_output=True, text=True, env=env, cwd=course, timeout=900)
+
+
+def test_course_download_runs_a_chapter_on_cpu(build, tmp_path):
+    proc = run_course_download(build.html / reader_pages.BUNDLE_NAME, tmp_path)
+    assert proc.returncode == 0, f"chapter 1 did not run from the course download:\n{(proc.stdout + proc.stderr)[-3000:]}"
+    executed = sorted((tmp_path / "out").rglob(Path(CHAPTER).with_suffix(".ipynb").name))
+    assert executed, f"execute.py wrote no notebook under {tmp_path / 'out'}"
+    nb = nbformat.read(executed[0], as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"], "a cell raised"
+    assert any("image/png" in o.get("data", {}) for o in outputs), "the chapter drew no figure"
+
+
+def test_course_download_without_perflab_cannot_run_the_chapter(build, tmp_path):
+    """The proof that the test above tests the download: without its perflab it fails."""
+    proc = run_course_download(build.html / reader_pages.BUNDLE_NAME, tmp_path, drop="perflab")
+    assert proc.returncode != 0 and "perflab" in proc.stdout + proc.stderr, (
+        "chapter 1 ran from a download without perflab: the environment finds another perflab")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pages that fit; one search box; search by any spelling
+# ---------------------------------------------------------------------------------------------
+
+def layout_problems(report: dict | None) -> list[str]:
+    """What the layout probe found wrong on a page (empty when it fits)."""
+    if report is None:
+        return ["the layout probe gave no report"]
+    out = []
+    for item in report["sticks_out"]:
+        out.append(f"{item['element']} reaches {item['past_px']} px past the column: {item['text'][:60]!r}")
+    for item in report["cut_off"]:
+        out.append(f"{item['element']} hides {item['hidden_px']} px sideways, with no way to scroll: "
+                   f"{item['text'][:60]!r}")
+    for item in report["no_hint"]:
+        out.append(f"{item['element']} scrolls {item['hidden_px']} px sideways without a hint: {item['text'][:60]!r}")
+    return out
+
+
+def test_every_page_fits_the_column_or_says_it_scrolls(rendered):
+    found = {rel: p for rel, r in rendered.items() if (p := layout_problems(r.layout))}
+    for rel, r in sorted(rendered.items()):
+        if r.layout and r.layout["scrolling"]:
+            print(f"{rel}: {len(r.layout['scrolling'])} block(s) wider than the column scroll with a hint")
+    ratchet(found, set(), "fits the column, or scrolls with a hint", "(none)")
+
+
+def test_every_page_has_one_search_box(rendered):
+    found = {rel: [b["element"] for b in r.layout["search_boxes"]]
+             for rel, r in rendered.items() if r.layout and len(r.layout["search_boxes"]) != 1}
+    assert not found, f"pages without exactly one visible search box: {found}"
+
+
+def _search_hits(binary: str, server: str, query: str) -> list[str]:
+    proc = chromium(binary, f"{server}/search.html?q={query}", "--dump-dom")
+    results = re.findall(r'<ul class="search">(.*?)</ul>', proc.stdout, re.S)
+    return re.findall(r'<li[^>]*>\s*<a href="([^"]+)"', results[0]) if results else []
+
+
+def test_search_finds_the_field_s_spellings(build, server):
+    binary = require_chromium()
+    for query in ("allreduce", "AllReduce"):
+        hits = _search_hits(binary, server, query)
+        for page in ("book/08_distributed_training", "book/02_hardware"):
+            assert any(h.startswith(page) for h in hits), f"searching {query!r} finds {hits}, not {page}"
+    index = _search_index(build.html)
+    for a, b in (("bf16", "bfloat16"), ("fp8", "float8"), ("ddp", "distributeddataparallel")):
+        pages_a, pages_b = _pages_for(index, a), _pages_for(index, b)
+        assert pages_a and pages_a == pages_b, f"{a!r} finds {sorted(pages_a)}, {b!r} finds {sorted(pages_b)}"
+    mfu = _pages_for(index, "mfu")   # every page that says MFU is found by what it stands for
+    assert mfu and mfu <= _pages_for(index, "utilization") & _pages_for(index, "model"), sorted(mfu)
+
+
+def _search_index(html: Path) -> dict:
+    text = (html / "searchindex.js").read_text(encoding="utf-8")
+    return json.loads(text[text.index("(") + 1: text.rindex(")")])
+
+
+def _pages_for(index: dict, word: str) -> set[str]:
+    from sphinx.search.en import SearchEnglish
+
+    stem = SearchEnglish(None).stem(word.lower()).lower()
+    out = set()
+    for table in ("terms", "titleterms"):
+        hits = index[table].get(stem, [])
+        out |= {index["docnames"][i] for i in ([hits] if isinstance(hits, int) else hits)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures and numbers (rules that wait for the chapter pages)
+# ---------------------------------------------------------------------------------------------
+
+def test_figures_are_numbered_name_their_device_and_are_referred_to(build, rendered):
+    found = {rel: p for rel in notebook_pages(build) if (p := figure_problems(rendered[rel].dom))}
+    ratchet(found, reader_waiting.FIGURES_WITHOUT_NUMBER_OR_DEVICE, "figures numbered, captioned with "
+            "their device, referred to", "FIGURES_WITHOUT_NUMBER_OR_DEVICE")
+
+
+def test_no_figure_is_shown_twice(build, rendered):
+    found = {rel: t for rel, r in rendered.items() if (t := shown_twice(r.path, r.dom, build.html))}
+    ratchet(found, reader_waiting.FIGURES_SHOWN_TWICE, "each figure shown once", "FIGURES_SHOWN_TWICE")
+
+
+def test_numbers_are_written_as_a_person_would(build, rendered):
+    found = {rel: [f"{shape}: ...{ctx}..." for shape, ctx in s]
+             for rel, r in rendered.items() if (s := number_shapes(r.dom))}
+    ratchet(found, reader_waiting.NUMBER_SHAPES, "numbers written as a person would", "NUMBER_SHAPES")
+
+
+# ---------------------------------------------------------------------------------------------
+# The student edition
+# ---------------------------------------------------------------------------------------------
+
+_SOLUTION = re.compile(r"^[ \t]*### BEGIN SOLUTION[^\n]*\n(.*?)^[ \t]*### END SOLUTION", re.S | re.M)
+_HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS[^\n]*\n(.*?)^[ \t]*### END HIDDEN TESTS", re.S | re.M)
+MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+
+
+def _lines(text: str) -> set[str]:
+    return {" ".join(line.split()) for line in text.splitlines()}
+
+
+def solution_lines(labs: list[Path]) -> set[str]:
+    """Lines of the labs' solutions and hidden tests that appear nowhere else in the book's
+    sources (so finding one in the student edition means a solution leaked), 16 characters or
+    longer, whitespace-normalized."""
+    inside, outside = set(), set()
+    # everything else the book publishes: chapters (sources and executed notebooks), perflab, pages
+    sources = [*labs, *sorted((ROOT / "book").glob("*.md")), *sorted((ROOT / "book").glob("*.ipynb")),
+               *sorted(ROOT.glob("pending/**/*.md")), *sorted(ROOT.glob("perflab/**/*.py")),
+               *sorted(ROOT.glob("*.md"))]
+    for md in sources:
+        text = md.read_text(encoding="utf-8")
+        if md.suffix == ".ipynb":
+            text = "\n".join(c.source for c in nbformat.reads(text, as_version=4).cells)
+        hidden = [m.group(1) for rx in (_SOLUTION, _HIDDEN) for m in rx.finditer(text)] if md in labs else []
+        rest = text
+        for block in hidden:
+            rest = rest.replace(block, "")
+            inside |= _lines(block)
+        outside |= _lines(rest)
+    return {line for line in inside - outside if len(line) >= 16 and not line.startswith("#")}
+
+
+def published_texts(html_root: Path):
+    """``(name, text)`` of everything a build publishes: pages as a reader reads them (tags
+    stripped), sources, scripts, and each member of the course download."""
+    for path in sorted(html_root.rglob("*")):
+        if not path.is_file() or path.suffix in (".png", ".jpg", ".svg", ".woff", ".woff2", ".pdf", ".pickle"):
+            continue
+        if path.suffix == ".zip":
+            with zipfile.ZipFile(path) as zf:
+                for name in zf.namelist():
+                    yield f"{path.name}:{name}", zf.read(name).decode("utf-8", "replace")
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if path.suffix == ".html":
+            text = html_lib.unescape(re.sub(r"<[^>]+>", "", text))
+        yield str(path.relative_to(html_root)), text
+
+
+def leaks(html_root: Path, lines: set[str]) -> list[str]:
+    """Solution lines and markers found in what ``html_root`` publishes about the labs."""
+    found = []
+    for name, text in published_texts(html_root):
+        for line in sorted(lines & _lines(text)):
+            found.append(f"{name}: solution line {line[:60]!r}")
+        if "labs" in name:
+            found += [f"{name}: marker {m!r}" for m in MARKERS if m in text]
+    return found
+
+
+@pytest.fixture(scope="session")
+def student_build(tmp_path_factory) -> Path:
+    """The student edition, staged by ``scripts/make_student.py --book`` and built."""
+    tmp = tmp_path_factory.mktemp("student-book")
+    source = make_student.stage_book(tmp / "src")
+    proc = subprocess.run([*_jupyter_book(), "build", str(source), "-W", "-n", "--keep-going",
+                           "--path-output", str(tmp / "out")], capture_output=True, text=True, timeout=1200,
+                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    html = tmp / "out" / "_build" / "html"
+    assert proc.returncode == 0 and (html / "index.html").exists(), (
+        f"the student edition did not build (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return html
+
+
+def test_student_edition_publishes_no_solution(student_build):
+    labs = sorted((ROOT / "labs").glob("*.md"))
+    lines = solution_lines(labs)
+    assert len(lines) > 10 * len(labs) / 2, f"only {len(lines)} distinctive solution lines found: the check would be empty"
+    found = leaks(student_build, lines)
+    assert not found, f"{len(found)} leak(s) in the student edition:\n" + "\n".join(found[:30])
+    # the checks stay: every lab page still runs its check cells, and says it is the student edition
+    for md in labs:
+        page = (student_build / "labs" / f"{md.stem}.html").read_text(encoding="utf-8")
+        assert "exercises.not_done" in html_lib.unescape(re.sub(r"<[^>]+>", "", page)), md.stem
+        assert "check_" in page, f"{md.stem}: the student edition lost its checks"
+        assert "student edition" in page, f"{md.stem}: the page does not say it is the student edition"
+
+
+def test_the_full_edition_would_fail_the_student_check(build):
+    """The proof: the same check finds the solutions in the full edition."""
+    labs = sorted((ROOT / "labs").glob("*.md"))
+    assert leaks(build.html / "labs", solution_lines(labs)), "the leak check finds nothing in the full edition"
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks catch what they claim to (synthetic pages; small books)
+# ---------------------------------------------------------------------------------------------
+
+def test_number_shapes_are_caught_in_prose_tables_and_outputs_not_in_code():
+    page = ('<html><body><div class="bd-sidebar">+0.00 %</div><article class="bd-article">'
+            '<p>The step took <strong>+0.00 %</strong> longer, 0.0e+00 of difference.</p>'
+            '<table><tr><td>734,577,152 bytes</td><td>2.05e+03 MiB</td></tr></table>'
+            '<div class="cell docutils container"><div class="cell_input"><pre>x = 1e-06 * 3.1415926</pre></div>'
+            '<div class="cell_output"><pre>throughput 5.105e+05 tokens/s, 3.14159265 ms</pre></div></div>'
+            '<p>Fine: 1.42 GB, 510k tokens/s, +0.3 %, <code>atol=1e-05</code>, 2026-12-01, v2.11.0.</p>'
+            '</article></body></html>')
+    shapes = number_shapes(page)
+    texts = " | ".join(ctx for _, ctx in shapes)
+    kinds = sorted(name for name, _ in shapes)
+    assert kinds.count("a zero that pretends to precision") == 1
+    assert kinds.count("scientific notation") == 3          # 0.0e+00, 2.05e+03, 5.105e+05
+    assert kinds.count("a byte count in digits") == 1
+    assert kinds.count("more digits than a measurement has") == 1
+    assert "1e-06" not in texts and "atol" not in texts and "1.42 GB" not in texts
+
+
+def test_figure_checks_catch_unnumbered_undeclared_and_unreferenced_figures():
+    good = ('<article class="bd-article"><p>See <a href="#fig-ch01-x"><span class="std std-numref">Fig. 1.1</span></a>.</p>'
+            '<div class="cell_output"><figure id="fig-ch01-x"><img src="a.png"><figcaption><p>'
+            '<span class="caption-number">Fig. 1.1 </span>What.</p><div class="legend"><p class="provenance-caption">'
+            'Figure measured on one NVIDIA H200 · torch 2.11 · 2026-12-01</p></div></figcaption></figure></div></article>')
+    assert figure_problems(good) == []
+    bare = '<article class="bd-article"><div class="cell_output"><img src="_images/abc.png"></div></article>'
+    assert len(figure_problems(bare)) == 1
+    no_device = good.replace("measured on one NVIDIA H200", "2× NVIDIA H200")
+    assert any("which device" in p for p in figure_problems(no_device))
+    unreferenced = good.replace('class="std std-numref"', 'class="std"')
+    assert any("no prose refers" in p for p in figure_problems(unreferenced))
+
+
+def test_duplicate_figures_are_caught(tmp_path):
+    from PIL import Image
+
+    im = Image.new("RGB", (20, 10), "white")
+    im.putpixel((3, 3), (0, 0, 0))
+    im.save(tmp_path / "a.png")
+    im.save(tmp_path / "b.png", optimize=True)     # other bytes, same picture
+    Image.new("RGB", (20, 10), "black").save(tmp_path / "c.png")
+    page = tmp_path / "p.html"
+    once = '<article><img src="a.png"><img src="c.png"></article>'
+    twice = '<article><img src="a.png"><img src="c.png"><img src="b.png"></article>'
+    assert shown_twice(page, once, tmp_path) == []
+    assert len(shown_twice(page, twice, tmp_path)) == 1
+
+
+def test_ratchet_fails_on_new_offenders_and_on_stale_entries():
+    ratchet({"a.html": ["x"]}, {"a.html"}, "r", "L")
+    with pytest.raises(AssertionError, match="break the rule"):
+        ratchet({"a.html": ["x"], "b.html": ["y"]}, {"a.html"}, "r", "L")
+    with pytest.raises(AssertionError, match="remove them"):
+        ratchet({}, {"a.html"}, "r", "L")
+
+
+def test_layout_probe_catches_a_wide_block_without_hint(tmp_path):
+    binary = require_chromium()
+    wide = "<tr>" + "".join(f"<td>column{i}_wide_content</td>" for i in range(30)) + "</tr>"
+    pages = {
+        "sticks.html": f'<table>{wide}</table>',
+        "nohint.html": f'<div style="overflow-x:auto"><table>{wide}</table></div>',
+        "cut.html": f'<div style="overflow-x:hidden"><table>{wide}</table></div>',
+        "hint.html": f'<div class="reader-scroll-hint">scroll</div><div style="overflow-x:auto"><table>{wide}</table></div>',
+        "fits.html": '<table><tr><td>a</td></tr></table>',
+    }
+    for name, body in pages.items():
+        (tmp_path / name).write_text(f'<html><body><article class="bd-article" style="width:600px">{body}'
+                                     '</article></body></html>')
+    url, stop = serve(tmp_path)
+    try:
+        reports = {name: probe(binary, f"{url}/{name}") for name in pages}
+    finally:
+        stop()
+    assert reports["sticks.html"]["sticks_out"] and layout_problems(reports["sticks.html"])
+    assert reports["nohint.html"]["no_hint"] and layout_problems(reports["nohint.html"])
+    assert reports["cut.html"]["cut_off"] and layout_problems(reports["cut.html"])
+    assert layout_problems(reports["hint.html"]) == [] and reports["hint.html"]["scrolling"]
+    assert layout_problems(reports["fits.html"]) == []
+
+
+def test_search_keywords_cover_the_field_s_spellings():
+    words = reader_pages.search_keywords("We all-reduce the gradients with NCCL; bf16 matmuls.")
+    for w in ("allreduce", "all", "reduce", "bfloat16", "bf16", "gemm", "matmul"):
+        assert w in words, w
+    assert reader_pages.search_keywords("Nothing here.") == []
+    assert "allreduce" not in reader_pages.search_keywords("We reduce the gradients, all of them.")
+    assert "redundancy" not in reader_pages.search_keywords("A zero-copy view costs zero bytes.")
+    assert "redundancy" in reader_pages.search_keywords("ZeRO shards the optimizer state.")
+
+
+def test_student_reference_strips_solutions_and_keeps_checks(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("x = None  # set by your code\n### BEGIN SOLUTION\nx = secret_answer_value(42)\n### END SOLUTION",
+                                  metadata={"nbgrader": {"grade_id": "ex3-solution", "solution": True},
+                                            "tags": ["hide-input"]},
+                                  outputs=[nbformat.v4.new_output("stream", name="stdout", text="the answer: 42\n")]),
+        nbformat.v4.new_code_cell("check_x(x)\n### BEGIN HIDDEN TESTS\nassert hidden_check_value(x)\n### END HIDDEN TESTS",
+                                  outputs=[nbformat.v4.new_output("stream", name="stdout", text="Exercise 3 passed.\n")]),
+        nbformat.v4.new_markdown_cell("Think.\n<!-- BEGIN SOLUTION -->\nThe answer is 42.\n<!-- END SOLUTION -->\n"),
+    ]
+    nb.metadata["reference_run"] = {"devices": ["NVIDIA H200"]}
+    nbformat.write(nb, tmp_path / "lab.ipynb")
+    student = make_student.student_reference(tmp_path / "lab.ipynb")
+    text = json.dumps(student)
+    assert "secret_answer_value" not in text and "hidden_check_value" not in text and "answer is 42" not in text
+    assert "not_done(3)" in student.cells[0].source and student.cells[0].outputs == []
+    assert "hide-input" not in student.cells[0].metadata.get("tags", [])
+    assert student.cells[1].outputs and "check_x(x)" in student.cells[1].source
+    assert student.metadata["reference_run"] and student.metadata["student_edition"] is True
+
+
+def _small_book(tmp: Path, cells: list, run: dict, extra_config: str = "") -> Path:
+    """A one-page book with this repository's extensions; returns its built page."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = cells
+    nb.metadata["reference_run"] = run
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp / "page.ipynb")
+    (tmp / "_toc.yml").write_text("format: jb-book\nroot: page\n")
+    (tmp / "_config.yml").write_text(
+        "title: t\nexecute:\n  execute_notebooks: 'off'\nsphinx:\n  local_extensions:\n"
+        f"    provenance_pages: {ROOT / '_ext'}\n    reader_pages: {ROOT / '_ext'}\n"
+        "  config:\n    reader_bundle: false\n" + extra_config)
+    proc = subprocess.run([*_jupyter_book(), "build", str(tmp), "-W", "-n", "--keep-going"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return tmp / "_build" / "html" / "page.html"
+
+
+def _png() -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    im = Image.new("RGB", (40, 20), "white")
+    im.putpixel((5, 5), (200, 0, 0))
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_figure_convention_gives_a_numbered_figure_that_names_its_device(tmp_path):
+    """CONTRIBUTING.md's figure cell (mystnb.figure + perflab.measured_on) in a real build,
+    with ``execute_notebooks: off`` as the book has it."""
+    def figure_cell(name, caption, measured_on):
+        return nbformat.v4.new_code_cell(
+            "finish(fig)", metadata={"mystnb": {"figure": {"name": name, "caption": caption}},
+                                     "perflab": {"measured_on": measured_on}},
+            outputs=[nbformat.v4.new_output("display_data", data={"image/png": _png(), "text/plain": "<Figure>"})])
+
+    run = {"devices": ["NVIDIA H200", "NVIDIA H200"], "cuda": "13.0", "torch": "2.11.0", "python": "3.12",
+           "started": "2026-12-01T10:00:00Z", "host": {"cpu": "AMD EPYC 9654", "logical_cores": 32}}
+    page = _small_book(tmp_path, [
+        nbformat.v4.new_markdown_cell("# A page\n\n{numref}`fig-ch99-loader` and {numref}`fig-ch99-step`. "
+                                      "Read {book-pdf}`the book as one PDF`."),
+        figure_cell("fig-ch99-loader", "Images per second of the DataLoader against its workers.", "host"),
+        figure_cell("fig-ch99-step", "Milliseconds per training step, eager and compiled.", "gpu"),
+    ], run).read_text(encoding="utf-8")
+    assert figure_problems(page) == []
+    assert "Fig. 1" in page and "Fig. 2" in page
+    assert "measured on the host CPU, AMD EPYC 9654 (32 logical cores)" in page
+    assert "measured on one NVIDIA H200 (one of the run" in page
+    assert 'alt="Images per second of the DataLoader' in page
+    # no PDF built for this book: the role says how to get one instead of linking a missing file
+    assert "make pdf" in page and reader_pages.PDF_NAME not in page
+
+
+def test_provenance_line_names_the_device_that_did_the_work():
+    run = {"devices": ["NVIDIA H200", "NVIDIA H200"], "cuda": "13.0", "torch": "2.11.0",
+           "started": "2026-12-01T10:00:00Z", "host": {"cpu": "Intel Xeon 8480", "logical_cores": 16}}
+    assert "the host CPU, Intel Xeon 8480 (16 logical cores)" in provenance_pages.caption_text(run, ["figure"], "host")
+    assert "one NVIDIA H200 (one of the run's 2)" in provenance_pages.caption_text(run, ["figure"], "gpu")
+    assert "measured on 2× NVIDIA H200" in provenance_pages.caption_text(run, ["figure"], "gpus")
+    old = dict(run, host=None)
+    assert "model not recorded" in provenance_pages.caption_text(old, ["figure"], "host")
+    boxed = dict(run, host={"cpu": "Intel Xeon 8480", "logical_cores": 16, "usable_cores": 4})
+    assert "(4 of its 16 logical cores usable by the run)" in provenance_pages.device_words(boxed, "host")
+    single = dict(run, devices=["NVIDIA H200"])
+    assert provenance_pages.device_words(single, "gpu") == "one NVIDIA H200"
+
+
+def test_the_pdf_is_linked_when_built(tmp_path):
+    """The front page's {book-pdf} role links the published PDF when make pdf has built one
+    (the file is copied into the build); without one it explains (the figure test above)."""
+    cells = [nbformat.v4.new_markdown_cell("# A page\n\nRead {book-pdf}`the book as one PDF`.")]
+    run = {"devices": ["NVIDIA H200"], "cuda": "13.0", "torch": "2.11.0", "started": "2026-12-01T10:00:00Z"}
+    pdf = tmp_path / "book.pdf"
+    pdf.write_bytes(b"%PDF-1.4 a stand-in\n")
+    page = _small_book(tmp_path / "book", cells, run, extra_config=f"    reader_pdf: {pdf}\n")
+    html = page.read_text(encoding="utf-8")
+    assert f'href="{reader_pages.PDF_NAME}"' in html and "make pdf" not in html
+    assert (page.parent / reader_pages.PDF_NAME).read_bytes() == pdf.read_bytes()
+
+
+def test_book_pdf_prints_a_page_offline(tmp_path):
+    """scripts/book_pdf.py's printing step (the whole book takes a minute; one page shows it)."""
+    require_chromium()
+    import book_pdf
+
+    (tmp_path / "html").mkdir()
+    (tmp_path / "html" / "index.html").write_text(
+        "<html><body><h1>A book</h1>" + "<p>Prose. </p>" * 200 + "</body></html>")
+    out = book_pdf.print_pdf(book_pdf.find_chromium(), tmp_path / "html", tmp_path / "book.pdf", budget_ms=2000)
+    assert out.read_bytes()[:5] == b"%PDF-"
