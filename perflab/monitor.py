@@ -24,7 +24,7 @@ from typing import Any
 from . import nvml
 from .hardware import cpuinfo
 
-__all__ = ["UtilizationSampler", "cpu_state", "machine_state"]
+__all__ = ["UtilizationSampler", "cpu_clock_readable", "cpu_state", "machine_state"]
 
 
 def _read(path: str) -> str | None:
@@ -40,17 +40,30 @@ def cpu_state() -> dict[str, Any]:
 
     Returns a dict with ``governor`` (``scaling_governor`` of cpu0, e.g. ``"performance"`` or
     ``"powersave"``; None where the kernel exposes no cpufreq, as in most containers and VMs),
-    ``driver`` (``scaling_driver``), ``cur_mhz`` (the current frequency of each core from
-    ``/proc/cpuinfo``), ``cores`` (``os.cpu_count()``) and ``load_avg_1min`` (run-queue length
-    averaged over the last minute: other work competing for the cores).
+    ``driver`` (``scaling_driver``), ``cur_mhz`` (the current frequency of each core: cpufreq's
+    ``scaling_cur_freq`` where the kernel has it, else the ``cpu MHz`` lines of
+    ``/proc/cpuinfo``), ``clock_source`` (``"cpufreq"``, ``"/proc/cpuinfo"`` or None),
+    ``cores`` (``os.cpu_count()``) and ``load_avg_1min`` (run-queue length averaged over the last
+    minute: other work competing for the cores).
+
+    Without cpufreq, a virtual machine's ``/proc/cpuinfo`` usually repeats one nominal figure
+    for every core, whatever the cores run at: :func:`cpu_clock_readable` says when the
+    readings cannot be trusted as a clock.
     """
     base = "/sys/devices/system/cpu/cpu0/cpufreq/"
     mhz = []
-    for block in cpuinfo():
-        try:
-            mhz.append(float(block["cpu MHz"]))
-        except (KeyError, ValueError):
-            pass
+    for path in sorted(glob.glob("/sys/devices/system/cpu/cpu*/cpufreq/scaling_cur_freq")):
+        khz = _read(path)
+        if khz and khz.isdigit():
+            mhz.append(int(khz) / 1e3)
+    source = "cpufreq" if mhz else None
+    if not mhz:
+        for block in cpuinfo():
+            try:
+                mhz.append(float(block["cpu MHz"]))
+            except (KeyError, ValueError):
+                pass
+        source = "/proc/cpuinfo" if mhz else None
     try:
         load = os.getloadavg()[0]
     except OSError:
@@ -59,11 +72,29 @@ def cpu_state() -> dict[str, Any]:
         "governor": _read(base + "scaling_governor"),
         "driver": _read(base + "scaling_driver"),
         "cur_mhz": mhz or None,
+        "clock_source": source,
         "cores": os.cpu_count(),
         "load_avg_1min": load,
         "governors_seen": sorted({_read(p) for p in glob.glob("/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor")}
                                  - {None}) or None,
     }
+
+
+def cpu_clock_readable(source: str | None, readings: list[float]) -> bool:
+    """Whether CPU clock readings say what the cores run at.
+
+    cpufreq's readings do. ``/proc/cpuinfo`` readings do only when they vary (across cores or
+    over time): a virtual machine without cpufreq reports one constant, the host's nominal
+    frequency, on every core whatever the cores do (turbo, power limits), so a constant
+    ``/proc/cpuinfo`` figure is no reading of the clock.
+
+    Args:
+        source: ``"cpufreq"``, ``"/proc/cpuinfo"`` or None (:func:`cpu_state`'s ``clock_source``).
+        readings: every MHz value read (all cores, all samples).
+    """
+    if not readings or source is None:
+        return False
+    return source == "cpufreq" or len(set(readings)) > 1
 
 
 def machine_state(index: int = 0) -> dict[str, Any]:

@@ -15,8 +15,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["CLOCK_EVENT_REASONS", "driver_version", "handle", "max_sm_clock_hz", "readings",
-           "utilization_pct"]
+__all__ = ["CLOCK_EVENT_REASONS", "POWER_INSTANT_FIELD", "clock_settings", "driver_version",
+           "handle", "max_sm_clock_hz", "readings", "utilization_pct"]
+
+#: ``NVML_FI_DEV_POWER_INSTANT``: the board's instantaneous power draw in milliwatts, a field of
+#: ``nvmlDeviceGetFieldValues`` (drivers of 2023 on). ``nvmlDeviceGetPowerUsage`` is not
+#: instantaneous on Ampere (GA100 aside) and newer GPUs: there it returns the power averaged over
+#: the last second (NVML API reference, ``nvmlDeviceGetPowerUsage``), so a reading taken during a
+#: 0.1 s benchmark mostly reports the second before it.
+POWER_INSTANT_FIELD = 186
 
 #: Bits of ``nvmlDeviceGetCurrentClocksEventReasons``: why the SM clock is below its maximum now.
 CLOCK_EVENT_REASONS: dict[int, str] = {
@@ -74,6 +81,19 @@ def _call(name: str, *args):
         return None
 
 
+def _field_value(h, field_id: int) -> float | None:
+    """One value of ``nvmlDeviceGetFieldValues``, as a number, or None when unsupported."""
+    values = _call("nvmlDeviceGetFieldValues", h, [field_id])
+    if not values:
+        return None
+    v = values[0]
+    if getattr(v, "nvmlReturn", 1) != 0:
+        return None
+    kind = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal",
+            6: "usVal"}.get(getattr(v, "valueType", None))
+    return None if kind is None else float(getattr(v.value, kind))
+
+
 def reasons(mask: int | None) -> list[str] | None:
     """Names (from :data:`CLOCK_EVENT_REASONS`) of the bits set in a clock-event mask."""
     return None if mask is None else [text for bit, text in CLOCK_EVENT_REASONS.items() if mask & bit]
@@ -84,7 +104,10 @@ def readings(index: int = 0, links: bool = True) -> dict[str, Any] | None:
 
     Returns a dict (each value None when the driver does not answer that query):
     ``sm_clock_hz``/``sm_clock_max_hz``, ``mem_clock_hz``/``mem_clock_max_hz`` (Hz),
-    ``memory_bus_width_bits``, ``power_w``/``power_limit_w`` (watts; the enforced limit),
+    ``memory_bus_width_bits``, ``power_w`` (watts, ``nvmlDeviceGetPowerUsage``: averaged over
+    the last second on Ampere and newer GPUs, GA100 aside), ``power_instant_w`` (watts, the
+    instantaneous field :data:`POWER_INSTANT_FIELD`, None where the driver lacks it),
+    ``power_limit_w`` (watts; the enforced limit),
     ``temperature_c``, ``pstate`` (performance state, 0 = fastest), ``utilization_pct`` (percent
     of the last sample period in which any kernel ran), ``clock_event_reasons`` (names from
     :data:`CLOCK_EVENT_REASONS`, e.g. ``["idle"]``), and with ``links=True`` the PCIe link
@@ -111,6 +134,7 @@ def readings(index: int = 0, links: bool = True) -> dict[str, Any] | None:
         "mem_clock_max_hz": hz(_call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_MEM)),
         "memory_bus_width_bits": _call("nvmlDeviceGetMemoryBusWidth", h),
         "power_w": watts(_call("nvmlDeviceGetPowerUsage", h)),
+        "power_instant_w": watts(_field_value(h, POWER_INSTANT_FIELD)),
         "power_limit_w": watts(_call("nvmlDeviceGetEnforcedPowerLimit", h)),
         "temperature_c": _call("nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU),
         "pstate": _call("nvmlDeviceGetPerformanceState", h),
@@ -130,6 +154,44 @@ def readings(index: int = 0, links: bool = True) -> dict[str, Any] | None:
                             if any(s is not None for s in states) else None),
         )
     return out
+
+
+def clock_settings(index: int = 0) -> dict[str, Any] | None:
+    """How GPU ``index``'s clocks are set up (read only; nothing here changes them); None
+    without NVML. Each value None when the driver does not answer.
+
+    Returns ``sm_clock_max_hz`` (the chip's maximum), ``app_sm_clock_hz`` (the application
+    clock target: the clock a kernel runs at unless power or heat lower it, set by
+    ``nvidia-smi -ac``), ``default_app_sm_clock_hz`` (its default), ``supported_sm_clocks_hz``
+    (the SM clocks the driver can lock to at the maximum memory clock, highest first; the
+    values ``nvidia-smi -lgc`` accepts), ``compute_mode`` (``"default"``,
+    ``"exclusive process"``, ``"prohibited"``: whether other processes may use the GPU) and
+    ``processes`` (compute processes on the GPU now, this one included).
+
+    Raises:
+        ValueError: ``index`` is negative.
+    """
+    h = handle(index)
+    if h is None:
+        return None
+    pynvml = _pynvml()
+    hz = lambda v: None if v is None else v * 1e6  # noqa: E731  (NVML reports MHz)
+    mem_max = _call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_MEM)
+    supported = (_call("nvmlDeviceGetSupportedGraphicsClocks", h, mem_max)
+                 if mem_max is not None else None)
+    mode = _call("nvmlDeviceGetComputeMode", h)
+    procs = _call("nvmlDeviceGetComputeRunningProcesses", h)
+    return {
+        "sm_clock_max_hz": hz(_call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_SM)),
+        "app_sm_clock_hz": hz(_call("nvmlDeviceGetApplicationsClock", h, pynvml.NVML_CLOCK_SM)),
+        "default_app_sm_clock_hz": hz(_call("nvmlDeviceGetDefaultApplicationsClock", h,
+                                            pynvml.NVML_CLOCK_SM)),
+        "supported_sm_clocks_hz": (sorted((c * 1e6 for c in supported), reverse=True)
+                                   if supported else None),
+        "compute_mode": {0: "default", 1: "exclusive thread", 2: "prohibited",
+                         3: "exclusive process"}.get(mode) if mode is not None else None,
+        "processes": len(procs) if procs is not None else None,
+    }
 
 
 def utilization_pct(index: int = 0) -> int | None:
