@@ -31,7 +31,8 @@ from typing import Callable
 
 import torch
 
-from .costs import _POINTWISE, _operator_bytes  # the cost model's operator tables (perflab.costs)
+from .costs import (  # the cost model's count and operator tables
+    NORM_FLOPS_PER_ELEMENT, _POINTWISE, _operator_bytes)
 
 __all__ = ["CLASSES", "PAPER_BERT", "StepBreakdown", "classify_kernel", "classify_op",
            "classify_triton", "count_by_class", "shares", "time_by_class", "training_step"]
@@ -214,7 +215,7 @@ def shares(values: dict[str, float]) -> dict[str, float]:
 
 
 # FLOPs per element that the counters below assign beyond torch.utils.flop_counter's
-_NORM_FLOPS_PER_ELEMENT = 5     # mean, variance, normalize, scale, shift (as perflab.profiling)
+_NORM_FLOPS_PER_ELEMENT = NORM_FLOPS_PER_ELEMENT   # the course's one count (perflab.costs)
 _ADAM_FLOPS_PER_PARAM = 14      # two moment updates (7), the bias-corrected step (6), decay (1)
 
 

@@ -1,7 +1,9 @@
 """Evidence from torch.profiler: how many kernels a call launches, and where a step's time goes.
 
 * :func:`kernels_per_call` counts the kernels (CPU: ATen compute operators) one call runs;
-  :func:`device_seconds_per_call` sums their device time.
+  :func:`device_seconds_per_call` sums their device time; :func:`kernels_of` names them, with
+  their grids and blocks (which kernel ran, with which tiles); :func:`launch_api_seconds` is the
+  host time one call spends in the CUDA launch API.
 * :func:`load_trace`, :func:`trace_items`, :func:`summarize_trace` read the Chrome/Perfetto trace
   that ``prof.export_chrome_trace`` writes: busy time, idle gaps between kernels, top kernels with
   their achieved FLOP/s and bandwidth (costs from :func:`perflab.costs.op_cost` on the recorded
@@ -20,6 +22,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,7 +39,10 @@ __all__ = [
     "TraceItem",
     "TraceSummary",
     "count_cost",
+    "KernelRecord",
+    "kernels_of",
     "kernels_per_call",
+    "launch_api_seconds",
     "load_trace",
     "regime",
     "short_name",
@@ -124,6 +130,100 @@ def device_seconds_per_call(fn: Callable, *args, calls: int = 20, warmup: int = 
     total_us = sum(e.time_range.end - e.time_range.start for e in kernels)
     return total_us * 1e-6 / calls
 
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One kernel a call ran, as the profiler's trace records it.
+
+    Attributes:
+        name: the kernel's name (a cuBLAS name such as ``nvjet_sm90_tst_256x128_...`` carries
+            its tile; a Triton kernel names the operators it fused).
+        grid, block: launch dimensions ``(x, y, z)``, None when the trace lacks them.
+        blocks_per_sm: the trace's "blocks per SM" (grid blocks / SMs), None when absent.
+        duration_us: mean device time per launch, microseconds.
+        launches: how many times it ran per call.
+    """
+
+    name: str
+    grid: tuple[int, ...] | None
+    block: tuple[int, ...] | None
+    blocks_per_sm: float | None
+    duration_us: float
+    launches: float
+
+
+def kernels_of(fn: Callable, *args, calls: int = 3, **kwargs) -> list[KernelRecord]:
+    """The GPU kernels one call of ``fn(*args, **kwargs)`` runs, in launch order (first call),
+    with their grids, blocks and mean durations: which kernel ran, before a model of it is
+    fitted. Call ``fn`` once before (compilation and warm-up stay out).
+
+    Raises:
+        RuntimeError: no CUDA device, or the profiler recorded no kernel.
+        ValueError: ``calls`` < 1.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("kernels_of needs a CUDA GPU; this machine has none")
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(*args, **kwargs)
+        torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        events = load_trace(path)
+    finally:
+        os.unlink(path)
+    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e),
+                     key=lambda e: float(e["ts"]))
+    if not kernels:
+        raise RuntimeError("the profiler recorded no CUDA kernel for fn")
+    order, groups = [], {}
+    for e in kernels:
+        if e["name"] not in groups:
+            order.append(e["name"])
+        groups.setdefault(e["name"], []).append(e)
+    dims = lambda v: tuple(int(x) for x in v) if isinstance(v, list) else None  # noqa: E731
+    out = []
+    for name in order:
+        g = groups[name]
+        a = g[0].get("args", {})
+        bps = a.get("blocks per SM")
+        out.append(KernelRecord(name, dims(a.get("grid")), dims(a.get("block")),
+                                float(bps) if bps is not None else None,
+                                sum(float(e["dur"]) for e in g) / len(g), len(g) / calls))
+    return out
+
+
+def launch_api_seconds(fn: Callable, *args, calls: int = 200, **kwargs) -> tuple[float, float]:
+    """Host seconds one call of ``fn`` spends inside the CUDA launch API (``cudaLaunchKernel``,
+    ``cudaLaunchKernelExC``, ``cuLaunchKernel``), and how many launches it makes, from the
+    profiler's CPU timeline: ``(seconds per call, launches per call)``. The profiler's own cost
+    lands outside these events, so this is the launch path itself. (0.0, 0.0) on a call that
+    launches nothing.
+
+    Raises:
+        RuntimeError: no CUDA device.
+        ValueError: ``calls`` < 1.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("launch_api_seconds needs a CUDA GPU; this machine has none")
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(*args, **kwargs)
+        torch.cuda.synchronize()
+    launches = [e for e in prof.events()
+                if e.name.startswith(("cudaLaunchKernel", "cuLaunchKernel"))]
+    total_us = sum(e.time_range.end - e.time_range.start for e in launches)
+    return total_us * 1e-6 / calls, len(launches) / calls
 
 
 @dataclass(frozen=True)
