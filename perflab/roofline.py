@@ -51,6 +51,7 @@ __all__ = [
     "plot_sweep",
     "predicted_knee_repeat",
     "repeat_multiply",
+    "ridge_changes",
     "ridge_point",
     "sweep_repeat",
 ]
@@ -105,6 +106,29 @@ def classify(intensity: float, ridge: float) -> str:
     if intensity < 0:
         raise ValueError(f"intensity must be >= 0 FLOP/byte, got {intensity}")
     return "compute-bound" if intensity >= ridge else "bandwidth-bound"
+
+
+def ridge_changes(machines: Sequence[tuple[str, float, float]]) -> list[tuple]:
+    """The steps where a ridge point fell along a sequence of machines (oldest first).
+
+    Args:
+        machines: ``(name, peak FLOP/s, bandwidth bytes/s)`` per machine, in order.
+
+    Returns:
+        ``(name_from, name_to, ridge_from, ridge_to, peak ratio, bandwidth ratio)`` for each
+        consecutive pair whose ridge point (peak / bandwidth) fell; empty when it rose at
+        every step. A claim that "the ridge moved right with every generation" holds only when
+        this is empty.
+
+    Raises:
+        ValueError: fewer than two machines, or a non-positive peak or bandwidth.
+    """
+    machines = list(machines)
+    if len(machines) < 2:
+        raise ValueError("need at least two machines to compare")
+    ridges = [ridge_point(peak, bw) for _, peak, bw in machines]
+    return [(a[0], b[0], ra, rb, b[1] / a[1], b[2] / a[2])
+            for a, b, ra, rb in zip(machines, machines[1:], ridges, ridges[1:]) if rb < ra]
 
 
 def predicted_knee_repeat(peak_flops: float, bandwidth: float, bytes_per_element: float = 8.0) -> float:

@@ -171,3 +171,21 @@ def test_knee_check_measures_on_cpu_and_rejects_bad_arguments():
         R.knee_check(x, 0, peak_flops=1e12, bandwidth=1e10)
     with pytest.raises(TypeError, match="x must"):
         R.knee_check(torch.arange(4), 8, peak_flops=1e12, bandwidth=1e10)
+
+
+def test_ridge_changes_names_the_steps_where_the_ridge_fell():
+    """The datasheets: bf16 ridge V100 (fp16) 139 -> A100 153 -> H100 295 -> H200 206 FLOP/B."""
+    from perflab.hardware import DATASHEETS
+    names = ["Tesla V100-SXM2-32GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3",
+             "NVIDIA H200"]
+    tc = [(n, DATASHEETS[n].get("bf16_flops", DATASHEETS[n].get("fp16_flops")),
+           DATASHEETS[n]["memory_bandwidth"]) for n in names]
+    falls = R.ridge_changes(tc)
+    assert [(a, b) for a, b, *_ in falls] == [("NVIDIA H100 80GB HBM3", "NVIDIA H200")]
+    assert falls[0][4] == 1.0 and falls[0][5] == pytest.approx(4.8 / 3.35)
+    fp32 = [(n, DATASHEETS[n]["fp32_flops"], DATASHEETS[n]["memory_bandwidth"]) for n in names]
+    assert [(a, b) for a, b, *_ in R.ridge_changes(fp32)] == [
+        ("Tesla V100-SXM2-32GB", "NVIDIA A100-SXM4-80GB"), ("NVIDIA H100 80GB HBM3", "NVIDIA H200")]
+    assert R.ridge_changes([("a", 1.0, 1.0), ("b", 4.0, 2.0)]) == []
+    with pytest.raises(ValueError, match="two machines"):
+        R.ridge_changes([("a", 1.0, 1.0)])
