@@ -8,7 +8,8 @@ ceilings **once**, under telemetry (:mod:`perflab.telemetry`), writes them to on
 every notebook reads that file with :func:`load`.
 
 * ``copy_bandwidth``: bytes/s of ``dst.copy_(src)`` counting read + write, on a tensor far larger
-  than the last-level cache (1 GiB on a GPU, 64 MiB on a CPU).
+  than the last-level cache (1 GiB on a GPU; on a CPU four times the last-level cache the OS
+  reports, at least 64 MiB, at most 256 MiB).
 * ``matmul_fp32``, ``matmul_tf32``, ``matmul_bf16``: FLOP/s of an ``n x n @ n x n`` product,
   ``2 n^3`` FLOPs (``n = 8192`` on a GPU; ``matmul_fp32`` with ``n = 1024`` on a CPU, where tf32
   and bf16 are left out).
@@ -51,6 +52,7 @@ from typing import Any
 import torch
 
 from . import hardware, nvml
+from .overhead import beyond_cache_numel
 from .provenance import environment
 from .roofline import matmul_cost
 from .telemetry import measure as _measure
@@ -287,7 +289,10 @@ def measure_all(device: torch.device | str | None = None, quick: bool = False) -
         torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     out: dict[str, Ceiling] = {}
     gpu = dev.type == "cuda"
-    numel = (2**28 if not quick else 2**26) if gpu else (2**24 if not quick else 2**22)
+    # a CPU's copy must stream from DRAM, not from its last-level cache: four times the cache
+    # the OS reports (perflab.overhead.beyond_cache_numel), never less than the old sizes
+    numel = ((2**28 if not quick else 2**26) if gpu else
+             max(2**24 if not quick else 2**22, beyond_cache_numel(4.0, maximum=2**26)))
     src = torch.randn(numel, device=dev)
     dst = torch.empty_like(src)
     nbytes = 2 * src.numel() * src.element_size()
