@@ -78,6 +78,14 @@ WRONG = {
          "        s = torch.sigmoid(x)\n        ctx.save_for_backward(x, s, s * (1 - s))\n        return x * s\n\n"
          "    @staticmethod\n    def backward(ctx, grad_out):\n        x, s, _ = ctx.saved_tensors\n",
          r"naive bytes"),
+        # saves x and sigmoid(x): half the naive bytes, but nothing recomputed (the exercise's point)
+        ("ex3-solution", "        ctx.save_for_backward(x)\n        return x * torch.sigmoid(x)\n        ### END SOLUTION\n\n"
+                         "    @staticmethod\n    def backward(ctx, grad_out):\n        ### BEGIN SOLUTION\n"
+                         "        (x,) = ctx.saved_tensors\n        s = torch.sigmoid(x)\n",
+         "        s = torch.sigmoid(x)\n        ctx.save_for_backward(x, s)\n        return x * s\n        ### END SOLUTION\n\n"
+         "    @staticmethod\n    def backward(ctx, grad_out):\n        ### BEGIN SOLUTION\n"
+         "        x, s = ctx.saved_tensors\n",
+         r"at most one is\s+required"),
         # hides sigmoid(x) from the hooks as a ctx attribute
         ("ex3-solution", "        ctx.save_for_backward(x)\n        return x * torch.sigmoid(x)",
          "        ctx.save_for_backward(x)\n        ctx.s = torch.sigmoid(x)\n        return x * ctx.s", r"ctx attributes"),
