@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from perflab import operators as O
+from perflab.internals import operators as O
 
 
 def test_operator_counts_are_consistent():
@@ -94,7 +94,7 @@ def test_call_path_needs_a_named_function():
 def test_page_faults_per_call_counts_fresh_pages_not_reused_ones():
     """A preallocated output never faults; the count is per call and never negative."""
     import torch
-    from perflab.operators import page_faults_per_call
+    from perflab.internals.operators import page_faults_per_call
     x, out = torch.randn(2**16), torch.empty(2**16)
     reuse = lambda: torch.mul(x, 2, out=out)
     reuse()

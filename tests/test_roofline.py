@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from perflab import roofline as R
+from perflab.machine import roofline as R
 
 
 def test_matmul_cost_counts_two_flops_per_multiply_add_and_each_operand_once():
@@ -175,7 +175,7 @@ def test_knee_check_measures_on_cpu_and_rejects_bad_arguments():
 
 def test_ridge_changes_names_the_steps_where_the_ridge_fell():
     """The datasheets: bf16 ridge V100 (fp16) 139 -> A100 153 -> H100 295 -> H200 206 FLOP/B."""
-    from perflab.hardware import DATASHEETS
+    from perflab.machine.datasheets import DATASHEETS
     names = ["Tesla V100-SXM2-32GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3",
              "NVIDIA H200"]
     tc = [(n, DATASHEETS[n].get("bf16_flops", DATASHEETS[n].get("fp16_flops")),

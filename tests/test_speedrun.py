@@ -3,7 +3,8 @@ import pytest
 import torch
 from dataclasses import asdict
 
-from perflab import parallel, speedrun as sr
+from perflab.distributed import training as parallel
+from perflab.gpt2 import ladder as sr
 
 TINY = (("n_layer", 2), ("n_embd", 32), ("n_head", 2), ("block_size", 32))
 

@@ -1,4 +1,4 @@
-"""perflab.tools: finding and parsing Nsight Compute, py-spy and strace (the tools run where present)."""
+"""perflab.profiling.profilers: finding and parsing Nsight Compute, py-spy and strace (the tools run where present)."""
 
 import os
 import sys
@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from perflab import tools
+from perflab.profiling import profilers as tools
 
 # The layout of `ncu --csv` output (details page): messages first, then one row per kernel,
 # section and metric. The numbers are invented for the test; the format follows the ncu CLI docs.
@@ -127,7 +127,7 @@ def test_py_spy_records_a_flame_graph(tmp_path):
 
 
 def test_nsys_is_found_or_none_and_run_nsys_checks_its_arguments(tmp_path):
-    from perflab import tools
+    from perflab.profiling import profilers as tools
     found = tools.find_nsys()
     assert found is None or os.access(found, os.X_OK)
     with pytest.raises(FileNotFoundError, match="script"):
@@ -139,7 +139,7 @@ def test_nsys_is_found_or_none_and_run_nsys_checks_its_arguments(tmp_path):
 
 
 def test_kernel_summary_has_the_nsys_kernel_report_columns():
-    from perflab.profiling import kernel_summary
+    from perflab.profiling.trace import kernel_summary
     events = [
         {"ph": "X", "cat": "kernel", "name": "k1", "ts": 0.0, "dur": 10.0, "args": {}},
         {"ph": "X", "cat": "kernel", "name": "k1", "ts": 20.0, "dur": 30.0, "args": {}},

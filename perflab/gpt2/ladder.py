@@ -1,0 +1,904 @@
+"""GPT-2 training ladders: every rung of chapter 10's speed ladder and memory ladder.
+
+A *rung* (:class:`Rung`) is one complete training configuration of :class:`perflab.gpt2.model.GPT`:
+batch, precision, compilation, attention kernel, optimizer, vocabulary, input pipeline,
+gradient accumulation, activation checkpointing. :func:`train` runs a rung for a number of
+steps on real tokens (chapter 5's offline corpus, :func:`perflab.loading.datasets.text_corpus`) and
+returns a :class:`RunResult`: tokens per second over the timed steps, model FLOP utilization
+(MFU), peak memory, the loss of every step and the GPU telemetry (clock, power cap) of the timed
+steps. The ladders themselves (:func:`speed_ladder`, :func:`memory_ladder`) are lists of rungs,
+each one change away from the one before, so a chapter can measure all of them in one run.
+
+Conventions:
+
+* tokens per second count the tokens the model is trained on (``batch x seq_len x accum`` per
+  optimizer step), after ``warmup`` untimed steps (compilation, allocator warm-up, cuDNN/cuBLAS
+  heuristics), over ``steps`` back-to-back steps with one synchronization at the end;
+* MFU = tokens/s x :meth:`perflab.gpt2.model.GPT.flops_per_token` / peak FLOP/s (Chowdhery et al.,
+  2022, appendix B), where the FLOPs count attention over the full ``T x T`` matrix although a
+  causal kernel skips half of it: the convention nanoGPT and the PaLM paper use;
+* every rung starts from the same initial weights (``seed``) and reads the same token windows in
+  the same order, so the losses of two rungs over the same steps are comparable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.parallel import DistributedDataParallel
+from torch.profiler import ProfilerActivity, profile as _profile
+
+from perflab.core.sampler import Telemetry
+from perflab.core.timing import synchronize
+from perflab.gpt2 import model as gpt2
+from perflab.kernels import crossentropy, fp8
+from perflab.memory import training as memory
+from perflab.profiling import trace as profiling
+
+__all__ = ["Rung", "RunResult", "StepBreakdown", "Timeline", "speed_ladder", "memory_ladder",
+           "train", "last_parallel_rung",
+           "batches", "kernel_kind", "losses_agree", "mfu", "step_breakdown",
+           "weight_matmul_flops"]
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+ATTENTIONS = ("math", "sdpa", "cudnn")
+OPTIMIZERS = ("foreach", "fused", "in_backward")
+LOADERS = ("simple", "pinned")
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One training configuration of GPT-2.
+
+    Attributes:
+        name: the rung's label in tables and charts.
+        model: a :data:`perflab.gpt2.model.CONFIGS` name (``"124M"`` ...).
+        changes: fields of :class:`perflab.gpt2.model.GPTConfig` to change, as ``(name, value)`` pairs
+            (a tiny model for a CPU: ``(("n_layer", 2), ("n_embd", 128), ("n_head", 4))``).
+        batch: sequences per micro-batch.
+        seq_len: tokens per sequence T (<= the model's ``block_size``).
+        accum: micro-batches per optimizer step (gradient accumulation).
+        precision: ``"fp32"`` (strict IEEE float32 matmuls), ``"tf32"`` (float32 tensors,
+            TF32 tensor-core matmuls) or ``"bf16"`` (``torch.autocast`` to bfloat16; float32
+            weights, gradients and optimizer state).
+        compile: compile each transformer block and the loss head with ``torch.compile``
+            (regional compilation: one compilation serves all identical blocks).
+        attention: ``"math"`` (softmax(QK^T)V written out), ``"sdpa"``
+            (``scaled_dot_product_attention``, PyTorch's choice of fused kernel) or ``"cudnn"``
+            (SDPA restricted to cuDNN's fused attention; on a machine without it, SDPA's choice).
+        optimizer: AdamW ``"foreach"`` (PyTorch's default: a few kernels per group of tensors),
+            ``"fused"`` (one fused kernel for all parameters) or ``"in_backward"`` (a fused
+            step per parameter as soon as its gradient is ready, then the gradient is freed).
+        vocab: rows of the embedding: 50,257 (GPT-2's tokenizer) or 50,304 (padded to a
+            multiple of 64 and 128).
+        loader: ``"simple"`` (the batch cut in the main process, copied pageable and blocking)
+            or ``"pinned"`` (a ``DataLoader`` with two workers, pinned memory, non-blocking copies).
+        checkpoint: recompute each block's activations in the backward
+            (``torch.utils.checkpoint``, non-reentrant) instead of storing them.
+        fp8: run the blocks' linear layers (qkv, attention projection, MLP) in FP8 with
+            per-tensor dynamic scales through ``torch._scaled_mm`` (:func:`perflab.kernels.fp8.convert`:
+            forward and both gradients; the tied head/embedding stays in the rung's precision).
+            Needs FP8 tensor cores (compute capability >= 8.9) on a GPU; widths multiples of 16.
+        fused_ce: the head by :func:`perflab.kernels.crossentropy.linear_cross_entropy`: product, loss
+            and the gradient of the logits in one operator, the loss and gradient in one pass
+            over the logits in the forward (a Triton kernel on a GPU).
+        fp8_head: run the tied head's three products in FP8 with the fused loss
+            (:func:`perflab.kernels.fp8.head_cross_entropy`: dynamic scales for features and weight,
+            a static one for the logits' gradient, which a mean cross-entropy bounds by
+            1 / tokens; ``fused_ce`` is then implied). Needs a vocabulary and width that are
+            multiples of 16.
+        graphs: compile the whole forward (embeddings, blocks, head and loss) as one graph
+            with ``mode="reduce-overhead"``, so forward and backward replay as CUDA graphs
+            (one launch each instead of hundreds of kernel launches); needs ``compile``, one
+            process (not with DDP) and no activation checkpointing. On a CPU the same code
+            compiles without graphs.
+    """
+
+    name: str
+    model: str = "124M"
+    changes: tuple = ()
+    batch: int = 16
+    seq_len: int = 1024
+    accum: int = 1
+    precision: str = "fp32"
+    compile: bool = False
+    attention: str = "math"
+    optimizer: str = "foreach"
+    vocab: int = gpt2.GPT2_VOCAB
+    loader: str = "simple"
+    checkpoint: bool = False
+    fp8: bool = False
+    fused_ce: bool = False
+    fp8_head: bool = False
+    graphs: bool = False
+
+    def __post_init__(self):
+        for name in ("batch", "seq_len", "accum", "vocab"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        for name, allowed in (("precision", PRECISIONS), ("attention", ATTENTIONS),
+                              ("optimizer", OPTIMIZERS), ("loader", LOADERS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.model not in gpt2.CONFIGS:
+            raise ValueError(f"model must be one of {list(gpt2.CONFIGS)}, got {self.model!r}")
+        if self.seq_len > self.config().block_size:
+            raise ValueError(f"seq_len {self.seq_len} exceeds the model's block_size")
+        if self.fp8_head and (self.vocab % 16 or self.config().n_embd % 16):
+            raise ValueError(f"fp8_head needs vocab and n_embd that are multiples of 16, got "
+                             f"vocab={self.vocab}, n_embd={self.config().n_embd}")
+        if self.graphs and (not self.compile or self.checkpoint):
+            raise ValueError("graphs needs compile=True and checkpoint=False")
+
+    def config(self) -> gpt2.GPTConfig:
+        """The model's :class:`perflab.gpt2.model.GPTConfig` (vocabulary, attention and changes applied)."""
+        att = "math" if self.attention == "math" else "sdpa"
+        return gpt2.config(self.model, vocab_size=self.vocab, attention=att, **dict(self.changes))
+
+    def then(self, name: str, **changes) -> "Rung":
+        """This rung with ``changes`` applied, under a new ``name`` (the next rung of a ladder)."""
+        return replace(self, name=name, **changes)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step: ``batch x seq_len x accum``."""
+        return self.batch * self.seq_len * self.accum
+
+
+def padded(vocab: int, multiple: int = 64) -> int:
+    """``vocab`` rounded up to a multiple of ``multiple`` (50,257 -> 50,304).
+
+    Raises:
+        ValueError: non-positive arguments.
+    """
+    if vocab < 1 or multiple < 1:
+        raise ValueError(f"vocab and multiple must be positive, got {vocab}, {multiple}")
+    return -(-vocab // multiple) * multiple
+
+
+def speed_ladder(base: Rung) -> list[Rung]:
+    """The speed ladder from ``base`` (strict-fp32 eager, hand-written attention), one change
+    per rung, in the order chapter 10 climbs it.
+
+    Rungs: baseline -> larger batch (x2) -> pinned loader -> TF32 -> bf16 autocast ->
+    torch.compile -> SDPA (a fused attention kernel) -> batch x4 (the memory SDPA frees) ->
+    fused AdamW (the *plain compiled bf16* rung) -> vocabulary padded to a multiple of 64
+    (50,257 -> 50,304) -> fused head (product, loss and gradient of the logits in one
+    operator) -> FP8 head (its three products in FP8) -> CUDA graphs (the whole forward
+    and backward replayed as graphs; one process only, see :func:`last_parallel_rung`).
+
+    Raises:
+        TypeError: ``base`` is not a :class:`Rung`.
+    """
+    if not isinstance(base, Rung):
+        raise TypeError(f"base must be a Rung, got {type(base).__name__}")
+    rungs = [base]
+
+    def add(name, **kw):
+        rungs.append(rungs[-1].then(name, **kw))
+
+    add("batch x2", batch=2 * base.batch)
+    add("pinned loader", loader="pinned")
+    add("TF32 matmuls", precision="tf32")
+    add("bf16 autocast", precision="bf16")
+    add("torch.compile", compile=True)
+    add("SDPA", attention="sdpa")
+    add("batch x4", batch=4 * base.batch)
+    add("fused AdamW", optimizer="fused")
+    add(f"vocab {padded(base.vocab):,}", vocab=padded(base.vocab))
+    add("fused head", fused_ce=True)
+    add("FP8 head", fp8_head=True)
+    add("CUDA graphs", graphs=True)
+    return rungs
+
+
+def last_parallel_rung(ladder: Sequence[Rung]) -> Rung:
+    """The last rung of ``ladder`` that can run under DDP (not a ``graphs`` rung, which is
+    compiled for one process).
+
+    Raises:
+        ValueError: no such rung.
+    """
+    for rung in reversed(list(ladder)):
+        if not rung.graphs:
+            return rung
+    raise ValueError("every rung of the ladder is a graphs rung")
+
+
+#: the name of the rung the issue calls "plain compiled bf16" (bf16, compile, SDPA, fused AdamW)
+PLAIN_RUNG = "fused AdamW"
+
+
+def memory_ladder(base: Rung, micro_batches: int = 8) -> list[Rung]:
+    """The memory ladder at a fixed global batch (``base.batch x base.accum`` sequences).
+
+    Rungs: baseline -> gradient accumulation (``micro_batches`` micro-batches) -> activation
+    checkpointing -> optimizer step in the backward (gradients freed as they are used).
+    FSDP on two GPUs, the last rung of chapter 10, runs in separate processes.
+
+    Raises:
+        ValueError: ``micro_batches`` does not divide ``base.batch``.
+    """
+    if not isinstance(base, Rung):
+        raise TypeError(f"base must be a Rung, got {type(base).__name__}")
+    if micro_batches < 1 or base.batch % micro_batches:
+        raise ValueError(f"micro_batches ({micro_batches}) must divide batch ({base.batch})")
+    a = base
+    b = a.then("gradient accumulation", batch=base.batch // micro_batches,
+               accum=base.accum * micro_batches)
+    c = b.then("activation checkpointing", checkpoint=True)
+    d = c.then("optimizer in backward", optimizer="in_backward")
+    return [a, b, c, d]
+
+
+@dataclass
+class RunResult:
+    """What :func:`train` measured for one rung.
+
+    Attributes:
+        rung: the rung (as a dict).
+        tokens_per_s: trained tokens per second over the timed steps.
+        step_s: seconds per optimizer step over the timed steps (mean).
+        flops_per_token: training FLOPs per token (6N + 12 L d T).
+        peak_bytes: peak memory the caching allocator handed out (GPU) during the run, above
+            what was already allocated when it started (tensors of earlier runs still alive in
+            the process are not this rung's), else None.
+        losses: the loss of every step, warm-up steps included (floats, nats).
+        compile_s: seconds of the first step (compilation included) minus a timed step's.
+        telemetry: the clock sentence of the timed steps (:meth:`TelemetrySummary.sentence`).
+        clock_fraction: median SM clock / the chip's maximum over the timed steps (None on CPU).
+        params: parameters counted by ``GPT.num_params()`` (non-embedding).
+    """
+
+    rung: dict
+    tokens_per_s: float
+    step_s: float
+    flops_per_token: float
+    peak_bytes: int | None
+    losses: list[float]
+    compile_s: float
+    telemetry: str
+    clock_fraction: float | None
+    params: int
+    extra: dict = field(default_factory=dict)
+
+    def mfu(self, peak_flops: float) -> float:
+        """Model FLOP utilization against ``peak_flops`` (FLOP/s). Raises ValueError if <= 0."""
+        return mfu(self.tokens_per_s, self.flops_per_token, peak_flops)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
+    """Model FLOP utilization: ``tokens_per_s x flops_per_token / peak_flops`` (a fraction).
+
+    Source of the definition: Chowdhery et al. (2022), PaLM, appendix B.
+
+    Raises:
+        ValueError: a non-positive peak or flops_per_token, or negative tokens_per_s.
+    """
+    if not peak_flops > 0 or not flops_per_token > 0 or tokens_per_s < 0:
+        raise ValueError(f"need peak_flops > 0, flops_per_token > 0, tokens_per_s >= 0; got "
+                         f"{peak_flops}, {flops_per_token}, {tokens_per_s}")
+    return tokens_per_s * flops_per_token / peak_flops
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------
+
+def batches(tokens: np.ndarray, batch: int, seq_len: int, start: int = 0):
+    """Consecutive ``(x, y)`` int64 CPU batches ``(batch, seq_len)`` from a 1-D token array.
+
+    Window ``i`` is ``tokens[i*seq_len : (i+1)*seq_len + 1]`` (``x`` its first ``seq_len``
+    tokens, ``y`` the same shifted by one), windows taken in order from ``start`` and wrapping
+    around at the end, so every rung reads the same tokens in the same order.
+
+    Raises:
+        ValueError: fewer tokens than one batch of windows.
+    """
+    n_windows = (len(tokens) - 1) // seq_len
+    if n_windows < batch:
+        raise ValueError(f"{len(tokens)} tokens hold {n_windows} windows of {seq_len}; "
+                         f"need at least batch={batch}")
+    i = start
+    while True:
+        rows = [(i + k) % n_windows for k in range(batch)]
+        w = np.stack([tokens[r * seq_len: r * seq_len + seq_len + 1] for r in rows])
+        w = torch.from_numpy(w.astype(np.int64))
+        yield w[:, :-1], w[:, 1:]
+        i = (i + batch) % n_windows
+
+
+class _Windows(torch.utils.data.Dataset):
+    """Window ``i`` of a token array as ``(x, y)`` (for the DataLoader of the pinned loader)."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int):
+        self.tokens, self.seq_len = tokens, seq_len
+
+    def __len__(self):
+        return (len(self.tokens) - 1) // self.seq_len
+
+    def __getitem__(self, i):
+        L = self.seq_len
+        w = torch.from_numpy(self.tokens[i * L: i * L + L + 1].astype(np.int64))
+        return w[:-1], w[1:]
+
+
+def _pinned_batches(tokens: np.ndarray, batch: int, seq_len: int):
+    ds = _Windows(tokens, seq_len)
+    if len(ds) < batch:
+        raise ValueError(f"{len(tokens)} tokens hold {len(ds)} windows; need batch={batch}")
+    while True:  # the same order as batches(): sequential windows, dropping the ragged end
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=False, num_workers=2,
+                                             pin_memory=torch.cuda.is_available(),
+                                             drop_last=True, prefetch_factor=4)
+        yield from loader
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+
+def _set_precision(p: str) -> None:
+    """Global matmul/convolution precision for ``p`` (strict float32 or TF32 allowed)."""
+    torch.set_float32_matmul_precision("highest" if p == "fp32" else "high")
+    torch.backends.cudnn.allow_tf32 = p != "fp32"
+
+
+def _autocast(rung: Rung, device: torch.device):
+    if rung.precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _attention_ctx(rung: Rung, device: torch.device):
+    if rung.attention == "cudnn" and device.type == "cuda":
+        # cuDNN first, the others as fall-backs for shapes cuDNN does not take
+        return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                            SDPBackend.EFFICIENT_ATTENTION], set_priority=True)
+    return contextlib.nullcontext()
+
+
+def _head_loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the tied head: ``h (B, T, d)``, ``w (V, d)``, ``y (B, T)``."""
+    logits = h @ w.t()
+    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+
+def _head(rung: Rung):
+    if rung.fp8_head:
+        return fp8.head_cross_entropy
+    return crossentropy.linear_cross_entropy if rung.fused_ce else _head_loss
+
+
+class _Forward(torch.nn.Module):
+    """features -> tied head -> loss, with optional compiled blocks/head and checkpointing
+    (``rung.graphs``: the caller compiles the whole module instead)."""
+
+    def __init__(self, model: gpt2.GPT, rung: Rung):
+        super().__init__()
+        self.model, self.rung = model, rung
+        self.head_loss = _head(rung)
+        if rung.fp8:
+            fp8.convert(model)
+        if rung.compile and not rung.graphs:
+            for block in model.blocks:
+                block.compile()
+            self.head_loss = torch.compile(self.head_loss)
+
+    def forward(self, x, y):
+        m = self.model
+        pos = torch.arange(x.shape[1], device=x.device)
+        h = m.wte(x) + m.wpe(pos)
+        for block in m.blocks:
+            if self.rung.checkpoint:
+                h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False)
+            else:
+                h = block(h)
+        return self.head_loss(m.ln_f(h), m.wte.weight, y)
+
+
+def _optimizer(model: gpt2.GPT, rung: Rung, lr: float, device: torch.device):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}]
+    kw = dict(lr=lr, betas=(0.9, 0.95), eps=1e-8)
+    if rung.optimizer == "foreach":
+        return torch.optim.AdamW(groups, foreach=True, **kw)
+    fused = device.type in ("cuda", "cpu")
+    if rung.optimizer == "fused":
+        return torch.optim.AdamW(groups, fused=fused, **kw)
+    # in_backward: one optimizer per parameter, stepped by a hook as soon as its gradient is
+    # accumulated, which then frees the gradient (the PyTorch tutorial "How to save memory by
+    # fusing the optimizer step into the backward pass")
+    # With gradient accumulation the hook must step only in the last micro-batch's backward
+    # (it fires at every accumulation): ``_InBackward.last`` says when.
+    return _InBackward(groups, fused, kw)
+
+
+class _InBackward:
+    """Per-parameter AdamW stepped from ``register_post_accumulate_grad_hook``."""
+
+    def __init__(self, groups, fused: bool, kw: dict):
+        self.last = True
+        self.opts = {}
+        for g in groups:
+            for p in g["params"]:
+                self.opts[p] = torch.optim.AdamW([p], fused=fused,
+                                                 weight_decay=g["weight_decay"], **kw)
+                p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p):
+        if self.last:
+            self.opts[p].step()
+            self.opts[p].zero_grad(set_to_none=True)
+
+
+def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str,
+          warmup: int = 2, seed: int = 0, lr: float = 3e-4, ddp: Any = None,
+          profile: bool = False, snapshot: str | None = None) -> RunResult:
+    """Train GPT-2 by ``rung`` for ``warmup + steps`` optimizer steps; time the last ``steps``.
+
+    Args:
+        rung: the configuration.
+        tokens: 1-D array of token ids (uint16 memmap or any integer array), all ids below
+            ``rung.vocab``.
+        steps: timed optimizer steps (>= 1).
+        device: where to train.
+        warmup: untimed steps first (compilation happens in the first).
+        seed: initial weights (the same for every rung with the same seed and model).
+        lr: AdamW learning rate (betas 0.9, 0.95, weight decay 0.1 on matrices).
+        ddp: a callable wrapping the model for data parallelism (e.g. ``DistributedDataParallel``
+            with its arguments bound), or None. With DDP each rank reads its own windows.
+        profile: after the timed steps, profile one more step with ``torch.profiler`` and put
+            its kernels in ``result.extra["kernels"]``: ``[(name, seconds), ...]``, the
+            12 longest rows of the profiler's table (device time on a GPU, where ATen operators
+            and the kernels they launch both appear, so do not sum it; self CPU time on a
+            CPU), and every device kernel in ``result.extra["device_kernels"]`` (GPU: the
+            device-side events only, each kernel counted once, for :func:`step_breakdown`;
+            CPU: every operator's self CPU time), and the step's busy time and idle gaps in
+            ``result.extra["timeline"]`` (a :class:`Timeline`, or None).
+        snapshot: a file to write a CUDA memory snapshot of one more step to
+            (``torch.cuda.memory._dump_snapshot``, for https://pytorch.org/memory_viz); ignored
+            on a CPU (``result.extra["snapshot"]`` is None there).
+
+    Returns:
+        A :class:`RunResult`; the model and optimizer are freed before it returns.
+
+    Raises:
+        ValueError: ``steps`` < 1, ``warmup`` < 0, or token ids outside the vocabulary.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    if not isinstance(rung, Rung):
+        raise TypeError(f"rung must be a Rung, got {type(rung).__name__}")
+    device = torch.device(device)
+    top = int(np.max(tokens[: 1 << 20])) if len(tokens) else 0
+    if top >= rung.vocab:
+        raise ValueError(f"tokens hold id {top}, outside the vocabulary of {rung.vocab}")
+    cfg = rung.config()
+    _set_precision(rung.precision)
+    torch.compiler.reset()
+    held = 0
+    if device.type == "cuda":
+        gc.collect()                     # earlier runs' models in reference cycles
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        held = torch.cuda.memory_allocated(device)   # not this run's: left out
+    torch.manual_seed(seed)
+    model = gpt2.GPT(cfg).to(device)
+    fwd = _Forward(model, rung)
+    if rung.graphs:
+        if ddp is not None:
+            raise ValueError("a graphs rung runs in one process: train it without ddp")
+        net = torch.compile(fwd, mode="reduce-overhead")
+    else:
+        net = ddp(fwd) if ddp is not None else fwd
+    opt = _optimizer(model, rung, lr, device)
+    rank, world = 0, 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    start = rank * rung.batch
+    # with several ranks each reads its own windows, which the DataLoader's one sequential
+    # order does not give: those ranks cut their batches in the main process
+    if rung.loader == "pinned" and world == 1:
+        stream = _pinned_batches(tokens, rung.batch, rung.seq_len)
+    else:
+        stream = batches(tokens, rung.batch, rung.seq_len, start=start)
+    non_blocking = rung.loader == "pinned"
+    losses: list[torch.Tensor] = []
+
+    def step():
+        total = None
+        for micro in range(rung.accum):
+            x, y = next(stream)
+            x = x.to(device, non_blocking=non_blocking)
+            y = y.to(device, non_blocking=non_blocking)
+            if isinstance(opt, _InBackward):
+                opt.last = micro == rung.accum - 1
+            sync_ctx = (net.no_sync() if hasattr(net, "no_sync") and micro < rung.accum - 1
+                        else contextlib.nullcontext())
+            if rung.graphs:
+                # a new replay may overwrite the last one's outputs: say a step begins
+                torch.compiler.cudagraph_mark_step_begin()
+            with sync_ctx, _attention_ctx(rung, device), _autocast(rung, device):
+                loss = net(x, y) / rung.accum
+            loss.backward()
+            # the division is outside the graph, so ``loss`` is a tensor of its own and
+            # survives the next replay
+            total = loss.detach() if total is None else total + loss.detach()
+        if not isinstance(opt, _InBackward):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        losses.append(total)
+
+    t0 = time.perf_counter()
+    first = None
+    for i in range(warmup):
+        step()
+        if i == 0:
+            synchronize(device)
+            first = time.perf_counter() - t0
+    synchronize(device)
+    with Telemetry(index=device.index or 0 if device.type == "cuda" else 0) as tel:
+        t1 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        synchronize(device)
+        elapsed = time.perf_counter() - t1
+    summary = tel.summary()
+    step_s = elapsed / steps
+    extra = {}
+    if profile:
+        extra.update(_profile_step(step, device))
+    if snapshot is not None:
+        extra["snapshot"] = None
+        if device.type == "cuda":
+            memory.save_snapshot(memory.record_snapshot(step), snapshot)
+            extra["snapshot"] = str(snapshot)
+    peak = torch.cuda.max_memory_allocated(device) - held if device.type == "cuda" else None
+    result = RunResult(
+        rung=asdict(rung), tokens_per_s=rung.tokens_per_step / step_s, step_s=step_s,
+        flops_per_token=model.flops_per_token(rung.seq_len), peak_bytes=peak,
+        losses=[float(v) for v in torch.stack(losses).cpu()],
+        compile_s=max(0.0, (first if first is not None else step_s) - step_s),
+        telemetry=summary.sentence(), clock_fraction=summary.clock_fraction,
+        params=model.num_params(), extra=extra)
+    del net, fwd, model, opt
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """When a profiled step's device was busy (from its trace, :func:`perflab.profiling.trace.summarize_trace`).
+
+    Attributes:
+        window_s: first kernel's start to last kernel's end (CPU: outermost ATen operators), s.
+        busy_s: time in which at least one kernel ran, s.
+        kernels: kernels in the window.
+        gaps_s: every idle gap between consecutive busy intervals, in order, s.
+    """
+
+    window_s: float
+    busy_s: float
+    kernels: int
+    gaps_s: tuple
+
+    @property
+    def idle_s(self) -> float:
+        """Idle time inside the window (s): ``window_s - busy_s``."""
+        return self.window_s - self.busy_s
+
+    def idle_in_gaps_below(self, threshold_s: float) -> float:
+        """Seconds of idle time in gaps shorter than ``threshold_s`` (the boundaries between
+        back-to-back kernels), as opposed to long waits.
+
+        Raises:
+            ValueError: ``threshold_s`` <= 0.
+        """
+        if not threshold_s > 0:
+            raise ValueError(f"threshold_s must be > 0, got {threshold_s!r}")
+        return sum(g for g in self.gaps_s if g < threshold_s)
+
+    @property
+    def median_gap_s(self) -> float:
+        """Median idle gap (s); 0 without gaps."""
+        return float(np.median(self.gaps_s)) if self.gaps_s else 0.0
+
+
+def _timeline(prof) -> Timeline | None:
+    """The :class:`Timeline` of a finished ``torch.profiler`` session (None if its trace holds
+    no work)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        try:
+            t = profiling.summarize_trace(str(path))
+        except ValueError:
+            return None
+    return Timeline(t.window_us * 1e-6, t.busy_us * 1e-6, t.items,
+                    tuple(g * 1e-6 for g in t.gaps_us))
+
+
+def _profile_step(step, device: torch.device, n: int = 12) -> dict:
+    """Profile one call of ``step()``: ``{"kernels": the n longest rows of the profiler's
+    table, "device_kernels": every device-side event (GPU) or operator (CPU), by name}``,
+    each ``[(name, seconds), ...]``, the longest first, and ``"timeline"``: the step's
+    :class:`Timeline` (busy time and idle gaps)."""
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with _profile(activities=acts) as prof:
+        step()
+        synchronize(device)
+    timeline = _timeline(prof)
+    rows = []
+    for e in prof.key_averages():
+        if device.type == "cuda":
+            t = getattr(e, "self_device_time_total", None)
+            if t is None:
+                t = e.self_cuda_time_total
+        else:
+            t = e.self_cpu_time_total
+        if t > 0:
+            rows.append((e.key, t * 1e-6))
+    rows.sort(key=lambda r: -r[1])
+    if device.type != "cuda":
+        return {"kernels": rows[:n], "device_kernels": rows, "timeline": timeline}
+    # an ATen operator's row carries the device time of the kernels it launched, and a
+    # kernel Inductor launches under a record_function of its own name shares that name:
+    # only the device-side events count each kernel once
+    return {"kernels": rows[:n], "device_kernels": _device_rows(prof.events()),
+            "timeline": timeline}
+
+
+def _device_rows(events) -> list[tuple[str, float]]:
+    """``[(name, seconds)]`` summed over the device-side events (kernels, copies, memsets) of a
+    profile's ``events()``, the longest first; host-side operators are left out."""
+    totals: dict[str, float] = {}
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CPU:
+            totals[e.name] = totals.get(e.name, 0.0) + e.device_time_total * 1e-6
+    return sorted(((k, v) for k, v in totals.items() if v > 0), key=lambda r: -r[1])
+
+
+#: substrings of attention kernels (flash, cuDNN's SDPA, xFormers/CUTLASS fmha, ATen's CPU SDPA)
+_ATTENTION = ("flash", "fmha", "sdpa", "attention", "scaled_dot_product")
+#: substrings of matrix-product kernels (cuBLAS: gemm, nvjet (Hopper), cutlass, xmma; ATen ops
+#: on a CPU; Inductor's Triton matmul templates ``triton_tem_*mm*``)
+_MATMUL = ("gemm", "nvjet", "cublas", "cutlass", "xmma")
+_MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm",
+               "aten::addbmm", "aten::matmul")
+
+
+def kernel_kind(name: str) -> str:
+    """``"attention"``, ``"matmul"`` or ``"other"`` for a profiled kernel (or CPU operator) name.
+
+    Attention is tested first (a fused attention kernel multiplies matrices too, and its name
+    may say so); Inductor's pointwise and reduction kernels (``triton_poi_``, ``triton_red_``,
+    ``triton_per_``) are ``"other"`` even when their name lists the ``addmm`` whose bias they
+    fused.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    low = name.lower()
+    if any(k in low for k in _ATTENTION):
+        return "attention"
+    if low.startswith(("triton_poi", "triton_red", "triton_per")):
+        return "other"
+    if any(k in low for k in _MATMUL) or low.split("(")[0].strip() in _MATMUL_OPS:
+        return "matmul"
+    if low.startswith("triton_tem") and "mm" in low:
+        return "matmul"
+    return "other"
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """A profiled step's device time split into matrix products, attention and the rest.
+
+    Attributes:
+        matmul_s, attention_s, other_s: seconds of kernels of each kind (:func:`kernel_kind`).
+    """
+
+    matmul_s: float
+    attention_s: float
+    other_s: float
+
+    @property
+    def total_s(self) -> float:
+        """All kernel time (s): the device's busy time if kernels do not overlap."""
+        return self.matmul_s + self.attention_s + self.other_s
+
+    def share(self, kind: str) -> float:
+        """Fraction of :attr:`total_s` spent in ``kind`` (``"matmul"``, ``"attention"``,
+        ``"other"``).
+
+        Raises:
+            ValueError: an unknown kind, or no kernel time at all.
+        """
+        if kind not in ("matmul", "attention", "other"):
+            raise ValueError(f"kind must be 'matmul', 'attention' or 'other', got {kind!r}")
+        if self.total_s <= 0:
+            raise ValueError("the breakdown holds no kernel time")
+        return getattr(self, f"{kind}_s") / self.total_s
+
+    def rate(self, matmul_flops: float) -> float:
+        """Achieved matrix-product rate (FLOP/s) if the step's matmuls do ``matmul_flops``.
+
+        Raises:
+            ValueError: ``matmul_flops`` negative, or no matmul time.
+        """
+        if matmul_flops < 0:
+            raise ValueError(f"matmul_flops must be >= 0, got {matmul_flops}")
+        if self.matmul_s <= 0:
+            raise ValueError("the breakdown holds no matmul time")
+        return matmul_flops / self.matmul_s
+
+
+def step_breakdown(kernels: Sequence[tuple[str, float]]) -> StepBreakdown:
+    """Sum a profiled step's kernels by kind (:func:`kernel_kind`).
+
+    Args:
+        kernels: ``[(name, seconds), ...]``, each kernel once, e.g. ``train(...,
+            profile=True).extra["device_kernels"]`` (not ``extra["kernels"]``, which is cut to
+            12 rows and, on a GPU, lists operators beside their kernels).
+
+    Raises:
+        ValueError: a negative time.
+    """
+    sums = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
+    for name, seconds in kernels:
+        if seconds < 0:
+            raise ValueError(f"kernel {name!r} has a negative time {seconds}")
+        sums[kernel_kind(name)] += float(seconds)
+    return StepBreakdown(sums["matmul"], sums["attention"], sums["other"])
+
+
+def weight_matmul_flops(params: int, tokens: int) -> float:
+    """FLOPs of a training step's weight matrix products: ``6 x params x tokens`` (2 per weight
+    and token forward, 4 backward; Kaplan et al., 2020). ``params`` as
+    :meth:`perflab.gpt2.model.GPT.num_params` counts them (the tied head included, the position
+    embedding left out); attention's ``QK^T`` and ``AV`` are not included.
+
+    Raises:
+        ValueError: a non-positive argument.
+    """
+    if params < 1 or tokens < 1:
+        raise ValueError(f"params and tokens must be positive, got {params}, {tokens}")
+    return 6.0 * params * tokens
+
+
+def attention_kernel(kernels: Sequence[tuple[str, float]]) -> str:
+    """Which fused attention ran, from a profiled step's kernel names: ``"cuDNN"``,
+    ``"flash"``, ``"memory-efficient"``, ``"math"`` (no fused kernel) or ``"unknown"``."""
+    names = " ".join(k.lower() for k, _ in kernels)
+    if "cudnn" in names and ("attention" in names or "sdpa" in names or "fmha" in names):
+        return "cuDNN"
+    if "flash" in names:
+        return "flash"
+    if "efficient" in names or "fmha" in names:
+        return "memory-efficient"
+    if "softmax" in names:
+        return "math"
+    return "unknown"
+
+
+def losses_agree(a: Sequence[float], b: Sequence[float], rtol: float = 0.02,
+                 window: int = 5) -> tuple[bool, float]:
+    """Do two loss curves over the same tokens agree? Returns ``(agree, worst)``.
+
+    The curves are smoothed by a running mean over ``window`` steps (single steps are noisy),
+    and ``worst`` is the largest relative difference ``|a - b| / b`` of the smoothed curves;
+    they agree when ``worst <= rtol``.
+
+    Raises:
+        ValueError: curves of different lengths, shorter than ``window``, or non-finite values.
+    """
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"the curves must be 1-D and of the same length, got {a.shape}, {b.shape}")
+    if len(a) < window or window < 1:
+        raise ValueError(f"need window >= 1 and at least window={window} steps, got {len(a)}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise ValueError("the loss curves hold non-finite values")
+    k = np.ones(window) / window
+    sa, sb = np.convolve(a, k, "valid"), np.convolve(b, k, "valid")
+    worst = float(np.max(np.abs(sa - sb) / np.abs(sb)))
+    return worst <= rtol, worst
+
+
+def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str | None = None,
+                     n_tokens: int = 4_000_000, id_range: int = 8192,
+                     fsdp: bool = False) -> dict:
+    """One rank's part of a data-parallel GPT-2 run (called by ``perflab.distributed.training``'s worker).
+
+    ``rung`` is a :class:`Rung` as a dict; ``tokens`` the path of a uint16 token file (None:
+    ``n_tokens`` seeded random ids below ``id_range``, the same on every rank). Each rank trains
+    ``rung.batch`` sequences per micro-batch on its own windows; ``fsdp`` shards parameters,
+    gradients and optimizer state with FSDP2's ``fully_shard`` on every block and the root
+    instead of replicating them with DDP. Returns the rank's :meth:`RunResult.as_dict`
+    (tokens/s of this rank; the slowest rank's step time is in ``extra["max_step_s"]``).
+    """
+    r = Rung(**{k: tuple(tuple(c) for c in v) if k == "changes" else v for k, v in rung.items()})
+    if tokens is not None:
+        ids = np.memmap(tokens, dtype=np.uint16, mode="r")
+    else:
+        ids = np.random.default_rng(0).integers(0, id_range, n_tokens).astype(np.uint16)
+    if fsdp:
+        wrap = _fsdp_wrapper(ctx)
+    else:
+        ids_ = [ctx.device.index] if ctx.device.type == "cuda" else None
+
+        def wrap(module):
+            return DistributedDataParallel(module, device_ids=ids_)
+    res = train(r, ids, steps, ctx.device, warmup=warmup, ddp=wrap)
+    res.extra["max_step_s"] = ctx.max_over_ranks(res.step_s)
+    res.extra["world_size"] = ctx.world
+    return res.as_dict()
+
+
+def _fsdp_wrapper(ctx):
+    # optional: FSDP2 is imported only by the ranks that shard (it pulls in the
+    # distributed tensor machinery, which single-process rungs never need)
+    from torch.distributed.fsdp import fully_shard
+
+    def wrap(module):
+        for block in module.model.blocks:
+            fully_shard(block)
+        fully_shard(module)
+        return module
+    return wrap
+
+
+def static_bytes_per_param(rung: Rung) -> float:
+    """Bytes per parameter that live through a whole step: float32 weights (4), gradients (4)
+    and AdamW's two moments (8) = 16 (Rajbhandari et al., 2020, ZeRO, section 3.1, for fp32
+    training); with the optimizer step in the backward the gradients are freed one by one, so
+    only 12 stay (and one parameter's gradient at a time)."""
+    return 12.0 if rung.optimizer == "in_backward" else 16.0
+
+
+def predict_peak(peak_bytes: float, rung: Rung, params: int, target: gpt2.GPTConfig) -> float:
+    """Predicted peak bytes of ``rung`` for the model ``target``, from its peak measured on the
+    model of ``rung`` (``params`` parameters).
+
+    The measured peak is split into static bytes (:func:`static_bytes_per_param` x parameters)
+    and the rest (activations, logits, workspace), which is scaled by ``n_layer x n_embd``: at a
+    fixed number of tokens, a block's saved activations grow with the width (Korthikanti et al.,
+    2023: 34·s·b·h bytes per layer in 16-bit with a fused attention). Scaling the logits with
+    the depth too makes the prediction err on the safe side.
+
+    Raises:
+        ValueError: a non-positive peak or parameter count, or a peak below the static bytes.
+    """
+    if peak_bytes <= 0 or params <= 0:
+        raise ValueError(f"peak_bytes and params must be positive, got {peak_bytes}, {params}")
+    per = static_bytes_per_param(rung)
+    rest = peak_bytes - per * params
+    if rest < 0:
+        raise ValueError(f"peak_bytes {peak_bytes:.3g} is below the static bytes {per * params:.3g}")
+    src = rung.config()
+    with torch.device("meta"):
+        n_target = gpt2.GPT(target).num_params()
+    scale = (target.n_layer * target.n_embd) / (src.n_layer * src.n_embd)
+    return per * n_target + rest * scale
