@@ -34,9 +34,17 @@ WRONG = {
          "        fn()\n        time.sleep(0.002)\n        samples.append(time.perf_counter() - t0)", r"reads too high"),
         # a tiny add predicted bandwidth-bound (it is overhead: microseconds of fixed cost)
         ("ex3-solution", '"tiny add": "overhead-bound"', '"tiny add": "bandwidth-bound"', r"prediction for tiny add"),
+        # the big add's regime guessed from its size, not its intensity
+        ("ex3-solution", '"big add": "bandwidth-bound"', '"big add": "compute-bound"', r"prediction for big add"),
         # the slope taken at the smallest repeat instead of the largest
         ("ex4-solution", "last = max(points, key=lambda p: p.repeat)", "last = min(points, key=lambda p: p.repeat)",
          r"your knee"),
+        # the roofs read off the sweep itself: a prediction that can only agree with the sweep
+        ("ex4-solution", 'memory_roof = ceil.value("copy_bandwidth")',
+         "memory_roof = min(points, key=lambda p: p.seconds).bytes_per_s", r"knee_predicted"),
+        # no overlap assumed: the sum of the two terms, not the larger one
+        ("ex4-solution", "bound_s = max(8 * x.numel() / memory_roof, knee_r * x.numel() / multiply_roof)",
+         "bound_s = 8 * x.numel() / memory_roof + knee_r * x.numel() / multiply_roof", r"roofline bound"),
     ],
     "02_hardware": [
         # the arithmetic mean of the two levels instead of the geometric mean
@@ -70,6 +78,14 @@ WRONG = {
          "        s = torch.sigmoid(x)\n        ctx.save_for_backward(x, s, s * (1 - s))\n        return x * s\n\n"
          "    @staticmethod\n    def backward(ctx, grad_out):\n        x, s, _ = ctx.saved_tensors\n",
          r"naive bytes"),
+        # saves x and sigmoid(x): half the naive bytes, but nothing recomputed (the exercise's point)
+        ("ex3-solution", "        ctx.save_for_backward(x)\n        return x * torch.sigmoid(x)\n        ### END SOLUTION\n\n"
+                         "    @staticmethod\n    def backward(ctx, grad_out):\n        ### BEGIN SOLUTION\n"
+                         "        (x,) = ctx.saved_tensors\n        s = torch.sigmoid(x)\n",
+         "        s = torch.sigmoid(x)\n        ctx.save_for_backward(x, s)\n        return x * s\n        ### END SOLUTION\n\n"
+         "    @staticmethod\n    def backward(ctx, grad_out):\n        ### BEGIN SOLUTION\n"
+         "        x, s = ctx.saved_tensors\n",
+         r"at most one is\s+required"),
         # hides sigmoid(x) from the hooks as a ctx attribute
         ("ex3-solution", "        ctx.save_for_backward(x)\n        return x * torch.sigmoid(x)",
          "        ctx.save_for_backward(x)\n        ctx.s = torch.sigmoid(x)\n        return x * ctx.s", r"ctx attributes"),

@@ -60,3 +60,40 @@ def test_default_path_follows_the_environment(monkeypatch, tmp_path):
 def test_command_line_rejects_a_directory(tmp_path, capsys):
     assert C.main(["--json", str(tmp_path)]) == 2
     assert "directory" in capsys.readouterr().err
+
+
+def _h200_file(tmp_path, gpu=True):
+    """The reference run's ceilings (bf16 691.8 TFLOP/s at a median 1,590 MHz), with or without
+    the GPU facts the clock model needs."""
+    ref = json.loads(C.REFERENCE_PATH.read_text())
+    ref["gpu"] = ({"sm_count": 132, "compute_capability": [9, 0], "max_sm_clock_hz": 1.98e9,
+                   "memory_peak_bandwidth": 4.917e12} if gpu else None)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(ref))
+    return C._read(path)
+
+
+def test_roofs_come_from_the_clock_model_and_nothing_exceeds_them(tmp_path):
+    c = _h200_file(tmp_path)
+    assert c.peak("bf16") == pytest.approx(132 * 4096 * 1.98e9)
+    assert c.peak("bf16", 1.83e9) == pytest.approx(989.5e12, rel=1e-3)
+    # the issue's figure: 691.8 TFLOP/s at 1,590 MHz is 80 % per clock, not 87 %
+    assert c.per_clock("matmul_bf16") == pytest.approx(0.805, abs=0.002)
+    assert c["matmul_bf16"].sm_clock_hz == pytest.approx(1.59e9)
+    for name in ("matmul_fp32", "matmul_tf32", "matmul_bf16", "copy_bandwidth"):
+        assert c.value(name) < c.roof(name)
+    # chapter 4's trace reached 795 TFLOP/s, 114.9 % of the measured product: below the roof
+    assert 795e12 < c.roof("matmul_bf16")
+    assert c.ridge("bf16") == pytest.approx(132 * 4096 * 1.98e9 / c.value("copy_bandwidth"))
+    assert c.compute_roof("fp32") == pytest.approx(132 * 256 * 1.98e9)
+    with pytest.raises(KeyError, match="per_clock"):
+        c.per_clock("copy_bandwidth")
+
+
+def test_without_gpu_facts_the_measured_product_is_the_roof(tmp_path, monkeypatch):
+    monkeypatch.setattr(C.torch.cuda, "is_available", lambda: False)
+    c = _h200_file(tmp_path, gpu=False)
+    assert c.peak("bf16") is None and c.roof("matmul_bf16") is None
+    assert c.per_clock("matmul_bf16") is None
+    assert c.compute_roof("fp32") == c.value("matmul_fp32")
+    assert c.ridge("fp32") == pytest.approx(c.value("matmul_fp32") / c.value("copy_bandwidth"))

@@ -35,14 +35,14 @@ UNDER_TELEMETRY = {
     "cpu_cache_clock": 'telemetry_for("cpu")',          # the sweep's cell (its treads are read in the next)
     "cpu_matmul_gflops_fp32": 'telemetry_for("cpu")',
     "disk_seq_cold_GBps": 'telemetry_for("cpu")',
-    "gpu_copy_bandwidth_TBps": "telemetry_for()",
-    "l2_bandwidth_ratio": "telemetry_for()",
+    "gpu_copy_bandwidth_TBps": 'telemetry_for(work="memory")',   # a copy: the memory clock
+    "l2_bandwidth_ratio": 'telemetry_for(work="memory")',
     "matmul_tflops_bf16": "telemetry_for()",
     "matmul_tflops_fp32": "telemetry_for()",
     "elementwise_tflops": "gpu.elementwise_rate(",        # returns the telemetry of its timing
     "wave_staircase_rms": "telemetry_for()",
     "burst_tflops": "gpu.burst_and_sustained(",           # samples burst and sustained itself
-    "h2d_pinned_GBps": "telemetry_for()",
+    "h2d_pinned_GBps": 'telemetry_for(work="link")',       # PCIe: no GPU clock sets it
 }
 SECTION_UNDER_TELEMETRY = {
     "p2p_bandwidth_GBps": "with Telemetry(index=0",       # the sending GPU
@@ -201,18 +201,34 @@ def test_prose_quotes_a_clock_beside_each_measured_result():
         assert re.search(r"\{glue:text\}`\w*clock`", hits[0]), f"{name} is reported without its clock"
 
 
-def test_datasheet_comparisons_come_with_the_clock_normalized_fraction():
-    """Raw efficiency against a datasheet peak (given at the chip's maximum clock) sits beside the efficiency
-    per clock cycle, from perflab.profiling.trace.clock_normalized, as in chapters 1 and 4."""
+def test_rates_are_compared_with_the_clock_models_peak_at_their_clock():
+    """Issue 29: the efficiency per clock is the rate over FLOP per clock per SM x SMs x the clock it ran
+    at (perflab.record.ceilings.Ceilings.peak), not the datasheet scaled by median / maximum clock (which takes
+    the wrong clock for a Hopper GPU's tensor cores, 1.83 of 1.98 GHz)."""
     setup = code_cells()[0]
-    assert "from perflab.profiling.trace import clock_normalized" in setup
-    assert "return clock_normalized(fraction, tel.clock_fraction, 1.0)" in setup
-    assert "clock_normalized(frac, mem," in cell_gluing("gpu_copy_bandwidth_TBps")   # HBM: the memory clock
-    assert "at_clock(rate / ref, kind_tel)" in cell_gluing("matmul_tflops_bf16")     # every format
-    assert "at_clock(bf16_frac, best_tel)" in cell_gluing("matmul_tflops_bf16")
-    assert "at_clock(ew_frac, ew_tel)" in cell_gluing("elementwise_tflops")
+    assert "def per_clock(" in setup and "ceil.peak(fmt, tel.sm_clock_hz, fma)" in setup
+    text = "\n".join(code_cells())
+    assert "clock_normalized(" not in text and ".clock_fraction" not in text
+    assert "per_clock(rate, kind, kind_tel)" in cell_gluing("matmul_tflops_bf16")       # every format
+    assert 'per_clock(best_bf16, "bf16", best_tel)' in cell_gluing("matmul_tflops_bf16")
+    assert 'per_clock(ew, "fp32", ew_tel, fma=False)' in cell_gluing("elementwise_tflops")
+    assert 'ceil.ridge(' in cell_gluing("ridge_bf16_flop_per_byte")   # one ridge, the run's
     summary = [c for c in code_cells() if "published" in c and "at_clk" in c]
     assert summary, "the summary table has no ratio at the measurement's clock"
+
+
+def test_the_wave_model_is_chosen_after_reading_which_kernel_ran():
+    """Issue 29: check which kernel ran (names, grids, tiles) before fitting a staircase."""
+    cell = cell_gluing("wave_staircase_rms")
+    assert cell.index("perflab.profiling.trace.kernels_of(") < cell.index("gpu.fit_wave_width(")
+    assert "persistent" in cell and "tiles=candidates" in cell
+
+
+def test_the_pageable_model_is_tested_per_size_and_the_littles_law_check_can_fail():
+    cell = cell_gluing("h2d_pinned_GBps")
+    assert "cpu.memory_bandwidth(p.nbytes, 1)" in cell and '"pageable_model_sentence"' in cell
+    littles = cell_gluing("cpu_memory_bandwidth_GBps")
+    assert "0.5 <= bw_one / littles_law <= 2" in littles
 
 
 def test_the_sum_probes_fixed_cost_is_measured_not_typed():

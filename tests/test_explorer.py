@@ -89,6 +89,11 @@ def test_measure_machine_on_this_cpu():
     assert m.peaks["fp32"] == max(p.flops_per_s for p in m.points)
     given = E.measure_machine("cpu", sizes=[8], bandwidth=123.0)
     assert given.bandwidth == 123.0
+    # the run's roofs, not the best product, when given; the clock the products ran under
+    roofs = E.measure_machine("cpu", sizes=[8], bandwidth=1.0, peaks={"fp32": 7e15})
+    assert roofs.peaks == {"fp32": 7e15} and "measured over" in roofs.clock
+    with pytest.raises(ValueError, match="peaks"):
+        E.measure_machine("cpu", sizes=[8], bandwidth=1.0, peaks={"bf16": 1.0})
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -113,6 +118,9 @@ def test_explorer_selection_and_readout():
     assert pred.regime == "bandwidth-bound"
     text = ex.readout()
     assert "ridge point 10 FLOP/byte" in text and "bandwidth-bound" in text
+    timed = E.RooflineExplorer([toy(points=(point,), clock="measured at 1,590 MHz")],
+                               precision="fp32", intensity=20)
+    assert "(measured at 1,590 MHz)" in timed.readout()
     ex.select(intensity=16)
     assert ex.nearest_points() == [point]
     assert "matmul n=30" in ex.readout() and "40% of the roofline there" in ex.readout()
@@ -145,7 +153,7 @@ def test_figures_draw_roofs_points_and_the_prediction():
         labels = [line.get_label() for line in fig.axes[0].lines]
         assert any("roofline" in label for label in labels)
         assert any("measured: matmul n=30" in label for label in labels)
-        assert any("measured roofs" in label for label in labels)
+        assert any("measured ceilings" in label for label in labels)
         assert any("measured knee" in label for label in labels)      # FP32 panel only
         assert not any("measured knee" in line.get_label() for line in fig.axes[1].lines)
         assert any(label.startswith("prediction at") for label in labels)

@@ -57,3 +57,46 @@ def test_describe_and_datasheets():
     h200 = datasheets.datasheet("NVIDIA H200")
     assert h200["bf16_flops"] > h200["fp32_flops"] and "source" in h200
     assert datasheets.datasheet("no such GPU") is None
+
+
+def test_the_clock_model_reproduces_the_datasheets():
+    """FLOP per clock per SM x SMs x clock: the H100/H200 SXM's dense bf16 989.5 TFLOP/s is
+    132 x 4,096 x 1.83 GHz, below the 1.98 GHz maximum; FP32's 67 TFLOP/s is at 1.98 GHz."""
+    assert datasheets.peak_at("bf16", 132, (9, 0), 1.83e9) == pytest.approx(989.5e12, rel=1e-3)
+    assert datasheets.peak_at("bf16", 132, (9, 0), 1.98e9) == pytest.approx(1070.6e12, rel=1e-3)
+    assert datasheets.peak_at("fp32", 132, (9, 0), 1.98e9, fma=False) == pytest.approx(33.45e12, rel=1e-3)
+    assert datasheets.peak_at("fp8", 108, (8, 0), 1.41e9) is None          # no FP8 on an A100
+    assert datasheets.peak_at("fp32", 10, (8, 6), 1e9) == 2560e9            # from the lanes table
+    for name in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        assert datasheets.datasheet_clock_hz(name, "bf16") == pytest.approx(1.83e9, rel=2e-3)
+        assert datasheets.datasheet_clock_hz(name, "fp32") == pytest.approx(1.98e9, rel=2e-3)
+    assert datasheets.datasheet_clock_hz("NVIDIA A100-SXM4-80GB", "bf16") == pytest.approx(1.41e9, rel=2e-3)
+    assert datasheets.datasheet_clock_hz("Tesla V100-SXM2-32GB", "fp16") == pytest.approx(1.53e9, rel=5e-3)
+    assert datasheets.datasheet_clock_hz("Tesla V100-SXM2-32GB", "bf16") is None
+    with pytest.raises(ValueError, match="precision"):
+        datasheets.peak_at("fp4", 132, (9, 0), 1e9)
+    with pytest.raises(ValueError, match="clock_hz"):
+        datasheets.peak_at("bf16", 132, (9, 0), 0)
+
+
+def test_peak_flops_takes_this_gpu_and_a_clock(monkeypatch):
+    class Props:
+        major, minor, multi_processor_count = 9, 0, 132
+
+    monkeypatch.setattr(datasheets, "has_gpu", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props)
+    monkeypatch.setattr(datasheets.nvml, "max_sm_clock_hz", lambda i=0: 1.98e9)
+    # the issue's example: 691.8 TFLOP/s at 1,590 MHz is 80 % of the peak at that clock
+    assert 691.8e12 / datasheets.peak_flops("bf16", 1.59e9) == pytest.approx(0.805, abs=0.002)
+    assert datasheets.peak_flops("bf16") == pytest.approx(1070.6e12, rel=1e-3)
+    monkeypatch.setattr(datasheets, "has_gpu", lambda: False)
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        datasheets.peak_flops("bf16")
+
+
+def test_memory_peak_is_two_transfers_per_clock_over_the_bus(monkeypatch):
+    monkeypatch.setattr(datasheets.nvml, "readings", lambda index=0, links=False: {
+        "mem_clock_max_hz": 3201e6, "memory_bus_width_bits": 6144})
+    assert datasheets.memory_peak_bandwidth() == pytest.approx(4.917e12, rel=1e-3)
+    monkeypatch.setattr(datasheets.nvml, "readings", lambda index=0, links=False: None)
+    assert datasheets.memory_peak_bandwidth() is None

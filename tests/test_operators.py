@@ -89,3 +89,20 @@ def test_call_path_nests_python_binding_and_aten():
 def test_call_path_needs_a_named_function():
     with pytest.raises(TypeError, match="named Python function"):
         O.call_path(lambda x: x * 2, torch.randn(3))
+
+
+def test_page_faults_per_call_counts_fresh_pages_not_reused_ones():
+    """A preallocated output never faults; the count is per call and never negative."""
+    import torch
+    from perflab.internals.operators import page_faults_per_call
+    x, out = torch.randn(2**16), torch.empty(2**16)
+    reuse = lambda: torch.mul(x, 2, out=out)
+    reuse()
+    got = page_faults_per_call(reuse, calls=10)
+    assert got is None or got == 0
+    fresh = lambda: bytearray(2**22)      # 4 MiB the OS must map and zero each time
+    fresh()
+    faults = page_faults_per_call(fresh, calls=5)
+    assert faults is None or faults >= 0
+    with pytest.raises(ValueError, match="calls"):
+        page_faults_per_call(reuse, calls=0)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from perflab.machine import roofline as R
+from perflab.machine.sweep import sweep_repeat   # chapter 1's cell, exported
 
 
 def test_matmul_cost_counts_two_flops_per_multiply_add_and_each_operand_once():
@@ -96,20 +97,13 @@ def test_repeat_multiply_computes_x_times_two_to_the_repeat():
 
 def test_sweep_repeat_compiles_each_repeat_into_one_fused_kernel():
     x = torch.randn(4096)
-    pts = R.sweep_repeat(x, [1, 3, 9])
+    pts = sweep_repeat(x, [1, 3, 9])
     assert [p.repeat for p in pts] == [1, 3, 9]
     # on a CPU a fused Inductor kernel dispatches no ATen compute operator at all; the eager
     # fallback after dynamo's recompile limit would show `repeat` of them
     assert all(p.kernels == 0 for p in pts)
     assert all(p.seconds > 0 for p in pts)
     assert pts[2].flops == 9 * 4096 and pts[2].bytes == 8 * 4096
-
-
-def test_sweep_repeat_rejects_integer_tensors_and_empty_repeats():
-    with pytest.raises(TypeError, match="floating-point"):
-        R.sweep_repeat(torch.arange(4), [1])
-    with pytest.raises(ValueError, match="empty"):
-        R.sweep_repeat(torch.randn(4), [])
 
 
 def test_ceilings_measure_positive_rates_on_cpu():
@@ -171,3 +165,21 @@ def test_knee_check_measures_on_cpu_and_rejects_bad_arguments():
         R.knee_check(x, 0, peak_flops=1e12, bandwidth=1e10)
     with pytest.raises(TypeError, match="x must"):
         R.knee_check(torch.arange(4), 8, peak_flops=1e12, bandwidth=1e10)
+
+
+def test_ridge_changes_names_the_steps_where_the_ridge_fell():
+    """The datasheets: bf16 ridge V100 (fp16) 139 -> A100 153 -> H100 295 -> H200 206 FLOP/B."""
+    from perflab.machine.datasheets import DATASHEETS
+    names = ["Tesla V100-SXM2-32GB", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3",
+             "NVIDIA H200"]
+    tc = [(n, DATASHEETS[n].get("bf16_flops", DATASHEETS[n].get("fp16_flops")),
+           DATASHEETS[n]["memory_bandwidth"]) for n in names]
+    falls = R.ridge_changes(tc)
+    assert [(a, b) for a, b, *_ in falls] == [("NVIDIA H100 80GB HBM3", "NVIDIA H200")]
+    assert falls[0][4] == 1.0 and falls[0][5] == pytest.approx(4.8 / 3.35)
+    fp32 = [(n, DATASHEETS[n]["fp32_flops"], DATASHEETS[n]["memory_bandwidth"]) for n in names]
+    assert [(a, b) for a, b, *_ in R.ridge_changes(fp32)] == [
+        ("Tesla V100-SXM2-32GB", "NVIDIA A100-SXM4-80GB"), ("NVIDIA H100 80GB HBM3", "NVIDIA H200")]
+    assert R.ridge_changes([("a", 1.0, 1.0), ("b", 4.0, 2.0)]) == []
+    with pytest.raises(ValueError, match="two machines"):
+        R.ridge_changes([("a", 1.0, 1.0)])

@@ -119,6 +119,8 @@ def test_work_on_the_cpu_samples_the_cpu_even_beside_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(T, "_gpu_reading", lambda index=0: {"sm_clock_mhz": 1980.0})
     monkeypatch.setattr(T, "_cpu_mhz", lambda: 2400.0)
+    monkeypatch.setattr(T, "_cpu_reading", lambda: {"sm_clock_mhz": 2400.0, "cpu_mhz": [2400.0],
+                                                    "clock_source": "cpufreq"})
     for device, source in ((None, "NVML"), ("cuda", "NVML"), ("cuda:0", "NVML"),
                            ("cpu", "/proc/cpuinfo"), (torch.device("cpu"), "/proc/cpuinfo")):
         with T.Telemetry(interval_s=10, device=device) as tel:
@@ -173,3 +175,57 @@ def test_utilization_sampler_arguments_and_values():
     empty = T.UtilizationSampler()
     with pytest.raises(ValueError, match="readings"):
         empty.median_pct
+
+
+def _fake_nvml(monkeypatch, power_instant_w=None):
+    def fake_readings(index=0, links=True):
+        return {"sm_clock_hz": 1590e6, "sm_clock_max_hz": 1980e6, "mem_clock_hz": 3201e6,
+                "power_w": 197.0, "power_instant_w": power_instant_w, "power_limit_w": 700.0,
+                "temperature_c": 50, "clock_event_reasons": ["software power cap"]}
+
+    monkeypatch.setattr(T.nvml, "readings", fake_readings)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+
+
+@pytest.mark.parametrize("instant, kind, words", [
+    (None, "1 s average", "one-second average"), (612.0, "instantaneous", "(instantaneous)")])
+def test_power_is_stated_as_what_nvml_gives(monkeypatch, instant, kind, words):
+    """The instantaneous field where the driver has it, else the one-second average, named."""
+    _fake_nvml(monkeypatch, instant)
+    with T.Telemetry(interval_s=10) as tel:
+        pass
+    s = tel.summary()
+    assert s.power_kind == kind and words in s.sentence()
+    assert s.power_w_max == (instant if instant is not None else 197.0)
+
+
+def test_an_sm_clock_is_stated_only_for_sm_work(monkeypatch):
+    _fake_nvml(monkeypatch, 600.0)
+    sentences = {}
+    for work in ("sm", "memory", "link"):
+        with T.Telemetry(interval_s=10, work=work) as tel:
+            pass
+        sentences[work] = tel.summary().sentence()
+        assert tel.summary().sm_clock_hz == pytest.approx(1590e6)
+    assert "SM clock median 1,590" in sentences["sm"] and "software power cap" in sentences["sm"]
+    assert "memory clock (3,201 MHz)" in sentences["memory"]
+    assert "SM clock median" not in sentences["memory"] + sentences["link"]
+    assert "no GPU clock" in sentences["link"] and "power cap" not in sentences["link"]
+    with pytest.raises(ValueError, match="work"):
+        T.Telemetry(work="disk")
+
+
+@pytest.mark.parametrize("source, values, readable", [
+    ("/proc/cpuinfo", [2596.1, 2596.1, 2596.1], False),   # a VM's constant nominal figure
+    ("/proc/cpuinfo", [2596.1, 3100.0], True),
+    ("cpufreq", [2400.0, 2400.0], True)])
+def test_a_constant_cpuinfo_clock_is_said_to_be_unreadable(monkeypatch, source, values, readable):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(T, "_cpu_reading", lambda: {"sm_clock_mhz": values[0], "cpu_mhz": values,
+                                                    "clock_source": source})
+    with T.Telemetry(interval_s=10) as tel:
+        pass
+    s = tel.summary()
+    assert s.cpu_clock_readable is readable
+    assert ("cannot be read" in s.sentence()) is (not readable)

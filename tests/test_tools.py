@@ -124,3 +124,31 @@ def test_py_spy_records_a_flame_graph(tmp_path):
     assert counts.get("spin", 0) > 0.5 * counts["all"]
     with pytest.raises(ValueError, match="duration_s"):
         tools.py_spy_record(script, svg, tools.find_py_spy(), duration_s=0)
+
+
+def test_nsys_is_found_or_none_and_run_nsys_checks_its_arguments(tmp_path):
+    from perflab.profiling import profilers as tools
+    found = tools.find_nsys()
+    assert found is None or os.access(found, os.X_OK)
+    with pytest.raises(FileNotFoundError, match="script"):
+        tools.run_nsys(tmp_path / "missing.py", "/bin/true", tmp_path / "r")
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    with pytest.raises(FileNotFoundError, match="nsys"):
+        tools.run_nsys(script, str(tmp_path / "no-nsys"), tmp_path / "r")
+
+
+def test_kernel_summary_has_the_nsys_kernel_report_columns():
+    from perflab.profiling.trace import kernel_summary
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "k1", "ts": 0.0, "dur": 10.0, "args": {}},
+        {"ph": "X", "cat": "kernel", "name": "k1", "ts": 20.0, "dur": 30.0, "args": {}},
+        {"ph": "X", "cat": "kernel", "name": "k2", "ts": 60.0, "dur": 10.0, "args": {}},
+    ]
+    rows = kernel_summary(events)
+    assert [r["name"] for r in rows] == ["k1", "k2"]
+    assert rows[0]["instances"] == 2 and rows[0]["total_us"] == 40.0
+    assert rows[0]["med_us"] == 20.0 and rows[0]["min_us"] == 10.0 and rows[0]["max_us"] == 30.0
+    assert abs(sum(r["time_pct"] for r in rows) - 100) < 1e-9
+    with pytest.raises(ValueError, match="no kernels"):
+        kernel_summary([])

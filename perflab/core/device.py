@@ -7,8 +7,10 @@ source, so a chapter can show *achieved / datasheet* with the citation beside it
 
 from __future__ import annotations
 
+import glob
 import os
 import platform
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -17,7 +19,7 @@ from perflab.core import nvml
 
 T = TypeVar("T")
 
-__all__ = ["cpu_clocks_mhz", "cpu_name", "cpuinfo", "describe", "device", "gpu_count", "has_gpu", "pick",
+__all__ = ["cpu_clock_readings", "cpu_clocks_mhz", "cpu_name", "cpuinfo", "describe", "device", "gpu_count", "has_gpu", "pick",
            "requires_gpu"]
 
 
@@ -98,17 +100,34 @@ def cpuinfo() -> list[dict[str, str]]:
     return blocks
 
 
-def cpu_clocks_mhz() -> list[float] | None:
-    """Each logical CPU's current clock in MHz, as the kernel reports it now (the ``cpu MHz``
-    lines of :func:`cpuinfo`): the one reading of the CPU's clock. None where the OS reports
-    none (Arm kernels, macOS, Windows)."""
+def cpu_clock_readings() -> tuple[list[float] | None, str | None]:
+    """Each logical CPU's current clock in MHz and where it was read: the one reading of the
+    CPU's clock. cpufreq's ``scaling_cur_freq`` where the kernel has it (``"cpufreq"``), else the
+    ``cpu MHz`` lines of :func:`cpuinfo` (``"/proc/cpuinfo"``: in a virtual machine often one
+    nominal figure repeated, see :func:`perflab.core.sampler.cpu_clock_readable`), else
+    ``(None, None)`` (Arm kernels, macOS, Windows)."""
     mhz = []
+    for path in sorted(glob.glob("/sys/devices/system/cpu/cpu*/cpufreq/scaling_cur_freq")):
+        try:
+            khz = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if khz.isdigit():
+            mhz.append(int(khz) / 1e3)
+    if mhz:
+        return mhz, "cpufreq"
     for block in cpuinfo():
         try:
             mhz.append(float(block["cpu MHz"]))
         except (KeyError, ValueError):
             pass
-    return mhz or None
+    return (mhz, "/proc/cpuinfo") if mhz else (None, None)
+
+
+def cpu_clocks_mhz() -> list[float] | None:
+    """Each logical CPU's current clock in MHz (:func:`cpu_clock_readings` without its source),
+    or None where the OS reports none."""
+    return cpu_clock_readings()[0]
 
 
 def cpu_name() -> str:

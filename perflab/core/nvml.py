@@ -15,8 +15,16 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["CLOCK_EVENT_REASONS", "device_count", "driver_version", "handle", "max_sm_clock_hz",
-           "memory_used_bytes", "nvlinks", "readings", "utilization_pct"]
+__all__ = ["CLOCK_EVENT_REASONS", "POWER_INSTANT_FIELD", "clock_settings", "device_count",
+           "driver_version", "handle", "max_sm_clock_hz", "memory_used_bytes", "nvlinks",
+           "readings", "utilization_pct"]
+
+#: ``NVML_FI_DEV_POWER_INSTANT``: the board's instantaneous power draw in milliwatts, a field of
+#: ``nvmlDeviceGetFieldValues`` (drivers of 2023 on). ``nvmlDeviceGetPowerUsage`` is not
+#: instantaneous on Ampere (GA100 aside) and newer GPUs: there it returns the power averaged over
+#: the last second (NVML API reference, ``nvmlDeviceGetPowerUsage``), so a reading taken during a
+#: 0.1 s benchmark mostly reports the second before it.
+POWER_INSTANT_FIELD = 186
 
 #: Bits of ``nvmlDeviceGetCurrentClocksEventReasons``: why the SM clock is below its maximum now.
 CLOCK_EVENT_REASONS: dict[int, str] = {
@@ -84,7 +92,10 @@ def readings(index: int = 0, links: bool = True) -> dict[str, Any] | None:
 
     Returns a dict (each value None when the driver does not answer that query):
     ``sm_clock_hz``/``sm_clock_max_hz``, ``mem_clock_hz``/``mem_clock_max_hz`` (Hz),
-    ``memory_bus_width_bits``, ``power_w``/``power_limit_w`` (watts; the enforced limit),
+    ``memory_bus_width_bits``, ``power_w`` (watts, ``nvmlDeviceGetPowerUsage``: averaged over
+    the last second on Ampere and newer GPUs, GA100 aside), ``power_instant_w`` (watts, the
+    instantaneous field :data:`POWER_INSTANT_FIELD`, None where the driver lacks it),
+    ``power_limit_w`` (watts; the enforced limit),
     ``temperature_c``, ``pstate`` (performance state, 0 = fastest), ``utilization_pct`` (percent
     of the last sample period in which any kernel ran), ``clock_event_reasons`` (names from
     :data:`CLOCK_EVENT_REASONS`, e.g. ``["idle"]``), and with ``links=True`` the PCIe link
@@ -111,6 +122,7 @@ def readings(index: int = 0, links: bool = True) -> dict[str, Any] | None:
         "mem_clock_max_hz": hz(_call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_MEM)),
         "memory_bus_width_bits": _call("nvmlDeviceGetMemoryBusWidth", h),
         "power_w": watts(_call("nvmlDeviceGetPowerUsage", h)),
+        "power_instant_w": watts(_field(h, POWER_INSTANT_FIELD)),
         "power_limit_w": watts(_call("nvmlDeviceGetEnforcedPowerLimit", h)),
         "temperature_c": _call("nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU),
         "pstate": _call("nvmlDeviceGetPerformanceState", h),
@@ -186,6 +198,44 @@ def nvlinks(index: int = 0) -> list[dict[str, Any]] | None:
                       "speed_Bps": mbps * 1e6 if mbps else None,
                       "remote": NVLINK_REMOTE.get(remote) if remote is not None else None})
     return links
+
+
+def clock_settings(index: int = 0) -> dict[str, Any] | None:
+    """How GPU ``index``'s clocks are set up (read only; nothing here changes them); None
+    without NVML. Each value None when the driver does not answer.
+
+    Returns ``sm_clock_max_hz`` (the chip's maximum), ``app_sm_clock_hz`` (the application
+    clock target: the clock a kernel runs at unless power or heat lower it, set by
+    ``nvidia-smi -ac``), ``default_app_sm_clock_hz`` (its default), ``supported_sm_clocks_hz``
+    (the SM clocks the driver can lock to at the maximum memory clock, highest first; the
+    values ``nvidia-smi -lgc`` accepts), ``compute_mode`` (``"default"``,
+    ``"exclusive process"``, ``"prohibited"``: whether other processes may use the GPU) and
+    ``processes`` (compute processes on the GPU now, this one included).
+
+    Raises:
+        ValueError: ``index`` is negative.
+    """
+    h = handle(index)
+    if h is None:
+        return None
+    pynvml = _pynvml()
+    hz = lambda v: None if v is None else v * 1e6  # noqa: E731  (NVML reports MHz)
+    mem_max = _call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_MEM)
+    supported = (_call("nvmlDeviceGetSupportedGraphicsClocks", h, mem_max)
+                 if mem_max is not None else None)
+    mode = _call("nvmlDeviceGetComputeMode", h)
+    procs = _call("nvmlDeviceGetComputeRunningProcesses", h)
+    return {
+        "sm_clock_max_hz": hz(_call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_SM)),
+        "app_sm_clock_hz": hz(_call("nvmlDeviceGetApplicationsClock", h, pynvml.NVML_CLOCK_SM)),
+        "default_app_sm_clock_hz": hz(_call("nvmlDeviceGetDefaultApplicationsClock", h,
+                                            pynvml.NVML_CLOCK_SM)),
+        "supported_sm_clocks_hz": (sorted((c * 1e6 for c in supported), reverse=True)
+                                   if supported else None),
+        "compute_mode": {0: "default", 1: "exclusive thread", 2: "prohibited",
+                         3: "exclusive process"}.get(mode) if mode is not None else None,
+        "processes": len(procs) if procs is not None else None,
+    }
 
 
 def utilization_pct(index: int = 0) -> int | None:

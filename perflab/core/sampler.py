@@ -10,19 +10,28 @@ time); three readers use it:
   sets the "software power cap" clock-event reason). A number without its clock and duration
   cannot be compared with another one, so every headline benchmark of the course runs under
   :class:`Telemetry` (or :func:`measure`) and states what it saw. Without a GPU it reads the
-  CPU's clock (:func:`perflab.core.device.cpu_clocks_mhz`) and says what it could not read.
+  CPU's clock (:func:`perflab.core.device.cpu_clock_readings`) and says what it could not read.
 * :class:`UtilizationSampler`: NVML's "GPU utilization" over a loop (chapter 4).
 * :class:`MemoryPeak`: the largest rise of any GPU's used memory while a notebook runs
   (``scripts/execute.py`` records it as ``gpu_memory_peak_bytes``).
 
 Beside them, :func:`cpu_state` and :func:`machine_state` read the machine once (CPU governor and
 clocks, NVML's readings). Every GPU reading goes through :mod:`perflab.core.nvml`, the course's
-one NVML reader; reading NVML costs tens of microseconds on the host and nothing on the GPU.
-Nothing here changes a clock or a limit.
+one NVML reader (SM and memory clocks, power, temperature, clock-event reasons); reading NVML
+costs tens of microseconds on the host and nothing on the GPU. Nothing here changes a clock or a
+limit.
+
+What a sentence states depends on the work (``work=``): an SM clock belongs only to work the SMs
+do (``"sm"``: arithmetic); a memory-bound kernel's rate follows the memory clock (``"memory"``);
+a transfer between host and GPU (``"link"``: PCIe, NVLink) or a disk read follows no GPU clock at
+all. Power is stated as what NVML gives: the instantaneous field where the driver has it, else
+``nvmlDeviceGetPowerUsage``, which on Ampere and newer GPUs (GA100 aside) is a one-second
+average. A CPU whose clock the OS does not expose (a virtual machine's constant
+``/proc/cpuinfo`` figure) is said to have no readable clock.
 
 NVML reference: ``nvmlDeviceGetClockInfo``, ``nvmlDeviceGetPowerUsage``,
-``nvmlDeviceGetCurrentClocksEventReasons``, ``nvmlDeviceGetUtilizationRates``,
-``nvmlDeviceGetMemoryInfo`` (NVIDIA Management Library API reference).
+``nvmlDeviceGetFieldValues`` (``NVML_FI_DEV_POWER_INSTANT``),
+``nvmlDeviceGetCurrentClocksEventReasons`` (NVIDIA Management Library API reference).
 """
 
 from __future__ import annotations
@@ -37,14 +46,21 @@ from typing import Any, Callable
 import torch
 
 from perflab.core import nvml
-from perflab.core.device import cpu_clocks_mhz, cpu_name
+from perflab.core.device import cpu_clock_readings, cpu_name
 from perflab.core.timing import Stopwatch, benchmark
 from perflab.core.validate import positive
 
-__all__ = ["cpu_state", "machine_state", "measure", "Measurement", "MemoryPeak", "Sampler", "Telemetry",
-           "TelemetrySummary", "UtilizationSampler"]
+__all__ = ["WORK", "cpu_clock_readable", "cpu_state", "machine_state", "measure", "Measurement",
+           "MemoryPeak", "Sampler", "Telemetry", "TelemetrySummary", "UtilizationSampler"]
 
 _IDLE = "idle"  # perflab.core.nvml.CLOCK_EVENT_REASONS[0x1]: not a slowdown
+
+#: What kind of work a measurement times, and so which clock its sentence states.
+WORK = {
+    "sm": "arithmetic on the SMs: its rate follows the SM clock",
+    "memory": "memory traffic: its rate follows the memory clock, not the SM clock",
+    "link": "a transfer between host and GPU: no GPU clock sets its rate",
+}
 
 
 def _fmt_int(x: float | None) -> str:
@@ -69,6 +85,11 @@ class TelemetrySummary:
         reasons: clock-event (throttle) reasons seen in any reading, "idle" left out.
         unavailable: quantities this machine does not expose (e.g. ``["power", "throttle
             reasons"]`` on a CPU).
+        work: ``"sm"``, ``"memory"`` or ``"link"`` (:data:`WORK`) on a GPU, ``"cpu"`` on a CPU.
+        power_kind: ``"instantaneous"`` (NVML's instantaneous field) or ``"1 s average"``
+            (``nvmlDeviceGetPowerUsage`` on Ampere and newer), None without power readings.
+        cpu_clock_readable: on a CPU, False when the OS gives no reading of the clock (no
+            cpufreq and a constant ``/proc/cpuinfo`` figure, as in most virtual machines).
     """
 
     duration_s: float
@@ -84,40 +105,66 @@ class TelemetrySummary:
     temperature_c_max: float | None = None
     reasons: tuple[str, ...] = ()
     unavailable: tuple[str, ...] = ()
+    work: str = "sm"
+    power_kind: str | None = None
+    cpu_clock_readable: bool = True
+
+    @property
+    def sm_clock_hz(self) -> float | None:
+        """The median SM clock in Hz (GPU only), the clock the clock model's peak takes:
+        :func:`perflab.machine.datasheets.peak_flops` ``(fmt, summary.sm_clock_hz)``."""
+        if self.source != "NVML" or not self.sm_clock_mhz_median:
+            return None
+        return self.sm_clock_mhz_median * 1e6
 
     @property
     def clock_fraction(self) -> float | None:
         """Median SM clock / maximum SM clock (GPU only; None when either is unknown).
 
-        A datasheet peak assumes the boost clock; a rate measured at a lower clock compares with
-        ``peak x clock_fraction`` (the clock-normalized peak), because FLOP/s per SM scale with
-        the SM clock.
+        Not a normalization of a datasheet peak: datasheet tensor-core peaks assume a clock
+        below the maximum (1.83 of 1.98 GHz on an H100/H200 SXM). The clock-normalized peak is
+        :func:`perflab.machine.datasheets.peak_flops` at :attr:`sm_clock_hz`.
         """
         if not self.sm_clock_mhz_median or not self.sm_clock_mhz_max:
             return None
         return self.sm_clock_mhz_median / self.sm_clock_mhz_max
 
+    def _power(self) -> str:
+        if self.power_w_max is None:
+            return ""
+        kind = {"instantaneous": " (instantaneous)",
+                "1 s average": " (NVML's one-second average)"}.get(self.power_kind or "", "")
+        text = f", board power up to {_fmt_int(self.power_w_max)} W{kind}"
+        if self.power_limit_w is not None:
+            text += f" of a {_fmt_int(self.power_limit_w)} W limit"
+        return text
+
     def sentence(self) -> str:
-        """One sentence stating the clock, power and duration, for a caption or glued prose."""
+        """One sentence stating the clock that sets the work's rate, power and duration, for a
+        caption or glued prose."""
+        head = f"measured over {self.duration_s:.2f} s on {self.device}"
         if self.source == "NVML":
-            clock = (f"SM clock median {_fmt_int(self.sm_clock_mhz_median)} MHz "
-                     f"(min {_fmt_int(self.sm_clock_mhz_min)}, "
-                     f"chip max {_fmt_int(self.sm_clock_mhz_max)})")
-            power = ""
-            if self.power_w_max is not None:
-                power = f", power up to {_fmt_int(self.power_w_max)} W"
-                if self.power_limit_w is not None:
-                    power += f" of a {_fmt_int(self.power_limit_w)} W limit"
-            reasons = ("; throttle reasons seen: " + ", ".join(self.reasons)
-                       if self.reasons else "; no throttle reason seen")
-            return (f"measured over {self.duration_s:.2f} s on {self.device}: "
-                    f"{clock}{power}{reasons}")
+            sm = (f"SM clock median {_fmt_int(self.sm_clock_mhz_median)} MHz "
+                  f"(min {_fmt_int(self.sm_clock_mhz_min)}, "
+                  f"chip max {_fmt_int(self.sm_clock_mhz_max)})")
+            reasons = ("; clock-event reasons seen: " + ", ".join(self.reasons)
+                       if self.reasons else "; no clock-event reason seen")
+            if self.work == "memory":
+                return (f"{head}: memory traffic, whose rate follows the memory clock "
+                        f"({_fmt_int(self.mem_clock_mhz_median)} MHz), not the SM clock"
+                        f"{self._power()}")
+            if self.work == "link":
+                return (f"{head}: a transfer between host and GPU, whose rate no GPU clock "
+                        f"sets{self._power()}")
+            return f"{head}: {sm}{self._power()}{reasons}"
+        if self.sm_clock_mhz_median is not None and self.cpu_clock_readable:
+            return (f"{head}: core clock median {_fmt_int(self.sm_clock_mhz_median)} MHz as "
+                    "the OS reports it; power and throttle reasons are not exposed here")
         if self.sm_clock_mhz_median is not None:
-            return (f"measured over {self.duration_s:.2f} s on {self.device}: "
-                    f"core clock median {_fmt_int(self.sm_clock_mhz_median)} MHz as the OS "
-                    f"reports it; power and throttle reasons are not exposed here")
-        return (f"measured over {self.duration_s:.2f} s on {self.device}; "
-                f"this machine exposes no clock, power or throttle readings")
+            return (f"{head}; the CPU clock cannot be read here (no cpufreq, and "
+                    f"/proc/cpuinfo repeats a constant {_fmt_int(self.sm_clock_mhz_median)} "
+                    "MHz, a virtual machine's nominal figure), nor power")
+        return f"{head}; this machine exposes no clock, power or throttle readings"
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields plus ``clock_fraction`` and ``sentence``."""
@@ -197,16 +244,30 @@ def _gpu_reading(index: int = 0) -> dict[str, Any] | None:
     if r is None:
         return None
     mhz = lambda v: None if v is None else v / 1e6  # noqa: E731
+    instant = r.get("power_instant_w")
     return {"sm_clock_mhz": mhz(r["sm_clock_hz"]), "max_sm_clock_mhz": mhz(r["sm_clock_max_hz"]),
-            "memory_clock_mhz": mhz(r["mem_clock_hz"]), "power_w": r["power_w"],
+            "memory_clock_mhz": mhz(r["mem_clock_hz"]),
+            "power_w": instant if instant is not None else r["power_w"],
+            "power_kind": ("instantaneous" if instant is not None
+                           else "1 s average" if r["power_w"] is not None else None),
             "power_limit_w": r["power_limit_w"], "temperature_c": r["temperature_c"],
             "clock_event_reasons": r["clock_event_reasons"]}
 
 
+def _cpu_reading() -> dict[str, Any] | None:
+    """The CPU's clock readings now: ``{"sm_clock_mhz": median, "cpu_mhz": every core's,
+    "clock_source": ...}``, or None where the OS gives none."""
+    state = cpu_state()
+    mhz = state.get("cur_mhz")
+    if not mhz:
+        return None
+    return {"sm_clock_mhz": statistics.median(mhz), "cpu_mhz": list(mhz),
+            "clock_source": state.get("clock_source")}
+
+
 def _cpu_mhz() -> float | None:
-    """The median of the CPU cores' current clocks (MHz), or None where the OS reports none."""
-    mhz = cpu_clocks_mhz()
-    return statistics.median(mhz) if mhz else None
+    r = _cpu_reading()
+    return None if r is None else r["sm_clock_mhz"]
 
 
 @dataclass
@@ -220,10 +281,13 @@ class Telemetry:
             type cpu) samples the CPU's clock even on a machine with a GPU: work that runs on
             CPU cores (decoding in DataLoader workers, reading files) must not be captioned
             with an idle GPU's clock. None (default) or a CUDA device: the GPU when present.
+        work: on a GPU, what the timed work is (:data:`WORK`): ``"sm"`` (default, arithmetic:
+            the SM clock is stated), ``"memory"`` (memory-bound: the memory clock) or
+            ``"link"`` (host <-> GPU transfers: no GPU clock).
 
     Raises:
-        ValueError: ``interval_s`` is not positive, ``index`` is negative, or ``device`` is
-            not a device.
+        ValueError: ``interval_s`` is not positive, ``index`` is negative, ``device`` is
+            not a device, or ``work`` is not a key of :data:`WORK`.
 
     Example::
 
@@ -235,6 +299,7 @@ class Telemetry:
     index: int = 0
     interval_s: float = 0.02
     device: Any = None
+    work: str = "sm"
     samples: list[dict[str, Any]] = field(default_factory=list)
     _sampler: Sampler | None = field(default=None, repr=False)
     _source: str = "none"
@@ -243,6 +308,8 @@ class Telemetry:
         positive("interval_s", self.interval_s)
         if self.index < 0:
             raise ValueError(f"index must be >= 0, got {self.index}")
+        if self.work not in WORK:
+            raise ValueError(f"work must be one of {sorted(WORK)}, got {self.work!r}")
         if self.device is not None:
             try:
                 torch.device(self.device)
@@ -254,8 +321,7 @@ class Telemetry:
         if self._source == "NVML":
             return _gpu_reading(self.index)
         if self._source == "/proc/cpuinfo":
-            mhz = _cpu_mhz()
-            return None if mhz is None else {"sm_clock_mhz": mhz}
+            return _cpu_reading()
         return None
 
     def __enter__(self) -> "Telemetry":
@@ -307,17 +373,26 @@ class Telemetry:
                 mem_clock_mhz_median=(statistics.median(values("memory_clock_mhz"))
                                       if values("memory_clock_mhz") else None),
                 power_w_max=max(power) if power else None,
+                power_kind=next((x["power_kind"] for x in self.samples
+                                 if x.get("power_kind")), None),
+                work=self.work,
                 power_limit_w=max(values("power_limit_w")) if values("power_limit_w") else None,
                 temperature_c_max=(max(values("temperature_c"))
                                    if values("temperature_c") else None),
                 reasons=tuple(reasons), unavailable=tuple(unavailable))
+        every = [m for x in self.samples for m in x.get("cpu_mhz", ())]
+        sources = {x.get("clock_source") for x in self.samples if x.get("clock_source")}
+        readable = bool(clocks) and cpu_clock_readable(
+            sources.pop() if len(sources) == 1 else "cpufreq" if sources else None,
+            every or clocks)
         return TelemetrySummary(
             duration_s=duration, samples=len(self.samples), source=self._source,
             device=cpu_name(),
             sm_clock_mhz_median=statistics.median(clocks) if clocks else None,
             sm_clock_mhz_min=min(clocks) if clocks else None,
             unavailable=("power", "temperature", "throttle reasons")
-            + (() if clocks else ("clock",)))
+            + (() if readable else ("clock",)),
+            work="cpu", cpu_clock_readable=readable)
 
 
 @dataclass(frozen=True)
@@ -344,7 +419,8 @@ class Measurement:
 
 
 def measure(fn: Callable[[], object], device: torch.device | str | None = None,
-            min_run_time_s: float = 0.2, index: int | None = None) -> Measurement:
+            min_run_time_s: float = 0.2, index: int | None = None,
+            work: str = "sm") -> Measurement:
     """Median seconds of one call of ``fn()`` by :func:`perflab.core.timing.benchmark`, under telemetry.
 
     Args:
@@ -352,15 +428,16 @@ def measure(fn: Callable[[], object], device: torch.device | str | None = None,
         device: where ``fn`` runs (default: CUDA when present).
         min_run_time_s: passed to :func:`~perflab.core.timing.benchmark` (> 0).
         index: GPU to sample (default: ``device``'s index, else 0).
+        work: what ``fn`` is, for the sentence (:data:`WORK`; ignored on a CPU).
 
     Raises:
-        ValueError: ``min_run_time_s`` is not positive.
+        ValueError: ``min_run_time_s`` is not positive, or an unknown ``work``.
     """
     dev = torch.device(device) if device is not None else (
         torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     if index is None:
         index = dev.index if (dev.type == "cuda" and dev.index is not None) else 0
-    with Telemetry(index=index, device=dev) as tel:   # CPU work: the CPU's clock
+    with Telemetry(index=index, device=dev, work=work) as tel:   # CPU work: the CPU's clock
         seconds = benchmark(fn, dev, min_run_time_s=min_run_time_s)
     return Measurement(seconds=seconds, telemetry=tel.summary())
 
@@ -378,12 +455,19 @@ def cpu_state() -> dict[str, Any]:
 
     Returns a dict with ``governor`` (``scaling_governor`` of cpu0, e.g. ``"performance"`` or
     ``"powersave"``; None where the kernel exposes no cpufreq, as in most containers and VMs),
-    ``driver`` (``scaling_driver``), ``cur_mhz`` (the current frequency of each core,
-    :func:`perflab.core.device.cpu_clocks_mhz`), ``cores`` (``os.cpu_count()``) and ``load_avg_1min`` (run-queue length
-    averaged over the last minute: other work competing for the cores).
+    ``driver`` (``scaling_driver``), ``cur_mhz`` (the current frequency of each core, from
+    :func:`perflab.core.device.cpu_clock_readings`: cpufreq's ``scaling_cur_freq`` where the
+    kernel has it, else the ``cpu MHz`` lines of ``/proc/cpuinfo``), ``clock_source``
+    (``"cpufreq"``, ``"/proc/cpuinfo"`` or None), ``cores`` (``os.cpu_count()``) and
+    ``load_avg_1min`` (run-queue length averaged over the last minute: other work competing for
+    the cores).
+
+    Without cpufreq, a virtual machine's ``/proc/cpuinfo`` usually repeats one nominal figure
+    for every core, whatever the cores run at: :func:`cpu_clock_readable` says when the
+    readings cannot be trusted as a clock.
     """
     base = "/sys/devices/system/cpu/cpu0/cpufreq/"
-    mhz = cpu_clocks_mhz()
+    mhz, source = cpu_clock_readings()
     try:
         load = os.getloadavg()[0]
     except OSError:
@@ -391,12 +475,30 @@ def cpu_state() -> dict[str, Any]:
     return {
         "governor": _read(base + "scaling_governor"),
         "driver": _read(base + "scaling_driver"),
-        "cur_mhz": mhz,
+        "cur_mhz": mhz or None,
+        "clock_source": source,
         "cores": os.cpu_count(),
         "load_avg_1min": load,
         "governors_seen": sorted({_read(p) for p in glob.glob("/sys/devices/system/cpu/cpu*/cpufreq/scaling_governor")}
                                  - {None}) or None,
     }
+
+
+def cpu_clock_readable(source: str | None, readings: list[float]) -> bool:
+    """Whether CPU clock readings say what the cores run at.
+
+    cpufreq's readings do. ``/proc/cpuinfo`` readings do only when they vary (across cores or
+    over time): a virtual machine without cpufreq reports one constant, the host's nominal
+    frequency, on every core whatever the cores do (turbo, power limits), so a constant
+    ``/proc/cpuinfo`` figure is no reading of the clock.
+
+    Args:
+        source: ``"cpufreq"``, ``"/proc/cpuinfo"`` or None (:func:`cpu_state`'s ``clock_source``).
+        readings: every MHz value read (all cores, all samples).
+    """
+    if not readings or source is None:
+        return False
+    return source == "cpufreq" or len(set(readings)) > 1
 
 
 def machine_state(index: int = 0) -> dict[str, Any]:

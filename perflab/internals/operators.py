@@ -27,6 +27,11 @@ from perflab.core.fits import fit_line
 from perflab.core.progress import progress as show_progress
 from perflab.internals.overhead import op_rate
 
+try:  # POSIX only: page faults of this process (None on Windows)
+    import resource
+except ImportError:
+    resource = None
+
 __all__ = [
     "CallCost",
     "CallPathRow",
@@ -34,6 +39,7 @@ __all__ = [
     "call_path",
     "fit_call_cost",
     "has_kernel",
+    "page_faults_per_call",
     "operator_counts",
 ]
 
@@ -210,6 +216,29 @@ def call_cost_sweep(
         ops = max(10, min(max_calls, element_budget // n))
         out.append((n, 1.0 / op_rate(device, numel=n, ops=ops)))
     return out
+
+
+def page_faults_per_call(fn: Callable[[], object], calls: int = 20) -> float | None:
+    """Minor page faults the process takes per call of ``fn()`` (the operating system mapping a
+    fresh page on first touch), from ``getrusage``'s ``ru_minflt`` before and after ``calls``
+    calls; None where the OS has no ``resource`` module (Windows).
+
+    A CPU operator whose output is fresh memory from the operating system (large allocations
+    are ``mmap``-ed by the C library and returned with ``munmap`` when freed) faults once per 4
+    KiB page of it on every call; writing into a preallocated output (``out=``) faults not at
+    all. Call ``fn`` once before (first-call costs stay out).
+
+    Raises:
+        ValueError: ``calls`` < 1.
+    """
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be an int >= 1, got {calls!r}")
+    if resource is None:
+        return None
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        fn()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
 
 
 # ---------------------------------------------------------------------------------------------

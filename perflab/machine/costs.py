@@ -26,6 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from perflab.core.validate import positive, positive_int
 
 __all__ = [
+    "NORM_FLOPS_PER_ELEMENT",
     "Cost",
     "arithmetic_intensity",
     "count_cost",
@@ -211,6 +212,12 @@ _POINTWISE = {"add", "sub", "mul", "div", "add_", "sub_", "mul_", "div_", "addcm
               "sqrt", "rsqrt", "pow", "square", "abs", "clamp", "clamp_min", "clamp_max", "where",
               "maximum", "minimum", "reciprocal", "sign", "mse_loss", "mse_loss_backward"}
 _MOVES = {"copy_", "clone", "contiguous", "_to_copy"}
+#: FLOPs counted per element of a normalization (layer norm, RMS norm, batch norm) and of a
+#: softmax: one per step (mean, variance, normalize, scale, shift), the count FLOP counters use.
+#: The arithmetic is a few operations more (a variance is a subtraction, a square and a sum),
+#: which changes nothing for a kernel that is bandwidth-bound: its time is its bytes. The one
+#: count of the course: chapters 1 and 4, the explorer, lab 2 and :mod:`perflab.speed.datamovement`.
+NORM_FLOPS_PER_ELEMENT = 5
 _NORMS = {"layer_norm", "native_layer_norm", "group_norm", "native_group_norm", "rms_norm", "_fused_rms_norm",
           "native_batch_norm", "_native_batch_norm_legit", "softmax", "_softmax", "log_softmax", "_log_softmax"}
 _REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "norm", "linalg_vector_norm"}
@@ -308,9 +315,9 @@ def op_cost(name: str, input_dims, input_types):
         written = tensors[0][0] * tensors[0][1] if base.endswith("_") else out_numel * size
         flops = 0.0 if base in _MOVES else float(out_numel)
         return Cost(flops, float(read + written))
-    if base in _NORMS:  # read the input once, write the output once; ~5 FLOPs per element
+    if base in _NORMS:  # read the input once, write the output once
         n, s = tensors[0]
-        return Cost(5.0 * n, float(2 * n * s + sum(m * z for m, z in tensors[1:])))
+        return Cost(float(NORM_FLOPS_PER_ELEMENT * n), float(2 * n * s + sum(m * z for m, z in tensors[1:])))
     if base in _REDUCTIONS:
         n, s = tensors[0]
         return Cost(float(n), float(n * s))

@@ -35,7 +35,8 @@ from perflab.core.progress import progress as show_progress
 from perflab.core.validate import integers, positive, positive_int
 from perflab.machine import roofline
 from perflab.machine.datasheets import DATASHEETS
-from perflab.record.plotting import style
+from perflab.core.sampler import Telemetry
+from perflab.record.plotting import finish, style
 
 __all__ = [
     "PRECISIONS",
@@ -113,6 +114,7 @@ class Machine:
         source: where the roofs come from (a datasheet, a run).
         points: kernels measured on this device.
         knee_intensity: where a measured sweep turned compute-bound (FLOP/byte), if known.
+        clock: the telemetry sentence the points were measured under (clock, power), or "".
 
     Raises:
         ValueError: a non-positive bandwidth or peak, an unknown precision, or no peaks at all.
@@ -124,6 +126,7 @@ class Machine:
     source: str
     points: tuple[MeasuredPoint, ...] = ()
     knee_intensity: float | None = None
+    clock: str = ""
 
     def __post_init__(self):
         positive("bandwidth", self.bandwidth)
@@ -227,13 +230,18 @@ def measure_machine(
     copy_numel: int = 2**24,
     progress: bool = False,
     bandwidth: float | None = None,
+    peaks: Mapping[str, float] | None = None,
 ) -> Machine:
     """Measure this machine: copy bandwidth, then square matrix products of each size.
 
-    The memory roof is :func:`perflab.machine.roofline.copy_bandwidth` (bytes read + written). For each
-    precision and size ``n``, :func:`perflab.machine.roofline.matmul_rate` times an ``n x n`` product
-    (FLOPs ``2 n^3``); each becomes a :class:`MeasuredPoint` at :func:`matmul_intensity`. A
-    precision's compute roof is its best measured rate, a lower bound of the true peak.
+    The memory roof is :func:`perflab.machine.roofline.copy_bandwidth` (bytes read + written) unless
+    ``bandwidth`` is given (the run's ceilings: :mod:`perflab.record.ceilings`). For each precision and
+    size ``n``, :func:`perflab.machine.roofline.matmul_rate` times an ``n x n`` product (FLOPs
+    ``2 n^3``); each becomes a :class:`MeasuredPoint` at :func:`matmul_intensity`. The products
+    run under :class:`perflab.core.sampler.Telemetry`, whose sentence (SM clock, power) becomes the
+    machine's ``clock``. A precision's compute roof is ``peaks[precision]`` when given (the run's
+    roofs: :meth:`perflab.record.ceilings.Ceilings.compute_roof`, the clock model's peak at the maximum
+    clock), else its best measured rate, a lower bound of the true peak.
 
     Args:
         device: a torch device (default :func:`perflab.core.device.device`).
@@ -244,6 +252,7 @@ def measure_machine(
         copy_numel: float32 elements of the copied tensor (make it dwarf the last-level cache).
         progress: show a tqdm progress bar.
         bandwidth: the memory roof in bytes/s if already measured (then no copy is timed).
+        peaks: compute roofs in FLOP/s per precision (each measured precision needs one).
 
     Raises:
         ValueError: empty or non-positive ``sizes``, an unknown or unmeasurable precision, a
@@ -263,17 +272,27 @@ def measure_machine(
     if bandwidth is None:
         bandwidth = roofline.copy_bandwidth(dev, copy_numel)
     bandwidth = positive("bandwidth", bandwidth)
+    if peaks is not None:
+        missing = [p for p in precisions if not peaks.get(p)]
+        if missing:
+            raise ValueError(f"peaks has no roof for {missing}")
     jobs = [(p, n) for p in precisions for n in sizes]
     jobs = show_progress(jobs, "matrix products", progress)
     points = []
-    for p, n in jobs:
-        rate = roofline.matmul_rate(dev, n, p)
-        points.append(MeasuredPoint(f"matmul n={n}", p, matmul_intensity(n, p), rate, 2.0 * n**3 / rate, n))
-    peaks = {p: max(pt.flops_per_s for pt in points if pt.precision == p) for p in precisions}
+    with Telemetry(device=dev) as tel:
+        for p, n in jobs:
+            rate = roofline.matmul_rate(dev, n, p)
+            points.append(MeasuredPoint(f"matmul n={n}", p, matmul_intensity(n, p), rate,
+                                        2.0 * n**3 / rate, n))
+    if peaks is None:
+        roofs = {p: max(pt.flops_per_s for pt in points if pt.precision == p) for p in precisions}
+        source = "measured in this session: copy bandwidth and the best matrix-product rate per precision"
+    else:
+        roofs = {p: float(peaks[p]) for p in precisions}
+        source = "the run's ceilings: copy bandwidth measured, compute roofs from the clock model"
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu: {cpu_name()}"
-    return Machine(f"this machine (measured): {name}", bandwidth, peaks,
-                   "measured in this session: copy bandwidth and the best matrix-product rate per precision",
-                   points=tuple(points))
+    return Machine(f"this machine (measured): {name}", bandwidth, roofs, source,
+                   points=tuple(points), clock=tel.summary().sentence())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,7 +401,8 @@ class RooflineExplorer:
             best = max(near, key=lambda p: p.flops_per_s)
             bound = m.attainable(best.intensity, self.precision)
             text += (f" Measured nearby: {best.label} at {best.intensity:.3g} FLOP/byte reached "
-                     f"{_fmt_rate(best.flops_per_s)}, {best.flops_per_s / bound:.0%} of the roofline there.")
+                     f"{_fmt_rate(best.flops_per_s)}, {best.flops_per_s / bound:.0%} of the roofline there")
+            text += f" ({m.clock})." if m.clock else "."
         return text
 
     # -- drawing ----------------------------------------------------------------------------
@@ -416,7 +436,7 @@ class RooflineExplorer:
         ref = self.reference
         if ref is not None and precision in ref.peaks and ref.name not in [m.name for m in machines]:
             ax.plot(x, np.minimum(ref.peaks[precision], x * ref.bandwidth) / 1e12, "--", color="C2", lw=1.3,
-                    label=f"{ref.name}: measured roofs")
+                    label=f"{ref.name}: measured ceilings")
             if ref.knee_intensity and precision == "fp32":
                 k = ref.knee_intensity
                 ax.plot([k], [k * ref.bandwidth / 1e12], "D", color="C2", ms=6,

@@ -1,4 +1,6 @@
-"""The roofline: ridge point, attainable rate, measured ceilings, the ``x*2 repeat`` sweep, plots.
+"""The roofline: ridge point, attainable rate, measured ceilings, the ``x*2 repeat`` kernel and its
+check at the knee, plots. (The sweep itself is chapter 1's code, exported to
+:mod:`perflab.machine.sweep`.)
 
 The roofline model (Williams, Waterman and Patterson, "Roofline: an insightful visual performance
 model for multicore architectures", CACM 52(4), 2009) bounds a kernel's rate by
@@ -18,7 +20,7 @@ teach them beside the roofline. Units throughout: seconds, bytes, FLOPs, FLOP/s,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -26,13 +28,12 @@ import torch
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from perflab.core import formats
-from perflab.core.progress import progress as show_progress
 from perflab.core.sampler import measure
 from perflab.core.timing import benchmark
 from perflab.core.validate import integer, positive, positive_int
 from perflab.machine.costs import Cost, arithmetic_intensity, elementwise_cost, matmul_cost
 from perflab.profiling.trace import kernels_per_call
-from perflab.record.plotting import style
+from perflab.record.plotting import finish, style
 
 __all__ = [
     "Cost",
@@ -52,8 +53,8 @@ __all__ = [
     "plot_sweep",
     "predicted_knee_repeat",
     "repeat_multiply",
+    "ridge_changes",
     "ridge_point",
-    "sweep_repeat",
 ]
 
 
@@ -97,6 +98,29 @@ def classify(intensity: float, ridge: float) -> str:
     if intensity < 0:
         raise ValueError(f"intensity must be >= 0 FLOP/byte, got {intensity}")
     return "compute-bound" if intensity >= ridge else "bandwidth-bound"
+
+
+def ridge_changes(machines: Sequence[tuple[str, float, float]]) -> list[tuple]:
+    """The steps where a ridge point fell along a sequence of machines (oldest first).
+
+    Args:
+        machines: ``(name, peak FLOP/s, bandwidth bytes/s)`` per machine, in order.
+
+    Returns:
+        ``(name_from, name_to, ridge_from, ridge_to, peak ratio, bandwidth ratio)`` for each
+        consecutive pair whose ridge point (peak / bandwidth) fell; empty when it rose at
+        every step. A claim that "the ridge moved right with every generation" holds only when
+        this is empty.
+
+    Raises:
+        ValueError: fewer than two machines, or a non-positive peak or bandwidth.
+    """
+    machines = list(machines)
+    if len(machines) < 2:
+        raise ValueError("need at least two machines to compare")
+    ridges = [ridge_point(peak, bw) for _, peak, bw in machines]
+    return [(a[0], b[0], ra, rb, b[1] / a[1], b[2] / a[2])
+            for a, b, ra, rb in zip(machines, machines[1:], ridges, ridges[1:]) if rb < ra]
 
 
 def predicted_knee_repeat(peak_flops: float, bandwidth: float, bytes_per_element: float = 8.0) -> float:
@@ -265,39 +289,6 @@ class SweepPoint:
     def intensity(self) -> float:
         """Arithmetic intensity in FLOP/byte."""
         return self.flops / self.bytes
-
-
-def sweep_repeat(
-    x: torch.Tensor,
-    repeats: Iterable[int],
-    count_kernels: bool = True,
-    progress: bool = False,
-) -> list[SweepPoint]:
-    """Run the ``x*2 repeat`` sweep on tensor ``x`` (any shape, float dtype, any device).
-
-    For every ``repeat`` a fresh fused function is compiled (:func:`repeat_multiply`), warmed up,
-    its kernels per call counted with the profiler (:func:`perflab.profiling.trace.kernels_per_call`)
-    and its median time taken with :func:`perflab.core.timing.benchmark`.
-
-    Raises:
-        ValueError: an empty ``repeats`` or a non-positive repeat.
-        TypeError: ``x`` is not a floating-point tensor.
-    """
-    if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
-        raise TypeError("x must be a floating-point torch.Tensor")
-    repeats = list(repeats)
-    if not repeats:
-        raise ValueError("repeats must not be empty")
-    iterator = show_progress(repeats, "x*2 repeat sweep", progress)
-    points = []
-    for r in iterator:
-        fn = repeat_multiply(r)
-        fn(x)  # compile and warm up outside the timed region
-        kernels = kernels_per_call(fn, x) if count_kernels else None
-        seconds = benchmark(lambda: fn(x), x.device)
-        cost = elementwise_cost(x.numel(), r, x.dtype)
-        points.append(SweepPoint(r, seconds, cost.flops, cost.bytes, kernels))
-    return points
 
 
 def knee_from_sweep(points: Sequence[SweepPoint]) -> float:

@@ -1,4 +1,4 @@
-"""Command-line profilers driven from a notebook: Nsight Compute, py-spy and strace.
+"""Command-line profilers driven from a notebook: Nsight Compute, Nsight Systems, py-spy and strace.
 
 Each tool is found (:func:`find_tool`), run on a small script in a subprocess with a time limit,
 and its output parsed into numbers. A tool that is missing is reported as None by the ``find_*``
@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 __all__ = [
     "NcuKernel",
     "find_ncu",
+    "find_nsys",
     "find_py_spy",
     "find_strace",
     "find_tool",
@@ -39,6 +40,7 @@ __all__ = [
     "parse_strace_summary",
     "py_spy_record",
     "run_ncu",
+    "run_nsys",
     "strace_summary",
 ]
 
@@ -68,6 +70,48 @@ def find_ncu() -> str | None:
     """Nsight Compute's ``ncu``: on PATH, under ``/usr/local/cuda*/bin`` or ``/opt/nvidia/nsight-compute/*``."""
     return find_tool("ncu", ["/usr/local/cuda/bin/ncu", "/usr/local/cuda-*/bin/ncu",
                              "/opt/nvidia/nsight-compute/*/ncu", "/usr/local/NVIDIA-Nsight-Compute*/ncu"])
+
+
+def find_nsys() -> str | None:
+    """Nsight Systems' ``nsys``: on PATH, under ``/usr/local/cuda*/bin`` or
+    ``/opt/nvidia/nsight-systems/*/bin``."""
+    return find_tool("nsys", ["/usr/local/cuda/bin/nsys", "/usr/local/cuda-*/bin/nsys",
+                              "/opt/nvidia/nsight-systems/*/bin/nsys",
+                              "/opt/nvidia/nsight-systems-cli/*/bin/nsys"])
+
+
+def run_nsys(script: str | os.PathLike, nsys: str, report: str | os.PathLike,
+             timeout_s: float = 300, python: str | None = None) -> str:
+    """Record ``script`` with Nsight Systems between ``torch.cuda.profiler.start()`` and
+    ``stop()`` and return ``nsys stats``' kernel and CUDA API summaries (text).
+
+    Runs ``nsys profile --trace=cuda,nvtx,osrt --capture-range=cudaProfilerApi
+    --force-overwrite=true --output=<report> python script``, then ``nsys stats --report
+    cuda_gpu_kern_sum --report cuda_api_sum <report>.nsys-rep``.
+
+    Raises:
+        FileNotFoundError: ``script`` or ``nsys`` does not exist.
+        RuntimeError: either command fails (the end of its output says why).
+    """
+    script = Path(script)
+    if not script.exists():
+        raise FileNotFoundError(f"script {script} does not exist")
+    if not nsys or not Path(nsys).exists():
+        raise FileNotFoundError(f"nsys not found at {nsys!r}")
+    report = Path(report)
+    cmd = [nsys, "profile", "--trace=cuda,nvtx,osrt", "--capture-range=cudaProfilerApi",
+           "--force-overwrite=true", f"--output={report}", python or sys.executable, str(script)]
+    proc = _run(cmd, timeout_s, "nsys profile")
+    if proc.returncode != 0:
+        raise RuntimeError(f"nsys profile exited with status {proc.returncode}:\n"
+                           f"{_tail(proc.stdout + proc.stderr)}")
+    rep = report.with_suffix(".nsys-rep") if report.suffix != ".nsys-rep" else report
+    stats = _run([nsys, "stats", "--report", "cuda_gpu_kern_sum", "--report", "cuda_api_sum",
+                  str(rep)], timeout_s, "nsys stats")
+    if stats.returncode != 0:
+        raise RuntimeError(f"nsys stats exited with status {stats.returncode}:\n"
+                           f"{_tail(stats.stdout + stats.stderr)}")
+    return stats.stdout
 
 
 def find_py_spy() -> str | None:

@@ -1,7 +1,9 @@
 """Evidence from torch.profiler: how many kernels a call launches, and where a step's time goes.
 
 * :func:`kernels_per_call` counts the kernels (CPU: ATen compute operators) one call runs;
-  :func:`device_seconds_per_call` sums their device time.
+  :func:`device_seconds_per_call` sums their device time; :func:`kernels_of` names them, with
+  their grids and blocks (which kernel ran, with which tiles); :func:`launch_api_seconds` is the
+  host time one call spends in the CUDA launch API.
 * :func:`load_trace`, :func:`trace_items`, :func:`summarize_trace` read the Chrome/Perfetto trace
   that ``prof.export_chrome_trace`` writes: busy time, idle gaps between kernels, top kernels with
   their achieved FLOP/s and bandwidth (costs from :func:`perflab.machine.costs.op_cost` on the recorded
@@ -20,13 +22,16 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
+import matplotlib.pyplot as plt
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from perflab.machine.costs import Cost, count_cost, op_cost
+from perflab.record.plotting import finish
 
 __all__ = [
     "REGIMES",
@@ -36,8 +41,13 @@ __all__ = [
     "TraceItem",
     "TraceSummary",
     "count_cost",
+    "KernelRecord",
+    "kernel_summary",
+    "kernels_of",
     "kernels_per_call",
+    "launch_api_seconds",
     "load_trace",
+    "plot_timeline",
     "regime",
     "short_name",
     "step_windows",
@@ -123,6 +133,100 @@ def device_seconds_per_call(fn: Callable, *args, calls: int = 20, warmup: int = 
         raise RuntimeError("the profiler recorded no CUDA kernel for fn")
     total_us = sum(e.time_range.end - e.time_range.start for e in kernels)
     return total_us * 1e-6 / calls
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One kernel a call ran, as the profiler's trace records it.
+
+    Attributes:
+        name: the kernel's name (a cuBLAS name such as ``nvjet_sm90_tst_256x128_...`` carries
+            its tile; a Triton kernel names the operators it fused).
+        grid, block: launch dimensions ``(x, y, z)``, None when the trace lacks them.
+        blocks_per_sm: the trace's "blocks per SM" (grid blocks / SMs), None when absent.
+        duration_us: mean device time per launch, microseconds.
+        launches: how many times it ran per call.
+    """
+
+    name: str
+    grid: tuple[int, ...] | None
+    block: tuple[int, ...] | None
+    blocks_per_sm: float | None
+    duration_us: float
+    launches: float
+
+
+def kernels_of(fn: Callable, *args, calls: int = 3, **kwargs) -> list[KernelRecord]:
+    """The GPU kernels one call of ``fn(*args, **kwargs)`` runs, in launch order (first call),
+    with their grids, blocks and mean durations: which kernel ran, before a model of it is
+    fitted. Call ``fn`` once before (compilation and warm-up stay out).
+
+    Raises:
+        RuntimeError: no CUDA device, or the profiler recorded no kernel.
+        ValueError: ``calls`` < 1.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("kernels_of needs a CUDA GPU; this machine has none")
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(*args, **kwargs)
+        torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        events = load_trace(path)
+    finally:
+        os.unlink(path)
+    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e),
+                     key=lambda e: float(e["ts"]))
+    if not kernels:
+        raise RuntimeError("the profiler recorded no CUDA kernel for fn")
+    order, groups = [], {}
+    for e in kernels:
+        if e["name"] not in groups:
+            order.append(e["name"])
+        groups.setdefault(e["name"], []).append(e)
+    dims = lambda v: tuple(int(x) for x in v) if isinstance(v, list) else None  # noqa: E731
+    out = []
+    for name in order:
+        g = groups[name]
+        a = g[0].get("args", {})
+        bps = a.get("blocks per SM")
+        out.append(KernelRecord(name, dims(a.get("grid")), dims(a.get("block")),
+                                float(bps) if bps is not None else None,
+                                sum(float(e["dur"]) for e in g) / len(g), len(g) / calls))
+    return out
+
+
+def launch_api_seconds(fn: Callable, *args, calls: int = 200, **kwargs) -> tuple[float, float]:
+    """Host seconds one call of ``fn`` spends inside the CUDA launch API (``cudaLaunchKernel``,
+    ``cudaLaunchKernelExC``, ``cuLaunchKernel``), and how many launches it makes, from the
+    profiler's CPU timeline: ``(seconds per call, launches per call)``. The profiler's own cost
+    lands outside these events, so this is the launch path itself. (0.0, 0.0) on a call that
+    launches nothing.
+
+    Raises:
+        RuntimeError: no CUDA device.
+        ValueError: ``calls`` < 1.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("launch_api_seconds needs a CUDA GPU; this machine has none")
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(*args, **kwargs)
+        torch.cuda.synchronize()
+    launches = [e for e in prof.events()
+                if e.name.startswith(("cudaLaunchKernel", "cuLaunchKernel"))]
+    total_us = sum(e.time_range.end - e.time_range.start for e in launches)
+    return total_us * 1e-6 / calls, len(launches) / calls
 
 
 @dataclass(frozen=True)
@@ -496,3 +600,90 @@ def clock_normalized(efficiency: float, clock_fraction: float | None,
         if not v > 0:
             raise ValueError(f"{label} must be > 0, got {v}")
     return efficiency * ceiling_clock_fraction / clock_fraction
+
+
+def kernel_summary(source) -> list[dict]:
+    """Per-kernel totals of a ``torch.profiler`` trace in the layout of Nsight Systems'
+    ``nsys stats --report cuda_gpu_kern_sum``: one row per kernel name, sorted by total time,
+    with ``time_pct`` (share of all kernel time), ``total_us``, ``instances``, ``avg_us``,
+    ``med_us``, ``min_us``, ``max_us`` and ``name``. Both tools read the kernels' start and end
+    from CUPTI, so the numbers agree where both can run. A CPU-only trace (no kernels) gives
+    the outermost ATen operators instead (:func:`trace_items`).
+
+    Raises:
+        ValueError: the trace holds no kernel or operator.
+    """
+    events = source if isinstance(source, list) else load_trace(source)
+    items = trace_items(events)
+    if not items:
+        raise ValueError("the trace has no kernels or ATen operators to summarize")
+    groups: dict = {}
+    for i in items:
+        groups.setdefault(i.name, []).append(i.dur_us)
+    total = sum(sum(v) for v in groups.values())
+    rows = []
+    for name, durs in groups.items():
+        durs = sorted(durs)
+        mid = len(durs) // 2
+        med = durs[mid] if len(durs) % 2 else (durs[mid - 1] + durs[mid]) / 2
+        rows.append({"time_pct": 100 * sum(durs) / total if total else 0.0,
+                     "total_us": sum(durs), "instances": len(durs),
+                     "avg_us": sum(durs) / len(durs), "med_us": med,
+                     "min_us": durs[0], "max_us": durs[-1], "name": name})
+    return sorted(rows, key=lambda r: -r["total_us"])
+
+
+def plot_timeline(traces: dict, width_us: float | None = None):
+    """A timeline of each ``torch.profiler`` trace, one panel per trace, as Perfetto draws it:
+    a row of the host's outermost ATen operators and a row of the GPU's kernels (a CPU trace has
+    the first row only), over the recorded steps (``ProfilerStep#N``), time from the first
+    step's start in microseconds.
+
+    Args:
+        traces: ``{title: trace path, dict or event list}``.
+        width_us: time shown per panel (default: each trace's whole window).
+
+    Returns the matplotlib Figure (one display: call ``plt.show()``).
+
+    Raises:
+        ValueError: an empty ``traces`` or a trace without operators.
+    """
+    if not traces:
+        raise ValueError("traces must name at least one trace")
+    fig, axes = plt.subplots(len(traces), 1, figsize=(11, 1.6 * len(traces) + 0.6),
+                             squeeze=False)
+    for ax, (title, source) in zip(axes[:, 0], traces.items()):
+        events = source if isinstance(source, list) else load_trace(source)
+        steps = step_windows(events)
+        ops = [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"
+               and str(e.get("name", "")).startswith("aten::")]
+        kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+        if not ops and not kernels:
+            raise ValueError(f"trace {title!r} has no operators or kernels to draw")
+        t0 = steps[0][0] if steps else min(float(e["ts"]) for e in ops + kernels)
+        end = steps[-1][1] if steps else max(float(e["ts"]) + float(e["dur"])
+                                             for e in ops + kernels)
+        if kernels:
+            end = max(end, max(float(e["ts"]) + float(e["dur"]) for e in kernels
+                               if float(e["ts"]) < end))
+        span = width_us or (end - t0)
+        # the outermost operators only: a nested call would hide under its caller
+        outer, open_end = [], -float("inf")
+        for e in sorted(ops, key=lambda e: (float(e["ts"]), -float(e["dur"]))):
+            if float(e["ts"]) >= open_end:
+                outer.append(e)
+                open_end = float(e["ts"]) + float(e["dur"])
+        rows = [("host: ATen operators", outer, "C0")]
+        if kernels:
+            rows.append(("GPU: kernels", kernels, "C3"))
+        for y, (_, evs, color) in enumerate(reversed(rows)):
+            bars = [(float(e["ts"]) - t0, float(e["dur"])) for e in evs
+                    if 0 <= float(e["ts"]) - t0 < span]
+            ax.broken_barh(bars, (y + 0.1, 0.8), facecolors=color)
+        ax.set_yticks([y + 0.5 for y in range(len(rows))],
+                      [label for label, _, _ in reversed(rows)], fontsize=8)
+        ax.set_xlim(0, span)
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("time from the first recorded step (µs)")
+    return finish(fig)

@@ -8,12 +8,25 @@ ceilings **once**, under telemetry (:mod:`perflab.core.sampler`), writes them to
 every notebook reads that file with :func:`load`.
 
 * ``copy_bandwidth``: bytes/s of ``dst.copy_(src)`` counting read + write, on a tensor far larger
-  than the last-level cache (1 GiB on a GPU, 64 MiB on a CPU).
+  than the last-level cache (1 GiB on a GPU; on a CPU four times the last-level cache the OS
+  reports, at least 64 MiB, at most 256 MiB).
 * ``matmul_fp32``, ``matmul_tf32``, ``matmul_bf16``: FLOP/s of an ``n x n @ n x n`` product,
   ``2 n^3`` FLOPs (``n = 8192`` on a GPU; ``matmul_fp32`` with ``n = 1024`` on a CPU, where tf32
   and bf16 are left out).
 * ``h2d_pinned``, ``h2d_pageable``: bytes/s of a 256 MiB host-to-device copy from pinned and from
   pageable host memory (GPU only).
+
+Each was measured at some clock, which its telemetry states: the matrix products at the SM clock
+they ran at (a sustained run of products reaches the power limit and the clock falls), the copy
+at the memory clock, the host-to-device copies at no GPU clock. So a rate that a page measures
+in a short burst, at a higher SM clock, can exceed a product's measured rate. What nothing can
+exceed are the **roofs** of the clock model, recorded beside the measurements from the GPU's own
+facts (SMs, compute capability, maximum SM clock, memory clock and bus width):
+:meth:`Ceilings.peak` (FLOP per clock per SM x SMs x a clock, :func:`perflab.machine.datasheets.peak_at`;
+at the maximum clock by default) and :meth:`Ceilings.roof` (that peak for a matrix product; the
+DRAM peak for the copy). :meth:`Ceilings.compute_roof` and :meth:`Ceilings.ridge` give every page
+the same compute roof and ridge point: the peak at the maximum clock where the clock model knows
+the device, else (a CPU) the measured FP32 product.
 
 The file lives at ``$PERFLAB_CEILINGS`` if set, else ``<clone>/.cache/perflab/ceilings.json``
 (or ``~/.cache/perflab/ceilings.json`` for an installed package). It records the machine it was
@@ -38,16 +51,23 @@ from typing import Any
 
 import torch
 
+from perflab.core import nvml
 from perflab.core.sampler import measure as _measure
+from perflab.internals.overhead import beyond_cache_numel
+from perflab.machine import datasheets
 from perflab.machine.roofline import matmul_cost
 from perflab.record.provenance import environment
 
-__all__ = ["CEILINGS_ENV", "Ceiling", "Ceilings", "NAMES", "SCHEMA", "default_path", "load",
-           "measure_all"]
+__all__ = ["CEILINGS_ENV", "Ceiling", "Ceilings", "NAMES", "SCHEMA", "WORK", "default_path",
+           "gpu_facts", "load", "measure_all"]
 
-SCHEMA = "perflab-ceilings/1"
+SCHEMA = "perflab-ceilings/1"   # the "gpu" facts are optional: files without them still read
 CEILINGS_ENV = "PERFLAB_CEILINGS"
 REFERENCE_PATH = Path(__file__).resolve().parent.parent / "data" / "reference_ceilings.json"
+
+#: The work each ceiling times (:data:`perflab.core.sampler.WORK`): which clock its sentence states.
+WORK = {"copy_bandwidth": "memory", "matmul_fp32": "sm", "matmul_tf32": "sm", "matmul_bf16": "sm",
+        "h2d_pinned": "link", "h2d_pageable": "link"}
 
 #: Every ceiling name, its unit and what it is.
 NAMES: dict[str, tuple[str, str]] = {
@@ -83,6 +103,12 @@ class Ceiling:
         """``"B/s"`` or ``"FLOP/s"``."""
         return NAMES[self.name][0]
 
+    @property
+    def sm_clock_hz(self) -> float | None:
+        """The median SM clock while it was measured (Hz), None without GPU telemetry."""
+        mhz = self.telemetry.get("sm_clock_mhz_median")
+        return mhz * 1e6 if mhz and self.telemetry.get("source") == "NVML" else None
+
     def sentence(self) -> str:
         """``"matmul_bf16 = 712.3 TFLOP/s (8192^3; measured over 0.41 s ..., SM clock ...)"``."""
         if self.unit == "FLOP/s":
@@ -110,6 +136,67 @@ class Ceilings:
     measured: str
     items: dict[str, Ceiling]
     path: str
+    gpu: dict[str, Any] | None = None
+
+    def peak(self, fmt: str, clock_hz: float | None = None, fma: bool = True) -> float | None:
+        """The clock model's peak for number format ``fmt`` on the GPU these ceilings were
+        measured on, at ``clock_hz`` (default: its maximum SM clock), in FLOP/s: FLOP per clock
+        per SM x SMs x clock (:func:`perflab.machine.datasheets.peak_at`; ``fma=False`` halves it, for
+        plain multiplies). None on a CPU or where the course has no per-SM rate.
+
+        Raises:
+            ValueError: an unknown format key or a non-positive clock.
+        """
+        if not self.gpu:
+            return None
+        clock = clock_hz if clock_hz is not None else self.gpu.get("max_sm_clock_hz")
+        if not clock:
+            return None
+        return datasheets.peak_at(fmt, self.gpu["sm_count"], tuple(self.gpu["compute_capability"]),
+                                clock, fma)
+
+    def per_clock(self, name: str) -> float | None:
+        """A matrix product's measured rate over the clock model's peak at the SM clock it ran
+        at: its efficiency per clock cycle (0..1), None without a GPU clock or a peak.
+
+        Raises:
+            KeyError: ``name`` is not a ``matmul_*`` ceiling measured here.
+        """
+        if not name.startswith("matmul_"):
+            raise KeyError(f"per_clock applies to matmul_* ceilings, got {name!r}")
+        c = self[name]
+        peak = self.peak(name.split("_", 1)[1], c.sm_clock_hz) if c.sm_clock_hz else None
+        return c.value / peak if peak else None
+
+    def roof(self, name: str) -> float | None:
+        """What no measurement of the kind can exceed: for ``matmul_<fmt>`` the clock model's
+        peak at the maximum SM clock, for ``copy_bandwidth`` the DRAM peak (two transfers per
+        memory clock over the bus), None where the machine's facts do not say (a CPU).
+
+        Raises:
+            KeyError: an unknown name.
+        """
+        if name not in NAMES:
+            raise KeyError(f"unknown ceiling {name!r}; known: {', '.join(NAMES)}")
+        if name.startswith("matmul_"):
+            return self.peak(name.split("_", 1)[1])
+        if name == "copy_bandwidth" and self.gpu:
+            return self.gpu.get("memory_peak_bandwidth")
+        return None
+
+    def compute_roof(self, fmt: str = "bf16") -> float | None:
+        """The compute roof every page draws for ``fmt``: the clock model's peak at the maximum
+        SM clock where it is known (a GPU), else the measured ``matmul_<fmt>`` (a CPU: fp32)."""
+        peak = self.peak(fmt)
+        if peak:
+            return peak
+        return self.value(f"matmul_{fmt}") if f"matmul_{fmt}" in NAMES else None
+
+    def ridge(self, fmt: str = "bf16") -> float | None:
+        """The ridge point of ``fmt`` in FLOP/byte: :meth:`compute_roof` over the measured copy
+        bandwidth. One number per format and machine, quoted by every page."""
+        roof, bw = self.compute_roof(fmt), self.value("copy_bandwidth")
+        return roof / bw if roof and bw else None
 
     def value(self, name: str) -> float | None:
         """The ceiling ``name`` (unit in :data:`NAMES`), None where this machine has none.
@@ -141,8 +228,21 @@ class Ceilings:
     def as_dict(self) -> dict[str, Any]:
         """The JSON document written to the ceilings file."""
         return {"schema": SCHEMA, "machine": self.machine, "measured": self.measured,
+                "gpu": self.gpu,
                 "ceilings": {k: {"value": c.value, "size": c.size, "seconds": c.seconds,
                                  "telemetry": c.telemetry} for k, c in self.items.items()}}
+
+
+def gpu_facts(index: int = 0) -> dict[str, Any] | None:
+    """The facts the clock model needs about GPU ``index`` (None without one): ``sm_count``,
+    ``compute_capability``, ``max_sm_clock_hz`` (NVML) and ``memory_peak_bandwidth``."""
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(index)
+    return {"sm_count": props.multi_processor_count,
+            "compute_capability": [props.major, props.minor],
+            "max_sm_clock_hz": nvml.max_sm_clock_hz(index),
+            "memory_peak_bandwidth": datasheets.memory_peak_bandwidth(index)}
 
 
 def default_path() -> Path:
@@ -160,7 +260,7 @@ def _fingerprint(machine: dict[str, Any]) -> tuple:
 
 
 def _one(name: str, fn, work: float, size: str, device: torch.device) -> Ceiling:
-    m = _measure(fn, device)
+    m = _measure(fn, device, work=WORK[name])
     return Ceiling(name=name, value=m.rate(work), size=size, seconds=m.seconds,
                    telemetry=m.telemetry.as_dict())
 
@@ -190,7 +290,10 @@ def measure_all(device: torch.device | str | None = None, quick: bool = False) -
         torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     out: dict[str, Ceiling] = {}
     gpu = dev.type == "cuda"
-    numel = (2**28 if not quick else 2**26) if gpu else (2**24 if not quick else 2**22)
+    # a CPU's copy must stream from DRAM, not from its last-level cache: four times the cache
+    # the OS reports (perflab.internals.overhead.beyond_cache_numel), never less than the old sizes
+    numel = ((2**28 if not quick else 2**26) if gpu else
+             max(2**24 if not quick else 2**22, beyond_cache_numel(4.0, maximum=2**26)))
     src = torch.randn(numel, device=dev)
     dst = torch.empty_like(src)
     nbytes = 2 * src.numel() * src.element_size()
@@ -226,8 +329,11 @@ def _read(path: Path) -> Ceilings | None:
     items = {k: Ceiling(name=k, value=float(v["value"]), size=v["size"],
                         seconds=float(v["seconds"]), telemetry=v.get("telemetry", {}))
              for k, v in doc.get("ceilings", {}).items() if k in NAMES}
+    facts = doc.get("gpu")
+    if facts is None and doc.get("machine", {}).get("cuda") and torch.cuda.is_available():
+        facts = gpu_facts()   # a file written before the facts were recorded, read on its GPU
     return Ceilings(machine=doc.get("machine", {}), measured=doc.get("measured", ""),
-                    items=items, path=str(path))
+                    items=items, path=str(path), gpu=facts)
 
 
 def load(path: str | os.PathLike | None = None, fresh: bool = False,
@@ -240,7 +346,8 @@ def load(path: str | os.PathLike | None = None, fresh: bool = False,
     Args:
         path: the ceilings file (default :func:`default_path`).
         fresh: measure again even if a matching file exists.
-        quick: smaller problems when measuring (default: quick on a CPU, full size on a GPU).
+        quick: smaller problems when measuring (default: full size; on a CPU a 512^3
+            product reached a quarter of a 1024^3 one, too small to stand in for a roof).
 
     Raises:
         OSError: the file cannot be written (the message names the path).
@@ -252,10 +359,11 @@ def load(path: str | os.PathLike | None = None, fresh: bool = False,
         if got is not None and _fingerprint(got.machine) == _fingerprint(here):
             return got
     if quick is None:
-        quick = not torch.cuda.is_available()
+        quick = False   # a CPU too: a 512^3 product is too small to stand in for its roof
     items = measure_all(quick=quick)
     result = Ceilings(machine=here, measured=_dt.datetime.now(_dt.timezone.utc)
-                      .strftime("%Y-%m-%dT%H:%M:%SZ"), items=items, path=str(p))
+                      .strftime("%Y-%m-%dT%H:%M:%SZ"), items=items, path=str(p),
+                      gpu=gpu_facts())
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps(result.as_dict(), indent=1) + "\n")

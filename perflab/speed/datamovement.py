@@ -29,7 +29,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 import torch
-from perflab.machine.costs import _POINTWISE, _operator_bytes  # the cost model's operator tables (perflab.costs)
+from perflab.machine.costs import (  # the cost model's count and operator tables
+    NORM_FLOPS_PER_ELEMENT, _POINTWISE, _operator_bytes)
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -217,7 +218,7 @@ def shares(values: dict[str, float]) -> dict[str, float]:
 
 
 # FLOPs per element that the counters below assign beyond torch.utils.flop_counter's
-_NORM_FLOPS_PER_ELEMENT = 5     # mean, variance, normalize, scale, shift (as perflab.profiling.trace)
+_NORM_FLOPS_PER_ELEMENT = NORM_FLOPS_PER_ELEMENT   # the course's one count (perflab.machine.costs)
 _ADAM_FLOPS_PER_PARAM = 14      # two moment updates (7), the bias-corrected step (6), decay (1)
 
 
