@@ -46,7 +46,7 @@ from perflab.timing import synchronize
 
 __all__ = ["Rung", "RunResult", "StepBreakdown", "Timeline", "speed_ladder", "memory_ladder",
            "train", "last_parallel_rung",
-           "batches", "kernel_kind", "losses_agree", "mfu", "step_breakdown",
+           "batches", "window_ids", "kernel_kind", "losses_agree", "mfu", "step_breakdown",
            "weight_matmul_flops"]
 
 PRECISIONS = ("fp32", "tf32", "bf16")
@@ -77,7 +77,9 @@ class Rung:
             (SDPA restricted to cuDNN's fused attention; on a machine without it, SDPA's choice).
         optimizer: AdamW ``"foreach"`` (PyTorch's default: a few kernels per group of tensors),
             ``"fused"`` (one fused kernel for all parameters) or ``"in_backward"`` (a fused
-            step per parameter as soon as its gradient is ready, then the gradient is freed).
+            step per parameter as soon as its gradient is complete, then the gradient is
+            freed: in the last micro-batch's backward only, so with ``accum > 1`` every
+            gradient still lives through the earlier micro-batches).
         vocab: rows of the embedding: 50,257 (GPT-2's tokenizer) or 50,304 (padded to a
             multiple of 64 and 128).
         loader: ``"simple"`` (the batch cut in the main process, copied pageable and blocking)
@@ -298,27 +300,52 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float
 # Data
 # ---------------------------------------------------------------------------------------------
 
-def batches(tokens: np.ndarray, batch: int, seq_len: int, start: int = 0):
-    """Consecutive ``(x, y)`` int64 CPU batches ``(batch, seq_len)`` from a 1-D token array.
+def window_ids(step: int, batch: int, n_windows: int, rank: int = 0, world: int = 1,
+               start: int = 0) -> list[int]:
+    """The token windows that ``rank`` of ``world`` reads in micro-step ``step`` (0, 1, ...).
 
-    Window ``i`` is ``tokens[i*seq_len : (i+1)*seq_len + 1]`` (``x`` its first ``seq_len``
-    tokens, ``y`` the same shifted by one), windows taken in order from ``start`` and wrapping
-    around at the end, so every rung reads the same tokens in the same order.
+    Data parallelism shards one stream, as ``torch.utils.data.DistributedSampler`` does (no
+    shuffle): the windows are dealt round-robin to the ranks, so micro-step ``k`` of rank ``r``
+    reads windows ``start + (k * batch + b) * world + r`` for ``b < batch`` (modulo
+    ``n_windows``). In one micro-step the ranks read ``world x batch`` distinct windows, and
+    consecutive micro-steps (gradient accumulation, the next optimizer step) never read a
+    window again until the stream wraps around. With ``world == 1`` the windows are simply
+    consecutive.
 
     Raises:
-        ValueError: fewer tokens than one batch of windows.
+        ValueError: ``rank`` outside ``[0, world)``, or fewer windows than one micro-step of all
+            ranks needs.
+    """
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, world={world}), got {rank}")
+    if n_windows < batch * world:
+        raise ValueError(f"{n_windows} windows cannot feed {world} rank(s) x batch={batch}")
+    return [(start + (step * batch + b) * world + rank) % n_windows for b in range(batch)]
+
+
+def batches(tokens: np.ndarray, batch: int, seq_len: int, start: int = 0, rank: int = 0,
+            world: int = 1):
+    """``(x, y)`` int64 CPU batches ``(batch, seq_len)`` from a 1-D token array, for one rank.
+
+    Window ``i`` is ``tokens[i*seq_len : (i+1)*seq_len + 1]`` (``x`` its first ``seq_len``
+    tokens, ``y`` the same shifted by one); micro-step ``k`` reads the windows
+    :func:`window_ids` gives ``rank`` of ``world`` (consecutive windows for one process), so
+    every rung reads the same tokens in the same order and no two ranks read the same window.
+
+    Raises:
+        ValueError: fewer tokens than one micro-step of all ranks needs.
     """
     n_windows = (len(tokens) - 1) // seq_len
-    if n_windows < batch:
+    if n_windows < batch * world:
         raise ValueError(f"{len(tokens)} tokens hold {n_windows} windows of {seq_len}; "
-                         f"need at least batch={batch}")
-    i = start
+                         f"need at least batch x world = {batch * world}")
+    step = 0
     while True:
-        rows = [(i + k) % n_windows for k in range(batch)]
+        rows = window_ids(step, batch, n_windows, rank, world, start)
         w = np.stack([tokens[r * seq_len: r * seq_len + seq_len + 1] for r in rows])
         w = torch.from_numpy(w.astype(np.int64))
         yield w[:, :-1], w[:, 1:]
-        i = (i + batch) % n_windows
+        step += 1
 
 
 class _Windows(torch.utils.data.Dataset):
@@ -336,12 +363,17 @@ class _Windows(torch.utils.data.Dataset):
         return w[:-1], w[1:]
 
 
-def _pinned_batches(tokens: np.ndarray, batch: int, seq_len: int):
+def _pinned_batches(tokens: np.ndarray, batch: int, seq_len: int, rank: int = 0,
+                    world: int = 1):
     ds = _Windows(tokens, seq_len)
-    if len(ds) < batch:
-        raise ValueError(f"{len(tokens)} tokens hold {len(ds)} windows; need batch={batch}")
-    while True:  # the same order as batches(): sequential windows, dropping the ragged end
-        loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=False, num_workers=2,
+    if len(ds) < batch * world:
+        raise ValueError(f"{len(tokens)} tokens hold {len(ds)} windows; need batch x world = "
+                         f"{batch * world}")
+    # the order of batches(): this rank's windows rank, rank + world, ... (a distributed
+    # sampler without shuffling), the ragged end dropped
+    mine = range(rank, len(ds) - len(ds) % (batch * world), world)
+    while True:
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=mine, num_workers=2,
                                              pin_memory=torch.cuda.is_available(),
                                              drop_last=True, prefetch_factor=4)
         yield from loader
@@ -512,20 +544,22 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     rank, world = 0, 1
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    start = rank * rung.batch
-    # with several ranks each reads its own windows, which the DataLoader's one sequential
-    # order does not give: those ranks cut their batches in the main process
-    if rung.loader == "pinned" and world == 1:
-        stream = _pinned_batches(tokens, rung.batch, rung.seq_len)
+    # one stream of windows dealt to the ranks (window_ids): no two ranks, and no two
+    # micro-steps, read the same tokens
+    if rung.loader == "pinned":
+        stream = _pinned_batches(tokens, rung.batch, rung.seq_len, rank, world)
     else:
-        stream = batches(tokens, rung.batch, rung.seq_len, start=start)
+        stream = batches(tokens, rung.batch, rung.seq_len, rank=rank, world=world)
     non_blocking = rung.loader == "pinned"
     losses: list[torch.Tensor] = []
+    n_windows = (len(tokens) - 1) // rung.seq_len
+    read: list[int] = []      # micro-steps read so far (their windows: window_ids)
 
     def step():
         total = None
         for micro in range(rung.accum):
             x, y = next(stream)
+            read.append(len(read))
             x = x.to(device, non_blocking=non_blocking)
             y = y.to(device, non_blocking=non_blocking)
             if isinstance(opt, _InBackward):
@@ -562,7 +596,10 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         elapsed = time.perf_counter() - t1
     summary = tel.summary()
     step_s = elapsed / steps
-    extra = {}
+    # the windows of the timed steps, so that a data-parallel run can count distinct tokens
+    timed = read[len(read) - steps * rung.accum:]
+    extra = {"windows": sorted({w for k in timed for w in window_ids(
+        k, rung.batch, n_windows, rank, world)})}
     if profile:
         extra.update(_profile_step(step, device))
     if snapshot is not None:
@@ -852,6 +889,13 @@ def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str |
     res = train(r, ids, steps, ctx.device, warmup=warmup, ddp=wrap)
     res.extra["max_step_s"] = ctx.max_over_ranks(res.step_s)
     res.extra["world_size"] = ctx.world
+    # tokens/s of the whole job counts each window once: the union over ranks of the windows
+    # their timed steps read (equal to world x this rank's when the stream is sharded)
+    every = [None] * ctx.world
+    ctx.dist.all_gather_object(every, res.extra["windows"])
+    distinct = len(set().union(*map(set, every)))
+    res.extra["distinct_windows"] = distinct
+    res.extra["job_tokens_per_s"] = distinct * r.seq_len / (steps * res.extra["max_step_s"])
     return res.as_dict()
 
 
@@ -871,9 +915,14 @@ def _fsdp_wrapper(ctx):
 def static_bytes_per_param(rung: Rung) -> float:
     """Bytes per parameter that live through a whole step: float32 weights (4), gradients (4)
     and AdamW's two moments (8) = 16 (Rajbhandari et al., 2020, ZeRO, section 3.1, for fp32
-    training); with the optimizer step in the backward the gradients are freed one by one, so
-    only 12 stay (and one parameter's gradient at a time)."""
-    return 12.0 if rung.optimizer == "in_backward" else 16.0
+    training).
+
+    With the optimizer step in the backward *and no gradient accumulation* each gradient is
+    freed as soon as its parameter is updated, so only 12 stay (and one parameter's gradient at
+    a time). Under accumulation a gradient must survive every micro-batch but the last (the
+    step can only run once it is complete), so all of them are alive through the earlier
+    micro-batches' backwards: 16, as without the hook."""
+    return 12.0 if rung.optimizer == "in_backward" and rung.accum == 1 else 16.0
 
 
 def predict_peak(peak_bytes: float, rung: Rung, params: int, target: gpt2.GPTConfig) -> float:

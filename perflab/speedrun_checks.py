@@ -246,7 +246,8 @@ class PeakEstimate:
 
     Attributes:
         static_bytes: weights (4 B/parameter), AdamW's two moments (8 B), and gradients (4 B;
-            with the optimizer in the backward, only the largest parameter's gradient lives).
+            with the optimizer in the backward and no accumulation, only the largest
+            parameter's gradient lives).
         saved_bytes: bytes autograd saved for the backward of one micro-batch (unique storages,
             parameters excluded), counted by ``saved_tensors_hooks``; with activation
             checkpointing, each block's input (which the checkpoint keeps) is added.
@@ -289,7 +290,10 @@ def peak_estimate(rung: sr.Rung, tokens: np.ndarray, device="cpu", seed: int = 0
     model = gpt2.GPT(rung.config()).to(device)
     params = list(model.parameters())
     n = sum(p.numel() for p in params)
-    grads = max(p.numel() for p in params) if rung.optimizer == "in_backward" else n
+    # the step in the backward frees each gradient at once only without accumulation: the
+    # earlier micro-batches must keep every gradient until the last one completes it
+    freed = rung.optimizer == "in_backward" and rung.accum == 1
+    grads = max(p.numel() for p in params) if freed else n
     static = 4 * n + 8 * n + 4 * grads
     skip = {_storage_key(p) for p in params}
     seen: dict = {}

@@ -169,9 +169,40 @@ def test_data_parallel_rung_on_two_gloo_ranks(fsdp):
                           nproc=2, backend="gloo", timeout_s=240)
     per = [o["results"]["gpt2"] for o in out]
     assert [p["extra"]["world_size"] for p in per] == [2, 2]
+    # the two ranks read disjoint windows: the job's distinct windows are twice a rank's
+    assert not set(per[0]["extra"]["windows"]) & set(per[1]["extra"]["windows"])
+    assert per[0]["extra"]["distinct_windows"] == 2 * len(per[0]["extra"]["windows"])
     # ranks read different windows but end with the same (all-reduced) weights: same losses
     # are not expected, finite ones are
     assert all(np.isfinite(p["losses"]).all() for p in per)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_ranks_read_disjoint_windows_and_never_a_window_twice(world):
+    """A distributed sampler's order: in one optimizer step of 4 micro-batches no window is
+    read by two ranks or by two micro-steps, and rank r's batches are those windows' tokens."""
+    seq, batch, accum = 8, 3, 4
+    t = np.arange(1 + seq * 100) % 60000
+    n_windows = (len(t) - 1) // seq
+    for step in range(3):
+        read = [w for r in range(world) for k in range(step * accum, (step + 1) * accum)
+                for w in sr.window_ids(k, batch, n_windows, r, world)]
+        assert len(read) == len(set(read)) == world * batch * accum
+    for r in range(world):
+        stream = sr.batches(t, batch, seq, rank=r, world=world)
+        for k in range(5):
+            x, _ = next(stream)
+            first = [int(row[0]) // seq for row in x]
+            assert first == sr.window_ids(k, batch, n_windows, r, world)
+    with pytest.raises(ValueError, match="rank"):
+        sr.window_ids(0, 2, 10, rank=2, world=2)
+
+
+def test_static_bytes_per_param_follow_accumulation():
+    ib = base().then("ib", optimizer="in_backward")
+    assert sr.static_bytes_per_param(ib) == 12
+    assert sr.static_bytes_per_param(ib.then("acc", batch=4, accum=2)) == 16
+    assert sr.static_bytes_per_param(base()) == 16
 
 
 def test_kernel_kind_sorts_gpu_and_cpu_names():

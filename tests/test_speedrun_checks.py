@@ -83,6 +83,9 @@ def test_peak_estimate_counts_saved_activations():
     ib = sc.peak_estimate(b.then("ib", optimizer="in_backward"), t)
     assert 12 * n < ib.static_bytes < est.static_bytes
     assert ib.total == ib.static_bytes + ib.saved_bytes + ib.recompute_bytes
+    # ... but not under accumulation: every gradient lives until the last micro-batch
+    ib_acc = sc.peak_estimate(b.then("ib", optimizer="in_backward", batch=4, accum=2), t)
+    assert ib_acc.static_bytes == est.static_bytes
     with pytest.raises(TypeError, match="Rung"):
         sc.peak_estimate("base", t)
 
