@@ -56,3 +56,16 @@ def test_describe_and_datasheets():
     h200 = H.datasheet("NVIDIA H200")
     assert h200["bf16_flops"] > h200["fp32_flops"] and "source" in h200
     assert H.datasheet("no such GPU") is None
+
+
+def test_requires_gpu_gates_on_compute_capability(monkeypatch, capsys):
+    monkeypatch.setattr(H, "gpu_count", lambda: 1)
+    monkeypatch.setattr(H.torch.cuda, "get_device_capability", lambda i=0: (8, 0))
+    monkeypatch.setattr(H.torch.cuda, "get_device_name", lambda i=0: "NVIDIA A100")
+    assert H.requires_gpu(what="FP8", capability=(8, 9), feature="FP8 tensor cores") is False
+    out = capsys.readouterr().out
+    assert "FP8 tensor cores" in out and "8.9" in out and "8.0" in out and out.count(".\n") == 1
+    monkeypatch.setattr(H.torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+    assert H.requires_gpu(what="FP8", capability=(8, 9)) is True
+    with pytest.raises(ValueError, match="capability"):
+        H.requires_gpu(capability=(9,))
