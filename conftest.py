@@ -37,3 +37,32 @@ for _folder in ("book", "labs"):
         if (ROOT / "pending" / _folder / _md.name).exists():
             _archived.append(str(_md.with_suffix(".ipynb").relative_to(ROOT)))
 collect_ignore = _archived
+
+
+# Nothing outside the clone: a test run that leaves files in the system's temporary folder fails
+# (torchrun's torchelastic_* logs, Inductor's torchinductor_* headers, Jupyter connection files,
+# multiprocessing's pymp-* folders...). Every setting above points children into .cache/; this
+# is the proof. Only names that this project's tools create are looked at: other programs may
+# share /tmp (a browser, a package manager, another user's shell).
+_SYSTEM_TMP = Path("/tmp")
+_OURS = ("torchinductor_", "torchelastic_", "tmp", "perflab", "pytest-of-", "pymp-", "matplotlib",
+         "kernel-", "triton", "jupyter", "ipython", "nbval")
+
+
+def _tmp_entries() -> set[str]:
+    try:
+        return set(os.listdir(_SYSTEM_TMP))
+    except OSError:
+        return set()
+
+
+_TMP_BEFORE = _tmp_entries()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    new = sorted(n for n in _tmp_entries() - _TMP_BEFORE if n.startswith(_OURS))
+    if new:
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            f"FAILED: the test run left {len(new)} new entr(y/ies) in {_SYSTEM_TMP} (nothing may "
+            f"leave the clone): {', '.join(new[:10])}", red=True)
+        session.exitstatus = 1

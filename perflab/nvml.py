@@ -15,8 +15,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-__all__ = ["CLOCK_EVENT_REASONS", "driver_version", "handle", "max_sm_clock_hz", "readings",
-           "utilization_pct"]
+__all__ = ["CLOCK_EVENT_REASONS", "driver_version", "handle", "max_sm_clock_hz", "nvlinks",
+           "readings", "utilization_pct"]
 
 #: Bits of ``nvmlDeviceGetCurrentClocksEventReasons``: why the SM clock is below its maximum now.
 CLOCK_EVENT_REASONS: dict[int, str] = {
@@ -130,6 +130,62 @@ def readings(index: int = 0, links: bool = True) -> dict[str, Any] | None:
                             if any(s is not None for s in states) else None),
         )
     return out
+
+
+#: ``nvmlDeviceGetNvLinkRemoteDeviceType``: what the other end of a link is.
+NVLINK_REMOTE = {0: "GPU", 1: "IBM NPU", 2: "NVSwitch"}
+
+
+def _field(h, field_id: int | None, scope: int = 0):
+    """One NVML field value (``nvmlDeviceGetFieldValues``) as a Python number, or None when this
+    nvidia-ml-py lacks the field or the driver does not answer it."""
+    pynvml = _pynvml()
+    if field_id is None:
+        return None
+    values = _call("nvmlDeviceGetFieldValues", h, [(field_id, scope)])
+    if not values or values[0].nvmlReturn != getattr(pynvml, "NVML_SUCCESS", 0):
+        return None
+    kind = {getattr(pynvml, "NVML_VALUE_TYPE_DOUBLE", 0): "dVal",
+            getattr(pynvml, "NVML_VALUE_TYPE_UNSIGNED_INT", 1): "uiVal",
+            getattr(pynvml, "NVML_VALUE_TYPE_UNSIGNED_LONG", 2): "ulVal",
+            getattr(pynvml, "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG", 3): "ullVal",
+            getattr(pynvml, "NVML_VALUE_TYPE_SIGNED_LONG_LONG", 4): "sllVal",
+            getattr(pynvml, "NVML_VALUE_TYPE_SIGNED_INT", 5): "siVal"}.get(values[0].valueType)
+    return None if kind is None else getattr(values[0].value, kind)
+
+
+def nvlinks(index: int = 0) -> list[dict[str, Any]] | None:
+    """The NVLink links of GPU ``index`` as the driver reports them; None when NVML is unavailable.
+
+    One dict per link whose state the driver answers (links ``0 .. NVML_NVLINK_MAX_LINKS - 1``):
+    ``link`` (its number), ``active`` (bool: ``nvmlDeviceGetNvLinkState``), ``speed_Bps`` (its
+    data rate in one direction, bytes/s, from the field ``NVML_FI_DEV_NVLINK_GET_SPEED``, which
+    NVML gives in MB/s, else the common speed of the active links; None when not answered) and
+    ``remote`` (what the other end is: ``"GPU"``, ``"NVSwitch"``, ... from
+    :data:`NVLINK_REMOTE`; None when not answered). An empty list: the driver answers no link's
+    state, as on a GPU without NVLink, or on a virtual machine given one GPU of a board whose
+    links it does not expose.
+
+    Raises:
+        ValueError: ``index`` is negative.
+    """
+    h = handle(index)
+    if h is None:
+        return None
+    pynvml = _pynvml()
+    enabled = getattr(pynvml, "NVML_FEATURE_ENABLED", 1)
+    common = _field(h, getattr(pynvml, "NVML_FI_DEV_NVLINK_SPEED_MBPS_COMMON", None))
+    links = []
+    for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        state = _call("nvmlDeviceGetNvLinkState", h, link)
+        if state is None:
+            continue
+        mbps = _field(h, getattr(pynvml, "NVML_FI_DEV_NVLINK_GET_SPEED", None), link) or common
+        remote = _call("nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
+        links.append({"link": link, "active": state == enabled,
+                      "speed_Bps": mbps * 1e6 if mbps else None,
+                      "remote": NVLINK_REMOTE.get(remote) if remote is not None else None})
+    return links
 
 
 def utilization_pct(index: int = 0) -> int | None:

@@ -323,7 +323,8 @@ def order_effect(first: tuple[float, float], second: tuple[float, float],
 
 def paired_ratio(base: Callable[[], object], candidate: Callable[[], object],
                  device: torch.device | str = "cpu", pairs: int = 15,
-                 block_s: float = 0.01) -> tuple[float, tuple[float, ...]]:
+                 block_s: float = 0.01,
+                 cpu_threads: int | None = None) -> tuple[float, tuple[float, ...]]:
     """How many times faster ``candidate`` is than ``base``, robust to a shared machine's load.
 
     Each *pair* times a block of ``base`` calls and a block of ``candidate`` calls back to back
@@ -340,18 +341,32 @@ def paired_ratio(base: Callable[[], object], candidate: Callable[[], object],
         device: where they run (synchronized around each block on CUDA).
         pairs: number of pairs (odd keeps the median one of them), >= 1.
         block_s: seconds a block of ``base`` should last, > 0.
+        cpu_threads: on a CPU, the intra-op threads torch uses while timing (restored after);
+            None keeps the current setting. One thread makes a comparison of per-call overhead
+            immune to another process on the machine: with every core busy elsewhere, torch's
+            worker threads of a large operator wait on each other, and a 2-core CI machine read
+            a batch-1024 evaluation 4x *slower* than batch 8 that way.
 
     Returns:
         ``(median ratio, every pair's ratio)``.
 
     Raises:
-        ValueError: ``pairs`` < 1 or ``block_s`` <= 0.
+        ValueError: ``pairs`` < 1, ``block_s`` <= 0 or ``cpu_threads`` < 1.
     """
     if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 1:
         raise ValueError(f"pairs must be an integer >= 1, got {pairs!r}")
     if not block_s > 0:
         raise ValueError(f"block_s must be > 0, got {block_s!r}")
+    if cpu_threads is not None and (not isinstance(cpu_threads, int) or cpu_threads < 1):
+        raise ValueError(f"cpu_threads must be None or an integer >= 1, got {cpu_threads!r}")
     dev = torch.device(device)
+    if dev.type == "cpu" and cpu_threads is not None:
+        before = torch.get_num_threads()
+        torch.set_num_threads(cpu_threads)
+        try:
+            return paired_ratio(base, candidate, dev, pairs, block_s)
+        finally:
+            torch.set_num_threads(before)
 
     def block(fn: Callable[[], object], calls: int) -> float:
         synchronize(dev)

@@ -4,6 +4,10 @@
 solution is the reference solution cell with ``old`` replaced by ``new`` (``old`` must occur in
 that cell), and the exercise's check must raise ``ExerciseFailed`` with a message matching the
 regular expression. Authors of a new lab add its entry here (at least one per exercise).
+
+A lab in ``labs/`` and its revision waiting in ``pending/labs/`` for a machine kind not lent share a
+stem and so a list: an entry applies to each of them whose solution cell it names
+(``tests/test_lab_checks.py``), and each must name a solution cell of at least one of them.
 """
 
 _A_FOR_B = '{"compute-bound": "bandwidth-bound", "bandwidth-bound": "overhead-bound", "overhead-bound": "compute-bound"}'
@@ -42,12 +46,14 @@ WRONG = {
          r"ridge point"),
         # the copy bandwidth counted as memcpy bandwidth (read + write not halved)
         ("ex3-solution", "staging = host_copy_Bps / 2", "staging = host_copy_Bps", r"serial bound"),
-        # the final LayerNorm forgotten
-        ("ex4-solution", "+ layers * (12 * width**2 + 13 * width) + 2 * width)", "+ layers * (12 * width**2 + 13 * width))",
-         r"parameter count"),
-        # algorithm bandwidth used as bus bandwidth: no 2(n-1)/n
-        ("ex4-solution", "return 2 * (world_size - 1) / world_size * nbytes / busbw", "return nbytes / busbw",
-         r"all-reduce time"),
+        # an ordinary least-squares fit: the large messages' absolute residuals swamp alpha
+        ("ex4-solution", "design = np.stack([1 / t, x / t], axis=1)\n    (alpha, inv_beta), *_ = np.linalg.lstsq("
+                         "design, np.ones_like(t), rcond=None)",
+         "design = np.stack([np.ones_like(t), x], axis=1)\n    (alpha, inv_beta), *_ = np.linalg.lstsq("
+         "design, t, rcond=None)", r"alpha"),
+        # the bytes of the buffer, not the bytes each rank moves (no 2(n-1)/n: only 4 ranks show it)
+        ("ex4-solution", "x = 2 * (ranks - 1) / ranks * np.asarray(sizes, dtype=float)",
+         "x = np.asarray(sizes, dtype=float)", r"synthetic sweep on 4 ranks"),
     ],
     "03_internals": [
         ("ex1-solution", '"x.transpose(1, 2)": ((20, 1, 5), "view")', '"x.transpose(1, 2)": ((20, 5, 1), "view")',
@@ -147,6 +153,13 @@ WRONG = {
         # the whole state predicted for every rank
         ("ex4-solution", "predicted_state_bytes = 8 * P_opt / nproc", "predicted_state_bytes = 8 * P_opt",
          r"you predicted"),
+        # exercise 5, GPT-2 medium's gradients (pending/labs/ only; it was lab 2's exercise 4):
+        # the final LayerNorm forgotten
+        ("ex5-solution", "+ layers * (12 * width**2 + 13 * width) + 2 * width)", "+ layers * (12 * width**2 + 13 * width))",
+         r"parameter count"),
+        # algorithm bandwidth used as bus bandwidth: no 2(n-1)/n (equal on 2 ranks; the 8-rank case fails it)
+        ("ex5-solution", "return 2 * (world_size - 1) / world_size * nbytes / busbw", "return nbytes / busbw",
+         r"all-reduce time"),
     ],
     "07_memory": [
         # Adam's two moments forgotten: weights and gradients only

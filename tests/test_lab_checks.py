@@ -40,7 +40,13 @@ def test_reference_solution_passes_every_check(lab):
     assert checks <= set(run.results)
 
 
-CASES = [(lab, k) for lab in LABS for k in range(len(WRONG.get(lab.stem, [])))]
+def _solution_ids(lab):
+    return {meta(c)["grade_id"] for c in jupytext.read(lab).cells if meta(c).get("solution")}
+
+
+# a lab and its pending revision share WRONG[stem]: each gets the entries that name its solutions
+CASES = [(lab, k) for lab in LABS for k, entry in enumerate(WRONG.get(lab.stem, []))
+         if entry[0] in _solution_ids(lab)]
 
 
 @pytest.mark.parametrize("lab, k", CASES, ids=[f"{lab.stem}-{WRONG[lab.stem][k][0]}-{k}" for lab, k in CASES])
@@ -58,6 +64,15 @@ def test_wrong_solution_fails_its_check(lab, k):
     errors = [e for e in outcome.values() if e is not None]
     assert errors, f"{lab.name}: the wrong solution ({new[:60]!r}) passed every check: {list(outcome)}"
     assert any(re.search(pattern, e) for e in errors), f"{lab.name}: failed, but not as expected: {errors}"
+
+
+def test_every_wrong_solution_names_a_solution_cell_of_its_lab():
+    """Entries are filtered per lab (above), so one that names no lab's solution cell would go untested."""
+    for stem, entries in WRONG.items():
+        ids = set().union(*(_solution_ids(lab) for lab in LABS if lab.stem == stem))
+        assert ids, f"WRONG[{stem!r}]: no lab of that stem among the labs the tests run"
+        unknown = sorted({entry[0] for entry in entries} - ids)
+        assert not unknown, f"WRONG[{stem!r}] names solution cells no lab of that stem has: {unknown}"
 
 
 @pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])

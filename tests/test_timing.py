@@ -117,3 +117,17 @@ def test_paired_ratio_is_the_median_of_back_to_back_pairs(monkeypatch):
         timing.paired_ratio(base, candidate, pairs=0)
     with pytest.raises(ValueError, match="block_s"):
         timing.paired_ratio(base, candidate, block_s=0)
+
+
+def test_paired_ratio_times_with_the_threads_asked_and_restores_them():
+    import torch
+
+    from perflab import timing
+
+    before = torch.get_num_threads()
+    seen = []
+    timing.paired_ratio(lambda: seen.append(torch.get_num_threads()), lambda: None, "cpu",
+                        pairs=1, block_s=1e-9, cpu_threads=1)
+    assert set(seen) == {1} and torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="cpu_threads"):
+        timing.paired_ratio(lambda: None, lambda: None, cpu_threads=0)
