@@ -40,7 +40,7 @@ from perflab.exercises import ExerciseFailed, record, require
 __all__ = ["ADAMW_FP32_BYTES", "PeakEstimate", "check_flops_per_token", "check_memory_cut",
            "reference_fraction", "reference_ladder",
            "check_speedrun", "check_static_memory", "model_params", "peak_estimate",
-           "speed_trials"]
+           "speed_trials", "speedup_bar"]
 
 #: the reference run's ceilings file (the same file as ``perflab.ceilings.REFERENCE_PATH``;
 #: named here so that this chapter module does not import a module layered above it)
@@ -158,6 +158,27 @@ def check_static_memory(bytes_per_param: dict | None, predicted_static: float | 
 # ---------------------------------------------------------------------------------------------
 # Exercise 3: speed
 # ---------------------------------------------------------------------------------------------
+
+def speedup_bar(fp32_flops: float, low_flops: float, share: float = 0.4,
+                floor: float = 1.5) -> float:
+    """The speedup lab 10's exercise 3 asks over its float32 baseline, from this machine's
+    measured matmul ceilings.
+
+    If a step were only its matrix products, moving them from float32 to bf16 would make it
+    ``low_flops / fp32_flops`` times faster (the ratio of the two measured ceilings: about 13x
+    on an H100/H200, about 2x on consumer GPUs whose bf16 rate is twice their float32 rate).
+    The bar is ``share`` of that ratio (chapter 10's plain compiled rung reached over 80 % of it
+    on an H200, so 40 % leaves room for a smaller GPU's memory-bound work), and never below
+    ``floor``: a rung must at least beat the baseline clearly.
+
+    Raises:
+        ValueError: a non-positive ceiling, share or floor.
+    """
+    if not fp32_flops > 0 or not low_flops > 0 or not share > 0 or not floor > 0:
+        raise ValueError(f"ceilings, share and floor must be positive, got {fp32_flops}, "
+                         f"{low_flops}, {share}, {floor}")
+    return max(floor, share * low_flops / fp32_flops)
+
 
 def speed_trials(base: sr.Rung, mine: sr.Rung, tokens: np.ndarray, device, steps: int = 3,
                  warmup: int = 1, trials: int = 3) -> dict[str, Any]:
