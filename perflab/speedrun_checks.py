@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from perflab import gpt2
+from perflab import gpt2, gpt2_steps
 from perflab import speedrun as sr
 from perflab.exercises import ExerciseFailed, record, require
 
@@ -326,8 +326,8 @@ def peak_estimate(rung: sr.Rung, tokens: np.ndarray, device="cpu", seed: int = 0
             seen[key] = t.untyped_storage().nbytes()
         return t
 
-    fwd = sr._Forward(model, rung.then(rung.name, compile=False, checkpoint=False,
-                                       graphs=False))
+    fwd = gpt2_steps.Forward(model, rung.then(rung.name, compile=False, checkpoint=False,
+                                              graphs=False, step_graph=False))
     x, y = next(sr.batches(tokens, rung.batch, rung.seq_len))
     x, y = x.to(device), y.to(device)
     before = {}
@@ -341,8 +341,9 @@ def peak_estimate(rung: sr.Rung, tokens: np.ndarray, device="cpu", seed: int = 0
     handles = [b.register_forward_pre_hook(pre) for b in model.blocks]
     handles += [b.register_forward_hook(post) for b in model.blocks]
     try:
+        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rung.precision)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                sr._autocast(rung, device), sr._attention_ctx(rung, device):
+                torch.autocast(device.type, dtype=low or torch.bfloat16, enabled=low is not None):
             fwd(x, y)
     finally:
         for h in handles:
