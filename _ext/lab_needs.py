@@ -1,6 +1,6 @@
 """Sphinx extension: the ``lab-needs`` directive, a table of what each lab needs to run.
 
-For every lab source ``labs/*.md`` it shows (via :func:`perflab.exercises.lab_needs`) the GPUs
+For every lab source ``labs/*.md`` it shows (via :func:`perflab.labs.exercises.lab_needs`) the GPUs
 its cells use (every lab runs on a CPU too), the GPU memory and minutes of its reference run
 (``reference_run`` metadata of the committed ``.ipynb``), and the minutes of the last CPU run
 recorded in ``labs/cpu_runs.json`` by ``scripts/execute.py --record-cpu``. Nothing is typed: a
@@ -51,7 +51,7 @@ class LabNeeds(SphinxDirective):
         root = Path(self.env.srcdir)
         if str(root) not in sys.path:
             sys.path.insert(0, str(root))
-        from perflab.exercises import lab_needs
+        from perflab.labs.exercises import lab_needs
 
         labs = sorted((root / "labs").glob("*.md"))
         rows = []

@@ -5,7 +5,7 @@ devices, driver, CUDA, torch, Python, start time, duration, SHA-256 of the sourc
 git commit). At build time this extension turns it into what a reader sees:
 
 * **A badge at the top** of every notebook page: how many GPUs its reference run needs (the
-  front matter's ``perflab: {gpus: N}``, :func:`perflab.runs.required_gpus`), the run it shows
+  front matter's ``perflab: {gpus: N}``, :func:`perflab.record.runs.required_gpus`), the run it shows
   and whether that run is current; a page whose run is stale, or that keeps an older run while
   its revised source waits in ``pending/``, says so there, in a warning box, not only in the
   footer and on the status page.
@@ -15,12 +15,12 @@ git commit). At build time this extension turns it into what a reader sees:
 * **A caption line under each figure and table** a notebook cell produced (image outputs and HTML
   tables; a cell tagged ``provenance-caption`` gets one under its text output too): device,
   torch version and date of the run, in the same words as the stamp that
-  :func:`perflab.plotting.finish` draws into each figure, and a link to the status page. One
+  :func:`perflab.record.plotting.finish` draws into each figure, and a link to the status page. One
   caption per cell, after its last figure or table, however many the cell drew.
 * **The status page**: the ``provenance-status`` directive renders a table of every notebook in
   ``_toc.yml`` (chapters, labs, tools) with its device(s), driver, torch, date, duration and
   whether it is current with its source (``reference_run.source_sha256`` compared with
-  :func:`perflab.runs.source_code_sha256` of the ``.md``, as ``scripts/execute.py --check``
+  :func:`perflab.record.runs.source_code_sha256` of the ``.md``, as ``scripts/execute.py --check``
   does), the GPUs each needs, and the sources waiting in ``pending/`` with what they wait for.
   Pages holding the directive are re-read on every build, and a notebook page is re-read
   when its source's code changes, so neither can go stale.
@@ -41,7 +41,7 @@ git commit). At build time this extension turns it into what a reader sees:
   the built book, so formulas render without a network.
 
 The reference-run data and the "is this notebook current?" decision are
-:mod:`perflab.runs` (shared with ``scripts/execute.py`` and the tests).
+:mod:`perflab.record.runs` (shared with ``scripts/execute.py`` and the tests).
 
 Config values: ``provenance_status_page`` (docname of the status page, default ``"status"``).
 """
@@ -69,8 +69,8 @@ from sphinx import addnodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
-from perflab import runs
-from perflab.provenance import short_devices
+from perflab.record import runs
+from perflab.record.provenance import short_devices
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ MATHJAX_PARTS = ("tex-mml-chtml.js", "input/", "output/chtml/", "a11y/", "ui/", 
 # ---------------------------------------------------------------------------------------------
 
 def is_gpu_run(run: dict) -> bool:
-    """True when a reference run came from CUDA devices (:attr:`perflab.runs.ReferenceRun.is_gpu`)."""
+    """True when a reference run came from CUDA devices (:attr:`perflab.record.runs.ReferenceRun.is_gpu`)."""
     return runs.ReferenceRun.from_metadata(run).is_gpu
 
 
@@ -119,7 +119,7 @@ def caption_text(run: dict, kinds: list[str]) -> str:
     """The caption line under a cell's figure(s)/table(s), e.g.
     ``"Figure: 2× NVIDIA H200 · torch 2.11.0+cu130 · 2026-11-30"``.
 
-    Same words as :func:`perflab.provenance.caption` (the stamp drawn into each figure at run
+    Same words as :func:`perflab.record.provenance.caption` (the stamp drawn into each figure at run
     time), so caption and stamp can be compared at a glance.
     """
     label = " and ".join(dict.fromkeys(kinds)) or "Output"
@@ -165,7 +165,7 @@ def toc_entries(app) -> list[tuple[str, str]]:
 
 
 def notebook_status(app, docname: str) -> dict | None:
-    """Status of one toc entry (:func:`perflab.runs.status`, the one staleness decision): None
+    """Status of one toc entry (:func:`perflab.record.runs.status`, the one staleness decision): None
     when it is not a notebook, else a dict with ``run`` (the reference_run metadata or None),
     ``state`` (``current``, ``cpu``, ``stale``, ``missing``, ``no-metadata``) and ``words``
     (what the status page prints)."""

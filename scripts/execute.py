@@ -9,7 +9,7 @@
 
 Each ``.md`` (jupytext ``md:myst``) is executed with nbclient in its own folder, cell by cell,
 under a per-notebook time limit, and its paired ``.ipynb`` is written with outputs and
-``metadata.reference_run`` (a :class:`perflab.runs.ReferenceRun`; docs/ARCHITECTURE.md). A failing
+``metadata.reference_run`` (a :class:`perflab.record.runs.ReferenceRun`; docs/ARCHITECTURE.md). A failing
 cell stops that notebook, prints the cell's error, leaves the old ``.ipynb`` untouched, and makes
 the exit status 1; the other notebooks still run. A missing path, a file that is not a notebook
 or contradictory options: one line on stderr, exit 2.
@@ -28,7 +28,7 @@ returns a few files only). Notebooks are written atomically, so the archive neve
 of one.
 
 Each page declares how many GPUs its reference run needs (front matter ``perflab: {gpus: N}``,
-:func:`perflab.runs.required_gpus`). A run refuses, in one line, to write the reference run of a
+:func:`perflab.record.runs.required_gpus`). A run refuses, in one line, to write the reference run of a
 page on a machine with fewer GPUs than it declares (exit 2 for a page named on the command line;
 in a run of the whole table of contents such a page is skipped with that line): ``--out DIR``
 writes a scratch run elsewhere instead. On a machine without CUDA it also refuses (one line,
@@ -36,15 +36,15 @@ exit 2) to overwrite an ``.ipynb`` that holds a GPU reference run, unless ``--al
 given or ``--out`` sends the output elsewhere.
 
 Sources that wait for a machine kind that is not lent live in ``pending/`` (outside the table of
-contents, :func:`perflab.runs.pending_sources`); ``pending/book/X.md`` runs with ``book/`` as its
+contents, :func:`perflab.record.runs.pending_sources`); ``pending/book/X.md`` runs with ``book/`` as its
 working folder (where it will live) and writes ``pending/book/X.ipynb``. ``--check`` lists them,
 and the pages that need more GPUs than one, with what they wait for, without failing on them.
 
-``--check`` lists each one-GPU notebook of the table of contents that is not current (:func:`perflab.runs.status`: missing, stale
+``--check`` lists each one-GPU notebook of the table of contents that is not current (:func:`perflab.record.runs.status`: missing, stale
 code, stale perflab modules, no metadata, not from a CUDA device) or whose prose differs (fix that
 with ``--sync``; the others need a run on a GPU machine), saying why. A run records, beside the
 hash of the notebook's code cells, a hash of each perflab module that code imports (found
-statically and transitively, :func:`perflab.runs.perflab_sha256`), so an edit to perflab marks
+statically and transitively, :func:`perflab.record.runs.perflab_sha256`), so an edit to perflab marks
 the notebooks that run it stale and ``--check`` names the modules. Exit status of ``--check``:
 0 when every one-GPU notebook is current; 3 when the only problem is perflab modules changed
 since the runs (the notebooks' own code and prose are current: re-run them on the GPU machine);
@@ -80,7 +80,7 @@ except ImportError as err:  # the script's one dependency check: say which envir
 
 import torch  # noqa: E402
 
-from perflab import ceilings, runs  # noqa: E402
+from perflab.record import ceilings, runs  # noqa: E402
 
 
 class NotANotebook(Exception):
@@ -182,7 +182,7 @@ def waiting(md: Path) -> str | None:
 
 def problems(md: Path) -> list[str]:
     """Why ``md``'s ``.ipynb`` is not a current reference run (empty list: it is): the staleness
-    decision of :func:`perflab.runs.status`, plus prose that ``--sync`` would copy. A line for
+    decision of :func:`perflab.record.runs.status`, plus prose that ``--sync`` would copy. A line for
     perflab staleness alone contains :data:`PERFLAB_STALE`. For a page that needs several GPUs
     or waits in ``pending/`` (:func:`waiting`), only a run that no longer matches the page's code
     or prose is a problem: the rest waits for its machine."""
@@ -399,7 +399,7 @@ def prepare_ceilings(fresh: bool) -> None:
     On a GPU the run's ceilings file is ``perflab/data/reference_ceilings.json`` (committed with
     the notebooks): it is measured now unless it already comes from this machine and torch (a
     run split over several calls on the same machine reuses it) and ``fresh`` is false. Every
-    notebook reads it through ``perflab.ceilings.load()`` (``$PERFLAB_CEILINGS``). Elsewhere the
+    notebook reads it through ``perflab.record.ceilings.load()`` (``$PERFLAB_CEILINGS``). Elsewhere the
     notebooks measure and cache their own (``.cache/perflab/ceilings.json``).
     """
     if not torch.cuda.is_available():

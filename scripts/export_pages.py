@@ -125,7 +125,7 @@ def _section(text_before: str) -> str:
 def pages() -> list[Path]:
     """The chapter sources that may export: the book's chapters in table-of-contents order,
     then those waiting in ``pending/book``."""
-    from perflab import runs  # the one toc reader (imported here: perflab is found via ROOT)
+    from perflab.record import runs  # the one toc reader (imported here: perflab is found via ROOT)
 
     found = [ROOT / (e + ".md") for e in runs.toc_files(ROOT / "_toc.yml")]
     found = [p for p in found if p.exists() and p.parent.name == "book" and runs.is_myst_notebook(p)]

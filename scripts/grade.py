@@ -25,7 +25,7 @@ the lab whose nbgrader ``grade_id`` set matches the notebook's. For each submiss
    child subreaper) and kills them all when the count or the time is exceeded, and after the
    notebook ends;
 3. records, per exercise (``grade_id`` ``exN-...``), pass / fail with the first line of the
-   failure, the points, and the numbers the checks measured (``perflab.exercises.record``:
+   failure, the points, and the numbers the checks measured (``perflab.labs.exercises.record``:
    ratios, times), and prints a summary table.
 
 A submission that crashes, hangs, fills memory, forks, deletes files, edits its checks or is
@@ -557,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     width = max((len(v) for v in lab_exercises.values()), default=0)
     out = Path(args.out).resolve()
     _set_subreaper()
-    from perflab.progress import progress
+    from perflab.core.progress import progress
 
     staging = Path(tempfile.mkdtemp(prefix="perflab-grade-"))
     os.chmod(staging, 0o700)

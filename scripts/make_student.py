@@ -10,7 +10,7 @@ The labs use nbgrader's markers, so instructors who already use nbgrader can run
 everybody else, with no extra dependency:
 
 * code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` becomes
-  ``# YOUR CODE HERE`` + ``perflab.exercises.not_done(N)`` (indented like the markers), which
+  ``# YOUR CODE HERE`` + ``perflab.labs.exercises.not_done(N)`` (indented like the markers), which
   raises ``ExerciseNotDone``: one sentence, "Exercise N is not done yet: ...". ``N`` is the
   number in the cell's nbgrader ``grade_id`` (``ex3-solution`` -> 3). Names that checks read are
   stub lines *outside* the markers in the lab itself (``regimes = None  # set by your code``), so
@@ -51,11 +51,11 @@ def exercise_number(grade_id: str | None) -> str:
 def strip_code(source: str, exercise: str = "?") -> str:
     """A code cell's source with solutions replaced and hidden tests removed.
 
-    Each solution becomes ``# YOUR CODE HERE`` and ``perflab.exercises.not_done(exercise)``.
+    Each solution becomes ``# YOUR CODE HERE`` and ``perflab.labs.exercises.not_done(exercise)``.
     """
     number = exercise if exercise.isdigit() else repr(exercise)
     source = _CODE_SOLUTION.sub(
-        lambda m: f"{m.group(1)}# YOUR CODE HERE\n{m.group(1)}perflab.exercises.not_done({number})\n", source)
+        lambda m: f"{m.group(1)}# YOUR CODE HERE\n{m.group(1)}perflab.labs.exercises.not_done({number})\n", source)
     return _HIDDEN.sub("", source).rstrip("\n")
 
 
@@ -64,7 +64,7 @@ def student_notebook(md: Path) -> nbformat.NotebookNode:
 
     Raises:
         ValueError: the lab has solution markers but never runs ``import perflab`` (the stubs
-            call ``perflab.exercises.not_done``).
+            call ``perflab.labs.exercises.not_done``).
     """
     nb = jupytext.read(md)
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")

@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 import make_student  # noqa: E402
 from lab_wrong_solutions import WRONG  # noqa: E402
 
-from perflab import runs  # noqa: E402
-from perflab.exercises import ExerciseFailed  # noqa: E402
+from perflab.record import runs  # noqa: E402
+from perflab.labs.exercises import ExerciseFailed  # noqa: E402
 
 CELL_TIMEOUT_S = 300       # a lab cell takes well under a minute on a loaded 2-core CPU
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from perflab import runs  # noqa: E402
+from perflab.record import runs  # noqa: E402
 
 
 def _sources(folder: str) -> list[Path]:

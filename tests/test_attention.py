@@ -1,10 +1,10 @@
-"""perflab.attention: backend names from kernel names, score-matrix bytes, CPU operator names."""
+"""perflab.kernels.attention: backend names from kernel names, score-matrix bytes, CPU operator names."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from perflab import attention
+from perflab.kernels import attention
 
 
 def test_backend_of_kernel_names():

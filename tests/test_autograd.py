@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from perflab import autograd as A
+from perflab.internals import autograd as A
 
 
 def test_saved_tensors_follow_the_derivative_formulas():

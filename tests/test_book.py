@@ -225,14 +225,14 @@ class Build:
 
 
 def _toc_docnames() -> list[str]:
-    from perflab.runs import toc_files
+    from perflab.record.runs import toc_files
 
     found = toc_files(ROOT / "_toc.yml")
     return [d[: -len(Path(d).suffix)] if Path(d).suffix in (".md", ".ipynb") else d for d in found]
 
 
 def _is_gpu_run(ipynb: Path) -> bool:
-    from perflab import runs
+    from perflab.record import runs
 
     try:
         run = runs.read(ipynb)

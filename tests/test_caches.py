@@ -6,7 +6,7 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from perflab import caches as C  # noqa: E402
+from perflab.machine import caches as C  # noqa: E402
 
 
 def staircase(sizes, levels):
@@ -116,7 +116,8 @@ def test_plot_working_set_returns_a_figure():
 
 def test_fixed_cost_fit_recovers_the_l2_staircase_under_a_kernel_latency():
     # a GPU-like curve: 4 us per kernel, 6 TB/s from L2 up to 48 MiB, 4.3 TB/s from HBM beyond
-    from perflab.caches import WorkingSetPoint, find_steps, fit_fixed_cost, largest_step, without_fixed_cost
+    from perflab.machine.caches import (WorkingSetPoint, find_steps, fit_fixed_cost, largest_step,
+                                        without_fixed_cost)
 
     sizes = [int(2 * 2**20 * 2 ** (k / 4)) // 4096 * 4096 for k in range(37)]
     pts = [WorkingSetPoint(s, s / (4e-6 + s / (6e12 if s <= 48 * 2**20 else 4.3e12))) for s in sizes]
@@ -134,7 +135,7 @@ def test_fixed_cost_fit_recovers_the_l2_staircase_under_a_kernel_latency():
 def test_fixed_cost_fit_rejects_too_few_points_and_flat_time():
     import pytest
 
-    from perflab.caches import WorkingSetPoint, fit_fixed_cost, without_fixed_cost
+    from perflab.machine.caches import WorkingSetPoint, fit_fixed_cost, without_fixed_cost
 
     with pytest.raises(ValueError, match="at least 2"):
         fit_fixed_cost([WorkingSetPoint(1024, 1e9)])

@@ -1,10 +1,10 @@
-"""perflab.ceilings: one ceilings file per run, re-measured only for another machine."""
+"""perflab.record.ceilings: one ceilings file per run, re-measured only for another machine."""
 
 import json
 
 import pytest
 
-from perflab import ceilings as C
+from perflab.record import ceilings as C
 
 
 def test_load_measures_writes_and_reuses(tmp_path, monkeypatch):

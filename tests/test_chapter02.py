@@ -29,7 +29,7 @@ REQUIRED = ["cpu_memory_bandwidth_GBps", "gpu_copy_bandwidth_TBps", "matmul_tflo
 SECTION_REQUIRED = ["p2p_bandwidth_GBps", "allreduce_busbw_GBps", "allreduce_latency_us", "allreduce_fit_busbw_GBps",
                     "allreduce_fit_rms", "p2p_clock", "allreduce_clock", "gpt2_allreduce_ms"]
 
-# headline glue name -> how its cell runs under perflab.telemetry (work on the host samples the CPU's clock)
+# headline glue name -> how its cell runs under perflab.core.sampler (work on the host samples the CPU's clock)
 UNDER_TELEMETRY = {
     "cpu_memory_bandwidth_GBps": 'telemetry_for("cpu")',
     "cpu_cache_clock": 'telemetry_for("cpu")',          # the sweep's cell (its treads are read in the next)
@@ -87,7 +87,7 @@ def test_the_chapter_needs_one_gpu_and_its_section_page_two():
 
 def test_nvlink_is_read_from_nvml_and_the_prediction_uses_the_alpha_beta_model():
     cell = cell_gluing("nvlink_predicted_GBps")
-    assert "perflab.nvml.nvlinks(0)" in cell and 'sheet.get("nvlink_bandwidth")' in cell
+    assert "perflab.core.nvml.nvlinks(0)" in cell and 'sheet.get("nvlink_bandwidth")' in cell
     cell = cell_gluing("gpt2_allreduce_predicted_ms")
     assert "def t_model(nbytes, ranks):" in cell and "alpha + 2 * (ranks - 1) / ranks * nbytes / beta" in cell
 
@@ -125,7 +125,7 @@ def test_lab_uses_the_report_card_and_ends_on_the_overlay():
 
 
 def test_claims_about_waves_clocks_and_the_alpha_beta_fit_follow_the_data():
-    """The sentences that compare measured values are chosen by perflab.claims, not typed."""
+    """The sentences that compare measured values are chosen by perflab.record.claims, not typed."""
     code = "\n".join(c.source for c in jupytext.read(CHAPTER).cells if c.cell_type == "code")
     for name in ("wave_sentence_text", "burst_sentence", "ceiling_vs_burst",
                  "cpu_littles_law_verdict", "cpu_cache_verdict", "disk_random_verdict"):
@@ -149,7 +149,7 @@ def test_lab_reference_column_reads_the_chapters_glued_values_only():
 def test_report_card_measures_the_l2_and_the_latency_as_the_chapter_does():
     """The lab's reference column is chapter 2's glued values, so the card the lab measures must use the
     chapter's methods: graph-replayed copies for the L2 and the alpha-beta fit for the latency."""
-    report = (ROOT / "perflab" / "report.py").read_text()
+    report = (ROOT / "perflab" / "machine" / "report.py").read_text()
     assert "gpu.graph_copy_sweep(" in report and "working_set_sweep(dev" not in report
     assert "distributed.alpha_beta(" in report and "result.points[0].seconds" not in report
     lab = "\n".join(c.source for c in jupytext.read(LAB).cells if c.cell_type == "code")
@@ -168,7 +168,7 @@ def cell_gluing(name, path=CHAPTER):
 
 
 def test_every_headline_measurement_runs_under_telemetry():
-    """Issue 10, section 1: each headline measurement runs under perflab.telemetry and states its clock."""
+    """Issue 10, section 1: each headline measurement runs under perflab.core.sampler and states its clock."""
     for path, table in ((CHAPTER, UNDER_TELEMETRY), (SECTION, SECTION_UNDER_TELEMETRY)):
         for name, how in table.items():
             cell = cell_gluing(name, path)
@@ -176,7 +176,7 @@ def test_every_headline_measurement_runs_under_telemetry():
             assert ".sentence()" in cell or 'telemetry.get("sentence"' in cell, f"the cell of {name} states no clock"
     # one sampler, perflab's: the chapter opens Telemetry blocks and writes no sampler or timing loop of its own
     setup = code_cells()[0]
-    assert "from perflab.telemetry import Telemetry" in setup and "return Telemetry(" in setup
+    assert "from perflab.core.sampler import Telemetry" in setup and "return Telemetry(" in setup
     for path in (CHAPTER, SECTION):
         code = "\n".join(code_cells(path))
         for banned in ("threading", "perf_counter", "Event(enable_timing", "nvml.readings(0, links=False)"):
@@ -203,9 +203,9 @@ def test_prose_quotes_a_clock_beside_each_measured_result():
 
 def test_datasheet_comparisons_come_with_the_clock_normalized_fraction():
     """Raw efficiency against a datasheet peak (given at the chip's maximum clock) sits beside the efficiency
-    per clock cycle, from perflab.profiling.clock_normalized, as in chapters 1 and 4."""
+    per clock cycle, from perflab.profiling.trace.clock_normalized, as in chapters 1 and 4."""
     setup = code_cells()[0]
-    assert "from perflab.profiling import clock_normalized" in setup
+    assert "from perflab.profiling.trace import clock_normalized" in setup
     assert "return clock_normalized(fraction, tel.clock_fraction, 1.0)" in setup
     assert "clock_normalized(frac, mem," in cell_gluing("gpu_copy_bandwidth_TBps")   # HBM: the memory clock
     assert "at_clock(rate / ref, kind_tel)" in cell_gluing("matmul_tflops_bf16")     # every format

@@ -1,9 +1,9 @@
-"""perflab.claims: sentences chosen by the data, and typed sentences checked against it."""
+"""perflab.record.claims: sentences chosen by the data, and typed sentences checked against it."""
 
 import numpy as np
 import pytest
 
-from perflab import claims
+from perflab.record import claims
 
 
 @pytest.fixture

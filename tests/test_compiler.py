@@ -1,11 +1,12 @@
-"""perflab.compiler: graph breaks, compilation counts, AOT graphs, the recompile limit."""
+"""perflab.kernels.compiler: graph breaks, compilation counts, AOT graphs, the recompile limit."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from perflab import compiler
-from perflab.exercises import ExerciseFailed
+from perflab.kernels import compiler
+from perflab.labs import lab09
+from perflab.labs.exercises import ExerciseFailed
 
 
 def branchy(x):
@@ -63,10 +64,10 @@ def test_graph_break_check_rejects_unfixed_and_accepts_fixed():
         return torch.where(x.sum() > 0, x.cos(), x.sin())
 
     x = torch.randn(8)
-    assert compiler.check_graph_break_fixed(branchy, fixed, x)
+    assert lab09.check_graph_break_fixed(branchy, fixed, x)
     with pytest.raises(ExerciseFailed, match="still has"):
-        compiler.check_graph_break_fixed(branchy, branchy, x)
+        lab09.check_graph_break_fixed(branchy, branchy, x)
     with pytest.raises(ExerciseFailed, match="different result"):
-        compiler.check_graph_break_fixed(branchy, lambda t: t.cos(), -x.abs() - 1)
+        lab09.check_graph_break_fixed(branchy, lambda t: t.cos(), -x.abs() - 1)
     with pytest.raises(ExerciseFailed, match="not done yet"):
-        compiler.check_graph_break_fixed(branchy, None, x)
+        lab09.check_graph_break_fixed(branchy, None, x)

@@ -1,9 +1,9 @@
-"""perflab.costs: FLOPs and minimum bytes, counted while a call runs and from trace shapes."""
+"""perflab.machine.costs: FLOPs and minimum bytes, counted while a call runs and from trace shapes."""
 
 import pytest
 import torch
 
-from perflab.costs import count_cost, op_cost
+from perflab.machine.costs import count_cost, op_cost
 
 
 def test_count_cost_of_a_matrix_product_is_2mnk_and_three_matrices():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from perflab import cpu
+from perflab.machine import cpu
 
 
 def fake_sysfs(root, entries):

@@ -1,4 +1,4 @@
-"""perflab.custom_ops: the C++ extension builds, registers, passes opcheck and compiles unbroken.
+"""perflab.kernels.custom_ops: the C++ extension builds, registers, passes opcheck and compiles unbroken.
 
 The build is cached in TORCH_EXTENSIONS_DIR (the clone's .cache by default), shared with
 chapter 9 and lab 9, so CI compiles it once.
@@ -7,10 +7,11 @@ chapter 9 and lab 9, so CI compiles it once.
 import pytest
 import torch
 
-from perflab import custom_ops
-from perflab.compiler import graph_breaks
-from perflab.exercises import ExerciseFailed
 from perflab.kernels import axpby as page
+from perflab.kernels import custom_ops
+from perflab.kernels.compiler import graph_breaks
+from perflab.labs import lab09
+from perflab.labs.exercises import ExerciseFailed
 
 
 @pytest.fixture(scope="module")
@@ -52,19 +53,19 @@ def test_registered_operator_is_right_and_compiles_without_break(built):
 
 def test_fused_speedup_check_rejects_eager_and_accepts_the_extension(built):
     kernel = torch.ops.perflab_ext.axpby
-    assert custom_ops.check_fused_speedup(kernel, "cpu", 1024) >= 1.2
+    assert lab09.check_fused_speedup(kernel, "cpu", 1024) >= 1.2
     with pytest.raises(ExerciseFailed, match="must reach"):
-        custom_ops.check_fused_speedup(custom_ops.axpby_eager, "cpu", 1024)
+        lab09.check_fused_speedup(custom_ops.axpby_eager, "cpu", 1024)
     with pytest.raises(ExerciseFailed, match="differs"):
-        custom_ops.check_fused_speedup(lambda x, a, y, b: kernel(x, a, y, -b), "cpu", 1024)
+        lab09.check_fused_speedup(lambda x, a, y, b: kernel(x, a, y, -b), "cpu", 1024)
     with pytest.raises(ExerciseFailed, match="not done yet"):
-        custom_ops.check_fused_speedup(None, "cpu", 1024)
+        lab09.check_fused_speedup(None, "cpu", 1024)
 
 
 def test_registration_check_rejects_wrong_gradients_and_missing_fake(built):
     kernel = torch.ops.perflab_ext.axpby
     good = page.register("test09::good", lambda x, a, y, b: kernel(x, a, y, b))
-    assert custom_ops.check_registered(good, "cpu")
+    assert lab09.check_registered(good, "cpu")
 
     @torch.library.custom_op("test09::nofake", mutates_args=())
     def nofake(x: torch.Tensor, a: float, y: torch.Tensor, b: float) -> torch.Tensor:
@@ -74,7 +75,7 @@ def test_registration_check_rejects_wrong_gradients_and_missing_fake(built):
                              setup_context=lambda ctx, inputs, output: setattr(ctx, "a", inputs[1])
                              or setattr(ctx, "b", inputs[3]))
     with pytest.raises(ExerciseFailed, match="opcheck"):
-        custom_ops.check_registered(nofake, "cpu")
+        lab09.check_registered(nofake, "cpu")
 
     @torch.library.custom_op("test09::badgrad", mutates_args=())
     def badgrad(x: torch.Tensor, a: float, y: torch.Tensor, b: float) -> torch.Tensor:
@@ -84,11 +85,11 @@ def test_registration_check_rejects_wrong_gradients_and_missing_fake(built):
     badgrad.register_autograd(lambda ctx, g: (g, None, g, None),
                               setup_context=lambda ctx, inputs, output: None)
     with pytest.raises(ExerciseFailed, match="gradients"):
-        custom_ops.check_registered(badgrad, "cpu")
+        lab09.check_registered(badgrad, "cpu")
     with pytest.raises(ExerciseFailed, match="not done yet"):
-        custom_ops.check_registered(None, "cpu")
+        lab09.check_registered(None, "cpu")
     with pytest.raises(ExerciseFailed, match="not an operator"):
-        custom_ops.check_registered(custom_ops.axpby_eager, "cpu")
+        lab09.check_registered(custom_ops.axpby_eager, "cpu")
 
 
 def test_a_broken_source_raises_and_names_itself():

@@ -1,4 +1,4 @@
-"""perflab.datasets: the built data, the storage formats, and loaders that are correct with
+"""perflab.loading.datasets: the built data, the storage formats, and loaders that are correct with
 workers (every sample once per epoch, augmentation that differs across workers and epochs) under
 every start method. Tiny data and two workers, so the whole file runs in seconds."""
 
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
-from perflab import datasets as ds
+from perflab.loading import datasets as ds
 
 METHODS = ["fork", "spawn", "forkserver"]
 

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from perflab import disk
+from perflab.machine import disk
 
 
 def test_filesystem_finds_the_mount_holding_a_path(tmp_path):

@@ -2,8 +2,8 @@ import os
 
 import pytest
 
-from perflab import distributed as D
-from perflab.hardware import gpu_count
+from perflab.distributed import collectives as D
+from perflab.core.device import gpu_count
 
 TOPO = """\
 \tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID
@@ -90,7 +90,7 @@ def test_launch_rejects_bad_arguments_before_starting_anything():
 
 
 def test_gpu_link_reads_the_h200_topology_with_its_escape_codes():
-    from perflab.distributed import gpu_link
+    from perflab.distributed.collectives import gpu_link
 
     # `nvidia-smi topo -m` on the 2x H200 reference machine, escape codes and all
     text = ("\t\x1b[4mGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"

@@ -63,7 +63,7 @@ def test_a_plain_markdown_file_is_not_a_notebook(tmp_path):
 
 def test_executes_in_the_notebooks_folder_and_writes_provenance(tmp_path):
     (tmp_path / "data.txt").write_text("42")
-    md = write_nb(tmp_path / "nb.md", "print(open('data.txt').read())", "from perflab.provenance import glue\nglue('answer', 42)")
+    md = write_nb(tmp_path / "nb.md", "print(open('data.txt').read())", "from perflab.record.provenance import glue\nglue('answer', 42)")
     r = run_script(md)
     assert r.returncode == 0, r.stderr
     assert "[1/1]" in r.stdout and "ok on" in r.stdout
@@ -172,7 +172,7 @@ def test_without_cuda_a_gpu_reference_run_is_not_overwritten(tmp_path):
 
 
 def test_the_run_metadata_is_a_versioned_reference_run(tmp_path):
-    from perflab import runs
+    from perflab.record import runs
 
     md = write_nb(tmp_path / "nb.md", "x = 1")
     assert run(md).returncode == 0
@@ -228,7 +228,7 @@ def _package(root: Path) -> Path:
 
 
 def test_perflab_hash_follows_imported_modules_transitively_and_only_them(tmp_path):
-    from perflab import runs
+    from perflab.record import runs
 
     pkg = _package(tmp_path)
     cells = ["%matplotlib inline\nfrom pkg import a", "import pkg\npkg.lazy.z"]
@@ -250,25 +250,25 @@ def test_perflab_hash_follows_imported_modules_transitively_and_only_them(tmp_pa
 
 
 def test_check_names_the_perflab_modules_a_stale_run_depends_on(tmp_path):
-    from perflab import runs
+    from perflab.record import runs
 
-    md = write_nb(tmp_path / "nb.md", "from perflab.provenance import glue\nglue('x', 1)")
+    md = write_nb(tmp_path / "nb.md", "from perflab.record.provenance import glue\nglue('x', 1)")
     assert run(md).returncode == 0
     ipynb = md.with_suffix(".ipynb")
     nb = json.loads(ipynb.read_text())
     meta = nb["metadata"]["reference_run"]
-    assert "perflab/provenance.py" in meta["perflab_sha256"]
-    assert "perflab/fits.py" not in meta["perflab_sha256"]
+    assert "perflab/record/provenance.py" in meta["perflab_sha256"]
+    assert "perflab/core/fits.py" not in meta["perflab_sha256"]
     meta.update(devices=["NVIDIA H200"], cuda="13.0")
     ipynb.write_text(json.dumps(nb))
     assert run("--check", md).returncode == 0
 
-    meta["perflab_sha256"]["perflab/provenance.py"] = "0" * 64   # as if provenance.py changed
+    meta["perflab_sha256"]["perflab/record/provenance.py"] = "0" * 64   # as if provenance.py changed
     ipynb.write_text(json.dumps(nb))
     st = runs.status(md)
-    assert st.state == "stale" and st.cause == "perflab" and st.changed == ("perflab/provenance.py",)
+    assert st.state == "stale" and st.cause == "perflab" and st.changed == ("perflab/record/provenance.py",)
     r = run("--check", md)
-    assert r.returncode == 3 and "perflab/provenance.py" in r.stdout and "stale" in r.stdout
+    assert r.returncode == 3 and "perflab/record/provenance.py" in r.stdout and "stale" in r.stdout
 
     del meta["perflab_sha256"]                                     # a run from before the hash
     ipynb.write_text(json.dumps(nb))
@@ -301,7 +301,7 @@ def test_a_page_is_not_run_on_a_machine_with_fewer_gpus_than_it_declares(tmp_pat
 
 
 def test_a_bad_gpu_declaration_is_refused_naming_the_page(tmp_path):
-    from perflab import runs
+    from perflab.record import runs
 
     md = declare(write_nb(tmp_path / "bad.md", "x = 1"), 0)
     with pytest.raises(ValueError, match="bad.md.*gpus"):

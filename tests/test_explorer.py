@@ -1,4 +1,4 @@
-"""perflab.explorer: roofline machines, predictions, measured points, figures and the widget (CPU)."""
+"""perflab.machine.explorer: roofline machines, predictions, measured points, figures and the widget (CPU)."""
 
 import math
 
@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from perflab import explorer as E  # noqa: E402
-from perflab.hardware import DATASHEETS  # noqa: E402
+from perflab.machine import explorer as E  # noqa: E402
+from perflab.machine.datasheets import DATASHEETS  # noqa: E402
 
 
 def toy(name="toy", **extra):

@@ -1,8 +1,8 @@
-"""perflab.fits: the one fixed-cost + linear fit."""
+"""perflab.core.fits: the one fixed-cost + linear fit."""
 
 import pytest
 
-from perflab.fits import fit_line
+from perflab.core.fits import fit_line
 
 
 def test_an_exact_line_is_recovered_plain_and_relative():

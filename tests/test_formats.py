@@ -1,9 +1,11 @@
-"""perflab.formats: the one number-format table, and the modules that read it."""
+"""perflab.core.formats: the one number-format table, and the modules that read it."""
 
 import pytest
 import torch
 
-from perflab import explorer, formats, hardware
+from perflab.machine import explorer
+from perflab.core import formats, device as hardware
+from perflab.machine import datasheets
 
 
 def test_the_explorer_draws_the_one_table():
@@ -11,7 +13,7 @@ def test_the_explorer_draws_the_one_table():
 
 
 def test_every_datasheet_peak_has_a_format():
-    for sheet in hardware.DATASHEETS.values():
+    for sheet in datasheets.DATASHEETS.values():
         for key in sheet:
             if key.endswith("_flops"):
                 assert key[: -len("_flops")] in formats.FORMATS

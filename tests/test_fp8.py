@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from perflab import fp8, gpt2, speedrun as sr
+from perflab.kernels import fp8
+from perflab.gpt2 import model as gpt2, ladder as sr
 
 TINY = (("n_layer", 2), ("n_embd", 32), ("n_head", 2), ("block_size", 32))
 

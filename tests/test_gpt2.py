@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from perflab import datamovement as dm
-from perflab import gpt2
+from perflab.speed import datamovement as dm
+from perflab.gpt2 import model as gpt2
 
 
 def tiny(**changes):

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from perflab import gpu
-from perflab.hardware import has_gpu
+from perflab.machine import gpu
+from perflab.core.device import has_gpu
 
 cpu_only = pytest.mark.skipif(has_gpu(), reason="checks the behaviour on a machine without a GPU")
 
@@ -49,7 +49,7 @@ def test_matmul_rates_on_cpu_cover_fp32_and_bf16():
 
 
 def test_matmul_rate_rejects_unknown_and_gpu_only_formats_on_cpu():
-    from perflab import roofline
+    from perflab.machine import roofline
 
     with pytest.raises(ValueError, match="precision"):
         roofline.matmul_rate("cpu", 64, "int4")
@@ -77,8 +77,8 @@ def test_elementwise_rate_rejects_a_bad_size():
 def test_elementwise_rate_is_timed_under_telemetry_after_the_compile(monkeypatch):
     """The point comes with the telemetry of its timing; the compile (here skipped: eager) is not
     part of it, so an idle GPU waiting for the compiler cannot set the clock it states."""
-    from perflab import roofline
-    from perflab.telemetry import TelemetrySummary
+    from perflab.machine import roofline
+    from perflab.core.sampler import TelemetrySummary
 
     monkeypatch.setattr(gpu, "repeat_multiply", lambda r: roofline.repeat_multiply(r, compile=False))
     point, tel = gpu.elementwise_rate("cpu", 2**12, 4)
@@ -94,7 +94,7 @@ def test_gpu_only_functions_say_so_without_a_gpu():
         gpu.properties()
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         gpu.wave_sweep("cpu", 128, 128, [128])
-    from perflab import nvml
+    from perflab.core import nvml
 
     assert nvml.readings() is None
 
@@ -135,7 +135,7 @@ def test_batch_wave_sweep_runs_on_cpu_and_checks_its_arguments():
 
 
 def test_graph_copy_sweep_counts_the_working_set_as_its_traffic():
-    from perflab.caches import WorkingSetPoint
+    from perflab.machine.caches import WorkingSetPoint
 
     pts = gpu.graph_copy_sweep("cpu", [2**16, 2**18], target_s=1e-5, reps=2)
     assert [p.nbytes for p in pts] == [2**16, 2**18]
@@ -147,7 +147,7 @@ def test_graph_copy_sweep_counts_the_working_set_as_its_traffic():
 
 
 def test_graph_sum_sweep_reads_its_working_set_once_and_checks_sizes_as_the_copy_does():
-    from perflab.caches import WorkingSetPoint
+    from perflab.machine.caches import WorkingSetPoint
 
     pts = gpu.graph_sum_sweep("cpu", [2**16, 2**18], target_s=1e-5, reps=2)
     assert [p.nbytes for p in pts] == [2**16, 2**18]

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from perflab import hardware as H
+from perflab.core import device as H
+from perflab.machine import datasheets
 
 
 def test_pick_and_device_on_a_cpu_machine(monkeypatch):
@@ -34,28 +35,28 @@ def test_fp32_peak_formula(monkeypatch):
     class Props:
         major, minor, multi_processor_count = 9, 0, 132
 
-    monkeypatch.setattr(H, "has_gpu", lambda: True)
+    monkeypatch.setattr(datasheets, "has_gpu", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props)
     # 132 SMs x 128 lanes x 1.98 GHz = 33.45 TFLOP/s of multiplies; FMA counts double
-    assert H.fp32_peak_flops(clock_hz=1.98e9) == pytest.approx(33.45e12, rel=1e-3)
-    assert H.fp32_peak_flops(fma=True, clock_hz=1.98e9) == pytest.approx(66.9e12, rel=1e-3)
+    assert datasheets.fp32_peak_flops(clock_hz=1.98e9) == pytest.approx(33.45e12, rel=1e-3)
+    assert datasheets.fp32_peak_flops(fma=True, clock_hz=1.98e9) == pytest.approx(66.9e12, rel=1e-3)
     Props.major = 1
     with pytest.raises(RuntimeError, match="compute capability"):
-        H.fp32_peak_flops(clock_hz=1e9)
+        datasheets.fp32_peak_flops(clock_hz=1e9)
 
 
 def test_fp32_peak_needs_a_gpu(monkeypatch):
     monkeypatch.setattr(H, "has_gpu", lambda: False)
     with pytest.raises(RuntimeError, match="CUDA GPU"):
-        H.fp32_peak_flops()
+        datasheets.fp32_peak_flops()
 
 
 def test_describe_and_datasheets():
     info = H.describe()
     assert info["kind"] in ("cpu", "cuda") and info["torch"] == torch.__version__
-    h200 = H.datasheet("NVIDIA H200")
+    h200 = datasheets.datasheet("NVIDIA H200")
     assert h200["bf16_flops"] > h200["fp32_flops"] and "source" in h200
-    assert H.datasheet("no such GPU") is None
+    assert datasheets.datasheet("no such GPU") is None
 
 
 def test_requires_gpu_gates_on_compute_capability(monkeypatch, capsys):

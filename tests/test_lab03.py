@@ -13,7 +13,7 @@ LAB = ROOT / "labs" / "03_internals.md"
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_student  # noqa: E402
 
-from perflab import autograd, sync  # noqa: E402
+from perflab.internals import autograd, hostsync as sync  # noqa: E402
 
 
 from lab_cells import code_cell as _cell  # noqa: E402

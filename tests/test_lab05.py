@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from perflab import datasets as ds
-from perflab import loader_checks as lc
-from perflab.exercises import ExerciseFailed
+from perflab.loading import datasets as ds
+from perflab.labs import lab05 as lc
+from perflab.labs.exercises import ExerciseFailed
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "05_data_loading.md"

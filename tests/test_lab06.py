@@ -13,8 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from perflab import speed, sync
-from perflab.exercises import ExerciseFailed
+from perflab.speed import techniques as speed
+from perflab.internals import hostsync as sync
+from perflab.labs import exercises
+from perflab.labs import lab06
+from perflab.labs.exercises import ExerciseFailed
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "06_speed.md"
@@ -62,7 +65,7 @@ def test_ex1_sync_count_accepts_the_solution_and_rejects_a_loop_that_still_syncs
 def test_ex1_result_check_rejects_a_loop_that_drops_the_mean(ns):
     slow = ns["train_logging"](*ns["fresh"](), ns["xs1"], ns["ys1"])
     good = ns["train_quiet"](*ns["fresh"](), ns["xs1"], ns["ys1"]).tolist()
-    assert speed.check_same_and_faster("Exercise 1: x", slow, good, 1.0, 1.0, "cpu", 1.05)
+    assert lab06.check_same_and_faster("Exercise 1: x", slow, good, 1.0, 1.0, "cpu", 1.05)
 
     def summed(model, opt, xs, ys):          # wrong: sum instead of mean (8x the step)
         losses = torch.empty(len(xs))
@@ -79,16 +82,16 @@ def test_ex1_result_check_rejects_a_loop_that_drops_the_mean(ns):
     sgd_like = torch.optim.SGD(model.parameters(), lr=0.5)
     bad = summed(model, sgd_like, ns["xs1"], ns["ys1"]).tolist()
     with pytest.raises(ExerciseFailed, match="result changed"):
-        speed.check_same_and_faster("Exercise 1: x", slow, bad, 1.0, 1.0, "cpu", 1.05)
+        lab06.check_same_and_faster("Exercise 1: x", slow, bad, 1.0, 1.0, "cpu", 1.05)
 
 
 def test_speed_part_on_a_gpu_rejects_no_speedup_and_accepts_the_target():
     same = [2.0, 1.5]
     with pytest.raises(ExerciseFailed, match="below the required"):
-        speed.check_same_and_faster("Exercise 2: pinned", same, same, 1.0, 0.97, "cuda", 1.15)
-    assert speed.check_same_and_faster("Exercise 2: pinned", same, same, 1.0, 0.5, "cuda", 1.15)
+        lab06.check_same_and_faster("Exercise 2: pinned", same, same, 1.0, 0.97, "cuda", 1.15)
+    assert lab06.check_same_and_faster("Exercise 2: pinned", same, same, 1.0, 0.5, "cuda", 1.15)
     # on a CPU the speed part is not checked: a right answer never fails there
-    assert speed.check_same_and_faster("Exercise 2: pinned", same, same, 1.0, 2.0, "cpu", 1.15)
+    assert lab06.check_same_and_faster("Exercise 2: pinned", same, same, 1.0, 2.0, "cpu", 1.15)
 
 
 def test_ex2_reference_runs_on_cpu_with_the_same_result(ns):
@@ -96,7 +99,7 @@ def test_ex2_reference_runs_on_cpu_with_the_same_result(ns):
     assert px is ns["host_x"] or px.is_pinned()
     slow = ns["train_from_host"](*ns["fresh"](), ns["host_x"], ns["host_y"]).tolist()
     fast = ns["train_pinned"](*ns["fresh"](), px, ns["host_y"]).tolist()
-    assert speed.check_same_and_faster("Exercise 2: p", slow, fast, 1.0, 1.0, "cpu", 1.15)
+    assert lab06.check_same_and_faster("Exercise 2: p", slow, fast, 1.0, 1.0, "cpu", 1.15)
 
 
 def test_ex3_implementation_check(ns):
@@ -113,18 +116,18 @@ def test_ex4_batch_check_accepts_the_solution_and_rejects_a_small_batch(ns):
     args = (ns["eval_model"], ns["eval_x"], ns["eval_y"])
     slow_loss = ns["evaluate"](*args, 8)
     fast_loss = ns["evaluate"](*args, ns["fast_batch"])
-    assert speed.check_same_and_faster("Exercise 4: b", [slow_loss], [fast_loss], 10.0, 1.0,
+    assert lab06.check_same_and_faster("Exercise 4: b", [slow_loss], [fast_loss], 10.0, 1.0,
                                        "cpu", 3.0, ratio_on_cpu=True, rtol=1e-4, atol=1e-6)
     with pytest.raises(ExerciseFailed, match="below the required"):
-        speed.check_same_and_faster("Exercise 4: b", [slow_loss], [slow_loss], 1.0, 0.5,
+        lab06.check_same_and_faster("Exercise 4: b", [slow_loss], [slow_loss], 1.0, 0.5,
                                     "cpu", 3.0, ratio_on_cpu=True)
     with pytest.raises(ExerciseFailed, match="result changed"):     # another quantity
-        speed.check_same_and_faster("Exercise 4: b", [slow_loss], [slow_loss * 8], 10.0, 1.0,
+        lab06.check_same_and_faster("Exercise 4: b", [slow_loss], [slow_loss * 8], 10.0, 1.0,
                                     "cpu", 3.0, ratio_on_cpu=True, rtol=1e-4, atol=1e-6)
 
 
 def test_unfinished_answers_say_not_done():
     with pytest.raises(ExerciseFailed, match="Exercise 4 is not done yet"):
-        speed.not_done(4, "set fast_batch")
+        exercises.not_done(4, "set fast_batch")
     with pytest.raises(ExerciseFailed, match="Exercise 2 is not done yet"):
-        speed.check_same_and_faster("Exercise 2: pinned", [1.0], None, 1.0, 1.0, "cpu", 1.1)
+        lab06.check_same_and_faster("Exercise 2: pinned", [1.0], None, 1.0, 1.0, "cpu", 1.1)

@@ -10,8 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from perflab import memory as mem
-from perflab.exercises import ExerciseFailed
+from perflab.memory import training as mem
+from perflab.labs import lab07
+from perflab.labs.exercises import ExerciseFailed
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "07_memory.md"
@@ -53,11 +54,11 @@ def _model_after_a_step(ns):
 def test_static_check(ns):
     model, opt = _model_after_a_step(ns)
     with pytest.raises(ExerciseFailed, match="Exercise 1 is not done yet"):
-        mem.check_static_prediction(None, model, opt, "cpu")
+        lab07.check_static_prediction(None, model, opt, "cpu")
     without_adam = ns["predicted_static"] // 16 * 8          # forgot Adam's two moments
     with pytest.raises(ExerciseFailed):
-        mem.check_static_prediction(without_adam, model, opt, "cpu")
-    assert mem.check_static_prediction(ns["predicted_static"], model, opt, "cpu")
+        lab07.check_static_prediction(without_adam, model, opt, "cpu")
+    assert lab07.check_static_prediction(ns["predicted_static"], model, opt, "cpu")
 
 
 def test_peak_cut_check(ns):
@@ -88,24 +89,24 @@ def test_peak_cut_check(ns):
         raise NotImplementedError()
 
     with pytest.raises(ExerciseFailed, match="Exercise 2 is not done yet"):
-        mem.check_peak_cut(*args, not_done, x, y, "cpu")
+        lab07.check_peak_cut(*args, not_done, x, y, "cpu")
     with pytest.raises(ExerciseFailed, match="parameters differ"):
-        mem.check_peak_cut(*args, zero_grad_inside, x, y, "cpu")
+        lab07.check_peak_cut(*args, zero_grad_inside, x, y, "cpu")
     with pytest.raises(ExerciseFailed, match="loss"):
-        mem.check_peak_cut(*args, unscaled, x, y, "cpu")
+        lab07.check_peak_cut(*args, unscaled, x, y, "cpu")
     with pytest.raises(ExerciseFailed, match="peak"):
-        mem.check_peak_cut(*args, ns["baseline_step"], x, y, "cpu")   # no saving
-    assert mem.check_peak_cut(*args, ns["lean_step"], x, y, "cpu") <= 0.6
+        lab07.check_peak_cut(*args, ns["baseline_step"], x, y, "cpu")   # no saving
+    assert lab07.check_peak_cut(*args, ns["lean_step"], x, y, "cpu") <= 0.6
 
 
 def test_leak_check(ns):
     Monitor, Fixed, n = ns["Monitor"], ns["FixedMonitor"], 1000
     with pytest.raises(ExerciseFailed, match="Exercise 3 is not done yet"):
-        mem.check_no_leak(None, Monitor, n, "cpu", None)
+        lab07.check_no_leak(None, Monitor, n, "cpu", None)
     with pytest.raises(ExerciseFailed, match="attribute"):
-        mem.check_no_leak(Fixed, Monitor, n, "cpu", "activations")
+        lab07.check_no_leak(Fixed, Monitor, n, "cpu", "activations")
     with pytest.raises(ExerciseFailed, match="outlives"):
-        mem.check_no_leak(Monitor, Monitor, n, "cpu", "hooks")      # the leaky class itself
+        lab07.check_no_leak(Monitor, Monitor, n, "cpu", "hooks")      # the leaky class itself
 
     class NoHook(Monitor):                                          # no cycle, but no hook
         def __init__(self, size):
@@ -114,8 +115,8 @@ def test_leak_check(ns):
             self.hooks = {"after_step": lambda value: None}
 
     with pytest.raises(ExerciseFailed, match="hook"):
-        mem.check_no_leak(NoHook, Monitor, n, "cpu", "hooks")
-    assert mem.check_no_leak(Fixed, Monitor, n, "cpu", ns["cycle_attribute"])
+        lab07.check_no_leak(NoHook, Monitor, n, "cpu", "hooks")
+    assert lab07.check_no_leak(Fixed, Monitor, n, "cpu", ns["cycle_attribute"])
 
 
 def test_snapshot_check():
@@ -129,10 +130,10 @@ def test_snapshot_check():
     sizes = mem.block_tensor_bytes(cfg, 2)
     allocs = [e["size"] for e in snap["device_traces"][0] if e["action"] == "alloc"]
     with pytest.raises(ExerciseFailed, match="Exercise 4 is not done yet"):
-        mem.check_largest_allocation(snap, cfg, 2, None, None)
+        lab07.check_largest_allocation(snap, cfg, 2, None, None)
     with pytest.raises(ExerciseFailed, match="size"):
-        mem.check_largest_allocation(snap, cfg, 2, allocs[-1], "attention scores")  # the last one
+        lab07.check_largest_allocation(snap, cfg, 2, allocs[-1], "attention scores")  # the last one
     with pytest.raises(ExerciseFailed, match="tensor"):
-        mem.check_largest_allocation(snap, cfg, 2, max(allocs), "MLP hidden")
+        lab07.check_largest_allocation(snap, cfg, 2, max(allocs), "MLP hidden")
     assert mem.name_allocation(max(allocs), sizes) == "attention scores"
-    assert mem.check_largest_allocation(snap, cfg, 2, max(allocs), "attention scores")
+    assert lab07.check_largest_allocation(snap, cfg, 2, max(allocs), "attention scores")

@@ -8,9 +8,10 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from perflab import parallel as P
-from perflab.exercises import ExerciseFailed
-from perflab.hardware import gpu_count
+from perflab.distributed import training as P
+from perflab.labs import lab08
+from perflab.labs.exercises import ExerciseFailed
+from perflab.core.device import gpu_count
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "08_distributed.md"
@@ -56,19 +57,19 @@ def test_code_checks_on_two_gloo_processes():
                      nproc=2, backend="gloo", timeout_s=150, pg_timeout_s=30,
                      user_code=[solution, WRONG_ALLREDUCE, optimizer, WRONG_OPTIMIZER])
     ar = ranks[0]["results"]["user_allreduce"]
-    assert P.check_manual_allreduce(ar["allreduce_gradients"])
+    assert lab08.check_manual_allreduce(ar["allreduce_gradients"])
     with pytest.raises(ExerciseFailed, match="averages"):
-        P.check_manual_allreduce(ar["allreduce_sum"])
+        lab08.check_manual_allreduce(ar["allreduce_sum"])
     opt = [r["results"]["user_optimizer"] for r in ranks]
     params = opt[0]["make_optimizer"]["params"]
     assert params == 8 * (32 * 32 + 32)
     right = [o["make_optimizer"]["state_bytes"] for o in opt]
     wrong = [o["make_plain_adam"]["state_bytes"] for o in opt]
-    assert P.check_sharded_optimizer(right, params, 8 * params / 2)
+    assert lab08.check_sharded_optimizer(right, params, 8 * params / 2)
     with pytest.raises(ExerciseFailed, match="not sharded"):
-        P.check_sharded_optimizer(wrong, params, 8 * params)
+        lab08.check_sharded_optimizer(wrong, params, 8 * params)
     with pytest.raises(ExerciseFailed, match="predicted"):  # sharded, but a prediction of 8 P
-        P.check_sharded_optimizer(right, params, 8 * params)
+        lab08.check_sharded_optimizer(right, params, 8 * params)
 
 
 def test_comm_prediction_check():
@@ -77,25 +78,25 @@ def test_comm_prediction_check():
              {"nbytes": 2**24, "seconds": 14e-3, "busbw": 1.2e9}]
     ns = {"sweep": sweep, "P_model": 1_250_000, "nproc": 2, "predicted_s": None,
           }
-    from perflab import distributed
+    from perflab.distributed import collectives as distributed
     ns["distributed"] = distributed
     exec(_cell("S = 4 * P_model"), ns)
     measured = 4 * 1_250_000 / 1.15e9 + 50e-6
-    assert P.check_comm_prediction(ns["predicted_s"], measured)
+    assert lab08.check_comm_prediction(ns["predicted_s"], measured)
     wrong = distributed.allreduce_time(1_250_000, 1.2e9, 2, 50e-6)  # parameters, not bytes
     with pytest.raises(ExerciseFailed, match="count bytes"):
-        P.check_comm_prediction(wrong, measured)
+        lab08.check_comm_prediction(wrong, measured)
     with pytest.raises(ExerciseFailed, match="no answer"):
-        P.check_comm_prediction(None, measured)
+        lab08.check_comm_prediction(None, measured)
 
 
 def test_bucket_choice_check():
     step_s = {0.002: 0.030, 0.016: 0.012, 0.25: 0.0115, 2.0: 0.016}
     ns = {"step_s": step_s}
     exec(_cell("bucket_choice_mb = min("), ns)
-    assert P.check_bucket_choice(ns["bucket_choice_mb"], step_s)
-    assert P.check_bucket_choice(0.016, step_s)          # within 10 % of the best
+    assert lab08.check_bucket_choice(ns["bucket_choice_mb"], step_s)
+    assert lab08.check_bucket_choice(0.016, step_s)          # within 10 % of the best
     with pytest.raises(ExerciseFailed, match="fastest"):
-        P.check_bucket_choice(0.002, step_s)             # the smallest bucket: latency-bound
+        lab08.check_bucket_choice(0.002, step_s)             # the smallest bucket: latency-bound
     with pytest.raises(ExerciseFailed, match="not measured"):
-        P.check_bucket_choice(25, step_s)
+        lab08.check_bucket_choice(25, step_s)

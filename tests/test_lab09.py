@@ -14,9 +14,9 @@ LAB = ROOT / "labs" / "09_advanced.md"
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_student  # noqa: E402
 
-from perflab import compiler, precision  # noqa: E402
-from perflab.kernels import amp  # noqa: E402
-from perflab.exercises import ExerciseFailed  # noqa: E402
+from perflab.kernels import amp, compiler, precision  # noqa: E402
+from perflab.labs import lab09  # noqa: E402
+from perflab.labs.exercises import ExerciseFailed  # noqa: E402
 
 
 from lab_cells import code_cells as _cells  # noqa: E402
@@ -59,15 +59,15 @@ def lab():
 
 def test_graph_break_check_on_the_lab_function(lab):
     x = torch.randn(16, 32) * 0.5     # no row over the limit; the check also tries -3x
-    assert compiler.check_graph_break_fixed(lab["normalize"], lab["fixed"], x)
+    assert lab09.check_graph_break_fixed(lab["normalize"], lab["fixed"], x)
     with pytest.raises(ExerciseFailed, match="still has"):
-        compiler.check_graph_break_fixed(lab["normalize"], lab["normalize"], x)
+        lab09.check_graph_break_fixed(lab["normalize"], lab["normalize"], x)
 
     def wrong(x, limit=4.0):      # one graph, but rescales every row
         return F.gelu(x * (limit / x.norm(dim=-1, keepdim=True)))
 
     with pytest.raises(ExerciseFailed, match="different result"):
-        compiler.check_graph_break_fixed(lab["normalize"], wrong, x)
+        lab09.check_graph_break_fixed(lab["normalize"], wrong, x)
 
 
 def test_precision_choice_on_measured_cpu_numbers():
@@ -81,5 +81,5 @@ def test_precision_choice_on_measured_cpu_numbers():
         losses[mode] = [float(step()) for _ in range(60)][-1]
     assert losses["bf16_pure"] > 1.05 * losses["fp32"]
     with pytest.raises(ExerciseFailed):
-        precision.check_precision_choice("bf16_pure", seconds, losses)
-    assert precision.check_precision_choice("fp32", seconds, losses)
+        lab09.check_precision_choice("bf16_pure", seconds, losses)
+    assert lab09.check_precision_choice("fp32", seconds, losses)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import jupytext
 import pytest
 
-from perflab import gpt2, speedrun as sr
+from perflab.gpt2 import model as gpt2, ladder as sr
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "10_gpt2_speedrun.md"
@@ -22,7 +22,7 @@ def _gpu_namespace(gib):
     """The lab's set-up, rung and solution cells executed with the GPU's sizes (nothing runs)."""
     nb = jupytext.read(LAB)
     import perflab
-    from perflab import speedrun_checks as sc
+    from perflab.labs import lab10 as sc
 
     ns = {"pick": lambda cpu, gpu: gpu, "on_gpu": True, "gib": gib, "sr": sr, "gpt2": gpt2,
           "Path": Path, "perflab": perflab, "sc": sc,
@@ -58,7 +58,7 @@ def test_gpu_sizes_make_valid_rungs(gib):
 
 def test_speedup_bar_holds_for_consumer_and_datacenter_ceilings():
     """A consumer GPU (bf16 about 2x its float32) gets the floor, an H200 (13.5x) 40 % of it."""
-    from perflab import speedrun_checks as sc
+    from perflab.labs import lab10 as sc
     assert sc.speedup_bar(82e12, 165e12) == 1.5
     assert sc.speedup_bar(51e12, 692e12) == pytest.approx(5.43, rel=0.01)
     with pytest.raises(ValueError):
@@ -84,8 +84,8 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
     import matplotlib.pyplot as plt
 
     import perflab
-    from perflab import speedrun_checks as sc
-    from perflab.exercises import overlay_table
+    from perflab.labs import lab10 as sc
+    from perflab.labs.exercises import overlay_table
 
     (tmp_path / "labs").mkdir()
     (tmp_path / "book").mkdir()
@@ -102,7 +102,7 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
     ref_path = Path("../book/10_gpt2_case_study.ipynb")
     ns = {"Path": Path, "perflab": perflab, "plt": plt, "sc": sc, "overlay_table": overlay_table,
           "ceiling": 1e12, "ref_path": ref_path,
-          "ref": perflab.provenance.read_glued(ref_path) if ref_path.exists() else {},
+          "ref": perflab.record.provenance.read_glued(ref_path) if ref_path.exists() else {},
           "ref_fraction": sc.reference_fraction(536_000.0) if with_reference else None,
           "speed": {"base": run, "mine": run, "fraction": 0.3, "speedup": 2.0},
           "lean": {"ratio": 0.25}}

@@ -21,7 +21,7 @@ def test_strip_code_replaces_solutions_and_drops_hidden_tests():
            "check(f())\n### BEGIN HIDDEN TESTS\nsecret()\n### END HIDDEN TESTS\n")
     out = make_student.strip_code(src, "3")
     assert "return 1" not in out and "secret" not in out
-    assert "    # YOUR CODE HERE\n    perflab.exercises.not_done(3)" in out
+    assert "    # YOUR CODE HERE\n    perflab.labs.exercises.not_done(3)" in out
     assert "check(f())" in out
 
 
@@ -35,7 +35,7 @@ def test_lab_has_at_least_four_checked_exercises(lab):
     for cell in solutions:
         assert "### BEGIN SOLUTION" in cell.source and "### END SOLUTION" in cell.source
     for cell in graded:
-        assert "check" in cell.source, "a graded cell must call a perflab.exercises check"
+        assert "check" in cell.source, "a graded cell must call a perflab.labs.exercises check"
 
 
 @pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
@@ -49,7 +49,7 @@ def test_student_version_has_no_solutions(lab, tmp_path):
         if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
             number = make_student.exercise_number(grade_id)
             assert number.isdigit(), f"{lab.name}: grade_id {grade_id!r} names no exercise (exN-...)"
-            assert f"perflab.exercises.not_done({number})" in cell.source
+            assert f"perflab.labs.exercises.not_done({number})" in cell.source
         if cell.cell_type == "code":
             # the student version must still be valid Python (IPython magics aside)
             code = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
@@ -96,7 +96,7 @@ def test_student_edition_has_no_book_only_tags(lab, tmp_path):
 
 
 def test_lab_needs_reads_the_records(tmp_path):
-    from perflab.exercises import lab_needs
+    from perflab.labs.exercises import lab_needs
 
     md = tmp_path / "09_x.md"
     md.write_text(LABS[0].read_text().replace("import torch", "import torch  # requires_gpu(2)"))

@@ -1,4 +1,4 @@
-"""perflab.memory on CPU: predictions against saved tensors, the techniques leave the training
+"""perflab.memory.training on CPU: predictions against saved tensors, the techniques leave the training
 unchanged, snapshots and traces, the fragmentation worker's plumbing."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from perflab import memory as mem
+from perflab.memory import training as mem
 
 CFG = mem.BlockStackConfig(d_model=32, n_heads=4, n_layers=2, seq_len=16)
 TOL = 1e-5

@@ -1,9 +1,9 @@
-"""perflab.monitor: reading machine state (no GPU here: the GPU paths must say so clearly)."""
+"""perflab.core.sampler: reading machine state (no GPU here: the GPU paths must say so clearly)."""
 
 import pytest
 
-from perflab import monitor
-from perflab.hardware import has_gpu
+from perflab.core import sampler as monitor
+from perflab.core.device import has_gpu
 
 
 def test_cpu_state_reads_cores_and_load():

@@ -1,12 +1,13 @@
-"""perflab.mystery: the three steps run, and the check accepts right diagnoses and rejects wrong ones."""
+"""perflab.profiling.mystery: the three steps run, and the check accepts right diagnoses and rejects wrong ones."""
 
 import pytest
 import torch
 
-from perflab import mystery
-from perflab.exercises import ExerciseFailed
-from perflab.profiling import count_cost
-from perflab.timing import benchmark
+from perflab.profiling import mystery
+from perflab.labs import lab04
+from perflab.labs.exercises import ExerciseFailed
+from perflab.profiling.trace import count_cost
+from perflab.core.timing import benchmark
 
 
 def _evidence(step, busy=0.9, seconds=None, ceiling=1e11, bandwidth=2e10):
@@ -35,27 +36,27 @@ def test_check_rejects_an_answer_not_backed_by_the_evidence():
     step = mystery.step_c("cpu")
     ev = _evidence(step, ceiling=1e15, bandwidth=1e15)       # absurd ceilings: nothing is near them
     with pytest.raises(ExerciseFailed, match="says 'overhead-bound'"):
-        mystery.check_diagnosis(step, "compute-bound", ev, time_tolerance=1e6)
+        lab04.check_diagnosis(step, "compute-bound", ev, time_tolerance=1e6)
 
 
 def test_check_rejects_wrong_counts_missing_keys_and_bad_answers():
     step = mystery.step_b("cpu")
     ev = _evidence(step)
     with pytest.raises(ExerciseFailed, match="one of"):
-        mystery.check_diagnosis(step, "slow", ev)
+        lab04.check_diagnosis(step, "slow", ev)
     with pytest.raises(ExerciseFailed, match="lacks"):
-        mystery.check_diagnosis(step, "overhead-bound", {k: v for k, v in ev.items() if k != "bytes"})
+        lab04.check_diagnosis(step, "overhead-bound", {k: v for k, v in ev.items() if k != "bytes"})
     with pytest.raises(ExerciseFailed, match="flops"):
-        mystery.check_diagnosis(step, "overhead-bound", {**ev, "flops": ev["flops"] * 2})
+        lab04.check_diagnosis(step, "overhead-bound", {**ev, "flops": ev["flops"] * 2})
     # a step time 10^4 times off (per-iteration vs total, ms vs s): far outside the 20x a CPU
     # check allows, so a loaded machine (the check re-times the step) cannot bring it inside
     for off in (1e4, 1e-4):
         with pytest.raises(ExerciseFailed, match="step time"):
-            mystery.check_diagnosis(step, "overhead-bound", {**ev, "seconds": ev["seconds"] * off})
+            lab04.check_diagnosis(step, "overhead-bound", {**ev, "seconds": ev["seconds"] * off})
     with pytest.raises(ExerciseFailed, match="no value"):
-        mystery.check_diagnosis(step, "overhead-bound", {**ev, "busy_fraction": None})
+        lab04.check_diagnosis(step, "overhead-bound", {**ev, "busy_fraction": None})
     with pytest.raises(TypeError, match="MysteryStep"):
-        mystery.check_diagnosis(lambda: None, "overhead-bound", ev)
+        lab04.check_diagnosis(lambda: None, "overhead-bound", ev)
 
 
 def test_check_rejects_a_consistent_but_wrong_regime():
@@ -68,10 +69,10 @@ def test_check_rejects_a_consistent_but_wrong_regime():
     bw = ev["bytes"] / ev["seconds"]
     ev.update(flops_ceiling=fl / 0.3, bandwidth_ceiling=bw / 0.9)
     with pytest.raises(ExerciseFailed, match="not the right regime"):
-        mystery.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)
+        lab04.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)
 
 
 def test_check_accepts_the_right_diagnosis_with_consistent_evidence():
     step = mystery.step_b("cpu")
     ev = _evidence(step, ceiling=1e12, bandwidth=1e11)
-    assert mystery.check_diagnosis(step, "overhead-bound", ev, time_tolerance=1e6)
+    assert lab04.check_diagnosis(step, "overhead-bound", ev, time_tolerance=1e6)

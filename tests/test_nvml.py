@@ -1,8 +1,8 @@
-"""perflab.nvml: the one NVML reader (no GPU here: every reading must be None, not an error)."""
+"""perflab.core.nvml: the one NVML reader (no GPU here: every reading must be None, not an error)."""
 
 import pytest
 
-from perflab import hardware, nvml
+from perflab.core import device as hardware, nvml
 
 
 @pytest.mark.skipif(hardware.has_gpu(), reason="checks the behaviour without a GPU")

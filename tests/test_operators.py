@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from perflab import operators as O
+from perflab.internals import operators as O
 
 
 def test_operator_counts_are_consistent():

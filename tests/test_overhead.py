@@ -1,6 +1,6 @@
 import pytest
 
-from perflab import overhead as O
+from perflab.internals import overhead as O
 
 
 def test_python_and_operator_rates_are_positive_and_ordered():

@@ -1,4 +1,4 @@
-"""perflab.parallel: formulas, the trace summary, and real gloo launches on 2 and 3 CPU processes.
+"""perflab.distributed.training: formulas, the trace summary, and real gloo launches on 2 and 3 CPU processes.
 
 Every launch carries its own timeout (the launcher kills torchrun's whole session), so no test
 can hang; sizes are tiny and each world size is one launch that batches all the tasks.
@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 
-from perflab import parallel as P
-from perflab.hardware import gpu_count
+from perflab.distributed import training as P
+from perflab.core.device import gpu_count
 
 pytestmark = pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU (gloo) path")
 
@@ -240,7 +240,7 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 
 
 def test_an_nccl_timeout_is_reported_by_the_ranks_own_watchdog_line():
-    from perflab.distributed import _failure
+    from perflab.distributed.collectives import _failure
 
     err = _failure("torchrun exited with status 1", ["python", "-m", "torch.distributed.run"],
                    NCCL_TIMEOUT_OUTPUT)
@@ -256,7 +256,7 @@ def test_an_nccl_timeout_is_reported_by_the_ranks_own_watchdog_line():
 
 
 def test_the_ranks_environment_line_is_read_and_never_taken_for_the_error():
-    from perflab.distributed import _failure
+    from perflab.distributed.collectives import _failure
 
     out = ('[rank1]:perflab-hang-env {"TORCH_NCCL_ENABLE_MONITORING": "0", '
            '"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}\n'
@@ -270,7 +270,7 @@ def test_the_ranks_environment_line_is_read_and_never_taken_for_the_error():
 
 
 def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
-    from perflab.distributed import LaunchError
+    from perflab.distributed.collectives import LaunchError
 
     seen = {}
 

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import execute  # noqa: E402
 from pages import lab_sources, pending_chapters  # noqa: E402
 
-from perflab import runs  # noqa: E402
+from perflab.record import runs  # noqa: E402
 
 PENDING = runs.pending_sources(ROOT)
 CHAPTERS = pending_chapters()

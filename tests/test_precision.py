@@ -1,13 +1,13 @@
-"""perflab.precision: formats from torch.finfo, rounding, lost updates, training modes, fp8."""
+"""perflab.kernels.precision: formats from torch.finfo, rounding, lost updates, training modes, fp8."""
 
 import math
 
 import pytest
 import torch
 
-from perflab import precision
-from perflab.kernels import amp
-from perflab.exercises import ExerciseFailed
+from perflab.kernels import amp, precision
+from perflab.labs import lab09
+from perflab.labs.exercises import ExerciseFailed
 
 
 def test_format_table_reads_finfo():
@@ -82,10 +82,10 @@ def test_fp8_matmul_error_is_small_but_larger_than_bf16():
 def test_precision_choice_check():
     seconds = {"fp32": 1.0, "bf16": 0.4, "bf16_pure": 0.35}
     losses = {"fp32": 1.0, "bf16": 1.01, "bf16_pure": 1.2}
-    assert precision.check_precision_choice("bf16", seconds, losses)
+    assert lab09.check_precision_choice("bf16", seconds, losses)
     with pytest.raises(ExerciseFailed, match="tolerance"):
-        precision.check_precision_choice("bf16_pure", seconds, losses)   # fastest, but off
+        lab09.check_precision_choice("bf16_pure", seconds, losses)   # fastest, but off
     with pytest.raises(ExerciseFailed, match="faster"):
-        precision.check_precision_choice("fp32", seconds, losses)        # right loss, too slow
+        lab09.check_precision_choice("fp32", seconds, losses)        # right loss, too slow
     with pytest.raises(ExerciseFailed, match="not done yet"):
-        precision.check_precision_choice(None, None, None)
+        lab09.check_precision_choice(None, None, None)

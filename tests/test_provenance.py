@@ -1,7 +1,8 @@
+from pathlib import Path
 import nbformat
 import pytest
 
-from perflab import provenance as P
+from perflab.record import provenance as P
 
 
 def _notebook_with_glue(tmp_path, values):
@@ -10,7 +11,7 @@ def _notebook_with_glue(tmp_path, values):
 
     nb = nbformat.v4.new_notebook()
     nb.cells.append(nbformat.v4.new_code_cell(
-        "from perflab.provenance import glue\n" +
+        "from perflab.record.provenance import glue\n" +
         "\n".join(f"glue({k!r}, {v!r})" for k, v in values.items())))
     NotebookClient(nb, timeout=60, kernel_name="python3").execute()
     path = tmp_path / "nb.ipynb"
@@ -40,7 +41,7 @@ def test_glue_converts_numpy_and_torch_scalars_and_rejects_bad_values(monkeypatc
 
 
 def test_code_sha256_depends_on_code_only():
-    from perflab.runs import code_sha256
+    from perflab.record.runs import code_sha256
 
     a = code_sha256(["x = 1", "print(x)"])
     assert a == code_sha256(["x = 1\n", "  print(x)"])
@@ -63,3 +64,23 @@ def test_reference_run_reads_metadata(tmp_path):
     nb.metadata.pop("reference_run")
     nbformat.write(nb, path)
     assert P.reference_run(path) is None
+
+
+def test_artifacts_are_the_books_in_a_reference_run_and_scratch_removed_at_exit(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from perflab.record import provenance
+
+    monkeypatch.setenv(provenance.REFERENCE_RUN_ENV, "1")
+    monkeypatch.chdir(tmp_path)
+    assert provenance.artifacts("_static_chXX") == Path("_static_chXX")
+    assert (tmp_path / "_static_chXX").is_dir()
+    # elsewhere: a scratch folder that the process removes when it exits
+    code = ("from perflab.record import provenance; d = provenance.artifacts('_static_chXX', 'chXX_');"
+            "(d / 'trace.json').write_text('{}'); print(d)")
+    env = {k: v for k, v in __import__("os").environ.items() if k != provenance.REFERENCE_RUN_ENV}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=str(Path(__file__).resolve().parent.parent), check=True)
+    folder = Path(out.stdout.strip())
+    assert folder.name.startswith("chXX_") and not folder.exists()

@@ -1,5 +1,5 @@
 """_ext/provenance_pages.py (footers, captions, status page, widget views, scripts) and
-perflab.runs.source_code_sha256, on a tiny book built with Sphinx in a temporary folder."""
+perflab.record.runs.source_code_sha256, on a tiny book built with Sphinx in a temporary folder."""
 
 import base64
 import io
@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from perflab.runs import code_sha256, source_code_sha256
+from perflab.record.runs import code_sha256, source_code_sha256
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "_ext"))

@@ -21,9 +21,9 @@ def test_every_notebook_has_a_current_gpu_reference_run():
 
 
 def test_no_committed_notebook_contradicts_its_own_expectations():
-    """A typed sentence backed by perflab.claims.expect must hold on the run the page shows."""
-    from perflab.claims import failed_expectations
-    from perflab.runs import toc_files
+    """A typed sentence backed by perflab.record.claims.expect must hold on the run the page shows."""
+    from perflab.record.claims import failed_expectations
+    from perflab.record.runs import toc_files
 
     bad = {}
     for entry in toc_files(ROOT / "_toc.yml"):

@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from perflab import report
-from perflab.hardware import gpu_count
+from perflab.machine import report
+from perflab.core.device import gpu_count
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory):
-    """``python -m perflab.report --quick`` run once, as a user would, with no reference card."""
+    """``python -m perflab.machine.report --quick`` run once, as a user would, with no reference card."""
     tmp = tmp_path_factory.mktemp("card")
     out = tmp / "card.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-m", "perflab.report", "--quick", "--json", str(out),
+    done = subprocess.run([sys.executable, "-m", "perflab.machine.report", "--quick", "--json", str(out),
                            "--reference", str(tmp / "missing.json"), "--disk-dir", str(tmp)],
                           capture_output=True, text=True, timeout=600, env=env, cwd=tmp)
     return done, out
@@ -31,7 +31,7 @@ def test_cli_measures_prints_one_page_and_writes_json(cli_run):
     done, out = cli_run
     assert done.returncode == 0, done.stdout + done.stderr
     page = done.stdout
-    assert page.startswith("$ python -m perflab.report --quick")
+    assert page.startswith("$ python -m perflab.machine.report --quick")
     assert "Machine report card (quick" in page
     (line,) = [ln for ln in page.splitlines() if "no reference card at" in ln]
     assert line.endswith("ratios omitted")                                # one line says why
@@ -131,7 +131,7 @@ def test_a_bad_json_path_is_one_line_and_exit_2_before_measuring(tmp_path, where
         status = report.main(["--json", str(target)])
         assert status == 2
         return
-    done = subprocess.run([sys.executable, "-c", "import sys, perflab.report as r; "
+    done = subprocess.run([sys.executable, "-c", "import sys, perflab.machine.report as r; "
                            "r.measure = None; sys.exit(r.main())", "--json", str(target)],
                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
@@ -141,10 +141,10 @@ def test_a_bad_json_path_is_one_line_and_exit_2_before_measuring(tmp_path, where
 
 
 def test_l2_row_is_chapter_2s_graph_replayed_copy_fit(monkeypatch):
-    """The card's L2 / HBM ratio comes from perflab.gpu.graph_copy_sweep and the fixed-cost fit
+    """The card's L2 / HBM ratio comes from perflab.machine.gpu.graph_copy_sweep and the fixed-cost fit
     over chapter 2's sizes and ranges (a synthetic curve: 10 TB/s in L2, 4 TB/s from HBM, 1 us
     fixed cost per copy), not from a second implementation."""
-    from perflab.caches import WorkingSetPoint, geometric_sizes
+    from perflab.machine.caches import WorkingSetPoint, geometric_sizes
 
     l2, asked = 60 * 2**20, {}
 
@@ -170,7 +170,7 @@ def test_l2_row_is_chapter_2s_graph_replayed_copy_fit(monkeypatch):
 
 def _sweep(alpha, busbw, sizes=(4096, 2**16, 2**20, 2**24)):
     """A gloo sweep on 2 ranks whose times follow t = alpha + S / busbw exactly (alpha may be < 0)."""
-    from perflab import distributed as D
+    from perflab.distributed import collectives as D
 
     pts = tuple(D.AllReducePoint(s, alpha + s / busbw, 10, s / (alpha + s / busbw), s / (alpha + s / busbw))
                 for s in sizes)

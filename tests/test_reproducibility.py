@@ -1,4 +1,4 @@
-"""perflab.reproducibility: seeds, deterministic mode, noise statistics."""
+"""perflab.profiling.reproducibility: seeds, deterministic mode, noise statistics."""
 
 import random
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from perflab.reproducibility import coefficient_of_variation, deterministic, repeated_medians, seed_everything
+from perflab.profiling.reproducibility import (coefficient_of_variation, deterministic,
+                                               repeated_medians, seed_everything)
 
 
 def test_seed_everything_repeats_all_three_generators():

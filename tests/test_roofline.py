@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from perflab import roofline as R
+from perflab.machine import roofline as R
 
 
 def test_matmul_cost_counts_two_flops_per_multiply_add_and_each_operand_once():

@@ -1,10 +1,10 @@
-"""perflab.speed on CPU: data, prefetcher, ladder, overlap arithmetic, BN folding, log capture."""
+"""perflab.speed.techniques on CPU: data, prefetcher, ladder, overlap arithmetic, BN folding, log capture."""
 
 import pytest
 import torch
 from torch import nn
 
-from perflab import speed
+from perflab.speed import techniques as speed
 
 
 def test_synthetic_images_shapes_dtypes_and_determinism():

@@ -3,7 +3,8 @@ import pytest
 import torch
 from dataclasses import asdict
 
-from perflab import parallel, speedrun as sr
+from perflab.distributed import training as parallel
+from perflab.gpt2 import ladder as sr
 
 TINY = (("n_layer", 2), ("n_embd", 32), ("n_head", 2), ("block_size", 32))
 
@@ -150,7 +151,7 @@ def test_fp16_rung_scales_and_bf16_residual_rung_trains_alike():
 
 
 def test_residual_stream_is_bf16_only_in_the_bf16_residual_rung():
-    from perflab import gpt2, gpt2_steps
+    from perflab.gpt2 import model as gpt2, steps as gpt2_steps
     seen = []
     for residual in ("fp32", "bf16"):
         rung = base(precision="bf16", residual=residual)

@@ -1,4 +1,4 @@
-"""perflab.speedrun_checks: lab 10's checks and the CPU's estimate of peak memory (CPU only,
+"""perflab.labs.lab10: lab 10's checks and the CPU's estimate of peak memory (CPU only,
 no wall-clock assertions except ratios the checks themselves compute)."""
 
 import json
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from perflab import gpt2_steps
-from perflab import gpt2, speedrun as sr, speedrun_checks as sc
-from perflab.exercises import ExerciseFailed, ExerciseNotDone
+from perflab.gpt2 import model as gpt2, ladder as sr, steps as gpt2_steps
+from perflab.labs import lab10 as sc
+from perflab.labs.exercises import ExerciseFailed, ExerciseNotDone
 
 TINY = (("n_layer", 2), ("n_embd", 32), ("n_head", 2), ("block_size", 32))
 
@@ -184,5 +184,5 @@ def test_reference_fraction(tmp_path):
 
 
 def test_reference_ceilings_path_is_the_ceilings_modules():
-    from perflab import ceilings
+    from perflab.record import ceilings
     assert sc._REFERENCE_CEILINGS == ceilings.REFERENCE_PATH

@@ -1,6 +1,6 @@
 """Every lab's student edition, executed on CPU as handed out: each exercise stops with one sentence.
 
-The student edition replaces each solution with ``perflab.exercises.not_done(N)``. Executed cell
+The student edition replaces each solution with ``perflab.labs.exercises.not_done(N)``. Executed cell
 by cell with nothing filled in (as *Run Selected Cell and All Below* from each exercise would),
 every cell either runs or ends in ``ExerciseNotDone`` with the message
 "Exercise N is not done yet: ...": never a ``NameError``, ``TypeError`` or bare

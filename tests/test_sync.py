@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from perflab import sync as S
+from perflab.internals import hostsync as S
 
 
 def test_count_host_syncs_finds_each_kind_of_sync():

@@ -1,11 +1,11 @@
-"""perflab.telemetry: the sampler records what the machine exposes and says what it cannot."""
+"""perflab.core.sampler: the sampler records what the machine exposes and says what it cannot."""
 
 import time
 
 import pytest
 import torch
 
-from perflab import telemetry as T
+from perflab.core import sampler as T
 
 
 def test_cpu_summary_states_duration_and_what_is_missing():
@@ -35,7 +35,7 @@ def test_bad_arguments_name_themselves(kwargs, word):
 
 
 def test_gpu_summary_from_nvml_readings(monkeypatch):
-    """The NVML branch, fed recorded readings of perflab.nvml (Hz): median/min clock in MHz,
+    """The NVML branch, fed recorded readings of perflab.core.nvml (Hz): median/min clock in MHz,
     reasons without 'idle'."""
     readings = iter([
         {"sm_clock_hz": 1980e6, "sm_clock_max_hz": 1980e6, "mem_clock_hz": 3201e6, "power_w": 400.0,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from perflab import tensors as T
+from perflab.internals import tensors as T
 
 
 def test_contiguous_strides_match_pytorch():

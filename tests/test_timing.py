@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from perflab import timing
+from perflab.core import timing
 
 
 def test_event_timer_on_cpu_returns_one_sample_per_rep_after_warmup():
@@ -48,7 +48,7 @@ def test_flush_and_synchronize_are_noops_on_cpu():
 
 
 def test_progress_is_a_pass_through_when_disabled_and_yields_every_item_when_enabled():
-    from perflab.progress import progress
+    from perflab.core.progress import progress
 
     items = [1, 2, 3]
     assert progress(items, "x", enabled=False) is items
@@ -98,7 +98,7 @@ def test_order_effect_separates_drift_from_the_timer():
 def test_paired_ratio_is_the_median_of_back_to_back_pairs(monkeypatch):
     """With a fake clock (base costs 3 ticks a call, candidate 1, one pair disturbed by a burst
     of 100 ticks), the ratio is 3: the burst moves one pair, not the median."""
-    from perflab import timing
+    from perflab.core import timing
 
     clock = {"t": 0.0, "calls": 0}
     monkeypatch.setattr(timing.time, "perf_counter", lambda: clock["t"])
@@ -122,7 +122,7 @@ def test_paired_ratio_is_the_median_of_back_to_back_pairs(monkeypatch):
 def test_paired_ratio_times_with_the_threads_asked_and_restores_them():
     import torch
 
-    from perflab import timing
+    from perflab.core import timing
 
     before = torch.get_num_threads()
     seen = []

@@ -1,4 +1,4 @@
-"""perflab.tools: finding and parsing Nsight Compute, py-spy and strace (the tools run where present)."""
+"""perflab.profiling.profilers: finding and parsing Nsight Compute, py-spy and strace (the tools run where present)."""
 
 import os
 import sys
@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from perflab import tools
+from perflab.profiling import profilers as tools
 
 # The layout of `ncu --csv` output (details page): messages first, then one row per kernel,
 # section and metric. The numbers are invented for the test; the format follows the ncu CLI docs.

@@ -1,7 +1,7 @@
 import pytest
 
-from perflab import transfer
-from perflab.hardware import gpu_count, has_gpu
+from perflab.machine import transfer
+from perflab.core.device import gpu_count, has_gpu
 
 
 def test_pcie_bandwidth_per_direction():

@@ -1,0 +1,522 @@
+"""Several processes, several GPUs: launching ``torchrun`` from a notebook, topology, all-reduce.
+
+A notebook cannot itself be several processes, so :func:`launch` starts
+``python -m torch.distributed.run --standalone --nproc-per-node N -m perflab.distributed.collectives ...``:
+this module is also the worker script. Rank 0 writes its results as JSON to a file named by the
+launcher, which reads it back; when any worker fails, :class:`LaunchError` carries the exit
+status and the tail of the workers' output. The child environment keeps ``NCCL_NVLS_ENABLE=0``
+(NVLink SHARP multicast stays off on the course's machines).
+
+Bandwidth of an all-reduce is reported as in NVIDIA's nccl-tests (``doc/PERFORMANCE.md``):
+
+* algorithm bandwidth ``algbw = S / t`` for a buffer of ``S`` bytes reduced in ``t`` seconds;
+* bus bandwidth ``busbw = algbw * 2 (n - 1) / n`` on ``n`` ranks: a ring all-reduce sends and
+  receives ``2 (n - 1) / n * S`` bytes per rank (Patarasuk and Yuan, JPDC 69(2), 2009), so busbw
+  is the per-rank link speed the collective achieved, comparable with a peer-copy bandwidth
+  whatever ``n`` is.
+
+Run as a worker (by torchrun only): ``python -m perflab.distributed.collectives --out FILE allreduce
+--sizes 1024,1048576 [--backend nccl|gloo] [--target-bytes B]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from perflab.core.device import gpu_count
+from perflab.core.fits import fit_line
+from perflab.core.sampler import Telemetry
+
+__all__ = [
+    "AlphaBeta",
+    "AllReducePoint",
+    "AllReduceResult",
+    "LaunchError",
+    "algorithm_bandwidth",
+    "allreduce_sweep",
+    "alpha_beta",
+    "allreduce_time",
+    "bus_bandwidth",
+    "default_backend",
+    "gpu_link",
+    "launch",
+    "topology_text",
+]
+
+
+class LaunchError(RuntimeError):
+    """A ``torchrun`` launch failed: the message holds the command, exit status and the workers' output.
+
+    ``output`` holds the whole output of the launch (every rank's lines and torchrun's), of
+    which the message shows the error lines and the last lines only.
+    """
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
+
+
+def algorithm_bandwidth(nbytes: float, seconds: float) -> float:
+    """``nbytes / seconds``: the buffer size over the collective's time, in bytes/s (nccl-tests' algbw).
+
+    Raises:
+        ValueError: ``nbytes`` negative or ``seconds`` not positive.
+    """
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    return nbytes / seconds
+
+
+def _check_world(world_size) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
+        raise ValueError(f"world_size must be an integer >= 2 (an all-reduce on one rank moves no data), "
+                         f"got {world_size!r}")
+
+
+def bus_bandwidth(nbytes: float, seconds: float, world_size: int) -> float:
+    """All-reduce bus bandwidth in bytes/s: ``algbw * 2 (n - 1) / n`` (nccl-tests, doc/PERFORMANCE.md).
+
+    Raises:
+        ValueError: ``world_size`` < 2, or a bad ``nbytes``/``seconds``.
+    """
+    _check_world(world_size)
+    return algorithm_bandwidth(nbytes, seconds) * 2 * (world_size - 1) / world_size
+
+
+def allreduce_time(nbytes: float, busbw: float, world_size: int, latency_s: float = 0.0) -> float:
+    """Predicted seconds for an all-reduce of ``nbytes`` on ``world_size`` ranks at bus bandwidth ``busbw``.
+
+    ``latency_s + nbytes * 2 (n - 1) / n / busbw``: the inverse of :func:`bus_bandwidth`, plus a
+    fixed start-up cost (the alpha of the alpha-beta model).
+
+    Raises:
+        ValueError: ``world_size`` < 2, ``busbw`` not positive, or negative ``nbytes``/``latency_s``.
+    """
+    _check_world(world_size)
+    if busbw <= 0:
+        raise ValueError(f"busbw must be > 0 bytes/s, got {busbw}")
+    if nbytes < 0 or latency_s < 0:
+        raise ValueError(f"nbytes and latency_s must be >= 0, got {nbytes}, {latency_s}")
+    return latency_s + nbytes * 2 * (world_size - 1) / world_size / busbw
+
+
+def default_backend() -> str:
+    """``"nccl"`` when at least two GPUs are visible, else ``"gloo"`` (CPU processes)."""
+    return "nccl" if gpu_count() >= 2 else "gloo"
+
+
+# ---------------------------------------------------------------------------------------------
+# Topology
+# ---------------------------------------------------------------------------------------------
+
+def topology_text() -> str | None:
+    """The output of ``nvidia-smi topo -m`` (the GPU/NIC/CPU connection matrix), or None when
+    ``nvidia-smi`` is missing or fails."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        done = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 and done.stdout.strip() else None
+
+
+def gpu_link(text: str, src: int = 0, dst: int = 1) -> str | None:
+    """The link type between GPU ``src`` and GPU ``dst`` in ``nvidia-smi topo -m`` output.
+
+    E.g. ``"NV18"`` (18 bonded NVLinks), ``"PIX"``/``"PXB"`` (PCIe switches), ``"PHB"`` (PCIe host
+    bridge), ``"NODE"``/``"SYS"`` (across host bridges or CPU sockets). None if not found.
+    """
+    rows = {}
+    header = None
+    # nvidia-smi underlines the header row with terminal escape codes ("\x1b[4mGPU0 ..."), seen on
+    # the H200 reference machine: strip them before matching
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    for line in text.splitlines():
+        cells = line.split()
+        if not cells:
+            continue
+        if header is None and cells[0].startswith("GPU0"):
+            header = cells
+            continue
+        if header is not None and cells[0].startswith("GPU") and cells[0][3:].isdigit():
+            rows[int(cells[0][3:])] = cells[1:]
+    if header is None or src not in rows:
+        return None
+    column = f"GPU{dst}"
+    if column not in header:
+        return None
+    cells = rows[src]
+    i = header.index(column)
+    return cells[i] if i < len(cells) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Launching
+# ---------------------------------------------------------------------------------------------
+
+def _child_env(backend: str, extra: dict | None, scratch: str | os.PathLike | None = None) -> dict:
+    """The environment of a ``torchrun`` launch: perflab importable, NVLink multicast off, and,
+    with ``scratch``, every temporary file of torchrun and its workers (torchrun's
+    ``torchelastic_*`` log folders, Inductor's precompiled headers, ``tempfile`` users) inside
+    ``scratch/tmp``, a folder of the launch's own scratch directory, removed with it."""
+    env = dict(os.environ)
+    if scratch is not None:
+        tmp = Path(scratch) / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(tmp)
+    package_parent = str(Path(__file__).resolve().parent.parent.parent)
+    env["PYTHONPATH"] = package_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast on the course's machines
+    env.setdefault("OMP_NUM_THREADS", "1")  # silences torchrun's warning; collectives need no BLAS threads
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    kept = [ln for ln in text.splitlines() if ln.strip()]
+    return "\n".join(kept[-lines:])
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:\[[^\]]*\]:?\s*)?([A-Za-z_.]*(?:Error|Exception)): (.+)$")
+
+
+# What a rank logs when a collective times out without a Python exception: NCCL's watchdog
+# thread ("Watchdog caught collective operation timeout: WorkNCCL(...) ran for 10012
+# milliseconds before timing out."), then the c10::DistBackendError it terminates the process
+# with. torchrun's own summary ("ChildFailedError", "exitcode", "Signal 6") is left out.
+_RANK_ERROR_MARKERS = ("Watchdog caught collective operation timeout", "DistBackendError",
+                       "timed out", "Timed out")
+_TORCHRUN_LINE = ("ChildFailedError", "torch.distributed.elastic", "exitcode", "traceback :")
+# the glog prefix of C++ log lines: "[E1130 23:46:25.123456 12345 ProcessGroupNCCL.cpp:685] "
+_GLOG_PREFIX = re.compile(r"\[[EWIF]\d{4} [\d:.]+ \d+ [^\]]+\] ?")
+
+
+def _worker_errors(text: str) -> str:
+    """The error lines the ranks printed, in order, at most five, torchrun's own left out.
+
+    An error line is a Python exception line (``ValueError: ...``, with or without torchrun's
+    ``[rank0]:`` prefix) or a line in which a rank reports a collective's timeout (NCCL's
+    watchdog, a ``DistBackendError``, gloo's "Timed out waiting ..."); the C++ log prefix
+    (severity, time, thread, source line) is dropped. ``what():`` lines repeat the watchdog's
+    message and are skipped.
+    """
+    found = []
+    for line in text.splitlines():
+        m = _ERROR_LINE.match(line)
+        if m:
+            keep = "ChildFailedError" not in m.group(1)
+        else:
+            keep = (any(k in line for k in _RANK_ERROR_MARKERS)
+                    and not any(k in line for k in _TORCHRUN_LINE) and "what():" not in line)
+        line = _GLOG_PREFIX.sub("", line).strip()
+        if keep and line not in found:
+            found.append(line)
+    return "\n".join(found[:5]) or "(no exception line found in the output)"
+
+
+def _failure(summary: str, cmd: list[str], output: str) -> LaunchError:
+    return LaunchError(f"{summary}: {' '.join(cmd)}\n--- worker errors ---\n{_worker_errors(output)}\n"
+                       f"--- last lines of output ---\n{_tail(output)}", output)
+
+
+def launch(
+    task_args: Sequence[str],
+    nproc: int = 2,
+    backend: str | None = None,
+    timeout_s: float = 300,
+    env: dict | None = None,
+) -> dict:
+    """Run this module's worker on ``nproc`` processes under torchrun; return rank 0's JSON result.
+
+    The command is ``python -m torch.distributed.run --standalone --nproc-per-node=<nproc>
+    -m perflab.distributed.collectives --backend <backend> --out <tmp.json> <task_args...>``. ``backend``
+    defaults to :func:`default_backend`. ``env`` adds variables to the children's environment
+    (which always has ``NCCL_NVLS_ENABLE=0`` and this package on ``PYTHONPATH``).
+
+    Raises:
+        ValueError: ``nproc`` < 2 or an unknown backend; ``nccl`` with fewer GPUs than processes.
+        LaunchError: a worker failed or the launch timed out (the message carries the exit status
+            and the last lines the workers printed), or rank 0 wrote no result.
+    """
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 2:
+        raise ValueError(f"nproc must be an integer >= 2, got {nproc!r}")
+    backend = backend or default_backend()
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+    if backend == "nccl" and gpu_count() < nproc:
+        raise ValueError(f"backend='nccl' with nproc={nproc} needs {nproc} GPUs; this machine has {gpu_count()}")
+    with tempfile.TemporaryDirectory(prefix="perflab-dist-") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "perflab.distributed.collectives", "--backend", backend, "--out", str(out), *map(str, task_args)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=_child_env(backend, env, scratch=tmp), start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers share the new session
+            output, _ = proc.communicate()
+            raise _failure(f"torchrun timed out after {timeout_s:g} s", cmd, output or "") from None
+        if proc.returncode != 0:
+            raise _failure(f"torchrun exited with status {proc.returncode}", cmd, output or "")
+        if not out.exists():
+            raise _failure(f"the workers exited cleanly but rank 0 wrote no result to {out}", cmd, output or "")
+        return json.loads(out.read_text())
+
+
+@dataclass(frozen=True)
+class AllReducePoint:
+    """One message size of an all-reduce sweep.
+
+    Attributes:
+        nbytes: buffer size per rank in bytes (float32 elements x 4).
+        seconds: time of one all-reduce (the slowest rank's mean over ``iters``).
+        iters: timed repetitions.
+        algbw: ``nbytes / seconds`` (bytes/s).
+        busbw: ``algbw * 2 (n - 1) / n`` (bytes/s).
+    """
+
+    nbytes: int
+    seconds: float
+    iters: int
+    algbw: float
+    busbw: float
+
+
+@dataclass(frozen=True)
+class AllReduceResult:
+    """An all-reduce sweep: ``backend``, ``world_size``, ``device`` kind, ``points``, ``versions``,
+    ``timer`` (``"cuda events"`` on GPUs, ``"perf_counter"`` on CPU processes) and ``telemetry``
+    (rank 0's :meth:`perflab.core.sampler.TelemetrySummary.as_dict` over the timed part of the
+    sweep: its GPU's clocks and power, or its CPU's clock; empty from a worker that sent none)."""
+
+    backend: str
+    world_size: int
+    device: str
+    points: tuple[AllReducePoint, ...]
+    versions: dict
+    timer: str = "perf_counter"
+    telemetry: dict = field(default_factory=dict)
+
+    @property
+    def peak_busbw(self) -> float:
+        """The largest bus bandwidth of the sweep, bytes/s."""
+        return max(p.busbw for p in self.points)
+
+
+def allreduce_sweep(
+    sizes: Sequence[int],
+    nproc: int = 2,
+    backend: str | None = None,
+    target_bytes: int | None = None,
+    timeout_s: float = 300,
+) -> AllReduceResult:
+    """All-reduce (sum) of float32 buffers of each size in ``sizes`` (bytes) across ``nproc`` processes.
+
+    NCCL on GPUs (one per process) or gloo on CPU processes (see :func:`launch`). Every size is
+    first reduced twice (connections, buffers and each protocol set up before anything is timed),
+    then each size is warmed up up to 5 more times (``min(5, target_bytes // size)``, at least
+    once) and timed over ``max(5, min(200, target_bytes // size))`` back-to-back repetitions after
+    a barrier, three times (once where three would move more than ``4 x target_bytes``); a point
+    is the median of those runs, of the slowest rank. On GPUs the repetitions are bracketed by CUDA events on the
+    stream the collectives wait on (device time, not the host's); on CPU processes by
+    ``time.perf_counter``. Rank 0 runs the timed part (not the launch, nor the set-up) under a
+    :class:`perflab.core.sampler.Telemetry` sampler of its own device: ``result.telemetry``.
+    ``target_bytes`` default: 4 GiB for NCCL, 256 MiB for gloo. The
+    workers check that the reduction is correct.
+
+    Raises:
+        ValueError: empty ``sizes`` or a size that is not a positive multiple of 4 bytes.
+        LaunchError: see :func:`launch`.
+    """
+    sizes = [int(s) for s in sizes]
+    if not sizes or any(s < 4 or s % 4 for s in sizes):
+        raise ValueError(f"sizes must be positive multiples of 4 bytes, got {sizes}")
+    backend = backend or default_backend()
+    if target_bytes is None:
+        target_bytes = 4 * 2**30 if backend == "nccl" else 256 * 2**20
+    raw = launch(["allreduce", "--sizes", ",".join(map(str, sizes)), "--target-bytes", str(target_bytes)],
+                 nproc=nproc, backend=backend, timeout_s=timeout_s)
+    n = raw["world_size"]
+    points = tuple(AllReducePoint(p["nbytes"], p["seconds"], p["iters"], algorithm_bandwidth(p["nbytes"], p["seconds"]),
+                                  bus_bandwidth(p["nbytes"], p["seconds"], n)) for p in raw["points"])
+    return AllReduceResult(raw["backend"], n, raw["device"], points, raw.get("versions", {}),
+                           raw.get("timer", "perf_counter"), raw.get("telemetry", {}))
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """The latency-bandwidth (alpha-beta) model of an all-reduce sweep.
+
+    ``t(S) = alpha + S * 2 (n - 1) / n / busbw`` for a buffer of ``S`` bytes on ``n`` ranks.
+
+    Attributes:
+        alpha_s: the fixed cost of one all-reduce (latency), seconds: the intercept.
+        busbw: the bus bandwidth the large messages approach, bytes/s: the inverse slope.
+        rms_relative: RMS of the relative residuals ``(model - t) / t`` over the sweep.
+        points: how many sizes were fitted.
+    """
+
+    alpha_s: float
+    busbw: float
+    rms_relative: float
+    points: int
+
+    def seconds(self, nbytes: float, world_size: int) -> float:
+        """The model's time for ``nbytes`` on ``world_size`` ranks (:func:`allreduce_time`)."""
+        return allreduce_time(nbytes, self.busbw, world_size, max(self.alpha_s, 0.0))
+
+    @property
+    def half_bandwidth_bytes(self) -> float:
+        """The message size at which the model reaches half of ``busbw``: ``alpha x busbw``
+        bytes of bus traffic (for ``n = 2``, bytes per rank)."""
+        return self.alpha_s * self.busbw
+
+
+def alpha_beta(result: AllReduceResult) -> AlphaBeta:
+    """Fit the alpha-beta model to a whole sweep (:func:`perflab.core.fits.fit_line`, relative
+    residuals, so the small messages, which set alpha, weigh as much as the large ones, which set
+    the bandwidth).
+
+    Raises:
+        ValueError: fewer than 2 sizes, or times that do not grow with size.
+    """
+    n = result.world_size
+    x = [p.nbytes * 2 * (n - 1) / n for p in result.points]
+    fit = fit_line(x, [p.seconds for p in result.points], relative=True)
+    if fit.slope <= 0:
+        raise ValueError("all-reduce time does not grow with message size: no bandwidth to fit")
+    return AlphaBeta(fit.fixed, 1.0 / fit.slope, fit.rms_relative, fit.points)
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker (runs under torchrun)
+# ---------------------------------------------------------------------------------------------
+
+def _worker_allreduce(args, dist, torch) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    else:
+        device = torch.device("cpu")
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    flag = torch.zeros(1, device=device)
+
+    def barrier():  # an all-reduce of one element works on every backend without extra arguments
+        dist.all_reduce(flag)
+        sync()
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for nbytes in sizes:  # every size once before any timing: connections, buffers, protocols
+        x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        for _ in range(2):
+            dist.all_reduce(x)
+        del x
+    sync()
+
+    def timed(x, iters: int) -> float:
+        barrier()
+        if device.type == "cuda":  # device time of the back-to-back collectives
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                dist.all_reduce(x)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3 / iters
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(x)
+        return (time.perf_counter() - t0) / iters
+
+    # rank 0 states the clock the timed part ran at: its GPU's (NVML), or the CPU's read
+    # every 0.5 s (parsing /proc/cpuinfo holds the GIL the timing loop needs)
+    sampler = (Telemetry(index=device.index or 0, device=device,
+                         interval_s=0.02 if device.type == "cuda" else 0.5)
+               if rank == 0 else contextlib.nullcontext())
+    points = []
+    with sampler:
+        for nbytes in sizes:
+            x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+            for _ in range(max(1, min(5, args.target_bytes // nbytes))):
+                dist.all_reduce(x)
+            iters = max(5, min(200, args.target_bytes // nbytes))
+            # three timed runs (their median) unless that would move over 4x target_bytes
+            repeats = 3 if 3 * iters * nbytes <= 4 * args.target_bytes else 1
+            runs = sorted(timed(x, iters) for _ in range(repeats))
+            elapsed = torch.tensor([runs[len(runs) // 2]], dtype=torch.float64, device=device)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            x.fill_(rank + 1)
+            dist.all_reduce(x)
+            expected = world * (world + 1) / 2
+            if not torch.all(x == expected):
+                raise RuntimeError(f"all-reduce of {nbytes} bytes gave {x[0].item()} on rank {rank}, expected {expected}")
+            points.append({"nbytes": nbytes, "seconds": float(elapsed.item()), "iters": int(iters)})
+            del x
+    versions = {"torch": torch.__version__}
+    if args.backend == "nccl":
+        v = torch.cuda.nccl.version()  # a tuple such as (2, 27, 3); an int in old releases
+        versions["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    return {"backend": args.backend, "world_size": world, "device": device.type,
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "points": points, "versions": versions,
+            "timer": "cuda events" if device.type == "cuda" else "perf_counter",
+            "telemetry": sampler.summary().as_dict() if rank == 0 else {}}
+
+
+def _worker_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="perflab.distributed.collectives worker (launched by torchrun)")
+    parser.add_argument("--backend", choices=["nccl", "gloo"], required=True)
+    parser.add_argument("--out", required=True, help="where rank 0 writes its JSON result")
+    sub = parser.add_subparsers(dest="task", required=True)
+    ar = sub.add_parser("allreduce")
+    ar.add_argument("--sizes", required=True, help="comma-separated buffer sizes in bytes")
+    ar.add_argument("--target-bytes", type=int, default=2**28)
+    args = parser.parse_args(argv)
+    if "RANK" not in os.environ:
+        parser.error("this worker runs under torchrun; call perflab.distributed.collectives.launch() instead")
+    if args.backend == "nccl":
+        local = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    else:
+        dist.init_process_group("gloo")
+    try:
+        result = _worker_allreduce(args, dist, torch)
+        if dist.get_rank() == 0:
+            tmp = Path(args.out).with_suffix(".partial")
+            tmp.write_text(json.dumps(result))
+            tmp.replace(args.out)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main())

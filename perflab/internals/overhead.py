@@ -1,0 +1,331 @@
+"""Overhead: time that is neither arithmetic nor memory traffic (Python, dispatch, launches).
+
+Rates here are operations per second; times are seconds. Every function runs on CPU and GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+import timeit
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from perflab.core.timing import benchmark, synchronize
+from perflab.machine.cpu import cache_levels
+from perflab.machine.roofline import copy_bandwidth
+
+__all__ = ["CallModel", "batch_scaling", "beyond_cache_numel", "call_model", "issue_time",
+           "cuda_graph_op_rate", "dram_copy_bandwidth", "op_rate", "python_adds_per_second"]
+
+
+def python_adds_per_second(n: int = 2_000_000) -> float:
+    """Integer additions per second the Python interpreter does in a plain loop (``x = x + 1``).
+
+    The loop's own bookkeeping is included, as it is in real code. Best of 3 runs of ``n`` adds.
+
+    Raises:
+        ValueError: ``n`` < 1.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    code = "x = 0\nfor _ in range(n):\n    x = x + 1"
+    best = min(timeit.repeat(code, globals={"n": n}, number=1, repeat=3))
+    return n / best
+
+
+def issue_time(fn: Callable[[], object], device: torch.device | str, calls: int = 10,
+               bursts: int = 5) -> float:
+    """Host seconds per call of ``fn`` when ``calls`` calls are issued back to back.
+
+    Each burst starts from an empty queue (synchronize), issues ``calls`` calls and reads the
+    host clock *without* synchronizing; the result is the median over ``bursts`` bursts of the
+    burst time divided by ``calls``. On a GPU this is the host's cost to issue a call (Python,
+    dispatcher, allocation, launch), as long as the device's queue absorbs the burst; a kernel
+    longer than the issue time does not add to it. On a CPU the kernel runs on the calling
+    thread, so it is the whole call. Chapter 3 compares it with the profiler's host times and
+    with a timer that forgets to synchronize.
+
+    Args:
+        fn: the call to issue (its result is discarded).
+        device: where ``fn`` runs (synchronized before each burst and at the end).
+        calls: calls per burst (>= 1).
+        bursts: bursts; the median is returned (>= 1).
+
+    Returns:
+        seconds per call (host clock, ``time.perf_counter``).
+
+    Raises:
+        ValueError: ``calls`` or ``bursts`` below 1.
+    """
+    for name, v in (("calls", calls), ("bursts", bursts)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    per_call = []
+    for _ in range(bursts):
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per_call.append((time.perf_counter() - t0) / calls)
+    synchronize(device)
+    return statistics.median(per_call)
+
+
+def op_rate(device: torch.device | str, numel: int = 1, ops: int = 5000) -> float:
+    """Tiny-tensor PyTorch operator calls per second on ``device``: ``ops`` calls of ``y = x * 2``.
+
+    With ``numel`` tiny the kernel does nothing, so the rate measures the per-call cost: the
+    Python call, the dispatcher, allocation and, on CUDA, the kernel launch. On CUDA the clock
+    stops after a synchronize, so queued launches are counted only once they have run.
+
+    Raises:
+        ValueError: ``numel`` or ``ops`` < 1.
+    """
+    if numel < 1 or ops < 1:
+        raise ValueError(f"numel and ops must be >= 1, got numel={numel}, ops={ops}")
+    dev = torch.device(device)
+    x = torch.randn(numel, device=dev)
+    for _ in range(100):  # warm-up: CUDA context, caching allocator, kernel load
+        y = x * 2
+    synchronize(dev)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            y = x * 2
+        synchronize(dev)
+        best = min(best, time.perf_counter() - t0)
+    del y
+    return ops / best
+
+
+def cuda_graph_op_rate(numel: int = 1, ops: int = 1000, replays: int = 20) -> float:
+    """Kernels per second when the same ``ops`` tiny ``x * 2`` operators replay from a CUDA graph.
+
+    Capture records the kernels once; each replay launches the whole graph with one call, so
+    Python, dispatch and per-kernel launch costs disappear. The rate is ``ops * replays`` over
+    the wall time of ``replays`` replays (synchronized).
+
+    Raises:
+        RuntimeError: no CUDA device.
+        ValueError: a non-positive argument.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("cuda_graph_op_rate needs a CUDA GPU; this machine has none")
+    if min(numel, ops, replays) < 1:
+        raise ValueError("numel, ops and replays must all be >= 1")
+    x = torch.randn(numel, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up on a side stream, as capture requires
+        for _ in range(3):
+            y = x
+            for _ in range(ops):
+                y = y * 2
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x
+        for _ in range(ops):
+            y = y * 2
+    graph.replay()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return ops * replays / best
+
+
+def batch_scaling(
+    make_step: Callable[[int], Callable[[], object]],
+    batches: Sequence[int],
+    device: torch.device | str,
+) -> list[tuple[int, float]]:
+    """Time one step at each batch size: the "double the batch, does time move?" test.
+
+    ``make_step(batch)`` returns a zero-argument callable that runs one step at that batch size.
+    Returns ``[(batch, seconds), ...]`` with medians from :func:`perflab.core.timing.benchmark`.
+    If doubling the batch barely moves the time, the step is overhead-bound.
+
+    Raises:
+        ValueError: empty ``batches`` or a batch < 1.
+    """
+    if not batches or min(batches) < 1:
+        raise ValueError(f"batches must be a non-empty list of positive sizes, got {list(batches)}")
+    out = []
+    for b in batches:
+        step = make_step(b)
+        out.append((b, benchmark(step, device, min_run_time_s=0.1)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# One model of the cost of a call
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CallModel:
+    """The cost of one operator call: host issue time, device time per kernel, and the work.
+
+    Three quantities, each measured by a different experiment and named for what it measures:
+
+    * ``host_issue_s``: **host issue time per call**, the host CPU's time to run the Python
+      call, the dispatcher, the allocation and the launch API (``1 / op_rate(device)`` on a
+      1-element tensor). The host CPU sets it, not the GPU. On a CPU tensor it also includes
+      the (tiny) kernel, which runs on the same thread.
+    * ``device_fixed_s``: **device time per kernel** for a kernel that does no work: the GPU's
+      own cost of starting one kernel after another (``1 / cuda_graph_op_rate()``, where no
+      host issue is paid). 0 on a CPU.
+    * the work: ``max(bytes / bandwidth, flops / peak_flops)``, the roofline time.
+
+    An isolated call (issue, then wait for it) costs ``t0 + max(bytes/BW, FLOPs/peak)`` with
+    ``t0 = host_issue_s + device_fixed_s``. In a stream of calls on a GPU the host issues the
+    next call while the device runs this one, so a call costs the *larger* of the two:
+    ``max(host_issue_s, device_fixed_s + work)``; on a CPU nothing overlaps and they add.
+
+    Attributes:
+        host_issue_s: seconds (> 0).
+        device_fixed_s: seconds (>= 0).
+        bandwidth: bytes/s (> 0), the copy bandwidth of the run's ceilings.
+        peak_flops: FLOP/s (> 0), or None when no compute roof applies (bandwidth only).
+        overlapped: True when host and device run concurrently (a GPU), False on a CPU.
+
+    Raises:
+        ValueError: a value out of range.
+    """
+
+    host_issue_s: float
+    device_fixed_s: float
+    bandwidth: float
+    peak_flops: float | None = None
+    overlapped: bool = True
+
+    def __post_init__(self) -> None:
+        for name, v, lo in (("host_issue_s", self.host_issue_s, 0.0),
+                            ("bandwidth", self.bandwidth, 0.0)):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > lo):
+                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+        if not (isinstance(self.device_fixed_s, (int, float))
+                and math.isfinite(self.device_fixed_s) and self.device_fixed_s >= 0):
+            raise ValueError(f"device_fixed_s must be >= 0, got {self.device_fixed_s!r}")
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            raise ValueError(f"peak_flops must be > 0 or None, got {self.peak_flops!r}")
+
+    @property
+    def t0(self) -> float:
+        """Fixed cost of an isolated call: ``host_issue_s + device_fixed_s`` (seconds)."""
+        return self.host_issue_s + self.device_fixed_s
+
+    def work_s(self, nbytes: float, flops: float = 0.0) -> float:
+        """Roofline time of the kernel's work: ``max(nbytes / bandwidth, flops / peak_flops)``.
+
+        Raises:
+            ValueError: negative ``nbytes`` or ``flops``, or ``flops`` > 0 without a peak.
+        """
+        if nbytes < 0 or flops < 0:
+            raise ValueError(f"nbytes and flops must be >= 0, got {nbytes}, {flops}")
+        if flops and self.peak_flops is None:
+            raise ValueError("flops > 0 needs a model with peak_flops")
+        compute = flops / self.peak_flops if flops else 0.0
+        return max(nbytes / self.bandwidth, compute)
+
+    def device_s(self, nbytes: float, flops: float = 0.0) -> float:
+        """Device time of one kernel: ``device_fixed_s + work_s`` (seconds)."""
+        return self.device_fixed_s + self.work_s(nbytes, flops)
+
+    def isolated_s(self, nbytes: float, flops: float = 0.0) -> float:
+        """One call, issued and waited for: ``t0 + work_s`` (seconds)."""
+        return self.host_issue_s + self.device_s(nbytes, flops)
+
+    def stream_s(self, nbytes: float, flops: float = 0.0) -> float:
+        """One call in a long stream of calls (seconds): what a sweep such as
+        :func:`perflab.internals.operators.call_cost_sweep` measures.
+
+        ``max(host_issue_s, device_s)`` when host and device overlap, else their sum.
+        """
+        if self.overlapped:
+            return max(self.host_issue_s, self.device_s(nbytes, flops))
+        return self.host_issue_s + self.device_s(nbytes, flops)
+
+    def crossover_bytes(self) -> float:
+        """Bytes a kernel must move for its work to equal the host's share of a call.
+
+        Overlapped (GPU): where ``device_fixed_s + bytes / bandwidth == host_issue_s``, i.e.
+        ``(host_issue_s - device_fixed_s) * bandwidth`` (0 when the device is the slower side
+        even for an empty kernel). Not overlapped (CPU): ``host_issue_s * bandwidth``.
+        """
+        if self.overlapped:
+            return max(0.0, self.host_issue_s - self.device_fixed_s) * self.bandwidth
+        return self.host_issue_s * self.bandwidth
+
+
+def call_model(device: torch.device | str, bandwidth: float,
+               peak_flops: float | None = None) -> CallModel:
+    """Measure the two fixed costs of :class:`CallModel` on ``device`` and return the model.
+
+    ``host_issue_s = 1 / op_rate(device)`` (tiny ``x * 2`` calls, synchronized at the end);
+    on CUDA ``device_fixed_s = 1 / cuda_graph_op_rate()`` (the same kernels replayed from a
+    CUDA graph, so no host issue is paid), on a CPU 0. ``bandwidth`` (bytes/s) and
+    ``peak_flops`` (FLOP/s or None) come from the run's ceilings; they are not measured here.
+
+    Raises:
+        ValueError: a non-positive ``bandwidth`` or ``peak_flops``.
+    """
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
+    dev = torch.device(device)
+    host = 1.0 / op_rate(dev)
+    gpu = dev.type == "cuda"
+    fixed = 1.0 / cuda_graph_op_rate() if gpu else 0.0
+    return CallModel(host_issue_s=host, device_fixed_s=fixed, bandwidth=float(bandwidth),
+                     peak_flops=peak_flops, overlapped=gpu)
+
+
+def beyond_cache_numel(factor: float = 4.0, element_size: int = 4,
+                       minimum: int = 2**24, maximum: int = 2**28,
+                       sysfs: str | None = None) -> int:
+    """Elements per tensor for a host copy that streams from DRAM, not from the caches.
+
+    The last-level cache the OS reports (``perflab.machine.cpu.cache_levels``: size of one instance,
+    times the number of instances, ``os.cpu_count() / shared_by``) times ``factor``, divided
+    by ``element_size``, rounded up to a power of two, clipped to ``[minimum, maximum]``
+    (the maximum keeps a many-socket host within memory and time: 2**28 float32 is 1 GiB).
+    Without cache information from the OS, ``minimum``. ``sysfs`` points elsewhere, for tests.
+
+    Raises:
+        ValueError: ``factor`` < 1, a non-positive ``element_size`` or ``minimum``, or
+            ``maximum`` < ``minimum``.
+    """
+    if factor < 1:
+        raise ValueError(f"factor must be >= 1, got {factor}")
+    if element_size < 1 or minimum < 1:
+        raise ValueError(f"element_size and minimum must be >= 1, got {element_size}, {minimum}")
+    if maximum < minimum:
+        raise ValueError(f"maximum must be >= minimum, got {maximum} < {minimum}")
+    levels = cache_levels(sysfs)
+    if not levels:
+        return int(minimum)
+    last = max(levels, key=lambda c: (c.level, c.size_bytes))
+    instances = max(1, (os.cpu_count() or 1) // max(1, last.shared_by))
+    total = last.size_bytes * instances
+    numel = math.ceil(factor * total / element_size)
+    return min(int(maximum), max(int(minimum), 1 << (numel - 1).bit_length()))
+
+
+def dram_copy_bandwidth(factor: float = 4.0) -> tuple[float, int]:
+    """Host DRAM copy bandwidth in bytes/s, with tensors ``factor`` x the last-level cache.
+
+    Returns ``(bytes_per_s, numel)`` where ``numel`` is the float32 elements per tensor
+    (:func:`beyond_cache_numel`). Bytes read plus written are counted.
+    """
+    numel = beyond_cache_numel(factor)
+    return copy_bandwidth("cpu", numel), numel

@@ -1,0 +1,130 @@
+"""Custom operators: one fused operation written in C++, CUDA and Triton, registered with PyTorch.
+
+The operation is BLAS's *axpby*, out-of-place: ``out = a * x + b * y`` for two float32 tensors of
+one shape and two Python floats. Eager PyTorch runs ``a * x + b * y`` as three kernels that move
+seven tensors' worth of bytes (read x, write ax; read y, write by; read ax and by, write out); one
+fused kernel moves three (read x and y, write out), so a bandwidth-bound fused kernel should take
+about 3/7 of the eager time.
+
+The kernels (``CPP_SOURCE``: a CPU loop split across threads by ``at::parallel_for``;
+``CUDA_SOURCE``: one thread per element; ``triton_axpby``: the Triton version) and their
+registration with ``torch.library.custom_op`` (``register``) are taught on chapter 9's page and
+exported from it to :mod:`perflab.kernels.axpby`. This module holds what is not the idea:
+:func:`build_extension` compiles and loads the C++/CUDA sources with
+``torch.utils.cpp_extension.load_inline``. The C++ side registers the kernels with the
+dispatcher (``TORCH_LIBRARY``), so no pybind11 and only a few ATen headers are compiled (a
+build takes seconds, not a minute). The extension's name is derived from a hash of its source,
+so a fixed source builds under a new name and can be loaded in the same Python process that
+loaded a broken one; builds are cached in ``TORCH_EXTENSIONS_DIR`` (default: the clone's
+``.cache/torch_extensions``). Lab 9's checks live in :mod:`perflab.labs.lab09`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+import torch
+
+from perflab.kernels.axpby import CPP_SOURCE, CUDA_SOURCE
+
+__all__ = ["axpby_eager", "Build", "build_extension", "extension_dir"]
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+# The dispatcher namespace of the compiled kernels (the page's sources register it)
+KERNEL_NAMESPACE = "perflab_ext"
+
+
+def extension_dir() -> Path:
+    """Where compiled extensions are cached: ``$TORCH_EXTENSIONS_DIR``, else ``<clone>/.cache/torch_extensions``.
+
+    The directory is created if missing. The Makefile exports the same default, so CI builds
+    each extension once per clean clone.
+    """
+    path = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or ROOT / ".cache" / "torch_extensions")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass(frozen=True)
+class Build:
+    """A loaded extension.
+
+    Attributes:
+        name: the extension's name (``perflab_axpby_<hash>``); a different source, a new name.
+        library: path of the loaded shared library.
+        seconds: wall time of :func:`build_extension` (compiling, or loading a cached build).
+        cuda: whether the CUDA source was compiled in.
+    """
+
+    name: str
+    library: str
+    seconds: float
+    cuda: bool
+
+
+_LOADED: dict[str, Build] = {}
+
+
+def build_extension(cpp_source: str = CPP_SOURCE, cuda_source: str | None = None,
+                    verbose: bool = False) -> Build:
+    """Compile (or load from the cache) and load an extension that registers its kernels.
+
+    The sources must register their operators themselves (``TORCH_LIBRARY`` /
+    ``TORCH_LIBRARY_IMPL``): no Python bindings are generated, and no implicit
+    ``torch/extension.h`` is added (it alone takes most of a minute to compile). The extension's
+    name is ``perflab_axpby_`` plus the first 12 hex digits of the SHA-256 of the sources and
+    flags, so editing a source that failed to compile and calling this again builds a new
+    library in the same process. ``cuda_source`` defaults to :data:`CUDA_SOURCE` when a GPU is
+    present (``""`` forces a CPU-only build). A source that registers a namespace already
+    registered by another loaded library fails to load (C++ ``TORCH_LIBRARY`` may appear once
+    per namespace per process): rename the namespace in a variant.
+
+    Returns:
+        :class:`Build`.
+
+    Raises:
+        TypeError: a source is not a string.
+        ValueError: ``cpp_source`` is empty.
+        RuntimeError: the compiler or linker failed (the message carries its output), or
+            ninja is missing (``pip install ninja``).
+    """
+    if not isinstance(cpp_source, str) or (cuda_source is not None and not isinstance(cuda_source, str)):
+        raise TypeError("cpp_source and cuda_source must be strings of C++ / CUDA source code")
+    if not cpp_source.strip():
+        raise ValueError("cpp_source is empty")
+    if cuda_source is None:
+        cuda_source = CUDA_SOURCE if torch.cuda.is_available() else ""
+    cflags = ["-O3"]
+    cuda_flags = ["-O3"]
+    digest = hashlib.sha256("\0".join([cpp_source, cuda_source, *cflags, *cuda_flags]).encode()).hexdigest()
+    name = f"perflab_axpby_{digest[:12]}"
+    if name in _LOADED:
+        return _LOADED[name]
+    from torch.utils.cpp_extension import load_inline
+
+    directory = extension_dir() / name
+    directory.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    library = load_inline(
+        name=name,
+        cpp_sources=[cpp_source],
+        cuda_sources=[cuda_source] if cuda_source else None,
+        extra_cflags=cflags,
+        extra_cuda_cflags=cuda_flags if cuda_source else None,
+        build_directory=str(directory),
+        is_python_module=False,
+        no_implicit_headers=True,
+        verbose=verbose,
+    )
+    build = Build(name, str(library), time.perf_counter() - t0, bool(cuda_source))
+    _LOADED[name] = build
+    return build
+
+
+def axpby_eager(x: torch.Tensor, a: float, y: torch.Tensor, b: float) -> torch.Tensor:
+    """``a * x + b * y`` as eager PyTorch composes it: three kernels, seven tensor passes."""
+    return a * x + b * y

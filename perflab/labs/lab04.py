@@ -1,0 +1,104 @@
+"""Lab 4's check: a diagnosis of a mystery step from its evidence."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from perflab.core.timing import benchmark
+from perflab.labs.exercises import ExerciseFailed
+from perflab.machine.costs import count_cost
+from perflab.profiling.mystery import MysteryStep, _ANSWERS, _EVIDENCE_KEYS, _digest
+from perflab.profiling.trace import REGIMES, regime
+
+__all__ = ["check_diagnosis"]
+
+
+def _finite(name: str, evidence: dict, key: str) -> float:
+    value = evidence.get(key)
+    if value is None or value is Ellipsis:
+        raise ExerciseFailed(f"✗ step {name}: evidence[{key!r}] has no value yet.")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ExerciseFailed(f"✗ step {name}: evidence[{key!r}] must be a number, got {value!r}.") from None
+    if not math.isfinite(v) or v < 0:
+        raise ExerciseFailed(f"✗ step {name}: evidence[{key!r}] = {v} is not a finite, non-negative number.")
+    return v
+
+def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_tolerance: float | None = None) -> bool:
+    """Check a diagnosis of a mystery step: the regime and the evidence for it.
+
+    ``evidence`` holds what the student measured in this run:
+
+    * ``seconds``: median time of one step (s);
+    * ``flops`` and ``bytes``: the step's FLOPs and minimum bytes
+      (:func:`perflab.profiling.trace.count_cost`);
+    * ``flops_ceiling`` (FLOP/s, the matrix-multiply rate of ``step.dtype``) and
+      ``bandwidth_ceiling`` (bytes/s, the copy bandwidth), measured on this machine;
+    * ``busy_fraction``: the share of the step's wall time in which kernels ran (on a CPU: ATen
+      operators), from a profiler trace (:func:`perflab.profiling.trace.summarize_trace`).
+
+    The check recounts FLOPs and bytes (they must match within 1 %), re-times the step (the
+    student's time must be within ``time_tolerance`` x of it either way; default 5 on a GPU,
+    where a timer that does not wait for the kernels is off by far more, and 20 on a CPU, which
+    has no queue to forget and whose timings on a shared machine scatter widely), requires the achieved fractions to stay below 2 x the ceilings (a
+    ceiling measured wrongly shows up as an impossible fraction), requires ``answer`` to follow
+    from the evidence by :func:`perflab.profiling.trace.regime`, and finally compares it with the right
+    answer.
+
+    Returns True (after printing one sentence) when all hold.
+
+    Raises:
+        ExerciseFailed: the first thing that does not hold, in one sentence.
+        TypeError: ``step`` is not a MysteryStep or ``evidence`` not a dict.
+        ValueError: ``time_tolerance`` < 1.
+    """
+    if not isinstance(step, MysteryStep):
+        raise TypeError(f"step must be a MysteryStep (from step_a/step_b/step_c), got {type(step).__name__}")
+    if not isinstance(evidence, dict):
+        raise TypeError(f"evidence must be a dict, got {type(evidence).__name__}")
+    name = step.name
+    if answer not in REGIMES:
+        raise ExerciseFailed(f"✗ step {name}: the answer must be one of {list(REGIMES)}, got {answer!r}.")
+    missing = [k for k in _EVIDENCE_KEYS if k not in evidence]
+    if missing:
+        raise ExerciseFailed(f"✗ step {name}: evidence lacks {missing}.")
+    ev = {k: _finite(name, evidence, k) for k in _EVIDENCE_KEYS}
+    if ev["seconds"] <= 0 or ev["flops_ceiling"] <= 0 or ev["bandwidth_ceiling"] <= 0:
+        raise ExerciseFailed(f"✗ step {name}: seconds and both ceilings must be positive.")
+    if ev["busy_fraction"] > 1:
+        raise ExerciseFailed(f"✗ step {name}: busy_fraction is a share of wall time, at most 1; got {ev['busy_fraction']:.3g}.")
+    step()  # not the first step: the optimizer's state (momentum buffers) exists, as in a real run
+    cost = count_cost(step)
+    for key, true in (("flops", cost.flops), ("bytes", cost.bytes)):
+        if not math.isclose(ev[key], true, rel_tol=0.01):
+            raise ExerciseFailed(f"✗ step {name}: evidence[{key!r}] = {ev[key]:.4g} but the step does {true:.4g} "
+                                 f"(count it with perflab.profiling.trace.count_cost(step)).")
+    if time_tolerance is None:
+        time_tolerance = 5.0 if step.device.type == "cuda" else 20.0
+    if time_tolerance < 1:
+        raise ValueError(f"time_tolerance must be >= 1, got {time_tolerance}")
+    seconds = benchmark(step, step.device, min_run_time_s=0.2)
+    ratio = ev["seconds"] / seconds
+    if not 1 / time_tolerance <= ratio <= time_tolerance:
+        raise ExerciseFailed(f"✗ step {name}: your step time {ev['seconds'] * 1e3:.3g} ms is {ratio:.2g}x the "
+                             f"check's {seconds * 1e3:.3g} ms: time it with warm-up and synchronization.")
+    flops_fraction = ev["flops"] / ev["seconds"] / ev["flops_ceiling"]
+    bandwidth_fraction = ev["bytes"] / ev["seconds"] / ev["bandwidth_ceiling"]
+    for label, frac in (("FLOP/s", flops_fraction), ("bandwidth", bandwidth_fraction)):
+        if frac > 2.0:
+            raise ExerciseFailed(f"✗ step {name}: achieved {label} is {frac:.2g}x its ceiling, which is impossible: "
+                                 f"re-measure the ceiling (right dtype, large enough sizes).")
+    busy = ev["busy_fraction"] if step.device.type == "cuda" else None
+    implied = regime(flops_fraction, bandwidth_fraction, busy)
+    if answer != implied:
+        raise ExerciseFailed(f"✗ step {name}: your evidence ({flops_fraction:.1%} of the compute ceiling, "
+                             f"{bandwidth_fraction:.1%} of the bandwidth, busy {ev['busy_fraction']:.0%}) says "
+                             f"{implied!r}, not {answer!r}.")
+    if _digest(name, answer) != _ANSWERS[name]:
+        raise ExerciseFailed(f"✗ step {name}: {answer!r} follows from your numbers but is not the right "
+                             f"regime: check the ceilings and the counts.")
+    print(f"✓ step {name} is {answer}: {flops_fraction:.1%} of the compute ceiling, "
+          f"{bandwidth_fraction:.1%} of the copy bandwidth, busy {ev['busy_fraction']:.0%} of the step.")
+    return True

@@ -1,0 +1,156 @@
+"""Lab 7's checks: static memory, a leaner step, a leak fixed, the largest allocation named."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from perflab.labs.exercises import ExerciseFailed, check_choice, check_close, check_true, not_done
+from perflab.memory.training import (BlockStackConfig, block_tensor_bytes, freed_without_gc,
+                                     largest_allocation, max_relative_difference, name_allocation,
+                                     peak_bytes, state_bytes)
+
+__all__ = ["check_largest_allocation", "check_no_leak", "check_peak_cut", "check_static_prediction"]
+
+
+def check_static_prediction(predicted: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
+                            device: torch.device | str, measured: int | None = None,
+                            rtol: float = 0.05) -> bool:
+    """Lab 7, exercise 1: ``predicted`` (bytes) within ``rtol`` of the static memory of a model
+    after one Adam step.
+
+    ``measured`` is the allocator's figure when the lab measured it on a GPU; otherwise (None) the
+    bytes of parameters, gradients and optimizer state are counted with :func:`state_bytes`.
+
+    Raises:
+        ExerciseFailed: no answer, or one more than ``rtol`` away.
+    """
+    if predicted is None:
+        raise not_done(1, "set predicted_static to your prediction in bytes")
+    truth = measured if measured is not None else state_bytes(model, optimizer, device)["total"]
+    return check_close(predicted, truth, "predicted static memory (bytes)", rtol=rtol,
+                       hint="parameters, gradients and Adam's two moments, each float32")
+
+def check_peak_cut(make_model: Callable[[], nn.Module], baseline_step: Callable, lean_step: Callable | None,
+                   x: torch.Tensor, y: torch.Tensor, device: torch.device | str,
+                   max_ratio: float = 0.6, loss_rtol: float = 1e-5, param_rtol: float = 1e-4) -> float:
+    """Lab 7, exercise 2: ``lean_step`` trains exactly like ``baseline_step`` with at most
+    ``max_ratio`` of its peak memory.
+
+    Two identical models (``make_model()`` twice, so it must seed) with Adam; each does one
+    warm-up step (the optimizer state then exists), then one measured step: ``baseline_step`` on
+    one, ``lean_step`` on the other, each ``(model, optimizer, x, y) -> loss (float)``. The peak
+    is :func:`peak_bytes` above the step's start, both measured in this run. Passing needs the
+    same loss (``loss_rtol``), the same parameters afterwards (``param_rtol``, relative to the
+    largest parameter) and ``lean peak / baseline peak <= max_ratio``.
+
+    Returns:
+        the ratio of the two peaks.
+
+    Raises:
+        ExerciseFailed: not written yet, a different loss or update, or not enough memory saved.
+    """
+    if lean_step is None:
+        raise not_done(2, "write lean_step")
+    models, losses, peaks = [], [], []
+    for step in (baseline_step, lean_step):
+        m = make_model().to(device)
+        o = torch.optim.Adam(m.parameters(), lr=1e-3)
+        baseline_step(m, o, x, y)                         # the same warm-up for both
+        try:
+            peak, loss = peak_bytes(lambda: step(m, o, x, y), device)
+        except NotImplementedError:
+            raise not_done(2, "lean_step still raises NotImplementedError") from None
+        models.append(m)
+        losses.append(loss)
+        peaks.append(peak.peak)
+    if not isinstance(losses[1], (int, float)) and not (isinstance(losses[1], torch.Tensor)
+                                                        and losses[1].numel() == 1):
+        raise ExerciseFailed(f"✗ lean_step must return the batch's loss as a number, got {type(losses[1]).__name__}.")
+    base_loss, lean_loss = float(losses[0]), float(losses[1])
+    check_true(abs(lean_loss - base_loss) <= loss_rtol * abs(base_loss),
+               f"lean_step's loss {lean_loss:.6f} equals the baseline's.",
+               f"lean_step's loss {lean_loss:.6f} differs from the baseline's {base_loss:.6f}: "
+               "is each micro-batch's loss divided by the number of micro-batches?")
+    diff = max_relative_difference(models[1].parameters(), models[0].parameters())
+    check_true(diff <= param_rtol,
+               "after the step the parameters equal the baseline's.",
+               f"after the step the parameters differ from the baseline's (by {diff:.2g} of the "
+               "largest): are the gradients cleared once, before the micro-batch loop?")
+    ratio = peaks[1] / peaks[0] if peaks[0] else float("inf")
+    check_true(ratio <= max_ratio,
+               f"lean_step's peak is {ratio:.2f}x the baseline's (at most {max_ratio} required).",
+               f"lean_step's peak is {ratio:.2f}x the baseline's; at most {max_ratio} is required.")
+    return ratio
+
+def check_no_leak(fixed_cls: type | None, leaky_cls: type, size: int, device: torch.device | str,
+                  cycle_attribute: Any) -> bool:
+    """Lab 7, exercise 3: name the attribute that closes the reference cycle of ``leaky_cls``, and
+    write ``fixed_cls``, whose hook still works and whose buffer is freed without ``gc``.
+
+    Both classes are built as ``cls(size)``; they hold ``.activations`` (a tensor) and
+    ``.hooks["after_step"]`` (a callable that stores its argument in ``.activations``).
+
+    Raises:
+        ExerciseFailed: not done, the wrong attribute, a broken hook, or a buffer still leaking.
+    """
+    if fixed_cls is None or cycle_attribute is None:
+        raise not_done(3, "set cycle_attribute and write FixedMonitor")
+    names = sorted(vars(leaky_cls(1)).keys())
+    truth = _cycle_attribute(leaky_cls, names)
+    check_choice(cycle_attribute, truth, "the attribute that closes the cycle", choices=names,
+                 hint="which attribute leads, through other objects, back to the instance?")
+    t = torch.ones(3, device=device)
+    try:
+        obj = fixed_cls(size)
+    except NotImplementedError:
+        raise not_done(3, "FixedMonitor still raises NotImplementedError") from None
+    obj.hooks["after_step"](t)
+    check_true(obj.activations is t, "FixedMonitor's hook still records its value.",
+               "FixedMonitor.hooks['after_step'](value) must store value in .activations.")
+    del obj
+    return check_true(freed_without_gc(lambda: fixed_cls(size), lambda o: o.activations),
+                      "FixedMonitor's buffer is freed as soon as the monitor is deleted.",
+                      "FixedMonitor's buffer outlives the monitor until gc runs: a cycle remains.")
+
+def _cycle_attribute(cls: type, names: list[str]) -> str:
+    """The instance attribute whose removal lets reference counting free the instance."""
+    for name in names:
+        was = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        try:
+            obj = cls(1)
+            delattr(obj, name)
+            ref = weakref.ref(obj)
+            del obj
+            freed = ref() is None
+        finally:
+            if was:
+                gc.enable()
+            gc.collect()
+        if freed:
+            return name
+    raise ValueError(f"{cls.__name__} has no single attribute that closes a cycle")
+
+def check_largest_allocation(snapshot: dict, cfg: BlockStackConfig, batch: int, largest_bytes: Any,
+                             largest_tensor: Any) -> bool:
+    """Lab 7, exercise 4: the size of the snapshot's largest allocation, and which tensor it is
+    (a name from :func:`block_tensor_bytes` of ``cfg`` and ``batch``).
+
+    Raises:
+        ExerciseFailed: not done, a wrong size or a wrong name.
+    """
+    if largest_bytes is None or largest_tensor is None:
+        raise not_done(4, "set largest_bytes and largest_tensor")
+    big = largest_allocation(snapshot)
+    candidates = block_tensor_bytes(cfg, batch)
+    check_choice(int(largest_bytes), big["size"], "the largest allocation's size (bytes)",
+                 hint="look at every 'alloc' event of snapshot['device_traces'][0]")
+    return check_choice(largest_tensor, name_allocation(big["size"], candidates),
+                        "the tensor it holds", choices=sorted(candidates),
+                        hint="compare its size with block_tensor_bytes(cfg, batch)")

@@ -1,0 +1,391 @@
+"""The memory hierarchy seen as bandwidth against working-set size.
+
+Read the same buffer of ``nbytes`` over and over: while it fits in a cache, every pass after the
+first is served by that cache; once it does not, by the next level down. Plotting read bandwidth
+against ``nbytes`` therefore draws a staircase whose treads are the levels' bandwidths and whose
+risers sit at their capacities: L1, L2, L3 and DRAM on a CPU core; L2 and HBM on a GPU. This is
+the classic way of measuring caches from software (Saavedra and Smith, "Measuring cache and TLB
+performance and their effect on benchmark runtimes", IEEE Trans. Computers 44(10), 1995).
+
+On a CPU the kernel is one PyTorch call: ``x.expand(r, n).sum()`` views the
+``n``-element buffer ``x`` as ``r`` identical rows (stride 0, no copy) and sums all of them, so one
+call streams ``r * nbytes`` bytes out of a working set of ``nbytes`` with a single kernel launch.
+A *full* reduction walks the rows in order (every thread of a GPU kernel strides through the
+flattened index together), so an element is read again only after all ``nbytes`` of the others:
+the reuse distance is the working set, as the method requires. A per-row reduction
+(``sum(dim=1)``) would not do on a GPU: it reads all rows at the same time, so each row's bytes
+would hit in cache whatever ``nbytes`` is. On a GPU that stride-0 reduction is instruction-bound,
+so :func:`read_bandwidth` times a contiguous ``x.sum()`` by its kernel durations instead, and
+:func:`fit_fixed_cost` / :func:`without_fixed_cost` take out the fixed cost of each short kernel.
+Units: bytes and bytes/s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.ticker import FuncFormatter
+
+from perflab.core.fits import fit_line
+from perflab.core.progress import progress as show_progress
+from perflab.core.timing import benchmark
+from perflab.profiling.trace import device_seconds_per_call
+from perflab.record.plotting import finish
+
+__all__ = [
+    "FixedCostFit",
+    "Step",
+    "WorkingSetPoint",
+    "find_steps",
+    "fit_fixed_cost",
+    "format_bytes",
+    "geometric_sizes",
+    "largest_step",
+    "match_steps",
+    "plot_working_set",
+    "read_bandwidth",
+    "without_fixed_cost",
+    "working_set_sweep",
+]
+
+
+@dataclass(frozen=True)
+class WorkingSetPoint:
+    """One point of the curve: a working set of ``nbytes`` was read at ``bytes_per_s``."""
+
+    nbytes: int
+    bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """A fall of the bandwidth curve: the working set stopped fitting in one level of the hierarchy.
+
+    Attributes:
+        capacity_bytes: where the curve crosses the geometric mean of the bandwidths before and
+            after the fall (interpolated in log-log): the capacity read back from the curve.
+        last_fast_bytes: the largest measured size before the fall starts.
+        first_slow_bytes: the smallest measured size after it ends.
+        before_Bps: bandwidth at ``last_fast_bytes`` (bytes/s, smoothed).
+        after_Bps: bandwidth at ``first_slow_bytes`` (bytes/s, smoothed).
+    """
+
+    capacity_bytes: float
+    last_fast_bytes: int
+    first_slow_bytes: int
+    before_Bps: float
+    after_Bps: float
+
+    @property
+    def ratio(self) -> float:
+        """How many times faster the level above the fall is than the one below it."""
+        return self.before_Bps / self.after_Bps
+
+
+def format_bytes(nbytes: float) -> str:
+    """Binary units, as operating systems report caches: ``32768`` -> ``"32 KiB"``, ``62914560`` -> ``"60 MiB"``."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if value >= 100 or value == int(value) else f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} GiB"
+
+
+def geometric_sizes(lo: int, hi: int, per_octave: int = 2, multiple: int = 4096) -> list[int]:
+    """Sizes in bytes from ``lo`` to ``hi`` spaced ``per_octave`` to a doubling, rounded to ``multiple``.
+
+    Raises:
+        ValueError: ``lo`` not positive, ``hi < lo``, or ``per_octave``/``multiple`` < 1.
+    """
+    if lo <= 0 or hi < lo:
+        raise ValueError(f"need 0 < lo <= hi, got lo={lo}, hi={hi}")
+    if per_octave < 1 or multiple < 1:
+        raise ValueError(f"per_octave and multiple must be >= 1, got {per_octave}, {multiple}")
+    count = int(round(math.log2(hi / lo) * per_octave))
+    sizes = []
+    for i in range(count + 1):
+        s = lo * 2 ** (i / per_octave)
+        s = max(multiple, int(round(s / multiple)) * multiple)
+        if not sizes or s > sizes[-1]:
+            sizes.append(s)
+    return sizes
+
+
+def read_bandwidth(
+    device: torch.device | str,
+    nbytes: int,
+    total_bytes: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> float:
+    """Read bandwidth in bytes/s from a working set of ``nbytes``, read repeatedly in one call.
+
+    A buffer ``x`` of ``nbytes`` (``dtype``, 1-D) is summed as ``r`` identical rows,
+    ``x.expand(r, n).sum()``, with ``r = max(1, total_bytes // nbytes)``: one call reads
+    ``r * nbytes`` bytes, in row order (see the module's docstring). Defaults: ``total_bytes`` =
+    1 GiB on a GPU, 64 MiB on a CPU; ``r * n`` stays below 2**31 elements.
+
+    On a GPU the kernel differs: ``x.sum()`` of the contiguous buffer (the stride-0 view takes an
+    unvectorized path there that cannot reach even HBM speed), repeated without flushing the L2,
+    with the time taken as the kernels' own durations from the profiler
+    (:func:`perflab.profiling.trace.device_seconds_per_call`); ``total_bytes`` is not used. On a CPU,
+    :func:`perflab.core.timing.benchmark`.
+
+    Raises:
+        ValueError: ``nbytes`` not a positive multiple of the element size, or ``total_bytes`` < 1.
+    """
+    dev = torch.device(device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < itemsize or nbytes % itemsize:
+        raise ValueError(f"nbytes must be a positive multiple of {itemsize} bytes, got {nbytes!r}")
+    if total_bytes is None:
+        total_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
+    if total_bytes < 1:
+        raise ValueError(f"total_bytes must be >= 1, got {total_bytes}")
+    n = nbytes // itemsize
+    if dev.type == "cuda":
+        # On a GPU the stride-0 view sends the reduction down ATen's generic (unvectorized) path,
+        # which the reference run showed to be instruction-bound at ~2.7 TB/s on an H200 whatever
+        # the working set. So the GPU reads the contiguous buffer once per call instead, with the
+        # same vectorized kernel at every size, and takes the kernels' own durations from the
+        # profiler (CUPTI): no launch gaps, and no L2 flush between calls, so a buffer that fits
+        # stays in L2 from one call to the next.
+        x = torch.randn(n, device=dev).to(dtype)
+        return nbytes / device_seconds_per_call(x.sum, calls=max(5, min(50, 2**30 // nbytes)))
+    rows = max(1, min(total_bytes // nbytes, (2**31 - 1) // n))  # 32-bit indexing: one kernel
+    # the values do not matter for a sum; arange fills memory 4x faster than randn on one core
+    x = torch.arange(n, dtype=torch.float32).to(dtype)
+    view = x.expand(rows, n)
+    fn = lambda: view.sum()  # noqa: E731
+    seconds = benchmark(fn, dev, min_run_time_s=0.05)
+    return rows * nbytes / seconds
+
+
+def working_set_sweep(
+    device: torch.device | str,
+    sizes: Iterable[int],
+    total_bytes: int | None = None,
+    progress: bool = False,
+    passes: int = 1,
+) -> list[WorkingSetPoint]:
+    """:func:`read_bandwidth` at each size in ``sizes`` (bytes): the bandwidth-vs-working-set curve.
+
+    With ``passes > 1`` the whole sweep is repeated and each size keeps its best pass: on a machine
+    shared with other work, interference only ever lowers a bandwidth, and a second pass at a
+    different moment rarely meets the same interference.
+
+    Raises:
+        ValueError: empty ``sizes``, ``passes`` < 1, or a bad size (see :func:`read_bandwidth`).
+    """
+    sizes = list(sizes)
+    if not sizes:
+        raise ValueError("sizes must not be empty")
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ValueError(f"passes must be a positive integer, got {passes!r}")
+    jobs = [s for _ in range(passes) for s in sizes]
+    iterator = show_progress(jobs, "working-set sweep", progress)
+    best: dict[int, float] = {}
+    for s in iterator:
+        best[s] = max(best.get(s, 0.0), read_bandwidth(device, s, total_bytes))
+    return [WorkingSetPoint(s, best[s]) for s in sizes]
+
+
+@dataclass(frozen=True)
+class FixedCostFit:
+    """``seconds = fixed_s + nbytes / bytes_per_s``, fitted by least squares to part of a curve.
+
+    Attributes:
+        fixed_s: the time a kernel takes whatever its size (launch ramp, tail, final reduction),
+            in seconds: the intercept.
+        bytes_per_s: the marginal bandwidth, in bytes/s: the inverse of the slope.
+        points: how many points the fit used.
+    """
+
+    fixed_s: float
+    bytes_per_s: float
+    points: int
+
+
+def fit_fixed_cost(points: Sequence[WorkingSetPoint], lo: float = 0, hi: float = math.inf) -> FixedCostFit:
+    """Fit ``t = fixed + nbytes / bandwidth`` to the points with ``lo <= nbytes <= hi`` (bytes).
+
+    A GPU kernel that reads a few MiB lasts only microseconds, and a few of them are a fixed cost
+    (filling the machine with blocks, the last wave, the final step of a reduction), so
+    ``nbytes / time`` under-reads the bandwidth of small working sets. The slope of time against
+    size is the bandwidth without that cost; the intercept is the cost (:func:`perflab.core.fits.fit_line`).
+    Each point's time is ``nbytes / bytes_per_s``. An intercept below zero (kernels replayed
+    back to back in a CUDA graph can have no measurable fixed cost, and noise then puts the
+    intercept a fraction of a microsecond on either side of zero) is reported as 0.
+
+    Raises:
+        ValueError: fewer than 2 points in the range, or a fit whose slope is not positive.
+    """
+    sel = [p for p in points if lo <= p.nbytes <= hi]
+    if len(sel) < 2:
+        raise ValueError(f"need at least 2 points between {lo:.4g} and {hi:.4g} bytes, got {len(sel)}")
+    fit = fit_line([float(p.nbytes) for p in sel], [p.nbytes / p.bytes_per_s for p in sel])
+    if fit.slope <= 0:
+        raise ValueError("time does not grow with size in this range: no bandwidth can be fitted")
+    return FixedCostFit(max(fit.fixed, 0.0), 1.0 / fit.slope, fit.points)
+
+
+def without_fixed_cost(points: Sequence[WorkingSetPoint], fixed_s: float) -> list[WorkingSetPoint]:
+    """The curve with a fixed per-kernel cost taken out: ``nbytes / (time - fixed_s)``.
+
+    Points whose time does not exceed ``fixed_s`` (their bytes took no measurable time) are
+    dropped.
+
+    Raises:
+        ValueError: ``fixed_s`` negative.
+    """
+    if fixed_s < 0:
+        raise ValueError(f"fixed_s must be >= 0 seconds, got {fixed_s}")
+    out = []
+    for p in points:
+        left = p.nbytes / p.bytes_per_s - fixed_s
+        if left > 0:
+            out.append(WorkingSetPoint(p.nbytes, p.nbytes / left))
+    return out
+
+
+def _median3(values: Sequence[float]) -> list[float]:
+    out = []
+    for i in range(len(values)):
+        window = sorted(values[max(0, i - 1): i + 2])
+        out.append(window[len(window) // 2] if len(window) == 3 else sum(window) / len(window))
+    return out
+
+
+def find_steps(
+    sizes: Sequence[float],
+    bandwidths: Sequence[float],
+    min_drop: float = 0.15,
+    tolerance: float = 0.03,
+) -> list[Step]:
+    """Read cache capacities back from a bandwidth-vs-working-set curve.
+
+    The curve (``sizes`` in bytes, increasing; ``bandwidths`` in bytes/s) is first smoothed with a
+    running median of 3 (one noisy point cannot make or hide a step). A *fall* is a run of
+    consecutive points each lower than the one before by more than ``tolerance`` (relative);
+    it counts as a step when the whole run loses at least ``min_drop`` of the bandwidth. The
+    capacity is where the smoothed curve crosses the geometric mean of the bandwidths at the run's
+    two ends, interpolated in log-log: with a sharp fall between two measured sizes it lies between
+    them; with a gradual one (as when a cache is shared, or not strictly LRU) in the middle.
+
+    Returns the steps from the smallest capacity up (possibly none).
+
+    Raises:
+        ValueError: fewer than 3 points, lengths that differ, sizes not increasing, or a
+            non-positive size or bandwidth; ``min_drop`` outside (0, 1) or ``tolerance`` < 0.
+    """
+    sizes = [float(s) for s in sizes]
+    bws = [float(b) for b in bandwidths]
+    if len(sizes) != len(bws):
+        raise ValueError(f"sizes and bandwidths differ in length: {len(sizes)} vs {len(bws)}")
+    if len(sizes) < 3:
+        raise ValueError(f"need at least 3 points to find a step, got {len(sizes)}")
+    if min(sizes) <= 0 or min(bws) <= 0:
+        raise ValueError("sizes and bandwidths must all be positive")
+    if any(b <= a for a, b in zip(sizes, sizes[1:])):
+        raise ValueError("sizes must be strictly increasing")
+    if not 0 < min_drop < 1:
+        raise ValueError(f"min_drop must be in (0, 1), got {min_drop}")
+    if tolerance < 0:
+        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    y = _median3([math.log(b) for b in bws])
+    x = [math.log(s) for s in sizes]
+    small = -math.log(1 - tolerance) if tolerance < 1 else float("inf")
+    needed = -math.log(1 - min_drop)
+    steps = []
+    i = 0
+    while i < len(y) - 1:
+        if y[i] - y[i + 1] <= small:
+            i += 1
+            continue
+        j = i + 1
+        while j < len(y) - 1 and y[j] - y[j + 1] > small:
+            j += 1
+        if y[i] - y[j] >= needed:
+            mid = (y[i] + y[j]) / 2
+            k = next(k for k in range(i, j) if y[k] >= mid > y[k + 1])
+            frac = (y[k] - mid) / (y[k] - y[k + 1])
+            capacity = math.exp(x[k] + frac * (x[k + 1] - x[k]))
+            steps.append(Step(capacity, int(sizes[i]), int(sizes[j]), math.exp(y[i]), math.exp(y[j])))
+        i = j
+    return steps
+
+
+def largest_step(steps: Sequence[Step]) -> Step | None:
+    """The step with the largest fall (before / after), e.g. the last-level cache to DRAM; None if none."""
+    return max(steps, key=lambda s: s.ratio) if steps else None
+
+
+def match_steps(steps: Sequence[Step], sizes: Sequence[float], max_factor: float = 4.0) -> list[Step | None]:
+    """Pair reported capacities with steps read from a curve, one step per capacity at most.
+
+    ``sizes`` (bytes, e.g. the OS's L1d, L2, L3) are taken smallest first; each gets the unused
+    step nearest to it on a log scale, provided it lies within ``max_factor`` of it, else None
+    (that level left no visible step: its bandwidth is too close to the next level's, or noise
+    hid it). Returns one entry per size, in the order given.
+
+    Raises:
+        ValueError: a non-positive size or ``max_factor`` < 1.
+    """
+    if max_factor < 1:
+        raise ValueError(f"max_factor must be >= 1, got {max_factor}")
+    if any(s <= 0 for s in sizes):
+        raise ValueError("sizes must all be positive")
+    unused = list(steps)
+    out: dict[int, Step | None] = {}
+    for i in sorted(range(len(sizes)), key=lambda j: sizes[j]):
+        best = min(unused, key=lambda s: abs(math.log(s.capacity_bytes / sizes[i])), default=None)
+        if best is not None and abs(math.log(best.capacity_bytes / sizes[i])) <= math.log(max_factor):
+            out[i] = best
+            unused.remove(best)
+        else:
+            out[i] = None
+    return [out[i] for i in range(len(sizes))]
+
+
+def plot_working_set(
+    curves: dict[str, Sequence[WorkingSetPoint]],
+    reported: Sequence[tuple[str, float]] = (),
+    steps: Sequence[Step] = (),
+    unit: float = 1e9,
+    unit_label: str = "GB/s",
+    title: str = "read bandwidth against working-set size",
+):
+    """Draw bandwidth-vs-working-set curves (log-log) with capacities marked.
+
+    Args:
+        curves: ``{label: points}``, one line each.
+        reported: ``(label, bytes)`` capacities the OS or driver reports: dashed vertical lines.
+        steps: capacities read back from the curve (:func:`find_steps`): dotted vertical lines.
+        unit, unit_label: the y axis is ``bytes_per_s / unit``, labelled ``unit_label``.
+
+    Returns the matplotlib Figure (laid out and stamped by :func:`perflab.record.plotting.finish`).
+    """
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    for i, (label, points) in enumerate(curves.items()):
+        ax.plot([p.nbytes for p in points], [p.bytes_per_s / unit for p in points], "o-", ms=3,
+                color=f"C{i}", label=label)
+    top = ax.get_ylim()[1]
+    for j, (label, nbytes) in enumerate(reported):
+        ax.axvline(nbytes, color="0.4", ls="--", lw=1)
+        ax.text(nbytes * 1.05, top * 0.92 / (1.35 ** (j % 3)), f"{label} (reported)", fontsize=8,
+                color="0.3", rotation=90, va="top")
+    for s in steps:
+        ax.axvline(s.capacity_bytes, color="C3", ls=":", lw=1.5)
+    if steps:
+        ax.plot([], [], color="C3", ls=":", label="capacity read from the curve")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
+    ax.set(xlabel="working set (bytes, log scale)", ylabel=f"read bandwidth ({unit_label})", title=title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    return finish(fig)

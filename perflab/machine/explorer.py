@@ -1,0 +1,556 @@
+"""An interactive roofline: pick a device, a precision and an arithmetic intensity; see what the
+roofline predicts there and what was measured.
+
+The model is the roofline (Williams, Waterman and Patterson, CACM 52(4), 2009)::
+
+    attainable FLOP/s = min(peak FLOP/s of the precision, intensity x memory bandwidth)
+
+A :class:`Machine` holds one device's roofs (bandwidth in bytes/s, one peak in FLOP/s per
+precision) and the points measured on it. Machines come from three places:
+
+* :func:`datasheet_machines`: the vendor peaks in :data:`perflab.machine.datasheets.DATASHEETS`;
+* :func:`reference_machine`: chapter 1's reference run (its glued, measured ceilings);
+* :func:`measure_machine`: this machine, measured now (copy bandwidth and a sweep of square
+  matrix products, whose intensity grows with their size).
+
+:class:`RooflineExplorer` draws them (:meth:`~RooflineExplorer.figure`, a static matplotlib
+figure) and, in a live Jupyter kernel, wraps them in ipywidgets sliders
+(:meth:`~RooflineExplorer.widget`). Units: FLOP/byte, FLOP/s, bytes/s, seconds.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from perflab.core.device import cpu_name, device as default_device
+from perflab.core.formats import FORMATS, check as _check_precision
+from perflab.core.progress import progress as show_progress
+from perflab.machine import roofline
+from perflab.machine.datasheets import DATASHEETS
+from perflab.record.plotting import finish
+
+__all__ = [
+    "PRECISIONS",
+    "SUBSTITUTES",
+    "Machine",
+    "MeasuredPoint",
+    "Prediction",
+    "RooflineExplorer",
+    "datasheet_machines",
+    "matmul_intensity",
+    "measure_machine",
+    "reference_machine",
+]
+
+#: The precisions the explorer draws: :data:`perflab.core.formats.FORMATS` itself (key -> label, torch
+#: dtype name, bytes per element, tf32 flag), under the name chapter readers know.
+PRECISIONS = FORMATS
+
+
+# A precision a device lacks -> the one drawn in its place when devices are compared.
+SUBSTITUTES: dict[str, str] = {"bf16": "fp16"}
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class MeasuredPoint:
+    """One measured kernel placed on the roofline.
+
+    Attributes:
+        label: what ran, e.g. ``"matmul n=1024"``.
+        precision: a key of :data:`PRECISIONS`.
+        intensity: arithmetic intensity in FLOP/byte.
+        flops_per_s: achieved FLOP/s.
+        seconds: measured time of one call (median), or None when only the rate is known.
+        size: the problem size (``n`` of an ``n x n`` product), or None.
+    """
+
+    label: str
+    precision: str
+    intensity: float
+    flops_per_s: float
+    seconds: float | None = None
+    size: int | None = None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the roofline says at one intensity (see :meth:`Machine.predict`).
+
+    Attributes:
+        intensity: FLOP/byte. ridge: the ridge point, FLOP/byte.
+        attainable: the bound, FLOP/s. peak: the precision's compute roof, FLOP/s.
+        regime: ``"bandwidth-bound"`` or ``"compute-bound"``.
+    """
+
+    intensity: float
+    ridge: float
+    attainable: float
+    peak: float
+    regime: str
+
+    @property
+    def fraction_of_peak(self) -> float:
+        """attainable / peak (1.0 when compute-bound)."""
+        return self.attainable / self.peak
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One device's roofs and measured points.
+
+    Attributes:
+        name: shown in menus and legends.
+        bandwidth: memory roof in bytes/s.
+        peaks: compute roof per precision key (:data:`PRECISIONS`), FLOP/s.
+        source: where the roofs come from (a datasheet, a run).
+        points: kernels measured on this device.
+        knee_intensity: where a measured sweep turned compute-bound (FLOP/byte), if known.
+
+    Raises:
+        ValueError: a non-positive bandwidth or peak, an unknown precision, or no peaks at all.
+    """
+
+    name: str
+    bandwidth: float
+    peaks: Mapping[str, float]
+    source: str
+    points: tuple[MeasuredPoint, ...] = ()
+    knee_intensity: float | None = None
+
+    def __post_init__(self):
+        _positive("bandwidth", self.bandwidth)
+        if not self.peaks:
+            raise ValueError(f"peaks must name at least one precision for machine {self.name!r}")
+        for key, value in self.peaks.items():
+            _check_precision(key)
+            _positive(f"peaks[{key!r}]", value)
+
+    @property
+    def precisions(self) -> list[str]:
+        """The precisions this machine has a roof for, in :data:`PRECISIONS` order."""
+        return [p for p in PRECISIONS if p in self.peaks]
+
+    def ridge(self, precision: str) -> float:
+        """Ridge point of ``precision`` in FLOP/byte: peak / bandwidth.
+
+        Raises:
+            ValueError: the machine has no roof for ``precision``.
+        """
+        _check_precision(precision, self.precisions)
+        return roofline.ridge_point(self.peaks[precision], self.bandwidth)
+
+    def attainable(self, intensity: float, precision: str) -> float:
+        """Roofline bound at ``intensity`` (FLOP/byte), in FLOP/s.
+
+        Raises:
+            ValueError: a non-positive intensity, or no roof for ``precision``.
+        """
+        intensity = _positive("intensity", intensity)
+        _check_precision(precision, self.precisions)
+        return roofline.attainable_flops(intensity, self.peaks[precision], self.bandwidth)
+
+    def predict(self, intensity: float, precision: str) -> Prediction:
+        """The roofline's prediction at ``intensity`` for ``precision`` (see :class:`Prediction`)."""
+        bound = self.attainable(intensity, precision)
+        ridge = self.ridge(precision)
+        return Prediction(float(intensity), ridge, bound, self.peaks[precision],
+                          roofline.classify(intensity, ridge))
+
+
+def matmul_intensity(n: int, precision: str) -> float:
+    """Arithmetic intensity of a square ``n x n @ n x n`` product: ``2 n^3`` FLOPs over
+    ``3 n^2`` elements moved (A and B read, C written), in FLOP/byte: ``2 n / (3 * itemsize)``
+    (the closed form of :func:`perflab.machine.costs.matmul_cost` at the precision's bytes per element).
+
+    Raises:
+        ValueError: ``n`` not a positive integer, or an unknown precision.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    itemsize = FORMATS[_check_precision(precision)].itemsize
+    return 2.0 * n / (3.0 * itemsize)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where machines come from
+# ---------------------------------------------------------------------------------------------
+
+def datasheet_machines() -> list[Machine]:
+    """One :class:`Machine` per entry of :data:`perflab.machine.datasheets.DATASHEETS` (dense peaks, HBM
+    bandwidth), named ``"<device> (datasheet)"``, with the datasheet as ``source``."""
+    out = []
+    for name, sheet in DATASHEETS.items():
+        peaks = {p: sheet[f"{p}_flops"] for p in PRECISIONS if f"{p}_flops" in sheet}
+        out.append(Machine(f"{name} (datasheet)", sheet["memory_bandwidth"], peaks, sheet["source"]))
+    return out
+
+
+def reference_machine(glued: Mapping[str, Any], run: Mapping[str, Any] | None = None) -> Machine | None:
+    """Chapter 1's reference run as a :class:`Machine` with measured roofs, or None without them.
+
+    Args:
+        glued: values glued by chapter 1 (:func:`perflab.record.provenance.read_glued`):
+            ``copy_bandwidth_TBps`` (the memory roof) and ``matmul_tflops_<precision>`` for
+            ``fp32``/``tf32``/``bf16`` (compute roofs); ``roofline_knee_repeat`` (optional) places
+            the measured knee of the ``x*2`` sweep at ``repeat / 8`` FLOP/byte.
+        run: that notebook's ``reference_run`` metadata, for the device name.
+
+    Returns None when ``copy_bandwidth_TBps`` or every matmul rate is missing.
+    """
+    bw = glued.get("copy_bandwidth_TBps")
+    peaks = {p: glued[f"matmul_tflops_{p}"] * 1e12 for p in ("fp32", "tf32", "bf16")
+             if isinstance(glued.get(f"matmul_tflops_{p}"), (int, float)) and glued[f"matmul_tflops_{p}"] > 0}
+    if not isinstance(bw, (int, float)) or bw <= 0 or not peaks:
+        return None
+    devices = list((run or {}).get("devices") or [])
+    device = devices[0] if devices else "reference device"
+    when = ((run or {}).get("started") or "")[:10]
+    knee = glued.get("roofline_knee_repeat")
+    knee_intensity = knee / 8.0 if isinstance(knee, (int, float)) and knee > 0 else None
+    return Machine(f"{device} (chapter 1, measured)", bw * 1e12, peaks,
+                   f"chapter 1's reference run{' of ' + when if when else ''}: copy bandwidth and "
+                   f"matrix-product rates measured on {device}",
+                   knee_intensity=knee_intensity)
+
+
+def measure_machine(
+    device=None,
+    sizes: Sequence[int] = (64, 128, 256, 512, 1024),
+    precisions: Sequence[str] | None = None,
+    copy_numel: int = 2**24,
+    progress: bool = False,
+    bandwidth: float | None = None,
+) -> Machine:
+    """Measure this machine: copy bandwidth, then square matrix products of each size.
+
+    The memory roof is :func:`perflab.machine.roofline.copy_bandwidth` (bytes read + written). For each
+    precision and size ``n``, :func:`perflab.machine.roofline.matmul_rate` times an ``n x n`` product
+    (FLOPs ``2 n^3``); each becomes a :class:`MeasuredPoint` at :func:`matmul_intensity`. A
+    precision's compute roof is its best measured rate, a lower bound of the true peak.
+
+    Args:
+        device: a torch device (default :func:`perflab.core.device.device`).
+        sizes: matrix sizes, each a positive integer.
+        precisions: keys of :data:`PRECISIONS` to measure; default ``fp32`` on a CPU and
+            ``fp32``, ``tf32``, ``bf16`` on a CUDA device. ``tf32`` needs CUDA; ``fp8`` is not
+            measured here.
+        copy_numel: float32 elements of the copied tensor (make it dwarf the last-level cache).
+        progress: show a tqdm progress bar.
+        bandwidth: the memory roof in bytes/s if already measured (then no copy is timed).
+
+    Raises:
+        ValueError: empty or non-positive ``sizes``, an unknown or unmeasurable precision, a
+            non-positive ``copy_numel`` or ``bandwidth``.
+    """
+    dev = torch.device(device) if device is not None else default_device()
+    sizes = list(sizes)
+    if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in sizes):
+        raise ValueError(f"sizes must be a non-empty list of positive integers, got {sizes!r}")
+    if precisions is None:
+        precisions = ["fp32", "tf32", "bf16"] if dev.type == "cuda" else ["fp32"]
+    for p in precisions:
+        _check_precision(p)
+        if p == "fp8" or (p == "tf32" and dev.type != "cuda"):
+            raise ValueError(f"precisions: {p!r} cannot be measured on {dev.type} by this function")
+    if isinstance(copy_numel, bool) or not isinstance(copy_numel, int) or copy_numel < 1:
+        raise ValueError(f"copy_numel must be a positive integer, got {copy_numel!r}")
+
+    if bandwidth is None:
+        bandwidth = roofline.copy_bandwidth(dev, copy_numel)
+    bandwidth = _positive("bandwidth", bandwidth)
+    jobs = [(p, n) for p in precisions for n in sizes]
+    jobs = show_progress(jobs, "matrix products", progress)
+    points = []
+    for p, n in jobs:
+        rate = roofline.matmul_rate(dev, n, p)
+        points.append(MeasuredPoint(f"matmul n={n}", p, matmul_intensity(n, p), rate, 2.0 * n**3 / rate, n))
+    peaks = {p: max(pt.flops_per_s for pt in points if pt.precision == p) for p in precisions}
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu: {cpu_name()}"
+    return Machine(f"this machine (measured): {name}", bandwidth, peaks,
+                   "measured in this session: copy bandwidth and the best matrix-product rate per precision",
+                   points=tuple(points))
+
+
+# ---------------------------------------------------------------------------------------------
+# Drawing and the widget
+# ---------------------------------------------------------------------------------------------
+
+def _fmt_rate(flops: float) -> str:
+    return f"{flops / 1e12:.3g} TFLOP/s" if flops >= 1e11 else f"{flops / 1e9:.3g} GFLOP/s"
+
+
+class RooflineExplorer:
+    """Rooflines of several machines, one selected device, precision and intensity.
+
+    Args:
+        machines: the devices to choose from (at least one); names must be unique.
+        device: name of the initially selected machine (default: the first).
+        precision: initially selected precision (default: bf16 if the device has it, else FP32,
+            else its first).
+        intensity: initially selected arithmetic intensity, FLOP/byte (default 16).
+        reference: an optional machine whose measured roofs (and knee) are drawn, dashed, beside
+            whichever device is selected, for comparison (chapter 1's reference run).
+
+    Raises:
+        ValueError: no machines, duplicate names, an unknown device or precision, or a
+            non-positive intensity.
+    """
+
+    def __init__(self, machines: Sequence[Machine], device: str | None = None, precision: str | None = None,
+                 intensity: float = 16.0, reference: Machine | None = None):
+        machines = list(machines)
+        if not machines:
+            raise ValueError("machines must contain at least one Machine")
+        names = [m.name for m in machines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"machines must have unique names, got {names}")
+        self.machines = {m.name: m for m in machines}
+        self.reference = reference
+        self.device = device if device is not None else names[0]
+        if self.device not in self.machines:
+            raise ValueError(f"device must be one of {names}, got {device!r}")
+        m = self.machines[self.device]
+        self.precision = precision if precision is not None else self._default_precision(m)
+        _check_precision(self.precision, m.precisions)
+        self.intensity = _positive("intensity", intensity)
+
+    # -- state ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _default_precision(machine: Machine) -> str:
+        for p in ("bf16", "fp32"):
+            if p in machine.peaks:
+                return p
+        return machine.precisions[0]
+
+    @property
+    def machine(self) -> Machine:
+        """The selected machine."""
+        return self.machines[self.device]
+
+    def select(self, device: str | None = None, precision: str | None = None,
+               intensity: float | None = None) -> Prediction:
+        """Change the selection (any subset) and return the new :class:`Prediction`.
+
+        Choosing a device that lacks the current precision switches to its default one (bf16, else
+        FP32, else its first).
+
+        Raises:
+            ValueError: an unknown device, a precision the device has no roof for, or a
+                non-positive intensity.
+        """
+        if device is not None:
+            if device not in self.machines:
+                raise ValueError(f"device must be one of {list(self.machines)}, got {device!r}")
+            self.device = device
+            if precision is None and self.precision not in self.machine.precisions:
+                self.precision = self._default_precision(self.machine)
+        if precision is not None:
+            _check_precision(precision, self.machine.precisions)
+            self.precision = precision
+        if intensity is not None:
+            self.intensity = _positive("intensity", intensity)
+        return self.prediction()
+
+    def prediction(self) -> Prediction:
+        """The roofline's prediction for the current selection."""
+        return self.machine.predict(self.intensity, self.precision)
+
+    def nearest_points(self, factor: float = 2.0) -> list[MeasuredPoint]:
+        """Measured points of the selected machine and precision within ``factor`` x of the intensity."""
+        _positive("factor", factor)
+        return [p for p in self.machine.points
+                if p.precision == self.precision and self.intensity / factor <= p.intensity <= self.intensity * factor]
+
+    def readout(self) -> str:
+        """The prediction in words (what the widget prints under its sliders)."""
+        m, pred = self.machine, self.prediction()
+        label = PRECISIONS[self.precision][0]
+        text = (f"{m.name}, {label}: ridge point {pred.ridge:.3g} FLOP/byte. At {pred.intensity:.3g} FLOP/byte "
+                f"a kernel is {pred.regime}: at most {_fmt_rate(pred.attainable)}, "
+                f"{pred.fraction_of_peak:.1%} of the {_fmt_rate(pred.peak)} roof. ")
+        gb_moved = 1e9
+        text += (f"Moving 1 GB at this intensity ({pred.intensity * gb_moved / 1e9:.3g} GFLOP) takes at least "
+                 f"{max(gb_moved / m.bandwidth, pred.intensity * gb_moved / pred.peak) * 1e6:,.0f} µs.")
+        near = self.nearest_points()
+        if near:
+            best = max(near, key=lambda p: p.flops_per_s)
+            bound = m.attainable(best.intensity, self.precision)
+            text += (f" Measured nearby: {best.label} at {best.intensity:.3g} FLOP/byte reached "
+                     f"{_fmt_rate(best.flops_per_s)}, {best.flops_per_s / bound:.0%} of the roofline there.")
+        return text
+
+    # -- drawing ----------------------------------------------------------------------------
+
+    def _span(self, machines: Sequence[Machine], precisions: Sequence[str]) -> tuple[float, float]:
+        xs = [self.intensity]
+        for m in machines:
+            xs += [m.ridge(p) for p in precisions if p in m.peaks]
+            xs += [pt.intensity for pt in m.points if pt.precision in precisions]
+        return min(xs) / 8, max(xs) * 8
+
+    def draw(self, ax, precision: str | None = None, machines: Sequence[Machine] | None = None,
+             show_selection: bool = True) -> None:
+        """Draw rooflines of ``machines`` (default: the selected one) for ``precision`` (default:
+        the selected one) on the matplotlib axes ``ax``, with measured points, the reference
+        run's measured roofs and, if ``show_selection``, the selected intensity's prediction."""
+        precision = precision or self.precision
+        machines = list(machines) if machines is not None else [self.machine]
+        lo, hi = self._span(machines + ([self.reference] if self.reference else []), [precision])
+        x = np.logspace(math.log10(lo), math.log10(hi), 256)
+        for i, m in enumerate(machines):
+            if precision not in m.peaks:
+                continue
+            color = "k" if len(machines) == 1 else f"C{i}"
+            ax.plot(x, np.minimum(m.peaks[precision], x * m.bandwidth) / 1e12, "-", color=color, lw=2,
+                    label=f"{m.name}: roofline")
+            pts = [p for p in m.points if p.precision == precision]
+            if pts:
+                ax.plot([p.intensity for p in pts], [p.flops_per_s / 1e12 for p in pts], "o", color="C1",
+                        label=f"measured: {', '.join(p.label for p in pts[:1])} ... {pts[-1].label}")
+        ref = self.reference
+        if ref is not None and precision in ref.peaks and ref.name not in [m.name for m in machines]:
+            ax.plot(x, np.minimum(ref.peaks[precision], x * ref.bandwidth) / 1e12, "--", color="C2", lw=1.3,
+                    label=f"{ref.name}: measured roofs")
+            if ref.knee_intensity and precision == "fp32":
+                k = ref.knee_intensity
+                ax.plot([k], [k * ref.bandwidth / 1e12], "D", color="C2", ms=6,
+                        label="chapter 1: measured knee of x*2 (FP32 multiply)")
+        if show_selection and precision in self.machine.peaks:
+            pred = self.machine.predict(self.intensity, precision)
+            ax.axvline(pred.intensity, color="C3", ls=":", lw=1)
+            ax.plot([pred.intensity], [pred.attainable / 1e12], "*", color="C3", ms=13,
+                    label=f"prediction at {pred.intensity:.3g} FLOP/B: {_fmt_rate(pred.attainable)}")
+        ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="TFLOP/s",
+               title=PRECISIONS[precision][0])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+
+    def figure(self, precisions: Sequence[str] | None = None, stamp: bool = True):
+        """A static figure of the selected device: one panel per precision (default: the
+        selected one), stacked, each with its roofline, measured points, the reference run's measured
+        roofs and the selected intensity's prediction. Returns the matplotlib Figure."""
+        precisions = list(precisions) if precisions is not None else [self.precision]
+        for p in precisions:
+            _check_precision(p, self.machine.precisions)
+        fig, axes = plt.subplots(len(precisions), 1, figsize=(7.5, 5.6 * len(precisions)), squeeze=False)
+        for ax, p in zip(axes[:, 0], precisions):
+            self.draw(ax, p)
+            ax.set_title(f"{self.machine.name}\n{PRECISIONS[p][0]}", fontsize=10)
+        return finish(fig, stamp=stamp)
+
+    def compare_figure(self, precisions: Sequence[str], machines: Sequence[str] | None = None, stamp: bool = True):
+        """Several devices' rooflines on shared axes, one panel per precision (stacked): the static view
+        of the device menu. A device without a roof for a panel's precision is drawn with its
+        :data:`SUBSTITUTES` precision if it has that (a V100 has fp16 where later GPUs have
+        bf16), labelled so; a dot marks each ridge point. ``machines`` are names (default: every
+        machine). Returns the matplotlib Figure.
+
+        Raises:
+            ValueError: an unknown precision or machine name.
+        """
+        for p in precisions:
+            _check_precision(p)
+        names = list(machines) if machines is not None else list(self.machines)
+        for n in names:
+            if n not in self.machines:
+                raise ValueError(f"machines must be names among {list(self.machines)}, got {n!r}")
+        fig, axes = plt.subplots(len(precisions), 1, figsize=(7.5, 6.0 * len(precisions)), squeeze=False)
+        for ax, p in zip(axes[:, 0], precisions):
+            drawn = []
+            for i, n in enumerate(names):
+                m = self.machines[n]
+                q = p if p in m.peaks else SUBSTITUTES.get(p) if SUBSTITUTES.get(p) in m.peaks else None
+                if q is not None:
+                    drawn.append((i, m, q))
+            if not drawn:
+                ax.set_axis_off()
+                ax.set_title(f"{PRECISIONS[p][0]}: no device has this roof")
+                continue
+            ridges = [m.ridge(q) for _, m, q in drawn]
+            x = np.logspace(math.log10(min(ridges) / 16), math.log10(max(ridges) * 16), 256)
+            for i, m, q in drawn:
+                label = m.name if q == p else f"{m.name}, {PRECISIONS[q][0]}"
+                ax.plot(x, np.minimum(m.peaks[q], x * m.bandwidth) / 1e12, "-", color=f"C{i}", lw=1.8, label=label)
+                ax.plot([m.ridge(q)], [m.peaks[q] / 1e12], "o", color=f"C{i}", ms=4)
+            ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="TFLOP/s",
+                   title=f"{PRECISIONS[p][0]} (dots: ridge points)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
+        return finish(fig, stamp=stamp)
+
+    def widget(self):
+        """The explorer as ipywidgets (needs a live Jupyter kernel to respond): an intensity
+        slider (log scale), a precision slider, a device menu, the prediction in words and the
+        figure. Returns an ``ipywidgets.VBox``.
+
+        Raises:
+            ImportError: ipywidgets is not installed (``pip install ipywidgets``).
+        """
+        try:  # optional (the `book` extra): the static figure needs no ipywidgets
+            import ipywidgets as W
+        except ImportError as err:  # pragma: no cover - ipywidgets is in requirements.txt
+            raise ImportError("the roofline explorer's widget needs ipywidgets: pip install ipywidgets") from err
+
+        style = {"description_width": "110px"}
+        layout = W.Layout(width="640px")
+        device = W.Dropdown(options=list(self.machines), value=self.device, description="device", style=style,
+                            layout=layout)
+        precision = W.SelectionSlider(options=[(PRECISIONS[p][0], p) for p in self.machine.precisions],
+                                      value=self.precision, description="precision", style=style, layout=layout,
+                                      continuous_update=False)
+        intensity = W.FloatLogSlider(value=self.intensity, base=10, min=-2, max=4, step=0.05,
+                                     description="intensity (FLOP/B)", style=style, layout=layout,
+                                     continuous_update=False, readout_format=".3g")
+        text = W.HTML()
+        # The figure is an Image widget holding PNG bytes, not an Output widget: to run an Output
+        # widget headless, nbclient mimics a front end and sends the captured figure back to the
+        # kernel while the cell runs; executed that way on the GPU machine the cell took minutes
+        # with the kernel idle. An image is plain widget state, like the sliders'.
+        picture = W.Image(format="png", layout=W.Layout(width="640px"))
+
+        def redraw(*_):
+            text.value = f"<p style='max-width:640px'>{self.readout()}</p>"
+            fig = self.figure()
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=80)
+            plt.close(fig)
+            picture.value = buf.getvalue()
+
+        def on_device(change):
+            self.select(device=change["new"])
+            precision.unobserve(on_precision, "value")
+            precision.options = [(PRECISIONS[p][0], p) for p in self.machine.precisions]
+            precision.value = self.precision
+            precision.observe(on_precision, "value")
+            redraw()
+
+        def on_precision(change):
+            self.select(precision=change["new"])
+            redraw()
+
+        def on_intensity(change):
+            self.select(intensity=change["new"])
+            redraw()
+
+        device.observe(on_device, "value")
+        precision.observe(on_precision, "value")
+        intensity.observe(on_intensity, "value")
+        redraw()
+        box = W.VBox([device, precision, intensity, text, picture])
+        box.controls = {"device": device, "precision": precision, "intensity": intensity, "text": text,
+                        "figure": picture}
+        return box

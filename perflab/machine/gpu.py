@@ -1,0 +1,626 @@
+"""The GPU as a performance engineer sees it: its structure, its clocks, its math units, its waves.
+
+* :func:`properties` reads what the chip is (SMs, warps, caches, memory bus) through torch; how
+  it is running right now (clocks, power, PCIe link, NVLinks) is :func:`perflab.core.nvml.readings`.
+  Nothing here sets clocks, power limits or modes.
+* :func:`matmul_rates` measures matrix-multiply FLOP/s per number format (FP32 on the CUDA
+  cores; TF32, bf16, fp16 and fp8 on the tensor cores; one :func:`perflab.machine.roofline.matmul_rate`
+  each) and :func:`elementwise_rate` the CUDA-core rate of a fused elementwise kernel, so the
+  two kinds of math unit can be compared.
+* :func:`tile_count`, :func:`wave_count` and :func:`wave_sweep` show how a matrix product's grid of
+  output tiles maps onto the SMs in *waves*, and why run time grows in steps (wave quantization);
+  :func:`batch_wave_sweep` and :func:`fit_wave_width` do it with a batch of equal products, whose
+  kernel choice does not change along the sweep.
+* :func:`graph_copy_sweep` measures copy bandwidth against working-set size with many copies
+  replayed from one CUDA graph (no launch gaps, a small per-kernel fixed cost), for the L2 / HBM
+  comparison; :func:`graph_sum_sweep` does the same with ``torch.sum``, whose fixed cost per
+  call says why a reduction is the poorer probe.
+* :func:`burst_and_sustained` times one matrix product briefly after a rest and for seconds back
+  to back, each under :class:`perflab.core.sampler.Telemetry`: the burst and the sustained rate.
+
+Units: bytes, Hz, watts, FLOP/s, seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+
+from perflab.core.device import has_gpu
+from perflab.core.fits import fit_line
+from perflab.core.progress import progress as show_progress
+from perflab.core.sampler import Telemetry, TelemetrySummary, measure
+from perflab.core.timing import event_timer, synchronize
+from perflab.machine.caches import WorkingSetPoint
+from perflab.machine.costs import elementwise_cost
+from perflab.machine.roofline import SweepPoint, matmul_rate, repeat_multiply
+from perflab.profiling.trace import kernels_per_call
+
+__all__ = [
+    "BurstSustained",
+    "WaveFit",
+    "WaveWidthFit",
+    "batch_wave_sweep",
+    "burst_and_sustained",
+    "fit_wave_width",
+    "graph_copy_sweep",
+    "graph_sum_sweep",
+    "available_matmul_kinds",
+    "dram_bandwidth_from_clock",
+    "elementwise_rate",
+    "fit_waves",
+    "matmul_rates",
+    "properties",
+    "tile_count",
+    "wave_count",
+    "wave_sweep",
+]
+
+
+def _need_gpu(what: str) -> None:
+    if not has_gpu():
+        raise RuntimeError(f"{what} needs a CUDA GPU; this machine has none")
+
+
+def properties(index: int = 0) -> dict:
+    """Structural facts of GPU ``index`` from ``torch.cuda.get_device_properties`` (read-only).
+
+    Returns a dict: ``name``, ``compute_capability`` (e.g. ``"9.0"``), ``sm_count``, ``warp_size``
+    (threads per warp), ``max_threads_per_sm``, ``max_warps_per_sm``, ``regs_per_sm`` (32-bit
+    registers), ``shared_memory_per_sm`` (bytes), ``l2_bytes``, ``memory_bytes``. A field the
+    installed torch does not expose is None.
+
+    Raises:
+        RuntimeError: no CUDA GPU.
+        ValueError: ``index`` names a GPU this machine does not have.
+    """
+    _need_gpu("properties()")
+    if not 0 <= index < torch.cuda.device_count():
+        raise ValueError(f"index={index} but this machine has {torch.cuda.device_count()} GPU(s)")
+    p = torch.cuda.get_device_properties(index)
+    get = lambda name: getattr(p, name, None)  # noqa: E731
+    warp = get("warp_size") or 32  # 32 on every NVIDIA GPU so far (CUDA C++ Programming Guide)
+    threads = get("max_threads_per_multi_processor")
+    return {
+        "name": p.name,
+        "compute_capability": f"{p.major}.{p.minor}",
+        "sm_count": p.multi_processor_count,
+        "warp_size": warp,
+        "max_threads_per_sm": threads,
+        "max_warps_per_sm": threads // warp if threads else None,
+        "regs_per_sm": get("regs_per_multiprocessor"),
+        "shared_memory_per_sm": get("shared_memory_per_multiprocessor"),
+        "l2_bytes": get("L2_cache_size"),
+        "memory_bytes": p.total_memory,
+    }
+
+
+def dram_bandwidth_from_clock(bus_width_bits: int, mem_clock_hz: float, transfers_per_clock: int = 2) -> float:
+    """Peak DRAM bandwidth in bytes/s: ``bus width / 8 x transfers per clock x memory clock``.
+
+    HBM and GDDR move data on both clock edges (double data rate), hence the default 2. With the
+    H100 SXM's 5120-bit bus and NVML's 2619 MHz memory clock this gives the datasheet's 3.35 TB/s.
+
+    Raises:
+        ValueError: a non-positive argument.
+    """
+    if bus_width_bits <= 0 or mem_clock_hz <= 0 or transfers_per_clock <= 0:
+        raise ValueError(f"all arguments must be > 0, got bus_width_bits={bus_width_bits}, "
+                         f"mem_clock_hz={mem_clock_hz}, transfers_per_clock={transfers_per_clock}")
+    return bus_width_bits / 8 * transfers_per_clock * mem_clock_hz
+
+
+def available_matmul_kinds(device: torch.device | str) -> list[str]:
+    """The :data:`perflab.core.formats.FORMATS` keys worth measuring on ``device``.
+
+    CPU: fp32 and bf16. CUDA: fp32, tf32, bf16, fp16, and fp8 where the chip has fp8 tensor cores
+    (compute capability 8.9 or newer) and torch has ``float8_e4m3fn``.
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return ["fp32", "bf16"]
+    kinds = ["fp32", "tf32", "bf16", "fp16"]
+    props = torch.cuda.get_device_properties(dev)
+    if (props.major, props.minor) >= (8, 9) and hasattr(torch, "float8_e4m3fn"):
+        kinds.append("fp8")
+    return kinds
+
+
+def matmul_rates(device: torch.device | str, n: int, kinds: Iterable[str] | None = None) -> tuple[dict, dict]:
+    """:func:`perflab.machine.roofline.matmul_rate` for each format key: returns ``(rates, errors)``.
+
+    ``rates`` maps kind -> FLOP/s. An fp8 product that fails (no fp8 kernel in this build, an
+    unsupported layout) does not stop the others: ``errors["fp8"]`` holds ``"<ErrorClass>:
+    <first line of the message>"`` for the caller to print. Failures of any other kind raise.
+    Default ``kinds``: :func:`available_matmul_kinds`.
+    """
+    kinds = list(kinds) if kinds is not None else available_matmul_kinds(device)
+    rates, errors = {}, {}
+    for kind in kinds:
+        if kind == "fp8":
+            try:
+                rates[kind] = matmul_rate(device, n, kind)
+            except Exception as err:  # reported to the caller, never swallowed
+                errors[kind] = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        else:
+            rates[kind] = matmul_rate(device, n, kind)
+    return rates, errors
+
+
+def elementwise_rate(device: torch.device | str, numel: int,
+                     repeat: int) -> tuple[SweepPoint, TelemetrySummary]:
+    """The fused ``x*2``-repeated kernel of chapter 1 at one ``repeat``, timed under telemetry.
+
+    Returns ``(point, telemetry)``: a :class:`perflab.machine.roofline.SweepPoint` and the
+    :class:`perflab.core.sampler.TelemetrySummary` its timing ran under. With ``repeat`` far right
+    of the ridge point the kernel is compute-bound, so ``point.flops_per_s`` is the elementwise
+    (CUDA-core, non-FMA) FP32 rate; ``point.kernels`` is the number of kernels per call (1 =
+    fused). The function is compiled (:func:`perflab.machine.roofline.repeat_multiply`, a few seconds)
+    and its kernels counted before the timing starts, so the telemetry covers only the timing
+    (:func:`perflab.core.sampler.measure`), not an idle GPU waiting for the compiler.
+
+    Raises:
+        ValueError: ``numel`` or ``repeat`` not a positive integer.
+    """
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
+        raise ValueError(f"numel must be a positive integer, got {numel!r}")
+    x = torch.randn(numel, device=device)
+    fn = repeat_multiply(repeat)
+    fn(x)  # compile and warm up outside the measurement
+    kernels = kernels_per_call(fn, x)
+    m = measure(lambda: fn(x), x.device)
+    cost = elementwise_cost(x.numel(), repeat, x.dtype)
+    return SweepPoint(repeat, m.seconds, cost.flops, cost.bytes, kernels), m.telemetry
+
+
+def tile_count(m: int, n: int, tile_m: int = 128, tile_n: int = 128) -> int:
+    """Output tiles of an ``m x n`` product cut into ``tile_m x tile_n`` tiles: ``ceil(m/tile_m) * ceil(n/tile_n)``.
+
+    A partly filled edge tile costs a whole tile: that is *tile quantization*.
+
+    Raises:
+        ValueError: a non-positive argument.
+    """
+    for name, v in (("m", m), ("n", n), ("tile_m", tile_m), ("tile_n", tile_n)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    return math.ceil(m / tile_m) * math.ceil(n / tile_n)
+
+
+def wave_count(tiles: int, sms: int, tiles_per_sm: int = 1) -> int:
+    """Waves needed to run ``tiles`` thread blocks on ``sms`` SMs holding ``tiles_per_sm`` each at once.
+
+    ``ceil(tiles / (sms * tiles_per_sm))``: one tile past a multiple of the machine's width costs a
+    whole extra wave (*wave quantization*; NVIDIA's "Matrix Multiplication Background" guide).
+
+    Raises:
+        ValueError: a non-positive argument.
+    """
+    for name, v in (("tiles", tiles), ("sms", sms), ("tiles_per_sm", tiles_per_sm)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    return math.ceil(tiles / (sms * tiles_per_sm))
+
+
+def wave_sweep(
+    device: torch.device | str,
+    m: int,
+    k: int,
+    ns: Sequence[int],
+    dtype: torch.dtype = torch.bfloat16,
+    progress: bool = False,
+) -> list[tuple[int, float]]:
+    """Time ``A[m,k] @ B[k,n]`` for each ``n`` in ``ns``: ``[(n, seconds)]``.
+
+    Each point is the median of 20 CUDA-event timings with the L2 flushed before each
+    (:func:`perflab.core.timing.event_timer`); 20 short products take milliseconds, so a sweep of a
+    hundred sizes takes about a second.
+
+    Raises:
+        RuntimeError: no CUDA GPU.
+        ValueError: empty ``ns`` or a non-positive size.
+    """
+    _need_gpu("wave_sweep")
+    ns = list(ns)
+    if not ns or min(ns) < 1 or m < 1 or k < 1:
+        raise ValueError(f"m, k and every n must be positive, got m={m}, k={k}, ns={ns[:3]}...")
+    dev = torch.device(device)
+    a = torch.randn(m, k, device=dev).to(dtype)
+    b_full = torch.randn(k, max(ns), device=dev).to(dtype)
+    iterator = show_progress(ns, "wave sweep", progress)
+    out = []
+    for n in iterator:
+        b = b_full[:, :n].contiguous()
+        out.append((n, event_timer(lambda: a @ b, dev, warmup=5, reps=20, flush=True).median_s))
+    return out
+
+
+@dataclass(frozen=True)
+class WaveFit:
+    """How well a staircase (time proportional to waves) explains a wave sweep, against a line.
+
+    Attributes:
+        tile: ``(tile_m, tile_n)`` of the best staircase.
+        staircase_rms: RMS relative residual of ``t = a + b * waves(n)``.
+        linear_rms: RMS relative residual of ``t = a + b * n`` (no quantization).
+        seconds_per_wave: the fitted ``b`` of the staircase.
+    """
+
+    tile: tuple[int, int]
+    staircase_rms: float
+    linear_rms: float
+    seconds_per_wave: float
+
+
+def fit_waves(
+    points: Sequence[tuple[int, float]],
+    m: int,
+    sms: int,
+    tiles: Sequence[tuple[int, int]] = ((128, 128), (128, 256), (256, 128), (64, 128)),
+) -> WaveFit:
+    """Fit a wave sweep's times with a staircase for each candidate tile shape and with a line.
+
+    For each ``(tile_m, tile_n)`` the model is ``t = a + b * wave_count(tile_count(m, n, tile_m,
+    tile_n), sms)``, fitted by least squares; the tile with the smallest RMS relative residual
+    wins (:func:`perflab.core.fits.fit_line`). A staircase residual well below the line's means wave quantization shapes the times;
+    similar residuals mean the library's choices (other tile shapes, split-K, stream-K) smooth it.
+
+    Raises:
+        ValueError: fewer than 4 points, a non-positive time, or an empty ``tiles``.
+    """
+    if len(points) < 4:
+        raise ValueError(f"need at least 4 points, got {len(points)}")
+    if not tiles:
+        raise ValueError("tiles must not be empty")
+    ns = [n for n, _ in points]
+    ts = [t for _, t in points]
+    if min(ts) <= 0:
+        raise ValueError("every time must be > 0 seconds")
+    linear_rms = fit_line(ns, ts).rms_relative
+    best = None
+    for tm, tn in tiles:
+        waves = [wave_count(tile_count(m, n, tm, tn), sms) for n in ns]
+        if len(set(waves)) < 2:
+            continue
+        fit = fit_line(waves, ts)
+        rms, slope = fit.rms_relative, fit.slope
+        if best is None or rms < best[1]:
+            best = ((tm, tn), rms, slope)
+    if best is None:
+        raise ValueError("the sweep spans a single wave for every tile shape: widen the range of n")
+    return WaveFit(best[0], best[1], linear_rms, best[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# Waves with a batch of equal products
+# ---------------------------------------------------------------------------------------------
+
+def batch_wave_sweep(
+    device: torch.device | str,
+    m: int,
+    n: int,
+    k: int,
+    batches: Sequence[int],
+    dtype: torch.dtype = torch.bfloat16,
+    reps: int = 10,
+    progress: bool = False,
+) -> list[tuple[int, float]]:
+    """Time ``torch.bmm(A[b, m, k], B[b, k, n])`` for each batch count ``b``: ``[(b, seconds)]``.
+
+    Every product of the batch has the same shape, so the library's kernel (its tile shape) is
+    chosen for one ``m x n x k`` problem and only the number of thread blocks, ``b`` times the
+    tiles of one product, changes along the sweep: the time should climb one wave at a time.
+    Each point is the median of ``reps`` back-to-back calls timed with CUDA events after 3
+    warm-up calls (:func:`perflab.core.timing.event_timer`, no L2 flush: the host queues the calls
+    ahead, so launch overhead is hidden whenever a call lasts longer than a launch); on a CPU,
+    ``time.perf_counter`` (for tests).
+
+    Args:
+        device: where to run.
+        m, n, k: the shape of each product (positive).
+        batches: batch counts to time (positive).
+        dtype: operand dtype (bf16 runs on the tensor cores).
+        reps: timed calls per point (>= 1).
+
+    Raises:
+        ValueError: empty ``batches`` or a non-positive size.
+    """
+    batches = list(batches)
+    for name, v in (("m", m), ("n", n), ("k", k), ("reps", reps)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if not batches or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches):
+        raise ValueError(f"batches must be positive integers, got {batches[:5]}")
+    dev = torch.device(device)
+    top = max(batches)
+    a_full = torch.randn(top, m, k, device=dev).to(dtype)
+    b_full = torch.randn(top, k, n, device=dev).to(dtype)
+    out = []
+    for b in show_progress(batches, "batch wave sweep", progress):
+        a, bb = a_full[:b], b_full[:b]
+        out.append((b, event_timer(lambda: torch.bmm(a, bb), dev, warmup=3, reps=reps).median_s))
+    return out
+
+
+@dataclass(frozen=True)
+class WaveWidthFit:
+    """The staircase that best explains a batch wave sweep, against a straight line.
+
+    Attributes:
+        items_per_wave: products of the batch that run at once (``sms x blocks per SM / tiles
+            per product``), the width of one step.
+        tile: ``(tile_m, tile_n)`` that width corresponds to.
+        blocks_per_sm: thread blocks resident per SM in that staircase.
+        staircase_rms: RMS relative residual of ``t = a + s * ceil(b / items_per_wave)``.
+        linear_rms: RMS relative residual of ``t = a + c * b`` (no quantization).
+        seconds_per_wave: the fitted ``s``.
+        fixed_s: the fitted ``a``.
+    """
+
+    items_per_wave: float
+    tile: tuple[int, int]
+    blocks_per_sm: int
+    staircase_rms: float
+    linear_rms: float
+    seconds_per_wave: float
+    fixed_s: float
+
+    def waves(self, batch: int) -> int:
+        """``ceil(batch / items_per_wave)``."""
+        return math.ceil(batch / self.items_per_wave - 1e-9)
+
+    def predict(self, batch: int) -> float:
+        """The staircase's time for ``batch`` products, seconds."""
+        return self.fixed_s + self.seconds_per_wave * self.waves(batch)
+
+
+def fit_wave_width(
+    points: Sequence[tuple[int, float]],
+    m: int,
+    n: int,
+    sms: int,
+    tiles: Sequence[tuple[int, int]] = ((128, 128), (128, 256), (256, 128), (64, 128), (128, 64)),
+    blocks_per_sm: Sequence[int] = (1, 2),
+) -> WaveWidthFit:
+    """Fit a batch wave sweep with a staircase for each candidate tile shape and occupancy.
+
+    A product of ``m x n`` cut into ``tile_m x tile_n`` tiles has ``tile_count(m, n, tile_m,
+    tile_n)`` thread blocks; ``sms x blocks_per_sm`` blocks run at once, so a wave holds
+    ``sms x blocks_per_sm / tiles`` products and ``b`` products need ``ceil(b / that)`` waves. The
+    staircase ``t = a + s x waves`` is fitted for each candidate (:func:`perflab.core.fits.fit_line`,
+    relative residuals), the best one wins, and a straight line ``t = a + c b`` is fitted for
+    comparison. A staircase residual well below the line's means the waves shape the times.
+
+    Raises:
+        ValueError: fewer than 4 points, a non-positive time or size, empty candidates, or a
+            sweep that spans a single wave for every candidate.
+    """
+    if len(points) < 4:
+        raise ValueError(f"need at least 4 points, got {len(points)}")
+    if not tiles or not blocks_per_sm:
+        raise ValueError("tiles and blocks_per_sm must not be empty")
+    for name, v in (("m", m), ("n", n), ("sms", sms)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    bs = [b for b, _ in points]
+    ts = [t for _, t in points]
+    if min(ts) <= 0:
+        raise ValueError("every time must be > 0 seconds")
+    linear = fit_line(bs, ts, relative=True)
+    best = None
+    for tm, tn in tiles:
+        for occ in blocks_per_sm:
+            width = sms * occ / tile_count(m, n, tm, tn)
+            waves = [math.ceil(b / width - 1e-9) for b in bs]
+            if len(set(waves)) < 2:
+                continue
+            fit = fit_line(waves, ts, relative=True)
+            if fit.slope > 0 and (best is None or fit.rms_relative < best[0].rms_relative):
+                best = (fit, width, (tm, tn), occ)
+    if best is None:
+        raise ValueError("the sweep spans a single wave for every candidate: widen the batches")
+    fit, width, tile, occ = best
+    return WaveWidthFit(width, tile, occ, fit.rms_relative, linear.rms_relative, fit.slope,
+                        fit.fixed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Copy bandwidth against working set, from a CUDA graph
+# ---------------------------------------------------------------------------------------------
+
+def _replayer(fn, copies: int, dev: torch.device):
+    """A callable that runs ``fn`` ``copies`` times: one CUDA-graph replay on a GPU, a loop on a
+    CPU (where there are no graphs and no launches to hide)."""
+    if dev.type != "cuda":
+        def loop():
+            for _ in range(copies):
+                fn()
+        return loop
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):          # warm up outside the capture, as PyTorch asks
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(copies):
+            fn()
+    return graph.replay
+
+
+def _graph_sweep(device, sizes, target_s: float, reps: int, progress: bool, what: str,
+                 make_fn) -> list:
+    """The loop shared by :func:`graph_copy_sweep` and :func:`graph_sum_sweep`: for each size,
+    ``make_fn(nbytes, dev)`` builds one call whose traffic is ``nbytes``; enough calls for about
+    ``target_s`` seconds at 5 TB/s (8 to 2,000) are captured in one CUDA graph and replayed."""
+    sizes = list(sizes)
+    if not sizes or any(isinstance(x, bool) or not isinstance(x, int) or x < 8 or x % 8
+                        for x in sizes):
+        raise ValueError(f"sizes must be positive multiples of 8 bytes, got {sizes[:5]}")
+    if not target_s > 0:
+        raise ValueError(f"target_s must be > 0, got {target_s}")
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"reps must be a positive integer, got {reps!r}")
+    dev = torch.device(device)
+    out = []
+    for nbytes in show_progress(sizes, what, progress):
+        fn = make_fn(nbytes, dev)
+        calls = max(8, min(2000, math.ceil(target_s * 5e12 / nbytes)))
+        replay = _replayer(fn, calls, dev)
+        t = event_timer(replay, dev, warmup=2, reps=reps).median_s / calls
+        out.append(WorkingSetPoint(nbytes, nbytes / t))
+        del replay, fn
+    return out
+
+
+def _copy_call(nbytes: int, dev: torch.device):
+    src = torch.ones(nbytes // 8, device=dev)   # two float32 buffers of nbytes / 2
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def _sum_call(nbytes: int, dev: torch.device):
+    src = torch.ones(nbytes // 4, device=dev)   # one float32 buffer of nbytes
+    out = torch.empty((), device=dev)
+    return lambda: torch.sum(src, 0, out=out)
+
+
+def graph_copy_sweep(
+    device: torch.device | str,
+    sizes: Sequence[int],
+    target_s: float = 2e-3,
+    reps: int = 5,
+    progress: bool = False,
+):
+    """Copy bandwidth against working-set size: ``[caches.WorkingSetPoint]``, one per size.
+
+    For a working set of ``nbytes`` (bytes; two float32 buffers of ``nbytes / 2`` each), the
+    kernel is ``dst.copy_(src)``, which reads ``nbytes / 2`` and writes ``nbytes / 2``: its
+    traffic equals its working set. ``copies`` copies (enough for about ``target_s`` seconds at
+    5 TB/s, between 8 and 2,000) are captured in one CUDA graph; each replay is timed with CUDA
+    events (:func:`perflab.core.timing.event_timer`, 2 warm-up replays, the median of ``reps``), and
+    the time of one copy is the replay's time / ``copies``. Replayed from a graph, copies run
+    back to back with no launch gap and nothing between them flushes the L2, so a working set
+    that fits in the L2 is served by it; each copy keeps only the kernel's own fixed cost (ramp
+    and tail), which :func:`perflab.machine.caches.fit_fixed_cost` separates from the bandwidth. On a
+    CPU (for tests) the copies run in a Python loop timed by ``time.perf_counter``.
+
+    Raises:
+        ValueError: empty ``sizes``, a size that is not a positive multiple of 8 bytes, or a
+            non-positive ``target_s`` or ``reps``.
+    """
+    return _graph_sweep(device, sizes, target_s, reps, progress, "graph copy sweep",
+                        _copy_call)
+
+
+def graph_sum_sweep(
+    device: torch.device | str,
+    sizes: Sequence[int],
+    target_s: float = 2e-3,
+    reps: int = 5,
+    progress: bool = False,
+):
+    """:func:`graph_copy_sweep` with ``torch.sum`` as the kernel: ``[caches.WorkingSetPoint]``.
+
+    For a working set of ``nbytes`` (one float32 buffer of ``nbytes``), the call is
+    ``torch.sum(src, 0, out=out)`` (a preallocated 0-dim ``out``: no result tensor per call),
+    which reads ``nbytes``: traffic equals working set, as for the copy, and the same graph
+    replay and event timing apply. A reduction ends with a step a copy does not have (its blocks combine their
+    partial sums), so :func:`perflab.machine.caches.fit_fixed_cost` of these points against those of
+    :func:`graph_copy_sweep` over the same sizes says what that step costs per call.
+
+    Raises:
+        ValueError: as :func:`graph_copy_sweep`.
+    """
+    return _graph_sweep(device, sizes, target_s, reps, progress, "graph sum sweep", _sum_call)
+
+
+# ---------------------------------------------------------------------------------------------
+# Burst and sustained rates
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BurstSustained:
+    """One matrix product timed briefly after a rest (burst) and for seconds back to back.
+
+    Attributes:
+        flops: FLOPs of one product (``2 n^3``).
+        burst_s, sustained_s: median seconds of one product in each measurement.
+        burst, sustained: the :class:`perflab.core.sampler.TelemetrySummary` of each.
+        sustained_window_s: how long the products ran back to back.
+    """
+
+    flops: float
+    burst_s: float
+    sustained_s: float
+    burst: object
+    sustained: object
+    sustained_window_s: float
+
+    @property
+    def burst_rate(self) -> float:
+        """FLOP/s of the burst."""
+        return self.flops / self.burst_s
+
+    @property
+    def sustained_rate(self) -> float:
+        """FLOP/s sustained (the last half of the window)."""
+        return self.flops / self.sustained_s
+
+
+def burst_and_sustained(
+    device: torch.device | str,
+    n: int,
+    dtype: torch.dtype = torch.bfloat16,
+    burst_reps: int = 10,
+    sustained_s: float = 3.0,
+    rest_s: float = 1.0,
+) -> BurstSustained:
+    """Time an ``n x n @ n x n`` product as a short burst and sustained for ``sustained_s``.
+
+    After ``rest_s`` seconds idle (the board cools below its power limit), ``burst_reps``
+    products are timed with CUDA events after 2 warm-up calls: a few milliseconds of work, too
+    short for the power controller to lower the clock. Then products run back to back for
+    ``sustained_s`` seconds in chunks of 20 event-timed calls; the sustained time is the median
+    over the chunks of the window's second half, when the clock has settled. Each part runs
+    under a :class:`perflab.core.sampler.Telemetry` sampler, whose summaries say at which SM clock,
+    power and throttle reasons. Nothing here changes a clock or a limit. On a CPU the same runs
+    with ``time.perf_counter`` (for tests).
+
+    Raises:
+        ValueError: a non-positive ``n``, ``burst_reps`` or ``sustained_s``, or a negative
+            ``rest_s``.
+    """
+    for name, v in (("n", n), ("burst_reps", burst_reps)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if not sustained_s > 0:
+        raise ValueError(f"sustained_s must be > 0, got {sustained_s}")
+    if rest_s < 0:
+        raise ValueError(f"rest_s must be >= 0, got {rest_s}")
+    dev = torch.device(device)
+    index = (dev.index or 0) if dev.type == "cuda" else 0
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    fn = lambda: a @ b  # noqa: E731
+    fn()
+    synchronize(dev)
+    time.sleep(rest_s)
+    with Telemetry(index=index, interval_s=0.005) as tel_burst:
+        burst = event_timer(fn, dev, warmup=2, reps=burst_reps).median_s
+    chunks = []
+    with Telemetry(index=index) as tel_sus:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < sustained_s or len(chunks) < 2:
+            chunks.append((time.perf_counter() - t0, event_timer(fn, dev, warmup=0, reps=20)))
+        window = time.perf_counter() - t0
+    late = [t for start, t in chunks if start >= window / 2] or [chunks[-1][1]]
+    samples = sorted(x for t in late for x in t.samples_s)
+    sustained = samples[len(samples) // 2]
+    return BurstSustained(2.0 * n**3, burst, sustained, tel_burst.summary(), tel_sus.summary(),
+                          window)

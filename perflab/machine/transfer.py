@@ -1,0 +1,257 @@
+"""Copies between host memory and GPU memory, and between GPUs.
+
+* Host <-> device copies cross the PCIe link. The GPU's copy engines read and write host memory
+  by DMA, which requires the pages to stay put: *pinned* (page-locked) memory. From ordinary
+  *pageable* memory the CUDA driver first copies each chunk into a pinned staging buffer, so a
+  pageable copy costs an extra host-side memcpy (CUDA C++ Best Practices Guide, "Pinned Memory").
+* ``non_blocking=True`` lets ``Tensor.to``/``copy_`` return before the copy finishes only when the
+  host side is pinned; it never makes a copy on the current stream overlap with kernels on that
+  same stream (PyTorch tutorial "A guide on good usage of non_blocking and pin_memory()").
+* Peer copies go GPU to GPU over NVLink (or PCIe) without touching host memory.
+
+Bandwidths are bytes/s counting the bytes transferred once (not read + write). Timing:
+:func:`perflab.core.timing.benchmark` for host <-> device, CUDA events for peer copies.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from perflab.core.device import gpu_count, has_gpu
+from perflab.core.progress import progress as show_progress
+from perflab.core.timing import benchmark, event_timer
+
+__all__ = [
+    "PCIE_GT_PER_S",
+    "TransferPoint",
+    "host_device_sweep",
+    "non_blocking_behaviour",
+    "pageable_prediction",
+    "pcie_bandwidth",
+    "peer_access",
+    "peer_copy_bandwidth",
+    "peer_copy_sweep",
+]
+
+#: Per-lane signalling rate (GT/s) and line-code efficiency by PCIe generation, from the PCI-SIG
+#: base specifications: 8b/10b encoding up to 2.0, 128b/130b from 3.0 to 5.0.
+PCIE_GT_PER_S: dict[int, tuple[float, float]] = {
+    1: (2.5, 8 / 10),
+    2: (5.0, 8 / 10),
+    3: (8.0, 128 / 130),
+    4: (16.0, 128 / 130),
+    5: (32.0, 128 / 130),
+}
+
+
+def pcie_bandwidth(generation: int, width: int) -> float:
+    """Theoretical PCIe bandwidth per direction in bytes/s: ``GT/s x lanes x encoding / 8``.
+
+    Gen5 x16: 32 GT/s x 16 x 128/130 / 8 = 63.0 GB/s each way. Real DMA reaches less (packet
+    headers and flow control take their share).
+
+    Raises:
+        ValueError: a generation not in :data:`PCIE_GT_PER_S` or a width that is not 1-32 lanes.
+    """
+    if generation not in PCIE_GT_PER_S:
+        raise ValueError(f"generation must be one of {sorted(PCIE_GT_PER_S)}, got {generation!r}")
+    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= 32:
+        raise ValueError(f"width must be a lane count from 1 to 32, got {width!r}")
+    rate, efficiency = PCIE_GT_PER_S[generation]
+    return rate * 1e9 * width * efficiency / 8
+
+
+def pageable_prediction(pinned_Bps: float, host_copy_Bps: float) -> tuple[float, float]:
+    """Bounds on pageable copy bandwidth from the staging model, in bytes/s: ``(serial, pipelined)``.
+
+    A pageable copy moves every byte twice: a host memcpy into a pinned staging buffer (at
+    ``host_copy_Bps / 2``, since ``host_copy_Bps`` counts bytes read + written as
+    :func:`perflab.machine.cpu.memory_bandwidth` does) and the DMA (at ``pinned_Bps``). Done one after the
+    other: ``1 / (1/pinned + 2/host_copy)``; perfectly overlapped: ``min(pinned, host_copy / 2)``.
+
+    Raises:
+        ValueError: a non-positive bandwidth.
+    """
+    if pinned_Bps <= 0 or host_copy_Bps <= 0:
+        raise ValueError(f"bandwidths must be > 0, got pinned_Bps={pinned_Bps}, host_copy_Bps={host_copy_Bps}")
+    staging = host_copy_Bps / 2
+    return 1 / (1 / pinned_Bps + 1 / staging), min(pinned_Bps, staging)
+
+
+def _cuda_device(device) -> torch.device:
+    if not has_gpu():
+        raise RuntimeError("host <-> device copies need a CUDA GPU; this machine has none")
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    if dev.type != "cuda":
+        raise ValueError(f"device must be a CUDA device, got {dev}")
+    return dev
+
+
+def _buffers(nbytes: int, dev: torch.device, pinned: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+    host.fill_(1)  # touch every page: first-touch faults stay out of the timing
+    gpu = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    gpu.fill_(2)
+    return host, gpu
+
+
+def _check_nbytes(nbytes) -> None:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+        raise ValueError(f"nbytes must be a positive integer, got {nbytes!r}")
+
+
+def _copy_seconds(host: torch.Tensor, gpu: torch.Tensor, direction: str, dev: torch.device) -> float:
+    pinned = host.is_pinned()
+    if direction == "h2d":
+        return benchmark(lambda: gpu.copy_(host, non_blocking=pinned), dev)
+    return benchmark(lambda: host.copy_(gpu, non_blocking=pinned), dev)
+
+
+@dataclass(frozen=True)
+class TransferPoint:
+    """Host <-> device bandwidths (bytes/s) at one copy size ``nbytes``."""
+
+    nbytes: int
+    h2d_pinned: float
+    h2d_pageable: float
+    d2h_pinned: float
+    d2h_pageable: float
+
+
+def host_device_sweep(sizes: Sequence[int], device=None, progress: bool = False) -> list[TransferPoint]:
+    """All four host <-> device copies (H2D/D2H x pinned/pageable) at each size in ``sizes`` (bytes).
+
+    Buffers of the largest size are allocated once (pinning is slow) and sliced for smaller sizes.
+
+    Raises:
+        RuntimeError: no CUDA GPU.
+        ValueError: empty ``sizes`` or a size that is not a positive integer.
+    """
+    sizes = list(sizes)
+    if not sizes:
+        raise ValueError("sizes must not be empty")
+    for s in sizes:
+        _check_nbytes(s)
+    dev = _cuda_device(device)
+    top = max(sizes)
+    pinned_host, gpu = _buffers(top, dev, True)
+    pageable_host, _ = _buffers(top, dev, False)
+    iterator = show_progress(sizes, "host<->device copies", progress)
+    out = []
+    for s in iterator:
+        g, pin, page = gpu[:s], pinned_host[:s], pageable_host[:s]
+        out.append(TransferPoint(
+            s,
+            s / _copy_seconds(pin, g, "h2d", dev),
+            s / _copy_seconds(page, g, "h2d", dev),
+            s / _copy_seconds(pin, g, "d2h", dev),
+            s / _copy_seconds(page, g, "d2h", dev),
+        ))
+    return out
+
+
+def non_blocking_behaviour(nbytes: int, device=None, reps: int = 3) -> list[dict]:
+    """What ``non_blocking=True`` changes, measured: host time of each call and whether the copy was still running.
+
+    For H2D copies from pageable and pinned memory, with ``non_blocking`` False and True, and for
+    ``gpu_tensor.to("cpu", non_blocking=True)``, returns one dict per case: ``case``,
+    ``host_s`` (median seconds until the call returned to Python), ``still_copying`` (the stream
+    had unfinished work right after the return: ``not stream.query()``) and, for the D2H case,
+    ``result_pinned`` (PyTorch gives a non-blocking D2H copy a pinned destination).
+    The GPU is synchronized before each call.
+
+    Raises:
+        RuntimeError: no CUDA GPU.
+        ValueError: ``nbytes`` or ``reps`` not a positive integer.
+    """
+    _check_nbytes(nbytes)
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    dev = _cuda_device(device)
+    pageable, gpu = _buffers(nbytes, dev, False)
+    pinned, _ = _buffers(nbytes, dev, True)
+    stream = torch.cuda.current_stream(dev)
+    cases = [
+        ("H2D from pageable, blocking", lambda: gpu.copy_(pageable)),
+        ("H2D from pageable, non_blocking", lambda: gpu.copy_(pageable, non_blocking=True)),
+        ("H2D from pinned, blocking", lambda: gpu.copy_(pinned)),
+        ("H2D from pinned, non_blocking", lambda: gpu.copy_(pinned, non_blocking=True)),
+        ("D2H, .to('cpu', non_blocking=True)", lambda: gpu.to("cpu", non_blocking=True)),
+    ]
+    rows = []
+    for name, fn in cases:
+        fn()  # warm-up (allocations, first-use costs)
+        torch.cuda.synchronize(dev)
+        times, busy, result = [], [], None
+        for _ in range(reps):
+            torch.cuda.synchronize(dev)
+            t0 = time.perf_counter()
+            result = fn()
+            times.append(time.perf_counter() - t0)
+            busy.append(not stream.query())
+            torch.cuda.synchronize(dev)
+        row = {"case": name, "host_s": statistics.median(times), "still_copying": all(busy)}
+        if name.startswith("D2H"):
+            row["result_pinned"] = bool(result.is_pinned())
+        rows.append(row)
+    return rows
+
+
+def peer_access(src: int = 0, dst: int = 1) -> bool:
+    """Whether GPU ``src`` can read and write GPU ``dst``'s memory directly (``torch.cuda.can_device_access_peer``).
+
+    Raises:
+        RuntimeError: fewer than two GPUs.
+        ValueError: an index this machine does not have, or ``src == dst``.
+    """
+    _check_pair(src, dst)
+    return bool(torch.cuda.can_device_access_peer(src, dst))
+
+
+def _check_pair(src: int, dst: int) -> None:
+    n = gpu_count()
+    if n < 2:
+        raise RuntimeError(f"peer copies need 2 GPUs; this machine has {n}")
+    if src == dst or not (0 <= src < n and 0 <= dst < n):
+        raise ValueError(f"src and dst must be two different GPUs among 0..{n - 1}, got {src} and {dst}")
+
+
+def peer_copy_bandwidth(nbytes: int, src: int = 0, dst: int = 1, reps: int = 10) -> float:
+    """Bandwidth in bytes/s of copying ``nbytes`` from GPU ``src`` to GPU ``dst`` (one direction).
+
+    ``dst_tensor.copy_(src_tensor)``: PyTorch runs a cross-device copy on the source device's
+    current stream (a direct peer copy when peer access is possible), so CUDA events recorded on
+    that stream bracket it (:func:`perflab.core.timing.event_timer`, median of ``reps``).
+
+    Raises:
+        RuntimeError: fewer than two GPUs.
+        ValueError: bad indices or ``nbytes``.
+    """
+    _check_nbytes(nbytes)
+    _check_pair(src, dst)
+    a = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{src}").fill_(1)
+    b = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{dst}")
+    with torch.cuda.device(src):
+        seconds = event_timer(lambda: b.copy_(a, non_blocking=True), torch.device("cuda", src),
+                              warmup=3, reps=reps).median_s
+    torch.cuda.synchronize(dst)
+    return nbytes / seconds
+
+
+def peer_copy_sweep(sizes: Sequence[int], src: int = 0, dst: int = 1, progress: bool = False) -> list[tuple[int, float]]:
+    """:func:`peer_copy_bandwidth` at each size: ``[(nbytes, bytes/s)]``.
+
+    Raises:
+        RuntimeError: fewer than two GPUs.
+        ValueError: empty ``sizes`` or a bad size.
+    """
+    sizes = list(sizes)
+    if not sizes:
+        raise ValueError("sizes must not be empty")
+    iterator = show_progress(sizes, "peer copies", progress)
+    return [(s, peer_copy_bandwidth(s, src, dst)) for s in iterator]

@@ -1,0 +1,111 @@
+"""Making runs repeatable: seeds, deterministic algorithms, and run-to-run noise.
+
+Following PyTorch's reproducibility notes ("Reproducibility", PyTorch documentation): seed every
+random number generator the program uses (Python's ``random``, NumPy, torch on CPU and every CUDA
+device), and ask for deterministic algorithms where bitwise-identical results matter, knowing that
+some of them are slower. Noise is measured, not assumed: :func:`coefficient_of_variation` of
+repeated medians says how far two runs of one benchmark disagree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import statistics
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from perflab.core.timing import benchmark
+
+__all__ = ["coefficient_of_variation", "deterministic", "repeated_medians", "seed_everything"]
+
+
+def seed_everything(seed: int) -> int:
+    """Seed Python's ``random``, NumPy's global generator and torch (CPU and all CUDA devices).
+
+    Returns the seed. Data-loader workers and other processes need their own seeding.
+
+    Raises:
+        ValueError: ``seed`` is not an integer in ``[0, 2**32)``.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    return seed
+
+
+@contextlib.contextmanager
+def deterministic(enabled: bool = True) -> Iterator[None]:
+    """Within the block, require deterministic algorithms (or, ``enabled=False``, allow any).
+
+    Sets ``torch.use_deterministic_algorithms(enabled)``, ``torch.backends.cudnn.deterministic``
+    and turns ``torch.backends.cudnn.benchmark`` off when enabling (autotuning may pick a
+    different algorithm run to run); restores all three afterwards. Operators that have no
+    deterministic implementation raise ``RuntimeError`` inside the block. On CUDA, cuBLAS
+    additionally needs ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` in the environment before the process
+    first uses it, or matrix products raise.
+
+    Raises:
+        TypeError: ``enabled`` is not a bool.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(enabled)
+    torch.backends.cudnn.deterministic = enabled
+    if enabled:
+        torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic = before[2]
+        torch.backends.cudnn.benchmark = before[3]
+
+
+def coefficient_of_variation(values: Sequence[float]) -> float:
+    """Sample standard deviation divided by the mean (dimensionless): the relative spread.
+
+    A CV of 0.02 says repeated measurements typically differ by about 2 %; differences smaller
+    than a few CVs are noise, not speed-ups.
+
+    Raises:
+        ValueError: fewer than 2 values, a non-finite value, or a mean that is not positive.
+    """
+    vals = [float(v) for v in values]
+    if len(vals) < 2:
+        raise ValueError(f"values needs at least 2 measurements, got {len(vals)}")
+    if not all(math.isfinite(v) for v in vals):
+        raise ValueError("values must all be finite numbers")
+    mean = statistics.fmean(vals)
+    if mean <= 0:
+        raise ValueError(f"the mean of values must be > 0, got {mean}")
+    return statistics.stdev(vals) / mean
+
+
+def repeated_medians(
+    fn: Callable[[], object],
+    device: torch.device | str | None = None,
+    repeats: int = 10,
+    min_run_time_s: float = 0.1,
+) -> list[float]:
+    """Run :func:`perflab.core.timing.benchmark` ``repeats`` times on ``fn``; each call's median, seconds.
+
+    Each repetition is a full benchmark (warm-up, many calls, a median), so the spread of the
+    returned list is run-to-run noise, not call-to-call jitter.
+
+    Raises:
+        ValueError: ``repeats`` < 2 or ``min_run_time_s`` not positive.
+    """
+    if repeats < 2:
+        raise ValueError(f"repeats must be >= 2 to measure a spread, got {repeats}")
+    if min_run_time_s <= 0:
+        raise ValueError(f"min_run_time_s must be > 0, got {min_run_time_s}")
+    return [benchmark(fn, device, min_run_time_s=min_run_time_s) for _ in range(repeats)]

@@ -1,0 +1,498 @@
+"""Evidence from torch.profiler: how many kernels a call launches, and where a step's time goes.
+
+* :func:`kernels_per_call` counts the kernels (CPU: ATen compute operators) one call runs;
+  :func:`device_seconds_per_call` sums their device time.
+* :func:`load_trace`, :func:`trace_items`, :func:`summarize_trace` read the Chrome/Perfetto trace
+  that ``prof.export_chrome_trace`` writes: busy time, idle gaps between kernels, top kernels with
+  their achieved FLOP/s and bandwidth (costs from :func:`perflab.machine.costs.op_cost` on the recorded
+  shapes).
+* :func:`regime` names the bottleneck from that evidence; :func:`clock_normalized` corrects an
+  efficiency for the SM clock the work and its ceiling ran at.
+
+What a computation *should* cost (FLOPs, bytes) is :mod:`perflab.machine.costs`; ``count_cost`` is
+re-exported here because chapter 4 and lab 4 teach it beside the profiler.
+
+Times in traces are microseconds (the trace format's unit); rates are FLOP/s and bytes/s.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from perflab.machine.costs import Cost, count_cost, op_cost
+
+__all__ = [
+    "REGIMES",
+    "clock_normalized",
+    "device_seconds_per_call",
+    "KernelStats",
+    "TraceItem",
+    "TraceSummary",
+    "count_cost",
+    "kernels_per_call",
+    "load_trace",
+    "regime",
+    "short_name",
+    "step_windows",
+    "summarize_trace",
+    "trace_items",
+]
+
+# ATen calls that allocate, view or reshape metadata without touching every element.
+_NOT_COMPUTE = {
+    "aten::empty", "aten::empty_strided", "aten::as_strided", "aten::view", "aten::reshape",
+    "aten::_reshape_alias", "aten::resize_", "aten::detach", "aten::alias", "aten::lift_fresh",
+    "aten::empty_like", "aten::t", "aten::transpose", "aten::expand", "aten::unsqueeze",
+}
+
+
+def kernels_per_call(fn: Callable, *args, calls: int = 5, **kwargs) -> float:
+    """Average number of kernels one call of ``fn(*args, **kwargs)`` runs, read from torch.profiler.
+
+    On a GPU (any tensor argument on CUDA, or CUDA available and no tensor arguments) this counts
+    device kernels (memcpy and memset excluded): a fused ``torch.compile`` graph shows 1, eager
+    ``x*2*2`` shows 2. On a CPU there are no device kernels to count, so it counts ATen compute
+    operator calls instead (allocation and view operators excluded): eager code shows one per
+    operator, a fused Inductor C++ kernel shows 0.
+
+    Call ``fn`` once before this (compilation and warm-up would otherwise be profiled).
+
+    Raises:
+        ValueError: ``calls`` < 1.
+    """
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+    on_gpu = any(t.is_cuda for t in tensors) if tensors else torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn(*args, **kwargs)
+        if on_gpu:
+            torch.cuda.synchronize()
+    events = prof.events()
+    if on_gpu:
+        n = sum(1 for e in events
+                if e.device_type == torch.autograd.DeviceType.CUDA
+                and not e.name.startswith(("Memcpy", "Memset", "[memory]")))
+    else:
+        n = sum(1 for e in events if e.name.startswith("aten::") and e.name not in _NOT_COMPUTE
+                and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
+    return n / calls
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting a step's FLOPs and bytes by watching every ATen operator it runs
+# ---------------------------------------------------------------------------------------------
+
+def device_seconds_per_call(fn: Callable, *args, calls: int = 20, warmup: int = 3, **kwargs) -> float:
+    """Device (kernel) time of one call of ``fn(*args, **kwargs)`` on a GPU, in seconds, from CUPTI.
+
+    ``fn`` runs ``warmup`` times, then ``calls`` times under torch.profiler; the result is the sum
+    of the durations of the device kernels it launched (memcpy and memset excluded) divided by
+    ``calls``. Unlike a CUDA-event or host-clock timer this excludes launch gaps between kernels
+    and any host overhead, and nothing is flushed between calls, so data left in the L2 by one
+    call is there for the next: the tool for measuring cache-resident bandwidth.
+
+    Raises:
+        RuntimeError: no CUDA device, or the profiler recorded no kernel.
+        ValueError: ``calls`` < 1 or ``warmup`` < 0.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("device_seconds_per_call needs a CUDA GPU; this machine has none")
+    if calls < 1 or warmup < 0:
+        raise ValueError(f"calls must be >= 1 and warmup >= 0, got calls={calls}, warmup={warmup}")
+    for _ in range(warmup):
+        fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(*args, **kwargs)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.startswith(("Memcpy", "Memset", "[memory]"))]
+    if not kernels:
+        raise RuntimeError("the profiler recorded no CUDA kernel for fn")
+    total_us = sum(e.time_range.end - e.time_range.start for e in kernels)
+    return total_us * 1e-6 / calls
+
+
+@dataclass(frozen=True)
+class TraceItem:
+    """One unit of work in a trace: a GPU kernel, or (CPU-only traces) an outermost ATen operator.
+
+    Attributes:
+        name: kernel or operator name.
+        ts_us: start, microseconds (the trace's clock).
+        dur_us: duration, microseconds.
+        op: the ATen operator that launched it (the item's own name for CPU operators).
+        cost: FLOPs and bytes from :func:`perflab.machine.costs.op_cost` (None when unknown).
+        blocks_per_sm: thread blocks per SM of a kernel's grid (``args["blocks per SM"]``), or None.
+    """
+
+    name: str
+    ts_us: float
+    dur_us: float
+    op: str | None = None
+    cost: Cost | None = None
+    blocks_per_sm: float | None = None
+
+    @property
+    def end_us(self) -> float:
+        """End time, microseconds."""
+        return self.ts_us + self.dur_us
+
+
+def load_trace(source) -> list[dict]:
+    """The event list of a Chrome trace exported by ``torch.profiler`` (``export_chrome_trace``).
+
+    Args:
+        source: a path to a ``.json`` or ``.json.gz`` file, or the already-parsed dict.
+
+    Returns:
+        list of event dicts (``traceEvents``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the JSON has no ``traceEvents`` list.
+    """
+    if isinstance(source, dict):
+        data = source
+    else:
+        path = os.fspath(source)
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt") as f:
+            data = json.load(f)
+    events = data.get("traceEvents") if isinstance(data, dict) else None
+    if not isinstance(events, list):
+        raise ValueError("source is not a Chrome trace: no 'traceEvents' list")
+    return events
+
+
+def _ext_id(args: dict):
+    return args.get("External id", args.get("external id"))
+
+
+def trace_items(events: list[dict]) -> list[TraceItem]:
+    """The work in a trace, sorted by start time.
+
+    With GPU kernels present (``cat == "kernel"``) these are the kernels, each linked through its
+    ``External id`` to the ATen operator that launched it (for its shapes and :func:`perflab.machine.costs.op_cost`).
+    An operator that launches several kernels has its cost put on the first one (the others
+    carry zero). In a CPU-only trace there are no kernels, so the items are the *outermost* ATen operators
+    (those not called by another ATen operator; allocation and view operators excluded): the
+    time a CPU spends inside ATen, as opposed to Python, autograd bookkeeping or the profiler.
+
+    Raises:
+        ValueError: ``events`` is not a list of dicts.
+    """
+    if not isinstance(events, list) or any(not isinstance(e, dict) for e in events):
+        raise ValueError("events must be a list of trace-event dicts (see load_trace)")
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    ops = [e for e in complete if e.get("cat") == "cpu_op"]
+    kernels = [e for e in complete if e.get("cat") == "kernel"]
+    items = []
+    if kernels:
+        by_id = {}
+        for e in ops:
+            ext = _ext_id(e.get("args", {}))
+            if ext is not None:
+                by_id[ext] = e
+        costed = set()
+        for k in sorted(kernels, key=lambda e: float(e["ts"])):
+            args = k.get("args", {})
+            ext = _ext_id(args)
+            op = by_id.get(ext)
+            cost = None
+            if op is not None:
+                oa = op.get("args", {})
+                cost = op_cost(op["name"], oa.get("Input Dims"), oa.get("Input type"))
+                if cost is not None and ext in costed:  # an operator's second kernel: counted once
+                    cost = Cost(0.0, 0.0)
+                costed.add(ext)
+            bps = args.get("blocks per SM")
+            items.append(TraceItem(k["name"], float(k["ts"]), float(k["dur"]), op["name"] if op else None,
+                                   cost, float(bps) if bps is not None else None))
+    else:
+        # outermost ATen operators per thread: not nested inside another aten:: operator
+        by_thread: dict = {}
+        for e in ops:
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+        for evs in by_thread.values():
+            evs.sort(key=lambda e: (float(e["ts"]), -float(e["dur"])))
+            open_end = -float("inf")
+            for e in evs:
+                start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+                if not e["name"].startswith("aten::"):
+                    continue
+                if start < open_end:  # inside the current outermost aten op
+                    continue
+                open_end = end
+                if e["name"] in _NOT_COMPUTE:
+                    continue
+                a = e.get("args", {})
+                items.append(TraceItem(e["name"], start, float(e["dur"]), e["name"],
+                                       op_cost(e["name"], a.get("Input Dims"), a.get("Input type"))))
+    items.sort(key=lambda i: i.ts_us)
+    return items
+
+
+def step_windows(events: list[dict]) -> list[tuple[float, float]]:
+    """``(start_us, end_us)`` of each ``ProfilerStep#N`` range (one per ``prof.step()`` that was
+    recorded under a schedule), sorted; empty when the trace has none."""
+    out = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+           if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+           and e.get("cat") in ("user_annotation", "cpu_op", "python_function")]
+    return sorted(out)
+
+
+def _union(intervals):
+    merged = []
+    for s, e in sorted(intervals):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return merged
+
+
+@dataclass(frozen=True)
+class KernelStats:
+    """Calls and time of one kernel (or CPU operator) name in a trace, with achieved rates.
+
+    Attributes:
+        name: kernel name.
+        op: the ATen operator that launched it (the first seen).
+        calls: number of launches.
+        total_us: summed duration, microseconds.
+        flops: summed FLOPs of the calls (None if unknown for any call).
+        bytes: summed minimum bytes of the calls (None if unknown for any call).
+    """
+
+    name: str
+    op: str | None
+    calls: int
+    total_us: float
+    flops: float | None
+    bytes: float | None
+
+    @property
+    def flops_per_s(self) -> float | None:
+        """Achieved FLOP/s over the kernel's own time (None when FLOPs are unknown)."""
+        return None if self.flops is None or self.total_us <= 0 else self.flops / (self.total_us * 1e-6)
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        """Achieved bytes/s over the kernel's own time (None when bytes are unknown)."""
+        return None if self.bytes is None or self.total_us <= 0 else self.bytes / (self.total_us * 1e-6)
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    """Where a trace's time went.
+
+    Attributes:
+        window_us: the span analysed (profiled steps, or first to last item), microseconds.
+        busy_us: time at least one item (kernel, or ATen operator on CPU) ran, microseconds.
+        items: number of kernels (or operators) in the window.
+        steps: number of ``ProfilerStep`` ranges found (0 if none).
+        gaps_us: idle gaps between consecutive busy intervals, microseconds.
+        top: :class:`KernelStats` by total time, largest first.
+        on_gpu: True when the items are GPU kernels.
+        work_us: summed duration of the items in the window (overlaps counted twice), microseconds.
+        flops: summed FLOPs of the items whose cost is known (a lower bound when some are not).
+        bytes: summed minimum bytes of the items whose cost is known (likewise a lower bound).
+        unknown_us: summed duration of the items whose cost is unknown, microseconds.
+        sm_weighted_us: on a GPU, the summed duration of each kernel times the share of the SMs
+            its grid could occupy (``min(1, blocks per SM)``), microseconds; None on a CPU or
+            when the trace lacks grid sizes.
+    """
+
+    window_us: float
+    busy_us: float
+    items: int
+    steps: int
+    gaps_us: tuple[float, ...]
+    top: tuple[KernelStats, ...]
+    on_gpu: bool
+    work_us: float = 0.0
+    sm_weighted_us: float | None = None
+    flops: float = 0.0
+    bytes: float = 0.0
+    unknown_us: float = 0.0
+
+    @property
+    def busy_fraction(self) -> float:
+        """Fraction of the window in which some kernel (CPU: some ATen operator) ran."""
+        return self.busy_us / self.window_us if self.window_us > 0 else 0.0
+
+    @property
+    def idle_fraction(self) -> float:
+        """``1 - busy_fraction``: the share of the window the device (CPU: ATen) sat idle."""
+        return 1.0 - self.busy_fraction
+
+
+def summarize_trace(source, top: int = 5) -> TraceSummary:
+    """Busy time, idle gaps and the top kernels of a ``torch.profiler`` Chrome trace.
+
+    The window is the union of the ``ProfilerStep#N`` ranges, extended to the end of the last
+    kernel they launched (a GPU finishes after the CPU has moved on); without step ranges, first
+    item start to last item end. Busy time is the union of item intervals in the window (clipped
+    to it, so a kernel of an earlier step still running counts for the part inside), so two
+    overlapping kernels count once. Top kernels are grouped by name and ranked by summed time;
+    their FLOPs and bytes come from the launching operator's recorded shapes (:func:`perflab.machine.costs.op_cost`).
+
+    Args:
+        source: a trace path, dict or event list (see :func:`load_trace`).
+        top: how many kernel names to keep (>= 1).
+
+    Raises:
+        ValueError: ``top`` < 1, or the trace contains no work to analyse.
+    """
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+    events = source if isinstance(source, list) else load_trace(source)
+    items = trace_items(events)
+    steps = step_windows(events)
+    if steps:
+        start, end = steps[0][0], steps[-1][1]
+        inside = [i for i in items if start <= i.ts_us < end]
+        if inside:
+            end = max(end, max(i.end_us for i in inside))
+        # busy time counts any work overlapping the window (a kernel of the step before may
+        # still be running when a step starts), clipped to it
+        overlapping = [i for i in items if i.end_us > start and i.ts_us < end]
+        items = inside
+    elif items:
+        start, end = items[0].ts_us, max(i.end_us for i in items)
+        overlapping = items
+    if not items:
+        raise ValueError("the trace has no kernels or ATen operators to analyse "
+                         "(profile with record_shapes=True and at least one active step)")
+    merged = _union([(max(i.ts_us, start), min(i.end_us, end)) for i in overlapping])
+    busy = sum(e - s for s, e in merged)
+    gaps = tuple(b[0] - a[1] for a, b in zip(merged, merged[1:]))
+    groups: dict = {}
+    for i in items:
+        groups.setdefault(i.name, []).append(i)
+    stats = []
+    for name, group in groups.items():
+        costs = [g.cost for g in group]
+        known = all(c is not None for c in costs)
+        stats.append(KernelStats(
+            name, group[0].op, len(group), sum(g.dur_us for g in group),
+            sum(c.flops for c in costs) if known else None,
+            sum(c.bytes for c in costs) if known else None))
+    stats.sort(key=lambda s: -s.total_us)
+    on_gpu = any(e.get("cat") == "kernel" for e in events if isinstance(e, dict))
+    work = sum(i.dur_us for i in items)
+    sm_weighted = None
+    if on_gpu and all(i.blocks_per_sm is not None for i in items):
+        sm_weighted = sum(i.dur_us * min(1.0, i.blocks_per_sm) for i in items)
+    known = [i for i in items if i.cost is not None]
+    return TraceSummary(end - start, busy, len(items), len(steps), gaps, tuple(stats[:top]), on_gpu,
+                        work, sm_weighted, sum(i.cost.flops for i in known), sum(i.cost.bytes for i in known),
+                        sum(i.dur_us for i in items if i.cost is None))
+
+
+def short_name(name: str, width: int = 60) -> str:
+    """A kernel name cut to ``width`` characters for tables (template arguments dropped first).
+
+    Raises:
+        ValueError: ``width`` < 8.
+    """
+    if width < 8:
+        raise ValueError(f"width must be >= 8, got {width}")
+    cut = name.split("<", 1)[0].replace("void ", "") if "<" in name else name
+    cut = cut if len(cut) <= width else cut[: width - 1] + "…"
+    return cut
+
+
+REGIMES = ("compute-bound", "bandwidth-bound", "latency-bound", "overhead-bound")
+
+
+def regime(flops_fraction: float, bandwidth_fraction: float, busy_fraction: float | None = None,
+           threshold: float = 0.25) -> str:
+    """Name the bottleneck from the evidence: the fraction of each ceiling a step reached.
+
+    * ``"overhead-bound"`` when ``busy_fraction`` (kernel time over wall time, GPU) is below one
+      half whatever the rates: the device mostly waits for the host to issue work.
+    * ``"compute-bound"`` when achieved FLOP/s is the larger fraction of its ceiling and at least
+      ``threshold``; ``"bandwidth-bound"`` likewise for achieved bytes/s.
+    * Near neither roof (both below ``threshold``): ``"latency-bound"`` when the device was busy
+      (``busy_fraction`` >= 0.5): kernels ran most of the time yet used little of either
+      unit, so they were too small to fill the GPU or waited on memory latency (what Nsight
+      Compute reports as low throughput on both axes); ``"overhead-bound"`` when
+      ``busy_fraction`` is None (a CPU, where no separate device can sit idle, so the two
+      cannot be told apart).
+
+    The roofline's reading (Williams et al., 2009): a step near neither roof is limited by
+    something else.
+
+    Args:
+        flops_fraction: achieved FLOP/s / compute ceiling measured on the same machine.
+        bandwidth_fraction: achieved bytes/s / copy bandwidth measured on the same machine.
+        busy_fraction: optional device-busy fraction from a trace (0..1).
+        threshold: the fraction of a ceiling that counts as "near the roof" (0 < threshold <= 1).
+
+    Returns:
+        One of :data:`REGIMES`.
+
+    Raises:
+        ValueError: a negative fraction, a busy fraction outside [0, 1] or a bad threshold.
+    """
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    if flops_fraction < 0 or bandwidth_fraction < 0:
+        raise ValueError(f"fractions must be >= 0, got flops_fraction={flops_fraction}, "
+                         f"bandwidth_fraction={bandwidth_fraction}")
+    if busy_fraction is not None and not 0 <= busy_fraction <= 1:
+        raise ValueError(f"busy_fraction must be in [0, 1], got {busy_fraction}")
+    if busy_fraction is not None and busy_fraction < 0.5:
+        return "overhead-bound"
+    if max(flops_fraction, bandwidth_fraction) < threshold:
+        return "overhead-bound" if busy_fraction is None else "latency-bound"
+    return "compute-bound" if flops_fraction >= bandwidth_fraction else "bandwidth-bound"
+
+
+def clock_normalized(efficiency: float, clock_fraction: float | None,
+                     ceiling_clock_fraction: float | None) -> float | None:
+    """An efficiency (achieved rate / ceiling) corrected for the SM clock each ran at.
+
+    A GPU's FLOP/s scale with its SM clock, and the clock moves with power and temperature
+    (:mod:`perflab.core.sampler`). When the achieved rate ran at ``clock_fraction`` of the chip's
+    maximum clock and the ceiling was measured at ``ceiling_clock_fraction``, the efficiency
+    per clock cycle is ``efficiency x ceiling_clock_fraction / clock_fraction``: the share of
+    the ceiling the work would reach had both run at the same clock. Use SM clocks for FLOP
+    rates; a bandwidth follows the memory clock instead.
+
+    Args:
+        efficiency: achieved rate / ceiling (>= 0).
+        clock_fraction: median SM clock / maximum while the work ran
+            (:attr:`~perflab.core.sampler.TelemetrySummary.clock_fraction`), or None.
+        ceiling_clock_fraction: the same for the ceiling's measurement (a ceilings file's
+            ``telemetry["clock_fraction"]``), or None.
+
+    Returns:
+        The clock-normalized efficiency, or None when either clock is unknown (a CPU).
+
+    Raises:
+        ValueError: a negative efficiency, or a clock fraction that is not positive.
+    """
+    if efficiency < 0:
+        raise ValueError(f"efficiency must be >= 0, got {efficiency}")
+    if clock_fraction is None or ceiling_clock_fraction is None:
+        return None
+    for label, v in (("clock_fraction", clock_fraction),
+                     ("ceiling_clock_fraction", ceiling_clock_fraction)):
+        if not v > 0:
+            raise ValueError(f"{label} must be > 0, got {v}")
+    return efficiency * ceiling_clock_fraction / clock_fraction

@@ -1,0 +1,290 @@
+"""The run's ceilings: one measured value per quantity, shared by every chapter and lab.
+
+A roofline needs two ceilings (the matrix-unit rate and the DRAM bandwidth) and a host<->device
+chapter needs a third (the PCIe copy rate). Measured separately in every notebook, the "same"
+ceiling comes out a little different each time (a different size, a different clock, a card that
+has warmed up), and a reader sees two copy bandwidths for one machine. So a run measures its
+ceilings **once**, under telemetry (:mod:`perflab.core.sampler`), writes them to one JSON file, and
+every notebook reads that file with :func:`load`.
+
+* ``copy_bandwidth``: bytes/s of ``dst.copy_(src)`` counting read + write, on a tensor far larger
+  than the last-level cache (1 GiB on a GPU, 64 MiB on a CPU).
+* ``matmul_fp32``, ``matmul_tf32``, ``matmul_bf16``: FLOP/s of an ``n x n @ n x n`` product,
+  ``2 n^3`` FLOPs (``n = 8192`` on a GPU; ``matmul_fp32`` with ``n = 1024`` on a CPU, where tf32
+  and bf16 are left out).
+* ``h2d_pinned``, ``h2d_pageable``: bytes/s of a 256 MiB host-to-device copy from pinned and from
+  pageable host memory (GPU only).
+
+The file lives at ``$PERFLAB_CEILINGS`` if set, else ``<clone>/.cache/perflab/ceilings.json``
+(or ``~/.cache/perflab/ceilings.json`` for an installed package). It records the machine it was
+measured on; :func:`load` re-measures when the file belongs to another machine or torch. The
+reference run (``scripts/execute.py``) measures a fresh file before the first notebook and keeps
+a copy beside the package data (``perflab/data/reference_ceilings.json``), so the book's numbers
+and its ceilings come from the same run.
+
+Command line: ``python -m perflab.record.ceilings [--fresh] [--json PATH]`` prints the ceilings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from perflab.core.sampler import measure as _measure
+from perflab.machine.roofline import matmul_cost
+from perflab.record.provenance import environment
+
+__all__ = ["CEILINGS_ENV", "Ceiling", "Ceilings", "NAMES", "SCHEMA", "default_path", "load",
+           "measure_all"]
+
+SCHEMA = "perflab-ceilings/1"
+CEILINGS_ENV = "PERFLAB_CEILINGS"
+REFERENCE_PATH = Path(__file__).resolve().parent.parent / "data" / "reference_ceilings.json"
+
+#: Every ceiling name, its unit and what it is.
+NAMES: dict[str, tuple[str, str]] = {
+    "copy_bandwidth": ("B/s", "device memory copy, read + write counted"),
+    "matmul_fp32": ("FLOP/s", "float32 matrix product, TF32 off"),
+    "matmul_tf32": ("FLOP/s", "float32 matrix product on TF32 tensor cores"),
+    "matmul_bf16": ("FLOP/s", "bfloat16 matrix product"),
+    "h2d_pinned": ("B/s", "host-to-device copy from pinned memory"),
+    "h2d_pageable": ("B/s", "host-to-device copy from pageable memory"),
+}
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """One measured ceiling.
+
+    Attributes:
+        name: a key of :data:`NAMES`.
+        value: the rate (unit in :data:`NAMES`: bytes/s or FLOP/s).
+        size: what was measured, in words (e.g. ``"8192^3"`` or ``"1.07 GB"``).
+        seconds: median seconds of one call.
+        telemetry: the :meth:`~perflab.core.sampler.TelemetrySummary.as_dict` it ran under.
+    """
+
+    name: str
+    value: float
+    size: str
+    seconds: float
+    telemetry: dict[str, Any]
+
+    @property
+    def unit(self) -> str:
+        """``"B/s"`` or ``"FLOP/s"``."""
+        return NAMES[self.name][0]
+
+    def sentence(self) -> str:
+        """``"matmul_bf16 = 712.3 TFLOP/s (8192^3; measured over 0.41 s ..., SM clock ...)"``."""
+        if self.unit == "FLOP/s":
+            shown = (f"{self.value / 1e12:,.1f} TFLOP/s" if self.value >= 1e12
+                     else f"{self.value / 1e9:,.1f} GFLOP/s")
+        else:
+            shown = f"{self.value / 1e9:,.1f} GB/s"
+        tel = self.telemetry.get("sentence", "")
+        return f"{self.name} = {shown} ({NAMES[self.name][1]}, {self.size}; {tel})"
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The run's ceilings, read from (or written to) the ceilings file.
+
+    Attributes:
+        machine: the environment they were measured in (:func:`perflab.record.provenance.environment`).
+        measured: UTC time of the measurement (ISO 8601).
+        items: ``{name: Ceiling}``; a name missing on this machine (e.g. ``matmul_bf16`` on a
+            CPU) is absent.
+        path: the file they came from or were written to.
+    """
+
+    machine: dict[str, Any]
+    measured: str
+    items: dict[str, Ceiling]
+    path: str
+
+    def value(self, name: str) -> float | None:
+        """The ceiling ``name`` (unit in :data:`NAMES`), None where this machine has none.
+
+        Raises:
+            KeyError: ``name`` is not one of :data:`NAMES`.
+        """
+        if name not in NAMES:
+            raise KeyError(f"unknown ceiling {name!r}; known: {', '.join(NAMES)}")
+        c = self.items.get(name)
+        return None if c is None else c.value
+
+    def __getitem__(self, name: str) -> Ceiling:
+        if name not in NAMES:
+            raise KeyError(f"unknown ceiling {name!r}; known: {', '.join(NAMES)}")
+        if name not in self.items:
+            raise KeyError(f"ceiling {name!r} was not measured on this machine "
+                           f"({', '.join(self.machine.get('devices', []))})")
+        return self.items[name]
+
+    def sentence(self, name: str) -> str:
+        """:meth:`Ceiling.sentence` of ``name``, or why it is missing on this machine."""
+        if name in self.items:
+            return self.items[name].sentence()
+        if name not in NAMES:
+            raise KeyError(f"unknown ceiling {name!r}; known: {', '.join(NAMES)}")
+        return f"{name}: not measured on this machine"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON document written to the ceilings file."""
+        return {"schema": SCHEMA, "machine": self.machine, "measured": self.measured,
+                "ceilings": {k: {"value": c.value, "size": c.size, "seconds": c.seconds,
+                                 "telemetry": c.telemetry} for k, c in self.items.items()}}
+
+
+def default_path() -> Path:
+    """``$PERFLAB_CEILINGS``, else the clone's ``.cache/perflab/ceilings.json`` (or the user's)."""
+    env = os.environ.get(CEILINGS_ENV)
+    if env:
+        return Path(env)
+    root = Path(__file__).resolve().parent.parent.parent
+    base = root / ".cache" if (root / "pyproject.toml").exists() else Path.home() / ".cache"
+    return base / "perflab" / "ceilings.json"
+
+
+def _fingerprint(machine: dict[str, Any]) -> tuple:
+    return (tuple(machine.get("devices", [])), machine.get("torch"), machine.get("cpu"))
+
+
+def _one(name: str, fn, work: float, size: str, device: torch.device) -> Ceiling:
+    m = _measure(fn, device)
+    return Ceiling(name=name, value=m.rate(work), size=size, seconds=m.seconds,
+                   telemetry=m.telemetry.as_dict())
+
+
+def _matmul(name: str, n: int, dtype: torch.dtype, tf32: bool, dev: torch.device) -> Ceiling:
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    try:
+        return _one(name, lambda: a @ b, matmul_cost(n, n, n, dtype).flops, f"{n}^3", dev)
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def measure_all(device: torch.device | str | None = None, quick: bool = False) -> dict[str, Ceiling]:
+    """Measure every ceiling this machine has (see the module docstring for sizes).
+
+    Args:
+        device: a CUDA device (default: ``cuda`` when present) or ``"cpu"``.
+        quick: smaller problems (a few seconds on a CPU); reference runs use ``quick=False``.
+
+    Returns:
+        ``{name: Ceiling}``.
+    """
+    dev = torch.device(device) if device is not None else (
+        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    out: dict[str, Ceiling] = {}
+    gpu = dev.type == "cuda"
+    numel = (2**28 if not quick else 2**26) if gpu else (2**24 if not quick else 2**22)
+    src = torch.randn(numel, device=dev)
+    dst = torch.empty_like(src)
+    nbytes = 2 * src.numel() * src.element_size()
+    out["copy_bandwidth"] = _one("copy_bandwidth", lambda: dst.copy_(src), nbytes,
+                                 f"{src.numel() * 4 / 1e9:.2f} GB float32", dev)
+    del src, dst
+    if gpu:
+        n = 8192 if not quick else 4096
+        out["matmul_fp32"] = _matmul("matmul_fp32", n, torch.float32, False, dev)
+        out["matmul_tf32"] = _matmul("matmul_tf32", n, torch.float32, True, dev)
+        out["matmul_bf16"] = _matmul("matmul_bf16", n, torch.bfloat16, False, dev)
+        host_bytes = 2**28 if not quick else 2**25
+        gpu_buf = torch.empty(host_bytes, dtype=torch.uint8, device=dev)
+        for name, pinned in (("h2d_pinned", True), ("h2d_pageable", False)):
+            host = torch.empty(host_bytes, dtype=torch.uint8, pin_memory=pinned)
+            host.fill_(1)
+            out[name] = _one(name, lambda h=host: gpu_buf.copy_(h, non_blocking=False),
+                             host_bytes, f"{host_bytes / 1e6:.0f} MB", dev)
+        torch.cuda.empty_cache()
+    else:
+        n = 1024 if not quick else 512
+        out["matmul_fp32"] = _matmul("matmul_fp32", n, torch.float32, False, dev)
+    return out
+
+
+def _read(path: Path) -> Ceilings | None:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        return None
+    items = {k: Ceiling(name=k, value=float(v["value"]), size=v["size"],
+                        seconds=float(v["seconds"]), telemetry=v.get("telemetry", {}))
+             for k, v in doc.get("ceilings", {}).items() if k in NAMES}
+    return Ceilings(machine=doc.get("machine", {}), measured=doc.get("measured", ""),
+                    items=items, path=str(path))
+
+
+def load(path: str | os.PathLike | None = None, fresh: bool = False,
+         quick: bool | None = None) -> Ceilings:
+    """The run's ceilings: read from the ceilings file, measured (and written) when needed.
+
+    The file is re-measured when it is missing, unreadable, of another schema, from another
+    machine or torch version, or when ``fresh`` is true.
+
+    Args:
+        path: the ceilings file (default :func:`default_path`).
+        fresh: measure again even if a matching file exists.
+        quick: smaller problems when measuring (default: quick on a CPU, full size on a GPU).
+
+    Raises:
+        OSError: the file cannot be written (the message names the path).
+    """
+    p = Path(path) if path is not None else default_path()
+    here = environment()
+    if not fresh:
+        got = _read(p)
+        if got is not None and _fingerprint(got.machine) == _fingerprint(here):
+            return got
+    if quick is None:
+        quick = not torch.cuda.is_available()
+    items = measure_all(quick=quick)
+    result = Ceilings(machine=here, measured=_dt.datetime.now(_dt.timezone.utc)
+                      .strftime("%Y-%m-%dT%H:%M:%SZ"), items=items, path=str(p))
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(result.as_dict(), indent=1) + "\n")
+    except OSError as e:
+        raise OSError(f"cannot write the ceilings file {p}: {e.strerror or e}") from e
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m perflab.record.ceilings [--fresh] [--json PATH]``: measure or read, then print."""
+    ap = argparse.ArgumentParser(prog="python -m perflab.record.ceilings", description=__doc__.split("\n")[0])
+    ap.add_argument("--fresh", action="store_true", help="measure again even if a file exists")
+    ap.add_argument("--json", metavar="PATH", help=f"ceilings file (default {default_path()})")
+    args = ap.parse_args(argv)
+    target = Path(args.json) if args.json else default_path()
+    if target.is_dir():
+        print(f"--json {target}: is a directory; give a file path", file=sys.stderr)
+        return 2
+    try:
+        c = load(target, fresh=args.fresh)
+    except OSError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    print(f"ceilings of {', '.join(c.machine.get('devices', []))} "
+          f"(torch {c.machine.get('torch')}), measured {c.measured}, file {c.path}")
+    for name in c.items:
+        print("  " + c.sentence(name))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""Where numbers come from, as a reader meets it: the run's environment, figure captions, glue.
+
+Inside a notebook, :func:`glue` stores a headline number under a stable name so prose can quote
+it (``{glue:text}``) and tests and labs can read it back with :func:`read_glued`;
+:func:`caption` is the stamp every figure carries. The reference run (``scripts/execute.py``)
+writes :func:`environment` into each executed notebook's ``metadata.reference_run``; its typed
+form, its schema and the "is this notebook current?" decision are build plumbing and live in
+:mod:`perflab.record.runs` (see docs/ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import numbers
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from perflab.core import nvml
+from perflab.core.device import cpu_name, gpu_count
+
+__all__ = [
+    "artifacts",
+    "caption",
+    "environment",
+    "glue",
+    "read_glued",
+    "reference_run",
+    "short_devices",
+]
+
+GLUE_PREFIX = "application/papermill.record/"
+
+#: Set by ``scripts/execute.py`` when it writes the book's reference run.
+REFERENCE_RUN_ENV = "PERFLAB_REFERENCE_RUN"
+_SCRATCH: list[tempfile.TemporaryDirectory] = []
+
+
+def artifacts(book_folder: str | os.PathLike, prefix: str = "perflab_") -> Path:
+    """Where a page writes files (traces, snapshots) for the book or only to read them back.
+
+    In the reference run (``scripts/execute.py`` sets ``PERFLAB_REFERENCE_RUN``) the files are
+    the book's: ``book_folder`` (relative to the notebook's folder, e.g. ``"_static_ch07"``),
+    created if needed. Anywhere else (tests, CI, a reader's kernel) they go to a fresh scratch
+    folder under the system's temporary folder (the clone's ``.cache/tmp`` under ``make`` or
+    pytest), **removed when the kernel exits**, so repeated runs leave nothing behind.
+
+    Args:
+        book_folder: the book's folder for these files, relative to the notebook.
+        prefix: the scratch folder's name prefix (e.g. ``"ch07_"``).
+
+    Returns:
+        the folder, which exists.
+    """
+    if os.environ.get(REFERENCE_RUN_ENV):
+        folder = Path(book_folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    scratch = tempfile.TemporaryDirectory(prefix=prefix)  # removed at exit (weakref finalizer)
+    _SCRATCH.append(scratch)
+    return Path(scratch.name)
+
+
+def environment() -> dict[str, Any]:
+    """Facts about this run: devices, driver, CUDA, torch, python, CPU, hostname-free.
+
+    Returns a dict with ``devices`` (one name per visible GPU, or ``["cpu: <model>"]``),
+    ``driver`` (NVIDIA driver version or None), ``cuda`` (torch's CUDA version or None),
+    ``torch``, ``python`` and ``cpu``.
+    """
+    devices = [torch.cuda.get_device_name(i) for i in range(gpu_count())] or [f"cpu: {cpu_name()}"]
+    return {
+        "devices": devices,
+        "driver": nvml.driver_version() if gpu_count() else None,
+        "cuda": torch.version.cuda if gpu_count() else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": cpu_name(),
+    }
+
+
+def short_devices(devices: list[str] | None) -> str:
+    """``["NVIDIA H200", "NVIDIA H200"]`` -> ``"2× NVIDIA H200"``; mixed lists are comma-joined;
+    ``"?"`` for none. The same words in figure stamps, page captions and the report card."""
+    devices = list(devices or []) or ["?"]
+    if len(devices) > 1 and len(set(devices)) == 1:
+        return f"{len(devices)}× {devices[0]}"
+    return ", ".join(devices)
+
+
+def caption(env: dict[str, Any] | None = None, date: str | None = None) -> str:
+    """One line saying where numbers came from, e.g. ``"NVIDIA H200 · torch 2.11.0+cu130 · 2026-11-29"``.
+
+    Defaults to this process's :func:`environment` and today's UTC date.
+    """
+    env = env or environment()
+    date = date or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
+    return f"{short_devices(env['devices'])} · torch {env['torch']} · {date}"
+
+
+def _plain(value: Any) -> Any:
+    """numpy/torch scalars to Python numbers so the glued text reads ``4.1``, not ``np.float64(4.1)``."""
+    if hasattr(value, "item") and getattr(value, "ndim", getattr(value, "dim", lambda: 1)) in (0, ()):
+        value = value.item()
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
+
+
+def glue(name: str, value: Any, display: bool = False) -> None:
+    """Glue ``value`` under ``name`` (myst-nb) so the prose can quote it.
+
+    Numbers are converted to plain Python ``int``/``float`` first. The name must be a
+    snake_case identifier. Returns None, so that a ``glue(...)`` on a cell's last line does not
+    display the value a second time as the cell's result.
+
+    Raises:
+        ValueError: a name that is not an identifier, or a number that is NaN or infinite (a
+            headline number that is not finite is a failed measurement, never something to print).
+    """
+    from myst_nb import glue as _glue  # optional (the `book` extra): only notebooks glue
+
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ValueError(f"glue name must be a Python identifier, got {name!r}")
+    value = _plain(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"glued value {name!r} is {value}: the measurement failed")
+    _glue(name, value, display=display)
+
+
+def _parse(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError):
+        pass
+    stripped = text.strip("'\"")
+    return stripped
+
+
+def read_glued(path: str | os.PathLike) -> dict[str, Any]:
+    """Every value glued in an executed notebook: ``{name: value}``.
+
+    Numbers come back as ``int``/``float`` (parsed from the stored ``text/plain``), other values as
+    their text.
+
+    Raises:
+        FileNotFoundError: no such notebook.
+    """
+    nb = json.loads(Path(path).read_text())
+    out: dict[str, Any] = {}
+    for cell in nb.get("cells", []):
+        for output in cell.get("outputs", []):
+            meta = output.get("metadata", {}).get("scrapbook")
+            if not meta:
+                continue
+            prefix = meta.get("mime_prefix", "")
+            text = output.get("data", {}).get(prefix + "text/plain")
+            if isinstance(text, list):
+                text = "".join(text)
+            if text is not None:
+                out[meta["name"]] = _parse(text)
+    return out
+
+
+def reference_run(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The ``reference_run`` metadata of an executed notebook as a dict, or None if it has none
+    (typed, with its schema: :func:`perflab.record.runs.read`).
+
+    Raises:
+        FileNotFoundError: no such notebook.
+    """
+    nb = json.loads(Path(path).read_text())
+    return nb.get("metadata", {}).get("reference_run")
