@@ -20,7 +20,9 @@ Tasks (``{"name": ..., "args": {...}}``; see ``TASKS`` and each ``_task_*`` docs
 * ``sharding``: bytes per rank and step time of DDP, ZeRO-1, FSDP2 (``fully_shard``);
 * ``dcp_save`` / ``dcp_load``: a distributed checkpoint written on one world size, read on another;
 * ``train_ckpt``: training that checkpoints and resumes after ``torchrun --max-restarts``;
-* ``hang`` / ``die``: one rank stops answering or exits.
+* ``hang`` / ``die``: one rank stops answering or exits;
+* ``gpt2`` / ``gpt2_interleaved``: chapter 10's GPT-2 rung under DDP or FSDP2; under DDP and alone
+  on every rank, timed in interleaved rounds.
 
 Bus bandwidth follows nccl-tests (``doc/PERFORMANCE.md``): ``busbw = S / t * factor`` with
 factor ``2 (n-1)/n`` for all-reduce, ``(n-1)/n`` for all-gather, reduce-scatter and all-to-all,
@@ -53,6 +55,8 @@ from typing import Callable, Sequence
 from perflab.core.device import gpu_count
 from perflab.distributed.collectives import LaunchError, _child_env, _failure, default_backend
 from perflab.gpt2 import ladder as speedrun
+from perflab.gpt2 import model as gpt2_model
+from perflab.gpt2 import steps as gpt2_steps
 from perflab.labs.exercises import ExerciseNotDone
 
 __all__ = ["bus_factor", "COLLECTIVES", "expect_failure", "FAIL_FAST_ENV", "Failure", "free_port",
@@ -1217,8 +1221,46 @@ def _task_gpt2(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str | None 
                                      n_tokens=n_tokens, id_range=id_range, fsdp=fsdp)
 
 
+def _task_gpt2_interleaved(ctx, rung: dict, steps: int = 10, rounds: int = 4, warmup: int = 2,
+                           tokens: str | None = None, n_tokens: int = 4_000_000,
+                           id_range: int = 8192) -> dict:
+    """Chapter 10's GPT-2 rung under DDP and alone on every rank, timed in interleaved rounds.
+
+    Each rank builds the rung twice from the same initial weights with the page's step
+    (:mod:`perflab.gpt2.steps`): once wrapped in DDP, once alone (no communication: every GPU
+    runs the one-GPU reference at the same time, so both see the same clocks and power), both
+    reading this rank's windows. After ``warmup`` steps of each (compilation), the two are timed
+    in ``rounds`` alternating rounds of ``steps`` steps (:func:`interleaved_rounds`; each
+    round's time is the slowest rank's mean). Returns ``{"times": {"one GPU": [...], "DDP":
+    [...]}, "orders", "median_s", "efficiency" (median one-GPU step / median DDP step),
+    "world_size", "tokens_per_step"}``.
+    """
+    torch, r = ctx.torch, speedrun.rung_from_dict(rung)
+    ids = speedrun.token_ids(tokens, n_tokens, id_range)
+    dev_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+
+    def build(wrap):
+        torch.manual_seed(0)
+        model = gpt2_model.GPT(r.config()).to(ctx.device)
+        net = gpt2_steps.make_net(model, r, wrap)
+        opt = gpt2_steps.make_optimizer(model, r)
+        stream = speedrun.batches(ids, r.batch, r.seq_len, rank=ctx.rank, world=ctx.world)
+        return gpt2_steps.make_step(net, opt, r, stream, ctx.device)
+
+    ddp = torch.nn.parallel.DistributedDataParallel
+    steps_by = {"one GPU": build(None), "DDP": build(lambda m: ddp(m, device_ids=dev_ids))}
+    for step in steps_by.values():
+        for _ in range(warmup):
+            step()
+    times, orders = interleaved_rounds(steps_by, lambda fn: ctx.timed(fn, 1, steps), rounds)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"times": times, "orders": orders, "median_s": med,
+            "efficiency": med["one GPU"] / med["DDP"], "world_size": ctx.world,
+            "tokens_per_step": r.tokens_per_step}
+
+
 TASKS = {
-    "gpt2": _task_gpt2,
+    "gpt2": _task_gpt2, "gpt2_interleaved": _task_gpt2_interleaved,
     "collectives": _task_collectives, "sweep": _task_sweep, "manual_vs_ddp": _task_manual_vs_ddp,
     "buckets": _task_buckets, "overlap": _task_overlap, "no_sync": _task_no_sync,
     "sharding": _task_sharding, "dcp_save": _task_dcp_save, "dcp_load": _task_dcp_load,

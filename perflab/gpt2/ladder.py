@@ -48,7 +48,7 @@ from perflab.profiling import trace as profiling
 
 __all__ = ["Rung", "RunResult", "StepBreakdown", "Timeline", "speed_ladder", "memory_ladder",
            "train", "last_parallel_rung", "ladder_table", "memory_table", "saving_table",
-           "previous", "predict_peak", "logits_bytes",
+           "previous", "predict_peak", "logits_bytes", "rung_from_dict", "token_ids",
            "batches", "window_ids", "kernel_kind", "losses_agree", "mfu", "step_breakdown",
            "weight_matmul_flops"]
 
@@ -731,6 +731,21 @@ def losses_agree(a: Sequence[float], b: Sequence[float], rtol: float = 0.02,
     return worst <= rtol, worst
 
 
+def rung_from_dict(rung: dict) -> Rung:
+    """A :class:`Rung` from its ``asdict`` form (as it travels to ``torchrun`` workers: JSON
+    turns the ``changes`` pairs into lists)."""
+    return Rung(**{k: tuple(tuple(c) for c in v) if k == "changes" else v
+                   for k, v in rung.items()})
+
+
+def token_ids(tokens: str | None, n_tokens: int = 4_000_000, id_range: int = 8192) -> np.ndarray:
+    """The token ids a worker trains on: the uint16 file ``tokens`` (memory-mapped), or, when
+    None, ``n_tokens`` seeded random ids below ``id_range`` (the same on every rank)."""
+    if tokens is not None:
+        return np.memmap(tokens, dtype=np.uint16, mode="r")
+    return np.random.default_rng(0).integers(0, id_range, n_tokens).astype(np.uint16)
+
+
 def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str | None = None,
                      n_tokens: int = 4_000_000, id_range: int = 8192,
                      fsdp: bool = False) -> dict:
@@ -743,11 +758,8 @@ def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str |
     instead of replicating them with DDP. Returns the rank's :meth:`RunResult.as_dict`
     (tokens/s of this rank; the slowest rank's step time is in ``extra["max_step_s"]``).
     """
-    r = Rung(**{k: tuple(tuple(c) for c in v) if k == "changes" else v for k, v in rung.items()})
-    if tokens is not None:
-        ids = np.memmap(tokens, dtype=np.uint16, mode="r")
-    else:
-        ids = np.random.default_rng(0).integers(0, id_range, n_tokens).astype(np.uint16)
+    r = rung_from_dict(rung)
+    ids = token_ids(tokens, n_tokens, id_range)
     if fsdp:
         wrap = _fsdp_wrapper(ctx)
     else:
