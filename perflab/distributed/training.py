@@ -54,6 +54,7 @@ from typing import Callable, Sequence
 
 from perflab.core.device import gpu_count
 from perflab.distributed.collectives import LaunchError, _child_env, _failure, default_backend
+from perflab.distributed.steps import allreduce_gradients
 from perflab.gpt2 import ladder as speedrun
 from perflab.gpt2 import model as gpt2_model
 from perflab.gpt2 import steps as gpt2_steps
@@ -271,7 +272,7 @@ def launch(
     nproc: int = 2,
     backend: str | None = None,
     timeout_s: float = 120,
-    nnodes: int = 1,
+    nnodes: int | str = 1,
     max_restarts: int = 0,
     pg_timeout_s: float = 60,
     env: dict | None = None,
@@ -282,7 +283,10 @@ def launch(
     ``nnodes == 1``: ``torchrun --standalone --nproc-per-node <nproc>`` (its own free port).
     ``nnodes == 2``: two ``torchrun`` processes on this machine, ``--nnodes 2`` with a c10d
     rendezvous on ``localhost:<free port>``: two "nodes" that find each other exactly as two
-    machines would. ``max_restarts`` is torchrun's ``--max-restarts``. ``pg_timeout_s`` is the
+    machines would. ``nnodes == "MIN:MAX"`` (an elastic job, e.g. ``"1:2"``): ``MIN``
+    ``torchrun`` processes with ``--nnodes=MIN:MAX`` start, as if the other nodes had been lost;
+    the rendezvous waits ``last_call_timeout`` (2 s here) for more, then runs the job on the
+    ``MIN x nproc`` ranks it has. ``max_restarts`` is torchrun's ``--max-restarts``. ``pg_timeout_s`` is the
     process group's timeout (``init_process_group(timeout=...)``): a collective that waits longer
     raises on gloo, and NCCL's watchdog aborts the process. ``user_code``: functions (or source
     text) written to a module the worker imports (tasks ``user_allreduce``, ``user_optimizer``).
@@ -298,8 +302,16 @@ def launch(
     """
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
-    if nnodes not in (1, 2):
-        raise ValueError(f"nnodes must be 1 or 2 (two 'nodes' on this machine), got {nnodes!r}")
+    elastic = isinstance(nnodes, str)
+    if elastic:
+        lo, _, hi = nnodes.partition(":")
+        if not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi) <= 2):
+            raise ValueError(f"an elastic nnodes must be 'MIN:MAX' with 1 <= MIN <= MAX <= 2, "
+                             f"got {nnodes!r}")
+        nnodes, elastic = int(lo), f"--nnodes={lo}:{hi}"
+    elif nnodes not in (1, 2):
+        raise ValueError(f"nnodes must be 1 or 2 (two 'nodes' on this machine) or 'MIN:MAX', "
+                         f"got {nnodes!r}")
     if timeout_s <= 0 or pg_timeout_s <= 0:
         raise ValueError(f"timeout_s and pg_timeout_s must be > 0, got {timeout_s}, {pg_timeout_s}")
     backend = backend or default_backend()
@@ -325,13 +337,16 @@ def launch(
                   "--spec", str(tmp / "spec.json")]
         base = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
                 f"--max-restarts={max_restarts}"]
-        if nnodes == 1:
+        if nnodes == 1 and not elastic:
             cmds = [base + ["--standalone"] + worker]
         else:
             endpoint = f"localhost:{free_port()}"
             rid = f"perflab-{uuid.uuid4().hex[:8]}"
-            cmds = [base + ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-                            f"--rdzv-id={rid}"] + worker for _ in range(2)]
+            rdzv = ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rid}"]
+            if elastic:
+                rdzv += ["--rdzv-conf=last_call_timeout=2"]
+            cmds = [base + [elastic or f"--nnodes={nnodes}"] + rdzv + worker
+                    for _ in range(nnodes)]
         envs = [_child_env(backend, env, scratch=tmp) for _ in cmds]
         if backend == "nccl" and nnodes > 1:  # each "node" sees its own GPUs, as on two machines
             visible = envs[0].get("CUDA_VISIBLE_DEVICES")
@@ -694,10 +709,7 @@ def _task_sweep(ctx, sizes: Sequence[int], ops: Sequence[str] = ("all_reduce", "
 
 
 def _manual_allreduce(ctx, model):
-    for p in model.parameters():
-        if p.grad is not None:
-            ctx.dist.all_reduce(p.grad)
-            p.grad /= ctx.world
+    allreduce_gradients(model)        # chapter 8's, from its page
 
 
 def _diff_from_ddp(ctx, allreduce, width: int, depth: int, steps: int) -> float:
@@ -781,15 +793,43 @@ def _task_manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_
     return res
 
 
+def _make_blocks(ctx, n_layer: int, n_embd: int, seed: int = 0):
+    """A stack of GPT-2 blocks (:class:`perflab.gpt2.model.Block`, attention through SDPA):
+    parameters of a real transformer's sizes, for the bucket sweep."""
+    torch = ctx.torch
+    torch.manual_seed(seed)
+    cfg = gpt2_model.GPTConfig(n_layer=n_layer, n_embd=n_embd, n_head=max(1, n_embd // 64))
+    return torch.nn.Sequential(*[gpt2_model.Block(cfg) for _ in range(n_layer)]).to(ctx.device)
+
+
 def _task_buckets(ctx, bucket_mbs: Sequence[float], width: int = 64, depth: int = 4, batch: int = 32,
-                  warmup: int = 2, iters: int = 5, dtype: str = "float32") -> dict:
-    """DDP step seconds against ``bucket_cap_mb``: ``{"step_s": {mb: s}, "params", "grad_bytes"}``."""
+                  warmup: int = 2, iters: int = 5, dtype: str = "float32",
+                  blocks: tuple[int, int, int] | None = None) -> dict:
+    """DDP step seconds against ``bucket_cap_mb``, and the buckets DDP itself made.
+
+    The model is ``depth`` Linear layers of ``width`` (inputs ``batch x width``), or with
+    ``blocks = (n_layer, n_embd, seq_len)`` a stack of GPT-2 blocks (inputs ``batch x seq_len x
+    n_embd``): many parameters of a transformer's sizes, so that the caps tried split them into
+    different numbers of buckets (DDP never splits a tensor). After the warm-up (DDP rebuilds its
+    buckets in the order gradients became ready after the first step) the buckets are read from
+    ``DistributedDataParallel._get_ddp_logging_data()``. Returns ``{"step_s": {mb: s},
+    "buckets": {mb: number of buckets}, "bucket_bytes": {mb: [bytes per bucket]}, "params",
+    "grad_bytes", "largest_param_bytes"}``."""
     torch = ctx.torch
     dt = getattr(torch, dtype)
-    x, y = _timing_batch(ctx, batch, width, dt)
-    out = {}
+    if blocks:
+        n_layer, n_embd, seq = blocks
+        torch.manual_seed(1000 + ctx.rank)
+        x = torch.randn(batch, seq, n_embd, device=ctx.device, dtype=dt)
+        y = torch.randn(batch, seq, n_embd, device=ctx.device, dtype=dt)
+    else:
+        x, y = _timing_batch(ctx, batch, width, dt)
+    out, counts, sizes = {}, {}, {}
     for mb in bucket_mbs:
-        model = _ddp(ctx, _make_model(ctx, width, depth, dtype=dtype), bucket_cap_mb=float(mb))
+        net = (_make_blocks(ctx, *blocks[:2]).to(dt) if blocks
+               else _make_model(ctx, width, depth, dtype=dtype))
+        largest = max(p.numel() for p in net.parameters()) * torch.finfo(dt).bits // 8
+        model = _ddp(ctx, net, bucket_cap_mb=float(mb))
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
         def step():
@@ -797,10 +837,15 @@ def _task_buckets(ctx, bucket_mbs: Sequence[float], width: int = 64, depth: int 
             _loss(model, x, y).backward()
             opt.step()
 
-        out[str(float(mb))] = ctx.timed(step, warmup, iters)
+        out[str(float(mb))] = ctx.timed(step, max(warmup, 2), iters)
+        info = model._get_ddp_logging_data()
+        found = str(info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or "")
+        sizes[str(float(mb))] = [int(v) for v in found.split(",") if v.strip()]
+        counts[str(float(mb))] = len(sizes[str(float(mb))])
         params = sum(p.numel() for p in model.parameters())
-        del model, opt, step
-    return {"step_s": out, "params": params, "grad_bytes": params * torch.finfo(dt).bits // 8}
+        del model, opt, step, net
+    return {"step_s": out, "buckets": counts, "bucket_bytes": sizes, "params": params,
+            "grad_bytes": params * torch.finfo(dt).bits // 8, "largest_param_bytes": largest}
 
 
 def _task_overlap(ctx, width: int = 64, depth: int = 4, batch: int = 32, bucket_mb: float = 25.0,
@@ -1189,28 +1234,76 @@ def _task_die(ctx, die_rank: int = -1, status: int = 3) -> dict:
 def _task_user_allreduce(ctx, fns: Sequence[str], width: int = 16, depth: int = 3, steps: int = 3) -> dict:
     """For each function name in ``fns`` (from the launch's ``user_code``), called as
     ``fn(model)`` after ``backward()``: ``{name: largest parameter difference from DDP}`` after
-    ``steps`` SGD steps (float64). A function that raises fails the launch."""
+    ``steps`` SGD steps (float64). A function that raises fails the launch.
+
+    gloo has no ``ReduceOp.AVG`` (NCCL has): on gloo, an ``all_reduce`` asked for the average is
+    run as a sum divided by the world size, so the right answer written for NCCL passes on a CPU
+    too (:func:`_gloo_average`)."""
     out = {}
-    for name in fns:
-        out[name] = _diff_from_ddp(ctx, getattr(ctx.user, name), width, depth, steps)
+    with _gloo_average(ctx):
+        for name in fns:
+            out[name] = _diff_from_ddp(ctx, getattr(ctx.user, name), width, depth, steps)
     return out
 
 
-def _task_user_optimizer(ctx, fns: Sequence[str], width: int = 32, depth: int = 8) -> dict:
+class _Done:
+    """The handle of an already finished collective (``wait()`` returns at once)."""
+
+    def wait(self, *args, **kwargs):
+        return True
+
+
+@contextlib.contextmanager
+def _gloo_average(ctx):
+    """On gloo, ``dist.all_reduce(t, op=ReduceOp.AVG)`` becomes a sum and a division in place
+    while the block runs; elsewhere nothing changes."""
+    dist = ctx.dist
+    if dist.get_backend() != "gloo":
+        yield
+        return
+    original = dist.all_reduce
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if op == dist.ReduceOp.AVG:
+            work = original(tensor, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+            if work is not None:
+                work.wait()
+            tensor /= dist.get_world_size(group)
+            return _Done() if async_op else None
+        return original(tensor, op=op, group=group, async_op=async_op)
+
+    dist.all_reduce = all_reduce
+    try:
+        yield
+    finally:
+        dist.all_reduce = original
+
+
+def _task_user_optimizer(ctx, fns: Sequence[str], width: int = 32, depth: int = 8,
+                         steps: int = 3) -> dict:
     """For each function name in ``fns``, called as ``fn(params)`` to build the optimizer of a DDP
-    model: ``{name: {"state_bytes": this rank's optimizer state, "params": P, "kind": class}}``
-    after one step."""
+    model, trained ``steps`` steps on this rank's batches: ``{name: {"state_bytes": this rank's
+    optimizer state, "params": P, "kind": class, "rank_spread": largest difference of a
+    parameter between any rank and rank 0}}``. Data parallelism keeps one model: a sharded
+    optimizer that updates each rank's shard and never sends it to the others lets the ranks'
+    copies drift apart, and ``rank_spread`` shows it."""
     torch = ctx.torch
     out = {}
-    x, y = _batch(ctx, 0, 8, width, torch.float32, ctx.rank)
     for name in fns:
         model = _ddp(ctx, _make_model(ctx, width, depth))
         opt = getattr(ctx.user, name)(model.parameters())
-        opt.zero_grad()
-        _loss(model, x, y).backward()
-        opt.step()
-        out[name] = {"state_bytes": _state_bytes(opt), "params": sum(p.numel() for p in model.parameters()),
-                     "kind": type(opt).__name__}
+        for s in range(steps):
+            x, y = _batch(ctx, s, 8, width, torch.float32, ctx.rank)
+            opt.zero_grad()
+            _loss(model, x, y).backward()
+            opt.step()
+        flat = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
+        ref = flat.clone()
+        ctx.dist.broadcast(ref, src=0)
+        spread = ctx.max_over_ranks(float((flat - ref).abs().max()))
+        out[name] = {"state_bytes": _state_bytes(opt),
+                     "params": sum(p.numel() for p in model.parameters()),
+                     "kind": type(opt).__name__, "rank_spread": spread}
     return out
 
 
