@@ -161,10 +161,12 @@ def make_graphed_step(net, opt, rung, batches, device, warmup=2):
                 loss = train_step()
             torch.cuda.current_stream().wait_stream(side)
             return loss.detach()
-        state["graph"] = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(state["graph"]):   # records, runs nothing
+        graph = state["graph"] = torch.cuda.CUDAGraph()
+        # records, runs nothing; "thread_local": the loader's pinning thread
+        # may call CUDA meanwhile, which only this thread's capture forbids
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             state["loss"] = train_step()
-        state["graph"].replay()
+        graph.replay()
         return state["loss"].detach().clone()
     return step
 
