@@ -174,9 +174,21 @@ WRONG = {
         ("ex1-solution", "            p.grad /= world\n", "", r"differ from DDP's"),
         # bits instead of bytes: 32 per float32 gradient
         ("ex2-solution", "S = 4 * P_model", "S = 32 * P_model", r"count bytes"),
+        # the bus factor left out (or the algorithm bandwidth used): right on 2 ranks only
+        ("ex2-solution", "return alpha + nbytes * 2 * (world_size - 1) / world_size / busbw",
+         "return alpha + nbytes / busbw", r"bus factor"),
+        # all-gather's factor (n-1)/n instead of the all-reduce's 2 (n-1)/n
+        ("ex2-solution", "return alpha + nbytes * 2 * (world_size - 1) / world_size / busbw",
+         "return alpha + nbytes * (world_size - 1) / world_size / busbw", r"on 2 ranks"),
         # DDP's default bucket size, which this launch did not measure
         ("ex3-solution", "bucket_choice_mb = min(step_s, key=step_s.get)", "bucket_choice_mb = 25.0",
          r"was not measured"),
+        # the slowest measured cap
+        ("ex3-solution", "bucket_choice_mb = min(step_s, key=step_s.get)",
+         "bucket_choice_mb = max(step_s, key=step_s.get)", r"the fastest measured"),
+        # the square root forgotten: start-up and last bucket are not balanced
+        ("ex3-solution", "predicted_best_mb = (alpha * bk[\"grad_bytes\"] * busbw_max / factor)**0.5 / 2**20",
+         "predicted_best_mb = alpha * bk[\"grad_bytes\"] * busbw_max / factor / 2**20", r"balance at"),
         # plain Adam: every rank keeps the whole state
         ("ex4-solution", """    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam,
                                    lr=1e-3)""", "    return torch.optim.Adam(params, lr=1e-3)",
@@ -184,6 +196,12 @@ WRONG = {
         # the whole state predicted for every rank
         ("ex4-solution", "predicted_state_bytes = 8 * P_opt / nproc", "predicted_state_bytes = 8 * P_opt",
          r"you predicted"),
+        # an Adam over this rank's half of the parameters, never broadcast: the right bytes,
+        # and the ranks train different models
+        ("ex4-solution", """    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam,
+                                   lr=1e-3)""", """    mine = [p for i, p in enumerate(params)   # this rank's layers
+            if (i // 2) % dist.get_world_size() == dist.get_rank()]
+    return torch.optim.Adam(mine, lr=1e-3)""", r"different models"),
         # exercise 5, GPT-2 medium's gradients (pending/labs/ only; it was lab 2's exercise 4):
         # the final LayerNorm forgotten
         ("ex5-solution", "+ layers * (12 * width**2 + 13 * width) + 2 * width)", "+ layers * (12 * width**2 + 13 * width))",
@@ -237,6 +255,12 @@ WRONG = {
         ("ex4-solution", 'choice = min(ok, key=seconds.get)\ngain = seconds["fp32"] / seconds[choice]\n'
                          "gap = abs(losses[choice] - ref) / ref",
          'choice = "fp16"\ngain, gap = 2.0, 0.0', r"not one of the modes"),
+        # the fastest mode (on most machines) whatever its loss: pure bf16, which loses its
+        # small updates
+        ("ex4-solution", "choice = min(ok, key=seconds.get)", 'choice = "bf16_pure"',
+         r"beyond the 5% tolerance"),
+        # the safe choice: full float32, accurate but not the fastest within tolerance
+        ("ex4-solution", "choice = min(ok, key=seconds.get)", 'choice = "fp32"', r"faster than"),
     ],
     "10_gpt2_speedrun": [
         # the attention term forgotten: 6N only

@@ -100,3 +100,16 @@ def test_memory_peak_is_two_transfers_per_clock_over_the_bus(monkeypatch):
     assert datasheets.memory_peak_bandwidth() == pytest.approx(4.917e12, rel=1e-3)
     monkeypatch.setattr(datasheets.nvml, "readings", lambda index=0, links=False: None)
     assert datasheets.memory_peak_bandwidth() is None
+
+
+def test_requires_gpu_gates_on_compute_capability(monkeypatch, capsys):
+    monkeypatch.setattr(H, "gpu_count", lambda: 1)
+    monkeypatch.setattr(H.torch.cuda, "get_device_capability", lambda i=0: (8, 0))
+    monkeypatch.setattr(H.torch.cuda, "get_device_name", lambda i=0: "NVIDIA A100")
+    assert H.requires_gpu(what="FP8", capability=(8, 9), feature="FP8 tensor cores") is False
+    out = capsys.readouterr().out
+    assert "FP8 tensor cores" in out and "8.9" in out and "8.0" in out and out.count(".\n") == 1
+    monkeypatch.setattr(H.torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+    assert H.requires_gpu(what="FP8", capability=(8, 9)) is True
+    with pytest.raises(ValueError, match="capability"):
+        H.requires_gpu(capability=(9,))

@@ -27,7 +27,8 @@ def _gpu_namespace(gib):
     ns = {"pick": lambda cpu, gpu: gpu, "on_gpu": True, "gib": gib, "sr": sr, "gpt2": gpt2,
           "Path": Path, "perflab": perflab, "sc": sc,
           "corpus": SimpleNamespace(vocab_size=8192),
-          "ceilings": SimpleNamespace(load=lambda: SimpleNamespace(value=lambda name: 7e14))}
+          "ceilings": SimpleNamespace(load=lambda: SimpleNamespace(
+              value=lambda name: {"matmul_fp32": 5e13}.get(name, 7e14)))}
     for needle in ("TINY = ", "my_rung = None"):
         exec(compile(code_cell(nb, needle), f"<lab10 {needle}>", "exec"), ns)
     mem_cell = code_cell(nb, "mem_base = sr.Rung(")
@@ -50,7 +51,18 @@ def test_gpu_sizes_make_valid_rungs(gib):
     assert lean.batch * lean.accum == mem_base.batch * mem_base.accum
     assert lean.batch >= 1 and lean.checkpoint and lean.precision == mem_base.precision
     assert mem_base.batch == (8 if gib < 40 else 16)
-    assert ns["ceiling_name"] == "matmul_bf16" and ns["min_speedup"] > 1
+    assert ns["ceiling_name"] == "matmul_bf16"
+    # the bar follows this machine's two ceilings: 40 % of 7e14 / 5e13 = 14x
+    assert ns["min_speedup"] == pytest.approx(0.4 * 14)
+
+
+def test_speedup_bar_holds_for_consumer_and_datacenter_ceilings():
+    """A consumer GPU (bf16 about 2x its float32) gets the floor, an H200 (13.5x) 40 % of it."""
+    from perflab.labs import lab10 as sc
+    assert sc.speedup_bar(82e12, 165e12) == 1.5
+    assert sc.speedup_bar(51e12, 692e12) == pytest.approx(5.43, rel=0.01)
+    with pytest.raises(ValueError):
+        sc.speedup_bar(0, 1)
 
 
 def _glued_notebook(values):

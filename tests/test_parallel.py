@@ -111,6 +111,8 @@ def test_launch_rejects_bad_arguments():
         P.launch([{"name": "nope"}], nproc=2, backend="gloo")
     with pytest.raises(ValueError, match="nnodes"):
         P.launch([], nproc=2, nnodes=3, backend="gloo")
+    with pytest.raises(ValueError, match="MIN:MAX"):
+        P.launch([], nproc=1, nnodes="2:1", backend="gloo")
     with pytest.raises(ValueError, match="nccl"):
         P.launch([], nproc=gpu_count() + 1, backend="nccl")
     with pytest.raises(ValueError, match="source"):
@@ -135,6 +137,8 @@ def runs(tmp_path_factory):
                                                "broadcast", "all_to_all"]}},
             {"name": "manual_vs_ddp", "args": dict(TINY, check_steps=2, rounds=3)},
             {"name": "buckets", "args": dict(TINY, bucket_mbs=[0.001, 1])},
+            {"name": "buckets", "key": "block_buckets", "args": {
+                "bucket_mbs": [0.001, 1], "batch": 2, "blocks": [1, 32, 8], "iters": 1}},
             {"name": "overlap", "args": {"width": 16, "depth": 2, "batch": 4, "bucket_mb": 0.001, "steps": 2}},
             {"name": "no_sync", "args": {"accum": 3}},
             {"name": "sharding", "args": dict(TINY, strategies=["ddp", "zero1", "fsdp"])},
@@ -316,3 +320,24 @@ def test_settled_reading_gives_up_after_its_timeout():
     assert got == 3 and slept == [1.0] * 3
     with pytest.raises(ValueError, match="repeats"):
         P.settled_reading(lambda: 0, repeats=0)
+
+
+def test_bucket_counts_come_from_ddp(runs):
+    """A stack of GPT-2 blocks: a cap below the large tensors gives several buckets, never more
+    than the tensors (DDP never splits one), a cap above them all one bucket; the counts are
+    DDP's own and the buckets hold every gradient byte."""
+    for n in (2, 3):
+        bk = runs[n][0]["results"]["block_buckets"]
+        tensors = 12                              # one block: 2 norms x2, 4 linears x2
+        assert 1 < bk["buckets"]["0.001"] <= tensors and bk["buckets"]["1.0"] == 1
+        assert sum(bk["bucket_bytes"]["0.001"]) == sum(bk["bucket_bytes"]["1.0"]) == bk["grad_bytes"]
+
+
+def test_an_elastic_job_resumes_on_the_ranks_it_has(runs, tmp_path):
+    """--nnodes=1:2 with one node: the job starts on one rank after the rendezvous's last call,
+    and loads bit-exactly the sharded checkpoint three ranks saved."""
+    saved = runs[3][0]["results"]["dcp_save"]["path"]
+    out = P.launch([{"name": "dcp_load", "args": {"path": saved}}], nproc=1, nnodes="1:2",
+                   backend="gloo", timeout_s=150, pg_timeout_s=30)
+    assert [r["world_size"] for r in out] == [1]
+    assert out[0]["results"]["dcp_load"]["max_diff"] == 0.0

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from perflab.kernels import precision
+from perflab.kernels import amp, precision
 from perflab.labs import lab09
 from perflab.labs.exercises import ExerciseFailed
 
@@ -41,25 +41,31 @@ def test_lost_updates_in_bf16_not_fp32():
         precision.lost_update_fraction(w, torch.zeros(100), torch.float32)
 
 
-def test_float32_matmul_restores_the_setting():
-    before = torch.get_float32_matmul_precision()
-    with precision.float32_matmul("high"):
-        assert precision.tf32_flags()["float32_matmul_precision"] == "high"
-    assert torch.get_float32_matmul_precision() == before
-    with pytest.raises(ValueError):
-        with precision.float32_matmul("fast"):
-            pass
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "bf16", "bf16_pure"])
+def test_page_train_step_learns_in_every_mode(mode):
+    """Chapter 9's step (exported to perflab.kernels.amp) on the chapter's teacher task."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 16)
+    y = 2 * torch.tanh(x @ torch.randn(16, 16) / 4) @ torch.randn(16, 1) / 4
+    model = precision.make_mlp(16, 1, "cpu")
+    step = amp.make_train_step(model, x, y, mode, lr=1e-2)
+    losses = [float(step()) for _ in range(20)]
+    assert losses[-1] < 0.5 * losses[0]
+    assert (next(model.parameters()).dtype == torch.bfloat16) == (mode == "bf16_pure")
 
 
-@pytest.mark.parametrize("mode", ["fp32", "bf16", "bf16_pure"])
-def test_train_modes_reduce_the_loss(mode):
-    r = precision.train(mode, width=16, depth=1, batch=32, steps=5, device="cpu", lr=1e-2)
-    assert len(r.losses) == 5 and r.losses[-1] < r.losses[0]
-
-
-def test_train_rejects_unknown_mode():
+def test_page_train_step_rejects_unknown_mode():
     with pytest.raises(ValueError, match="mode"):
-        precision.train("int4", 8, 1, 8, 1, "cpu")
+        amp.make_train_step(precision.make_mlp(8, 1, "cpu"), torch.ones(2, 8),
+                            torch.ones(2, 1), "int4")
+
+
+def test_bf16_pure_loses_lr_sized_updates_that_master_weights_keep():
+    """The chapter's prediction: Adam moves weights by about lr; pure bf16 rounds most away."""
+    w = precision.make_mlp(128, 1, "cpu")[0].weight.detach().flatten()
+    lost = precision.lost_update_fraction(w, torch.full_like(w, 1e-4), torch.bfloat16)
+    assert 0.2 < lost < 0.9
+    assert precision.lost_update_fraction(w, torch.full_like(w, 1e-4), torch.float32) == 0
 
 
 def test_fp8_matmul_error_is_small_but_larger_than_bf16():

@@ -25,11 +25,14 @@ def test_speed_ladder_changes_one_thing_per_rung():
     for a, b in zip(ladder, ladder[1:]):
         da, db = asdict(a), asdict(b)
         changed = [k for k in da if k != "name" and da[k] != db[k]]
-        assert len(changed) == 1, (b.name, changed)
+        # the last rung swaps reduce-overhead's graphs for one captured by hand
+        assert len(changed) == 1 or changed == ["graphs", "step_graph"], (b.name, changed)
     assert ladder[-1].vocab == 320 and ladder[-1].vocab % 64 == 0
-    assert [r.name for r in ladder[-3:]] == ["fused head", "FP8 head", "CUDA graphs"]
-    assert ladder[-1].graphs and not sr.last_parallel_rung(ladder).graphs
-    assert sr.last_parallel_rung(ladder).name == "FP8 head"
+    assert [r.name for r in ladder[-5:]] == ["fused head", "FP8 head", "bf16 residual",
+                                             "CUDA graphs", "one graph per step"]
+    assert ladder[-1].step_graph and ladder[-2].graphs
+    assert sr.last_parallel_rung(ladder).name == "bf16 residual"
+    assert [r.precision for r in ladder[4:6]] == ["fp16", "bf16"]
     with pytest.raises(ValueError, match="graphs"):
         sr.last_parallel_rung(ladder[-1:])
     plain = ladder[names.index(sr.PLAIN_RUNG)]
@@ -107,10 +110,57 @@ def test_graphs_rung_compiles_the_whole_forward_once(monkeypatch):
                         lambda: marks.append(1))
     rung = base(precision="bf16", compile=True, graphs=True)
     res = sr.train(rung, tokens(), steps=2, device="cpu", warmup=1)
-    assert seen == [("_Forward", "reduce-overhead")]
+    assert seen == [("Forward", "reduce-overhead")]
     assert len(marks) == 3 and np.isfinite(res.losses).all()
     with pytest.raises(ValueError, match="ddp"):
         sr.train(rung, tokens(), steps=1, device="cpu", ddp=lambda m: m)
+
+
+def test_step_graph_rung_compiles_the_whole_forward_plainly_and_validates(monkeypatch):
+    """The hand-captured rung compiles the whole forward in the default mode with a capturable
+    fused AdamW; on a CPU (no CUDA graphs) its step runs uncaptured and trains."""
+    seen = []
+
+    def fake_compile(fn=None, **kw):
+        seen.append((type(fn).__name__, kw.get("mode")))
+        return fn
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    rung = base(precision="bf16", compile=True, optimizer="fused", step_graph=True)
+    res = sr.train(rung, tokens(), steps=2, device="cpu", warmup=1)
+    assert seen == [("Forward", None)] and np.isfinite(res.losses).all()
+    for bad in (dict(optimizer="foreach"), dict(accum=2), dict(precision="fp32"),
+                dict(checkpoint=True), dict(graphs=True)):
+        with pytest.raises(ValueError, match="step_graph"):
+            base(**{"precision": "bf16", "compile": True, "optimizer": "fused",
+                    "step_graph": True, **bad})
+
+
+def test_fp16_rung_scales_and_bf16_residual_rung_trains_alike():
+    """fp16 with the gradient scaler, and the residual stream in bf16, compute the training of
+    the bf16 rung within precision's noise."""
+    bf16 = sr.train(base(precision="bf16"), tokens(), steps=6, device="cpu", warmup=1, lr=3e-3)
+    res = sr.train(base(precision="bf16", residual="bf16"), tokens(), steps=6, device="cpu",
+                   warmup=1, lr=3e-3)
+    assert sr.losses_agree(res.losses, bf16.losses, window=2)[0]
+    fp16 = sr.train(base(precision="fp16"), tokens(), steps=6, device="cpu", warmup=1, lr=3e-3)
+    assert sr.losses_agree(fp16.losses, bf16.losses, window=2)[0]
+    with pytest.raises(ValueError, match="bf16"):
+        base(residual="bf16")                 # a bf16 stream needs bf16 autocast
+    with pytest.raises(ValueError, match="scaler"):
+        base(precision="fp16", optimizer="in_backward")
+
+
+def test_residual_stream_is_bf16_only_in_the_bf16_residual_rung():
+    from perflab.gpt2 import model as gpt2, steps as gpt2_steps
+    seen = []
+    for residual in ("fp32", "bf16"):
+        rung = base(precision="bf16", residual=residual)
+        model = gpt2.GPT(rung.config())
+        model.blocks[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+        x = torch.randint(0, 200, (2, 32))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            gpt2_steps.Forward(model, rung)(x, x)
+    assert seen == [torch.float32, torch.bfloat16]
 
 
 def test_memory_rungs_compute_the_same_training():
@@ -170,9 +220,40 @@ def test_data_parallel_rung_on_two_gloo_ranks(fsdp):
                           nproc=2, backend="gloo", timeout_s=240)
     per = [o["results"]["gpt2"] for o in out]
     assert [p["extra"]["world_size"] for p in per] == [2, 2]
+    # the two ranks read disjoint windows: the job's distinct windows are twice a rank's
+    assert not set(per[0]["extra"]["windows"]) & set(per[1]["extra"]["windows"])
+    assert per[0]["extra"]["distinct_windows"] == 2 * len(per[0]["extra"]["windows"])
     # ranks read different windows but end with the same (all-reduced) weights: same losses
     # are not expected, finite ones are
     assert all(np.isfinite(p["losses"]).all() for p in per)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_ranks_read_disjoint_windows_and_never_a_window_twice(world):
+    """A distributed sampler's order: in one optimizer step of 4 micro-batches no window is
+    read by two ranks or by two micro-steps, and rank r's batches are those windows' tokens."""
+    seq, batch, accum = 8, 3, 4
+    t = np.arange(1 + seq * 100) % 60000
+    n_windows = (len(t) - 1) // seq
+    for step in range(3):
+        read = [w for r in range(world) for k in range(step * accum, (step + 1) * accum)
+                for w in sr.window_ids(k, batch, n_windows, r, world)]
+        assert len(read) == len(set(read)) == world * batch * accum
+    for r in range(world):
+        stream = sr.batches(t, batch, seq, rank=r, world=world)
+        for k in range(5):
+            x, _ = next(stream)
+            first = [int(row[0]) // seq for row in x]
+            assert first == sr.window_ids(k, batch, n_windows, r, world)
+    with pytest.raises(ValueError, match="rank"):
+        sr.window_ids(0, 2, 10, rank=2, world=2)
+
+
+def test_static_bytes_per_param_follow_accumulation():
+    ib = base().then("ib", optimizer="in_backward")
+    assert sr.static_bytes_per_param(ib) == 12
+    assert sr.static_bytes_per_param(ib.then("acc", batch=4, accum=2)) == 16
+    assert sr.static_bytes_per_param(base()) == 16
 
 
 def test_kernel_kind_sorts_gpu_and_cpu_names():

@@ -59,24 +59,40 @@ def pick(cpu: T, gpu: T) -> T:
     return gpu if has_gpu() else cpu
 
 
-def requires_gpu(count: int = 1, what: str = "This cell") -> bool:
-    """Return True if ``count`` GPUs are present; otherwise print one sentence saying why not.
+def requires_gpu(count: int = 1, what: str = "This cell",
+                 capability: tuple[int, int] | None = None, feature: str | None = None) -> bool:
+    """Return True if ``count`` GPUs are present (of at least compute ``capability``, when
+    given); otherwise print one sentence saying why not.
 
-    Usage in a notebook: ``if perflab.core.device.requires_gpu(): ...``. On a machine without the GPUs
-    the cell prints its reason and does nothing else; the book keeps the reference run's output.
+    Usage in a notebook: ``if perflab.core.device.requires_gpu(): ...``. On a machine without the
+    GPUs the cell prints its reason and does nothing else; the book keeps the reference run's
+    output. ``capability=(8, 9)`` with ``feature="FP8 tensor cores"`` gates a cell on Ada/Hopper
+    or newer: on an A100 (8.0) it prints that the GPU lacks the feature instead of raising.
 
     Raises:
-        ValueError: ``count`` is smaller than 1.
+        ValueError: ``count`` is smaller than 1, or ``capability`` is not a (major, minor) pair.
     """
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
+    if capability is not None and (len(capability) != 2 or
+                                   not all(isinstance(v, int) for v in capability)):
+        raise ValueError(f"capability must be a (major, minor) pair, got {capability!r}")
     have = gpu_count()
-    if have >= count:
-        return True
-    need = "a CUDA GPU" if count == 1 else f"{count} CUDA GPUs"
-    where = "this machine has none" if have == 0 else f"this machine has {have}"
-    print(f"{what} needs {need} and {where}: skipped here; the book shows the reference run's output.")
-    return False
+    if have < count:
+        need = "a CUDA GPU" if count == 1 else f"{count} CUDA GPUs"
+        where = "this machine has none" if have == 0 else f"this machine has {have}"
+        print(f"{what} needs {need} and {where}: skipped here; the book shows the reference "
+              "run's output.")
+        return False
+    if capability is not None:
+        got = torch.cuda.get_device_capability(0)
+        if tuple(got) < tuple(capability):
+            name = torch.cuda.get_device_name(0)
+            print(f"{what} needs {feature or 'a newer GPU'} (compute capability "
+                  f"{capability[0]}.{capability[1]} or newer) and this {name} has "
+                  f"{got[0]}.{got[1]}: skipped here; the book shows the reference run's output.")
+            return False
+    return True
 
 
 def cpuinfo() -> list[dict[str, str]]:

@@ -160,7 +160,7 @@ class Launch:
         return _failure(summary, list(self.cmd), self.output)
 
 
-def run(worker: Sequence[str], scratch: str | os.PathLike, nproc: int = 2, nnodes: int = 1,
+def run(worker: Sequence[str], scratch: str | os.PathLike, nproc: int = 2, nnodes: int | str = 1,
         backend: str | None = None, timeout_s: float = 300, max_restarts: int = 0,
         env: dict | None = None) -> Launch:
     """Run ``python -m torch.distributed.run <options> <worker...>`` on ``nnodes x nproc``
@@ -173,7 +173,10 @@ def run(worker: Sequence[str], scratch: str | os.PathLike, nproc: int = 2, nnode
             and temporary files go there.
         nproc: processes per node (>= 1).
         nnodes: 1 (``--standalone``) or 2 (two ``torchrun`` on this machine, c10d rendezvous
-            on ``localhost:<free port>``; with NCCL each node sees its own GPUs).
+            on ``localhost:<free port>``; with NCCL each node sees its own GPUs), or an elastic
+            ``"MIN:MAX"`` (``1 <= MIN <= MAX <= 2``): MIN ``torchrun`` processes start with
+            ``--nnodes=MIN:MAX``, so the job runs on the nodes it has (a node lost and not
+            replaced leaves a smaller world, not a hung one).
         backend: checked by :func:`backend_for` (the worker is told which one to use by its
             own arguments).
         timeout_s: seconds before every process is killed (> 0).
@@ -189,6 +192,13 @@ def run(worker: Sequence[str], scratch: str | os.PathLike, nproc: int = 2, nnode
             message says which, with the workers' error lines and last lines of output).
     """
     positive_int("nproc", nproc)
+    elastic = None
+    if isinstance(nnodes, str):
+        lo, _, hi = nnodes.partition(":")
+        if not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi) <= 2):
+            raise ValueError(f"an elastic nnodes must be 'MIN:MAX' with 1 <= MIN <= MAX <= 2, "
+                             f"got {nnodes!r}")
+        nnodes, elastic = int(lo), f"--nnodes={lo}:{hi}"
     integer("nnodes", nnodes, 1, 2)
     positive("timeout_s", timeout_s)
     integer("max_restarts", max_restarts, 0)
@@ -196,12 +206,15 @@ def run(worker: Sequence[str], scratch: str | os.PathLike, nproc: int = 2, nnode
     scratch = Path(scratch)
     base = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}"]
-    if nnodes == 1:
+    if nnodes == 1 and elastic is None:
         cmds = [base + ["--standalone", *map(str, worker)]]
     else:
         endpoint, rid = f"localhost:{free_port()}", f"perflab-{uuid.uuid4().hex[:8]}"
-        cmds = [base + ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-                        f"--rdzv-id={rid}", *map(str, worker)] for _ in range(2)]
+        rdzv = ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rid}"]
+        if elastic:  # an elastic job starts once MIN nodes have joined, after a short last call
+            rdzv.append("--rdzv-conf=last_call_timeout=2")
+        cmds = [base + [elastic or f"--nnodes={nnodes}", *rdzv, *map(str, worker)]
+                for _ in range(nnodes)]
     envs = [_child_env(env, scratch=scratch) for _ in cmds]
     if backend == "nccl" and nnodes > 1:  # each "node" sees its own GPUs, as on two machines
         visible = envs[0].get("CUDA_VISIBLE_DEVICES")

@@ -20,7 +20,9 @@ Tasks (``{"name": ..., "args": {...}}``; see ``TASKS`` and each ``_task_*`` docs
 * ``sharding``: bytes per rank and step time of DDP, ZeRO-1, FSDP2 (``fully_shard``);
 * ``dcp_save`` / ``dcp_load``: a distributed checkpoint written on one world size, read on another;
 * ``train_ckpt``: training that checkpoints and resumes after ``torchrun --max-restarts``;
-* ``hang`` / ``die``: one rank stops answering or exits.
+* ``hang`` / ``die``: one rank stops answering or exits;
+* ``gpt2`` / ``gpt2_interleaved``: chapter 10's GPT-2 rung under DDP or FSDP2; under DDP and alone
+  on every rank, timed in interleaved rounds.
 
 Bus bandwidth follows nccl-tests (``doc/PERFORMANCE.md``): ``busbw = S / t * factor`` with
 factor ``2 (n-1)/n`` for all-reduce, ``(n-1)/n`` for all-gather, reduce-scatter and all-to-all,
@@ -64,8 +66,11 @@ except ImportError:  # torch 2.4-2.5 kept FSDP2 under its composable-API name
 from perflab.core.timing import Stopwatch, seconds_per_call, seconds_since, timestamp
 from perflab.core.validate import integer, positive, positive_int
 from perflab.distributed import torchrun
+from perflab.distributed.steps import allreduce_gradients
 from perflab.distributed.torchrun import LaunchError
 from perflab.gpt2 import ladder as speedrun
+from perflab.gpt2 import model as gpt2_model
+from perflab.gpt2 import steps as gpt2_steps
 
 __all__ = ["bus_factor", "COLLECTIVES", "expect_failure", "FAIL_FAST_ENV", "Failure",
            "interleaved_rounds", "launch", "source_of", "load_checkpoint_here",
@@ -278,7 +283,7 @@ def launch(
     nproc: int = 2,
     backend: str | None = None,
     timeout_s: float = 120,
-    nnodes: int = 1,
+    nnodes: int | str = 1,
     max_restarts: int = 0,
     pg_timeout_s: float = 60,
     env: dict | None = None,
@@ -289,7 +294,10 @@ def launch(
     ``nnodes == 1``: ``torchrun --standalone --nproc-per-node <nproc>`` (its own free port).
     ``nnodes == 2``: two ``torchrun`` processes on this machine, ``--nnodes 2`` with a c10d
     rendezvous on ``localhost:<free port>``: two "nodes" that find each other exactly as two
-    machines would. ``max_restarts`` is torchrun's ``--max-restarts``. ``pg_timeout_s`` is the
+    machines would. ``nnodes == "MIN:MAX"`` (an elastic job, e.g. ``"1:2"``): ``MIN``
+    ``torchrun`` processes with ``--nnodes=MIN:MAX`` start, as if the other nodes had been lost;
+    the rendezvous waits ``last_call_timeout`` (2 s here) for more, then runs the job on the
+    ``MIN x nproc`` ranks it has. ``max_restarts`` is torchrun's ``--max-restarts``. ``pg_timeout_s`` is the
     process group's timeout (``init_process_group(timeout=...)``): a collective that waits longer
     raises on gloo, and NCCL's watchdog aborts the process. ``user_code``: functions (or source
     text) written to a module the worker imports (tasks ``user_allreduce``, ``user_optimizer``).
@@ -304,9 +312,10 @@ def launch(
             wrote no result; the message holds the command, status and the workers' last lines.
     """
     positive_int("nproc", nproc)
-    integer("nnodes", nnodes, 1, 2)
+    if not isinstance(nnodes, str):
+        integer("nnodes", nnodes, 1, 2)
     positive("pg_timeout_s", pg_timeout_s)
-    world = nproc * nnodes
+    world = nproc * (int(nnodes.split(":")[0]) if isinstance(nnodes, str) else nnodes)
     backend = torchrun.backend_for(backend, world)
     tasks = [dict(t) for t in tasks]
     for t in tasks:
@@ -616,10 +625,7 @@ def _task_sweep(ctx, sizes: Sequence[int], ops: Sequence[str] = ("all_reduce", "
 
 
 def _manual_allreduce(ctx, model):
-    for p in model.parameters():
-        if p.grad is not None:
-            ctx.dist.all_reduce(p.grad)
-            p.grad /= ctx.world
+    allreduce_gradients(model)        # chapter 8's, from its page
 
 
 def _diff_from_ddp(ctx, allreduce, width: int, depth: int, steps: int) -> float:
@@ -703,15 +709,43 @@ def _task_manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_
     return res
 
 
+def _make_blocks(ctx, n_layer: int, n_embd: int, seed: int = 0):
+    """A stack of GPT-2 blocks (:class:`perflab.gpt2.model.Block`, attention through SDPA):
+    parameters of a real transformer's sizes, for the bucket sweep."""
+    torch = ctx.torch
+    torch.manual_seed(seed)
+    cfg = gpt2_model.GPTConfig(n_layer=n_layer, n_embd=n_embd, n_head=max(1, n_embd // 64))
+    return torch.nn.Sequential(*[gpt2_model.Block(cfg) for _ in range(n_layer)]).to(ctx.device)
+
+
 def _task_buckets(ctx, bucket_mbs: Sequence[float], width: int = 64, depth: int = 4, batch: int = 32,
-                  warmup: int = 2, iters: int = 5, dtype: str = "float32") -> dict:
-    """DDP step seconds against ``bucket_cap_mb``: ``{"step_s": {mb: s}, "params", "grad_bytes"}``."""
+                  warmup: int = 2, iters: int = 5, dtype: str = "float32",
+                  blocks: tuple[int, int, int] | None = None) -> dict:
+    """DDP step seconds against ``bucket_cap_mb``, and the buckets DDP itself made.
+
+    The model is ``depth`` Linear layers of ``width`` (inputs ``batch x width``), or with
+    ``blocks = (n_layer, n_embd, seq_len)`` a stack of GPT-2 blocks (inputs ``batch x seq_len x
+    n_embd``): many parameters of a transformer's sizes, so that the caps tried split them into
+    different numbers of buckets (DDP never splits a tensor). After the warm-up (DDP rebuilds its
+    buckets in the order gradients became ready after the first step) the buckets are read from
+    ``DistributedDataParallel._get_ddp_logging_data()``. Returns ``{"step_s": {mb: s},
+    "buckets": {mb: number of buckets}, "bucket_bytes": {mb: [bytes per bucket]}, "params",
+    "grad_bytes", "largest_param_bytes"}``."""
     torch = ctx.torch
     dt = getattr(torch, dtype)
-    x, y = _timing_batch(ctx, batch, width, dt)
-    out = {}
+    if blocks:
+        n_layer, n_embd, seq = blocks
+        torch.manual_seed(1000 + ctx.rank)
+        x = torch.randn(batch, seq, n_embd, device=ctx.device, dtype=dt)
+        y = torch.randn(batch, seq, n_embd, device=ctx.device, dtype=dt)
+    else:
+        x, y = _timing_batch(ctx, batch, width, dt)
+    out, counts, sizes = {}, {}, {}
     for mb in bucket_mbs:
-        model = _ddp(ctx, _make_model(ctx, width, depth, dtype=dtype), bucket_cap_mb=float(mb))
+        net = (_make_blocks(ctx, *blocks[:2]).to(dt) if blocks
+               else _make_model(ctx, width, depth, dtype=dtype))
+        largest = max(p.numel() for p in net.parameters()) * torch.finfo(dt).bits // 8
+        model = _ddp(ctx, net, bucket_cap_mb=float(mb))
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
         def step():
@@ -719,10 +753,15 @@ def _task_buckets(ctx, bucket_mbs: Sequence[float], width: int = 64, depth: int 
             _loss(model, x, y).backward()
             opt.step()
 
-        out[str(float(mb))] = ctx.timed(step, warmup, iters)
+        out[str(float(mb))] = ctx.timed(step, max(warmup, 2), iters)
+        info = model._get_ddp_logging_data()
+        found = str(info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or "")
+        sizes[str(float(mb))] = [int(v) for v in found.split(",") if v.strip()]
+        counts[str(float(mb))] = len(sizes[str(float(mb))])
         params = sum(p.numel() for p in model.parameters())
-        del model, opt, step
-    return {"step_s": out, "params": params, "grad_bytes": params * torch.finfo(dt).bits // 8}
+        del model, opt, step, net
+    return {"step_s": out, "buckets": counts, "bucket_bytes": sizes, "params": params,
+            "grad_bytes": params * torch.finfo(dt).bits // 8, "largest_param_bytes": largest}
 
 
 def _task_overlap(ctx, width: int = 64, depth: int = 4, batch: int = 32, bucket_mb: float = 25.0,
@@ -1095,28 +1134,76 @@ def _task_die(ctx, die_rank: int = -1, status: int = 3) -> dict:
 def _task_user_allreduce(ctx, fns: Sequence[str], width: int = 16, depth: int = 3, steps: int = 3) -> dict:
     """For each function name in ``fns`` (from the launch's ``user_code``), called as
     ``fn(model)`` after ``backward()``: ``{name: largest parameter difference from DDP}`` after
-    ``steps`` SGD steps (float64). A function that raises fails the launch."""
+    ``steps`` SGD steps (float64). A function that raises fails the launch.
+
+    gloo has no ``ReduceOp.AVG`` (NCCL has): on gloo, an ``all_reduce`` asked for the average is
+    run as a sum divided by the world size, so the right answer written for NCCL passes on a CPU
+    too (:func:`_gloo_average`)."""
     out = {}
-    for name in fns:
-        out[name] = _diff_from_ddp(ctx, getattr(ctx.user, name), width, depth, steps)
+    with _gloo_average(ctx):
+        for name in fns:
+            out[name] = _diff_from_ddp(ctx, getattr(ctx.user, name), width, depth, steps)
     return out
 
 
-def _task_user_optimizer(ctx, fns: Sequence[str], width: int = 32, depth: int = 8) -> dict:
+class _Done:
+    """The handle of an already finished collective (``wait()`` returns at once)."""
+
+    def wait(self, *args, **kwargs):
+        return True
+
+
+@contextlib.contextmanager
+def _gloo_average(ctx):
+    """On gloo, ``dist.all_reduce(t, op=ReduceOp.AVG)`` becomes a sum and a division in place
+    while the block runs; elsewhere nothing changes."""
+    dist = ctx.dist
+    if dist.get_backend() != "gloo":
+        yield
+        return
+    original = dist.all_reduce
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        if op == dist.ReduceOp.AVG:
+            work = original(tensor, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+            if work is not None:
+                work.wait()
+            tensor /= dist.get_world_size(group)
+            return _Done() if async_op else None
+        return original(tensor, op=op, group=group, async_op=async_op)
+
+    dist.all_reduce = all_reduce
+    try:
+        yield
+    finally:
+        dist.all_reduce = original
+
+
+def _task_user_optimizer(ctx, fns: Sequence[str], width: int = 32, depth: int = 8,
+                         steps: int = 3) -> dict:
     """For each function name in ``fns``, called as ``fn(params)`` to build the optimizer of a DDP
-    model: ``{name: {"state_bytes": this rank's optimizer state, "params": P, "kind": class}}``
-    after one step."""
+    model, trained ``steps`` steps on this rank's batches: ``{name: {"state_bytes": this rank's
+    optimizer state, "params": P, "kind": class, "rank_spread": largest difference of a
+    parameter between any rank and rank 0}}``. Data parallelism keeps one model: a sharded
+    optimizer that updates each rank's shard and never sends it to the others lets the ranks'
+    copies drift apart, and ``rank_spread`` shows it."""
     torch = ctx.torch
     out = {}
-    x, y = _batch(ctx, 0, 8, width, torch.float32, ctx.rank)
     for name in fns:
         model = _ddp(ctx, _make_model(ctx, width, depth))
         opt = getattr(ctx.user, name)(model.parameters())
-        opt.zero_grad()
-        _loss(model, x, y).backward()
-        opt.step()
-        out[name] = {"state_bytes": _state_bytes(opt), "params": sum(p.numel() for p in model.parameters()),
-                     "kind": type(opt).__name__}
+        for s in range(steps):
+            x, y = _batch(ctx, s, 8, width, torch.float32, ctx.rank)
+            opt.zero_grad()
+            _loss(model, x, y).backward()
+            opt.step()
+        flat = torch.cat([p.detach().reshape(-1) for p in model.module.parameters()])
+        ref = flat.clone()
+        ctx.dist.broadcast(ref, src=0)
+        spread = ctx.max_over_ranks(float((flat - ref).abs().max()))
+        out[name] = {"state_bytes": _state_bytes(opt),
+                     "params": sum(p.numel() for p in model.parameters()),
+                     "kind": type(opt).__name__, "rank_spread": spread}
     return out
 
 
@@ -1127,8 +1214,46 @@ def _task_gpt2(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str | None 
                                      n_tokens=n_tokens, id_range=id_range, fsdp=fsdp)
 
 
+def _task_gpt2_interleaved(ctx, rung: dict, steps: int = 10, rounds: int = 4, warmup: int = 2,
+                           tokens: str | None = None, n_tokens: int = 4_000_000,
+                           id_range: int = 8192) -> dict:
+    """Chapter 10's GPT-2 rung under DDP and alone on every rank, timed in interleaved rounds.
+
+    Each rank builds the rung twice from the same initial weights with the page's step
+    (:mod:`perflab.gpt2.steps`): once wrapped in DDP, once alone (no communication: every GPU
+    runs the one-GPU reference at the same time, so both see the same clocks and power), both
+    reading this rank's windows. After ``warmup`` steps of each (compilation), the two are timed
+    in ``rounds`` alternating rounds of ``steps`` steps (:func:`interleaved_rounds`; each
+    round's time is the slowest rank's mean). Returns ``{"times": {"one GPU": [...], "DDP":
+    [...]}, "orders", "median_s", "efficiency" (median one-GPU step / median DDP step),
+    "world_size", "tokens_per_step"}``.
+    """
+    torch, r = ctx.torch, speedrun.rung_from_dict(rung)
+    ids = speedrun.token_ids(tokens, n_tokens, id_range)
+    dev_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+
+    def build(wrap):
+        torch.manual_seed(0)
+        model = gpt2_model.GPT(r.config()).to(ctx.device)
+        net = gpt2_steps.make_net(model, r, wrap)
+        opt = gpt2_steps.make_optimizer(model, r)
+        stream = speedrun.batches(ids, r.batch, r.seq_len, rank=ctx.rank, world=ctx.world)
+        return gpt2_steps.make_step(net, opt, r, stream, ctx.device)
+
+    ddp = torch.nn.parallel.DistributedDataParallel
+    steps_by = {"one GPU": build(None), "DDP": build(lambda m: ddp(m, device_ids=dev_ids))}
+    for step in steps_by.values():
+        for _ in range(warmup):
+            step()
+    times, orders = interleaved_rounds(steps_by, lambda fn: ctx.timed(fn, 1, steps), rounds)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"times": times, "orders": orders, "median_s": med,
+            "efficiency": med["one GPU"] / med["DDP"], "world_size": ctx.world,
+            "tokens_per_step": r.tokens_per_step}
+
+
 TASKS = {
-    "gpt2": _task_gpt2,
+    "gpt2": _task_gpt2, "gpt2_interleaved": _task_gpt2_interleaved,
     "collectives": _task_collectives, "sweep": _task_sweep, "manual_vs_ddp": _task_manual_vs_ddp,
     "buckets": _task_buckets, "overlap": _task_overlap, "no_sync": _task_no_sync,
     "sharding": _task_sharding, "dcp_save": _task_dcp_save, "dcp_load": _task_dcp_load,

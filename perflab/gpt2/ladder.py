@@ -2,12 +2,13 @@
 
 A *rung* (:class:`Rung`) is one complete training configuration of :class:`perflab.gpt2.model.GPT`:
 batch, precision, compilation, attention kernel, optimizer, vocabulary, input pipeline,
-gradient accumulation, activation checkpointing. :func:`train` runs a rung for a number of
-steps on real tokens (chapter 5's offline corpus, :func:`perflab.loading.datasets.text_corpus`) and
-returns a :class:`RunResult`: tokens per second over the timed steps, model FLOP utilization
-(MFU), peak memory, the loss of every step and the GPU telemetry (clock, power cap) of the timed
-steps. The ladders themselves (:func:`speed_ladder`, :func:`memory_ladder`) are lists of rungs,
-each one change away from the one before, so a chapter can measure all of them in one run.
+gradient accumulation, activation checkpointing, head, residual dtype, CUDA graphs. The training
+step itself, and the two ladders (lists of rungs, each one change away from the one before), are
+written on chapter 10's page and exported from it to :mod:`perflab.gpt2.steps`; this module
+measures them. :func:`train` runs a rung for a number of steps on real tokens (chapter 5's
+offline corpus, :func:`perflab.loading.datasets.text_corpus`) and returns a :class:`RunResult`: tokens
+per second over the timed steps, model FLOP utilization (MFU), peak memory, the loss of every
+step and the GPU telemetry (clock, power cap) of the timed steps.
 
 Conventions:
 
@@ -23,7 +24,6 @@ Conventions:
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
@@ -32,8 +32,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import ProfilerActivity, profile as _profile
 
@@ -46,17 +44,20 @@ from perflab.core.sampler import Telemetry
 from perflab.core.timing import Stopwatch, synchronize
 from perflab.core.validate import integer, positive, positive_int
 from perflab.gpt2 import model as gpt2
-from perflab.kernels import crossentropy, fp8
+from perflab.gpt2 import steps as gpt2_steps
+from perflab.gpt2.steps import memory_ladder, speed_ladder
 from perflab.memory import training as memory
 from perflab.profiling import trace as profiling
 
 __all__ = ["Rung", "RunResult", "StepBreakdown", "Timeline", "speed_ladder", "memory_ladder",
-           "train", "last_parallel_rung",
-           "batches", "kernel_kind", "losses_agree", "mfu", "step_breakdown",
+           "train", "last_parallel_rung", "ladder_table", "memory_table", "saving_table",
+           "previous", "predict_peak", "logits_bytes", "rung_from_dict", "token_ids",
+           "batches", "window_ids", "kernel_kind", "losses_agree", "mfu", "step_breakdown",
            "weight_matmul_flops"]
 
-PRECISIONS = ("fp32", "tf32", "bf16")
-ATTENTIONS = ("math", "sdpa", "cudnn")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+ATTENTIONS = ("math", "sdpa")
+RESIDUALS = ("fp32", "bf16")
 OPTIMIZERS = ("foreach", "fused", "in_backward")
 LOADERS = ("simple", "pinned")
 
@@ -74,16 +75,18 @@ class Rung:
         seq_len: tokens per sequence T (<= the model's ``block_size``).
         accum: micro-batches per optimizer step (gradient accumulation).
         precision: ``"fp32"`` (strict IEEE float32 matmuls), ``"tf32"`` (float32 tensors,
-            TF32 tensor-core matmuls) or ``"bf16"`` (``torch.autocast`` to bfloat16; float32
-            weights, gradients and optimizer state).
+            TF32 tensor-core matmuls), ``"fp16"`` (``torch.autocast`` to float16 with
+            ``torch.amp.GradScaler``) or ``"bf16"`` (autocast to bfloat16); weights, gradients
+            and optimizer state stay float32.
         compile: compile each transformer block and the loss head with ``torch.compile``
             (regional compilation: one compilation serves all identical blocks).
-        attention: ``"math"`` (softmax(QK^T)V written out), ``"sdpa"``
-            (``scaled_dot_product_attention``, PyTorch's choice of fused kernel) or ``"cudnn"``
-            (SDPA restricted to cuDNN's fused attention; on a machine without it, SDPA's choice).
+        attention: ``"math"`` (softmax(QK^T)V written out) or ``"sdpa"``
+            (``scaled_dot_product_attention``, PyTorch's choice of fused kernel).
         optimizer: AdamW ``"foreach"`` (PyTorch's default: a few kernels per group of tensors),
             ``"fused"`` (one fused kernel for all parameters) or ``"in_backward"`` (a fused
-            step per parameter as soon as its gradient is ready, then the gradient is freed).
+            step per parameter as soon as its gradient is complete, then the gradient is
+            freed: in the last micro-batch's backward only, so with ``accum > 1`` every
+            gradient still lives through the earlier micro-batches).
         vocab: rows of the embedding: 50,257 (GPT-2's tokenizer) or 50,304 (padded to a
             multiple of 64 and 128).
         loader: ``"simple"`` (the batch cut in the main process, copied pageable and blocking)
@@ -102,11 +105,19 @@ class Rung:
             a static one for the logits' gradient, which a mean cross-entropy bounds by
             1 / tokens; ``fused_ce`` is then implied). Needs a vocabulary and width that are
             multiples of 16.
+        residual: dtype of the residual stream (the embedding sum and every block's output):
+            ``"fp32"`` (what autocast leaves it) or ``"bf16"`` (half the bytes of every layer
+            norm and residual addition; the layer norms still compute in float32).
         graphs: compile the whole forward (embeddings, blocks, head and loss) as one graph
             with ``mode="reduce-overhead"``, so forward and backward replay as CUDA graphs
             (one launch each instead of hundreds of kernel launches); needs ``compile``, one
             process (not with DDP) and no activation checkpointing. On a CPU the same code
             compiles without graphs.
+        step_graph: compile the whole forward plainly and capture the whole step (forward,
+            backward and a capturable fused AdamW) as one CUDA graph by hand, replayed after
+            the next batch is copied into its static inputs; needs ``compile``, bf16, the
+            fused optimizer, one micro-batch, one process and no checkpointing. On a CPU the
+            step runs uncaptured.
     """
 
     name: str
@@ -125,14 +136,17 @@ class Rung:
     fp8: bool = False
     fused_ce: bool = False
     fp8_head: bool = False
+    residual: str = "fp32"
     graphs: bool = False
+    step_graph: bool = False
 
     def __post_init__(self):
         for name in ("batch", "seq_len", "accum", "vocab"):
             v = getattr(self, name)
             positive_int(name, v)
         for name, allowed in (("precision", PRECISIONS), ("attention", ATTENTIONS),
-                              ("optimizer", OPTIMIZERS), ("loader", LOADERS)):
+                              ("optimizer", OPTIMIZERS), ("loader", LOADERS),
+                              ("residual", RESIDUALS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.model not in gpt2.CONFIGS:
@@ -144,6 +158,16 @@ class Rung:
                              f"vocab={self.vocab}, n_embd={self.config().n_embd}")
         if self.graphs and (not self.compile or self.checkpoint):
             raise ValueError("graphs needs compile=True and checkpoint=False")
+        if self.step_graph and (not self.compile or self.checkpoint or self.graphs
+                                or self.accum != 1 or self.precision != "bf16"
+                                or self.optimizer != "fused"):
+            raise ValueError("step_graph needs compile, bf16, the fused optimizer, accum=1, "
+                             "and neither checkpoint nor graphs")
+        if self.precision == "fp16" and self.optimizer == "in_backward":
+            raise ValueError("the gradient scaler of fp16 cannot unscale a step taken inside "
+                             "the backward: use bf16 with optimizer='in_backward'")
+        if self.residual == "bf16" and self.precision != "bf16":
+            raise ValueError("a bf16 residual stream needs bf16 autocast")
 
     def config(self) -> gpt2.GPTConfig:
         """The model's :class:`perflab.gpt2.model.GPTConfig` (vocabulary, attention and changes applied)."""
@@ -171,79 +195,21 @@ def padded(vocab: int, multiple: int = 64) -> int:
     return -(-vocab // multiple) * multiple
 
 
-def speed_ladder(base: Rung) -> list[Rung]:
-    """The speed ladder from ``base`` (strict-fp32 eager, hand-written attention), one change
-    per rung, in the order chapter 10 climbs it.
-
-    Rungs: baseline -> larger batch (x2) -> pinned loader -> TF32 -> bf16 autocast ->
-    torch.compile -> SDPA (a fused attention kernel) -> batch x4 (the memory SDPA frees) ->
-    fused AdamW (the *plain compiled bf16* rung) -> vocabulary padded to a multiple of 64
-    (50,257 -> 50,304) -> fused head (product, loss and gradient of the logits in one
-    operator) -> FP8 head (its three products in FP8) -> CUDA graphs (the whole forward
-    and backward replayed as graphs; one process only, see :func:`last_parallel_rung`).
-
-    Raises:
-        TypeError: ``base`` is not a :class:`Rung`.
-    """
-    if not isinstance(base, Rung):
-        raise TypeError(f"base must be a Rung, got {type(base).__name__}")
-    rungs = [base]
-
-    def add(name, **kw):
-        rungs.append(rungs[-1].then(name, **kw))
-
-    add("batch x2", batch=2 * base.batch)
-    add("pinned loader", loader="pinned")
-    add("TF32 matmuls", precision="tf32")
-    add("bf16 autocast", precision="bf16")
-    add("torch.compile", compile=True)
-    add("SDPA", attention="sdpa")
-    add("batch x4", batch=4 * base.batch)
-    add("fused AdamW", optimizer="fused")
-    add(f"vocab {padded(base.vocab):,}", vocab=padded(base.vocab))
-    add("fused head", fused_ce=True)
-    add("FP8 head", fp8_head=True)
-    add("CUDA graphs", graphs=True)
-    return rungs
-
-
 def last_parallel_rung(ladder: Sequence[Rung]) -> Rung:
-    """The last rung of ``ladder`` that can run under DDP (not a ``graphs`` rung, which is
-    compiled for one process).
+    """The last rung of ``ladder`` that can run under DDP (not a ``graphs`` or ``step_graph``
+    rung, which is compiled or captured for one process).
 
     Raises:
         ValueError: no such rung.
     """
     for rung in reversed(list(ladder)):
-        if not rung.graphs:
+        if not (rung.graphs or rung.step_graph):
             return rung
     raise ValueError("every rung of the ladder is a graphs rung")
 
 
 #: the name of the rung the issue calls "plain compiled bf16" (bf16, compile, SDPA, fused AdamW)
 PLAIN_RUNG = "fused AdamW"
-
-
-def memory_ladder(base: Rung, micro_batches: int = 8) -> list[Rung]:
-    """The memory ladder at a fixed global batch (``base.batch x base.accum`` sequences).
-
-    Rungs: baseline -> gradient accumulation (``micro_batches`` micro-batches) -> activation
-    checkpointing -> optimizer step in the backward (gradients freed as they are used).
-    FSDP on two GPUs, the last rung of chapter 10, runs in separate processes.
-
-    Raises:
-        ValueError: ``micro_batches`` does not divide ``base.batch``.
-    """
-    if not isinstance(base, Rung):
-        raise TypeError(f"base must be a Rung, got {type(base).__name__}")
-    if micro_batches < 1 or base.batch % micro_batches:
-        raise ValueError(f"micro_batches ({micro_batches}) must divide batch ({base.batch})")
-    a = base
-    b = a.then("gradient accumulation", batch=base.batch // micro_batches,
-               accum=base.accum * micro_batches)
-    c = b.then("activation checkpointing", checkpoint=True)
-    d = c.then("optimizer in backward", optimizer="in_backward")
-    return [a, b, c, d]
 
 
 @dataclass
@@ -303,27 +269,52 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float
 # Data
 # ---------------------------------------------------------------------------------------------
 
-def batches(tokens: np.ndarray, batch: int, seq_len: int, start: int = 0):
-    """Consecutive ``(x, y)`` int64 CPU batches ``(batch, seq_len)`` from a 1-D token array.
+def window_ids(step: int, batch: int, n_windows: int, rank: int = 0, world: int = 1,
+               start: int = 0) -> list[int]:
+    """The token windows that ``rank`` of ``world`` reads in micro-step ``step`` (0, 1, ...).
 
-    Window ``i`` is ``tokens[i*seq_len : (i+1)*seq_len + 1]`` (``x`` its first ``seq_len``
-    tokens, ``y`` the same shifted by one), windows taken in order from ``start`` and wrapping
-    around at the end, so every rung reads the same tokens in the same order.
+    Data parallelism shards one stream, as ``torch.utils.data.DistributedSampler`` does (no
+    shuffle): the windows are dealt round-robin to the ranks, so micro-step ``k`` of rank ``r``
+    reads windows ``start + (k * batch + b) * world + r`` for ``b < batch`` (modulo
+    ``n_windows``). In one micro-step the ranks read ``world x batch`` distinct windows, and
+    consecutive micro-steps (gradient accumulation, the next optimizer step) never read a
+    window again until the stream wraps around. With ``world == 1`` the windows are simply
+    consecutive.
 
     Raises:
-        ValueError: fewer tokens than one batch of windows.
+        ValueError: ``rank`` outside ``[0, world)``, or fewer windows than one micro-step of all
+            ranks needs.
+    """
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, world={world}), got {rank}")
+    if n_windows < batch * world:
+        raise ValueError(f"{n_windows} windows cannot feed {world} rank(s) x batch={batch}")
+    return [(start + (step * batch + b) * world + rank) % n_windows for b in range(batch)]
+
+
+def batches(tokens: np.ndarray, batch: int, seq_len: int, start: int = 0, rank: int = 0,
+            world: int = 1):
+    """``(x, y)`` int64 CPU batches ``(batch, seq_len)`` from a 1-D token array, for one rank.
+
+    Window ``i`` is ``tokens[i*seq_len : (i+1)*seq_len + 1]`` (``x`` its first ``seq_len``
+    tokens, ``y`` the same shifted by one); micro-step ``k`` reads the windows
+    :func:`window_ids` gives ``rank`` of ``world`` (consecutive windows for one process), so
+    every rung reads the same tokens in the same order and no two ranks read the same window.
+
+    Raises:
+        ValueError: fewer tokens than one micro-step of all ranks needs.
     """
     n_windows = (len(tokens) - 1) // seq_len
-    if n_windows < batch:
+    if n_windows < batch * world:
         raise ValueError(f"{len(tokens)} tokens hold {n_windows} windows of {seq_len}; "
-                         f"need at least batch={batch}")
-    i = start
+                         f"need at least batch x world = {batch * world}")
+    step = 0
     while True:
-        rows = [(i + k) % n_windows for k in range(batch)]
+        rows = window_ids(step, batch, n_windows, rank, world, start)
         w = np.stack([tokens[r * seq_len: r * seq_len + seq_len + 1] for r in rows])
         w = torch.from_numpy(w.astype(np.int64))
         yield w[:, :-1], w[:, 1:]
-        i = (i + batch) % n_windows
+        step += 1
 
 
 class _Windows(torch.utils.data.Dataset):
@@ -341,12 +332,17 @@ class _Windows(torch.utils.data.Dataset):
         return w[:-1], w[1:]
 
 
-def _pinned_batches(tokens: np.ndarray, batch: int, seq_len: int):
+def _pinned_batches(tokens: np.ndarray, batch: int, seq_len: int, rank: int = 0,
+                    world: int = 1):
     ds = _Windows(tokens, seq_len)
-    if len(ds) < batch:
-        raise ValueError(f"{len(tokens)} tokens hold {len(ds)} windows; need batch={batch}")
-    while True:  # the same order as batches(): sequential windows, dropping the ragged end
-        loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=False, num_workers=2,
+    if len(ds) < batch * world:
+        raise ValueError(f"{len(tokens)} tokens hold {len(ds)} windows; need batch x world = "
+                         f"{batch * world}")
+    # the order of batches(): this rank's windows rank, rank + world, ... (a distributed
+    # sampler without shuffling), the ragged end dropped
+    mine = range(rank, len(ds) - len(ds) % (batch * world), world)
+    while True:
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=mine, num_workers=2,
                                              pin_memory=torch.cuda.is_available(),
                                              drop_last=True, prefetch_factor=4)
         yield from loader
@@ -356,99 +352,15 @@ def _pinned_batches(tokens: np.ndarray, batch: int, seq_len: int):
 # Training
 # ---------------------------------------------------------------------------------------------
 
-def _set_precision(p: str) -> None:
-    """Global matmul/convolution precision for ``p`` (strict float32 or TF32 allowed)."""
-    torch.set_float32_matmul_precision("highest" if p == "fp32" else "high")
-    torch.backends.cudnn.allow_tf32 = p != "fp32"
+#: the most allocator events a snapshot keeps (one eager step of 8 micro-batches makes ~40,000)
+_SNAPSHOT_EVENTS = 400_000
 
 
-def _autocast(rung: Rung, device: torch.device):
-    if rung.precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def _attention_ctx(rung: Rung, device: torch.device):
-    if rung.attention == "cudnn" and device.type == "cuda":
-        # cuDNN first, the others as fall-backs for shapes cuDNN does not take
-        return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
-                            SDPBackend.EFFICIENT_ATTENTION], set_priority=True)
-    return contextlib.nullcontext()
-
-
-def _head_loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of the tied head: ``h (B, T, d)``, ``w (V, d)``, ``y (B, T)``."""
-    logits = h @ w.t()
-    return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
-
-
-def _head(rung: Rung):
-    if rung.fp8_head:
-        return fp8.head_cross_entropy
-    return crossentropy.linear_cross_entropy if rung.fused_ce else _head_loss
-
-
-class _Forward(torch.nn.Module):
-    """features -> tied head -> loss, with optional compiled blocks/head and checkpointing
-    (``rung.graphs``: the caller compiles the whole module instead)."""
-
-    def __init__(self, model: gpt2.GPT, rung: Rung):
-        super().__init__()
-        self.model, self.rung = model, rung
-        self.head_loss = _head(rung)
-        if rung.fp8:
-            fp8.convert(model)
-        if rung.compile and not rung.graphs:
-            for block in model.blocks:
-                block.compile()
-            self.head_loss = torch.compile(self.head_loss)
-
-    def forward(self, x, y):
-        m = self.model
-        pos = torch.arange(x.shape[1], device=x.device)
-        h = m.wte(x) + m.wpe(pos)
-        for block in m.blocks:
-            if self.rung.checkpoint:
-                h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False)
-            else:
-                h = block(h)
-        return self.head_loss(m.ln_f(h), m.wte.weight, y)
-
-
-def _optimizer(model: gpt2.GPT, rung: Rung, lr: float, device: torch.device):
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}]
-    kw = dict(lr=lr, betas=(0.9, 0.95), eps=1e-8)
-    if rung.optimizer == "foreach":
-        return torch.optim.AdamW(groups, foreach=True, **kw)
-    fused = device.type in ("cuda", "cpu")
-    if rung.optimizer == "fused":
-        return torch.optim.AdamW(groups, fused=fused, **kw)
-    # in_backward: one optimizer per parameter, stepped by a hook as soon as its gradient is
-    # accumulated, which then frees the gradient (the PyTorch tutorial "How to save memory by
-    # fusing the optimizer step into the backward pass")
-    # With gradient accumulation the hook must step only in the last micro-batch's backward
-    # (it fires at every accumulation): ``_InBackward.last`` says when.
-    return _InBackward(groups, fused, kw)
-
-
-class _InBackward:
-    """Per-parameter AdamW stepped from ``register_post_accumulate_grad_hook``."""
-
-    def __init__(self, groups, fused: bool, kw: dict):
-        self.last = True
-        self.opts = {}
-        for g in groups:
-            for p in g["params"]:
-                self.opts[p] = torch.optim.AdamW([p], fused=fused,
-                                                 weight_decay=g["weight_decay"], **kw)
-                p.register_post_accumulate_grad_hook(self._hook)
-
-    def _hook(self, p):
-        if self.last:
-            self.opts[p].step()
-            self.opts[p].zero_grad(set_to_none=True)
+def _counting(stream, read: list):
+    """``stream``'s batches, appending each micro-step's index to ``read`` as it is taken."""
+    for item in stream:
+        read.append(len(read))
+        yield item
 
 
 def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str,
@@ -494,7 +406,8 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     if top >= rung.vocab:
         raise ValueError(f"tokens hold id {top}, outside the vocabulary of {rung.vocab}")
     cfg = rung.config()
-    _set_precision(rung.precision)
+    if (rung.graphs or rung.step_graph) and ddp is not None:
+        raise ValueError("a graphs or step_graph rung runs in one process: train it without ddp")
     torch.compiler.reset()
     held = 0
     if device.type == "cuda":
@@ -504,50 +417,31 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         held = torch.cuda.memory_allocated(device)   # not this run's: left out
     torch.manual_seed(seed)
     model = gpt2.GPT(cfg).to(device)
-    fwd = _Forward(model, rung)
-    if rung.graphs:
-        if ddp is not None:
-            raise ValueError("a graphs rung runs in one process: train it without ddp")
-        net = torch.compile(fwd, mode="reduce-overhead")
-    else:
-        net = ddp(fwd) if ddp is not None else fwd
-    opt = _optimizer(model, rung, lr, device)
+    # the page's step (chapter 10, perflab.gpt2.steps): this function only measures it
+    net = gpt2_steps.make_net(model, rung, ddp)
+    opt = gpt2_steps.make_optimizer(model, rung, lr)
     rank, world = 0, 1
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    start = rank * rung.batch
-    # with several ranks each reads its own windows, which the DataLoader's one sequential
-    # order does not give: those ranks cut their batches in the main process
-    if rung.loader == "pinned" and world == 1:
-        stream = _pinned_batches(tokens, rung.batch, rung.seq_len)
+    # one stream of windows dealt to the ranks (window_ids): no two ranks, and no two
+    # micro-steps, read the same tokens
+    if rung.loader == "pinned":
+        stream = _pinned_batches(tokens, rung.batch, rung.seq_len, rank, world)
     else:
-        stream = batches(tokens, rung.batch, rung.seq_len, start=start)
-    non_blocking = rung.loader == "pinned"
+        stream = batches(tokens, rung.batch, rung.seq_len, rank=rank, world=world)
+    n_windows = (len(tokens) - 1) // rung.seq_len
+    read: list[int] = []      # micro-steps read so far (their windows: window_ids)
+    stream = _counting(stream, read)
+    if rung.step_graph and device.type == "cuda":
+        # two eager warm-up steps, then the capture: time only replays
+        warmup = max(warmup, 3)
+        one_step = gpt2_steps.make_graphed_step(net, opt, rung, stream, device, warmup=2)
+    else:
+        one_step = gpt2_steps.make_step(net, opt, rung, stream, device)
     losses: list[torch.Tensor] = []
 
     def step():
-        total = None
-        for micro in range(rung.accum):
-            x, y = next(stream)
-            x = x.to(device, non_blocking=non_blocking)
-            y = y.to(device, non_blocking=non_blocking)
-            if isinstance(opt, _InBackward):
-                opt.last = micro == rung.accum - 1
-            sync_ctx = (net.no_sync() if hasattr(net, "no_sync") and micro < rung.accum - 1
-                        else contextlib.nullcontext())
-            if rung.graphs:
-                # a new replay may overwrite the last one's outputs: say a step begins
-                torch.compiler.cudagraph_mark_step_begin()
-            with sync_ctx, _attention_ctx(rung, device), _autocast(rung, device):
-                loss = net(x, y) / rung.accum
-            loss.backward()
-            # the division is outside the graph, so ``loss`` is a tensor of its own and
-            # survives the next replay
-            total = loss.detach() if total is None else total + loss.detach()
-        if not isinstance(opt, _InBackward):
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        losses.append(total)
+        losses.append(one_step())
 
     first_step = Stopwatch(device).start()
     first = None
@@ -561,13 +455,22 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
                 step()
     summary = tel.summary()
     step_s = timed.seconds / steps
-    extra = {}
+    # the windows of the timed steps, so that a data-parallel run can count distinct tokens
+    timed_reads = read[len(read) - steps * rung.accum:]
+    extra = {"windows": sorted({w for k in timed_reads for w in window_ids(
+        k, rung.batch, n_windows, rank, world)})}
     if profile:
         extra.update(_profile_step(step, device))
     if snapshot is not None:
         extra["snapshot"] = None
         if device.type == "cuda":
-            memory.save_snapshot(memory.record_snapshot(step), snapshot)
+            # every event of the step (the default keeps 20,000: a few micro-batches of an
+            # eager step), stacks cut to 8 frames to keep the file small
+            snap = memory.record_snapshot(step, max_entries=_SNAPSHOT_EVENTS, max_frames=8)
+            events = sum(len(t) for t in snap.get("device_traces", []))
+            extra["snapshot_events"] = events
+            extra["snapshot_complete"] = events < _SNAPSHOT_EVENTS
+            memory.save_snapshot(snap, snapshot)
             extra["snapshot"] = str(snapshot)
     peak = torch.cuda.max_memory_allocated(device) - held if device.type == "cuda" else None
     result = RunResult(
@@ -577,7 +480,7 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         compile_s=max(0.0, (first if first is not None else step_s) - step_s),
         telemetry=summary.sentence(), clock_fraction=summary.clock_fraction,
         params=model.num_params(), extra=extra)
-    del net, fwd, model, opt
+    del net, model, opt, one_step
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
@@ -823,6 +726,21 @@ def losses_agree(a: Sequence[float], b: Sequence[float], rtol: float = 0.02,
     return worst <= rtol, worst
 
 
+def rung_from_dict(rung: dict) -> Rung:
+    """A :class:`Rung` from its ``asdict`` form (as it travels to ``torchrun`` workers: JSON
+    turns the ``changes`` pairs into lists)."""
+    return Rung(**{k: tuple(tuple(c) for c in v) if k == "changes" else v
+                   for k, v in rung.items()})
+
+
+def token_ids(tokens: str | None, n_tokens: int = 4_000_000, id_range: int = 8192) -> np.ndarray:
+    """The token ids a worker trains on: the uint16 file ``tokens`` (memory-mapped), or, when
+    None, ``n_tokens`` seeded random ids below ``id_range`` (the same on every rank)."""
+    if tokens is not None:
+        return np.memmap(tokens, dtype=np.uint16, mode="r")
+    return np.random.default_rng(0).integers(0, id_range, n_tokens).astype(np.uint16)
+
+
 def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str | None = None,
                      n_tokens: int = 4_000_000, id_range: int = 8192,
                      fsdp: bool = False) -> dict:
@@ -835,11 +753,8 @@ def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str |
     instead of replicating them with DDP. Returns the rank's :meth:`RunResult.as_dict`
     (tokens/s of this rank; the slowest rank's step time is in ``extra["max_step_s"]``).
     """
-    r = Rung(**{k: tuple(tuple(c) for c in v) if k == "changes" else v for k, v in rung.items()})
-    if tokens is not None:
-        ids = np.memmap(tokens, dtype=np.uint16, mode="r")
-    else:
-        ids = np.random.default_rng(0).integers(0, id_range, n_tokens).astype(np.uint16)
+    r = rung_from_dict(rung)
+    ids = token_ids(tokens, n_tokens, id_range)
     if fsdp:
         wrap = _fsdp_wrapper(ctx)
     else:
@@ -850,6 +765,13 @@ def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str |
     res = train(r, ids, steps, ctx.device, warmup=warmup, ddp=wrap)
     res.extra["max_step_s"] = ctx.max_over_ranks(res.step_s)
     res.extra["world_size"] = ctx.world
+    # tokens/s of the whole job counts each window once: the union over ranks of the windows
+    # their timed steps read (equal to world x this rank's when the stream is sharded)
+    every = [None] * ctx.world
+    ctx.dist.all_gather_object(every, res.extra["windows"])
+    distinct = len(set().union(*map(set, every)))
+    res.extra["distinct_windows"] = distinct
+    res.extra["job_tokens_per_s"] = distinct * r.seq_len / (steps * res.extra["max_step_s"])
     return res.as_dict()
 
 
@@ -865,20 +787,39 @@ def _fsdp_wrapper(ctx):
 def static_bytes_per_param(rung: Rung) -> float:
     """Bytes per parameter that live through a whole step: float32 weights (4), gradients (4)
     and AdamW's two moments (8) = 16 (Rajbhandari et al., 2020, ZeRO, section 3.1, for fp32
-    training); with the optimizer step in the backward the gradients are freed one by one, so
-    only 12 stay (and one parameter's gradient at a time)."""
-    return 12.0 if rung.optimizer == "in_backward" else 16.0
+    training).
+
+    With the optimizer step in the backward *and no gradient accumulation* each gradient is
+    freed as soon as its parameter is updated, so only 12 stay (and one parameter's gradient at
+    a time). Under accumulation a gradient must survive every micro-batch but the last (the
+    step can only run once it is complete), so all of them are alive through the earlier
+    micro-batches' backwards: 16, as without the hook."""
+    return 12.0 if rung.optimizer == "in_backward" and rung.accum == 1 else 16.0
+
+
+#: bytes per logit alive at the start of an eager plain head's backward under autocast: the
+#: float32 log-softmax saved for the backward (4), the float32 gradient it makes (4) and its
+#: bf16 cast (2)
+LOGIT_BYTES = 10
+
+
+def logits_bytes(rung: Rung) -> float:
+    """Bytes of the logits' tensors at the head's backward for one micro-batch of ``rung``:
+    ``batch x seq_len x vocab x`` :data:`LOGIT_BYTES` (the plain head; a fused head keeps
+    less). They depend on the micro-batch and the vocabulary, not on the model's size."""
+    return float(rung.batch * rung.seq_len * rung.vocab * LOGIT_BYTES)
 
 
 def predict_peak(peak_bytes: float, rung: Rung, params: int, target: gpt2.GPTConfig) -> float:
     """Predicted peak bytes of ``rung`` for the model ``target``, from its peak measured on the
     model of ``rung`` (``params`` parameters).
 
-    The measured peak is split into static bytes (:func:`static_bytes_per_param` x parameters)
-    and the rest (activations, logits, workspace), which is scaled by ``n_layer x n_embd``: at a
-    fixed number of tokens, a block's saved activations grow with the width (Korthikanti et al.,
-    2023: 34·s·b·h bytes per layer in 16-bit with a fused attention). Scaling the logits with
-    the depth too makes the prediction err on the safe side.
+    The measured peak is split into three parts that scale differently: static bytes
+    (:func:`static_bytes_per_param` x parameters), the logits (:func:`logits_bytes`: the same
+    micro-batch and vocabulary give the same logits whatever the model), and the rest
+    (activations, workspace), scaled by ``n_layer x n_embd``: at a fixed number of tokens, a
+    block's saved activations grow with the width (Korthikanti et al., 2023: 34·s·b·h bytes per
+    layer in 16-bit with a fused attention).
 
     Raises:
         ValueError: a non-positive peak or parameter count, or a peak below the static bytes.
@@ -889,8 +830,109 @@ def predict_peak(peak_bytes: float, rung: Rung, params: int, target: gpt2.GPTCon
     rest = peak_bytes - per * params
     if rest < 0:
         raise ValueError(f"peak_bytes {peak_bytes:.3g} is below the static bytes {per * params:.3g}")
+    logits = min(rest, logits_bytes(rung))
     src = rung.config()
     with torch.device("meta"):
         n_target = gpt2.GPT(target).num_params()
     scale = (target.n_layer * target.n_embd) / (src.n_layer * src.n_embd)
-    return per * n_target + rest * scale
+    return per * n_target + logits + (rest - logits) * scale
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables for chapter 10 (bookkeeping: the page shows the table, not its assembly)
+# ---------------------------------------------------------------------------------------------
+
+def _md(header: Sequence[str], rows: Sequence[Sequence[str]], right: int = 1) -> str:
+    """A Markdown table: the first ``right`` columns left-aligned, the others right-aligned."""
+    align = ["---" if i < right else "---:" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def previous(names: Sequence[str], name: str) -> str:
+    """The rung before ``name`` in ``names``.
+
+    Raises:
+        ValueError: ``name`` is the first or not in ``names``.
+    """
+    i = list(names).index(name)
+    if i == 0:
+        raise ValueError(f"{name!r} is the first rung: it has no previous one")
+    return list(names)[i - 1]
+
+
+def ladder_table(results: dict, peak_sheet: float | None, peak_meas: float,
+                 own: dict) -> str:
+    """Chapter 10's speed-ladder table (Markdown): tokens/s, MFU against the datasheet and the
+    measured bf16 ceiling, MFU against the ceiling of the rung's own matmul format (``own``:
+    ``{precision: FLOP/s}``), ratios to the previous rung and the baseline, peak GiB, the first
+    step's extra seconds (compilation) and the SM clock over its maximum."""
+    names = list(results)
+    first = results[names[0]]
+    rows, prev = [], None
+    for name in names:
+        r = results[name]
+        mine = own.get(r.rung["precision"]) or peak_meas
+        rows.append([
+            name, f"{r.tokens_per_s:,.0f}",
+            f"{r.mfu(peak_sheet):.1%}" if peak_sheet else "-",
+            f"{r.mfu(peak_meas):.1%}", f"{r.mfu(mine):.0%}",
+            f"{r.tokens_per_s / (prev or r.tokens_per_s):.2f}x",
+            f"{r.tokens_per_s / first.tokens_per_s:.1f}x",
+            "-" if r.peak_bytes is None else f"{r.peak_bytes / 2**30:.1f}",
+            f"{r.compile_s:.1f}",
+            "-" if r.clock_fraction is None else f"{r.clock_fraction:.2f}"])
+        prev = r.tokens_per_s
+    return _md(["rung", "tokens/s", "MFU (datasheet)", "MFU (bf16 ceiling)",
+                "of own ceiling", "vs previous", "vs baseline", "peak GiB",
+                "first step +s", "SM clock / max"], rows)
+
+
+def saving_table(results: dict, predicted: dict) -> tuple[str, dict]:
+    """Each predicted rung's saving against its prediction, split into kernels and gaps.
+
+    For every ``name`` in ``predicted`` (seconds saved per step, predicted from the profile of
+    the rung before), the measured saving is the previous rung's step time minus this one's;
+    its part in the kernels is the change of the profiled step's busy time (its
+    :class:`Timeline`), the rest is what the gaps between kernels gave. Returns the Markdown
+    table and ``{key: (name, verdict, cause)}``, ``key`` the first word of the name, lower
+    case (``"fused"``, ``"fp8"``, ``"bf16"``...; ``"bf16 residual"`` is ``"residual"``,
+    ``"one graph per step"`` ``"step"``, ``"CUDA graphs"`` ``"graphs"``), the verdict
+    ``"close to its prediction"`` within a factor 1.5 either way.
+    """
+    names = list(results)
+    rows, out = [], {}
+    keys = {"bf16 residual": "residual", "one graph per step": "step", "CUDA graphs": "graphs"}
+    for name, pred in predicted.items():
+        before, after = results[previous(names, name)], results[name]
+        saved = before.step_s - after.step_s
+        busy = before.extra["timeline"].busy_s - after.extra["timeline"].busy_s
+        gaps = saved - busy
+        ratio = saved / pred if pred > 0 else float("inf")
+        verdict = ("close to its prediction" if 2 / 3 <= ratio <= 1.5 else
+                   "more than predicted" if ratio > 1.5 else "less than predicted")
+        cause = (f"the kernels' own time {'fell' if busy >= 0 else 'rose'} by "
+                 f"{abs(busy) * 1e3:.1f} ms, the gaps between them "
+                 f"{'fell' if gaps >= 0 else 'rose'} by {abs(gaps) * 1e3:.1f} ms")
+        out[keys.get(name, name.split()[0].lower())] = (name, verdict, cause)
+        rows.append([name, f"{pred * 1e3:.1f}", f"{saved * 1e3:.1f}", f"{busy * 1e3:.1f}",
+                     f"{gaps * 1e3:.1f}",
+                     f"{after.tokens_per_s / before.tokens_per_s:.3f}x"])
+    return _md(["rung", "predicted saving (ms/step)", "measured saving", "in kernels",
+                "in gaps", "vs previous"], rows), out
+
+
+def memory_table(results: dict) -> str:
+    """Chapter 10's memory-ladder table (Markdown): peak GiB, step ms, last loss, and whether
+    the losses equal the first rung's within 2 %."""
+    names = list(results)
+    first = results[names[0]]
+    rows = []
+    for name in names:
+        r = results[name]
+        same = np.allclose(r.losses, first.losses, rtol=2e-2)
+        rows.append([name, "-" if r.peak_bytes is None else f"{r.peak_bytes / 2**30:.2f}",
+                     f"{r.step_s * 1e3:.1f}", f"{r.losses[-1]:.4f}", "yes" if same else "no"])
+    return _md(["rung", "peak memory (GiB)", "step (ms)", "loss after the last step",
+                "same losses as baseline"], rows)

@@ -6,12 +6,10 @@
   underflow and rounding.
 * :func:`lost_update_fraction` shows why pure-bf16 weights lose small updates that fp32
   master weights keep.
-* :func:`tf32_flags` / :func:`float32_matmul` read and set the flags that let float32 matmuls
-  (``torch.backends.cuda.matmul.allow_tf32``, ``torch.set_float32_matmul_precision``) and
-  convolutions (``torch.backends.cudnn.allow_tf32``) use TF32 tensor cores.
-* :func:`make_mlp`, :func:`make_train_step` and :func:`train` run the same training step in
-  the modes a chapter compares: ``fp32`` (TF32 off), ``tf32``, ``bf16`` (autocast), ``fp16``
-  (autocast with ``torch.amp.GradScaler``) and ``bf16_pure`` (bf16 weights, no master copy).
+* :func:`make_mlp` is the matmul-heavy model chapter 9 and lab 9 train in each precision; the
+  training step itself (``fp32``, ``tf32``, ``bf16`` autocast, ``fp16`` with
+  ``torch.amp.GradScaler``, ``bf16_pure``) is taught on chapter 9's page and exported to
+  :mod:`perflab.kernels.amp`.
 * :func:`quantize_fp8` / :func:`fp8_matmul`: an fp8 (e4m3) matrix product with one scale per
   tensor through ``torch._scaled_mm``.
 
@@ -20,20 +18,17 @@ Units: bytes, seconds; relative errors are dimensionless.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import warnings
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 
-__all__ = ["float32_matmul", "format_table", "FormatInfo", "FORMATS", "fp8_matmul",
-           "lost_update_fraction", "make_mlp", "make_train_step", "MODES", "quantize_fp8",
-           "relative_error", "round_trip", "tf32_flags", "train", "TrainResult"]
+from perflab.kernels.amp import MODES
+
+__all__ = ["format_table", "FormatInfo", "FORMATS", "fp8_matmul", "lost_update_fraction",
+           "make_mlp", "MODES", "quantize_fp8", "relative_error", "round_trip"]
 
 FORMATS = ("float32", "tf32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
-MODES = ("fp32", "tf32", "bf16", "fp16", "bf16_pure")
 
 
 @dataclass(frozen=True)
@@ -136,55 +131,6 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(approx.double() - exact64) / torch.linalg.vector_norm(exact64))
 
 
-def tf32_flags() -> dict[str, object]:
-    """The three settings that decide whether float32 math may use TF32 tensor cores.
-
-    Returns ``{"cuda.matmul.allow_tf32": bool, "cudnn.allow_tf32": bool,
-    "float32_matmul_precision": "highest" | "high" | "medium"}``. ``allow_tf32`` for matmuls and
-    the matmul precision are two views of one setting (``"high"`` allows TF32); convolutions have
-    their own flag, on by default.
-    """
-    with _quiet_tf32():
-        return {
-            "cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-            "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        }
-
-
-@contextlib.contextmanager
-def _quiet_tf32():
-    with warnings.catch_warnings():
-        # newer torch may suggest its fp32_precision API when the classic flags are read or set;
-        # the classic flags are what torch 2.11 and 2.13 both honour
-        warnings.filterwarnings("ignore", message=".*fp32_precision.*")
-        warnings.filterwarnings("ignore", message=".*new API settings.*")
-        yield
-
-
-@contextlib.contextmanager
-def float32_matmul(precision: str) -> Iterator[None]:
-    """Run a block with ``torch.set_float32_matmul_precision(precision)``, restoring it after.
-
-    ``"highest"``: float32 matmuls in full float32 (CUDA cores); ``"high"``: TF32 tensor cores
-    allowed. Convolutions are governed by ``torch.backends.cudnn.allow_tf32`` instead, which
-    this leaves alone.
-
-    Raises:
-        ValueError: ``precision`` is not ``"highest"``, ``"high"`` or ``"medium"``.
-    """
-    if precision not in ("highest", "high", "medium"):
-        raise ValueError(f"precision must be 'highest', 'high' or 'medium', got {precision!r}")
-    with _quiet_tf32():
-        before = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision(precision)
-    try:
-        yield
-    finally:
-        with _quiet_tf32():
-            torch.set_float32_matmul_precision(before)
-
-
 def make_mlp(width: int, depth: int, device, seed: int = 0) -> torch.nn.Module:
     """A matmul-heavy model: ``depth`` blocks of Linear(width, 4 width) -> GELU -> Linear(4 width, width).
 
@@ -203,82 +149,6 @@ def make_mlp(width: int, depth: int, device, seed: int = 0) -> torch.nn.Module:
         layers += [torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)]
     layers.append(torch.nn.Linear(width, 1))
     return torch.nn.Sequential(*layers).to(device)
-
-
-@dataclass
-class TrainResult:
-    """What :func:`train` saw: the loss of each step, in order, and the model's final weights."""
-
-    losses: list[float]
-    model: torch.nn.Module
-
-
-def make_train_step(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, mode: str,
-                    lr: float = 1e-3, max_norm: float = 1.0) -> Callable[[], torch.Tensor]:
-    """One training step (forward, MSE loss, backward, clip, SGD with momentum) in ``mode``.
-
-    Modes: ``"fp32"`` (TF32 off), ``"tf32"`` (float32 storage, TF32 matmuls), ``"bf16"``
-    (``torch.autocast`` to bfloat16; weights and optimizer stay float32), ``"fp16"`` (autocast
-    to float16 with ``torch.amp.GradScaler``: scale the loss, backward, ``unscale_`` the
-    gradients *before* clipping so the clip sees true magnitudes, ``step`` (skipped when a
-    gradient is inf/NaN), ``update`` the scale), ``"bf16_pure"`` (the model converted to
-    bfloat16: no master weights). Returns a callable that runs one step and returns the loss
-    (a 0-d tensor; call ``.item()`` outside timed regions).
-
-    Raises:
-        ValueError: unknown ``mode``, or fp16 requested on a device without fp16 autocast.
-    """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    dev = inputs.device
-    if mode == "bf16_pure":
-        model.to(torch.bfloat16)
-        inputs, targets = inputs.to(torch.bfloat16), targets.to(torch.bfloat16)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mode)
-    scaler = torch.amp.GradScaler(dev.type) if mode == "fp16" else None
-    precision = "high" if mode == "tf32" else "highest"
-
-    def step() -> torch.Tensor:
-        opt.zero_grad(set_to_none=True)
-        with float32_matmul(precision), torch.autocast(dev.type, dtype=amp_dtype or torch.float32,
-                                                       enabled=amp_dtype is not None):
-            loss = torch.nn.functional.mse_loss(model(inputs).float(), targets.float())
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)                  # true gradients, before the clip reads them
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-            scaler.step(opt)                      # skipped if unscale_ found inf/NaN
-            scaler.update()
-        else:
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-            opt.step()
-        return loss.detach()
-
-    return step
-
-
-def train(mode: str, width: int, depth: int, batch: int, steps: int, device, lr: float = 1e-3,
-          seed: int = 0) -> TrainResult:
-    """Train a fresh :func:`make_mlp` for ``steps`` steps on a fixed regression problem.
-
-    The data (``batch x width`` inputs, targets from a fixed random linear map) and the initial
-    weights depend only on ``seed``, so every mode starts from the same point and the loss
-    curves can be compared step by step.
-
-    Raises:
-        ValueError: ``steps`` below 1, or as :func:`make_train_step`.
-    """
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    model = make_mlp(width, depth, device, seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(batch, width, generator=g).to(device)
-    target = (x @ torch.randn(width, 1, generator=g).to(device)) / math.sqrt(width)
-    step = make_train_step(model, x, target, mode, lr=lr)
-    losses = [step() for _ in range(steps)]
-    return TrainResult([float(v) for v in losses], model)
 
 
 def quantize_fp8(t: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,13 +3,15 @@ optimizer; and the launch that runs the student's functions inside torchrun's wo
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Callable, Sequence
 
 from perflab.distributed.training import launch, source_of
 from perflab.labs.exercises import ExerciseFailed, ExerciseNotDone, _number
 
-__all__ = ["check_bucket_choice", "check_comm_prediction", "check_manual_allreduce",
-           "check_sharded_optimizer", "lab_launch"]
+__all__ = ["best_bucket_bytes", "check_allreduce_model", "check_bucket_choice",
+           "check_comm_prediction", "check_manual_allreduce", "check_sharded_optimizer",
+           "lab_launch"]
 
 
 def lab_launch(exercise: int, tasks: Sequence[dict], user_code: Sequence = (),
@@ -55,6 +57,37 @@ def check_manual_allreduce(max_param_diff, tol: float = 1e-9) -> bool:
     raise ExerciseFailed(f"✗ Exercise 1: your parameters differ from DDP's by up to {d:.3g}; DDP "
                          "averages the gradients (sum over ranks divided by the world size).")
 
+def check_allreduce_model(fn: Callable | None, exercise: int = 2) -> bool:
+    """Exercise 2: ``fn(nbytes, busbw, world_size, alpha)`` is the alpha-beta model of a ring
+    all-reduce, ``alpha + nbytes * 2 (n-1)/n / busbw``, for 2, 3, 4 and 8 ranks.
+
+    Testing the function at several world sizes is what tells the model from its slips: on two
+    ranks the bus factor 2 (n-1)/n is 1, so leaving it out, or dividing by the algorithm
+    bandwidth instead of the bus bandwidth, gives the same number there and a wrong one on
+    three ranks or more.
+
+    Raises:
+        ExerciseFailed: ``fn`` is missing or wrong at some world size (the sentence names it).
+    """
+    if fn is None:
+        raise ExerciseNotDone(exercise, "write allreduce_model(nbytes, busbw, world_size, alpha)")
+    nbytes, busbw, alpha = 1e8, 100e9, 20e-6
+    for n in (2, 3, 4, 8):
+        want = alpha + nbytes * 2 * (n - 1) / n / busbw
+        got = _number(f"Exercise {exercise} (allreduce_model at {n} ranks)",
+                      fn(nbytes, busbw, n, alpha))
+        if not math.isclose(got, want, rel_tol=1e-6):
+            hint = (" On two ranks the bus factor 2 (n-1)/n is 1: leaving it out shows only from "
+                    "three ranks on." if n > 2 and math.isclose(got, alpha + nbytes / busbw,
+                                                                 rel_tol=1e-6) else "")
+            raise ExerciseFailed(f"✗ Exercise {exercise}: on {n} ranks your model gives "
+                                 f"{got * 1e3:.4g} ms for {nbytes:.0e} B at {busbw / 1e9:g} GB/s "
+                                 f"bus bandwidth, the ring needs {want * 1e3:.4g} ms.{hint}")
+    print(f"✓ Exercise {exercise}: your model is the ring's alpha + bytes x 2 (n-1)/n / busbw on "
+          "2, 3, 4 and 8 ranks.")
+    return True
+
+
 def check_comm_prediction(predicted_s, measured_s, factor: float = 2.0) -> bool:
     """Exercise 2: a predicted all-reduce time within ``factor`` of the measured one (both seconds).
 
@@ -73,12 +106,36 @@ def check_comm_prediction(predicted_s, measured_s, factor: float = 2.0) -> bool:
                          f"({p / m:.2f}x); count bytes (4 per float32 gradient) and use "
                          "t = alpha + bytes * 2 (n-1)/n / busbw.")
 
-def check_bucket_choice(choice_mb, step_s_by_mb: dict, slack: float = 0.10) -> bool:
-    """Exercise 3: the chosen ``bucket_cap_mb`` has a measured step time within ``slack`` of the best.
+
+def best_bucket_bytes(alpha: float, grad_bytes: float, busbw: float, world_size: int) -> float:
+    """The bucket cap that minimizes the exposed all-reduce time of a DDP step, in bytes.
+
+    With ``S`` bytes of gradients in buckets of ``c`` bytes, the buckets' start-up costs
+    ``(S / c) alpha`` and the last bucket, which waits for the end of the backward, costs
+    ``c 2 (n-1)/n / busbw``; their sum is smallest at ``c* = sqrt(alpha S busbw / (2 (n-1)/n))``.
 
     Raises:
-        ExerciseFailed: no choice, a size that was not measured, or one slower than
-            ``(1 + slack) x`` the fastest.
+        ValueError: a non-positive argument or fewer than 2 ranks.
+    """
+    if min(alpha, grad_bytes, busbw) <= 0 or world_size < 2:
+        raise ValueError(f"need positive alpha, grad_bytes, busbw and world_size >= 2, got "
+                         f"{alpha}, {grad_bytes}, {busbw}, {world_size}")
+    return math.sqrt(alpha * grad_bytes * busbw / (2 * (world_size - 1) / world_size))
+
+
+def check_bucket_choice(choice_mb, step_s_by_mb: dict, slack: float = 0.10,
+                        predicted_mb=None, expected_mb: float | None = None) -> bool:
+    """Exercise 3: a measured bucket cap among the fastest, and the predicted best cap.
+
+    The chosen ``bucket_cap_mb`` must have been measured and step within a slack of the fastest:
+    ``slack`` or half the sweep's own spread (slowest over fastest, minus 1), whichever is
+    smaller, so that a sweep whose sizes all step alike does not pass every choice. With
+    ``expected_mb`` (the model's best cap, :func:`best_bucket_bytes`, in MB), ``predicted_mb``
+    must be within a factor 2 of it.
+
+    Raises:
+        ExerciseFailed: no choice, a size that was not measured, one too slow, or a prediction
+            off by more than 2x.
         ValueError: ``step_s_by_mb`` empty.
     """
     if not step_s_by_mb:
@@ -88,24 +145,38 @@ def check_bucket_choice(choice_mb, step_s_by_mb: dict, slack: float = 0.10) -> b
     if c not in times:
         raise ExerciseFailed(f"✗ Exercise 3: {c:g} MB was not measured; choose one of {sorted(times)}.")
     best = min(times.values())
-    if times[c] <= (1 + slack) * best:
-        print(f"✓ Exercise 3: {c:g} MB steps in {times[c] * 1e3:.3g} ms, within {slack:.0%} of "
-              f"the fastest measured ({best * 1e3:.3g} ms).")
-        return True
-    raise ExerciseFailed(f"✗ Exercise 3: {c:g} MB steps in {times[c] * 1e3:.3g} ms, "
-                         f"{times[c] / best:.2f}x the fastest measured ({best * 1e3:.3g} ms).")
+    allowed = min(slack, 0.5 * (max(times.values()) / best - 1))
+    if times[c] > (1 + allowed) * best:
+        raise ExerciseFailed(f"✗ Exercise 3: {c:g} MB steps in {times[c] * 1e3:.3g} ms, "
+                             f"{times[c] / best:.2f}x the fastest measured ({best * 1e3:.3g} ms).")
+    if expected_mb is not None:
+        p = _number("Exercise 3 (predicted best cap, MB)", predicted_mb)
+        if not 0.5 <= p / expected_mb <= 2:
+            raise ExerciseFailed(f"✗ Exercise 3: you predicted a best cap of {p:.3g} MB; the "
+                                 f"start-up and last-bucket costs balance at {expected_mb:.3g} MB "
+                                 "(sqrt(alpha S busbw / (2 (n-1)/n))).")
+    print(f"✓ Exercise 3: {c:g} MB steps in {times[c] * 1e3:.3g} ms, within {allowed:.1%} of the "
+          f"fastest measured ({best * 1e3:.3g} ms)"
+          + (f"; your predicted best cap is within 2x of {expected_mb:.3g} MB."
+             if expected_mb is not None else "."))
+    return True
+
 
 def check_sharded_optimizer(state_bytes_per_rank: Sequence, params: int, predicted_bytes,
-                            rtol: float = 0.05) -> bool:
+                            rtol: float = 0.05, rank_spread: float | None = None) -> bool:
     """Exercise 4: Adam's state is sharded across the ranks, and the bytes per rank were predicted.
 
     Passes when (a) the ranks together hold ``8 P`` bytes of Adam moments (within ``rtol``),
     (b) no rank holds more than ``8 P x (1/N + 0.5 (1 - 1/N))`` (half-way between a perfect
     shard and none: a sharded optimizer passes, a replicated one does not), and (c)
-    ``predicted_bytes`` is within ``rtol`` of the mean bytes per rank.
+    ``predicted_bytes`` is within ``rtol`` of the mean bytes per rank, and (d) after the steps
+    every rank holds the same parameters (``rank_spread``, the largest difference from rank 0,
+    at most 1e-6): sharding the state must not shard the model. An optimizer that steps only
+    its rank's shard and never sends the result to the others holds the right bytes and
+    trains ``n`` different models.
 
     Raises:
-        ExerciseFailed: any of the three fails, or an answer is missing.
+        ExerciseFailed: any of the four fails, or an answer is missing.
     """
     got = [_number("Exercise 4 (state bytes per rank)", b) for b in state_bytes_per_rank]
     if len(got) < 2:
@@ -119,6 +190,10 @@ def check_sharded_optimizer(state_bytes_per_rank: Sequence, params: int, predict
     if abs(sum(got) - full) > rtol * full:
         raise ExerciseFailed(f"✗ Exercise 4: the ranks hold {sum(got):,.0f} bytes of optimizer state in "
                              f"all, not Adam's 8 bytes x {params:,} parameters = {full:,} bytes.")
+    if rank_spread is not None and _number("Exercise 4 (rank spread)", rank_spread) > 1e-6:
+        raise ExerciseFailed(f"✗ Exercise 4: after the steps the ranks' parameters differ by up to "
+                             f"{rank_spread:.3g}: each rank updated its shard but the others never "
+                             "received it, so the ranks now train different models.")
     mean = sum(got) / n
     if abs(pred - mean) > rtol * mean:
         raise ExerciseFailed(f"✗ Exercise 4: you predicted {pred:,.0f} bytes per rank; the ranks hold "

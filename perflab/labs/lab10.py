@@ -33,13 +33,13 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from perflab.gpt2 import ladder as sr, model as gpt2
+from perflab.gpt2 import ladder as sr, model as gpt2, steps as gpt2_steps
 from perflab.labs.exercises import ExerciseFailed, record, require
 
 __all__ = ["ADAMW_FP32_BYTES", "PeakEstimate", "check_flops_per_token", "check_memory_cut",
            "reference_fraction", "reference_ladder",
            "check_speedrun", "check_static_memory", "model_params", "peak_estimate",
-           "speed_trials"]
+           "speed_trials", "speedup_bar"]
 
 #: the reference run's ceilings file (the same file as ``perflab.record.ceilings.REFERENCE_PATH``;
 #: named here so that this chapter module does not import a module layered above it)
@@ -158,6 +158,27 @@ def check_static_memory(bytes_per_param: dict | None, predicted_static: float | 
 # Exercise 3: speed
 # ---------------------------------------------------------------------------------------------
 
+def speedup_bar(fp32_flops: float, low_flops: float, share: float = 0.4,
+                floor: float = 1.5) -> float:
+    """The speedup lab 10's exercise 3 asks over its float32 baseline, from this machine's
+    measured matmul ceilings.
+
+    If a step were only its matrix products, moving them from float32 to bf16 would make it
+    ``low_flops / fp32_flops`` times faster (the ratio of the two measured ceilings: about 13x
+    on an H100/H200, about 2x on consumer GPUs whose bf16 rate is twice their float32 rate).
+    The bar is ``share`` of that ratio (chapter 10's plain compiled rung reached over 80 % of it
+    on an H200, so 40 % leaves room for a smaller GPU's memory-bound work), and never below
+    ``floor``: a rung must at least beat the baseline clearly.
+
+    Raises:
+        ValueError: a non-positive ceiling, share or floor.
+    """
+    if not fp32_flops > 0 or not low_flops > 0 or not share > 0 or not floor > 0:
+        raise ValueError(f"ceilings, share and floor must be positive, got {fp32_flops}, "
+                         f"{low_flops}, {share}, {floor}")
+    return max(floor, share * low_flops / fp32_flops)
+
+
 def speed_trials(base: sr.Rung, mine: sr.Rung, tokens: np.ndarray, device, steps: int = 3,
                  warmup: int = 1, trials: int = 3) -> dict[str, Any]:
     """Train ``base`` and ``mine`` alternately ``trials`` times each; return what was measured.
@@ -245,7 +266,8 @@ class PeakEstimate:
 
     Attributes:
         static_bytes: weights (4 B/parameter), AdamW's two moments (8 B), and gradients (4 B;
-            with the optimizer in the backward, only the largest parameter's gradient lives).
+            with the optimizer in the backward and no accumulation, only the largest
+            parameter's gradient lives).
         saved_bytes: bytes autograd saved for the backward of one micro-batch (unique storages,
             parameters excluded), counted by ``saved_tensors_hooks``; with activation
             checkpointing, each block's input (which the checkpoint keeps) is added.
@@ -288,7 +310,10 @@ def peak_estimate(rung: sr.Rung, tokens: np.ndarray, device="cpu", seed: int = 0
     model = gpt2.GPT(rung.config()).to(device)
     params = list(model.parameters())
     n = sum(p.numel() for p in params)
-    grads = max(p.numel() for p in params) if rung.optimizer == "in_backward" else n
+    # the step in the backward frees each gradient at once only without accumulation: the
+    # earlier micro-batches must keep every gradient until the last one completes it
+    freed = rung.optimizer == "in_backward" and rung.accum == 1
+    grads = max(p.numel() for p in params) if freed else n
     static = 4 * n + 8 * n + 4 * grads
     skip = {_storage_key(p) for p in params}
     seen: dict = {}
@@ -300,8 +325,8 @@ def peak_estimate(rung: sr.Rung, tokens: np.ndarray, device="cpu", seed: int = 0
             seen[key] = t.untyped_storage().nbytes()
         return t
 
-    fwd = sr._Forward(model, rung.then(rung.name, compile=False, checkpoint=False,
-                                       graphs=False))
+    fwd = gpt2_steps.Forward(model, rung.then(rung.name, compile=False, checkpoint=False,
+                                              graphs=False, step_graph=False))
     x, y = next(sr.batches(tokens, rung.batch, rung.seq_len))
     x, y = x.to(device), y.to(device)
     before = {}
@@ -315,8 +340,9 @@ def peak_estimate(rung: sr.Rung, tokens: np.ndarray, device="cpu", seed: int = 0
     handles = [b.register_forward_pre_hook(pre) for b in model.blocks]
     handles += [b.register_forward_hook(post) for b in model.blocks]
     try:
+        low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rung.precision)
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                sr._autocast(rung, device), sr._attention_ctx(rung, device):
+                torch.autocast(device.type, dtype=low or torch.bfloat16, enabled=low is not None):
             fwd(x, y)
     finally:
         for h in handles:
