@@ -326,23 +326,43 @@ def _write(nb, path: Path) -> None:
 PACKED = ("book", "labs", "pending", "perflab/data")
 
 
-def pack(archive: Path, since: float, root: Path = ROOT, folders=PACKED) -> int:
+#: the most raw bytes one archive of ``--pack`` holds: a device machine returns files of at most
+#: 16 MiB each (eight at most), so a run that writes more is packed into several parts
+PACK_PART_BYTES = 15 * 2**20
+
+
+def pack(archive: Path, since: float, root: Path = ROOT, folders=PACKED,
+         part_bytes: int = PACK_PART_BYTES) -> int:
     """Write every file under ``root / folder`` (for each of ``folders``) modified at or after
     ``since`` (seconds since the epoch) into the gzip tar ``archive``, named relative to
     ``root``; atomically (a temporary file, then a rename). Returns the number of files.
 
     The reference run calls it after each notebook, so a run stopped at a time limit still
     leaves the notebooks it finished (and the files they wrote) in one archive: the device
-    machine returns at most eight files.
+    machine returns at most eight files of 16 MiB. When the files hold more than
+    ``part_bytes`` (uncompressed), the rest goes into ``<archive stem>-2.tgz``, ``-3`` ...
+    beside it (a file larger than ``part_bytes`` gets a part of its own).
     """
     files = sorted(p for folder in folders if (root / folder).is_dir()
                    for p in (root / folder).rglob("*")
                    if p.is_file() and not p.name.endswith(".tmp") and p.stat().st_mtime >= since)
-    tmp = archive.with_name(archive.name + ".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        for p in files:
-            tar.add(p, arcname=p.relative_to(root).as_posix())
-    os.replace(tmp, archive)
+    parts: list[list[Path]] = [[]]
+    size = 0
+    for f in files:
+        n = f.stat().st_size
+        if parts[-1] and size + n > part_bytes:
+            parts.append([])
+            size = 0
+        parts[-1].append(f)
+        size += n
+    stem = archive.name.removesuffix(".tgz").removesuffix(".tar.gz")
+    for k, chunk in enumerate(parts, 1):
+        target = archive if k == 1 else archive.with_name(f"{stem}-{k}.tgz")
+        tmp = target.with_name(target.name + ".tmp")
+        with tarfile.open(tmp, "w:gz") as tar:
+            for f in chunk:
+                tar.add(f, arcname=f.relative_to(root).as_posix())
+        os.replace(tmp, target)
     return len(files)
 
 

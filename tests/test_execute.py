@@ -330,3 +330,19 @@ def test_check_lists_multi_gpu_pages_with_what_they_wait_for_without_failing(tmp
     assert "waiting: " in r.stdout and "needs 2 GPUs" in r.stdout
     write_nb(one, "x = 2")       # a one-GPU page that is stale fails
     assert run("--check", one, two).returncode == 1
+
+
+def test_pack_splits_what_would_not_come_back_in_one_file(tmp_path):
+    import tarfile
+
+    root = tmp_path / "clone"
+    (root / "book").mkdir(parents=True)
+    for k in range(5):
+        (root / "book" / f"f{k}.bin").write_bytes(bytes(400))
+    archive = tmp_path / "out" / "executed.tgz"
+    archive.parent.mkdir()
+    assert execute.pack(archive, 0, root=root, folders=("book",), part_bytes=1000) == 5
+    parts = sorted(archive.parent.glob("executed*.tgz"))
+    assert [p.name for p in parts] == ["executed-2.tgz", "executed-3.tgz", "executed.tgz"]
+    names = [n for p in parts for n in tarfile.open(p).getnames()]
+    assert sorted(names) == [f"book/f{k}.bin" for k in range(5)]
