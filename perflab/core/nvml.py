@@ -69,6 +69,16 @@ def handle(index: int = 0):
         return None
 
 
+def _hz(mhz: float | None) -> float | None:
+    """NVML's megahertz as hertz (None stays None)."""
+    return None if mhz is None else mhz * 1e6
+
+
+def _watts(milliwatts: float | None) -> float | None:
+    """NVML's milliwatts as watts (None stays None)."""
+    return None if milliwatts is None else milliwatts / 1e3
+
+
 def _call(name: str, *args):
     """Call the NVML getter ``name``; None when this nvidia-ml-py lacks it or the driver cannot
     answer (not supported, no permission)."""
@@ -109,21 +119,19 @@ def readings(index: int = 0, links: bool = True) -> dict[str, Any] | None:
     if h is None:
         return None
     pynvml = _pynvml()
-    hz = lambda v: None if v is None else v * 1e6  # noqa: E731  (NVML reports MHz)
-    watts = lambda v: None if v is None else v / 1e3  # noqa: E731  (NVML reports mW)
     util = _call("nvmlDeviceGetUtilizationRates", h)
     mask = _call("nvmlDeviceGetCurrentClocksEventReasons", h)
     if mask is None:
         mask = _call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
     out = {
-        "sm_clock_hz": hz(_call("nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_SM)),
-        "sm_clock_max_hz": hz(_call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_SM)),
-        "mem_clock_hz": hz(_call("nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_MEM)),
-        "mem_clock_max_hz": hz(_call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_MEM)),
+        "sm_clock_hz": _hz(_call("nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_SM)),
+        "sm_clock_max_hz": _hz(_call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_SM)),
+        "mem_clock_hz": _hz(_call("nvmlDeviceGetClockInfo", h, pynvml.NVML_CLOCK_MEM)),
+        "mem_clock_max_hz": _hz(_call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_MEM)),
         "memory_bus_width_bits": _call("nvmlDeviceGetMemoryBusWidth", h),
-        "power_w": watts(_call("nvmlDeviceGetPowerUsage", h)),
-        "power_instant_w": watts(_field(h, POWER_INSTANT_FIELD)),
-        "power_limit_w": watts(_call("nvmlDeviceGetEnforcedPowerLimit", h)),
+        "power_w": _watts(_call("nvmlDeviceGetPowerUsage", h)),
+        "power_instant_w": _watts(_field(h, POWER_INSTANT_FIELD)),
+        "power_limit_w": _watts(_call("nvmlDeviceGetEnforcedPowerLimit", h)),
         "temperature_c": _call("nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU),
         "pstate": _call("nvmlDeviceGetPerformanceState", h),
         "utilization_pct": util.gpu if util is not None else None,
@@ -219,16 +227,15 @@ def clock_settings(index: int = 0) -> dict[str, Any] | None:
     if h is None:
         return None
     pynvml = _pynvml()
-    hz = lambda v: None if v is None else v * 1e6  # noqa: E731  (NVML reports MHz)
     mem_max = _call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_MEM)
     supported = (_call("nvmlDeviceGetSupportedGraphicsClocks", h, mem_max)
                  if mem_max is not None else None)
     mode = _call("nvmlDeviceGetComputeMode", h)
     procs = _call("nvmlDeviceGetComputeRunningProcesses", h)
     return {
-        "sm_clock_max_hz": hz(_call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_SM)),
-        "app_sm_clock_hz": hz(_call("nvmlDeviceGetApplicationsClock", h, pynvml.NVML_CLOCK_SM)),
-        "default_app_sm_clock_hz": hz(_call("nvmlDeviceGetDefaultApplicationsClock", h,
+        "sm_clock_max_hz": _hz(_call("nvmlDeviceGetMaxClockInfo", h, pynvml.NVML_CLOCK_SM)),
+        "app_sm_clock_hz": _hz(_call("nvmlDeviceGetApplicationsClock", h, pynvml.NVML_CLOCK_SM)),
+        "default_app_sm_clock_hz": _hz(_call("nvmlDeviceGetDefaultApplicationsClock", h,
                                             pynvml.NVML_CLOCK_SM)),
         "supported_sm_clocks_hz": (sorted((c * 1e6 for c in supported), reverse=True)
                                    if supported else None),

@@ -102,6 +102,19 @@ def kernels_per_call(fn: Callable, *args, calls: int = 5, **kwargs) -> float:
 # Counting a step's FLOPs and bytes by watching every ATen operator it runs
 # ---------------------------------------------------------------------------------------------
 
+def _profiled_calls(fn: Callable, args, kwargs, calls: int, warmup: int):
+    """The profiler's events (CPU and CUDA) of ``calls`` calls of ``fn``, after ``warmup``
+    unprofiled calls; the GPU is synchronized before and inside the profiled region."""
+    for _ in range(warmup):
+        fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(*args, **kwargs)
+        torch.cuda.synchronize()
+    return prof.events()
+
+
 def device_seconds_per_call(fn: Callable, *args, calls: int = 20, warmup: int = 3, **kwargs) -> float:
     """Device (kernel) time of one call of ``fn(*args, **kwargs)`` on a GPU, in seconds, from CUPTI.
 
@@ -119,14 +132,8 @@ def device_seconds_per_call(fn: Callable, *args, calls: int = 20, warmup: int = 
         raise RuntimeError("device_seconds_per_call needs a CUDA GPU; this machine has none")
     if calls < 1 or warmup < 0:
         raise ValueError(f"calls must be >= 1 and warmup >= 0, got calls={calls}, warmup={warmup}")
-    for _ in range(warmup):
-        fn(*args, **kwargs)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn(*args, **kwargs)
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events()
+    events = _profiled_calls(fn, args, kwargs, calls, warmup)
+    kernels = [e for e in events
                if e.device_type == torch.autograd.DeviceType.CUDA
                and not e.name.startswith(("Memcpy", "Memset", "[memory]"))]
     if not kernels:
@@ -217,13 +224,8 @@ def launch_api_seconds(fn: Callable, *args, calls: int = 200, **kwargs) -> tuple
         raise RuntimeError("launch_api_seconds needs a CUDA GPU; this machine has none")
     if calls < 1:
         raise ValueError(f"calls must be >= 1, got {calls}")
-    fn(*args, **kwargs)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn(*args, **kwargs)
-        torch.cuda.synchronize()
-    launches = [e for e in prof.events()
+    events = _profiled_calls(fn, args, kwargs, calls, warmup=1)
+    launches = [e for e in events
                 if e.name.startswith(("cudaLaunchKernel", "cuLaunchKernel"))]
     total_us = sum(e.time_range.end - e.time_range.start for e in launches)
     return total_us * 1e-6 / calls, len(launches) / calls

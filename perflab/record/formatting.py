@@ -5,9 +5,11 @@ Bookkeeping, kept out of the chapters' cells: a cell computes rows of values, an
 ``{glue:md}`name```). :func:`sig` and :func:`nbytes` write a number with three significant
 digits and a unit, never as ``2.05e+03 MiB`` or ``734,577,152 bytes``.
 
-(Interim: the course's shared formatter and table helper, ``perflab.record.numbers`` and
-``perflab.record.tables``, are being written; these functions follow the same convention and
-give way to them when they land.)
+How this differs from :func:`perflab.record.numbers.fmt` (numbers with a unit prefix, "1.42 GB")
+and :func:`perflab.record.tables.show` (a table from rows and column specs): ``sig`` keeps a
+fixed count of significant digits with thousands separators ("1,230", "0.0120"), the style of
+the tables of chapters 5-7 and of the check sentences (:mod:`perflab.record.claims`), and
+``glue_table`` glues a table whose cells are already formatted.
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ __all__ = ["glue_table", "markdown", "nbytes", "sig", "small"]
 _BYTE_UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
 
 
+def _check(x: float, digits: int) -> None:
+    if digits < 1:
+        raise ValueError(f"digits must be >= 1, got {digits}")
+    if not math.isfinite(x):
+        raise ValueError(f"x must be finite, got {x}")
+
+
 def sig(x: float, digits: int = 3, unit: str = "") -> str:
     """``x`` with ``digits`` significant digits, thousands separated, no exponent below 1e15:
     ``sig(1234.5) == "1,230"``, ``sig(0.012345) == "0.0123"``, ``sig(0) == "0"``.
@@ -29,10 +38,7 @@ def sig(x: float, digits: int = 3, unit: str = "") -> str:
     Raises:
         ValueError: ``x`` not finite or ``digits`` < 1.
     """
-    if digits < 1:
-        raise ValueError(f"digits must be >= 1, got {digits}")
-    if not math.isfinite(x):
-        raise ValueError(f"x must be finite, got {x}")
+    _check(x, digits)
     if x == 0:
         text = "0"
     else:
@@ -52,10 +58,7 @@ def small(x: float, digits: int = 2) -> str:
     Raises:
         ValueError: ``x`` not finite or ``digits`` < 1.
     """
-    if digits < 1:
-        raise ValueError(f"digits must be >= 1, got {digits}")
-    if not math.isfinite(x):
-        raise ValueError(f"x must be finite, got {x}")
+    _check(x, digits)
     if x == 0 or abs(x) >= 1e-3:
         return sig(x, digits)
     exponent = math.floor(math.log10(abs(x)))
