@@ -365,7 +365,8 @@ def _counting(stream, read: list):
 
 def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str,
           warmup: int = 2, seed: int = 0, lr: float = 3e-4, ddp: Any = None,
-          profile: bool = False, snapshot: str | None = None) -> RunResult:
+          profile: bool = False, snapshot: str | None = None,
+          snapshot_events: int = _SNAPSHOT_EVENTS) -> RunResult:
     """Train GPT-2 by ``rung`` for ``warmup + steps`` optimizer steps; time the last ``steps``.
 
     Args:
@@ -375,7 +376,8 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         steps: timed optimizer steps (>= 1).
         device: where to train.
         warmup: untimed steps first (compilation happens in the first).
-        seed: initial weights (the same for every rung with the same seed and model).
+        seed: initial weights (the same for every rung with the same seed and model on the
+            same device: they are drawn on ``device``, so a GPU's differ from a CPU's).
         lr: AdamW learning rate (betas 0.9, 0.95, weight decay 0.1 on matrices).
         ddp: a callable wrapping the model for data parallelism (e.g. ``DistributedDataParallel``
             with its arguments bound), or None. With DDP each rank reads its own windows.
@@ -390,6 +392,9 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         snapshot: a file to write a CUDA memory snapshot of one more step to
             (``torch.cuda.memory._dump_snapshot``, for https://pytorch.org/memory_viz); ignored
             on a CPU (``result.extra["snapshot"]`` is None there).
+        snapshot_events: the most allocator events the snapshot keeps (the last ones; about
+            100 bytes of file each); ``result.extra["snapshot_complete"]`` says whether the
+            whole step fitted.
 
     Returns:
         A :class:`RunResult`; the model and optimizer are freed before it returns.
@@ -416,7 +421,8 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         torch.cuda.reset_peak_memory_stats(device)
         held = torch.cuda.memory_allocated(device)   # not this run's: left out
     torch.manual_seed(seed)
-    model = gpt2.GPT(cfg).to(device)
+    with device:        # the weights are made where they train: no host init, no copy
+        model = gpt2.GPT(cfg)
     # the page's step (chapter 10, perflab.gpt2.steps): this function only measures it
     net = gpt2_steps.make_net(model, rung, ddp)
     opt = gpt2_steps.make_optimizer(model, rung, lr)
@@ -464,12 +470,12 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     if snapshot is not None:
         extra["snapshot"] = None
         if device.type == "cuda":
-            # every event of the step (the default keeps 20,000: a few micro-batches of an
-            # eager step), stacks cut to 8 frames to keep the file small
-            snap = memory.record_snapshot(step, max_entries=_SNAPSHOT_EVENTS, max_frames=8)
+            # the step's last `snapshot_events` events (the default keeps every event of
+            # an eager step of 8 micro-batches), stacks cut to 8 frames
+            snap = memory.record_snapshot(step, max_entries=snapshot_events, max_frames=8)
             events = sum(len(t) for t in snap.get("device_traces", []))
             extra["snapshot_events"] = events
-            extra["snapshot_complete"] = events < _SNAPSHOT_EVENTS
+            extra["snapshot_complete"] = events < snapshot_events
             memory.save_snapshot(snap, snapshot)
             extra["snapshot"] = str(snapshot)
     peak = torch.cuda.max_memory_allocated(device) - held if device.type == "cuda" else None
