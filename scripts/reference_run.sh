@@ -13,8 +13,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .cache
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    2>&1 | grep -v -i warning
+  # a run split over several calls on one machine installs the same wheels once
+  stamp=/tmp/site/.wheels-$(ls .whl | sha256sum | cut -c1-16)
+  if [ ! -e "$stamp" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      2>&1 | grep -v -i warning
+    [ "${PIPESTATUS[0]}" -eq 0 ] && touch "$stamp"
+  fi
   export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
 else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
