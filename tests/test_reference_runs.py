@@ -20,16 +20,28 @@ def test_every_notebook_has_a_current_gpu_reference_run():
                       "machine):\n" + r.stdout, UserWarning, stacklevel=1)
 
 
+# Expectations glued False by a committed run whose check (not the measurement) was wrong, each
+# explained in a note on its page; the entry goes in the commit of the page's next run, which
+# must fix the check. A listed expectation that holds, or a new one that fails, fails the test.
+KNOWN_FAULTY_CHECKS = {
+    # the check assumed sizes 4x apart; the 2026-12-03 run's two smallest are 16x apart
+    ("book/02_hardware", "h2d_small_latency_bound"),
+}
+
+
 def test_no_committed_notebook_contradicts_its_own_expectations():
     """A typed sentence backed by perflab.record.claims.expect must hold on the run the page shows."""
     from perflab.record.claims import failed_expectations
     from perflab.record.runs import toc_files
 
-    bad = {}
+    bad, known = {}, set()
     for entry in toc_files(ROOT / "_toc.yml"):
         nb = ROOT / (entry + ".ipynb")
         if nb.exists():
-            failed = failed_expectations(nb)
-            if failed:
-                bad[entry] = failed
+            for name in failed_expectations(nb):
+                if (entry, name) in KNOWN_FAULTY_CHECKS:
+                    known.add((entry, name))
+                else:
+                    bad.setdefault(entry, []).append(name)
     assert not bad, f"expectations glued False by the committed runs: {bad}"
+    assert known == KNOWN_FAULTY_CHECKS, f"listed but holding now: {KNOWN_FAULTY_CHECKS - known}"
