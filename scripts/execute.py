@@ -177,6 +177,8 @@ def waiting(md: Path) -> str | None:
     shown = (f"shows the run of {run.started[:10]} on {run.devices_text}" if run and run.started
              else st.words)
     if later is not None:
+        n = runs.required_gpus(later)
+        kind = f"a machine with {n} GPUs" if n > 1 else "its run on one GPU"
         return (f"{_rel(md)}: needs {gpus} GPUs; {shown} of an older source; its revised "
                 f"source {_rel(later)} waits for {kind}")
     return f"{_rel(md)}: needs {gpus} GPUs; {shown} ({st.words})"

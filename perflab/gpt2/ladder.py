@@ -906,12 +906,20 @@ def saving_table(results: dict, predicted: dict) -> tuple[str, dict]:
     case (``"fused"``, ``"fp8"``, ``"bf16"``...; ``"bf16 residual"`` is ``"residual"``,
     ``"one graph per step"`` ``"step"``, ``"CUDA graphs"`` ``"graphs"``), the verdict
     ``"close to its prediction"`` within a factor 1.5 either way.
+
+    Raises:
+        ValueError: a predicted rung, or the rung before it, was trained without
+            ``profile=True`` (no timeline to split the saving by).
     """
     names = list(results)
     rows, out = [], {}
     keys = {"bf16 residual": "residual", "one graph per step": "step", "CUDA graphs": "graphs"}
     for name, pred in predicted.items():
         before, after = results[previous(names, name)], results[name]
+        for r in (before, after):
+            if r.extra.get("timeline") is None:
+                raise ValueError(f"results: rung {r.rung['name']!r} has no profiled timeline; "
+                                 f"train it with profile=True (it is {name!r} or the rung before)")
         saved = before.step_s - after.step_s
         busy = before.extra["timeline"].busy_s - after.extra["timeline"].busy_s
         gaps = saved - busy
