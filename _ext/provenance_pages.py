@@ -214,7 +214,14 @@ def notebook_status(app, docname: str) -> dict | None:
     later = runs.pending_replacement(md) if myst else None
     return {"run": st.run.as_metadata() if st.run else None, "state": st.state, "words": st.words,
             "gpus": runs.required_gpus(md) if myst else None,
-            "pending": str(later.relative_to(src)) if later else None}
+            "pending": str(later.relative_to(src)) if later else None,
+            "pending_gpus": runs.required_gpus(later) if later else None}
+
+
+def _waits_for(status: dict) -> str:
+    """What a page's revised source waits for: its run on one GPU, or a machine with N GPUs."""
+    n = status.get("pending_gpus") or status.get("gpus")
+    return "its reference run on one GPU" if n == 1 else f"a machine with {gpus_text(n)}"
 
 
 def gpus_text(gpus: int | None) -> str:
@@ -364,7 +371,7 @@ def badge_words(status: dict, run: dict) -> tuple[str, str | None]:
         return (line + "an older source's run",
                 f"The outputs on this page come from the run of {run_date(run)} on "
                 f"{short_devices(run.get('devices'))} of an older source. The revised page "
-                f"({status['pending']}) waits for a machine with {gpus_text(status.get('gpus'))}; "
+                f"({status['pending']}) waits for {_waits_for(status)}; "
                 "the note below lists what is known to be wrong in these outputs.")
     if status["state"] == "current":
         return line + "current with its source", None
@@ -494,9 +501,10 @@ class ProvenanceStatus(SphinxDirective):
         found = runs.pending_sources(src)
         if not found:
             return []
-        para = nodes.paragraph(text=("Waiting, outside the book, for a machine kind that is not lent "
-                                     "now (pending/README.md says what each replaces or joins; CI "
-                                     "runs them on a CPU):"))
+        para = nodes.paragraph(text=("Waiting, outside the book, for their reference run: on a "
+                                     "machine with more GPUs than the course's runs have now, or "
+                                     "(one GPU) on the next run (pending/README.md says what each "
+                                     "replaces or joins; CI runs them on a CPU):"))
         items = nodes.bullet_list()
         for md in found:
             item = nodes.list_item()
