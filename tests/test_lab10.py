@@ -106,8 +106,11 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
           "ref_fraction": sc.reference_fraction(536_000.0) if with_reference else None,
           "speed": {"base": run, "mine": run, "fraction": 0.3, "speedup": 2.0},
           "lean": {"ratio": 0.25}}
-    src = code_cell(jupytext.read(LAB), "ladder = sc.reference_ladder(")
+    lab = jupytext.read(LAB)
+    src = code_cell(lab, "ladder = sc.reference_ladder(")
     exec(compile(src, "<lab10 overlay>", "exec"), ns)
+    src = code_cell(lab, "theirs = [")               # the figure, a cell of its own
+    exec(compile(src, "<lab10 figure>", "exec"), ns)
     yours = {r[0]: r for r in ns["rows"]}
     assert yours["peak memory reduction"][1] == 4.0
     if with_reference:
