@@ -121,7 +121,9 @@ def test_prose_quotes_only_names_glued_on_every_machine(path):
 def test_lab_uses_the_report_card_and_ends_on_the_overlay():
     cells = [c for c in jupytext.read(LAB).cells if c.cell_type == "code"]
     assert any("report.measure(" in c.source for c in cells)
-    assert "overlay_table" in cells[-1].source and "read_glued" in cells[-1].source
+    # the overlay table, then its figure in a cell of its own (the book's figure convention)
+    assert "overlay_table" in cells[-2].source and "read_glued" in cells[-2].source
+    assert "plt.subplots" in cells[-1].source and "overlay_table" not in cells[-1].source
 
 
 def test_claims_about_waves_clocks_and_the_alpha_beta_fit_follow_the_data():

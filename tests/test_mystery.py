@@ -76,3 +76,15 @@ def test_check_accepts_the_right_diagnosis_with_consistent_evidence():
     step = mystery.step_b("cpu")
     ev = _evidence(step, ceiling=1e12, bandwidth=1e11)
     assert lab04.check_diagnosis(step, "overhead-bound", ev, time_tolerance=1e6)
+
+
+def test_check_rejects_a_ceiling_in_the_wrong_unit():
+    """A ceiling off by 1000x (GFLOP/s read as FLOP/s) gives an impossible fraction; on a CPU the
+    bound is 5x (a shared CPU's speed moves by 2-3x between the ceilings and the step), far
+    below such an error."""
+    step = mystery.step_c("cpu")
+    ev = _evidence(step)
+    fl = ev["flops"] / ev["seconds"]
+    ev.update(flops_ceiling=fl / 1000, bandwidth_ceiling=ev["bytes"] / ev["seconds"] / 0.5)
+    with pytest.raises(ExerciseFailed, match="impossible"):
+        lab04.check_diagnosis(step, "compute-bound", ev, time_tolerance=1e6)

@@ -10,7 +10,6 @@ from perflab.labs.exercises import ExerciseFailed
 from perflab.machine.costs import count_cost
 from perflab.profiling.mystery import MysteryStep, _ANSWERS, _EVIDENCE_KEYS, _digest
 from perflab.profiling.trace import REGIMES, regime
-from perflab.record.ceilings import measure_all
 
 __all__ = ["check_diagnosis"]
 
@@ -43,10 +42,8 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
     The check recounts FLOPs and bytes (they must match within 1 %), re-times the step (the
     student's time must be within ``time_tolerance`` x of it either way; default 5 on a GPU,
     where a timer that does not wait for the kernels is off by far more, and 20 on a CPU, which
-    has no queue to forget and whose timings on a shared machine scatter widely), requires the achieved fractions to stay below 2 x the ceilings (a
-    ceiling measured wrongly shows up as an impossible fraction; on a CPU, whose speed changes with
-    the load, the fractions of the check's own timing against ceilings it measures at the same
-    time, and the student's ceilings within ``time_tolerance`` of those), requires ``answer`` to follow
+    has no queue to forget and whose timings on a shared machine scatter widely), requires the achieved fractions to stay below 2 x the ceilings on a GPU, 5 x on a CPU (a
+    ceiling measured wrongly shows up as an impossible fraction), requires ``answer`` to follow
     from the evidence by :func:`perflab.profiling.trace.regime`, and finally compares it with the right
     answer.
 
@@ -89,25 +86,13 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
                              f"check's {seconds * 1e3:.3g} ms: time it with warm-up and synchronization.")
     flops_fraction = ev["flops"] / ev["seconds"] / ev["flops_ceiling"]
     bandwidth_fraction = ev["bytes"] / ev["seconds"] / ev["bandwidth_ceiling"]
-    if step.device.type == "cuda":
-        # the roofs are the clock model's peaks: no step exceeds them, whatever its clock
-        judged = {"FLOP/s": flops_fraction, "bandwidth": bandwidth_fraction}
-    else:
-        # a shared CPU's speed changes from minute to minute: the student's step time and the
-        # ceilings (measured minutes apart) need not share a load, and a CI machine once read a
-        # right step at 2.2x its ceiling that way. Like with like instead: the ceilings measured
-        # now, beside the check's own timing of the step; the student's must be within the time
-        # tolerance of them (a ceiling in the wrong unit or of the wrong dtype is off by far more).
-        now = measure_all(step.device, quick=True)
-        flops_now, bw_now = now["matmul_fp32"].value, now["copy_bandwidth"].value
-        for label, theirs, ours in (("compute", ev["flops_ceiling"], flops_now),
-                                    ("bandwidth", ev["bandwidth_ceiling"], bw_now)):
-            if not 1 / time_tolerance <= theirs / ours <= time_tolerance:
-                raise ExerciseFailed(f"✗ step {name}: your {label} ceiling {theirs:.3g} is {theirs / ours:.2g}x the "
-                                     f"one measured now ({ours:.3g}): re-measure the ceiling (right dtype, units).")
-        judged = {"FLOP/s": ev["flops"] / seconds / flops_now, "bandwidth": ev["bytes"] / seconds / bw_now}
-    for label, frac in judged.items():
-        if frac > 2.0:
+    # a GPU's roofs are the clock model's peaks, which no step exceeds; a shared CPU's speed
+    # changes from minute to minute, and the student's ceilings and step were timed minutes
+    # apart (a loaded CI machine once read a right step at 2.2x its ceiling): 5x there, still
+    # far below what a ceiling in the wrong unit or of the wrong dtype gives
+    impossible = 2.0 if step.device.type == "cuda" else 5.0
+    for label, frac in (("FLOP/s", flops_fraction), ("bandwidth", bandwidth_fraction)):
+        if frac > impossible:
             raise ExerciseFailed(f"✗ step {name}: achieved {label} is {frac:.2g}x its ceiling, which is impossible: "
                                  f"re-measure the ceiling (right dtype, large enough sizes).")
     busy = ev["busy_fraction"] if step.device.type == "cuda" else None
