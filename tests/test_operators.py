@@ -92,14 +92,19 @@ def test_call_path_needs_a_named_function():
 
 
 def test_page_faults_per_call_counts_fresh_pages_not_reused_ones():
-    """A preallocated output never faults; the count is per call and never negative."""
+    """A preallocated output takes (almost) no faults; the count is per call, never negative.
+
+    ``getrusage`` counts the whole process, so a pytest or torch thread touching a new stack or
+    heap page during the calls adds a stray fault (CI saw 1 in 10 calls on a loaded machine):
+    the bound is under one fault per call, where a fresh 256 KiB output would take 64.
+    """
     import torch
     from perflab.internals.operators import page_faults_per_call
     x, out = torch.randn(2**16), torch.empty(2**16)
     reuse = lambda: torch.mul(x, 2, out=out)
     reuse()
-    got = page_faults_per_call(reuse, calls=10)
-    assert got is None or got == 0
+    got = page_faults_per_call(reuse, calls=20)
+    assert got is None or 0 <= got < 1
     fresh = lambda: bytearray(2**22)      # 4 MiB the OS must map and zero each time
     fresh()
     faults = page_faults_per_call(fresh, calls=5)
