@@ -41,7 +41,8 @@ working folder (where it will live) and writes ``pending/book/X.ipynb``. ``--che
 and the pages that need more GPUs than one, with what they wait for, without failing on them.
 
 ``--check`` lists each one-GPU notebook of the table of contents that is not current (:func:`perflab.record.runs.status`: missing, stale
-code, stale perflab modules, no metadata, not from a CUDA device) or whose prose differs (fix that
+code, stale perflab modules, no metadata, not from a CUDA device) or whose prose or presentation
+cell metadata (tags, figure captions) differs (fix that
 with ``--sync``; the others need a run on a GPU machine), saying why. A run records, beside the
 hash of the notebook's code cells, a hash of each perflab module that code imports (found
 statically and transitively, :func:`perflab.record.runs.perflab_sha256`), so an edit to perflab marks
@@ -146,6 +147,26 @@ def _cells(nb, kind: str) -> list[str]:
     return [c.source.strip() for c in nb.cells if c.cell_type == kind]
 
 
+# Keys of a code cell's metadata that a run writes; every other key (tags, mystnb's figure
+# options, perflab.measured_on, nbgrader) is presentation, copied from the source by --sync.
+RUN_METADATA = ("execution",)
+
+
+def _presentation(nb) -> list[dict]:
+    """Each code cell's metadata that says how the book shows it (not what the run wrote)."""
+    return [{k: v for k, v in c.metadata.items() if k not in RUN_METADATA}
+            for c in nb.cells if c.cell_type == "code"]
+
+
+def _drifted(md: Path) -> bool:
+    """True when the ``.md``'s prose or its code cells' presentation metadata differ from its
+    ``.ipynb`` (what ``--sync`` copies without a run)."""
+    src = jupytext.read(md)
+    out = nbformat.read(md.with_suffix(".ipynb"), as_version=4)
+    return (_cells(src, "markdown") != _cells(out, "markdown")
+            or _presentation(src) != _presentation(out))
+
+
 STATUS_WORDS = {
     "missing": "no executed .ipynb (run scripts/execute.py on a GPU machine)",
     "no-metadata": "the .ipynb has no reference_run metadata (re-run on a GPU machine)",
@@ -153,6 +174,7 @@ STATUS_WORDS = {
     "cpu": "the reference run was not on a CUDA device",
 }
 PERFLAB_STALE = "stale: perflab modules it imports changed since the run (re-run on a GPU machine): "
+PROSE_DRIFT = "prose or cell metadata (tags, figure captions) differs from the .ipynb"
 EXIT_PERFLAB_ONLY = 3   # --check: only perflab staleness (see the module docstring)
 
 
@@ -197,12 +219,8 @@ def problems(md: Path) -> list[str]:
         if st.state == "stale" and st.cause == "code" and runs.pending_replacement(md) is not None:
             found.append(f"{rel}: {STATUS_WORDS['stale']}; the run it shows must stay the run of "
                          "its code (revise the source in pending/ instead)")
-        if st.state not in ("missing",):
-            src = jupytext.read(md)
-            out = nbformat.read(md.with_suffix(".ipynb"), as_version=4)
-            if _cells(src, "markdown") != _cells(out, "markdown"):
-                found.append(f"{rel}: prose differs from the .ipynb (python scripts/execute.py "
-                             f"--sync {rel})")
+        if st.state not in ("missing",) and _drifted(md):
+            found.append(f"{rel}: {PROSE_DRIFT} (python scripts/execute.py --sync {rel})")
         return found
     if st.ok:
         found = []
@@ -211,16 +229,15 @@ def problems(md: Path) -> list[str]:
     else:
         found = [f"{rel}: {STATUS_WORDS[st.state]}"
                  + (f" (devices={list(st.run.devices)})" if st.state == "cpu" else "")]
-    if st.state != "missing":
-        src = jupytext.read(md)
-        out = nbformat.read(md.with_suffix(".ipynb"), as_version=4)
-        if _cells(src, "markdown") != _cells(out, "markdown"):
-            found.append(f"{rel}: prose differs from the .ipynb (python scripts/execute.py --sync {rel})")
+    if st.state != "missing" and _drifted(md):
+        found.append(f"{rel}: {PROSE_DRIFT} (python scripts/execute.py --sync {rel})")
     return found
 
 
 def sync_prose(md: Path) -> bool:
-    """Copy the ``.md``'s markdown cells into its ``.ipynb``, keeping outputs; True if written.
+    """Copy the ``.md``'s markdown cells, and its code cells' presentation metadata (tags,
+    figure captions, the measuring device; not what the run wrote), into its ``.ipynb``,
+    keeping outputs; True if written.
 
     Refuses (returns False) when the code differs: then the notebook needs a real run.
     """
@@ -235,7 +252,11 @@ def sync_prose(md: Path) -> bool:
     cells = []
     for cell in src.cells:
         if cell.cell_type == "code":
-            cells.append(next(executed))
+            ran = next(executed)
+            ran.metadata = nbformat.from_dict({
+                **{k: v for k, v in cell.metadata.items() if k not in RUN_METADATA},
+                **{k: v for k, v in ran.metadata.items() if k in RUN_METADATA}})
+            cells.append(ran)
         else:
             cells.append(cell)
     out.cells = cells

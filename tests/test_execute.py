@@ -136,12 +136,41 @@ def test_check_reports_missing_stale_cpu_and_prose_drift(tmp_path):
 
     write_nb(md, "x = 1", prose="# A notebook, reworded")   # prose only: fixable without a GPU
     r = run("--check", md)
-    assert r.returncode == 1 and "prose differs" in r.stdout
+    assert r.returncode == 1 and "prose or cell metadata" in r.stdout
     assert run("--sync", md).returncode == 0
     assert run("--check", md).returncode == 0
     nb = json.loads(ipynb.read_text())
     assert "".join(nb["cells"][0]["source"]).startswith("# A notebook, reworded")
     assert nb["metadata"]["reference_run"]["devices"] == ["NVIDIA H200"]
+
+
+def test_sync_copies_a_code_cell_s_presentation_and_keeps_what_the_run_wrote(tmp_path):
+    """A figure caption or a tag is presentation: --check sees it drift, --sync copies it
+    without a run, and the cell's outputs and execution record stay the run's."""
+    md = write_nb(tmp_path / "nb.md", "print(6 * 7)")
+    assert run(md).returncode == 0
+    ipynb = md.with_suffix(".ipynb")
+    nb = json.loads(ipynb.read_text())
+    nb["metadata"]["reference_run"].update(devices=["NVIDIA H200"], cuda="13.0")
+    nb["cells"][1]["metadata"]["execution"] = {"iopub.status.busy": "the run's"}
+    ipynb.write_text(json.dumps(nb))
+    outputs = nb["cells"][1]["outputs"]
+    assert run("--check", md).returncode == 0
+
+    text = md.read_text().replace(
+        "```{code-cell} ipython3\n",
+        "```{code-cell} ipython3\n---\nmystnb:\n  figure:\n    caption: Forty-two\n"
+        "tags: [hide-input]\n---\n")
+    md.write_text(text)
+    r = run("--check", md)
+    assert r.returncode == 1 and "prose or cell metadata" in r.stdout
+    assert run("--sync", md).returncode == 0
+    assert run("--check", md).returncode == 0
+    cell = json.loads(ipynb.read_text())["cells"][1]
+    assert cell["metadata"]["mystnb"] == {"figure": {"caption": "Forty-two"}}
+    assert cell["metadata"]["tags"] == ["hide-input"]
+    assert cell["metadata"]["execution"] == {"iopub.status.busy": "the run's"}
+    assert cell["outputs"] == outputs and "42" in json.dumps(outputs)
 
 
 def test_check_and_sync_together_is_an_error(tmp_path):
