@@ -249,6 +249,14 @@ def sync_prose(md: Path) -> bool:
     if _cells(src, "code") != _cells(out, "code"):
         return False
     executed = iter([c for c in out.cells if c.cell_type == "code"])
+    # keep the markdown cells' ids where the cells line up (jupytext makes new random ones),
+    # so a reworded sentence is a one-line diff
+    old_ids = [c.get("id") for c in out.cells if c.cell_type == "markdown"]
+    new_md = [c for c in src.cells if c.cell_type == "markdown"]
+    if len(old_ids) == len(new_md):
+        for cell, old_id in zip(new_md, old_ids):
+            if old_id:
+                cell["id"] = old_id
     cells = []
     for cell in src.cells:
         if cell.cell_type == "code":
