@@ -16,7 +16,7 @@ git commit). At build time this extension turns it into what a reader sees:
   tables; a cell tagged ``provenance-caption`` gets one under its text output too): the device
   that did the work (the cell's metadata ``perflab: {measured_on: host | gpu | gpus}``: the
   host's CPU model and cores from ``reference_run.host``, one GPU of the run, or all of its
-  GPUs), torch version and date of the run, and a link to the status page. One caption per
+  GPUs; ``published`` for a figure of numbers from papers, which no device measured), torch version and date of the run, and a link to the status page. One caption per
   cell, after its last figure or table, however many the cell drew; inside a numbered figure
   (myst-nb's ``mystnb: {figure: {name, caption}}`` cell metadata) it goes under the figure's
   caption. Figures carry no stamp of their own: this line is their provenance.
@@ -118,7 +118,7 @@ def describe_run(run: dict) -> str:
     return text
 
 
-MEASURED_ON = ("host", "gpu", "gpus")
+MEASURED_ON = ("host", "gpu", "gpus", "published")
 
 
 def host_words(run: dict) -> str:
@@ -151,12 +151,15 @@ def device_words(run: dict, measured_on: str | None) -> str:
 def caption_text(run: dict, kinds: list[str], measured_on: str | None = None) -> str:
     """The provenance line under a cell's figure(s)/table(s), e.g.
     ``"Figure measured on one NVIDIA H200 (one of the run's 2) · torch 2.11.0+cu130 · 2026-11-30"``
-    (see :func:`device_words`); without ``measured_on``, the older
+    (see :func:`device_words`); for ``published``, a figure of numbers from papers, the line
+    says no device measured them; without ``measured_on``, the older
     ``"Figure: 2× NVIDIA H200 · torch ... · date"``.
     """
     label = " and ".join(dict.fromkeys(kinds)) or "Output"
     label = label[0].upper() + label[1:]
-    if measured_on in MEASURED_ON:
+    if measured_on == "published":
+        head = f"{label} of published numbers, drawn by this run: no device measured them"
+    elif measured_on in MEASURED_ON:
         head = f"{label} measured on {device_words(run, measured_on)}"
     else:
         head = f"{label}: {short_devices(run.get('devices'))}"

@@ -203,7 +203,7 @@ def figure_problems(page_html: str) -> list[str]:
         name = fig["id"] or "a figure without a name"
         if not fig["number"]:
             problems.append(f"{name}: no figure number (its cell needs mystnb.figure.caption)")
-        if " measured on " not in fig["measured"]:
+        if " measured on " not in fig["measured"] and "no device measured them" not in fig["measured"]:
             problems.append(f"{name}: its provenance line does not say which device measured it "
                             f"(cell metadata perflab.measured_on): {fig['measured'][:80]!r}")
         if fig["id"] and fig["id"] not in parser.references:
@@ -562,6 +562,9 @@ def test_figure_checks_catch_unnumbered_undeclared_and_unreferenced_figures():
     assert len(figure_problems(bare)) == 1
     no_device = good.replace("measured on one NVIDIA H200", "2× NVIDIA H200")
     assert any("which device" in p for p in figure_problems(no_device))
+    published = good.replace("measured on one NVIDIA H200",
+                             "of published numbers, drawn by this run: no device measured them")
+    assert figure_problems(published) == []
     unreferenced = good.replace('class="std std-numref"', 'class="std"')
     assert any("no prose refers" in p for p in figure_problems(unreferenced))
 
@@ -715,6 +718,9 @@ def test_provenance_line_names_the_device_that_did_the_work():
     assert "model not recorded" in provenance_pages.caption_text(old, ["figure"], "host")
     boxed = dict(run, host={"cpu": "Intel Xeon 8480", "logical_cores": 16, "usable_cores": 4})
     assert "(4 of its 16 logical cores usable by the run)" in provenance_pages.device_words(boxed, "host")
+    published = provenance_pages.caption_text(run, ["figure"], "published")
+    assert "of published numbers" in published and "no device measured them" in published
+    assert "H200" not in published and "Xeon" not in published
     single = dict(run, devices=["NVIDIA H200"])
     assert provenance_pages.device_words(single, "gpu") == "one NVIDIA H200"
 
