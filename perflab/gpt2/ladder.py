@@ -461,6 +461,9 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
                 step()
     summary = tel.summary()
     step_s = timed.seconds / steps
+    # the losses of the warm-up and timed steps only: a profiled or snapshot step (CUDA only)
+    # would give rungs different counts, and the memory table compares them element by element
+    n_losses = len(losses)
     # the windows of the timed steps, so that a data-parallel run can count distinct tokens
     timed_reads = read[len(read) - steps * rung.accum:]
     extra = {"windows": sorted({w for k in timed_reads for w in window_ids(
@@ -482,7 +485,7 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     result = RunResult(
         rung=asdict(rung), tokens_per_s=rung.tokens_per_step / step_s, step_s=step_s,
         flops_per_token=model.flops_per_token(rung.seq_len), peak_bytes=peak,
-        losses=[float(v) for v in torch.stack(losses).cpu()],
+        losses=[float(v) for v in torch.stack(losses[:n_losses]).cpu()],
         compile_s=max(0.0, (first if first is not None else step_s) - step_s),
         telemetry=summary.sentence(), clock_fraction=summary.clock_fraction,
         params=model.num_params(), extra=extra)
