@@ -14,12 +14,13 @@ git commit). At build time this extension turns it into what a reader sees:
   provenance. When the notebook's MyST source has changed since the run, the footer says so.
 * **A caption line under each figure and table** a notebook cell produced (image outputs and HTML
   tables; a cell tagged ``provenance-caption`` gets one under its text output too): the device
-  that did the work (the cell's metadata ``perflab: {measured_on: host | gpu | gpus}``: the
-  host's CPU model and cores from ``reference_run.host``, one GPU of the run, or all of its
-  GPUs; ``published`` for a figure of numbers from papers, which no device measured), torch version and date of the run, and a link to the status page. One caption per
-  cell, after its last figure or table, however many the cell drew; inside a numbered figure
-  (myst-nb's ``mystnb: {figure: {name, caption}}`` cell metadata) it goes under the figure's
-  caption. Figures carry no stamp of their own: this line is their provenance.
+  that did the work (the cell's metadata ``perflab: {measured_on: host | gpu | gpus |
+  published}``: the host's CPU model and cores from ``reference_run.host``, one GPU of the run,
+  all of its GPUs, or, for numbers from papers, that no device measured them), torch version
+  and date of the run, and a link to the status page. One caption per cell, after its last
+  figure or table, however many the cell drew; inside a numbered figure (myst-nb's
+  ``mystnb: {figure: {name, caption}}`` cell metadata) it goes under the figure's caption.
+  Figures carry no stamp of their own: this line is their provenance.
 * **The status page**: the ``provenance-status`` directive renders a table of every notebook in
   ``_toc.yml`` (chapters, labs, tools) with its device(s), driver, torch, date, duration and
   whether it is current with its source (``reference_run.source_sha256`` compared with
@@ -119,6 +120,7 @@ def describe_run(run: dict) -> str:
 
 
 MEASURED_ON = ("host", "gpu", "gpus", "published")
+PUBLISHED_WORDS = "no device measured them"   # the provenance line of ``published``
 
 
 def host_words(run: dict) -> str:
@@ -158,7 +160,7 @@ def caption_text(run: dict, kinds: list[str], measured_on: str | None = None) ->
     label = " and ".join(dict.fromkeys(kinds)) or "Output"
     label = label[0].upper() + label[1:]
     if measured_on == "published":
-        head = f"{label} of published numbers, drawn by this run: no device measured them"
+        head = f"{label} of published numbers, drawn by this run: {PUBLISHED_WORDS}"
     elif measured_on in MEASURED_ON:
         head = f"{label} measured on {device_words(run, measured_on)}"
     else:

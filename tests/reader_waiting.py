@@ -14,10 +14,9 @@ Keys are built pages (``book/NN_topic.html``, ``labs/NN_topic.html``).
 # whose provenance line names the device that measured it (``perflab.measured_on``), or a
 # numbered figure that no prose refers to ({numref}).
 FIGURES_WITHOUT_NUMBER_OR_DEVICE: set[str] = {
-    # its py-spy flame graph: in Sphinx, myst-nb wraps each display output of a figure cell in
-    # a figure of that name, and the cell displays the SVG and then a download line; the line
-    # moves to a cell of its own (a code change: it waits for the page's next run)
-    "book/04_measuring_and_profiling.html",
+    "book/04_measuring_and_profiling.html",  # its py-spy flame graph: myst-nb wraps each
+    # display output of a figure cell in a figure of that name, and the cell displays the SVG
+    # and a download line; the line moves to a cell of its own, a code change for its next run
     "book/08_distributed_training.html",
     "book/10_gpt2_case_study.html",
     "labs/08_distributed.html",

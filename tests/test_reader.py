@@ -203,7 +203,7 @@ def figure_problems(page_html: str) -> list[str]:
         name = fig["id"] or "a figure without a name"
         if not fig["number"]:
             problems.append(f"{name}: no figure number (its cell needs mystnb.figure.caption)")
-        if " measured on " not in fig["measured"] and "no device measured them" not in fig["measured"]:
+        if " measured on " not in fig["measured"] and provenance_pages.PUBLISHED_WORDS not in fig["measured"]:
             problems.append(f"{name}: its provenance line does not say which device measured it "
                             f"(cell metadata perflab.measured_on): {fig['measured'][:80]!r}")
         if fig["id"] and fig["id"] not in parser.references:

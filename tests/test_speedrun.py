@@ -170,6 +170,14 @@ def test_memory_rungs_compute_the_same_training():
         np.testing.assert_allclose(other, results[0], rtol=2e-4)
 
 
+def test_a_profiled_rung_keeps_as_many_losses_as_an_unprofiled_one():
+    """The profiled step is extra: the memory table compares rungs' losses element by element."""
+    plain = sr.train(base(), tokens(), steps=2, device="cpu", warmup=1)
+    profiled = sr.train(base(), tokens(), steps=2, device="cpu", warmup=1, profile=True)
+    assert len(profiled.losses) == len(plain.losses) == 3
+    np.testing.assert_allclose(profiled.losses, plain.losses, rtol=2e-4)
+
+
 def test_profile_and_attention_kernel_names():
     r = sr.train(base(attention="sdpa"), tokens(), steps=1, device="cpu", warmup=1,
                  profile=True)
