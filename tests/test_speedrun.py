@@ -178,6 +178,50 @@ def test_a_profiled_rung_keeps_as_many_losses_as_an_unprofiled_one():
     np.testing.assert_allclose(profiled.losses, plain.losses, rtol=2e-4)
 
 
+def _forward_growth_mib(rung):
+    """RSS growth (MiB) at the end of a checkpointed forward run by make_step."""
+    from perflab.gpt2 import steps
+    from torch.utils.checkpoint import checkpoint
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096 / 2**20
+
+    class Net(torch.nn.Module):       # 8 x 16 M weights: 256 MiB in bf16
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(
+                torch.nn.Linear(4096, 4096) for _ in range(8))
+            self.start = 0.0
+
+        def forward(self, x, y):
+            h = x
+            for b in self.blocks:
+                h = checkpoint(b, h, use_reentrant=False)
+            self.growth = rss() - self.start
+            return h.float().square().mean()
+
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)
+    batches = iter([(torch.randn(16, 4096), torch.zeros(1))] * 4)
+    step = steps.make_step(net, opt, rung, batches, torch.device("cpu"))
+    step()                                # warm-up: allocator, threads
+    net.start = rss()
+    step()
+    return net.growth
+
+
+def test_checkpointed_rungs_keep_no_autocast_weight_cache():
+    """Autocast caches the bf16 copy of each weight until the forward ends;
+    a checkpointed rung turns the cache off, so its forward ends holding none
+    of them (256 MiB here); the same net under a rung without checkpointing
+    (cache on) proves the measurement sees them."""
+    kw = dict(precision="bf16", batch=16)
+    cached = _forward_growth_mib(base(**kw))
+    uncached = _forward_growth_mib(base(checkpoint=True, **kw))
+    assert cached > 192 and uncached < 64, (cached, uncached)
+
+
 def test_profile_and_attention_kernel_names():
     r = sr.train(base(attention="sdpa"), tokens(), steps=1, device="cpu", warmup=1,
                  profile=True)
