@@ -109,6 +109,14 @@ def test_measure_machine_rejects_bad_input(kwargs, match):
         E.measure_machine("cpu", **{"sizes": [8], **kwargs})
 
 
+def test_readout_writes_rates_and_fractions_as_a_person_would():
+    h200 = E.Machine("h200", 4.8e12, {"bf16": 1.07e15}, "made up for the test")
+    text = E.RooflineExplorer([h200], intensity=0.01).readout()
+    assert "of the 1.07 PFLOP/s roof" in text and "e+" not in text
+    assert "at most 48 GFLOP/s, 0.0045 % of the" in text   # 4.5e-5 of the peak
+    assert "0.0%" not in text and "0.0 %" not in text
+
+
 def test_explorer_selection_and_readout():
     point = E.MeasuredPoint("matmul n=30", "fp32", 20.0, 4e12, None, 30)
     m = toy(points=(point,))
@@ -118,12 +126,13 @@ def test_explorer_selection_and_readout():
     assert pred.regime == "bandwidth-bound"
     text = ex.readout()
     assert "ridge point 10 FLOP/byte" in text and "bandwidth-bound" in text
+    assert "at most 5 TFLOP/s, 50 % of the 10 TFLOP/s roof" in text
     timed = E.RooflineExplorer([toy(points=(point,), clock="measured at 1,590 MHz")],
                                precision="fp32", intensity=20)
     assert "(measured at 1,590 MHz)" in timed.readout()
     ex.select(intensity=16)
     assert ex.nearest_points() == [point]
-    assert "matmul n=30" in ex.readout() and "40% of the roofline there" in ex.readout()
+    assert "matmul n=30" in ex.readout() and "40 % of the roofline there" in ex.readout()
     ex.select(device="Tesla V100-SXM2-32GB (datasheet)", precision="fp16")
     ex.select(device="toy")
     assert ex.precision == "bf16"                     # toy has no fp16: its default, bf16

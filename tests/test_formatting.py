@@ -29,3 +29,17 @@ def test_small_writes_tiny_numbers_with_a_power_of_ten():
     assert fm.small(0.0123) == "0.012" and fm.small(0) == "0" and fm.small(0.18) == "0.18"
     with pytest.raises(ValueError):
         fm.small(float("nan"))
+
+
+def test_power10_writes_any_size_with_a_power_of_ten():
+    assert fm.power10(3.15e23) == "3.15 × 10²³"
+    assert fm.power10(3.4028e38, 2) == "3.4 × 10³⁸"
+    assert fm.power10(1.1755e-38) == "1.18 × 10⁻³⁸"
+    assert fm.power10(2**-23) == "1.19 × 10⁻⁷" and fm.power10(1e6) == "1 × 10⁶"
+    assert fm.power10(-65504.0) == "-6.55 × 10⁴" and fm.power10(0) == "0"
+    assert fm.power10(9.996e9) == "1 × 10¹⁰"              # rounding up moves the exponent
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            fm.power10(bad)
+    with pytest.raises(ValueError):
+        fm.power10(1.0, 0)

@@ -1,5 +1,7 @@
 """perflab.profiling.mystery: the three steps run, and the check accepts right diagnoses and rejects wrong ones."""
 
+import re
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ from perflab.labs import lab04
 from perflab.labs.exercises import ExerciseFailed
 from perflab.profiling.trace import count_cost
 from perflab.core.timing import benchmark
+from perflab.record.numbers import BAD_SHAPES
 
 
 def _evidence(step, busy=0.9, seconds=None, ceiling=1e11, bandwidth=2e10):
@@ -72,10 +75,15 @@ def test_check_rejects_a_consistent_but_wrong_regime():
         lab04.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)
 
 
-def test_check_accepts_the_right_diagnosis_with_consistent_evidence():
+def test_check_accepts_the_right_diagnosis_with_consistent_evidence(capsys):
     step = mystery.step_b("cpu")
     ev = _evidence(step, ceiling=1e12, bandwidth=1e11)
     assert lab04.check_diagnosis(step, "overhead-bound", ev, time_tolerance=1e6)
+    capsys.readouterr()
+    ev = _evidence(step, ceiling=1e16, bandwidth=1e15)    # fractions of 1e-5 or less
+    assert lab04.check_diagnosis(step, "overhead-bound", ev, time_tolerance=1e6)
+    said = capsys.readouterr().out                # tiny fractions: never "0.0%"
+    assert "is overhead-bound" in said and not re.search(BAD_SHAPES["a zero that pretends to precision"], said)
 
 
 def test_check_rejects_a_ceiling_in_the_wrong_unit():

@@ -164,3 +164,35 @@ def test_short_name():
     assert len(short_name("x" * 100, 20)) == 20
     with pytest.raises(ValueError, match="width"):
         short_name("abc", 3)
+
+
+def test_operator_rows_keep_the_host_rows_as_numbers():
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from perflab.profiling.trace import operator_rows
+
+    layer = torch.nn.Linear(64, 64)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with record_function("forward"):
+            layer(torch.randn(8, 64)).relu().sum().backward()
+    rows = operator_rows(prof.key_averages(), limit=5)
+    assert len(rows) == 5 and rows[0]["name"] == "forward" and rows[0]["calls"] == 1
+    assert all(a["cpu_total_s"] >= b["cpu_total_s"] for a, b in zip(rows, rows[1:]))
+    assert 0 < rows[0]["self_cpu_s"] <= rows[0]["cpu_total_s"] < 10    # seconds, not µs
+    mem = operator_rows(prof.key_averages(), sort_by="self_cpu_memory_B", limit=50)
+    assert mem and all(r["self_cpu_memory_B"] != 0 for r in mem)
+    assert any(r["name"] == "aten::addmm" and r["self_cpu_memory_B"] == 8 * 64 * 4 for r in mem)
+    # a kernel's row (device time only) is left out: its time is its operator's device time
+    kernel = NS(key="gemm_kernel", count=2, device_type=DeviceType.CUDA, self_cpu_time_total=0,
+                cpu_time_total=0, self_device_time_total=50.0, device_time_total=50.0)
+    op = NS(key="aten::mm", count=2, device_type=DeviceType.CPU, self_cpu_time_total=30.0,
+            cpu_time_total=40.0, self_device_time_total=50.0, device_time_total=50.0)
+    rows = operator_rows([kernel, op], sort_by="self_device_s")
+    assert [r["name"] for r in rows] == ["aten::mm"] and rows[0]["device_total_s"] == pytest.approx(5e-5)
+    with pytest.raises(ValueError, match="sort_by"):
+        operator_rows([], sort_by="self_cpu_time_total")
+    with pytest.raises(ValueError, match="limit"):
+        operator_rows([], limit=0)

@@ -10,6 +10,7 @@ from perflab.labs.exercises import ExerciseFailed
 from perflab.machine.costs import count_cost
 from perflab.profiling.mystery import MysteryStep, _ANSWERS, _EVIDENCE_KEYS, _digest
 from perflab.profiling.trace import REGIMES, regime
+from perflab.record.numbers import fmt
 
 __all__ = ["check_diagnosis"]
 
@@ -68,12 +69,15 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
     if ev["seconds"] <= 0 or ev["flops_ceiling"] <= 0 or ev["bandwidth_ceiling"] <= 0:
         raise ExerciseFailed(f"✗ step {name}: seconds and both ceilings must be positive.")
     if ev["busy_fraction"] > 1:
-        raise ExerciseFailed(f"✗ step {name}: busy_fraction is a share of wall time, at most 1; got {ev['busy_fraction']:.3g}.")
+        raise ExerciseFailed(f"✗ step {name}: busy_fraction is a share of wall time, at most 1; "
+                             f"got {fmt(ev['busy_fraction'])}.")
     step()  # not the first step: the optimizer's state (momentum buffers) exists, as in a real run
     cost = count_cost(step)
     for key, true in (("flops", cost.flops), ("bytes", cost.bytes)):
         if not math.isclose(ev[key], true, rel_tol=0.01):
-            raise ExerciseFailed(f"✗ step {name}: evidence[{key!r}] = {ev[key]:.4g} but the step does {true:.4g} "
+            unit = "FLOP" if key == "flops" else "B"
+            raise ExerciseFailed(f"✗ step {name}: evidence[{key!r}] = {fmt(ev[key], unit, sig=4)} but the step "
+                                 f"does {fmt(true, unit, sig=4)} "
                                  f"(count it with perflab.profiling.trace.count_cost(step)).")
     if time_tolerance is None:
         time_tolerance = 5.0 if step.device.type == "cuda" else 20.0
@@ -82,8 +86,8 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
     seconds = benchmark(step, step.device, min_run_time_s=0.2)
     ratio = ev["seconds"] / seconds
     if not 1 / time_tolerance <= ratio <= time_tolerance:
-        raise ExerciseFailed(f"✗ step {name}: your step time {ev['seconds'] * 1e3:.3g} ms is {ratio:.2g}x the "
-                             f"check's {seconds * 1e3:.3g} ms: time it with warm-up and synchronization.")
+        raise ExerciseFailed(f"✗ step {name}: your step time {fmt(ev['seconds'], 's')} is {fmt(ratio, 'x', sig=2)} "
+                             f"the check's {fmt(seconds, 's')}: time it with warm-up and synchronization.")
     flops_fraction = ev["flops"] / ev["seconds"] / ev["flops_ceiling"]
     bandwidth_fraction = ev["bytes"] / ev["seconds"] / ev["bandwidth_ceiling"]
     # a GPU's roofs are the clock model's peaks, which no step exceeds; a shared CPU's speed
@@ -93,17 +97,20 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
     impossible = 2.0 if step.device.type == "cuda" else 5.0
     for label, frac in (("FLOP/s", flops_fraction), ("bandwidth", bandwidth_fraction)):
         if frac > impossible:
-            raise ExerciseFailed(f"✗ step {name}: achieved {label} is {frac:.2g}x its ceiling, which is impossible: "
-                                 f"re-measure the ceiling (right dtype, large enough sizes).")
+            raise ExerciseFailed(f"✗ step {name}: achieved {label} is {fmt(frac, 'x', sig=2)} its ceiling, "
+                                 "which is impossible: re-measure the ceiling (right dtype, large enough "
+                                 "sizes).")
     busy = ev["busy_fraction"] if step.device.type == "cuda" else None
     implied = regime(flops_fraction, bandwidth_fraction, busy)
     if answer != implied:
-        raise ExerciseFailed(f"✗ step {name}: your evidence ({flops_fraction:.1%} of the compute ceiling, "
-                             f"{bandwidth_fraction:.1%} of the bandwidth, busy {ev['busy_fraction']:.0%}) says "
+        raise ExerciseFailed(f"✗ step {name}: your evidence ({fmt(flops_fraction, '%')} of the compute ceiling, "
+                             f"{fmt(bandwidth_fraction, '%')} of the bandwidth, "
+                             f"busy {fmt(ev['busy_fraction'], '%', sig=2)}) says "
                              f"{implied!r}, not {answer!r}.")
     if _digest(name, answer) != _ANSWERS[name]:
         raise ExerciseFailed(f"✗ step {name}: {answer!r} follows from your numbers but is not the right "
                              f"regime: check the ceilings and the counts.")
-    print(f"✓ step {name} is {answer}: {flops_fraction:.1%} of the compute ceiling, "
-          f"{bandwidth_fraction:.1%} of the copy bandwidth, busy {ev['busy_fraction']:.0%} of the step.")
+    print(f"✓ step {name} is {answer}: {fmt(flops_fraction, '%')} of the compute ceiling, "
+          f"{fmt(bandwidth_fraction, '%')} of the copy bandwidth, "
+          f"busy {fmt(ev['busy_fraction'], '%', sig=2)} of the step.")
     return True

@@ -36,6 +36,7 @@ from perflab.core.validate import integers, positive, positive_int
 from perflab.machine import roofline
 from perflab.machine.datasheets import DATASHEETS
 from perflab.core.sampler import Telemetry
+from perflab.record.numbers import fmt
 from perflab.record.plotting import finish, style
 
 __all__ = [
@@ -300,7 +301,8 @@ def measure_machine(
 # ---------------------------------------------------------------------------------------------
 
 def _fmt_rate(flops: float) -> str:
-    return f"{flops / 1e12:.3g} TFLOP/s" if flops >= 1e11 else f"{flops / 1e9:.3g} GFLOP/s"
+    """A rate as a person writes it: "67.9 TFLOP/s", "1.07 PFLOP/s" (never "1.07e+03 TFLOP/s")."""
+    return fmt(flops, "FLOP/s")
 
 
 class RooflineExplorer:
@@ -390,18 +392,20 @@ class RooflineExplorer:
         """The prediction in words (what the widget prints under its sliders)."""
         m, pred = self.machine, self.prediction()
         label = PRECISIONS[self.precision][0]
-        text = (f"{m.name}, {label}: ridge point {pred.ridge:.3g} FLOP/byte. At {pred.intensity:.3g} FLOP/byte "
-                f"a kernel is {pred.regime}: at most {_fmt_rate(pred.attainable)}, "
-                f"{pred.fraction_of_peak:.1%} of the {_fmt_rate(pred.peak)} roof. ")
+        text = (f"{m.name}, {label}: ridge point {fmt(pred.ridge, 'FLOP/byte')}. "
+                f"At {fmt(pred.intensity, 'FLOP/byte')} a kernel is {pred.regime}: "
+                f"at most {_fmt_rate(pred.attainable)}, "
+                f"{fmt(pred.fraction_of_peak, '%')} of the {_fmt_rate(pred.peak)} roof. ")
         gb_moved = 1e9
-        text += (f"Moving 1 GB at this intensity ({pred.intensity * gb_moved / 1e9:.3g} GFLOP) takes at least "
-                 f"{max(gb_moved / m.bandwidth, pred.intensity * gb_moved / pred.peak) * 1e6:,.0f} µs.")
+        text += (f"Moving 1 GB at this intensity ({fmt(pred.intensity * gb_moved, 'FLOP')}) takes at least "
+                 f"{fmt(max(gb_moved / m.bandwidth, pred.intensity * gb_moved / pred.peak), 's')}.")
         near = self.nearest_points()
         if near:
             best = max(near, key=lambda p: p.flops_per_s)
             bound = m.attainable(best.intensity, self.precision)
-            text += (f" Measured nearby: {best.label} at {best.intensity:.3g} FLOP/byte reached "
-                     f"{_fmt_rate(best.flops_per_s)}, {best.flops_per_s / bound:.0%} of the roofline there")
+            text += (f" Measured nearby: {best.label} at {fmt(best.intensity, 'FLOP/byte')} reached "
+                     f"{_fmt_rate(best.flops_per_s)}, {fmt(best.flops_per_s / bound, '%', sig=2)} of the "
+                     "roofline there")
             text += f" ({m.clock})." if m.clock else "."
         return text
 
@@ -445,7 +449,7 @@ class RooflineExplorer:
             pred = self.machine.predict(self.intensity, precision)
             ax.axvline(pred.intensity, color="C3", ls=":", lw=1)
             ax.plot([pred.intensity], [pred.attainable / 1e12], "*", color="C3", ms=13,
-                    label=f"prediction at {pred.intensity:.3g} FLOP/B: {_fmt_rate(pred.attainable)}")
+                    label=f"prediction at {fmt(pred.intensity, 'FLOP/B')}: {_fmt_rate(pred.attainable)}")
         ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP/byte)", ylabel="TFLOP/s",
                title=PRECISIONS[precision][0])
         ax.grid(True, which="both", alpha=0.3)

@@ -8,6 +8,8 @@
   that ``prof.export_chrome_trace`` writes: busy time, idle gaps between kernels, top kernels with
   their achieved FLOP/s and bandwidth (costs from :func:`perflab.machine.costs.op_cost` on the recorded
   shapes).
+* :func:`operator_rows` takes the host's rows of ``prof.key_averages()`` as numbers, for a table
+  that shows the columns that matter.
 * :func:`regime` names the bottleneck from that evidence; :func:`clock_normalized` corrects an
   efficiency for the SM clock the work and its ceiling ran at.
 
@@ -47,6 +49,8 @@ __all__ = [
     "kernels_per_call",
     "launch_api_seconds",
     "load_trace",
+    "OPERATOR_COLUMNS",
+    "operator_rows",
     "plot_timeline",
     "regime",
     "short_name",
@@ -633,6 +637,48 @@ def kernel_summary(source) -> list[dict]:
                      "avg_us": sum(durs) / len(durs), "med_us": med,
                      "min_us": durs[0], "max_us": durs[-1], "name": name})
     return sorted(rows, key=lambda r: -r["total_us"])
+
+
+#: The columns of :func:`operator_rows`: key -> the ``FunctionEventAvg`` attribute and its scale
+#: (microseconds to seconds; bytes stay bytes).
+OPERATOR_COLUMNS = {
+    "self_cpu_s": ("self_cpu_time_total", 1e-6), "cpu_total_s": ("cpu_time_total", 1e-6),
+    "self_device_s": ("self_device_time_total", 1e-6), "device_total_s": ("device_time_total", 1e-6),
+    "self_cpu_memory_B": ("self_cpu_memory_usage", 1), "cpu_memory_B": ("cpu_memory_usage", 1),
+    "self_device_memory_B": ("self_device_memory_usage", 1), "device_memory_B": ("device_memory_usage", 1),
+}
+
+
+def operator_rows(events, sort_by: str = "cpu_total_s", limit: int = 10) -> list[dict]:
+    """The rows of ``prof.key_averages()`` that ran on the host (ATen operators,
+    ``record_function`` ranges, CUDA runtime calls), as numbers for
+    :func:`perflab.record.tables.show`: what ``key_averages().table()`` prints, without the rows
+    of kernels and GPU-side ranges, whose host columns are empty (a kernel's time is the device
+    time of the operator that launched it) and which fill the printed table with ``0.00%``.
+
+    Each row is a dict: ``name``, ``calls`` and the keys of :data:`OPERATOR_COLUMNS` (times in
+    seconds: self and total, on the host and of the kernels launched inside; memory in bytes
+    allocated, negative for frees: self and including callees). Rows are sorted by the
+    magnitude of ``sort_by``, largest first, rows where it is zero dropped, at most ``limit``.
+
+    Raises:
+        ValueError: ``sort_by`` not a key of :data:`OPERATOR_COLUMNS`, or ``limit`` < 1.
+    """
+    if sort_by not in OPERATOR_COLUMNS:
+        raise ValueError(f"sort_by must be one of {list(OPERATOR_COLUMNS)}, got {sort_by!r}")
+    if not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
+    rows = []
+    for e in events:
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CPU:
+            continue
+        row = {"name": e.key, "calls": e.count}
+        for key, (attr, scale) in OPERATOR_COLUMNS.items():
+            row[key] = getattr(e, attr, 0) * scale
+        if row[sort_by]:
+            rows.append(row)
+    rows.sort(key=lambda r: -abs(r[sort_by]))
+    return rows[:limit]
 
 
 def plot_timeline(traces: dict, width_us: float | None = None):

@@ -3,7 +3,8 @@
 Bookkeeping, kept out of the chapters' cells: a cell computes rows of values, and
 :func:`glue_table` turns them into one Markdown table glued under a name (shown in the prose with
 ``{glue:md}`name```). :func:`sig` and :func:`nbytes` write a number with three significant
-digits and a unit, never as ``2.05e+03 MiB`` or ``734,577,152 bytes``.
+digits and a unit, never as ``2.05e+03 MiB`` or ``734,577,152 bytes``; :func:`small` and
+:func:`power10` write a number beyond any unit prefix with a power of ten (``3.15 × 10²³``).
 
 How this differs from :func:`perflab.record.numbers.fmt` (numbers with a unit prefix, "1.42 GB")
 and :func:`perflab.record.tables.show` (a table from rows and column specs): ``sig`` keeps a
@@ -19,7 +20,7 @@ from typing import Any, Sequence
 
 from perflab.record.provenance import glue
 
-__all__ = ["glue_table", "markdown", "nbytes", "sig", "small"]
+__all__ = ["glue_table", "markdown", "nbytes", "power10", "sig", "small"]
 
 _BYTE_UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
 
@@ -61,12 +62,43 @@ def small(x: float, digits: int = 2) -> str:
     _check(x, digits)
     if x == 0 or abs(x) >= 1e-3:
         return sig(x, digits)
+    mantissa, exponent = _decompose(x, digits)
+    return _times_ten(f"{mantissa:.{digits - 1}f}", exponent)
+
+
+def _decompose(x: float, digits: int) -> tuple[float, int]:
+    """``(mantissa, exponent)`` with ``x == mantissa × 10**exponent``, the mantissa rounded to
+    ``digits`` significant digits and in [1, 10) in magnitude (``x`` non-zero)."""
     exponent = math.floor(math.log10(abs(x)))
     mantissa = round(x / 10**exponent, digits - 1)
     if abs(mantissa) >= 10:
         mantissa, exponent = mantissa / 10, exponent + 1
-    head = f"{mantissa:.{digits - 1}f}"
+    return mantissa, exponent
+
+
+def _times_ten(head: str, exponent: int) -> str:
     return f"{head} × 10{str(exponent).translate(_SUPERSCRIPT)}"
+
+
+def power10(x: float, digits: int = 3) -> str:
+    """``x`` written with a power of ten, as a person writes a number too large or too small
+    for a unit prefix (a training run's FLOPs, a float format's range):
+    ``power10(3.15e23) == "3.15 × 10²³"``, ``power10(3.4028e38, 2) == "3.4 × 10³⁸"``,
+    ``power10(1.1755e-38) == "1.18 × 10⁻³⁸"``, ``power10(1e6) == "1 × 10⁶"``; at most
+    ``digits`` significant digits, trailing zeros dropped, ``power10(0) == "0"``. Never
+    ``3.15e+23``. Unlike :func:`small`, the power of ten is written whatever the size.
+
+    Raises:
+        ValueError: ``x`` not finite or ``digits`` < 1.
+    """
+    _check(x, digits)
+    if x == 0:
+        return "0"
+    mantissa, exponent = _decompose(x, digits)
+    head = f"{mantissa:.{digits - 1}f}"
+    if "." in head:
+        head = head.rstrip("0").rstrip(".")
+    return _times_ten(head, exponent)
 
 
 def nbytes(n: float, digits: int = 3) -> str:
