@@ -14,29 +14,16 @@ Keys are built pages (``book/NN_topic.html``, ``labs/NN_topic.html``).
 # whose provenance line names the device that measured it (``perflab.measured_on``), or a
 # numbered figure that no prose refers to ({numref}).
 FIGURES_WITHOUT_NUMBER_OR_DEVICE: set[str] = {
-    "book/04_measuring_and_profiling.html",  # its py-spy flame graph: myst-nb wraps each
-    # display output of a figure cell in a figure of that name, and the cell displays the SVG
-    # and a download line; the line moves to a cell of its own, a code change for its next run
     "book/08_distributed_training.html",
-    "book/10_gpt2_case_study.html",
     "labs/08_distributed.html",
 }
 
 # The same figure shown twice on a page (``finish(fig)`` as a cell's last line before
 # perflab.plotting displayed figures itself).
-FIGURES_SHOWN_TWICE: set[str] = {
-    "book/10_gpt2_case_study.html",
-}
+FIGURES_SHOWN_TWICE: set[str] = set()
 
 # Numbers a person would not write (``tests/test_reader.py::NUMBER_SHAPES``).
 NUMBER_SHAPES: set[str] = {
-    "book/01_why_training_is_slow.html",
-    "book/04_measuring_and_profiling.html",
-    "book/07_single_gpu_memory.html",
     "book/08_distributed_training.html",
-    "book/09_advanced_optimizations.html",
-    "book/roofline_explorer.html",  # "1.07e+03 TFLOP/s roof": perflab.machine.explorer's
-    # _fmt_rate (:.3g); the fix makes chapter 1 and the explorer stale, so it waits for their run
-    "labs/04_profiling.html",
     "labs/08_distributed.html",
 }

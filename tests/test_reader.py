@@ -111,13 +111,29 @@ _SHAPES = {name: re.compile(rx) for name, rx in NUMBER_SHAPES.items()}
 
 
 def number_shapes(page_html: str) -> list[tuple[str, str]]:
-    """``(shape, the text around it)`` for every number on the page a person would not write."""
+    """``(shape, the text around it)`` for every number on the page a person would not write.
+
+    A number written as a keyword argument (``name=1e-05``) is code a library printed (the
+    repr of a module such as PyTorch's ``LayerNorm(..., eps=1e-05)``), not a number written for
+    the reader, and is left alone."""
     text = reader_text(page_html)
     found = []
     for name, rx in _SHAPES.items():
         for m in rx.finditer(text):
+            if re.search(r"\w=$", text[max(0, m.start() - 40): m.start()]):
+                continue
             found.append((name, text[max(0, m.start() - 30): m.end() + 15]))
     return found
+
+
+def test_number_shapes_leave_a_printed_repr_but_not_prose():
+    """The exemption covers ``eps=1e-05`` in a module's repr, not the same number in prose."""
+    def page(text):
+        return f"<article><p>{text}</p></article>"
+
+    assert number_shapes(page("LayerNorm((768,), eps=1e-05, affine)")) == []
+    assert [s for s, _ in number_shapes(page("a tolerance of 1e-05 here"))] == [
+        "scientific notation"]
 
 
 class _Figures(HTMLParser):

@@ -23,10 +23,7 @@ def test_every_notebook_has_a_current_gpu_reference_run():
 # Expectations glued False by a committed run whose check (not the measurement) was wrong, each
 # explained in a note on its page; the entry goes in the commit of the page's next run, which
 # must fix the check. A listed expectation that holds, or a new one that fails, fails the test.
-KNOWN_FAULTY_CHECKS = {
-    # the check assumed sizes 4x apart; the 2026-12-03 run's two smallest are 16x apart
-    ("book/02_hardware", "h2d_small_latency_bound"),
-}
+KNOWN_FAULTY_CHECKS: set[tuple[str, str]] = set()
 
 
 def test_no_committed_notebook_contradicts_its_own_expectations():
