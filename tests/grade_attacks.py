@@ -214,12 +214,18 @@ print("ATTACK forged writes:", len(held))'''
 
 
 def memory_children(each_mib: int = 800, count: int = 3) -> str:
-    """Hold memory in several child processes, each under a per-process limit."""
-    child = f"import time\nb = bytearray({each_mib} * 2**20)\nb[::4096] = b'x' * len(b[::4096])\ntime.sleep(20)\n"
+    """Hold memory in several child processes, each under a per-process limit.
+
+    The parent waits until every child says it holds its memory (or died), then holds on: on a
+    loaded machine the children's start can take longer than any fixed sleep."""
+    child = (f"import time\nb = bytearray({each_mib} * 2**20)\nb[::4096] = b'x' * len(b[::4096])\n"
+             "print('held', flush=True)\ntime.sleep(20)\n")
     return f'''{GOOD["ex2-solution"]}
 import subprocess, sys, time
-kids = [subprocess.Popen([sys.executable, "-c", {child!r}]) for _ in range({count})]
-time.sleep(12)
+kids = [subprocess.Popen([sys.executable, "-c", {child!r}], stdout=subprocess.PIPE) for _ in range({count})]
+for k in kids:
+    k.stdout.readline()                   # "held", or nothing if the child was killed
+time.sleep(3)
 print("ATTACK children alive:", [k.poll() is None for k in kids])'''
 
 
