@@ -178,7 +178,7 @@ def test_every_headline_measurement_runs_under_telemetry():
             assert ".sentence()" in cell or 'telemetry.get("sentence"' in cell, f"the cell of {name} states no clock"
     # one sampler, perflab's: the chapter opens Telemetry blocks and writes no sampler or timing loop of its own
     setup = code_cells()[0]
-    assert "from perflab.core.sampler import Telemetry" in setup and "return Telemetry(" in setup
+    assert "from perflab.core.telemetry import Telemetry" in setup and "return Telemetry(" in setup
     for path in (CHAPTER, SECTION):
         code = "\n".join(code_cells(path))
         for banned in ("threading", "perf_counter", "Event(enable_timing", "nvml.readings(0, links=False)"):

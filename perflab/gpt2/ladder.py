@@ -40,7 +40,7 @@ try:
 except ImportError:  # torch 2.4-2.5 kept FSDP2 under its composable-API name
     from torch.distributed._composable.fsdp import fully_shard
 
-from perflab.core.sampler import Telemetry
+from perflab.core.telemetry import Telemetry
 from perflab.core.timing import Stopwatch, synchronize
 from perflab.core.validate import integer, positive, positive_int
 from perflab.gpt2 import model as gpt2

@@ -62,7 +62,7 @@ from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset
 from perflab.core.timing import Stopwatch, best_of, process_seconds, timestamp
 from perflab.core.validate import positive_int
 
-from perflab.core.sampler import Telemetry
+from perflab.core.telemetry import Telemetry
 
 try:  # Unix only: the CPU time of finished loader workers (None on Windows)
     import resource
@@ -1177,7 +1177,7 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
     One warm-up pass, then ``repeats`` timed passes (synchronized, ``time.perf_counter``), the
     best kept. Returns ``{"images_per_s", "host_cpu_fraction", "telemetry"}``: the host CPU time
     of this process over the timed passes divided by their wall time (1.0 = one core busy all
-    along), and the :class:`perflab.core.sampler.TelemetrySummary` of the timed passes only (the
+    along), and the :class:`perflab.core.telemetry.TelemetrySummary` of the timed passes only (the
     GPU's clock while it worked, not while it waited for the warm-up or the set-up).
 
     Raises:

@@ -35,7 +35,7 @@ from perflab.core.progress import progress as show_progress
 from perflab.core.validate import integers, positive, positive_int
 from perflab.machine import roofline
 from perflab.machine.datasheets import DATASHEETS
-from perflab.core.sampler import Telemetry
+from perflab.core.telemetry import Telemetry
 from perflab.record.numbers import fmt
 from perflab.record.plotting import finish, style
 
@@ -239,7 +239,7 @@ def measure_machine(
     ``bandwidth`` is given (the run's ceilings: :mod:`perflab.record.ceilings`). For each precision and
     size ``n``, :func:`perflab.machine.roofline.matmul_rate` times an ``n x n`` product (FLOPs
     ``2 n^3``); each becomes a :class:`MeasuredPoint` at :func:`matmul_intensity`. The products
-    run under :class:`perflab.core.sampler.Telemetry`, whose sentence (SM clock, power) becomes the
+    run under :class:`perflab.core.telemetry.Telemetry`, whose sentence (SM clock, power) becomes the
     machine's ``clock``. A precision's compute roof is ``peaks[precision]`` when given (the run's
     roofs: :meth:`perflab.record.ceilings.Ceilings.compute_roof`, the clock model's peak at the maximum
     clock), else its best measured rate, a lower bound of the true peak.

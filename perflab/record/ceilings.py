@@ -4,7 +4,7 @@ A roofline needs two ceilings (the matrix-unit rate and the DRAM bandwidth) and 
 chapter needs a third (the PCIe copy rate). Measured separately in every notebook, the "same"
 ceiling comes out a little different each time (a different size, a different clock, a card that
 has warmed up), and a reader sees two copy bandwidths for one machine. So a run measures its
-ceilings **once**, under telemetry (:mod:`perflab.core.sampler`), writes them to one JSON file, and
+ceilings **once**, under telemetry (:mod:`perflab.core.telemetry`), writes them to one JSON file, and
 every notebook reads that file with :func:`load`.
 
 * ``copy_bandwidth``: bytes/s of ``dst.copy_(src)`` counting read + write, on a tensor far larger
@@ -52,7 +52,7 @@ from typing import Any
 import torch
 
 from perflab.core import nvml
-from perflab.core.sampler import measure as _measure
+from perflab.core.telemetry import measure as _measure
 from perflab.internals.overhead import beyond_cache_numel
 from perflab.machine import datasheets
 from perflab.machine.roofline import matmul_cost
@@ -65,7 +65,7 @@ SCHEMA = "perflab-ceilings/1"   # the "gpu" facts are optional: files without th
 CEILINGS_ENV = "PERFLAB_CEILINGS"
 REFERENCE_PATH = Path(__file__).resolve().parent.parent / "data" / "reference_ceilings.json"
 
-#: The work each ceiling times (:data:`perflab.core.sampler.WORK`): which clock its sentence states.
+#: The work each ceiling times (:data:`perflab.core.telemetry.WORK`): which clock its sentence states.
 WORK = {"copy_bandwidth": "memory", "matmul_fp32": "sm", "matmul_tf32": "sm", "matmul_bf16": "sm",
         "h2d_pinned": "link", "h2d_pageable": "link"}
 
@@ -89,7 +89,7 @@ class Ceiling:
         value: the rate (unit in :data:`NAMES`: bytes/s or FLOP/s).
         size: what was measured, in words (e.g. ``"8192^3"`` or ``"1.07 GB"``).
         seconds: median seconds of one call.
-        telemetry: the :meth:`~perflab.core.sampler.TelemetrySummary.as_dict` it ran under.
+        telemetry: the :meth:`~perflab.core.telemetry.TelemetrySummary.as_dict` it ran under.
     """
 
     name: str
