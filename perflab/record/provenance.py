@@ -131,6 +131,8 @@ def glue(name: str, value: Any, display: bool = False) -> None:
 
     if not (isinstance(name, str) and name.isidentifier()):
         raise ValueError(f"glue name must be a Python identifier, got {name!r}")
+    if isinstance(value, str) and type(value) is not str:
+        value = str(value)  # a claim's Sentence shows nothing when displayed: glue its text
     value = _plain(value)
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"glued value {name!r} is {value}: the measurement failed")
