@@ -85,19 +85,19 @@ _SIGNALS = {9: "SIGKILL", 11: "SIGSEGV", 6: "SIGABRT", 24: "SIGXCPU: the CPU-tim
 def _perflab():
     """The one place the grader imports perflab: the lab checks it re-runs on recorded inputs
     (the framework's ``perflab.labs.exercises``, and ``check_timer`` of ``perflab.labs.lab01``)
-    and where the instructor's machine ceilings are kept (``perflab.record.ceilings.default_path``).
+    and where the instructor's machine ceilings are kept (``perflab.machine.ceilings.default_path``).
     """
     import types
 
     import perflab.labs.exercises
     import perflab.labs.lab01
-    import perflab.record.ceilings
+    import perflab.machine.ceilings
 
     checks = types.SimpleNamespace(**{n: getattr(perflab.labs.exercises, n) for n in CHECKS
                                       if n != "check_timer"},
                                    check_timer=perflab.labs.lab01.check_timer,
                                    ExerciseFailed=perflab.labs.exercises.ExerciseFailed)
-    return checks, perflab.record.ceilings.default_path
+    return checks, perflab.machine.ceilings.default_path
 
 
 # ---------------------------------------------------------------------------------------------

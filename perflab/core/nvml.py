@@ -285,3 +285,13 @@ def driver_version() -> str | None:
         return None
     version = _call("nvmlSystemGetDriverVersion")
     return version.decode() if isinstance(version, bytes) else version
+
+
+def uuid(index: int = 0) -> str | None:
+    """GPU ``index``'s UUID (``"GPU-…"``, ``nvmlDeviceGetUUID``): the one name that tells two
+    GPUs of the same product apart; None without NVML."""
+    h = handle(index)
+    if h is None:
+        return None
+    value = _call("nvmlDeviceGetUUID", h)
+    return value.decode() if isinstance(value, bytes) else value

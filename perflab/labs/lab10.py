@@ -10,7 +10,7 @@ Lab 10 asks for four things, each checked here against a measurement or against
    weight, 4 for its gradient, 4 + 4 for Adam's two moments: 16) and the static bytes of a model;
 3. :func:`check_speedrun`: the student's rung against the baseline rung, trained in the same run
    and alternated (so that a machine's load slows both alike): its MFU against the machine's own
-   measured matmul ceiling (:mod:`perflab.record.ceilings`), and its speedup over the baseline;
+   measured matmul ceiling (:mod:`perflab.machine.ceilings`), and its speedup over the baseline;
 4. :func:`check_memory_cut`: at the same global batch and the same tokens, the student's rung
    has a peak at most a stated fraction of the baseline's, with the same losses.
 
@@ -41,7 +41,7 @@ __all__ = ["ADAMW_FP32_BYTES", "PeakEstimate", "check_flops_per_token", "check_m
            "check_speedrun", "check_static_memory", "model_params", "peak_estimate",
            "speed_trials", "speedup_bar"]
 
-#: the reference run's ceilings file (the same file as ``perflab.record.ceilings.REFERENCE_PATH``;
+#: the reference run's ceilings file (the same file as ``perflab.machine.ceilings.REFERENCE_PATH``;
 #: named here so that this chapter module does not import a module layered above it)
 _REFERENCE_CEILINGS = Path(__file__).resolve().parent.parent / "data" / "reference_ceilings.json"
 
@@ -252,7 +252,7 @@ def check_speedrun(base: sr.Rung, mine: sr.Rung | None, tokens: np.ndarray, devi
           f"matmul ceiling, {got['speedup']:.2f}x the baseline (trials {trials_txt}).")
     if fraction > 1:
         print("  (Above 1: the ceilings file was measured while this machine was busier than "
-              "now; `python -m perflab.record.ceilings --fresh` measures it again.)")
+              "now; `python -m perflab.machine.ceilings --fresh` measures it again.)")
     return got
 
 
@@ -465,7 +465,7 @@ def reference_fraction(tokens_per_s: float | None, model: str = "124M", seq_len:
     ``tokens_per_s`` is a rung of chapter 10's reference run (GPT-2 ``model`` at ``seq_len``,
     vocabulary 50,304); the FLOPs per token are :meth:`perflab.gpt2.model.GPT.flops_per_token`, the
     ceiling ``ceiling`` from the reference run's ceilings file (default
-    ``perflab/data/reference_ceilings.json``, :data:`perflab.record.ceilings.REFERENCE_PATH`). This
+    ``perflab/data/reference_ceilings.json``, :data:`perflab.machine.ceilings.REFERENCE_PATH`). This
     puts the reference on the same footing as a student's MFU against their own ceiling.
     Returns None when ``tokens_per_s`` is None or the file or the ceiling is missing.
     """

@@ -418,7 +418,7 @@ def knee_check(x: torch.Tensor, repeat: int, peak_flops: float, bandwidth: float
             predicted knee (:func:`predicted_knee_repeat`).
         peak_flops: the multiply peak (FLOP/s), e.g. :func:`perflab.machine.datasheets.fp32_peak_flops`
             with ``fma=False``.
-        bandwidth: the copy bandwidth (bytes/s, read + write), from :mod:`perflab.record.ceilings`.
+        bandwidth: the copy bandwidth (bytes/s, read + write), from :mod:`perflab.machine.ceilings`.
         compile: fuse into one kernel (:func:`repeat_multiply`); ``False`` runs eagerly (tests).
 
     Timing: :func:`perflab.core.telemetry.measure` (``do_bench`` with L2 flushes on CUDA,

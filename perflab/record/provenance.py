@@ -10,6 +10,7 @@ form, its schema and the "is this notebook current?" decision are build plumbing
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import numbers
@@ -30,6 +31,7 @@ __all__ = [
     "host",
     "glue",
     "lab_reference",
+    "machine_id",
     "read_glued",
     "reference_run",
     "short_devices",
@@ -92,6 +94,29 @@ def environment() -> dict[str, Any]:
         "cpu": cpu_name(),
         "host": host(),
     }
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def machine_id() -> dict[str, Any]:
+    """Which machine this is, without naming it: ``host_id`` (12 hex digits of a SHA-256 of
+    ``/etc/machine-id``, else of the hostname) and ``gpu_ids`` (the same of each GPU's NVML
+    UUID, in NVML's order; empty without a GPU).
+
+    Two H200 hosts have the same device name, torch and CPU model string; these tell them
+    apart, so a run's pages can be proven to come from one machine (the ceilings file records
+    them, :mod:`perflab.machine.ceilings`).
+    """
+    try:
+        ident = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        ident = ""
+    ident = ident or platform.node() or "unknown"
+    gpus = [nvml.uuid(i) for i in range(nvml.device_count())]
+    return {"host_id": _short_hash(ident),
+            "gpu_ids": [_short_hash(u) for u in gpus if u]}
 
 
 def short_devices(devices: list[str] | None) -> str:
