@@ -46,7 +46,7 @@ from perflab.core.validate import integer, positive, positive_int
 from perflab.gpt2 import model as gpt2
 from perflab.gpt2 import steps as gpt2_steps
 from perflab.gpt2.steps import memory_ladder, speed_ladder
-from perflab.memory import training as memory
+from perflab.memory.snapshots import record_snapshot, save_snapshot
 from perflab.profiling import trace as profiling
 
 __all__ = ["Rung", "RunResult", "StepBreakdown", "Timeline", "speed_ladder", "memory_ladder",
@@ -475,11 +475,11 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         if device.type == "cuda":
             # the step's last `snapshot_events` events (the default keeps every event of
             # an eager step of 8 micro-batches), stacks cut to 8 frames
-            snap = memory.record_snapshot(step, max_entries=snapshot_events, max_frames=8)
+            snap = record_snapshot(step, max_entries=snapshot_events, max_frames=8)
             events = sum(len(t) for t in snap.get("device_traces", []))
             extra["snapshot_events"] = events
             extra["snapshot_complete"] = events < snapshot_events
-            memory.save_snapshot(snap, snapshot)
+            save_snapshot(snap, snapshot)
             extra["snapshot"] = str(snapshot)
     peak = torch.cuda.max_memory_allocated(device) - held if device.type == "cuda" else None
     result = RunResult(
