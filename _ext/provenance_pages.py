@@ -57,11 +57,14 @@ import datetime as dt
 import hashlib
 import io
 import json
+import re
 import shutil
 import sys
 import tarfile
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # perflab, without requiring an install
@@ -423,6 +426,129 @@ def _cell(content) -> nodes.entry:
     return entry
 
 
+@dataclass(frozen=True)
+class StatusRow:
+    """One notebook of the status page: its docname, its part of the table of contents, its
+    :func:`notebook_status` and its ``reference_run`` (``{}`` when it has none); ``env`` and
+    ``page`` (the status page's docname) let a column build links."""
+
+    part: str
+    docname: str
+    status: dict
+    run: dict
+    env: Any
+    page: str
+
+
+@dataclass(frozen=True)
+class StatusColumn:
+    """One column of the status page's tables: its ``header``, its relative ``width`` (the
+    tables are laid out at a fixed width, so the columns must add up to a page) and ``value``,
+    which makes one row's cell (a string or a docutils node) from a :class:`StatusRow`."""
+
+    header: str
+    width: int
+    value: Callable[[StatusRow], Any]
+
+
+def _page_link(row: StatusRow):
+    if row.docname not in row.env.found_docs:
+        return nodes.literal(text=row.docname)
+    link = addnodes.pending_xref("", refdomain="std", reftype="doc", reftarget="/" + row.docname,
+                                 refdoc=row.page, refexplicit=False, refwarn=True)
+    link += nodes.inline(row.docname, row.docname)
+    return link
+
+
+def _state_words(row: StatusRow) -> str:
+    words = f"{STATE_MARK[row.status['state']]} {row.status['words']}"
+    if row.status.get("pending"):
+        words += f"; an older source's run: the revised page waits in {row.status['pending']}"
+    return words
+
+
+def _started(row: StatusRow) -> str:
+    # the date and the time on two lines when the column is narrow
+    return (row.run.get("started") or "").replace("T", " ").replace("Z", "")[:16]
+
+
+def _duration(row: StatusRow) -> str:
+    value = row.run.get("duration_s")
+    return f"{float(value):.1f} s" if value is not None else ""
+
+
+def _torch(row: StatusRow) -> str:
+    # "2.11.0+cu130" may wrap after its "+" (a zero-width space), not inside "cu130"
+    return (row.run.get("torch") or "").replace("+", "+\u200b")
+
+
+def _devices(row: StatusRow) -> str:
+    return short_devices(row.run.get("devices")) if row.run else ""
+
+
+# The status page's columns, in order: the ONE place that says what the tables show. A column is
+# added here (e.g. the verdicts that agree between the last two runs, from the per-run
+# records): its header, its share of the width, and a function of a StatusRow.
+STATUS_COLUMNS: list[StatusColumn] = [
+    StatusColumn("page", 21, _page_link),
+    StatusColumn("needs", 8, lambda row: gpus_text(row.status.get("gpus"))),
+    StatusColumn("current with its source", 23, _state_words),
+    StatusColumn("device(s)", 12, _devices),
+    StatusColumn("torch", 14, _torch),
+    StatusColumn("started (UTC)", 12, _started),
+    StatusColumn("duration", 10, _duration),
+]
+
+
+def status_rows(app, page: str) -> list[StatusRow]:
+    """A :class:`StatusRow` for every notebook of ``_toc.yml``, in book order."""
+    rows = []
+    for part, docname in toc_entries(app):
+        status = notebook_status(app, docname)
+        if status is not None:
+            rows.append(StatusRow(part, docname, status, status["run"] or {}, app.env, page))
+    return rows
+
+
+def status_table(rows: list[StatusRow], columns: list[StatusColumn] | None = None) -> nodes.table:
+    """One table of the status page: a row per :class:`StatusRow`, a cell per column of
+    ``columns`` (default :data:`STATUS_COLUMNS`), laid out at the width of the text column
+    (``provenance.css``: fixed layout, cells that wrap)."""
+    columns = STATUS_COLUMNS if columns is None else columns
+    table = nodes.table(classes=["provenance-status-table", "colwidths-given"])
+    group = nodes.tgroup(cols=len(columns))
+    table += group
+    for column in columns:
+        group += nodes.colspec(colwidth=column.width)
+    head = nodes.thead()
+    row = nodes.row()
+    for column in columns:
+        row += _cell(column.header)
+    head += row
+    group += head
+    body = nodes.tbody()
+    for status_row in rows:
+        row = nodes.row(classes=[f"provenance-{status_row.status['state']}"])
+        for column in columns:
+            cell = _cell(column.value(status_row))
+            cell["classes"].append("provenance-col-" + _slug(column.header))
+            row += cell
+        body += row
+    group += body
+    return table
+
+
+def _slug(header: str) -> str:
+    """``"current with its source"`` -> ``current-with-its-source`` (a cell's CSS class)."""
+    return "-".join(re.findall(r"[a-z0-9]+", header.lower()))
+
+
+def _common(rows: list[StatusRow], key: str) -> str | None:
+    """The one value of ``run[key]`` that every run shares, else None."""
+    values = {row.run.get(key) for row in rows if row.run}
+    return values.pop() if len(values) == 1 and None not in values else None
+
+
 class ProvenanceStatus(SphinxDirective):
     """``provenance-status``: the table of every notebook's reference run, built at build time.
 
@@ -435,62 +561,32 @@ class ProvenanceStatus(SphinxDirective):
     def run(self) -> list[nodes.Node]:
         app = self.env.app
         self.env.provenance_status_docs.add(self.env.docname)
-        rows = []
-        for part, docname in toc_entries(app):
-            status = notebook_status(app, docname)
-            if status is not None:
-                rows.append((part, docname, status))
-        current = sum(1 for *_, s in rows if s["state"] == "current")
-        total_s = sum(float(s["run"].get("duration_s") or 0) for *_, s in rows if s["run"])
+        rows = status_rows(app, self.env.docname)
+        current = sum(1 for r in rows if r.status["state"] == "current")
+        total_s = sum(float(r.run.get("duration_s") or 0) for r in rows)
         built = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        summary = nodes.paragraph(text=(
-            f"{current} of {len(rows)} notebooks carry a current reference run from a GPU; their "
-            f"runs took {total_s:.0f} s in all. This table was generated when the book was built "
-            f"({built}) from the notebooks' reference_run metadata."))
+        text = (f"{current} of {len(rows)} notebooks carry a current reference run from a GPU; their "
+                f"runs took {total_s:.0f} s in all. This table was generated when the book was built "
+                f"({built}) from the notebooks' reference_run metadata.")
+        driver, cuda = _common(rows, "driver"), _common(rows, "cuda")
+        if driver or cuda:
+            shared = " and ".join(x for x in (f"NVIDIA driver {driver}" if driver else "",
+                                              f"CUDA {cuda}" if cuda else "") if x)
+            text += f" Every run used {shared}."
+        summary = nodes.paragraph(text=text)
         summary["classes"].append("provenance-status-summary")
         if "summary-only" in self.options:
             return [summary]
 
-        headers = ["page", "needs", "current with its source", "device(s)", "driver", "torch",
-                   "started (UTC)", "duration"]
+        columns = list(STATUS_COLUMNS)
+        if driver is None:   # drivers differ: each row says its own
+            at = next(i for i, c in enumerate(columns) if c.header == "device(s)")
+            columns.insert(at + 1, StatusColumn("driver", 10, lambda row: row.run.get("driver") or ""))
         tables: list[nodes.Node] = []
-        for part in dict.fromkeys(part for part, _, _ in rows):
-            table = nodes.table(classes=["provenance-status-table"])
-            table += nodes.title(text=part or "Notebooks")
-            group = nodes.tgroup(cols=len(headers))
-            table += group
-            for width in (28, 7, 22, 15, 10, 12, 14, 8):
-                group += nodes.colspec(colwidth=width)
-            head = nodes.thead()
-            row = nodes.row()
-            for h in headers:
-                row += _cell(h)
-            head += row
-            group += head
-            body = nodes.tbody()
-            for row_part, docname, status in rows:
-                if row_part != part:
-                    continue
-                run = status["run"] or {}
-                if docname in self.env.found_docs:
-                    link = addnodes.pending_xref("", refdomain="std", reftype="doc", reftarget="/" + docname,
-                                                 refdoc=self.env.docname, refexplicit=False, refwarn=True)
-                    link += nodes.inline(docname, docname)
-                else:
-                    link = nodes.literal(text=docname)
-                started = (run.get("started") or "").replace("T", " ").replace("Z", "")[:16]
-                duration = f"{float(run['duration_s']):.1f} s" if run.get("duration_s") is not None else ""
-                row = nodes.row(classes=[f"provenance-{status['state']}"])
-                words = f"{STATE_MARK[status['state']]} {status['words']}"
-                if status.get("pending"):
-                    words += f"; an older source's run: the revised page waits in {status['pending']}"
-                for value in (link, gpus_text(status.get("gpus")), words,
-                              short_devices(run.get("devices")) if run else "", run.get("driver") or "",
-                              run.get("torch") or "", started, duration):
-                    row += _cell(value)
-                body += row
-            group += body
-            tables.append(table)
+        for part in dict.fromkeys(r.part for r in rows):
+            # a heading, not a table title: the status tables are not numbered figures
+            tables.append(nodes.rubric(text=part or "Notebooks", classes=["provenance-status-part"]))
+            tables.append(status_table([r for r in rows if r.part == part], columns))
         legend = nodes.paragraph(text=(
             "✓ the .ipynb's reference run executed exactly the code now in its .md source, on a GPU; "
             "⚠ it did, but on a CPU (sizes scaled down: not a reference run); "
