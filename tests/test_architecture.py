@@ -42,7 +42,7 @@ OPTIONAL_IMPORTS = {
     "core/nvml.py": {"pynvml"},                          # the `gpu` extra
     "core/timing.py": {"triton.testing"},                # CUDA builds of torch only
     "kernels/crossentropy.py": {"triton", "triton.language"},
-    "kernels/custom_ops.py": {"triton", "triton.language"},
+    "kernels/custom_ops.py": {"triton", "triton.language", "triton.runtime"},
     "kernels/axpby.py": {"triton", "triton.language"},   # generated from chapter 9's page
     "labs/exercises.py": {"IPython", "jupytext"},        # a live kernel; the `book` extra
     "loading/datasets.py": {"skimage.data", "torchvision.io"},  # scikit-image, the `vision` extra
