@@ -97,7 +97,8 @@ class _Page(HTMLParser):
             return
         top = self.stack[-1]
         if top["input"] is not None:
-            top["input"]["code"].append(data)
+            if any(f["tag"] == "pre" for f in self.stack):   # not a copy button's words
+                top["input"]["code"].append(data)
         elif top["output"] is not None:
             top["output"].append(data)
         if not top["aside"]:
