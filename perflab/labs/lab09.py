@@ -16,7 +16,7 @@ from perflab.kernels.compiler import graph_breaks
 from perflab.kernels.custom_ops import axpby_eager, triton_launches, triton_modules
 from perflab.labs.exercises import ExerciseFailed, not_done
 from perflab.machine import ceilings
-from perflab.profiling.trace import kernels_per_call
+from perflab.core.profiler import kernels_per_call
 
 __all__ = ["check_fused_speedup", "check_graph_break_fixed", "check_precision_choice",
            "check_registered", "check_row_loss", "CPU_TIMING_NUMEL", "ROW_LOSS_SHARE",
