@@ -30,7 +30,8 @@ from perflab.gpt2.model import CONFIGS, GPT, GPT2_VOCAB, GPTConfig, config
 
 __all__ = ["PRECISIONS", "ATTENTIONS", "RESIDUALS", "OPTIMIZERS", "LOADERS", "Rung", "padded",
            "last_parallel_rung", "PLAIN_RUNG", "RunResult", "mfu", "rung_from_dict",
-           "static_bytes_per_param", "LOGIT_BYTES", "logits_bytes", "predict_peak"]
+           "static_bytes_per_param", "LOGIT_BYTES", "logits_bytes", "predict_peak",
+           "checkpointed_inputs_bytes", "fp8_supported", "batch_scale", "causal_flops_per_token"]
 
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -251,6 +252,22 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float
     return tokens_per_s * flops_per_token / peak_flops
 
 
+def causal_flops_per_token(cfg: GPTConfig, seq_len: int) -> float:
+    """Training FLOPs per token counting the attention's causal half only: ``6N + 6 L d T``
+    (:meth:`perflab.gpt2.model.GPT.flops_per_token` counts the full ``T x T``: ``6N + 12 L d
+    T``). A causal kernel computes about half of the score matrix, so this is the FLOPs it
+    performs; MFU quoted either way must say which.
+
+    Raises:
+        ValueError: ``seq_len`` < 1.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    with torch.device("meta"):
+        model = GPT(cfg)
+    return model.flops_per_token(seq_len) - 6 * cfg.n_layer * cfg.n_embd * seq_len
+
+
 def rung_from_dict(rung: dict) -> Rung:
     """A :class:`Rung` from its ``asdict`` form (as it travels to ``torchrun`` workers: JSON
     turns the ``changes`` pairs into lists)."""
@@ -284,16 +301,31 @@ def logits_bytes(rung: Rung) -> float:
     return float(rung.batch * rung.seq_len * rung.vocab * LOGIT_BYTES)
 
 
+def checkpointed_inputs_bytes(rung: Rung, cfg: GPTConfig | None = None) -> float:
+    """Bytes of the block inputs a checkpointed rung keeps for one micro-batch: one residual
+    stream ``(batch, seq_len, n_embd)`` per block, float32 (4 bytes) or bf16 (2) as
+    ``rung.residual`` keeps it; 0 for a rung without checkpointing. ``cfg`` defaults to the
+    rung's model."""
+    if not rung.checkpoint:
+        return 0.0
+    cfg = cfg or rung.config()
+    per = 2 if rung.residual == "bf16" else 4
+    return float(per * rung.batch * rung.seq_len * cfg.n_layer * cfg.n_embd)
+
+
 def predict_peak(peak_bytes: float, rung: Rung, params: int, target: GPTConfig) -> float:
     """Predicted peak bytes of ``rung`` for the model ``target``, from its peak measured on the
     model of ``rung`` (``params`` parameters).
 
-    The measured peak is split into three parts that scale differently: static bytes
+    The measured peak is split into parts that scale differently: static bytes
     (:func:`static_bytes_per_param` x parameters), the logits (:func:`logits_bytes`: the same
-    micro-batch and vocabulary give the same logits whatever the model), and the rest
-    (activations, workspace), scaled by ``n_layer x n_embd``: at a fixed number of tokens, a
-    block's saved activations grow with the width (Korthikanti et al., 2023: 34·s·b·h bytes per
-    layer in 16-bit with a fused attention).
+    micro-batch and vocabulary give the same logits whatever the model), and the rest. Without
+    checkpointing the rest (every block's saved activations, workspace) scales with
+    ``n_layer x n_embd``: at a fixed number of tokens, a block's saved activations grow with the
+    width (Korthikanti et al., 2023: 34·s·b·h bytes per layer in 16-bit with a fused
+    attention). With checkpointing only the block inputs the rung keeps
+    (:func:`checkpointed_inputs_bytes`) grow with depth x width; the rest is the one block being
+    recomputed and its backward, which grows with the width alone.
 
     Raises:
         ValueError: a non-positive peak or parameter count, or a peak below the static bytes.
@@ -308,5 +340,38 @@ def predict_peak(peak_bytes: float, rung: Rung, params: int, target: GPTConfig) 
     src = rung.config()
     with torch.device("meta"):
         n_target = GPT(target).num_params()
+    if rung.checkpoint:
+        inputs = min(rest - logits, checkpointed_inputs_bytes(rung, src))
+        one_block = rest - logits - inputs
+        return (per * n_target + logits + checkpointed_inputs_bytes(rung, target)
+                + one_block * target.n_embd / src.n_embd)
     scale = (target.n_layer * target.n_embd) / (src.n_layer * src.n_embd)
     return per * n_target + logits + (rest - logits) * scale
+
+
+def fp8_supported(device: torch.device | str) -> bool:
+    """Whether ``device`` can run the FP8 rungs: a CPU (``torch._scaled_mm`` has a CPU kernel, for
+    the course's CPU runs) or a GPU with FP8 tensor cores (compute capability 8.9 or newer: Ada,
+    Hopper and later; an A100 is 8.0)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return True
+    return tuple(torch.cuda.get_device_capability(device)) >= (8, 9)
+
+
+def batch_scale(memory_bytes: float, needed_bytes: float, fraction: float = 0.9,
+                most: int = 16) -> int:
+    """The power of two to divide a page's batches by so that ``needed_bytes`` (the largest
+    peak at full size) fits in ``fraction`` of ``memory_bytes``: 1 where it fits, 2, 4 ... up to
+    ``most``.
+
+    Raises:
+        ValueError: a non-positive size or fraction outside (0, 1].
+    """
+    if memory_bytes <= 0 or needed_bytes <= 0 or not 0 < fraction <= 1:
+        raise ValueError(f"need memory_bytes, needed_bytes > 0 and 0 < fraction <= 1, got "
+                         f"{memory_bytes}, {needed_bytes}, {fraction}")
+    scale = 1
+    while needed_bytes / scale > fraction * memory_bytes and scale < most:
+        scale *= 2
+    return scale
