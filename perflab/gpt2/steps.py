@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import torch
 import torch.nn.functional as F
-from perflab.kernels import crossentropy, fp8
+from perflab.gpt2 import heads
+from perflab.kernels import fp8
 
 
 def plain_head(h, w, y):
@@ -33,8 +34,8 @@ class Forward(torch.nn.Module):
     def __init__(self, model, rung):
         super().__init__()
         self.model, self.rung = model, rung
-        self.head = (fp8.head_cross_entropy if rung.fp8_head else
-                     crossentropy.linear_cross_entropy if rung.fused_ce
+        self.head = (heads.head_cross_entropy if rung.fp8_head else
+                     heads.linear_cross_entropy if rung.fused_ce
                      else plain_head)
         if rung.fp8:                      # every block's linear layers in FP8
             fp8.convert(model)
@@ -174,8 +175,9 @@ def make_graphed_step(net, opt, rung, batches, device, warmup=2):
     return step
 
 
-def speed_ladder(base):
-    """Chapter 10's speed ladder from `base`: each rung one change."""
+def speed_ladder(base, fp8=True):
+    """Chapter 10's speed ladder from `base`: each rung one change (without
+    the FP8 rung where `fp8` is False: a GPU without FP8 tensor cores)."""
     ladder = [base]
 
     def rung(name, **change):
@@ -193,7 +195,8 @@ def speed_ladder(base):
     rung("fused AdamW", optimizer="fused")      # the plain compiled rung
     rung(f"vocab {padded:,}", vocab=padded)     # tile-friendly head
     rung("fused head", fused_ce=True)           # the logits read once
-    rung("FP8 head", fp8_head=True)             # the head's products in FP8
+    if fp8:
+        rung("FP8 head", fp8_head=True)         # the head's products in FP8
     rung("bf16 residual", residual="bf16")      # half the residual's bytes
     rung("CUDA graphs", graphs=True)            # replayed forward, backward
     rung("one graph per step", graphs=False, step_graph=True)  # + AdamW
