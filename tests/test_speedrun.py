@@ -488,3 +488,18 @@ def test_train_times_windows_and_a_sustained_stretch():
     assert len(res.losses) == 1 + 3 * 2          # warm-up and timed steps only
     with pytest.raises(ValueError, match="windows"):
         train(r, tokens(), steps=1, windows=0, device="cpu")
+
+
+def test_the_next_rung_is_one_switch_off_by_default():
+    """Chapter 10's predicted next rung (the row pass with 32 warps, its rows in L2) is a
+    switch of the step, not in the ladder unless asked for, and computes the same loss."""
+    assert [r.name for r in speed_ladder(base())][-1] == "one graph per step"
+    ladder = speed_ladder(base(), next_rung=True)
+    assert ladder[-1].name == "rows in L2" and ladder[-1].l2_rows and ladder[-1].step_graph
+    with pytest.raises(ValueError, match="l2_rows"):
+        base(l2_rows=True)
+    fast = last_parallel_rung(ladder).then("fast", compile=False, batch=2)
+    a = train(fast, tokens(), steps=1, device="cpu", warmup=1)
+    b = train(fast.then("fast, 32 warps", l2_rows=True), tokens(), steps=1, device="cpu",
+              warmup=1)
+    np.testing.assert_allclose(a.losses, b.losses, rtol=1e-6)

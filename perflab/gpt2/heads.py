@@ -27,8 +27,8 @@ def rows_kernel():
     import triton.language as tl  # optional, as above
 
     @triton.jit
-    def rows(logits_ptr, stride_l, y_ptr, loss_ptr, grad_ptr, stride_g, V,
-             scale, BLOCK: tl.constexpr):
+    def ce_rows(logits_ptr, stride_l, y_ptr, loss_ptr, grad_ptr, stride_g, V,
+                scale, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         lrow = logits_ptr + row * stride_l
         m = tl.full([BLOCK], -1e30, tl.float32)   # running max, per lane
@@ -53,12 +53,12 @@ def rows_kernel():
             g = tl.where(offs == t, p - 1.0, p) * scale
             tl.store(grow + offs, g.to(grad_ptr.dtype.element_ty,
                                        fp_downcast_rounding="rtne"), mask=mask)
-    return rows
+    return ce_rows
 
 
-def loss_and_grad(logits, y, grad, grad_scale):
+def loss_and_grad(logits, y, grad, grad_scale, warps=8):
     """Per-row losses (M,) of logits (M, V); grad (M, V) gets
-    grad_scale x (softmax - one-hot), in grad's dtype."""
+    grad_scale x (softmax - one-hot), in grad's dtype; `warps` per row."""
     m, v = logits.shape
     if (grad.shape != logits.shape or y.shape != (m,) or y.dtype != torch.int64
             or logits.stride(1) != 1 or grad.stride(1) != 1
@@ -69,7 +69,7 @@ def loss_and_grad(logits, y, grad, grad_scale):
     if logits.device.type == "cuda":
         rows_kernel()[(m,)](logits, logits.stride(0), y, loss, grad,
                             grad.stride(0), v, float(grad_scale),
-                            BLOCK=2048, num_warps=8)
+                            BLOCK=256 * warps, num_warps=warps)
         return loss
     lf = logits.float()                      # the same arithmetic, eager
     lse = torch.logsumexp(lf, dim=1)
@@ -84,14 +84,14 @@ def make_fused_head():
     """The fused head as the operator perflab::linear_cross_entropy."""
     @torch.library.custom_op("perflab::linear_cross_entropy", mutates_args=())
     def op(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor,
-           dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+           dtype: torch.dtype, warps: int) -> tuple[torch.Tensor, torch.Tensor]:
         logits = h.to(dtype) @ w.to(dtype).t()
         grad = torch.empty_like(logits)        # d mean loss / d logits
-        rows = loss_and_grad(logits, y, grad, 1.0 / logits.shape[0])
+        rows = loss_and_grad(logits, y, grad, 1.0 / logits.shape[0], warps)
         return rows.mean(), grad
 
     @op.register_fake
-    def _(h, w, y, dtype):
+    def _(h, w, y, dtype, warps):
         return (h.new_empty((), dtype=torch.float32),
                 h.new_empty((h.shape[0], w.shape[0]), dtype=dtype))
 
@@ -103,7 +103,7 @@ def make_fused_head():
         h, w, grad = ctx.saved_tensors     # go, a scalar, scales the small ones
         grad_h = (grad @ w.to(grad.dtype)).float().mul_(go).to(h.dtype)
         grad_w = (grad.t() @ h.to(grad.dtype)).float().mul_(go).to(w.dtype)
-        return grad_h, grad_w, None, None
+        return grad_h, grad_w, None, None, None
 
     op.register_autograd(backward, setup_context=setup)
     return op
@@ -112,7 +112,7 @@ def make_fused_head():
 FUSED_HEAD = make_fused_head()
 
 
-def linear_cross_entropy(h, w, y):
+def linear_cross_entropy(h, w, y, warps=8):
     """Mean cross_entropy(h @ w.T, y), fused; h (..., d), w (V, d)."""
     h2, y2 = h.reshape(-1, h.shape[-1]), y.reshape(-1)
     if not h.is_floating_point() or w.dim() != 2 or \
@@ -120,7 +120,7 @@ def linear_cross_entropy(h, w, y):
         raise ValueError(f"h (..., d) float, w (V, d), y one target per "
                          f"row: got {tuple(h.shape)}, {tuple(w.shape)}, "
                          f"{tuple(y.shape)}")
-    return FUSED_HEAD(h2, w, y2, compute_dtype(h2))[0]
+    return FUSED_HEAD(h2, w, y2, compute_dtype(h2), warps)[0]
 
 
 TOP = torch.finfo(fp8.E5M2).max              # 57,344
@@ -130,18 +130,18 @@ def make_fp8_head():
     """The FP8 head as the operator perflab::fp8_head_loss: (loss, q_h, s_h,
     q_W, s_W, q_g), q_g = (softmax - one-hot) x TOP in e5m2."""
     @torch.library.custom_op("perflab::fp8_head_loss", mutates_args=())
-    def op(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> tuple[
-            torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-            torch.Tensor, torch.Tensor]:
+    def op(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor,
+           warps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                torch.Tensor, torch.Tensor, torch.Tensor]:
         qh, sh = fp8.quantize(h, fp8.E4M3)
         qw, sw = fp8.quantize(w, fp8.E4M3)
         logits = fp8.scaled_mm(qh, qw.t(), sh, sw, fast=True)  # bf16
         qg = torch.empty(logits.shape, dtype=fp8.E5M2, device=h.device)
-        rows = loss_and_grad(logits, y, qg, grad_scale=TOP)
+        rows = loss_and_grad(logits, y, qg, TOP, warps)
         return rows.mean(), qh, sh, qw, sw, qg
 
     @op.register_fake
-    def _(h, w, y):
+    def _(h, w, y, warps):
         one = h.new_empty((), dtype=torch.float32)
         return (one, h.new_empty(h.shape, dtype=fp8.E4M3), one.clone(),
                 w.new_empty(w.shape, dtype=fp8.E4M3), one.clone(),
@@ -158,7 +158,7 @@ def make_fp8_head():
         gh = fp8.scaled_mm(qg, qw.t().contiguous().t(), sg, sw, fast=False)
         gw = fp8.scaled_mm(transpose(qg), qh.t().contiguous().t(), sg, sh,
                            fast=False)
-        return gh.to(ctx.dtypes[0]), gw.to(ctx.dtypes[1]), None
+        return gh.to(ctx.dtypes[0]), gw.to(ctx.dtypes[1]), None, None
 
     op.register_autograd(backward, setup_context=setup)
     return op
@@ -167,7 +167,7 @@ def make_fp8_head():
 FP8_HEAD = make_fp8_head()
 
 
-def head_cross_entropy(h, w, y):
+def head_cross_entropy(h, w, y, warps=8):
     """Mean cross-entropy of the head in FP8; V, d and M multiples of 16."""
     h2 = h.reshape(-1, h.shape[-1])
     fp8.check_shape(w.shape[1], w.shape[0], "head")
@@ -175,4 +175,4 @@ def head_cross_entropy(h, w, y):
         raise ValueError(f"the FP8 head needs a multiple of 16 tokens and "
                          f"one target each, got {tuple(h.shape)}, "
                          f"{tuple(y.shape)}")
-    return FP8_HEAD(h2, w, y.reshape(-1))[0]
+    return FP8_HEAD(h2, w, y.reshape(-1), warps)[0]

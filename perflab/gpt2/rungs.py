@@ -105,6 +105,12 @@ class Rung:
             the next batch is copied into its static inputs; needs ``compile``, bf16, the
             fused optimizer, one micro-batch, one process and no checkpointing. On a CPU the
             step runs uncaptured.
+        l2_rows: launch the fused head's row pass (:func:`perflab.gpt2.heads.loss_and_grad`)
+            with 32 warps per row instead of 8, so that no more than two rows run per SM and
+            the rows in flight (about 264 x 100 KB at GPT-2's vocabulary on an H200) fit in L2:
+            the pass's second read of each row should then come from L2, not from memory.
+            Needs ``fused_ce`` or ``fp8_head``; a hypothesis the next rung tests, off in the
+            ladder by default (chapter 10, "The next rung").
     """
 
     name: str
@@ -126,6 +132,7 @@ class Rung:
     residual: str = "fp32"
     graphs: bool = False
     step_graph: bool = False
+    l2_rows: bool = False
 
     def __post_init__(self):
         for name in ("batch", "seq_len", "accum", "vocab"):
@@ -140,6 +147,9 @@ class Rung:
             raise ValueError(f"model must be one of {list(CONFIGS)}, got {self.model!r}")
         if self.seq_len > self.config().block_size:
             raise ValueError(f"seq_len {self.seq_len} exceeds the model's block_size")
+        if self.l2_rows and not (self.fused_ce or self.fp8_head):
+            raise ValueError("l2_rows changes the fused head's row pass: it needs fused_ce or "
+                             "fp8_head")
         if self.fp8_head and (self.vocab % 16 or self.config().n_embd % 16):
             raise ValueError(f"fp8_head needs vocab and n_embd that are multiples of 16, got "
                              f"vocab={self.vocab}, n_embd={self.config().n_embd}")
