@@ -56,8 +56,6 @@ VISIBLE_BOOKKEEPING: set[str] = {
     "book/06_single_gpu_speed.html",
     "book/07_single_gpu_memory.html",
     "book/08_distributed_training.html",       # replaced by its second edition (pending/)
-    "book/09_advanced_optimizations.html",
-    "book/10_gpt2_case_study.html",
     "book/roofline_explorer.html",             # three glue calls in the prediction cell: a code
                                                # change, for the next reference run
     "labs/03_internals.html",
@@ -76,8 +74,6 @@ TELEMETRY_IN_PROSE: set[str] = {
     "book/06_single_gpu_speed.html",
     "book/07_single_gpu_memory.html",
     "book/08_distributed_training.html",       # replaced by its second edition (pending/)
-    "book/09_advanced_optimizations.html",
-    "book/10_gpt2_case_study.html",
 }
 
 # Over 6,000 words of prose or 500 lines of visible code on one page: split into section pages.
