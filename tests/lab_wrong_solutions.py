@@ -319,8 +319,16 @@ WRONG = {
          r"faster than"),
         # each mode timed alone, one after another: no rounds to compare by
         ("ex4-solution", "seconds = interleaved({m: lambda s=s: benchmark(s, dev, 0.1)\n"
-                         "                       for m, s in step_of.items()}, rounds=rounds)",
-         "seconds = {m: benchmark(s, dev, 0.1) for m, s in step_of.items()}",
+                         "                       for m, s in step_of.items()}, rounds=rounds)\n"
+                         'ref = losses["fp32"]\n'
+                         "ok = [m for m in modes if abs(losses[m] - ref) <= 0.05 * ref]\n"
+                         "choice = min(ok, key=lambda m: seconds[m].median)\n"
+                         'gain = (seconds["fp32"] / seconds[choice]).median   # round by round',
+         "seconds = {m: benchmark(s, dev, 0.1) for m, s in step_of.items()}\n"
+         'ref = losses["fp32"]\n'
+         "ok = [m for m in modes if abs(losses[m] - ref) <= 0.05 * ref]\n"
+         "choice = min(ok, key=seconds.get)\n"
+         'gain = seconds["fp32"] / seconds[choice]',
          r"interleaved rounds"),
         # the loss in torch operators: log-sum-exp, gather and subtract are three kernels
         ("ex5-solution", "if triton is not None:\n",
