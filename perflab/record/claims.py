@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from perflab.record.formatting import sig
+from perflab.record.numbers import sig
 from perflab.record.provenance import glue, read_glued
 
 __all__ = ["EXPECT_PREFIX", "Sentence", "claim", "compare", "expect", "failed_expectations",
