@@ -53,7 +53,7 @@ import torch
 
 from perflab.core import nvml
 from perflab.core.sampler import measure as _measure
-from perflab.internals.overhead import beyond_cache_numel
+from perflab.machine.caches import beyond_cache_numel
 from perflab.machine import datasheets
 from perflab.machine.roofline import matmul_cost
 from perflab.record.provenance import environment
