@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from perflab.gpt2 import heads
-from perflab.kernels import crossentropy as ce
+from perflab.kernels import crossentropy
 
 
 def rel(a, b):
@@ -50,7 +50,7 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match=r"w \(V, d\)"):
         heads.linear_cross_entropy(torch.randn(4, 3), torch.randn(8, 2), y)
     with pytest.raises(ValueError, match="contiguous 2-D"):
-        ce.transpose(x.t())
+        crossentropy.transpose(x.t())
 
 
 @pytest.mark.parametrize("autocast", [False, True])
@@ -80,7 +80,7 @@ def test_fused_head_trains_like_the_plain_one(autocast):
 def test_transpose_copies_any_dtype():
     t = torch.arange(12.0).reshape(3, 4)
     for dtype in (torch.float32, torch.bfloat16, torch.float8_e5m2):
-        out = ce.transpose(t.to(dtype))
+        out = crossentropy.transpose(t.to(dtype))
         assert out.shape == (4, 3) and out.is_contiguous() and out.dtype == dtype
         assert torch.equal(out.float(), t.to(dtype).float().t())
 
@@ -90,7 +90,7 @@ def test_traced_by_dynamo_without_graph_breaks():
     y = torch.randint(0, 40, (16,))
 
     def fn(h, w):
-        return heads.linear_cross_entropy(h, w, y) + ce.transpose(w).sum()
+        return heads.linear_cross_entropy(h, w, y) + crossentropy.transpose(w).sum()
 
     h = torch.randn(16, 8, requires_grad=True)
     w = torch.randn(40, 8, requires_grad=True)

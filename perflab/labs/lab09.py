@@ -4,6 +4,7 @@ precision chosen from interleaved rounds; a Triton kernel for the loss's row pas
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Callable
 
 import torch
@@ -13,10 +14,10 @@ from torch.profiler import ProfilerActivity, profile
 from perflab.core.rounds import Spread
 from perflab.core.timing import benchmark, paired_ratio
 from perflab.kernels.compiler import graph_breaks
-from perflab.kernels.custom_ops import axpby_eager, triton_launches, triton_modules
-from perflab.labs.exercises import ExerciseFailed, not_done
-from perflab.machine import ceilings
 from perflab.core.profiler import kernels_per_call
+from perflab.kernels.custom_ops import axpby_eager, triton_launches, triton_modules
+from perflab.labs.exercises import ExerciseFailed, NotPlain, as_tensor, not_done, plain
+from perflab.machine import ceilings
 
 __all__ = ["check_fused_speedup", "check_graph_break_fixed", "check_precision_choice",
            "check_registered", "check_row_loss", "CPU_TIMING_NUMEL", "ROW_LOSS_SHARE",
@@ -41,8 +42,10 @@ def check_graph_break_fixed(original: Callable, fixed: Callable | None, *args,
     trials = [args] + [tuple(a * k if isinstance(a, torch.Tensor) and a.is_floating_point()
                              else a for a in args) for k in (-3.0, 0.05)]
     for trial in trials:
-        want, got = original(*trial), fixed(*trial)
-        if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+        got = fixed(*trial)                                 # the answer first, as a plain tensor
+        got = as_tensor(f"Exercise {exercise}: `fixed`'s result", got)
+        want = original(*trial)
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
             raise ExerciseFailed(f"✗ Exercise {exercise}: `fixed` returns a different result "
                                  "from the original.")
     found = graph_breaks(fixed, *args)
@@ -106,10 +109,9 @@ def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: flo
     x = torch.randn(numel, generator=g).to(dev)
     y = torch.randn(numel, generator=g).to(dev)
     with torch.no_grad():
-        got = fused(x, 1.5, y, -0.25)
+        got = as_tensor(f"Exercise {exercise}: your operator's result", fused(x, 1.5, y, -0.25))
         want = axpby_eager(x, 1.5, y, -0.25)
-        if not isinstance(got, torch.Tensor) or got.shape != want.shape or \
-                not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
             raise ExerciseFailed(f"✗ Exercise {exercise}: your operator's result differs from "
                                  "1.5 * x - 0.25 * y.")
         launches = kernels_per_call(fused, x, 1.5, y, -0.25, calls=2)
@@ -202,24 +204,40 @@ def check_precision_choice(choice: str | None, seconds: dict | None, losses: dic
     """
     if choice is None or seconds is None or losses is None:
         not_done(exercise, "measure `seconds` and `losses` for each mode and set `choice`")
-    if "fp32" not in seconds or "fp32" not in losses or set(seconds) != set(losses):
+    # the rounds are read from what each Spread stores (its values), never through its methods
+    rounds_of = {}
+    if type(seconds) is dict:
+        for mode, spread_ in dict.items(seconds):
+            if type(spread_) is not Spread:
+                raise ExerciseFailed(f"✗ Exercise {exercise}: time the modes in interleaved "
+                                     "rounds: `seconds` must be what perflab.core.rounds."
+                                     "interleaved returns, a Spread per mode.")
+            rounds_of[mode] = object.__getattribute__(spread_, "values")
+    try:
+        choice, rounds_of, losses = plain(choice), plain(rounds_of), plain(losses)
+    except NotPlain as err:
+        raise ExerciseFailed(f"✗ Exercise {exercise}: `choice`, `seconds` and `losses` must be "
+                             f"plain data (a string, Spreads, a dict of numbers), got {err}."
+                             ) from None
+    if type(seconds) is not dict or not isinstance(losses, dict):
+        raise ExerciseFailed(f"✗ Exercise {exercise}: `seconds` and `losses` must be dicts by mode.")
+    if "fp32" not in rounds_of or "fp32" not in losses or set(rounds_of) != set(losses):
         raise ExerciseFailed(f"✗ Exercise {exercise}: `seconds` and `losses` need the same modes, "
                              "fp32 among them.")
-    if not all(isinstance(v, Spread) for v in seconds.values()) or \
-            len({v.n for v in seconds.values()}) != 1:
-        raise ExerciseFailed(f"✗ Exercise {exercise}: time the modes in interleaved rounds: "
-                             "`seconds` must be what perflab.core.rounds.interleaved returns, a "
-                             "Spread per mode over the same rounds.")
-    if choice not in seconds:
+    if len({len(v) for v in rounds_of.values()}) != 1:
+        raise ExerciseFailed(f"✗ Exercise {exercise}: time the modes in interleaved rounds: every "
+                             "mode's Spread must hold the same rounds.")
+    if choice not in rounds_of:
         raise ExerciseFailed(f"✗ Exercise {exercise}: {choice!r} is not one of the modes you "
-                             f"measured ({sorted(seconds)}).")
+                             f"measured ({sorted(rounds_of)}).")
     ref = losses["fp32"]
-    ok = {m for m in seconds if abs(losses[m] - ref) <= tolerance * abs(ref)}
+    ok = {m for m in rounds_of if abs(losses[m] - ref) <= tolerance * abs(ref)}
     if choice not in ok:
-        raise ExerciseFailed(f"✗ Exercise {exercise}: {choice!r} ends {abs(losses[choice] - ref) / abs(ref):.1%} "
-                             f"from the fp32 loss, beyond the {tolerance:.0%} tolerance.")
-    fastest = min(ok, key=lambda m: seconds[m].median)
-    slower = (seconds[choice] / seconds[fastest]).median      # round by round
+        raise ExerciseFailed(f"✗ Exercise {exercise}: {choice!r} ends "
+                             f"{abs(losses[choice] - ref) / abs(ref):.1%} from the fp32 loss, "
+                             f"beyond the {tolerance:.0%} tolerance.")
+    fastest = min(ok, key=lambda m: statistics.median(rounds_of[m]))
+    slower = statistics.median(a / b for a, b in zip(rounds_of[choice], rounds_of[fastest]))
     if slower > 1 + noise:
         raise ExerciseFailed(f"✗ Exercise {exercise}: {fastest!r} is within tolerance and "
                              f"{slower:.2f}x faster than {choice!r} (median of the rounds).")
