@@ -3,7 +3,7 @@ import pytest
 import torch
 from dataclasses import asdict
 
-from perflab.distributed import training as parallel
+from perflab.distributed.launch import launch
 from perflab.gpt2 import ladder as sr
 
 TINY = (("n_layer", 2), ("n_embd", 32), ("n_head", 2), ("block_size", 32))
@@ -266,10 +266,10 @@ def test_losses_agree_and_mfu():
 @pytest.mark.parametrize("fsdp", [True])
 def test_data_parallel_rung_on_two_gloo_ranks(fsdp):
     rung = asdict(base(batch=2))
-    out = parallel.launch([{"name": "gpt2", "args": {"rung": rung, "steps": 1, "warmup": 1,
-                                                      "n_tokens": 5000, "id_range": 200,
-                                                      "fsdp": fsdp}}],
-                          nproc=2, backend="gloo", timeout_s=240)
+    out = launch([{"name": "perflab.gpt2.multi_gpu:ddp_run", "key": "gpt2",
+                   "args": {"rung": rung, "steps": 1, "warmup": 1, "n_tokens": 5000,
+                            "id_range": 200, "fsdp": fsdp}}],
+                 nproc=2, backend="gloo", timeout_s=240)
     per = [o["results"]["gpt2"] for o in out]
     assert [p["extra"]["world_size"] for p in per] == [2, 2]
     # the two ranks read disjoint windows: the job's distinct windows are twice a rank's

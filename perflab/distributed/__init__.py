@@ -1,5 +1,6 @@
-"""perflab.distributed: Chapter 8 and chapter 2's several-GPU page: the one torchrun launcher,
-collectives, data parallelism, sharding, checkpoints."""
+"""perflab.distributed: chapter 8's data parallelism and sharding on several processes: the launch
+and its worker, the tasks every rank runs, and the techniques and cost models exported from the
+page."""
 
 from perflab import _submodules
 

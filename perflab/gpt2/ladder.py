@@ -753,7 +753,7 @@ def token_ids(tokens: str | None, n_tokens: int = 4_000_000, id_range: int = 819
 def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str | None = None,
                      n_tokens: int = 4_000_000, id_range: int = 8192,
                      fsdp: bool = False) -> dict:
-    """One rank's part of a data-parallel GPT-2 run (called by ``perflab.distributed.training``'s worker).
+    """One rank's part of a data-parallel GPT-2 run (task ``perflab.gpt2.multi_gpu:ddp_run``).
 
     ``rung`` is a :class:`Rung` as a dict; ``tokens`` the path of a uint16 token file (None:
     ``n_tokens`` seeded random ids below ``id_range``, the same on every rank). Each rank trains
