@@ -183,6 +183,8 @@ def runs(tmp_path_factory):
             {"name": "sharding", "args": dict(TINY, rounds=2)},
             {"name": "dcp_save", "args": {"path": str(root / f"w{n}")}},
             {"name": "traps", "args": {"timeout_s": 1}},
+            {"name": "ring", "args": {"nbytes": 4096, "sizes": list(range(2, n + 1)), "rounds": 1,
+                                      "iters": 2}},
         ]
         if n > 2:
             tasks.append({"name": "dcp_load", "args": {"path": str(root / f"w{n - 1}")}})
@@ -249,6 +251,15 @@ def test_every_task_on_world_size(runs, n):
         assert sh["strategies"][name]["allocated_bytes"] is None  # CUDA allocator only
         assert len(sh["step_rounds_s"][name]) == 2
     assert sh["adam_full_s"] > 0 and sh["adam_shard_s"] > 0
+    # one DDP and one FSDP step traced on rank 0: FSDP's gathers and reductions are in it
+    ops = sh["traces"]["fsdp"]["comm_ops"]
+    assert ops.get("gloo:all_gather", 0) >= 2 and sh["traces"]["ddp"]["comm_s"] > 0
+    assert res[1]["sharding"]["traces"]["fsdp"] == {}
+    # the bus factor's launch: a subgroup of the first 2 (and 3) ranks each
+    ring = res[0]["ring"]
+    assert set(ring) == {str(k) for k in range(2, n + 1)}
+    for k, p in ring.items():
+        assert p["busbw"] == pytest.approx(p["algbw"] * bus_factor("all_reduce", int(k)))
     assert res[0]["dcp_save"]["files"]
     # the traps: the same bytes pass unchecked, DETAIL names the mismatch, the late rank is named
     tr = res[0]["traps"]

@@ -16,16 +16,20 @@ The formulas follow ZeRO (Rajbhandari et al., SC 2020): fp32 Adam keeps 16 bytes
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import json
 import time
 from typing import Callable, Sequence
 
 import torch
+import torch.profiler as tp
 
 from perflab.core.validate import integer
 from perflab.distributed.data_parallel import bucket_bytes, ddp
 from perflab.distributed.rounds import interleaved_rounds
 from perflab.distributed.steps import shard_fsdp2, zero1_adam
+from perflab.distributed.traces import overlap_from_trace
 from perflab.distributed.workloads import (global_batch, make_mlp, mse, nbytes, state_bytes,
                                            timing_batch)
 
@@ -112,7 +116,8 @@ def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int 
     (CUDA allocator, None on a CPU)``}}``; ``step_rounds_s``: ``{name: [seconds per round]}``
     (each the slowest rank's mean of ``iters`` steps); ``round_orders``; ``adam_full_s`` and
     ``adam_shard_s`` (Adam's step over every parameter and over ``1/world`` of them);
-    ``ddp_bucket_bytes``; ``params``.
+    ``ddp_bucket_bytes``; ``traces``: one DDP and one FSDP step profiled on rank 0
+    (:func:`_traced_step`: how long their collectives took inside the step); ``params``.
 
     ``allocated_bytes`` is the difference of two *settled* readings of
     ``torch.cuda.memory_allocated`` (:func:`settled_reading`): before the model was built and
@@ -164,12 +169,33 @@ def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int 
         for _ in range(warmup):
             fn()
     times, orders = interleaved_rounds(steps, lambda fn: ctx.timed(fn, 1, iters), rounds)
+    traced = {name: _traced_step(ctx, steps[name]) for name in ("ddp", "fsdp") if name in steps}
     del steps
     gc.collect()
     return {"strategies": out, "step_rounds_s": times, "round_orders": orders, "params": params,
             "adam_full_s": _adam_seconds(ctx, params, width, iters),
             "adam_shard_s": _adam_seconds(ctx, params // ctx.world, width, iters),
-            "ddp_bucket_bytes": buckets_}
+            "ddp_bucket_bytes": buckets_, "traces": traced}
+
+
+def _traced_step(ctx, step: Callable, keep: int = 0) -> dict:
+    """One call of ``step`` profiled on rank 0 (every rank runs it): rank 0's
+    :func:`perflab.distributed.traces.overlap_from_trace` summary without its intervals
+    (``{}`` on the other ranks). ``comm_s`` is the time the step's collectives took *in* the
+    step, where they share the rank's cores (a host) or SMs (a GPU) with the computation."""
+    acts = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
+    ctx.barrier()
+    with tp.profile(activities=acts) if ctx.rank == 0 else contextlib.nullcontext() as prof:
+        step()
+        ctx.sync()
+    if ctx.rank != 0:
+        return {}
+    path = ctx.scratch / "sharding_trace.json"
+    prof.export_chrome_trace(str(path))
+    summary = overlap_from_trace(json.loads(path.read_text()))
+    path.unlink()
+    summary["comm"], summary["compute"] = summary["comm"][:keep], summary["compute"][:keep]
+    return summary
 
 
 def user_optimizer(ctx, fns: Sequence[str], width: int = 32, depth: int = 8, steps: int = 3,

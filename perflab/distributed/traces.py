@@ -55,6 +55,7 @@ def overlap_from_trace(trace: dict) -> dict:
         dict with ``source`` (``"gpu kernels"`` or ``"cpu ops"``); ``comm_s`` and ``compute_s``
         (lengths of the unions, seconds); ``overlap_s`` (their intersection);
         ``overlap_fraction`` (``overlap_s / comm_s``, None without communication);
+        ``comm_ops`` (how many events of each communication name: ``{"gloo:all_gather": 16}``);
         ``compute_end_s`` and ``comm_end_s`` (when the last computation and the last
         communication ended); ``exposed_s`` (``max(0, comm_end_s - compute_end_s)``: the
         communication the step still waited for after its last computation); ``span_s``;
@@ -87,7 +88,10 @@ def overlap_from_trace(trace: dict) -> dict:
     comm_s, overlap = length(c), intersection(c, k)
     comm_end = c[-1][1] if c else 0.0
     compute_end = k[-1][1] if k else 0.0
-    return {"source": source, "comm_s": comm_s, "compute_s": length(k), "overlap_s": overlap,
+    ops: dict[str, int] = {}
+    for e in comm:
+        ops[e.get("name", "")] = ops.get(e.get("name", ""), 0) + 1
+    return {"source": source, "comm_s": comm_s, "compute_s": length(k), "overlap_s": overlap, "comm_ops": ops,
             "overlap_fraction": overlap / comm_s if comm_s > 0 else None,
             "compute_end_s": compute_end, "comm_end_s": comm_end,
             "exposed_s": max(0.0, comm_end - compute_end) if c else 0.0,
