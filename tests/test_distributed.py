@@ -7,7 +7,6 @@ can hang; sizes are tiny and each world size is one launch that batches all the 
 
 import socket
 import statistics
-from collections import Counter
 
 import pytest
 import torch
@@ -16,8 +15,8 @@ import torch.distributed as dist
 from perflab.core import torchrun
 from perflab.core.device import gpu_count
 from perflab.core.torchrun import LaunchError, _failure
-from perflab.distributed import (checkpoints, costs, data_parallel, failures, launch as L, rounds,
-                                 sharding, traces, worker)
+from perflab.distributed import (checkpoints, costs, data_parallel, failures, launch as L, sharding,
+                                 traces, worker)
 from perflab.machine.interconnect import bus_factor
 
 pytestmark = pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU (gloo) path")
@@ -82,34 +81,6 @@ def test_overlap_from_trace_gpu_and_cpu():
     assert traces.overlap_from_trace({"traceEvents": []})["overlap_fraction"] is None
     with pytest.raises(ValueError, match="traceEvents"):
         traces.overlap_from_trace({})
-
-
-def test_interleaved_rounds_rotate_the_order_so_a_drift_reaches_every_step_alike():
-    # three equally fast steps on a machine that slows down by 2 % with every call (GPUs
-    # heating toward their power limit): the true ratio of any two steps is 1
-    calls = []
-
-    def heating(step):
-        calls.append(step())
-        return 1.0 + 0.02 * (len(calls) - 1)
-
-    names = ["single", "manual", "ddp"]
-    steps = {n: (lambda n=n: n) for n in names}
-    times, orders = rounds.interleaved_rounds(steps, heating, rounds=6)
-    assert orders[:3] == [names, ["manual", "ddp", "single"], ["ddp", "single", "manual"]]
-    assert orders[3:] == orders[:3] and calls == [n for o in orders for n in o]
-    assert all(len(times[n]) == 6 for n in names)
-    # each step ran twice in each position of a round
-    for n in names:
-        assert Counter(o.index(n) for o in orders) == {0: 2, 1: 2, 2: 2}
-    interleaved = statistics.median(times["single"]) / statistics.median(times["ddp"])
-    # the same 18 calls one step after the other, DDP last, read DDP 19 % slow
-    k = iter(range(18))
-    one_after_another = {n: [1.0 + 0.02 * next(k) for _ in range(6)] for n in names}
-    sequential = (statistics.median(one_after_another["single"])
-                  / statistics.median(one_after_another["ddp"]))
-    assert sequential < 0.85
-    assert abs(interleaved - 1) < 0.02
 
 
 def test_host_ranks_give_each_gloo_rank_cores_of_its_own():
@@ -223,8 +194,6 @@ def test_every_task_on_world_size(runs, n):
     assert mv["max_param_diff"] < 1e-12
     assert all(mv[k] > 0 for k in ("single_s", "manual_s", "ddp_s", "allreduce_s"))
     # the three steps were timed in three interleaved rounds, each reported as its median
-    assert mv["round_orders"] == [["single", "manual", "ddp"], ["manual", "ddp", "single"],
-                                  ["ddp", "single", "manual"]]
     for k in ("single", "manual", "ddp"):
         assert len(mv[k + "_rounds_s"]) == 3
         assert mv[k + "_s"] == statistics.median(mv[k + "_rounds_s"])

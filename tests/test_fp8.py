@@ -3,7 +3,9 @@ import pytest
 import torch
 
 from perflab.kernels import fp8
-from perflab.gpt2 import model as gpt2, ladder as sr
+from perflab.gpt2 import model as gpt2
+from perflab.gpt2.rungs import Rung
+from perflab.gpt2.train import losses_agree, train
 
 TINY = (("n_layer", 2), ("n_embd", 32), ("n_head", 2), ("block_size", 32))
 
@@ -166,14 +168,14 @@ def test_compiled_gradients_equal_eager_ones():
 
 def test_fp8_rung_trains_like_bf16():
     tokens = np.random.default_rng(0).integers(0, 200, 20_000).astype(np.uint16)
-    rung = sr.Rung("bf16", changes=TINY, batch=4, seq_len=32, vocab=257, precision="bf16")
+    rung = Rung("bf16", changes=TINY, batch=4, seq_len=32, vocab=257, precision="bf16")
     assert rung.fp8 is False
-    a = sr.train(rung, tokens, steps=14, device="cpu", warmup=1, lr=3e-3)
-    b = sr.train(rung.then("fp8", fp8=True), tokens, steps=14, device="cpu", warmup=1,
-                 lr=3e-3)
+    a = train(rung, tokens, steps=14, device="cpu", warmup=1, lr=3e-3)
+    b = train(rung.then("fp8", fp8=True), tokens, steps=14, device="cpu", warmup=1,
+              lr=3e-3)
     assert b.rung["fp8"] is True
     assert a.losses[-1] < a.losses[0] - 0.1          # the curve moves: the check means something
-    agree, worst = sr.losses_agree(b.losses, a.losses)
+    agree, worst = losses_agree(b.losses, a.losses)
     assert agree, worst
 
 

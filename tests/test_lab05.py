@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
-from perflab.loading import datasets as ds
+from perflab.loading import loaders, measure, storage, transforms
 from perflab.labs import lab05 as lc
 from perflab.record import runs
 from perflab.labs.exercises import ExerciseFailed
@@ -38,7 +38,7 @@ def lab(tmp_path_factory):
     os.environ["PERFLAB_FORCE_CPU_SIZES"] = "1"
     nb = jupytext.read(LAB)
     ns: dict = {}
-    for needle in ("cores = ds.usable_cores()", "def make_slow_loader", "make_fast_loader = None",
+    for needle in ("cores = usable_cores()", "def make_slow_loader", "make_fast_loader = None",
                    "total_threads = None", "def make_loader", "curve = None",
                    "memmap_path = None"):
         exec(compile(_cell(nb, needle), f"<lab5 cell {needle}>", "exec"), ns)
@@ -57,16 +57,16 @@ def test_ex1_probe_rejects_workers_sizes_no_normalization_no_crop_no_shuffle(lab
 
     def fast_with(collate=None, sampler=SequentialSampler, workers=0):
         def make(fs, folder):
-            mm = ds.MemmapImages(ds.write_memmap(fs, folder / "w.u8", side=72))
+            mm = storage.MemmapImages(storage.write_memmap(fs, folder / "w.u8", side=72))
             order = torch.utils.data.RandomSampler(mm) if sampler is None else sampler(mm)
             return DataLoader(mm, batch_size=None, num_workers=workers,
-                              collate_fn=collate or ds.AugmentBatch(64),
+                              collate_fn=collate or transforms.AugmentBatch(64),
                               sampler=torch.utils.data.BatchSampler(order, 32, drop_last=True))
         return make
 
     cases = [
         (fast_with(sampler=None, workers=2), "num_workers=2"),
-        (fast_with(ds.AugmentBatch(32), sampler=None), "same crops"),
+        (fast_with(transforms.AugmentBatch(32), sampler=None), "same crops"),
         (fast_with(lambda b: (F.interpolate(b[0].float(), size=64) / 255, b[1]), None),
          "not normalized"),
         (fast_with(lambda b: ((F.interpolate(b[0].float(), size=64) / 255 - 0.45) / 0.226,
@@ -134,7 +134,7 @@ def test_ex3_solution_follows_the_rule(lab):
 def test_ex4_rejects_a_channels_first_file_and_a_short_one(lab, tmp_path):
     files = lab["files"]
     wrong = tmp_path / "chw.u8"
-    arr = np.stack([ds.decode_resized(f, 144).transpose(2, 0, 1) for f in files])
+    arr = np.stack([transforms.decode_resized(f, 144).transpose(2, 0, 1) for f in files])
     arr.tofile(wrong)
     Path(f"{wrong}.json").write_text(json.dumps({"shape": [len(files), 144, 144, 3],
                                                  "labels": [0] * len(files)}))
@@ -150,11 +150,11 @@ def test_ex4_rejects_a_channels_first_file_and_a_short_one(lab, tmp_path):
 @pytest.mark.parametrize("method", METHODS)
 def test_the_labs_worker_code_runs_under(method, lab):
     """What lab 5 sends to workers comes from modules: it runs under spawn and forkserver."""
-    counts = ds.worker_thread_counts(2, lc.tuned_init, multiprocessing_context=method)
+    counts = loaders.worker_thread_counts(2, lc.tuned_init, multiprocessing_context=method)
     assert set(counts.values()) == {os.cpu_count() or 1}
-    loader = DataLoader(ds.JpegFolder(files=lab["files"][:96]), batch_size=16, num_workers=2,
-                        worker_init_fn=ds.seed_worker, multiprocessing_context=method)
-    assert ds.loader_rate(loader)["images"] == 2 * 16     # 6 batches, a round of 2 at each end
+    loader = DataLoader(storage.JpegFolder(files=lab["files"][:96]), batch_size=16, num_workers=2,
+                        worker_init_fn=loaders.seed_worker, multiprocessing_context=method)
+    assert measure.loader_rate(loader)["images"] == 2 * 16     # 6 batches, a round of 2 at each end
 
 
 def test_the_whole_lab_runs_under_spawn_without_sched_getaffinity(tmp_path):

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from perflab.memory import training as mem
+from perflab.memory import predict, snapshots
+from perflab.memory.model import BlockStack, BlockStackConfig
 from perflab.memory.steps import train_step
 from perflab.labs import lab07
 from perflab.labs.exercises import ExerciseFailed
@@ -45,7 +46,7 @@ def test_student_version_is_valid_python(tmp_path):
 
 def _model_after_a_step(ns):
     cfg = ns["cfg1"]
-    model = mem.BlockStack(cfg)
+    model = BlockStack(cfg)
     opt = torch.optim.Adam(model.parameters())
     x = torch.randn(2, cfg.seq_len, cfg.d_model)
     train_step(model, opt, x, torch.randn_like(x))
@@ -122,14 +123,14 @@ def test_leak_check(ns):
 
 
 def test_snapshot_check():
-    cfg = mem.BlockStackConfig(d_model=32, n_heads=8, n_layers=1, seq_len=64)
-    model = mem.BlockStack(cfg)
+    cfg = BlockStackConfig(d_model=32, n_heads=8, n_layers=1, seq_len=64)
+    model = BlockStack(cfg)
     opt = torch.optim.Adam(model.parameters())
     x = torch.randn(2, cfg.seq_len, cfg.d_model)
     step = lambda: train_step(model, opt, x, torch.randn_like(x))  # noqa: E731
     step()
-    snap = mem.cpu_memory_trace(step)
-    sizes = mem.block_tensor_bytes(cfg, 2)
+    snap = snapshots.cpu_memory_trace(step)
+    sizes = predict.block_tensor_bytes(cfg, 2)
     allocs = [e["size"] for e in snap["device_traces"][0] if e["action"] == "alloc"]
     with pytest.raises(ExerciseFailed, match="Exercise 4 is not done yet"):
         lab07.check_largest_allocation(snap, cfg, 2, None, None, None)
@@ -142,6 +143,6 @@ def test_snapshot_check():
         lab07.check_largest_allocation(snap, cfg, 2, sizes, allocs[-1], "attention scores")
     with pytest.raises(ExerciseFailed, match="tensor"):
         lab07.check_largest_allocation(snap, cfg, 2, sizes, max(allocs), "MLP hidden")
-    assert mem.name_allocation(max(allocs), sizes) == "attention scores"
+    assert snapshots.name_allocation(max(allocs), sizes) == "attention scores"
     assert lab07.check_largest_allocation(snap, cfg, 2, dict(sizes), max(allocs),
                                         "attention scores")

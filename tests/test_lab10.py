@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import jupytext
 import pytest
 
-from perflab.gpt2 import model as gpt2, ladder as sr
+from perflab.gpt2 import model as gpt2
+from perflab.gpt2.rungs import Rung, padded
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "10_gpt2_speedrun.md"
@@ -24,14 +25,14 @@ def _gpu_namespace(gib):
     import perflab
     from perflab.labs import lab10 as sc
 
-    ns = {"pick": lambda cpu, gpu: gpu, "on_gpu": True, "gib": gib, "sr": sr, "gpt2": gpt2,
+    ns = {"pick": lambda cpu, gpu: gpu, "on_gpu": True, "gib": gib, "Rung": Rung, "padded": padded, "gpt2": gpt2,
           "Path": Path, "perflab": perflab, "sc": sc,
           "corpus": SimpleNamespace(vocab_size=8192),
           "ceilings": SimpleNamespace(load=lambda: SimpleNamespace(
               value=lambda name: {"matmul_fp32": 5e13}.get(name, 7e14)))}
     for needle in ("TINY = ", "my_rung = None"):
         exec(compile(code_cell(nb, needle), f"<lab10 {needle}>", "exec"), ns)
-    mem_cell = code_cell(nb, "mem_base = sr.Rung(")
+    mem_cell = code_cell(nb, "mem_base = Rung(")
     exec(compile(mem_cell.split("estimate = ")[0], "<lab10 mem_base>", "exec"), ns)
     exec(compile(code_cell(nb, "lean_rung = None"), "<lab10 lean>", "exec"), ns)
     return ns

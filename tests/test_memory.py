@@ -1,4 +1,4 @@
-"""perflab.memory.training on CPU: predictions against saved tensors, the techniques leave the training
+"""perflab.memory (model, predict, measure, snapshots, allocator) on CPU: predictions against saved tensors, the techniques leave the training
 unchanged, snapshots and traces, the fragmentation worker's plumbing."""
 
 import json
@@ -7,17 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from perflab.memory import checkpointing as ckpt
-from perflab.memory import steps
-from perflab.memory import training as mem
+from perflab.memory import allocator, checkpointing, measure, predict, snapshots, steps
+from perflab.memory.model import BlockStack, BlockStackConfig
 
-CFG = mem.BlockStackConfig(d_model=32, n_heads=4, n_layers=2, seq_len=16)
+CFG = BlockStackConfig(d_model=32, n_heads=4, n_layers=2, seq_len=16)
 TOL = 1e-5
 
 
 def _problem(batch=4, seed=0):
     torch.manual_seed(seed)
-    model = mem.BlockStack(CFG)
+    model = BlockStack(CFG)
     x = torch.randn(batch, CFG.seq_len, CFG.d_model)
     y = torch.randn_like(x)
     return model, x, y
@@ -29,30 +28,30 @@ def _grads(model):
 
 def test_param_count_matches_the_module():
     model, _, _ = _problem()
-    assert mem.param_count(CFG) == sum(p.numel() for p in model.parameters())
+    assert predict.param_count(CFG) == sum(p.numel() for p in model.parameters())
 
 
 def test_config_rejects_bad_shapes():
     with pytest.raises(ValueError, match="n_heads"):
-        mem.BlockStackConfig(d_model=30, n_heads=4)
+        BlockStackConfig(d_model=30, n_heads=4)
     with pytest.raises(ValueError, match="n_layers"):
-        mem.BlockStackConfig(n_layers=0)
+        BlockStackConfig(n_layers=0)
 
 
 def test_static_bytes_is_16_per_adam_parameter():
-    s = mem.static_bytes(1000)
+    s = predict.static_bytes(1000)
     assert s == {"params": 4000, "grads": 4000, "optimizer": 8000, "total": 16000}
-    assert mem.static_bytes(10, {"params": 2, "grads": 2, "optimizer": 12})["total"] == 160
+    assert predict.static_bytes(10, {"params": 2, "grads": 2, "optimizer": 12})["total"] == 160
     with pytest.raises(ValueError, match="n_params"):
-        mem.static_bytes(0)
+        predict.static_bytes(0)
 
 
 def test_state_bytes_after_a_step_matches_the_prediction():
     model, x, y = _problem()
     opt = torch.optim.Adam(model.parameters())
     steps.train_step(model, opt, x, y)
-    counted = mem.state_bytes(model, opt)
-    predicted = mem.static_bytes(mem.param_count(CFG))
+    counted = measure.state_bytes(model, opt)
+    predicted = predict.static_bytes(predict.param_count(CFG))
     assert counted["params"] == predicted["params"] and counted["grads"] == predicted["grads"]
     # Adam's step counters are one float each on the CPU: 4 bytes per parameter tensor
     assert counted["optimizer"] - predicted["optimizer"] == 4 * len(list(model.parameters()))
@@ -60,21 +59,21 @@ def test_state_bytes_after_a_step_matches_the_prediction():
 
 def test_activation_formula_equals_the_saved_tensors():
     model, x, y = _problem()
-    saved = mem.saved_bytes(lambda t: F.mse_loss(model(t), y), x,
+    saved = measure.saved_bytes(lambda t: F.mse_loss(model(t), y), x,
                             exclude=list(model.parameters()) + [y])
-    assert saved == mem.activation_bytes(CFG, 4)["total"]
+    assert saved == predict.activation_bytes(CFG, 4)["total"]
 
 
 def test_activation_bytes_validates():
     with pytest.raises(ValueError, match="batch"):
-        mem.activation_bytes(CFG, 0)
+        predict.activation_bytes(CFG, 0)
 
 
 def test_cpu_peak_of_the_forward_is_its_saved_tensors():
     model, x, y = _problem()
-    peak, loss = mem.peak_bytes(lambda: F.mse_loss(model(x), y), "cpu")
+    peak, loss = measure.peak_bytes(lambda: F.mse_loss(model(x), y), "cpu")
     assert peak.source.startswith("profiler")
-    predicted = mem.activation_bytes(CFG, 4)["total"]
+    predicted = predict.activation_bytes(CFG, 4)["total"]
     assert predicted <= peak.net <= 1.1 * predicted     # + the loss and small temporaries
     assert peak.peak >= peak.net
     assert isinstance(loss, torch.Tensor)
@@ -82,7 +81,7 @@ def test_cpu_peak_of_the_forward_is_its_saved_tensors():
 
 def test_peak_bytes_rejects_non_callables():
     with pytest.raises(TypeError):
-        mem.peak_bytes(3, "cpu")
+        measure.peak_bytes(3, "cpu")
 
 
 def test_accumulation_equals_the_full_batch_and_the_wrong_way_does_not():
@@ -91,11 +90,11 @@ def test_accumulation_equals_the_full_batch_and_the_wrong_way_does_not():
     g_full = _grads(model)
     acc = steps.accumulate_gradients(model, x, y, micro_batches=4)
     assert float(acc) == pytest.approx(float(full), rel=1e-6)
-    assert mem.max_relative_difference(_grads(model), g_full) <= TOL
+    assert measure.max_relative_difference(_grads(model), g_full) <= TOL
     for xs, ys in zip(x.chunk(4), y.chunk(4)):      # zero_grad inside the loop
         model.zero_grad(set_to_none=True)
         F.mse_loss(model(xs), ys).backward()
-    assert mem.max_relative_difference(_grads(model), g_full) > 0.05
+    assert measure.max_relative_difference(_grads(model), g_full) > 0.05
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     before = [p.detach().clone() for p in model.parameters()]
     steps.accumulated_step(model, opt, x, y, micro_batches=2)
@@ -105,15 +104,15 @@ def test_accumulation_equals_the_full_batch_and_the_wrong_way_does_not():
 def test_checkpointing_keeps_less_and_leaves_gradients_equal():
     model, x, y = _problem()
     nets, grads = {}, {}
-    for policy in ckpt.POLICIES:
-        forward = lambda t, p=policy: ckpt.checkpointed(model, t, p)   # noqa: E731
+    for policy in checkpointing.POLICIES:
+        forward = lambda t, p=policy: checkpointing.checkpointed(model, t, p)   # noqa: E731
         steps.accumulate_gradients(model, x, y, forward=forward)
         grads[policy] = _grads(model)
         model.zero_grad(set_to_none=True)
-        nets[policy] = mem.peak_bytes(lambda: F.mse_loss(forward(x), y), "cpu")[0].net
+        nets[policy] = measure.peak_bytes(lambda: F.mse_loss(forward(x), y), "cpu")[0].net
     assert nets["full"] < nets["selective"] < nets["none"]
     for policy in ("full", "selective"):
-        assert mem.max_relative_difference(grads[policy], grads["none"]) <= TOL
+        assert measure.max_relative_difference(grads[policy], grads["none"]) <= TOL
 
 
 def test_save_on_cpu_leaves_gradients_equal():
@@ -124,7 +123,7 @@ def test_save_on_cpu_leaves_gradients_equal():
     with torch.autograd.graph.save_on_cpu(pin_memory=False):
         loss = F.mse_loss(model(x), y)
     loss.backward()
-    assert mem.max_relative_difference(_grads(model), ref) <= TOL
+    assert measure.max_relative_difference(_grads(model), ref) <= TOL
 
 
 def test_optimizer_in_backward_makes_the_same_update_and_frees_gradients():
@@ -137,7 +136,7 @@ def test_optimizer_in_backward_makes_the_same_update_and_frees_gradients():
     F.mse_loss(fused(x), y).backward()
     assert all(p.grad is None for p in fused.parameters())
     upd = lambda m: [p.detach() - q for p, q in zip(m.parameters(), init)]  # noqa: E731
-    assert mem.max_relative_difference(upd(fused), upd(plain)) <= TOL
+    assert measure.max_relative_difference(upd(fused), upd(plain)) <= TOL
     assert len(hooks) == len(init)
 
 
@@ -145,7 +144,7 @@ def test_measure_phases_on_cpu():
     model, x, y = _problem()
     opt = torch.optim.Adam(model.parameters())
     steps.train_step(model, opt, x, y)
-    fwd, bwd, step = mem.measure_phases(model, opt, x, y, "cpu")
+    fwd, bwd, step = measure.measure_phases(model, opt, x, y, "cpu")
     assert (fwd.phase, bwd.phase, step.phase) == ("forward", "backward", "step")
     assert fwd.net > 0 and bwd.net < 0
     assert step.net == 0     # Adam updates in place once its state exists
@@ -153,53 +152,53 @@ def test_measure_phases_on_cpu():
 
 def test_max_relative_difference_validates():
     a = [torch.ones(2)]
-    assert mem.max_relative_difference(a, [torch.ones(2) * 2]) == pytest.approx(0.5)
+    assert measure.max_relative_difference(a, [torch.ones(2) * 2]) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="tensors"):
-        mem.max_relative_difference(a, a + a)
+        measure.max_relative_difference(a, a + a)
     with pytest.raises(ValueError, match="shapes"):
-        mem.max_relative_difference(a, [torch.ones(3)])
+        measure.max_relative_difference(a, [torch.ones(3)])
     with pytest.raises(ValueError, match="None"):
-        mem.max_relative_difference([None], a)
+        measure.max_relative_difference([None], a)
 
 
 def test_allocator_rounding():
     MiB = 2**20
-    assert mem.allocator_rounding(1) == {"block": 512, "segment": 2 * MiB, "pool": 0}
-    assert mem.allocator_rounding(MiB)["pool"] == 0
-    assert mem.allocator_rounding(MiB + 1) == {"block": MiB + 512, "segment": 20 * MiB, "pool": 1}
-    assert mem.allocator_rounding(10 * MiB)["segment"] == 10 * MiB
-    assert mem.allocator_rounding(30 * MiB + 1)["segment"] == 32 * MiB
+    assert allocator.allocator_rounding(1) == {"block": 512, "segment": 2 * MiB, "pool": 0}
+    assert allocator.allocator_rounding(MiB)["pool"] == 0
+    assert allocator.allocator_rounding(MiB + 1) == {"block": MiB + 512, "segment": 20 * MiB, "pool": 1}
+    assert allocator.allocator_rounding(10 * MiB)["segment"] == 10 * MiB
+    assert allocator.allocator_rounding(30 * MiB + 1)["segment"] == 32 * MiB
     with pytest.raises(ValueError):
-        mem.allocator_rounding(0)
+        allocator.allocator_rounding(0)
 
 
 def test_cpu_trace_snapshot_roundtrip_and_largest_allocation(tmp_path):
     model, x, y = _problem()
     opt = torch.optim.Adam(model.parameters())
     steps.train_step(model, opt, x, y)
-    snap = mem.cpu_memory_trace(lambda: steps.train_step(model, opt, x, y))
-    path = mem.save_snapshot(snap, tmp_path / "s.pickle")
-    mem.save_snapshot_config(CFG, 4, path)
-    again = mem.load_snapshot(path)
-    assert mem.load_snapshot_config(path) == (CFG, 4)
-    times, levels = mem.allocation_timeline(again)
+    snap = snapshots.cpu_memory_trace(lambda: steps.train_step(model, opt, x, y))
+    path = snapshots.save_snapshot(snap, tmp_path / "s.pickle")
+    snapshots.save_snapshot_config(CFG, 4, path)
+    again = snapshots.load_snapshot(path)
+    assert snapshots.load_snapshot_config(path) == (CFG, 4)
+    times, levels = snapshots.allocation_timeline(again)
     assert len(times) == len(levels) > 10 and max(levels) > 0
-    big = mem.largest_allocation(again)
-    sizes = mem.block_tensor_bytes(CFG, 4)
+    big = snapshots.largest_allocation(again)
+    sizes = predict.block_tensor_bytes(CFG, 4)
     assert big["size"] == max(sizes.values())
-    assert mem.name_allocation(big["size"], sizes) == "MLP hidden"
+    assert snapshots.name_allocation(big["size"], sizes) == "MLP hidden"
     assert big["frames"][0]["name"].startswith("aten::")
 
 
 def test_snapshot_readers_validate(tmp_path):
     bad = tmp_path / "bad.pickle"
-    mem.save_snapshot({"segments": []}, bad)
+    snapshots.save_snapshot({"segments": []}, bad)
     with pytest.raises(ValueError, match="device_traces"):
-        mem.load_snapshot(bad)
+        snapshots.load_snapshot(bad)
     with pytest.raises(ValueError, match="no allocation"):
-        mem.largest_allocation({"device_traces": [[]]})
+        snapshots.largest_allocation({"device_traces": [[]]})
     with pytest.raises(ValueError, match="device 1"):
-        mem.allocation_timeline({"device_traces": [[]]}, 1)
+        snapshots.allocation_timeline({"device_traces": [[]]}, 1)
 
 
 def test_largest_allocation_on_a_cuda_shaped_snapshot():
@@ -209,16 +208,16 @@ def test_largest_allocation_on_a_cuda_shaped_snapshot():
              {"action": "free_completed", "addr": 2, "size": 4096},
              {"action": "alloc", "addr": 3, "size": 1024, "frames": []}]
     snap = {"segments": [], "device_traces": [trace]}
-    assert mem.largest_allocation(snap) == {"size": 4096, "index": 1, "frames": [{"name": "f"}]}
-    assert mem.allocation_timeline(snap)[1] == [512, 4608, 512, 1536]
+    assert snapshots.largest_allocation(snap) == {"size": 4096, "index": 1, "frames": [{"name": "f"}]}
+    assert snapshots.allocation_timeline(snap)[1] == [512, 4608, 512, 1536]
 
 
 def test_cuda_only_helpers_say_so():
     with pytest.raises(ValueError, match="CUDA"):
-        mem.driver_view("cpu")
+        allocator.driver_view("cpu")
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA"):
-            mem.record_snapshot(lambda: None)
+            snapshots.record_snapshot(lambda: None)
 
 
 def test_freed_without_gc_sees_a_cycle():
@@ -231,28 +230,28 @@ def test_freed_without_gc_sees_a_cycle():
         def __init__(self):
             self.t = torch.empty(10)
 
-    assert not mem.freed_without_gc(Cycle, lambda o: o.t)
-    assert mem.freed_without_gc(Plain, lambda o: o.t)
+    assert not allocator.freed_without_gc(Cycle, lambda o: o.t)
+    assert allocator.freed_without_gc(Plain, lambda o: o.t)
 
 
 def test_allocator_experiment_on_cpu_and_in_a_subprocess():
     small = dict(cap_mib=64, big_mib=32, piece_mib=4, request_mib=8)
-    direct = mem.allocator_experiment(device="cpu", **small)
+    direct = allocator.allocator_experiment(device="cpu", **small)
     assert direct["oom"] is False and direct["before"]["reserved_mib"] is None
     assert direct["free_in_holes_mib"] == 16
-    child = mem.run_allocator_experiment("expandable_segments:True", device="cpu", **small)
+    child = allocator.run_allocator_experiment("expandable_segments:True", device="cpu", **small)
     assert child["alloc_conf"] == "expandable_segments:True"
     assert json.loads(json.dumps(child)) == child
     with pytest.raises(ValueError):
-        mem.allocator_experiment(cap_mib=10, big_mib=20, device="cpu")
+        allocator.allocator_experiment(cap_mib=10, big_mib=20, device="cpu")
 
 
 def test_warm_up_takes_one_training_step_of_a_block_stack_on_the_device(monkeypatch):
     seen = []
-    real = mem.train_step
-    monkeypatch.setattr(mem, "train_step", lambda model, opt, x, y: seen.append(
+    real = steps.train_step
+    monkeypatch.setattr(measure, "train_step", lambda model, opt, x, y: seen.append(
         (type(model).__name__, x.device.type, type(opt).__name__)) or real(model, opt, x, y))
-    mem.warm_up("cpu")
+    measure.warm_up("cpu")
     assert seen == [("BlockStack", "cpu", "Adam")]
 
 
@@ -274,15 +273,15 @@ def test_gradient_tolerance_rejects_the_plausible_wrong_accumulations():
     perm = torch.randperm(8, generator=torch.Generator().manual_seed(1))
     model.zero_grad(set_to_none=True)
     F.mse_loss(model(x[perm]), y[perm]).backward()
-    tol = mem.gradient_tolerance(mem.max_relative_difference(_grads(model), full))
+    tol = measure.gradient_tolerance(measure.max_relative_difference(_grads(model), full))
     assert tol < 1e-3
-    assert mem.max_relative_difference(grads(4), full) <= tol
-    assert mem.max_relative_difference(grads(4, divide=False), full) > 100 * tol
-    assert mem.max_relative_difference(grads(4, clear_inside=True), full) > 100 * tol
-    assert mem.gradient_tolerance(0.0) == 100 * torch.finfo(torch.float32).eps
+    assert measure.max_relative_difference(grads(4), full) <= tol
+    assert measure.max_relative_difference(grads(4, divide=False), full) > 100 * tol
+    assert measure.max_relative_difference(grads(4, clear_inside=True), full) > 100 * tol
+    assert measure.gradient_tolerance(0.0) == 100 * torch.finfo(torch.float32).eps
     for bad in (-1.0, float("nan")):
         with pytest.raises(ValueError, match="spread"):
-            mem.gradient_tolerance(bad)
+            measure.gradient_tolerance(bad)
 
 
 def test_markers_split_a_trace_into_phases():
@@ -291,22 +290,22 @@ def test_markers_split_a_trace_into_phases():
 
     def step():
         opt.zero_grad(set_to_none=True)
-        mem.mark("cpu")
+        snapshots.mark("cpu")
         loss = F.mse_loss(model(x), y)
-        mem.mark("cpu")
+        snapshots.mark("cpu")
         loss.backward()
-        mem.mark("cpu")
+        snapshots.mark("cpu")
         opt.step()
-        mem.mark("cpu")
+        snapshots.mark("cpu")
 
     step()
-    snap = mem.cpu_memory_trace(step)
-    bounds = mem.phase_bounds(snap)
+    snap = snapshots.cpu_memory_trace(step)
+    bounds = snapshots.phase_bounds(snap)
     assert len(bounds) == 4 and bounds == sorted(bounds)
-    added = mem.live_at_peak(snap, bounds[1])          # what the backward pass holds
+    added = snapshots.live_at_peak(snap, bounds[1])          # what the backward pass holds
     assert added and added == sorted(added, reverse=True)
     with pytest.raises(ValueError, match="marker"):
-        mem.phase_bounds({"device_traces": [[{"action": "alloc", "size": 8, "addr": 1}]]})
+        snapshots.phase_bounds({"device_traces": [[{"action": "alloc", "size": 8, "addr": 1}]]})
 
 
 def test_live_at_peak_on_a_cuda_shaped_trace():
@@ -314,7 +313,7 @@ def test_live_at_peak_on_a_cuda_shaped_trace():
     trace = [ev("alloc", 1, 100, 0), ev("alloc", 2, 50, 1000), ev("alloc", 3, 30, 2000),
              ev("free_completed", 2, 50, 3000), ev("alloc", 4, 10, 4000)]
     snap = {"device_traces": [trace]}
-    assert mem.live_at_peak(snap, 0.5) == [50, 30]     # the peak is at 2 ms: 180 bytes
+    assert snapshots.live_at_peak(snap, 0.5) == [50, 30]     # the peak is at 2 ms: 180 bytes
 
 
 def test_memory_timeline_names_the_categories_on_cpu():
@@ -322,7 +321,7 @@ def test_memory_timeline_names_the_categories_on_cpu():
     opt = torch.optim.Adam(model.parameters())
     step = lambda: steps.train_step(model, opt, x, y)   # noqa: E731
     step()
-    times, by_cat = mem.memory_timeline(step, "cpu")
+    times, by_cat = measure.memory_timeline(step, "cpu")
     assert times == sorted(times) and {"PARAMETER", "GRADIENT", "ACTIVATION"} <= set(by_cat)
     assert all(len(v) == len(times) for v in by_cat.values())
     assert max(by_cat["ACTIVATION"]) > 0
@@ -331,4 +330,4 @@ def test_memory_timeline_names_the_categories_on_cpu():
 def test_copy_profile_needs_a_gpu():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA"):
-            mem.copy_profile(lambda: None)
+            measure.copy_profile(lambda: None)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from perflab.profiling.trace import kernels_per_call
+from perflab.core.profiler import kernels_per_call
 
 
 def test_eager_chain_counts_one_aten_call_per_operator():
@@ -27,8 +27,9 @@ def test_calls_must_be_positive():
 # ---------------------------------------------------------------------------------------------
 import json
 
-from perflab.profiling.trace import (REGIMES, clock_normalized, load_trace, regime, short_name,
-                                     step_windows, summarize_trace, trace_items)
+from perflab.core.profiler import load_trace
+from perflab.profiling.trace import (REGIMES, clock_normalized, regime, short_name, step_windows,
+                                     summarize_trace, trace_items)
 
 
 def _kernel(name, ts, dur, ext, bps=2.0):

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from perflab.gpt2 import model as gpt2, ladder as sr, steps as gpt2_steps
+from perflab.gpt2 import model as gpt2, steps as gpt2_steps
+from perflab.gpt2.rungs import RunResult, Rung
+from perflab.gpt2.train import batches
 from perflab.labs import lab10 as sc
 from perflab.labs.exercises import ExerciseFailed, ExerciseNotDone
 
@@ -20,7 +22,7 @@ def tokens(n=20_000, top=200):
 
 def base(**kw):
     kw = {"batch": 8, **kw}
-    return sr.Rung("base", changes=TINY, seq_len=32, vocab=256, **kw)
+    return Rung("base", changes=TINY, seq_len=32, vocab=256, **kw)
 
 
 def right(n, L, d, T):
@@ -96,7 +98,7 @@ def test_peak_estimate_matches_a_direct_count():
     plain forward's saved tensors through the same hooks, independently written."""
     b = base(batch=2)
     model = gpt2.GPT(b.config())
-    x, y = next(sr.batches(tokens(), 2, 32))
+    x, y = next(batches(tokens(), 2, 32))
     ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen = {}
 
@@ -119,10 +121,10 @@ def test_speedrun_check_accepts_faster_rejects_same(monkeypatch):
     b = base(batch=2)
 
     def fake_train(rung, tokens, steps, device, warmup=1):
-        return sr.RunResult(rung={"name": rung.name}, tokens_per_s=1000.0 * rung.batch,
-                            step_s=1.0, flops_per_token=1e6, peak_bytes=None, losses=[1.0],
-                            compile_s=0.0, telemetry="", clock_fraction=None, params=1)
-    monkeypatch.setattr(sc.sr, "train", fake_train)
+        return RunResult(rung={"name": rung.name}, tokens_per_s=1000.0 * rung.batch,
+                         step_s=1.0, flops_per_token=1e6, peak_bytes=None, losses=[1.0],
+                         compile_s=0.0, telemetry="", clock_fraction=None, params=1)
+    monkeypatch.setattr(sc, "train", fake_train)
     with pytest.raises(ExerciseNotDone, match="Exercise 3"):
         sc.check_speedrun(b, None, t, "cpu", 1e12, 0.01, 1.5)
     with pytest.raises(ExerciseFailed, match="another model"):
@@ -143,7 +145,7 @@ def test_speedrun_check_alternates_trials_and_compares_the_fastest_of_each(monke
         tps = next(rates[who])
         return type("Run", (), {"tokens_per_s": tps, "mfu": lambda self, c, tps=tps: tps / c})()
 
-    monkeypatch.setattr(sc.sr, "train", fake_train)
+    monkeypatch.setattr(sc, "train", fake_train)
     got = sc.check_speedrun(b, mine, tokens(), "cpu", 1000.0, 0.2, 2.5, trials=3)
     assert order == ["base", "mine"] * 3                   # alternated: both see the same load
     assert got["speedup"] == pytest.approx(310 / 120)      # fastest trial against fastest trial
@@ -202,5 +204,5 @@ def test_reference_fraction(tmp_path):
 
 
 def test_reference_ceilings_path_is_the_ceilings_modules():
-    from perflab.record import ceilings
+    from perflab.machine import ceilings
     assert sc._REFERENCE_CEILINGS == ceilings.REFERENCE_PATH

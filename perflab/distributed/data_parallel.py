@@ -4,7 +4,7 @@ Tasks (``task(ctx, **args) -> dict``, run by :mod:`perflab.distributed.worker`):
 
 * ``manual_vs_ddp``: the page's hand-written gradient all-reduce against DDP (float64:
   parameters compared), then one rank alone, the hand-written version and DDP timed in
-  interleaved rounds (:func:`perflab.distributed.rounds.interleaved_rounds`), with the
+  interleaved rounds (:func:`perflab.core.rounds.interleaved`), with the
   backward's own time and DDP's buckets for the prediction;
 * ``overlap``: DDP steps profiled one by one on rank 0, each summarized by
   :func:`perflab.distributed.traces.overlap_from_trace`;
@@ -28,14 +28,14 @@ import torch.profiler as tp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from perflab.core.timing import Stopwatch
-from perflab.distributed.rounds import interleaved_rounds
+from perflab.core.rounds import interleaved
 from perflab.distributed.steps import accumulate, allreduce_gradients
 from perflab.distributed.traces import overlap_from_trace
 from perflab.distributed.workloads import (global_batch, make_blocks, make_mlp, max_param_diff, mse,
                                            timing_batch)
 
 __all__ = ["TASKS", "bucket_bytes", "buckets", "ddp", "diff_from_ddp", "manual_vs_ddp", "no_sync",
-           "overlap", "user_allreduce", "user_sampler"]
+           "overlap", "rounds_of", "user_allreduce", "user_sampler"]
 
 
 def ddp(ctx, model, **kw) -> DDP:
@@ -54,6 +54,16 @@ def bucket_bytes(model: DDP) -> list[int]:
 
 def _median_over_ranks(ctx, values: Sequence[float]) -> float:
     return ctx.max_over_ranks(statistics.median(values))
+
+
+def rounds_of(ctx, steps: dict, iters: int, rounds: int) -> dict[str, list[float]]:
+    """Every step of ``steps`` timed in ``rounds`` interleaved rounds
+    (:func:`perflab.core.rounds.interleaved`: the order rotates from round to round), each time
+    the slowest rank's mean of ``iters`` calls after one untimed: ``{name: [seconds per
+    round]}``. Every rank must pass the same names in the same order (the steps communicate)."""
+    spreads = interleaved({k: (lambda fn=fn: ctx.timed(fn, 1, iters)) for k, fn in steps.items()},
+                          rounds=rounds, warmup=0)
+    return {k: list(s.values) for k, s in spreads.items()}
 
 
 def diff_from_ddp(ctx, allreduce: Callable, width: int, depth: int, steps: int) -> float:
@@ -87,7 +97,7 @@ def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps:
     rounds (each the slowest rank's mean of ``iters`` steps after one untimed).
 
     Returns ``{kind}_rounds_s`` (seconds per round), ``{kind}_s`` (their median),
-    ``round_orders``, ``backward_s`` (the single step's backward alone, median of every timed
+    ``backward_s`` (the single step's backward alone, median of every timed
     call, the slowest rank's), ``ddp_bucket_bytes`` (DDP's buckets), ``allreduce_s`` (one
     all-reduce of every gradient as one buffer), ``params``, ``grad_bytes`` and
     ``flops_per_step`` (``6 x params x batch``)."""
@@ -123,11 +133,9 @@ def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps:
         for _ in range(warmup):
             steps[kind]()
     backward.clear()
-    times, orders = interleaved_rounds(steps, lambda fn: ctx.timed(fn, 1, iters), rounds)
-    for kind, ts in times.items():
+    for kind, ts in rounds_of(ctx, steps, iters, rounds).items():
         res[f"{kind}_rounds_s"] = ts
         res[f"{kind}_s"] = statistics.median(ts)
-    res["round_orders"] = orders
     res["backward_s"] = _median_over_ranks(ctx, backward)
     res["ddp_bucket_bytes"] = bucket_bytes(nets["ddp"])
     params = sum(p.numel() for p in nets["single"].parameters())
@@ -202,7 +210,7 @@ def buckets(ctx, bucket_mbs: Sequence[float], blocks: Sequence[int] = (2, 64, 16
         steps[key], nets[key] = step, net
         for _ in range(max(warmup, 2)):
             step()
-    times, _ = interleaved_rounds(steps, lambda fn: ctx.timed(fn, 1, iters), rounds)
+    times = rounds_of(ctx, steps, iters, rounds)
     plain = make_blocks(n_layer, width, ctx.device)
     backward = []
     for _ in range(warmup + rounds * iters):
@@ -252,8 +260,7 @@ def no_sync(ctx, width: int = 16, depth: int = 3, batch: int = 4, accum: int = 4
         for fn in steps.values():
             for _ in range(warmup):
                 fn()
-        times, _ = interleaved_rounds(steps, lambda fn: ctx.timed(fn, 1, iters), rounds)
-        res.update({f"{k}_rounds_s": v for k, v in times.items()})
+        res.update({f"{k}_rounds_s": v for k, v in rounds_of(ctx, steps, iters, rounds).items()})
     return res
 
 

@@ -26,8 +26,7 @@ import torch
 import torch.profiler as tp
 
 from perflab.core.validate import integer
-from perflab.distributed.data_parallel import bucket_bytes, ddp
-from perflab.distributed.rounds import interleaved_rounds
+from perflab.distributed.data_parallel import bucket_bytes, ddp, rounds_of
 from perflab.distributed.steps import shard_fsdp2, zero1_adam
 from perflab.distributed.traces import overlap_from_trace
 from perflab.distributed.workloads import (global_batch, make_mlp, mse, nbytes, state_bytes,
@@ -114,7 +113,7 @@ def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int 
     Returns ``strategies``: ``{name: {"param_bytes", "grad_bytes", "state_bytes",
     "static_bytes"`` (this rank's tensors, counted), ``"allocated_bytes"``, ``"peak_bytes"``
     (CUDA allocator, None on a CPU)``}}``; ``step_rounds_s``: ``{name: [seconds per round]}``
-    (each the slowest rank's mean of ``iters`` steps); ``round_orders``; ``adam_full_s`` and
+    (each the slowest rank's mean of ``iters`` steps); ``adam_full_s`` and
     ``adam_shard_s`` (Adam's step over every parameter and over ``1/world`` of them);
     ``ddp_bucket_bytes``; ``traces``: one DDP and one FSDP step profiled on rank 0
     (:func:`_traced_step`: how long their collectives took inside the step); ``params``.
@@ -168,11 +167,11 @@ def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int 
     for fn in steps.values():
         for _ in range(warmup):
             fn()
-    times, orders = interleaved_rounds(steps, lambda fn: ctx.timed(fn, 1, iters), rounds)
+    times = rounds_of(ctx, steps, iters, rounds)
     traced = {name: _traced_step(ctx, steps[name]) for name in ("ddp", "fsdp") if name in steps}
     del steps
     gc.collect()
-    return {"strategies": out, "step_rounds_s": times, "round_orders": orders, "params": params,
+    return {"strategies": out, "step_rounds_s": times, "params": params,
             "adam_full_s": _adam_seconds(ctx, params, width, iters),
             "adam_shard_s": _adam_seconds(ctx, params // ctx.world, width, iters),
             "ddp_bucket_bytes": buckets_, "traces": traced}

@@ -3,7 +3,8 @@
 How much of a collective ran while the backward pass was computing is a question about *when*
 things ran, so it is answered from the trace of the step itself (``torch.profiler``'s Chrome
 trace), not from the difference of two timed steps: the intervals of the communication and those
-of the computation are merged into unions, and their intersection is the overlap.
+of the computation are merged into unions, and their intersection is the overlap (the one
+interval toolkit, :mod:`perflab.core.profiler`).
 
 * GPU traces: communication = kernels (``cat == "kernel"``) whose name contains ``nccl``;
   computation = every other kernel.
@@ -14,37 +15,9 @@ of the computation are merged into unions, and their intersection is the overlap
 
 from __future__ import annotations
 
-__all__ = ["intersection", "length", "overlap_from_trace", "union"]
+from perflab.core.profiler import intersection_length, union
 
-
-def union(intervals) -> list[list[float]]:
-    """The union of ``[start, end]`` intervals as sorted, disjoint intervals (empty ones dropped)."""
-    out: list[list[float]] = []
-    for a, b in sorted(i for i in intervals if i[1] > i[0]):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return out
-
-
-def length(intervals) -> float:
-    """Total length of disjoint intervals."""
-    return sum(b - a for a, b in intervals)
-
-
-def intersection(xs, ys) -> float:
-    """Length of the intersection of two sorted lists of disjoint intervals."""
-    i = j = 0
-    total = 0.0
-    while i < len(xs) and j < len(ys):
-        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
-        total += max(0.0, b - a)
-        if xs[i][1] < ys[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
+__all__ = ["overlap_from_trace"]
 
 
 def overlap_from_trace(trace: dict) -> dict:
@@ -81,17 +54,18 @@ def overlap_from_trace(trace: dict) -> dict:
     t0 = min((float(e["ts"]) for e in comm + comp), default=0.0)
 
     def merged(evs):
-        return union([[(float(e["ts"]) - t0) * 1e-6, (float(e["ts"]) + float(e["dur"]) - t0) * 1e-6]
-                      for e in evs])
+        return [list(i) for i in union([((float(e["ts"]) - t0) * 1e-6,
+                                         (float(e["ts"]) + float(e["dur"]) - t0) * 1e-6) for e in evs])]
 
     c, k = merged(comm), merged(comp)
-    comm_s, overlap = length(c), intersection(c, k)
+    comm_s, overlap = sum(b - a for a, b in c), intersection_length(c, k)
     comm_end = c[-1][1] if c else 0.0
     compute_end = k[-1][1] if k else 0.0
     ops: dict[str, int] = {}
     for e in comm:
         ops[e.get("name", "")] = ops.get(e.get("name", ""), 0) + 1
-    return {"source": source, "comm_s": comm_s, "compute_s": length(k), "overlap_s": overlap, "comm_ops": ops,
+    return {"source": source, "comm_s": comm_s, "compute_s": sum(b - a for a, b in k), "overlap_s": overlap,
+            "comm_ops": ops,
             "overlap_fraction": overlap / comm_s if comm_s > 0 else None,
             "compute_end_s": compute_end, "comm_end_s": comm_end,
             "exposed_s": max(0.0, comm_end - compute_end) if c else 0.0,

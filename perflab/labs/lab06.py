@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 
 from perflab.labs.exercises import ExerciseFailed, check_ratio_at_least, not_done
-from perflab.speed.techniques import same_losses
+from perflab.speed.tolerance import same_losses
 
 __all__ = ["check_same_and_faster", "multi_tensor"]
 

@@ -15,9 +15,11 @@ import torch
 from torch import nn
 
 from perflab.labs.exercises import ExerciseFailed, check_choice, check_close, check_true, not_done
-from perflab.memory.training import (BlockStackConfig, block_tensor_bytes, freed_without_gc,
-                                     largest_allocation, max_relative_difference, name_allocation,
-                                     peak_bytes, state_bytes)
+from perflab.memory.allocator import freed_without_gc
+from perflab.memory.measure import max_relative_difference, peak_bytes, state_bytes
+from perflab.memory.model import BlockStackConfig
+from perflab.memory.predict import block_tensor_bytes
+from perflab.memory.snapshots import largest_allocation, name_allocation
 
 __all__ = ["check_largest_allocation", "check_no_leak", "check_peak_cut", "check_static_prediction"]
 

@@ -10,7 +10,7 @@ Lab 10 asks for four things, each checked here against a measurement or against
    weight, 4 for its gradient, 4 + 4 for Adam's two moments: 16) and the static bytes of a model;
 3. :func:`check_speedrun`: the student's rung against the baseline rung, trained in the same run
    and alternated (so that a machine's load slows both alike): its MFU against the machine's own
-   measured matmul ceiling (:mod:`perflab.record.ceilings`), and its speedup over the baseline;
+   measured matmul ceiling (:mod:`perflab.machine.ceilings`), and its speedup over the baseline;
 4. :func:`check_memory_cut`: at the same global batch and the same tokens, the student's rung
    has a peak at most a stated fraction of the baseline's, with the same losses.
 
@@ -33,7 +33,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from perflab.gpt2 import ladder as sr, model as gpt2, steps as gpt2_steps
+from perflab.gpt2 import model as gpt2, steps as gpt2_steps
+from perflab.gpt2.rungs import RunResult, Rung
+from perflab.gpt2.train import batches, train
 from perflab.labs.exercises import ExerciseFailed, record, require
 
 __all__ = ["ADAMW_FP32_BYTES", "PeakEstimate", "check_flops_per_token", "check_memory_cut",
@@ -41,7 +43,7 @@ __all__ = ["ADAMW_FP32_BYTES", "PeakEstimate", "check_flops_per_token", "check_m
            "check_speedrun", "check_static_memory", "model_params", "peak_estimate",
            "speed_trials", "speedup_bar"]
 
-#: the reference run's ceilings file (the same file as ``perflab.record.ceilings.REFERENCE_PATH``;
+#: the reference run's ceilings file (the same file as ``perflab.machine.ceilings.REFERENCE_PATH``;
 #: named here so that this chapter module does not import a module layered above it)
 _REFERENCE_CEILINGS = Path(__file__).resolve().parent.parent / "data" / "reference_ceilings.json"
 
@@ -179,25 +181,25 @@ def speedup_bar(fp32_flops: float, low_flops: float, share: float = 0.4,
     return max(floor, share * low_flops / fp32_flops)
 
 
-def speed_trials(base: sr.Rung, mine: sr.Rung, tokens: np.ndarray, device, steps: int = 3,
+def speed_trials(base: Rung, mine: Rung, tokens: np.ndarray, device, steps: int = 3,
                  warmup: int = 1, trials: int = 3) -> dict[str, Any]:
     """Train ``base`` and ``mine`` alternately ``trials`` times each; return what was measured.
 
     Alternating (base, mine, base, mine, ...) exposes both to the same spells of load, and the
     speedup is the ratio of the *fastest* trial of each (a machine's other work only ever slows
     a run down, so the fastest trial is the least disturbed one). Returns a dict: ``speedup``,
-    ``base`` and ``mine`` (the fastest :class:`perflab.gpt2.ladder.RunResult` of each, by
+    ``base`` and ``mine`` (the fastest :class:`perflab.gpt2.rungs.RunResult` of each, by
     tokens/s), ``ratios`` (each trial's own ``mine / base``, to show the spread).
 
     Raises:
-        ValueError: ``trials`` < 1 (and whatever :func:`perflab.gpt2.ladder.train` raises).
+        ValueError: ``trials`` < 1 (and whatever :func:`perflab.gpt2.train.train` raises).
     """
     if not isinstance(trials, int) or trials < 1:
         raise ValueError(f"trials must be a positive int, got {trials!r}")
     runs_b, runs_m, ratios = [], [], []
     for _ in range(trials):
-        b = sr.train(base, tokens, steps, device, warmup=warmup)
-        m = sr.train(mine, tokens, steps, device, warmup=warmup)
+        b = train(base, tokens, steps, device, warmup=warmup)
+        m = train(mine, tokens, steps, device, warmup=warmup)
         runs_b.append(b)
         runs_m.append(m)
         ratios.append(m.tokens_per_s / b.tokens_per_s)
@@ -207,7 +209,7 @@ def speed_trials(base: sr.Rung, mine: sr.Rung, tokens: np.ndarray, device, steps
             "base": best_b, "mine": best_m}
 
 
-def check_speedrun(base: sr.Rung, mine: sr.Rung | None, tokens: np.ndarray, device,
+def check_speedrun(base: Rung, mine: Rung | None, tokens: np.ndarray, device,
                    ceiling_flops: float, min_fraction: float, min_speedup: float,
                    steps: int = 3, warmup: int = 1, trials: int = 3) -> dict[str, Any]:
     """Check a faster rung: MFU against the machine's own matmul ceiling, and speedup.
@@ -228,8 +230,8 @@ def check_speedrun(base: sr.Rung, mine: sr.Rung | None, tokens: np.ndarray, devi
     if not ceiling_flops or ceiling_flops <= 0 or min_fraction <= 0 or min_speedup <= 0:
         raise ValueError(f"ceiling_flops, min_fraction and min_speedup must be positive, got "
                          f"{ceiling_flops}, {min_fraction}, {min_speedup}")
-    if not isinstance(mine, sr.Rung):
-        raise ExerciseFailed(f"✗ your rung: expected a perflab.gpt2.ladder.Rung (base.then(...)), "
+    if not isinstance(mine, Rung):
+        raise ExerciseFailed(f"✗ your rung: expected a perflab.gpt2.rungs.Rung (base.then(...)), "
                              f"got {type(mine).__name__}.")
     if mine.config().n_layer != base.config().n_layer or \
             mine.config().n_embd != base.config().n_embd or mine.seq_len != base.seq_len:
@@ -252,7 +254,7 @@ def check_speedrun(base: sr.Rung, mine: sr.Rung | None, tokens: np.ndarray, devi
           f"matmul ceiling, {got['speedup']:.2f}x the baseline (trials {trials_txt}).")
     if fraction > 1:
         print("  (Above 1: the ceilings file was measured while this machine was busier than "
-              "now; `python -m perflab.record.ceilings --fresh` measures it again.)")
+              "now; `python -m perflab.machine.ceilings --fresh` measures it again.)")
     return got
 
 
@@ -290,20 +292,20 @@ def _storage_key(t: torch.Tensor):
     return s.data_ptr(), s.nbytes()
 
 
-def peak_estimate(rung: sr.Rung, tokens: np.ndarray, device="cpu", seed: int = 0) -> PeakEstimate:
+def peak_estimate(rung: Rung, tokens: np.ndarray, device="cpu", seed: int = 0) -> PeakEstimate:
     """Estimate the peak memory of training ``rung``: static bytes + bytes saved for backward.
 
     Runs one micro-batch (``rung.batch`` sequences of ``rung.seq_len`` tokens from the start of
-    ``tokens``) forward through the model as :func:`perflab.gpt2.ladder.train` builds it (eager:
+    ``tokens``) forward through the model as :func:`perflab.gpt2.train.train` builds it (eager:
     ``rung.compile`` is ignored, since a compiled graph saves other tensors), with
     ``torch.autograd.graph.saved_tensors_hooks`` recording every tensor saved for the backward;
     tensors are counted once per storage, parameters left out (they are static). No backward runs.
     Gradient accumulation lowers the estimate through ``rung.batch`` (the micro-batch).
 
     Raises:
-        TypeError: ``rung`` is not a :class:`perflab.gpt2.ladder.Rung`.
+        TypeError: ``rung`` is not a :class:`perflab.gpt2.rungs.Rung`.
     """
-    if not isinstance(rung, sr.Rung):
+    if not isinstance(rung, Rung):
         raise TypeError(f"rung must be a Rung, got {type(rung).__name__}")
     device = torch.device(device)
     torch.manual_seed(seed)
@@ -327,7 +329,7 @@ def peak_estimate(rung: sr.Rung, tokens: np.ndarray, device="cpu", seed: int = 0
 
     fwd = gpt2_steps.Forward(model, rung.then(rung.name, compile=False, checkpoint=False,
                                               graphs=False, step_graph=False))
-    x, y = next(sr.batches(tokens, rung.batch, rung.seq_len))
+    x, y = next(batches(tokens, rung.batch, rung.seq_len))
     x, y = x.to(device), y.to(device)
     before = {}
 
@@ -361,14 +363,14 @@ def peak_estimate(rung: sr.Rung, tokens: np.ndarray, device="cpu", seed: int = 0
                         recompute_bytes=int(recompute))
 
 
-def _peak(result: sr.RunResult, rung: sr.Rung, tokens, device) -> tuple[int, str]:
+def _peak(result: RunResult, rung: Rung, tokens, device) -> tuple[int, str]:
     if result.peak_bytes is not None:
         return result.peak_bytes, "peak allocated (torch.cuda.max_memory_allocated)"
     return peak_estimate(rung, tokens, device).total, \
         "estimated peak (static + saved for backward; a CPU has no allocator peak)"
 
 
-def check_memory_cut(base: sr.Rung, lean: sr.Rung | None, tokens: np.ndarray, device,
+def check_memory_cut(base: Rung, lean: Rung | None, tokens: np.ndarray, device,
                      max_ratio: float, steps: int = 3, warmup: int = 1,
                      rtol: float = 0.01) -> dict[str, Any]:
     """Check a leaner rung: same training (global batch, model, tokens, losses), lower peak.
@@ -389,8 +391,8 @@ def check_memory_cut(base: sr.Rung, lean: sr.Rung | None, tokens: np.ndarray, de
     require(4, lean_rung=lean)
     if not 0 < max_ratio <= 1:
         raise ValueError(f"max_ratio must be in (0, 1], got {max_ratio}")
-    if not isinstance(lean, sr.Rung):
-        raise ExerciseFailed(f"✗ your lean rung: expected a perflab.gpt2.ladder.Rung "
+    if not isinstance(lean, Rung):
+        raise ExerciseFailed(f"✗ your lean rung: expected a perflab.gpt2.rungs.Rung "
                              f"(base.then(...)), got {type(lean).__name__}.")
     if lean.config() != base.config() or lean.seq_len != base.seq_len:
         raise ExerciseFailed("✗ your lean rung trains another model or sequence length: the "
@@ -403,8 +405,8 @@ def check_memory_cut(base: sr.Rung, lean: sr.Rung | None, tokens: np.ndarray, de
     if lean.precision != base.precision:
         raise ExerciseFailed("✗ your lean rung changes the precision: that changes the losses; "
                              "keep the baseline's precision.")
-    b = sr.train(base, tokens, steps, device, warmup=warmup)
-    m = sr.train(lean, tokens, steps, device, warmup=warmup)
+    b = train(base, tokens, steps, device, warmup=warmup)
+    m = train(lean, tokens, steps, device, warmup=warmup)
     worst = float(np.max(np.abs(np.subtract(m.losses, b.losses)) / np.abs(b.losses)))
     bp, what = _peak(b, base, tokens, device)
     mp, _ = _peak(m, lean, tokens, device)
@@ -465,7 +467,7 @@ def reference_fraction(tokens_per_s: float | None, model: str = "124M", seq_len:
     ``tokens_per_s`` is a rung of chapter 10's reference run (GPT-2 ``model`` at ``seq_len``,
     vocabulary 50,304); the FLOPs per token are :meth:`perflab.gpt2.model.GPT.flops_per_token`, the
     ceiling ``ceiling`` from the reference run's ceilings file (default
-    ``perflab/data/reference_ceilings.json``, :data:`perflab.record.ceilings.REFERENCE_PATH`). This
+    ``perflab/data/reference_ceilings.json``, :data:`perflab.machine.ceilings.REFERENCE_PATH`). This
     puts the reference on the same footing as a student's MFU against their own ceiling.
     Returns None when ``tokens_per_s`` is None or the file or the ceiling is missing.
     """

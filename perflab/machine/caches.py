@@ -34,7 +34,7 @@ from perflab.core.fits import fit_line
 from perflab.core.progress import progress as show_progress
 from perflab.core.timing import benchmark
 from perflab.core.validate import integer, positive_int
-from perflab.profiling.trace import device_seconds_per_call
+from perflab.core.profiler import device_seconds_per_call
 from perflab.record.plotting import style
 
 __all__ = [
@@ -133,7 +133,7 @@ def read_bandwidth(
     On a GPU the kernel differs: ``x.sum()`` of the contiguous buffer (the stride-0 view takes an
     unvectorized path there that cannot reach even HBM speed), repeated without flushing the L2,
     with the time taken as the kernels' own durations from the profiler
-    (:func:`perflab.profiling.trace.device_seconds_per_call`); ``total_bytes`` is not used. On a CPU,
+    (:func:`perflab.core.profiler.device_seconds_per_call`); ``total_bytes`` is not used. On a CPU,
     :func:`perflab.core.timing.benchmark`.
 
     Raises:
