@@ -195,9 +195,11 @@ def check_bucket_choice(choice_mb, rounds_by_mb: dict, predicted_mb=None, expect
         if p != float(expected_mb):
             raise ExerciseFailed(f"✗ Exercise 3: you predicted {p:g} MiB; the exposed-time model, with "
                                  f"DDP's own buckets of each cap, exposes least at {float(expected_mb):g} MiB.")
-    print(f"✓ Exercise 3: {c:g} MiB is among the fastest caps measured (the rounds do not tell it "
-          f"from {best:g} MiB)" + (f"; your predicted cap is the model's, {float(expected_mb):g} MiB."
-                                   if expected_mb is not None else "."))
+    among = (f"is the fastest cap measured" if c == best else
+             f"is among the fastest caps measured (the rounds do not tell it from {best:g} MiB)")
+    print(f"✓ Exercise 3: {c:g} MiB {among}" + (f"; your predicted cap is the model's, "
+                                                f"{float(expected_mb):g} MiB."
+                                                if expected_mb is not None else "."))
     return True
 
 
