@@ -77,6 +77,7 @@ class Ledger:
         self.read_fd, self.write_fd = os.pipe()
         self.nonce = uuid.uuid4().hex
         self.overflow = False
+        self.malformed = 0                      # lines that are not plain JSON objects
         self._lines: list[dict] = []
         self._batches: dict[int, list[dict]] = {}
         self._cuts = 0
@@ -98,6 +99,7 @@ class Ledger:
             *lines, buf = buf.split(b"\n")
             if len(buf) > MAX_LEDGER_LINE:          # an endless line: not an entry
                 buf = b""
+                self.malformed += 1
             for line in lines:
                 try:
                     self._line(line, total)
@@ -106,6 +108,8 @@ class Ledger:
 
     def _line(self, line: bytes, total: int) -> None:
         entry = parse_entry(line)
+        if entry is None and line.strip():
+            self.malformed += 1
         with self._cond:
             if entry is not None and entry.get("mark") == self.nonce:
                 self._batches[entry.get("cut")] = self._lines
@@ -286,6 +290,10 @@ def worker(job: dict, send) -> None:
                     break
             if ledger.overflow:
                 send({"tamper": [f"the kernel wrote more than {MAX_LEDGER_BYTES // 2**20} MiB to the check ledger"]})
+            if ledger.malformed:
+                send({"tamper": [f"the kernel wrote {ledger.malformed} line(s) to the check ledger that no check "
+                                 "writes (not plain JSON: NaN, an integer of more than "
+                                 f"{MAX_LEDGER_INT_DIGITS} digits, ...)"]})
     except DeadKernelError as err:
         status, note = "kernel died", first_line(str(err))
     except Exception as err:  # the kernel would not start, or shut down badly: this row only

@@ -327,14 +327,16 @@ def record(what: str, value: Any) -> None:
     """Append ``{"what": what, "value": value}`` to the grader's ledger (``$PERFLAB_GRADE_LOG``).
 
     The grader collects these as each exercise's measured numbers; outside the grader this does
-    nothing. A value that is not a plain finite number, string or boolean is stored as the name
-    of its type.
+    nothing. A number that is not finite is stored as its ``repr`` (``"nan"``), a value that is
+    not a plain number, string or boolean as the name of its type (``"<Yes>"``).
     """
     try:
         v = plain(value)
     except NotPlain:
         v = None
-    if not isinstance(v, (int, float, str, bool)) or isinstance(v, float) and not math.isfinite(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        v = repr(v)
+    elif not isinstance(v, (int, float, str, bool)):
         v = f"<{_kind(value)}>"
     _ledger({"what": str(what), "value": v})
 

@@ -11,8 +11,7 @@ from typing import Callable, Sequence
 
 from perflab.distributed.launch import launch, source_of
 from perflab.labs.exercises import ExerciseFailed, ExerciseNotDone, _number
-from perflab.record.formatting import small
-from perflab.record.numbers import fmt
+from perflab.record.numbers import fmt, fmt_small
 
 __all__ = ["check_allreduce_model", "check_bucket_choice", "check_comm_prediction", "check_exposed_model",
            "check_manual_allreduce", "check_sampler", "check_sharded_optimizer", "exposed_reference",
@@ -56,10 +55,10 @@ def check_manual_allreduce(max_param_diff, tol: float = 1e-9) -> bool:
         raise ExerciseNotDone(1, "write allreduce_gradients, then run the launch cell after it")
     d = _number("Exercise 1 (largest parameter difference from DDP)", max_param_diff)
     if d <= tol:
-        print(f"✓ Exercise 1: after the steps your parameters differ from DDP's by at most {small(d)} "
-              f"(float64, tolerance {small(tol)}).")
+        print(f"✓ Exercise 1: after the steps your parameters differ from DDP's by at most {fmt_small(d)} "
+              f"(float64, tolerance {fmt_small(tol)}).")
         return True
-    raise ExerciseFailed(f"✗ Exercise 1: your parameters differ from DDP's by up to {small(d)}; DDP "
+    raise ExerciseFailed(f"✗ Exercise 1: your parameters differ from DDP's by up to {fmt_small(d)}; DDP "
                          "averages the gradients (sum over ranks divided by the world size).")
 
 
@@ -79,8 +78,9 @@ def check_allreduce_model(fn: Callable | None, exercise: int = 2) -> bool:
         raise ExerciseNotDone(exercise, "write allreduce_model(nbytes, busbw, world_size, alpha)")
     nbytes, busbw, alpha = 1e8, 100e9, 20e-6
     for n in (2, 3, 4, 8):
+        got = _number(f"Exercise {exercise} (allreduce_model at {n} ranks)",
+                      fn(nbytes, busbw, n, alpha))      # the answer first, as plain data
         want = alpha + nbytes * 2 * (n - 1) / n / busbw
-        got = _number(f"Exercise {exercise} (allreduce_model at {n} ranks)", fn(nbytes, busbw, n, alpha))
         if not math.isclose(got, want, rel_tol=1e-6):
             hint = (" On two ranks the bus factor 2 (n-1)/n is 1: leaving it out shows only from "
                     "three ranks on." if n > 2 and math.isclose(got, alpha + nbytes / busbw,
@@ -236,11 +236,11 @@ def check_sharded_optimizer(state_bytes_per_rank: Sequence, params: int, predict
                              f"all, not Adam's 8 bytes x {params:,} parameters = {full:,} bytes.")
     if rank_spread is not None and _number("Exercise 4 (rank spread)", rank_spread) > 1e-6:
         raise ExerciseFailed(f"✗ Exercise 4: after the steps the ranks' parameters differ by up to "
-                             f"{small(rank_spread)}: each rank updated its shard but the others never "
+                             f"{fmt_small(rank_spread)}: each rank updated its shard but the others never "
                              "received it, so the ranks now train different models.")
     if vs_reference is not None and _number("Exercise 4 (difference from Adam)", vs_reference) > 1e-9:
         raise ExerciseFailed(f"✗ Exercise 4: the ranks agree, but their parameters differ by up to "
-                             f"{small(vs_reference)} from one process's plain Adam on the whole batch: "
+                             f"{fmt_small(vs_reference)} from one process's plain Adam on the whole batch: "
                              "they trained the wrong model (some parameters stepped by no rank, or "
                              "overwritten by one rank's copy).")
     mean = sum(got) / n
