@@ -1,7 +1,9 @@
 """The rules docs/ARCHITECTURE.md states about perflab, each enforced here.
 
-1. The module map on the page is what ``scripts/architecture.py`` generates from the code (every
-   module, its size, its docstring's first sentence, who uses it): the page cannot drift.
+1. What ``scripts/architecture.py`` generates is current: the package tree and the module map of
+   docs/ARCHITECTURE.md (every module, its docstring's first sentence, who uses it) and the
+   packages' ``__init__`` docstrings, all from the code and the one list of subpackages
+   (``SECTIONS``); the page holds no merge-conflict marker and no module table outside the map.
 2. No import cycle between perflab modules, following ``from perflab.x import y``,
    ``import perflab.x`` and relative imports alike; ``core`` imports nothing else of perflab and
    nothing outside ``labs`` imports ``labs``.
@@ -88,9 +90,43 @@ def _imported(node: ast.AST) -> list[str]:
 def test_the_module_map_is_generated_from_the_code():
     page = architecture.PAGE.read_text(encoding="utf-8")
     assert architecture.BEGIN in page and architecture.END in page, "the map's marker lines are missing"
-    wanted = architecture.replace_map(page, architecture.render())
-    assert wanted == page, ("docs/ARCHITECTURE.md's module map differs from the code: run "
-                            "python scripts/architecture.py (python scripts/architecture.py --check shows the diff)")
+    stale = [path.relative_to(ROOT).as_posix() for path, text in architecture.wanted().items()
+             if not path.exists() or path.read_text(encoding="utf-8") != text]
+    assert not stale, (f"out of date: {stale}: run make generate (python scripts/architecture.py --check "
+                       "shows the diff)")
+
+
+def test_the_page_holds_no_conflict_marker_and_no_map_outside_its_markers():
+    page = architecture.PAGE.read_text(encoding="utf-8")
+    assert architecture.problems(page) == []
+
+
+@pytest.mark.parametrize("bad, what", [
+    ("<<<<<<< HEAD\n", "merge conflict"),
+    ("=======\n", "merge conflict"),
+    (">>>>>>> main\n", "merge conflict"),
+    ("| module | the idea it owns | used by |\n|---|---|---|\n", "outside the generated map"),
+])
+def test_the_page_checks_catch_a_conflict_block_and_a_hand_written_map(bad, what):
+    page = architecture.PAGE.read_text(encoding="utf-8")
+    head, rest = page.split(architecture.BEGIN, 1)
+    found = architecture.problems(head + bad + architecture.BEGIN + rest)
+    assert found and what in found[0]
+    inside = head + architecture.BEGIN + "\n" + bad + rest      # the map's own table is fine
+    assert [p for p in architecture.problems(inside) if "outside" in p] == []
+
+
+def test_one_list_of_subpackages_makes_the_tree_the_inits_and_the_package_docstring():
+    names = [sec.name for sec in architecture.SECTIONS]
+    on_disk = sorted(p.parent.name for p in PKG.glob("*/__init__.py"))
+    assert sorted(names) == on_disk, "SECTIONS and the subpackages on disk differ"
+    tree = architecture.render_tree()
+    doc = architecture.init_docstring()
+    for sec in architecture.SECTIONS:
+        assert f"  {sec.name}/" in tree and f"``{sec.name}``" in doc
+        assert architecture.subpackage_init(sec).count(f"perflab.{sec.name}: ") == 1
+    import perflab
+    assert perflab.__doc__.strip() == doc.strip('"').strip()
 
 
 def test_the_map_lists_every_module_with_its_users():

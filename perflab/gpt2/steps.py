@@ -8,7 +8,10 @@
 #   book/10_gpt2_case_study.md: The training step
 #   book/10_gpt2_case_study.md: The speed ladder
 
-"""Code taught on book/10_gpt2_case_study.md, exported for the pages that reuse it.
+"""Chapter 10's training step and its two ladders: each rung's change, written
+out.
+
+Code taught on book/10_gpt2_case_study.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """

@@ -3,7 +3,9 @@
 # From book/06_single_gpu_speed.md:
 #   book/06_single_gpu_speed.md: CUDA graphs for a launch-bound step
 
-"""Code taught on book/06_single_gpu_speed.md, exported for the pages that reuse it.
+"""CUDA graphs: a whole training step captured once and replayed.
+
+Code taught on book/06_single_gpu_speed.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """
