@@ -39,6 +39,7 @@ from pathlib import Path
 from docutils import nodes
 from sphinx import addnodes
 from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ SYNONYMS: tuple[tuple[str, ...], ...] = (
     ("all-gather", "allgather", "all gather", "AllGather"),
     ("reduce-scatter", "reducescatter", "reduce scatter", "ReduceScatter"),
     ("all-to-all", "alltoall", "all to all"),
+    ("peer-to-peer", "peer to peer", "P2P"),
     ("bf16", "bfloat16", "brain float"),
     ("fp16", "float16", "half precision"),
     ("fp32", "float32", "single precision"),
@@ -73,19 +75,36 @@ SYNONYMS: tuple[tuple[str, ...], ...] = (
     ("MFU", "model FLOPs utilization", "model FLOPs utilisation"),
     ("DDP", "DistributedDataParallel", "distributed data parallel"),
     ("FSDP", "FullyShardedDataParallel", "fully sharded data parallel"),
-    ("ZeRO", "zero redundancy optimizer"),
-    ("AMP", "automatic mixed precision", "autocast"),
+    ("ZeRO", "zero redundancy optimizer", "ZeroRedundancyOptimizer"),
+    ("data parallel", "data-parallel", "data parallelism"),
+    ("AMP", "automatic mixed precision", "mixed precision", "mixed-precision", "autocast"),
     ("GEMM", "matmul", "matrix multiply", "matrix multiplication", "matrix product"),
     ("HBM", "high bandwidth memory", "high-bandwidth memory"),
     ("SM", "streaming multiprocessor"),
+    ("tensor core", "tensorcore", "tensor-core"),
     ("H2D", "host-to-device", "host to device"),
     ("D2H", "device-to-host", "device to host"),
+    ("PCIe", "PCI Express"),
     ("pinned memory", "page-locked memory", "pin_memory"),
+    ("non-blocking", "non_blocking", "nonblocking"),
+    ("in-place", "inplace", "in place"),
     ("activation checkpointing", "gradient checkpointing", "recomputation", "rematerialization"),
-    ("CUDA graph", "CUDA graphs", "cudagraph", "cudagraphs"),
-    ("torch.compile", "TorchInductor", "Inductor", "TorchDynamo", "Dynamo"),
+    ("micro-batch", "microbatch", "micro batch"),
+    ("CUDA graph", "CUDA graphs", "cudagraph", "cudagraphs", "CUDAGraph"),
+    ("torch.compile", "torch compile", "TorchInductor", "Inductor", "TorchDynamo", "Dynamo"),
+    ("FlashAttention", "flash attention", "flash-attention"),
+    ("cross-entropy", "cross entropy", "crossentropy", "CrossEntropyLoss"),
+    ("layer norm", "layernorm", "LayerNorm", "layer normalization", "layer normalisation"),
     ("OOM", "out of memory", "out-of-memory"),
     ("DataLoader", "data loader", "dataloader"),
+    ("warm-up", "warmup", "warm up"),
+    ("multi-GPU", "multi GPU", "multigpu", "several GPUs"),
+    ("py-spy", "pyspy"),
+    ("Nsight Systems", "nsys"),
+    ("Nsight Compute", "ncu"),
+    ("bandwidth-bound", "bandwidth bound", "memory-bound", "memory bound"),
+    ("compute-bound", "compute bound"),
+    ("overhead-bound", "overhead bound"),
     ("roofline", "roofline model"),
     ("arithmetic intensity", "operational intensity", "FLOPs per byte", "FLOP/byte"),
 )
@@ -94,28 +113,53 @@ _WORD = re.compile(r"\w+")
 
 def _pattern(spelling: str) -> re.Pattern:
     """Whole words, plurals too; any case, except for a spelling with two or more capitals
-    (an acronym: "ZeRO" must not match "zero", nor "SM" "sm")."""
-    parts = [re.escape(p) for p in re.split(r"[\s-]+", spelling)]
+    (an acronym: "ZeRO" must not match "zero", nor "SM" "sm"). Words may be joined by
+    spaces, hyphens or dots ("torch compile" matches "torch.compile")."""
+    parts = [re.escape(p) for p in re.split(r"[\s.-]+", spelling)]
     flags = 0 if sum(c.isupper() for c in spelling) >= 2 else re.I
-    return re.compile(r"(?<![\w])" + r"[\s-]*".join(parts) + r"(?:e?s)?(?![\w])", flags)
+    return re.compile(r"(?<![\w])" + r"[\s.-]*".join(parts) + r"(?:e?s)?(?![\w])", flags)
 
 
 _GROUPS = [(group, [_pattern(s) for s in group]) for group in SYNONYMS]
 
 
+def canonical_word(group: tuple[str, ...]) -> str:
+    """The one word that stands for a group of spellings in the search index: its first
+    spelling's words joined, lower case (``"all-reduce"`` -> ``allreduce``, ``"torch.compile"``
+    -> ``torchcompile``). Every page that uses any spelling is indexed under it, and the search
+    page turns any spelling in a query into it (``static/reader.js``), so that every spelling
+    finds the same pages."""
+    return "".join(_WORD.findall(group[0].lower()))
+
+
 def search_keywords(text: str) -> list[str]:
     """The extra words under which a page whose text is ``text`` is indexed: every spelling of
     each :data:`SYNONYMS` group the text uses, as the words a query splits into (``"all-reduce"``
-    -> ``all``, ``reduce``, ``allreduce``), lower case, sorted."""
+    -> ``all``, ``reduce``, ``allreduce``), and the group's :func:`canonical_word`, lower
+    case, sorted."""
     out: set[str] = set()
     for group, patterns in _GROUPS:
         if any(p.search(text) for p in patterns):
+            out.add(canonical_word(group))
             for spelling in group:
                 words = _WORD.findall(spelling.lower())
                 out.update(words)
                 if len(words) > 1 and "-" in spelling:
                     out.add("".join(words))
     return sorted(out)
+
+
+def synonyms_script() -> str:
+    """The search page's table of spellings (``window.READER_SYNONYMS``, read by
+    ``static/reader.js``): ``[[canonical word, [spellings]], ...]``."""
+    table = [[canonical_word(group), list(group)] for group in SYNONYMS]
+    return "window.READER_SYNONYMS = " + json.dumps(table, ensure_ascii=False) + ";"
+
+
+def add_search_synonyms(app, pagename, templatename, context, doctree) -> None:
+    """html-page-context: the search page gets :func:`synonyms_script` (before reader.js runs)."""
+    if pagename == "search" and _is_html(app):
+        app.add_js_file(None, body=synonyms_script(), priority=200)
 
 
 def add_search_keywords(app, doctree, docname) -> None:
@@ -177,6 +221,107 @@ def describe_figures(app, doctree) -> None:
         for image in figure.findall(nodes.image):
             if not image.get("alt"):
                 image["alt"] = words
+
+
+# ---------------------------------------------------------------------------------------------
+# "How this was measured": telemetry out of the running prose
+# ---------------------------------------------------------------------------------------------
+
+MEASURED_SUMMARY = "How this was measured"
+
+
+class measured_note(nodes.General, nodes.Element):
+    """A folded note under a figure or paragraph (the ``measured`` directive)."""
+
+
+class Measured(SphinxDirective):
+    """``measured``: the conditions of a measurement (the telemetry sentence of
+    :meth:`perflab.core.sampler.Summary.sentence`, the clocks, the window) out of the running
+    prose, in a folded note placed under the figure, table or paragraph it qualifies::
+
+        :::{measured}
+        The copy: {glue:text}`explorer_copy_clock`.
+        :::
+
+    The argument replaces the summary line (default :data:`MEASURED_SUMMARY`). HTML shows a
+    ``<details>`` block, folded; the single-page build (the PDF) and a printed page show it
+    open; other builders print the content as a paragraph."""
+
+    optional_arguments = 1
+    final_argument_whitespace = True
+    has_content = True
+
+    def run(self) -> list[nodes.Node]:
+        if not self.content:
+            raise self.error("measured: say what was measured (the note is empty)")
+        node = measured_note(summary=self.arguments[0] if self.arguments else MEASURED_SUMMARY)
+        self.set_source_info(node)
+        self.state.nested_parse(self.content, self.content_offset, node)
+        return [node]
+
+
+def _visit_measured_html(self, node) -> None:
+    opened = " open" if self.builder.name == "singlehtml" else ""
+    self.body.append(f'<details class="measured-note"{opened}><summary>'
+                     f'{self.encode(node["summary"])}</summary><div class="measured-body">')
+
+
+def _depart_measured_html(self, node) -> None:
+    self.body.append("</div></details>\n")
+
+
+def _visit_plain(self, node) -> None:
+    pass
+
+
+def _depart_plain(self, node) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures numbered per chapter and per lab
+# ---------------------------------------------------------------------------------------------
+
+_LAB = re.compile(r"(?:^|/)labs/(\d+)_")
+
+
+def page_prefixes(docnames: list[str], appendices: bool = True) -> dict[str, str]:
+    """The number prefix of each page outside a numbered part, in book order: a lab
+    ``labs/NN_topic`` gets ``"L<NN>"`` (its figures are Fig. L10.1, L10.2 ...); with
+    ``appendices`` (the book has numbered chapters), any other page the next appendix letter
+    (``"A"``, ``"B"`` ...: the roofline explorer's figures are Fig. A.1 ...); without, other
+    pages are left out (Sphinx's numbers stand)."""
+    out, letter = {}, 0
+    for docname in docnames:
+        m = _LAB.search(docname)
+        if m:
+            out[docname] = f"L{int(m.group(1))}"
+        elif appendices:
+            out[docname] = chr(ord("A") + letter) if letter < 26 else f"A{letter}"
+            letter += 1
+    return out
+
+
+def number_per_page(app, env) -> list[str]:
+    """env-get-updated, after Sphinx numbered the figures: a page outside a numbered part (a
+    lab, the reference pages) had its figures and tables counted across the whole book (lab
+    10's only figure was "Fig. 9"); each such page now counts its own, under its prefix
+    (:func:`page_prefixes`): Fig. L10.1. Chapters keep Sphinx's Fig. 4.k."""
+    numbers = env.toc_fignumbers
+    unnumbered = [d for d, kinds in numbers.items()
+                  if any(kinds.values()) and not env.toc_secnumbers.get(d)]
+    prefixes = page_prefixes(unnumbered, appendices=any(env.toc_secnumbers.values()))
+    for docname in prefixes:
+        for figtype, ids in numbers[docname].items():
+            ordered = sorted(ids, key=ids.get)   # Sphinx counted them in page order
+            numbers[docname][figtype] = {fid: (prefixes[docname], k)
+                                         for k, fid in enumerate(ordered, start=1)}
+    # Sphinx compared its fresh book-wide numbers with the previous build's: pages whose
+    # per-page numbers changed since the last build are written again here
+    last = getattr(env, "reader_fignumbers", {})
+    changed = [d for d in numbers if numbers[d] != last.get(d)]
+    env.reader_fignumbers = {d: {t: dict(ids) for t, ids in kinds.items()} for d, kinds in numbers.items()}
+    return changed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,6 +484,10 @@ def setup(app):
     app.add_config_value("reader_bundle", True, "html")
     app.add_config_value("reader_student_sources", "", "env")
     app.add_config_value("reader_pdf", "", "env")
+    app.add_node(measured_note, html=(_visit_measured_html, _depart_measured_html),
+                 latex=(_visit_plain, _depart_plain), text=(_visit_plain, _depart_plain),
+                 man=(_visit_plain, _depart_plain), texinfo=(_visit_plain, _depart_plain))
+    app.add_directive("measured", Measured)
     app.add_role("course-download", _file_role("bundle"))
     app.add_role("book-pdf", _file_role("pdf"))
     app.add_css_file("reader.css")
@@ -351,6 +500,9 @@ def setup(app):
     app.connect("doctree-resolved", add_search_keywords)
     app.connect("doctree-read", describe_figures)
     app.connect("doctree-read", mark_student_edition)
+    # after Sphinx's own numbering (TocTreeCollector, priority 500)
+    app.connect("env-get-updated", number_per_page, priority=900)
     app.connect("html-page-context", add_download_entries, priority=510)
+    app.connect("html-page-context", add_search_synonyms)
     app.connect("build-finished", on_build_finished)
     return {"version": "0.1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -40,17 +40,26 @@ contents, :func:`perflab.record.runs.pending_sources`); ``pending/book/X.md`` ru
 working folder (where it will live) and writes ``pending/book/X.ipynb``. ``--check`` lists them,
 and the pages that need more GPUs than one, with what they wait for, without failing on them.
 
-``--check`` lists each one-GPU notebook of the table of contents that is not current (:func:`perflab.record.runs.status`: missing, stale
-code, stale perflab modules, no metadata, not from a CUDA device) or whose prose or presentation
-cell metadata (tags, figure captions) differs (fix that
-with ``--sync``; the others need a run on a GPU machine), saying why. A run records, beside the
-hash of the notebook's code cells, a hash of each perflab module that code imports (found
-statically and transitively, :func:`perflab.record.runs.perflab_sha256`), so an edit to perflab marks
-the notebooks that run it stale and ``--check`` names the modules. Exit status of ``--check``:
-0 when every one-GPU notebook is current; 3 when the only problem is perflab modules changed
-since the runs (the notebooks' own code and prose are current: re-run them on the GPU machine);
-1 for anything else. A page that needs several GPUs is listed with what it waits for and fails
-the check only when its code or prose no longer matches the run it shows.
+``--check`` lists each one-GPU notebook of the table of contents that is not current
+(:func:`perflab.record.runs.status`: missing, stale, no metadata, not from a CUDA device) or
+whose prose or presentation cell metadata (tags, figure captions) differs (fix that with
+``--sync``; the others need a run on a GPU machine), saying why. A run records, beside the hash of
+the notebook's code cells, a hash of each perflab module that code imports (found statically and
+transitively, :func:`perflab.record.runs.perflab_sha256`): **page code and package code are
+stale alike**, so an edit to either marks the page stale and ``--check`` names the cells or the
+modules. It also refuses a book whose current pages read different ceilings files (the pages of
+one run come from one machine: :func:`mixed_ceilings`). Exit status of ``--check``: 0 when every
+one-GPU notebook is current; 3 when the only problems are stale runs (re-run them on the GPU
+machine; CI warns and the pages show their stale banner); 1 for anything else. A page that
+needs several GPUs is listed with what it waits for and fails the check only when its code or
+prose no longer matches the run it shows.
+
+**One run, one machine.** ``--run-id ID`` (or ``$PERFLAB_RUN_ID``) names the reference run a
+call belongs to; a run split over several calls passes the same id to each. The run's ceilings
+(and the host's per-call costs, :mod:`perflab.machine.ceilings`) are measured fresh at the
+start of every run and reused by a later call only on the same host and GPU (host id and GPU
+UUID); when a call lands on another machine they are measured again and the line printed says
+that the host changed.
 """
 
 from __future__ import annotations
@@ -83,7 +92,9 @@ import torch  # noqa: E402
 
 from perflab.core.device import cpu_name  # noqa: E402
 from perflab.core.sampler import MemoryPeak  # noqa: E402
-from perflab.record import ceilings, runs  # noqa: E402
+from perflab.machine import ceilings  # noqa: E402
+from perflab.record import runs  # noqa: E402
+from perflab.record.ceilings import read as read_ceilings  # noqa: E402
 
 
 class NotANotebook(Exception):
@@ -167,15 +178,16 @@ def _drifted(md: Path) -> bool:
             or _presentation(src) != _presentation(out))
 
 
+STALE = "stale: "     # every line about a stale run (page code or perflab code) starts so
 STATUS_WORDS = {
     "missing": "no executed .ipynb (run scripts/execute.py on a GPU machine)",
     "no-metadata": "the .ipynb has no reference_run metadata (re-run on a GPU machine)",
-    "stale": "stale: its code differs from the executed .ipynb (re-run on a GPU machine)",
+    "stale": STALE + "its code differs from the executed .ipynb (re-run on a GPU machine)",
     "cpu": "the reference run was not on a CUDA device",
 }
-PERFLAB_STALE = "stale: perflab modules it imports changed since the run (re-run on a GPU machine): "
+PERFLAB_STALE = STALE + "perflab modules it imports changed since the run (re-run on a GPU machine): "
 PROSE_DRIFT = "prose or cell metadata (tags, figure captions) differs from the .ipynb"
-EXIT_PERFLAB_ONLY = 3   # --check: only perflab staleness (see the module docstring)
+EXIT_STALE_ONLY = 3   # --check: only stale runs, page code or perflab alike (module docstring)
 
 
 def _rel(md: Path) -> Path:
@@ -208,8 +220,8 @@ def waiting(md: Path) -> str | None:
 
 def problems(md: Path) -> list[str]:
     """Why ``md``'s ``.ipynb`` is not a current reference run (empty list: it is): the staleness
-    decision of :func:`perflab.record.runs.status`, plus prose that ``--sync`` would copy. A line for
-    perflab staleness alone contains :data:`PERFLAB_STALE`. For a page that needs several GPUs
+    decision of :func:`perflab.record.runs.status`, plus prose that ``--sync`` would copy. Every
+    line about a stale run (page code or perflab) contains :data:`STALE`. For a page that needs several GPUs
     or waits in ``pending/`` (:func:`waiting`), only a run that no longer matches the page's code
     or prose is a problem: the rest waits for its machine."""
     rel = _rel(md)
@@ -229,7 +241,8 @@ def problems(md: Path) -> list[str]:
     else:
         found = [f"{rel}: {STATUS_WORDS[st.state]}"
                  + (f" (devices={list(st.run.devices)})" if st.state == "cpu" else "")]
-    if st.state != "missing" and _drifted(md):
+    # a page whose code changed also gets its prose from the run that makes it current
+    if st.state not in ("missing", "stale") and _drifted(md):
         found.append(f"{rel}: {PROSE_DRIFT} (python scripts/execute.py --sync {rel})")
     return found
 
@@ -405,22 +418,43 @@ def _holds_gpu_run(ipynb: Path) -> bool:
     return run is not None and run.is_gpu
 
 
-def prepare_ceilings(fresh: bool) -> None:
-    """One set of ceilings per reference run, measured before the first notebook.
+RUN_ID_ENV = "PERFLAB_RUN_ID"
+
+
+def run_id(given: str | None = None) -> str:
+    """The reference run this call belongs to: ``--run-id``, else ``$PERFLAB_RUN_ID``, else a
+    new run named by the time now (one call, one run)."""
+    return (given or os.environ.get(RUN_ID_ENV)
+            or dt.datetime.now(dt.timezone.utc).strftime("run-%Y%m%dT%H%M%SZ"))
+
+
+def prepare_ceilings(fresh: bool, run: str) -> None:
+    """One set of ceilings per reference run and machine, measured before the first notebook.
 
     On a GPU the run's ceilings file is ``perflab/data/reference_ceilings.json`` (committed with
-    the notebooks): it is measured now unless it already comes from this machine and torch (a
-    run split over several calls on the same machine reuses it) and ``fresh`` is false. Every
-    notebook reads it through ``perflab.record.ceilings.load()`` (``$PERFLAB_CEILINGS``). Elsewhere the
-    notebooks measure and cache their own (``.cache/perflab/ceilings.json``).
+    the notebooks). It is reused only when it was measured in this run (``run``) on this very
+    host and GPU (host id and GPU UUID, not only the device's name); otherwise it is measured
+    now, and the line printed says why: the first call of a run, or a run whose calls landed on
+    another machine (whose pages then read other ceilings, which ``--check`` refuses). Every
+    notebook reads it through ``perflab.machine.ceilings.load()`` (``$PERFLAB_CEILINGS``).
+    Elsewhere the notebooks measure and cache their own (``.cache/perflab/ceilings.json``).
     """
     if not torch.cuda.is_available():
         return
-    c = ceilings.load(ceilings.REFERENCE_PATH, fresh=fresh)
+    doc = read_ceilings(ceilings.REFERENCE_PATH)
+    why = "--fresh-ceilings" if fresh else ceilings.stale_reason(doc, run)
+    if why is not None and doc is not None and doc.get("run") == run:
+        why = f"THE HOST CHANGED between calls of run {run!r}: {why}; measured again"
+    c = ceilings.load(ceilings.REFERENCE_PATH, fresh=why is not None, run=run)
     os.environ[ceilings.CEILINGS_ENV] = str(ceilings.REFERENCE_PATH)
-    print(f"ceilings ({c.measured}, {ceilings.REFERENCE_PATH.relative_to(ROOT)}):", flush=True)
+    state = f"measured now ({why})" if why else "this run's, reused (same run, host and GPU)"
+    print(f"ceilings of run {run!r}, host {c.machine_id.get('host_id')}: {state}; "
+          f"{c.measured}, {ceilings.REFERENCE_PATH.relative_to(ROOT)}", flush=True)
     for name in c.items:
         print("  " + c.sentence(name), flush=True)
+    for kind, h in c.host.items():
+        print(f"  host cost h, {ceilings.HOST_COSTS[kind]}: {h.median * 1e6:.2f} us per call "
+              f"({h.lo * 1e6:.2f}-{h.hi * 1e6:.2f}, {h.kind})", flush=True)
 
 
 def record_cpu_run(md: Path, seconds: float) -> None:
@@ -435,14 +469,53 @@ def record_cpu_run(md: Path, seconds: float) -> None:
 
 
 def _ceilings_used() -> dict | None:
-    """The ceilings file this run's notebooks read (``$PERFLAB_CEILINGS``), as ``{name: value}``."""
+    """The ceilings file this run's notebooks read (``$PERFLAB_CEILINGS``), as ``{name: value}``
+    plus ``measured`` (when), ``run`` and ``machine_id`` (which host and GPU): what ``--check``
+    compares between the pages of one run."""
     path = os.environ.get(ceilings.CEILINGS_ENV)
-    if not path or not Path(path).exists():
+    doc = read_ceilings(path) if path else None
+    if doc is None:
         return None
-    doc = json.loads(Path(path).read_text())
     out = {k: v["value"] for k, v in doc.get("ceilings", {}).items()}
-    out["measured"] = doc.get("measured")
+    out.update(measured=doc.get("measured"), run=doc.get("run"),
+               machine_id=doc.get("machine_id"),
+               host_cost_us={k: v["median_s"] * 1e6
+                             for k, v in (doc.get("host_costs") or {}).items()})
     return out
+
+
+def ceilings_of(md: Path) -> tuple | None:
+    """Which ceilings file a page's run read: ``(measured, run, host id, GPU ids)``, or None
+    (no run, or a run that recorded no ceilings)."""
+    try:
+        run = runs.read(md.with_suffix(".ipynb"))
+    except (OSError, ValueError):
+        return None
+    c = run.ceilings if run is not None else None
+    if not c:
+        return None
+    ident = c.get("machine_id") or {}
+    return (c.get("measured"), c.get("run"), ident.get("host_id"),
+            tuple(ident.get("gpu_ids") or ()))
+
+
+def mixed_ceilings(notebooks: list[Path]) -> str | None:
+    """One line when the current one-GPU pages among ``notebooks`` read different ceilings
+    files (several runs, or one run whose calls landed on different machines); else None."""
+    groups: dict[tuple, list[str]] = {}
+    for md in notebooks:
+        if waiting(md) is not None or not runs.status(md).ok:
+            continue
+        key = ceilings_of(md)
+        if key is not None:
+            groups.setdefault(key, []).append(md.stem)
+    if len(groups) <= 1:
+        return None
+    parts = [f"{len(pages)} page(s) read ceilings measured {k[0]} (run {k[1]}, host {k[2]})"
+             f": {', '.join(pages[:3])}{' ...' if len(pages) > 3 else ''}"
+             for k, pages in sorted(groups.items(), key=lambda kv: -len(kv[1]))]
+    return ("pages of the book read different ceilings files (one run, one machine, one file: "
+            "re-run the others): " + "; ".join(parts))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -468,7 +541,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="with no paths: also the sources waiting in pending/ (CI runs them on CPU)")
     parser.add_argument("--fresh-ceilings", action="store_true",
                         help="on a GPU, measure the run's ceilings again even if "
-                             "perflab/data/reference_ceilings.json is from this machine")
+                             "perflab/data/reference_ceilings.json is from this run and machine")
+    parser.add_argument("--run-id", default=None,
+                        help="the reference run this call belongs to (default $PERFLAB_RUN_ID, "
+                             "else a new run): calls of one run on one machine share its ceilings")
     args = parser.parse_args(argv)
     if args.check and args.sync:
         print("execute.py: --check and --sync exclude each other (--check only reads; run --sync, then --check)",
@@ -490,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.check:
         found = [p for md in notebooks for p in problems(md)]
+        mixed = mixed_ceilings(notebooks)
+        if mixed:
+            found.append(mixed)
         for line in found:
             print(line)
         waits = [w for md in notebooks if (w := waiting(md)) is not None]
@@ -500,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"run from a CUDA device" + (f"; {len(waits)} wait(s) for a machine" if waits
                                                else ""))
             return 0
-        return EXIT_PERFLAB_ONLY if all(PERFLAB_STALE in line for line in found) else 1
+        return EXIT_STALE_ONLY if all(STALE in line for line in found) else 1
 
     if args.sync:
         for md in notebooks:
@@ -535,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None and torch.cuda.is_available():
         os.environ["PERFLAB_REFERENCE_RUN"] = "1"
     started = time.time()
-    prepare_ceilings(args.fresh_ceilings)
+    prepare_ceilings(args.fresh_ceilings, run_id(args.run_id))
     folders = PACKED + ((str(args.out.resolve().relative_to(ROOT)),)
                         if args.out and args.out.resolve().is_relative_to(ROOT) else ())
     failed = 0

@@ -21,6 +21,34 @@ def _wrong_diagnosis(letter):
     return right, wrong
 
 
+# lab 3, exercise 3: the reference's forward-to-backward span, and ways to keep x for backward
+# without ctx.save_for_backward (each a store in forward and a load in backward)
+_SILU_SPAN = ("        ctx.save_for_backward(x)\n        return x * torch.sigmoid(x)\n        ### END SOLUTION\n\n"
+              "    @staticmethod\n    def backward(ctx, grad_out):\n        ### BEGIN SOLUTION\n"
+              "        (x,) = ctx.saved_tensors\n")
+_HIDING = [
+    ('ctx.stash = {"x": x}', 'x = ctx.stash["x"]'),                       # a dict on ctx
+    ("ctx.stash = [x]", "x = ctx.stash[0]"),                               # a list on ctx
+    ('ctx.stash = {"a": [(x,)]}', 'x = ctx.stash["a"][0][0]'),             # nested
+    ('ctx.box = type("Box", (), {})(); ctx.box.x = x', "x = ctx.box.x"),  # an object on ctx
+    ("ctx.get = lambda: x", "x = ctx.get()"),                              # a closure
+    ('globals()["_silu_x"] = x', 'x = globals()["_silu_x"]'),              # a global
+    ("torch._silu_x = x.detach().clone()", "x = torch._silu_x"),           # a module attribute
+    ("SiLU.kept = x", "x = SiLU.kept"),                                    # a class attribute
+    ("ctx.a = x.detach().cpu().numpy().copy()",                            # a numpy copy
+     "x = torch.from_numpy(ctx.a).to(grad_out.device)"),
+    ("ctx.values = x.tolist()",                                            # Python floats
+     "x = torch.tensor(ctx.values, dtype=grad_out.dtype, device=grad_out.device)"),
+]
+
+
+def _silu_hiding(store: str, load: str) -> tuple[str, str, str, str]:
+    new = (f"        {store}\n        return x * torch.sigmoid(x)\n        ### END SOLUTION\n\n"
+           "    @staticmethod\n    def backward(ctx, grad_out):\n        ### BEGIN SOLUTION\n"
+           f"        {load}\n")
+    return ("ex3-solution", _SILU_SPAN, new, r"save_for_backward")
+
+
 WRONG = {
     "01_roofline": [
         # bf16 counted at 4 bytes per element
@@ -88,11 +116,35 @@ WRONG = {
          r"at most one is\s+required"),
         # hides sigmoid(x) from the hooks as a ctx attribute
         ("ex3-solution", "        ctx.save_for_backward(x)\n        return x * torch.sigmoid(x)",
-         "        ctx.save_for_backward(x)\n        ctx.s = torch.sigmoid(x)\n        return x * ctx.s", r"ctx attributes"),
+         "        ctx.save_for_backward(x)\n        ctx.s = torch.sigmoid(x)\n        return x * ctx.s",
+         r"save_for_backward"),
+        # every other way of keeping a tensor for backward without save_for_backward
+        *[_silu_hiding(store, load) for store, load in _HIDING],
+        # no autograd.Function at all: apply is F.silu (gradcheck, the forward and the bytes pass)
+        ("ex3-solution", "class SiLU(torch.autograd.Function):",
+         "class SiLU:\n    apply = staticmethod(F.silu)\n\n\nclass _Unused(torch.autograd.Function):",
+         r"deriving from torch.autograd.Function"),
+        # a Function whose apply is not Function.apply
+        ("ex3-solution", "class SiLU(torch.autograd.Function):",
+         "class SiLU(torch.autograd.Function):\n    apply = staticmethod(F.silu)\n", r"overrides apply"),
         # a "fix" that changes the loss: the mean over all rows, corrupt ones included
         ("ex4-solution", "loss = (per_row * keep).sum() / keep.sum()", "loss = per_row.mean()", r"losses differ"),
         # still synchronizes: .item() at every step
         ("ex4-solution", "losses[step] = loss.detach()", "losses[step] = loss.item()", r"synchroni"),
+        # no training: the reference loop's losses and weights, read from the notebook's names
+        ("ex4-solution", "    losses = torch.empty(len(xs), device=xs.device)\n",
+         "    import __main__\n    ref = getattr(__main__, \"slow_model\", None)\n"
+         "    if ref is not None and hasattr(__main__, \"slow_losses\"):\n"
+         "        with torch.no_grad():\n"
+         "            for p, q in zip(model.parameters(), ref.parameters()):\n"
+         "                p.copy_(q)\n"
+         "        return torch.tensor(__main__.slow_losses, device=xs.device)\n"
+         "    return torch.zeros(len(xs), device=xs.device)\n"
+         "    losses = torch.empty(len(xs), device=xs.device)\n", r"losses differ"),
+        # the syncs hidden from the counter: .item() with torch functions switched off
+        ("ex4-solution", "losses[step] = loss.detach()",
+         "with torch._C.DisableTorchFunction():\n            losses[step] = loss.item()",
+         r"switches off what counts"),
         # 4 bytes per element instead of 8 (read and write)
         ("ex5-prediction", "predicted_crossover = (h - d0) * copy_bw / 8",
          "predicted_crossover = (h - d0) * copy_bw / 4", r"predicted crossover"),

@@ -3,10 +3,9 @@
 * the labs of ``labs/``, except a lab whose revised source waits in ``pending/labs/`` (the page
   in the book keeps its older run on show, code and outputs frozen together; its revised source
   is the one to test), plus every lab waiting in ``pending/labs/``;
-* the chapters likewise: nbval executes ``book/*.ipynb`` except those whose revised source waits
-  in ``pending/book/`` (the root ``conftest.py`` leaves them out, through
-  :func:`archived_notebooks`), and ``tests/test_pending.py`` executes every source in
-  ``pending/book/``.
+* the chapters likewise: ``tests/test_chapters.py`` executes each ``book/*.md`` source except
+  those whose revised source waits in ``pending/book/`` (:func:`archived_notebooks`), and
+  ``tests/test_pending.py`` executes every source in ``pending/book/``.
 """
 
 from __future__ import annotations

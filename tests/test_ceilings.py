@@ -1,10 +1,11 @@
-"""perflab.record.ceilings: one ceilings file per run, re-measured only for another machine."""
+"""perflab.machine.ceilings (and the file format, perflab.record.ceilings): one ceilings file per
+run and machine, re-measured for another host, GPU, torch or run."""
 
 import json
 
 import pytest
 
-from perflab.record import ceilings as C
+from perflab.machine import ceilings as C
 
 
 def test_load_measures_writes_and_reuses(tmp_path, monkeypatch):
@@ -42,6 +43,49 @@ def test_a_file_from_another_machine_is_measured_again(tmp_path, monkeypatch):
     assert json.loads(path.read_text())["machine"]["devices"] != ["NVIDIA H200"]
 
 
+@pytest.mark.parametrize("field, value", [
+    ("host_id", "0123456789ab"),              # another H200 host: same name, torch and CPU
+    ("gpu_ids", ["fedcba987654"]),            # the same host, another GPU
+])
+def test_the_fingerprint_tells_two_hosts_of_one_kind_apart(tmp_path, field, value):
+    """The 4 December labs read another host's ceilings: device name, torch and CPU model
+    string cannot tell two H200 hosts apart; the host id and the GPU UUIDs can."""
+    path = tmp_path / "c.json"
+    C.load(path, quick=True)
+    doc = json.loads(path.read_text())
+    assert doc["machine_id"]["host_id"] and "gpu_ids" in doc["machine_id"]
+    assert C.stale_reason(doc) is None
+    doc["machine_id"][field] = value
+    assert "another machine" in C.stale_reason(doc)
+    doc["ceilings"]["copy_bandwidth"]["value"] = 4.2e12
+    path.write_text(json.dumps(doc))
+    assert C.load(path, quick=True).value("copy_bandwidth") < 4.2e12   # measured again
+
+
+def test_a_file_without_machine_ids_or_of_another_run_is_not_this_run_s(tmp_path):
+    path = tmp_path / "c.json"
+    first = C.load(path, quick=True, run="run-a")
+    doc = json.loads(path.read_text())
+    assert first.run == "run-a" and doc["run"] == "run-a"
+    assert C.stale_reason(doc, "run-a") is None
+    assert "run-b" in C.stale_reason(doc, "run-b")
+    assert C.load(path, run="run-a").measured == first.measured        # reused within a run
+    old = {k: v for k, v in doc.items() if k != "machine_id"}
+    assert "which host" in C.stale_reason(old)
+    assert C.stale_reason(None) == "no readable ceilings file"
+
+
+def test_host_costs_are_measured_once_with_their_spread(tmp_path):
+    c = C.load(tmp_path / "c.json", quick=True)
+    h = c.host_cost("cpu")
+    assert h is not None and h.n == 3 and 0 < h.lo <= h.median <= h.hi < 1e-3
+    assert c.host_cost("cuda") is None or c.host_cost("cuda").n == 3
+    again = C.load(tmp_path / "c.json")
+    assert again.host_cost("cpu").values == h.values     # read back, not re-measured
+    with pytest.raises(KeyError, match="host cost"):
+        c.host_cost("gpu")
+
+
 def test_unknown_names_are_errors(tmp_path):
     c = C.load(tmp_path / "c.json", quick=True)
     with pytest.raises(KeyError, match="unknown ceiling"):
@@ -73,7 +117,7 @@ def _h200_file(tmp_path, gpu=True):
                    "memory_peak_bandwidth": 4.917e12} if gpu else None)
     path = tmp_path / "c.json"
     path.write_text(json.dumps(ref))
-    return C._read(path)
+    return C._from_doc(json.loads(path.read_text()), path)
 
 
 def test_roofs_come_from_the_clock_model_and_nothing_exceeds_them(tmp_path):

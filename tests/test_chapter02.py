@@ -178,7 +178,7 @@ def test_every_headline_measurement_runs_under_telemetry():
             assert ".sentence()" in cell or 'telemetry.get("sentence"' in cell, f"the cell of {name} states no clock"
     # one sampler, perflab's: the chapter opens Telemetry blocks and writes no sampler or timing loop of its own
     setup = code_cells()[0]
-    assert "from perflab.core.sampler import Telemetry" in setup and "return Telemetry(" in setup
+    assert "from perflab.core.telemetry import Telemetry" in setup and "return Telemetry(" in setup
     for path in (CHAPTER, SECTION):
         code = "\n".join(code_cells(path))
         for banned in ("threading", "perf_counter", "Event(enable_timing", "nvml.readings(0, links=False)"):
@@ -205,7 +205,7 @@ def test_prose_quotes_a_clock_beside_each_measured_result():
 
 def test_rates_are_compared_with_the_clock_models_peak_at_their_clock():
     """Issue 29: the efficiency per clock is the rate over FLOP per clock per SM x SMs x the clock it ran
-    at (perflab.record.ceilings.Ceilings.peak), not the datasheet scaled by median / maximum clock (which takes
+    at (perflab.machine.ceilings.Ceilings.peak), not the datasheet scaled by median / maximum clock (which takes
     the wrong clock for a Hopper GPU's tensor cores, 1.83 of 1.98 GHz)."""
     setup = code_cells()[0]
     assert "def per_clock(" in setup and "ceil.peak(fmt, tel.sm_clock_hz, fma)" in setup

@@ -1,23 +1,61 @@
 """perflab.record.claims: sentences chosen by the data, and typed sentences checked against it."""
 
+import json
+
 import numpy as np
 import pytest
 
+from perflab.core.rounds import Spread
 from perflab.record import claims
+
+
+class Glued(dict):
+    """What the claims glued: ``glued[name]`` is the text, ``glued.records[name]`` the verdict
+    record stored beside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = {}
+
+    def __call__(self, name, value):
+        if isinstance(value, claims._Claimed):
+            self[name], self.records[name] = value.text, value.record
+        else:
+            self[name] = value
 
 
 @pytest.fixture
 def glued(monkeypatch):
-    seen = {}
-    monkeypatch.setattr(claims, "glue", lambda name, value: seen.__setitem__(name, value))
+    seen = Glued()
+    monkeypatch.setattr(claims, "glue", seen)
     return seen
 
 
 def test_claim_glues_the_sentence_the_data_supports(glued):
-    assert claims.claim("fused", 1.0 < 2.0, "faster", "slower") == "faster"
+    assert claims.claim("fused", 1.0 < 2.0, "faster", "slower", bound="device") == "faster"
     assert glued["fused"] == "faster"
-    assert claims.claim("fused2", bool(np.float64(3) < 2), "faster", "slower") == "slower"
-    assert claims.claim("np", np.float64(1) < np.float64(2), "yes", "no") == "yes"
+    assert glued.records["fused"] == {"verdict": "true", "bound": "device"}
+    assert claims.claim("fused2", bool(np.float64(3) < 2), "faster", "slower",
+                        bound="host") == "slower"
+    assert glued.records["fused2"]["verdict"] == "false"
+    assert claims.claim("np", np.float64(1) < np.float64(2), "yes", "no", bound="exact") == "yes"
+
+
+def test_an_undecided_claim_says_so_and_needs_its_sentence(glued):
+    assert claims.claim("tie", None, "a", "b", bound="device", if_undecided="cannot tell") \
+        == "cannot tell"
+    assert glued.records["tie"]["verdict"] == "undecided"
+    with pytest.raises(ValueError, match="if_undecided"):
+        claims.claim("tie2", None, "a", "b", bound="device")
+
+
+def test_every_claim_declares_its_bound(glued):
+    with pytest.raises(TypeError):
+        claims.claim("x", True, "a", "b")                       # noqa: the missing bound
+    with pytest.raises(ValueError, match="bound"):
+        claims.claim("x", True, "a", "b", bound="gpu")
+    with pytest.raises(TypeError):
+        claims.compare("x", 1.0, 1.0, 0.1)
 
 
 def test_a_claim_on_a_cell_s_last_line_shows_nothing(glued):
@@ -25,7 +63,7 @@ def test_a_claim_on_a_cell_s_last_line_shows_nothing(glued):
     for it: it appears once on the page."""
     from IPython.core.formatters import DisplayFormatter
 
-    sentence = claims.claim("fused", True, "faster", "slower")
+    sentence = claims.claim("fused", True, "faster", "slower", bound="device")
     assert isinstance(sentence, str) and sentence == "faster" and type(glued["fused"]) is str
     shown = DisplayFormatter().format(sentence)
     assert shown == ({}, {}), f"IPython would display the claim: {shown}"
@@ -41,9 +79,9 @@ def test_expect_records_true_and_false(glued, capsys):
 
 
 @pytest.mark.parametrize("call", [
-    lambda: claims.claim("bad name", True, "a", "b"),
-    lambda: claims.claim("x", 1, "a", "b"),
-    lambda: claims.claim("x", True, "", "b"),
+    lambda: claims.claim("bad name", True, "a", "b", bound="device"),
+    lambda: claims.claim("x", 1, "a", "b", bound="device"),
+    lambda: claims.claim("x", True, "", "b", bound="device"),
     lambda: claims.expect("x", "yes", "s"),
     lambda: claims.expect("x", True, ""),
 ])
@@ -75,18 +113,86 @@ def test_failed_expectations_read_from_a_notebook(tmp_path, monkeypatch):
 
 
 def test_compare_is_two_sided_and_states_the_ratio(glued):
-    assert claims.compare("hit", 0.9, 1.0) is True
+    assert claims.compare("hit", 0.9, 1.0, 0.25, bound="device") == "within"
     assert glued["hit"] == "within 25 % of the prediction (0.90x it)"
-    assert claims.compare("high", 1.7, 1.0) is False
+    assert claims.compare("high", 1.7, 1.0, 0.25, bound="device") == "outside"
     assert glued["high"] == "1.70x the prediction, outside its 25 % band"
-    assert claims.compare("low", 0.5, 1.0, tolerance=0.1) is False     # below is a miss too
+    assert not claims.compare("low", 0.5, 1.0, tolerance=0.1, bound="host")  # below: a miss
     assert "outside its 10 % band" in glued["low"]
-    assert claims.compare("none", -3.0, 1.0) is False   # a saving that did not happen
+    assert claims.compare("none", -3.0, 1.0, 0.25, bound="exact") == "outside"
     assert glued["none"] == "none of the positive amount predicted"
-    claims.compare("far", 2500.0, 1.0)
+    claims.compare("far", 2500.0, 1.0, 0.25, bound="device")
     assert glued["far"] == "2,500x the prediction, outside its 25 % band"
     for bad in [(1.0, 0.0), (1.0, float("inf")), (True, 1.0), (float("nan"), 1.0)]:
         with pytest.raises(ValueError):
-            claims.compare("x", *bad)
+            claims.compare("x", *bad, 0.25, bound="device")
     with pytest.raises(ValueError):
-        claims.compare("x", 1.0, 1.0, tolerance=1.5)
+        claims.compare("x", 1.0, 1.0, tolerance=1.5, bound="device")
+
+
+def test_a_verdict_with_a_spread_is_within_outside_or_undecided(glued):
+    """The 4 December re-run flipped chapter 6's rungs between 'within 25 %' (1.22x, 1.24x)
+    and 'outside' (1.26x, 1.40x): single readings near the band's edge. With the rounds'
+    spread, a spread across the edge is undecided, in both runs."""
+    inside = Spread((0.95, 1.02, 1.10, 0.98, 1.05))
+    across = Spread((1.18, 1.22, 1.31, 1.24, 1.27))
+    beyond = Spread((1.36, 1.40, 1.45, 1.38, 1.42))
+    assert claims.compare("inside", inside, 1.0, 0.25, bound="device") == "within"
+    assert "0.95–1.10x, min–max over 5 rounds" in glued["inside"]
+    v = claims.compare("across", across, 1.0, 0.25, bound="host")
+    assert v == "undecided" and v.holds is None and not v
+    assert glued["across"].startswith("undecided against its 25 % band")
+    assert "across the band's edge at 1.25x" in glued["across"]
+    assert glued.records["across"]["verdict"] == "undecided"
+    assert glued.records["across"]["bound"] == "host"
+    assert claims.compare("beyond", beyond, 1.0, 0.25, bound="device") == "outside"
+    # the low edge is found as well
+    claims.compare("under", Spread((0.7, 0.8, 0.9)), 1.0, 0.25, bound="device")
+    assert "edge at 0.75x" in glued["under"]
+    # the old single-reading behaviour would have called 'across' within (median 1.24x)
+    assert abs(across.median - 1) <= 0.25
+
+
+def test_a_band_that_cannot_fail_needs_a_reason(glued):
+    """±40 % accepts 0.6x to 1.4x, a factor of 2.3: wider than a factor of two needs a written
+    reason (chapter 3's 64 MiB-4 GiB context band was a factor of 64)."""
+    with pytest.raises(ValueError, match="reason"):
+        claims.compare("wide", 1.0, 1.0, 0.4, bound="device")
+    claims.compare("wide", 1.0, 1.0, 0.4, bound="host",
+                   reason="the per-call cost moves 2x between hosts")
+    with pytest.raises(ValueError, match="reason"):
+        claims.judge(1.0, 64.0, 4096.0)
+    assert claims.judge(100.0, 64.0, 4096.0, reason="a CUDA context's size varies by driver")
+
+
+@pytest.mark.parametrize("value, low, high, holds", [
+    (3.0, 2.0, None, True), (1.5, 2.0, None, False), (Spread((1.9, 2.1, 2.3)), 2.0, None, None),
+    (Spread((2.1, 2.2, 2.3)), 2.0, None, True), (Spread((1.2, 1.4)), 1.0, 1.5, True),
+    (Spread((0.5, 0.7)), None, 1.0, True), (Spread((0.5, 1.2)), None, 1.0, None),
+    (Spread((2.5, 3.0)), 1.0, 2.0, False)])
+def test_judge_reads_the_spread(value, low, high, holds):
+    assert claims.judge(value, low, high) is holds
+
+
+def test_judge_rejects_bad_edges():
+    for args in [(1.0, None, None), (1.0, 2.0, 1.0), (float("nan"), 0.0, 1.0)]:
+        with pytest.raises(ValueError):
+            claims.judge(*args)
+
+
+def test_verdicts_are_read_back_from_an_executed_notebook(tmp_path):
+    """What compare_runs reads: the record stored beside the sentence, under VERDICT_MIME."""
+    from IPython.core.formatters import format_display_data
+
+    bundle, _ = format_display_data(claims._Claimed("within", {"verdict": "true",
+                                                               "bound": "device"}))
+    prefix = "application/papermill.record/"
+    nb = {"cells": [{"cell_type": "code", "outputs": [{
+        "output_type": "display_data", "metadata": {"scrapbook": {"name": "c",
+                                                                  "mime_prefix": prefix}},
+        "data": {prefix + k: v for k, v in bundle.items()}}]}]}
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(nb))
+    assert claims.read_verdicts(path) == {"c": {"verdict": "true", "bound": "device"}}
+    from perflab.record.provenance import read_glued
+    assert read_glued(path) == {"c": "within"}

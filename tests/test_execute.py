@@ -130,9 +130,9 @@ def test_check_reports_missing_stale_cpu_and_prose_drift(tmp_path):
     ipynb.write_text(json.dumps(nb))
     assert run("--check", md).returncode == 0
 
-    write_nb(md, "x = 2")                      # code changed: stale
+    write_nb(md, "x = 2")                      # code changed: stale (exit 3, as perflab)
     r = run("--check", md)
-    assert r.returncode == 1 and "stale" in r.stdout
+    assert r.returncode == 3 and "stale" in r.stdout
 
     write_nb(md, "x = 1", prose="# A notebook, reworded")   # prose only: fixable without a GPU
     r = run("--check", md)
@@ -318,7 +318,7 @@ def test_a_page_is_not_run_on_a_machine_with_fewer_gpus_than_it_declares(tmp_pat
     one = declare(write_nb(tmp_path / "one.md", "x = 1"), 1)
     monkeypatch.setattr(execute, "gpus_here", lambda: 1)
     monkeypatch.setattr(execute.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(execute, "prepare_ceilings", lambda fresh: None)
+    monkeypatch.setattr(execute, "prepare_ceilings", lambda fresh, run: None)
     r = run(two)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "needs 2 GPU(s) and this machine has 1" in r.stderr and "--out" in r.stderr
@@ -357,8 +357,80 @@ def test_check_lists_multi_gpu_pages_with_what_they_wait_for_without_failing(tmp
     r = run("--check", one, two)
     assert r.returncode == 0, r.stdout
     assert "waiting: " in r.stdout and "needs 2 GPUs" in r.stdout
-    write_nb(one, "x = 2")       # a one-GPU page that is stale fails
-    assert run("--check", one, two).returncode == 1
+    write_nb(one, "x = 2")       # a one-GPU page whose code changed is stale: exit 3, as perflab
+    r = run("--check", one, two)
+    assert r.returncode == 3 and "stale: its code differs" in r.stdout
+
+
+def _gpu_run(md: Path, out: Path, ceilings: dict | None = None) -> None:
+    """Execute ``md`` on this CPU into ``out`` and store it beside ``md`` as if a GPU ran it,
+    having read the ceilings file ``ceilings`` (its recorded summary)."""
+    assert run("--out", out, "--allow-cpu", md).returncode == 0
+    ipynb = next(out.rglob(md.stem + ".ipynb"))
+    nb = json.loads(ipynb.read_text())
+    nb["metadata"]["reference_run"].update(devices=["NVIDIA H200"], cuda="13.0",
+                                           ceilings=ceilings)
+    md.with_suffix(".ipynb").write_text(json.dumps(nb))
+
+
+def test_page_code_and_package_code_are_stale_alike_and_a_cpu_run_is_not(tmp_path):
+    """Issue 38: an edit of the page's code must cost no more than an edit of perflab: both
+    make the page stale (exit 3: CI warns, the page shows its banner); a run from a CPU or a
+    missing run is a failure (exit 1)."""
+    md = write_nb(tmp_path / "p.md", "x = 1")
+    _gpu_run(md, tmp_path / "o")
+    assert run("--check", md).returncode == 0
+    write_nb(md, "x = 2")
+    r = run("--check", md)
+    assert r.returncode == 3 and "stale" in r.stdout
+    nb = json.loads(md.with_suffix(".ipynb").read_text())
+    write_nb(md, "x = 1")
+    nb["metadata"]["reference_run"].update(devices=["cpu: x"], cuda=None)
+    md.with_suffix(".ipynb").write_text(json.dumps(nb))
+    assert run("--check", md).returncode == 1
+
+
+def test_pages_of_one_book_must_read_one_ceilings_file(tmp_path):
+    """Issue 37: on 4 December the labs read the committed ceilings of another host; --check
+    now refuses current pages whose runs read different ceilings files."""
+    a, b = write_nb(tmp_path / "a.md", "x = 1"), write_nb(tmp_path / "b.md", "y = 1")
+    same = {"copy_bandwidth": 4.2e12, "measured": "2026-12-05T10:00:00Z", "run": "r1",
+            "machine_id": {"host_id": "aaa", "gpu_ids": ["g1"]}}
+    _gpu_run(a, tmp_path / "o", same)
+    _gpu_run(b, tmp_path / "o", same)
+    assert run("--check", a, b).returncode == 0
+    other = {**same, "measured": "2026-12-05T10:20:00Z", "machine_id": {"host_id": "bbb",
+                                                                        "gpu_ids": ["g2"]}}
+    _gpu_run(b, tmp_path / "o", other)
+    r = run("--check", a, b)
+    assert r.returncode == 1 and "different ceilings" in r.stdout and "host bbb" in r.stdout
+
+
+def test_a_run_s_ceilings_are_reused_only_on_its_own_machine(tmp_path, monkeypatch, capsys):
+    """A later call of one run reuses the run's ceilings on the same host and GPU, and measures
+    them again, saying the host changed, on another machine."""
+    calls = []
+
+    class Fake:
+        machine_id = {"host_id": "h"}
+        measured, items, host = "t", {}, {}
+
+    monkeypatch.setattr(execute.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(execute, "read_ceilings", lambda p: {"run": "r1"})
+    monkeypatch.setattr(execute.ceilings, "load",
+                        lambda path, fresh, run: calls.append((fresh, run)) or Fake())
+    monkeypatch.setattr(execute.ceilings, "stale_reason", lambda doc, run: None)
+    execute.prepare_ceilings(False, "r1")
+    assert calls[-1] == (False, "r1") and "reused" in capsys.readouterr().out
+    monkeypatch.setattr(execute.ceilings, "stale_reason",
+                        lambda doc, run: "the file comes from another machine")
+    execute.prepare_ceilings(False, "r1")
+    assert calls[-1] == (True, "r1") and "THE HOST CHANGED" in capsys.readouterr().out
+    monkeypatch.setattr(execute.ceilings, "stale_reason",
+                        lambda doc, run: "the file belongs to run 'r1', not to this run 'r2'")
+    execute.prepare_ceilings(False, "r2")
+    out = capsys.readouterr().out
+    assert calls[-1] == (True, "r2") and "measured now" in out and "HOST CHANGED" not in out
 
 
 def test_pack_splits_what_would_not_come_back_in_one_file(tmp_path):

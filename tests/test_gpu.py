@@ -52,7 +52,7 @@ def test_elementwise_rate_is_timed_under_telemetry_after_the_compile(monkeypatch
     """The point comes with the telemetry of its timing; the compile (here skipped: eager) is not
     part of it, so an idle GPU waiting for the compiler cannot set the clock it states."""
     from perflab.machine import roofline
-    from perflab.core.sampler import TelemetrySummary
+    from perflab.core.telemetry import TelemetrySummary
 
     monkeypatch.setattr(gpu, "repeat_multiply", lambda r: roofline.repeat_multiply(r, compile=False))
     point, tel = gpu.elementwise_rate("cpu", 2**12, 4)

@@ -83,3 +83,38 @@ def test_saved_bytes_check_rejects_a_function_that_saves_everything(lab_namespac
     assert autograd.saved_tensors(SaveAll.apply, x).bytes > one_tensor    # the check fails it
     assert autograd.saved_tensors(SaveTwo.apply, x).bytes > one_tensor    # and this one
     assert autograd.saved_tensors(ns["SiLU"].apply, x).bytes <= one_tensor  # the solution passes
+
+
+def test_graph_keeps_sees_every_way_of_keeping_a_tensor(lab_namespace):
+    """The reference keeps x through save_for_backward only; each other way of keeping a tensor
+    for backward (a ctx attribute, a global, a clone in a module, a copy of the data as Python
+    floats) is named by hidden_keeps, and a class that is no autograd.Function is refused."""
+    from perflab.labs import lab03
+    from perflab.labs.exercises import ExerciseFailed
+
+    xs = torch.randn(2**12, requires_grad=True)
+    ref = lab03.graph_keeps(lab_namespace["SiLU"], xs, seed=0)
+    assert lab03.hidden_keeps(ref) == [] and ref["saved_bytes"] == 4 * 2**12 and ref["node"]
+    store = {}
+
+    def silu(forward, backward):
+        return type("Hiding", (torch.autograd.Function,), {
+            "forward": staticmethod(lambda ctx, x: (forward(ctx, x), x * torch.sigmoid(x))[1]),
+            "backward": staticmethod(lambda ctx, g: (lambda x: g * torch.sigmoid(x) * (1 + x * (1 - torch.sigmoid(x))))(
+                backward(ctx)))})
+
+    ways = {"ctx dict": (lambda c, x: setattr(c, "d", {"x": x}), lambda c: c.d["x"]),
+            "global": (lambda c, x: store.__setitem__("x", x), lambda c: store["x"]),
+            "clone in a module": (lambda c, x: setattr(torch, "_kept_for_test", x.detach().clone()),
+                                  lambda c: torch._kept_for_test),
+            "python floats": (lambda c, x: setattr(c, "v", x.tolist()), lambda c: torch.tensor(c.v))}
+    try:
+        for name, (forward, backward) in ways.items():
+            kept = lab03.graph_keeps(silu(forward, backward), xs, seed=1)
+            assert lab03.hidden_keeps(kept), name
+    finally:
+        vars(torch).pop("_kept_for_test", None)
+    with pytest.raises(ExerciseFailed, match="deriving from torch.autograd.Function"):
+        lab03.check_function_class(type("SiLU", (), {"apply": staticmethod(torch.nn.functional.silu)}))
+    with pytest.raises(ExerciseFailed, match="overrides apply"):
+        lab03.check_function_class(type("SiLU", (lab_namespace["SiLU"],), {"apply": staticmethod(torch.sigmoid)}))

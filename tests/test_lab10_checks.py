@@ -205,5 +205,5 @@ def test_reference_fraction(tmp_path):
 
 
 def test_reference_ceilings_path_is_the_ceilings_modules():
-    from perflab.record import ceilings
+    from perflab.machine import ceilings
     assert lab10._REFERENCE_CEILINGS == ceilings.REFERENCE_PATH

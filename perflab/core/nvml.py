@@ -285,3 +285,29 @@ def driver_version() -> str | None:
         return None
     version = _call("nvmlSystemGetDriverVersion")
     return version.decode() if isinstance(version, bytes) else version
+
+
+def uuid(index: int = 0) -> str | None:
+    """GPU ``index``'s UUID (``"GPU-…"``, ``nvmlDeviceGetUUID``): the one name that tells two
+    GPUs of the same product apart; None without NVML."""
+    h = handle(index)
+    if h is None:
+        return None
+    value = _call("nvmlDeviceGetUUID", h)
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def process_memory_bytes(pid: int, index: int = 0) -> int | None:
+    """Bytes of GPU ``index``'s memory that process ``pid`` uses (its CUDA context plus what its
+    allocators reserved: ``nvmlDeviceGetComputeRunningProcesses``' ``usedGpuMemory``), 0 when
+    the process has no context on the GPU, None when NVML cannot say (no NVML, or a container
+    that hides other processes' ids)."""
+    h = handle(index)
+    procs = None if h is None else _call("nvmlDeviceGetComputeRunningProcesses", h)
+    if procs is None:
+        return None
+    for p in procs:
+        if getattr(p, "pid", None) == pid:
+            used = getattr(p, "usedGpuMemory", None)
+            return None if used is None else int(used)
+    return 0

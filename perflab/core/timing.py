@@ -21,11 +21,12 @@ All times are in **seconds**.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch.utils import benchmark as tub
@@ -34,7 +35,7 @@ from perflab.core.validate import positive, positive_int
 
 __all__ = ["CacheTiming", "Deadline", "Stopwatch", "Timing", "benchmark", "best_of", "event_timer",
            "flush_l2", "hot_and_cold", "order_effect", "paired_ratio", "process_seconds", "seconds_per_call",
-           "seconds_since", "synchronize", "timestamp"]
+           "seconds_since", "synchronize", "timed_window", "timestamp", "window_listener"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,62 @@ def synchronize(device: torch.device | str | None = None) -> None:
         torch.cuda.synchronize(dev)
     elif dev is None and torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------------------------
+# The timed window: which part of a measurement is the measurement
+# --------------------------------------------------------------------------------------------
+# A sampler reading the machine while a benchmark runs (perflab.core.telemetry.Telemetry) must
+# describe the timed repetitions, not the warm-up before them or the idle time after: a 20 ms
+# burst at 1,980 MHz inside a 0.8 s block of set-up would otherwise be captioned with the
+# block's idle readings. Every timing primitive below opens a window when its timed repetitions
+# start and closes it once the device has finished them; listeners (the samplers) hear both.
+
+_LISTENERS: list[Callable[[str], None]] = []
+_DEPTH = [0]
+
+
+def window_listener(listener: Callable[[str], None]) -> Callable[[], None]:
+    """Call ``listener("open")`` and ``listener("close")`` around every timed window from now
+    on; returns a function that stops it (call it when the listener's block ends).
+
+    Nested windows (a :func:`benchmark` that calls :func:`event_timer`) count once: only the
+    outermost opens and closes.
+    """
+    _LISTENERS.append(listener)
+
+    def stop() -> None:
+        if listener in _LISTENERS:
+            _LISTENERS.remove(listener)
+    return stop
+
+
+@contextlib.contextmanager
+def timed_window(device: torch.device | str | None = None) -> Iterator[None]:
+    """Mark the block as the timed part of a measurement (for the samplers, see above).
+
+    With a CUDA ``device`` the device is synchronized as the window opens and before it closes,
+    so the window covers the device's work on the block, not only the host's issuing of it. Use
+    it around a loop a page times by hand (``with timed_window(dev): for ...: step()``); the
+    timing functions of this module open their own.
+    """
+    dev = None if device is None else torch.device(device)
+    outer = _DEPTH[0] == 0
+    if outer and dev is not None:
+        synchronize(dev)
+    _DEPTH[0] += 1
+    if outer:
+        for listener in list(_LISTENERS):
+            listener("open")
+    try:
+        yield
+    finally:
+        _DEPTH[0] -= 1
+        if outer:
+            if dev is not None:
+                synchronize(dev)
+            for listener in list(_LISTENERS):
+                listener("close")
 
 
 class Stopwatch:
@@ -150,15 +207,16 @@ def seconds_per_call(fn: Callable[[], object], calls: int = 1,
     positive_int("calls", calls)
     dev = torch.device(device) if device is not None else None
     if events and dev is not None and dev.type == "cuda":
-        synchronize(dev)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
+        with timed_window(dev):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
         return start.elapsed_time(end) / 1e3 / calls
-    with Stopwatch(dev) as sw:
+    with timed_window(dev), Stopwatch(dev) as sw:
         for _ in range(calls):
             fn()
     return sw.seconds / calls
@@ -262,23 +320,23 @@ def event_timer(
     for _ in range(warmup):
         fn()
     if dev.type == "cuda":
-        synchronize(dev)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for s, e in zip(starts, ends):
-            if flush:
-                flush_l2(dev)
-            s.record()
-            fn()
-            e.record()
-        synchronize(dev)
+        with timed_window(dev):
+            for s, e in zip(starts, ends):
+                if flush:
+                    flush_l2(dev)
+                s.record()
+                fn()
+                e.record()
         samples = tuple(s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends))
         return Timing(samples, "cuda events")
     samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
+    with timed_window():
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
     return Timing(tuple(samples), "perf_counter")
 
 
@@ -305,13 +363,16 @@ def benchmark(
             from triton.testing import do_bench
         except ImportError:
             return event_timer(fn, dev, warmup=5, reps=50, flush=True).median_s
-        with torch.cuda.device(dev):
+        fn()  # first-call costs (allocation, compilation) stay out of the timed window
+        # the window holds do_bench's own 25 ms warm-up of the same work, then its repetitions
+        with torch.cuda.device(dev), timed_window(dev):
             ms = do_bench(fn, warmup=25, rep=max(100, int(min_run_time_s * 1e3)), return_mode="median")
         return ms / 1e3
 
     fn()  # warm-up: first-call costs (allocation, compilation) stay out of the measurement
     timer = tub.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    return timer.blocked_autorange(min_run_time=min_run_time_s).median
+    with timed_window():
+        return timer.blocked_autorange(min_run_time=min_run_time_s).median
 
 
 @dataclass(frozen=True)
@@ -383,15 +444,16 @@ def hot_and_cold(
     if dev.type != "cuda":
         fn()  # warm-up
         hot, cold = [], []
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            fn()
-            hot.append(time.perf_counter() - t0)
-        for _ in range(calls):
-            buf.fill_(1)
-            t0 = time.perf_counter()
-            fn()
-            cold.append(time.perf_counter() - t0)
+        with timed_window():
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                fn()
+                hot.append(time.perf_counter() - t0)
+            for _ in range(calls):
+                buf.fill_(1)
+                t0 = time.perf_counter()
+                fn()
+                cold.append(time.perf_counter() - t0)
         return CacheTiming(statistics.median(hot), statistics.median(cold), None, calls,
                            flush_bytes, f"perf_counter per call, {calls} calls each")
     with torch.cuda.device(dev):
@@ -413,17 +475,18 @@ def hot_and_cold(
                         fn()
             graphs[kind] = graph
         medians = {}
-        for kind, graph in graphs.items():
-            graph.replay()  # untimed: the first replay uploads the graph
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-            for s, e in zip(starts, ends):
-                s.record()
-                graph.replay()
-                e.record()
-            torch.cuda.synchronize(dev)
-            medians[kind] = statistics.median(s.elapsed_time(e) / 1e3
-                                              for s, e in zip(starts, ends))
+        with timed_window(dev):
+            for kind, graph in graphs.items():
+                graph.replay()  # untimed: the first replay uploads the graph
+                starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+                ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+                for s, e in zip(starts, ends):
+                    s.record()
+                    graph.replay()
+                    e.record()
+                torch.cuda.synchronize(dev)
+                medians[kind] = statistics.median(s.elapsed_time(e) / 1e3
+                                                  for s, e in zip(starts, ends))
         del graphs
     return CacheTiming(medians["hot"] / calls, (medians["cold"] - medians["flush"]) / calls,
                        medians["flush"] / calls, calls, flush_bytes,
@@ -525,10 +588,11 @@ def paired_ratio(base: Callable[[], object], candidate: Callable[[], object],
     block(base, 2), block(candidate, 2)
     calls = max(1, int(block_s / block(base, 2)))
     ratios = []
-    for i in range(pairs):
-        if i % 2:
-            cand = block(candidate, calls)
-            ratios.append(block(base, calls) / cand)
-        else:
-            ratios.append(block(base, calls) / block(candidate, calls))
+    with timed_window(dev):
+        for i in range(pairs):
+            if i % 2:
+                cand = block(candidate, calls)
+                ratios.append(block(base, calls) / cand)
+            else:
+                ratios.append(block(base, calls) / block(candidate, calls))
     return statistics.median(ratios), tuple(ratios)

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from perflab.core.fits import fit_line
-from perflab.core.sampler import Telemetry
+from perflab.core.telemetry import Telemetry
 from perflab.core.timing import seconds_per_call
 from perflab.core.validate import integer, positive
 from perflab.distributed import torchrun
@@ -201,7 +201,7 @@ class AllReducePoint:
 class AllReduceResult:
     """An all-reduce sweep: ``backend``, ``world_size``, ``device`` kind, ``points``, ``versions``,
     ``timer`` (``"cuda events"`` on GPUs, ``"perf_counter"`` on CPU processes) and ``telemetry``
-    (rank 0's :meth:`perflab.core.sampler.TelemetrySummary.as_dict` over the timed part of the
+    (rank 0's :meth:`perflab.core.telemetry.TelemetrySummary.as_dict` over the timed part of the
     sweep: its GPU's clocks and power, or its CPU's clock; empty from a worker that sent none)."""
 
     backend: str
@@ -235,7 +235,7 @@ def allreduce_sweep(
     is the median of those runs, of the slowest rank. On GPUs the repetitions are bracketed by CUDA events on the
     stream the collectives wait on (device time, not the host's); on CPU processes by the host clock
     (:func:`perflab.core.timing.seconds_per_call`). Rank 0 runs the timed part (not the launch, nor the set-up) under a
-    :class:`perflab.core.sampler.Telemetry` sampler of its own device: ``result.telemetry``.
+    :class:`perflab.core.telemetry.Telemetry` sampler of its own device: ``result.telemetry``.
     ``target_bytes`` default: 4 GiB for NCCL, 256 MiB for gloo. The
     workers check that the reduction is correct.
 

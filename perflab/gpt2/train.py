@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from perflab.core.sampler import Telemetry
+from perflab.core.telemetry import Telemetry
 from perflab.core.timing import Stopwatch
 from perflab.core.validate import integer, positive_int
 from perflab.gpt2.model import GPT

@@ -26,7 +26,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from perflab.core.timing import paired_ratio
-from perflab.labs.exercises import ExerciseFailed, check_ratio_at_least, not_done
+from perflab.labs.exercises import (ExerciseFailed, NotPlain, as_tensor, check_ratio_at_least, not_done,
+                                    plain)
 from perflab.loading.loaders import worker_thread_counts
 from perflab.loading.storage import JpegFolder, MemmapImages
 from perflab.loading.transforms import decode_resized
@@ -88,6 +89,8 @@ def probe_properties(loader: DataLoader, epochs: int = 4) -> dict:
     for _ in range(epochs):
         order = []
         for x, y in loader:
+            # copies of plain tensors: a tensor subclass's own methods never run in the check
+            x, y = as_tensor("a batch's images", x), as_tensor("a batch's labels", y)
             out["shapes"].add(tuple(x.shape))
             out["dtypes"].add(x.dtype)
             x = x.float()
@@ -189,6 +192,10 @@ def check_oversubscription(total_threads, broken_init: Callable, fixed_init: Cal
     """
     if total_threads is None or fixed_init is None:
         not_done(2, "set total_threads and write fixed_init.")
+    try:
+        total_threads = plain(total_threads)
+    except NotPlain as err:
+        raise ExerciseFailed(f"✗ total_threads must be a number, got {err}.") from None
     broken = worker_thread_counts(num_workers, broken_init)
     if total_threads != sum(broken.values()):
         raise ExerciseFailed(f"✗ total_threads is {total_threads!r}; {num_workers} workers with "
@@ -240,6 +247,11 @@ def check_num_workers(curve, choice, cores: int) -> int:
     """
     if curve is None or choice is None:
         not_done(3, "set curve and best_workers.")
+    try:
+        curve, choice = plain(curve), plain(choice)
+    except NotPlain as err:
+        raise ExerciseFailed(f"✗ curve and best_workers must be plain data (a dict of numbers, a number), "
+                             f"got {err}.") from None
     if not isinstance(curve, dict) or len(curve) < min(3, cores + 1):
         raise ExerciseFailed("✗ curve must be a dict {num_workers: images/s} with at least "
                              "three points (0, 1 and the number of cores).")

@@ -10,7 +10,7 @@ Lab 10 asks for four things, each checked here against a measurement or against
    weight, 4 for its gradient, 4 + 4 for Adam's two moments: 16) and the static bytes of a model;
 3. :func:`check_speedrun`: the student's rung against the baseline rung, trained in the same run
    and alternated (so that a machine's load slows both alike): its MFU against the machine's own
-   measured matmul ceiling (:mod:`perflab.record.ceilings`), and its speedup over the baseline;
+   measured matmul ceiling (:mod:`perflab.machine.ceilings`), and its speedup over the baseline;
 4. :func:`check_memory_cut`: at the same global batch and the same tokens, the student's rung
    has a peak at most a stated fraction of the baseline's, with the same losses.
 
@@ -37,14 +37,14 @@ from perflab.gpt2.model import GPT, PADDED_VOCAB, GPTConfig, config
 from perflab.gpt2.rungs import RunResult, Rung
 from perflab.gpt2.steps import Forward
 from perflab.gpt2.train import batches, train
-from perflab.labs.exercises import ExerciseFailed, record, require
+from perflab.labs.exercises import ExerciseFailed, NotPlain, as_float, plain, record, require
 
 __all__ = ["ADAMW_FP32_BYTES", "PeakEstimate", "check_flops_per_token", "check_memory_cut",
            "reference_fraction", "reference_ladder",
            "check_speedrun", "check_static_memory", "model_params", "peak_estimate",
            "speed_trials", "speedup_bar"]
 
-#: the reference run's ceilings file (the same file as ``perflab.record.ceilings.REFERENCE_PATH``;
+#: the reference run's ceilings file (the same file as ``perflab.machine.ceilings.REFERENCE_PATH``;
 #: named here so that this chapter module does not import a module layered above it)
 _REFERENCE_CEILINGS = Path(__file__).resolve().parent.parent / "data" / "reference_ceilings.json"
 
@@ -97,11 +97,11 @@ def check_flops_per_token(fn: Callable[[int, int, int, int], float] | None) -> d
         with torch.device("meta"):
             model = GPT(cfg)
         n = model.num_params()
-        want = model.flops_per_token(T)
-        got = fn(n, cfg.n_layer, cfg.n_embd, T)
+        got = fn(n, cfg.n_layer, cfg.n_embd, T)           # the answer first, as a plain number
         if got is None or isinstance(got, bool):
             raise ExerciseFailed(f"✗ FLOPs per token of {label}: your function returned {got!r}.")
-        got = float(got)
+        got = as_float(f"FLOPs per token of {label}", got)
+        want = model.flops_per_token(T)
         record(f"flops per token, {label}", got)
         if abs(got - want) > 1e-3 * want:
             hint = ""
@@ -137,6 +137,11 @@ def check_static_memory(bytes_per_param: dict | None, predicted_static: float | 
             of Adam forgotten, or the weights counted in bfloat16).
     """
     require(2, bytes_per_param=bytes_per_param, predicted_static=predicted_static)
+    try:
+        bytes_per_param = plain(bytes_per_param)
+    except NotPlain as err:
+        raise ExerciseFailed(f"✗ bytes per parameter: give a plain dict of numbers, got {err}.") from None
+    got = as_float("static bytes", predicted_static)
     if not isinstance(bytes_per_param, dict) or set(bytes_per_param) != set(ADAMW_FP32_BYTES):
         raise ExerciseFailed(f"✗ bytes per parameter: give a dict with the keys "
                              f"{sorted(ADAMW_FP32_BYTES)}, got {bytes_per_param!r}.")
@@ -146,7 +151,6 @@ def check_static_memory(bytes_per_param: dict | None, predicted_static: float | 
                                  f"{bytes_per_param[part]!r}, expected {want} (float32).")
     total = model_params(cfg, non_embedding=False)
     want = total * sum(ADAMW_FP32_BYTES.values())
-    got = float(predicted_static)
     record("static bytes", got)
     if abs(got - want) > rtol * want:
         raise ExerciseFailed(f"✗ static bytes: got {got:.4g}, expected {want:.4g} "
@@ -231,7 +235,7 @@ def check_speedrun(base: Rung, mine: Rung | None, tokens: np.ndarray, device,
     if not ceiling_flops or ceiling_flops <= 0 or min_fraction <= 0 or min_speedup <= 0:
         raise ValueError(f"ceiling_flops, min_fraction and min_speedup must be positive, got "
                          f"{ceiling_flops}, {min_fraction}, {min_speedup}")
-    if not isinstance(mine, Rung):
+    if type(mine) is not Rung:
         raise ExerciseFailed(f"✗ your rung: expected a perflab.gpt2.rungs.Rung (base.then(...)), "
                              f"got {type(mine).__name__}.")
     if mine.config().n_layer != base.config().n_layer or \
@@ -255,7 +259,7 @@ def check_speedrun(base: Rung, mine: Rung | None, tokens: np.ndarray, device,
           f"matmul ceiling, {got['speedup']:.2f}x the baseline (trials {trials_txt}).")
     if fraction > 1:
         print("  (Above 1: the ceilings file was measured while this machine was busier than "
-              "now; `python -m perflab.record.ceilings --fresh` measures it again.)")
+              "now; `python -m perflab.machine.ceilings --fresh` measures it again.)")
     return got
 
 
@@ -392,7 +396,7 @@ def check_memory_cut(base: Rung, lean: Rung | None, tokens: np.ndarray, device,
     require(4, lean_rung=lean)
     if not 0 < max_ratio <= 1:
         raise ValueError(f"max_ratio must be in (0, 1], got {max_ratio}")
-    if not isinstance(lean, Rung):
+    if type(lean) is not Rung:
         raise ExerciseFailed(f"✗ your lean rung: expected a perflab.gpt2.rungs.Rung "
                              f"(base.then(...)), got {type(lean).__name__}.")
     if lean.config() != base.config() or lean.seq_len != base.seq_len:
@@ -468,7 +472,7 @@ def reference_fraction(tokens_per_s: float | None, model: str = "124M", seq_len:
     ``tokens_per_s`` is a rung of chapter 10's reference run (GPT-2 ``model`` at ``seq_len``,
     vocabulary 50,304); the FLOPs per token are :meth:`perflab.gpt2.model.GPT.flops_per_token`, the
     ceiling ``ceiling`` from the reference run's ceilings file (default
-    ``perflab/data/reference_ceilings.json``, :data:`perflab.record.ceilings.REFERENCE_PATH`). This
+    ``perflab/data/reference_ceilings.json``, :data:`perflab.machine.ceilings.REFERENCE_PATH`). This
     puts the reference on the same footing as a student's MFU against their own ceiling.
     Returns None when ``tokens_per_s`` is None or the file or the ceiling is missing.
     """

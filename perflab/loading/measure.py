@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from perflab.core.sampler import Telemetry
+from perflab.core.telemetry import Telemetry
 from perflab.core.timing import Stopwatch, process_seconds, timestamp
 from perflab.core.validate import positive_int
 from perflab.loading.loaders import collate_list, collate_packed, seed_worker, usable_cores
@@ -305,7 +305,7 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
     One warm-up pass, then ``repeats`` timed passes (synchronized, ``time.perf_counter``), the
     best kept. Returns ``{"images_per_s", "host_cpu_fraction", "telemetry"}``: the host CPU time
     of this process over the timed passes divided by their wall time (1.0 = one core busy all
-    along), and the :class:`perflab.core.sampler.TelemetrySummary` of the timed passes only (the
+    along), and the :class:`perflab.core.telemetry.TelemetrySummary` of the timed passes only (the
     GPU's clock while it worked, not while it waited for the warm-up or the set-up).
 
     Raises:

@@ -177,7 +177,7 @@ def peak_flops(fmt: str, clock_hz: float | None = None, index: int = 0,
     clock from NVML), in FLOP/s: :func:`peak_at` with this GPU's SMs and compute capability.
 
     A rate measured at a lower clock compares with ``peak_flops(fmt, clock)`` at the SM clock it
-    ran at (:attr:`perflab.core.sampler.TelemetrySummary.sm_clock_hz`): its efficiency per clock.
+    ran at (:attr:`perflab.core.telemetry.TelemetrySummary.sm_clock_hz`): its efficiency per clock.
     Returns None when the course has no per-SM rate for ``fmt`` on this GPU.
 
     Raises:

@@ -35,7 +35,7 @@ from perflab.core.progress import progress as show_progress
 from perflab.core.validate import integers, positive, positive_int
 from perflab.machine import roofline
 from perflab.machine.datasheets import DATASHEETS
-from perflab.core.sampler import Telemetry
+from perflab.core.telemetry import Telemetry
 from perflab.record.numbers import fmt
 from perflab.record.plotting import style
 
@@ -236,12 +236,12 @@ def measure_machine(
     """Measure this machine: copy bandwidth, then square matrix products of each size.
 
     The memory roof is :func:`perflab.machine.roofline.copy_bandwidth` (bytes read + written) unless
-    ``bandwidth`` is given (the run's ceilings: :mod:`perflab.record.ceilings`). For each precision and
+    ``bandwidth`` is given (the run's ceilings: :mod:`perflab.machine.ceilings`). For each precision and
     size ``n``, :func:`perflab.machine.roofline.matmul_rate` times an ``n x n`` product (FLOPs
     ``2 n^3``); each becomes a :class:`MeasuredPoint` at :func:`matmul_intensity`. The products
-    run under :class:`perflab.core.sampler.Telemetry`, whose sentence (SM clock, power) becomes the
+    run under :class:`perflab.core.telemetry.Telemetry`, whose sentence (SM clock, power) becomes the
     machine's ``clock``. A precision's compute roof is ``peaks[precision]`` when given (the run's
-    roofs: :meth:`perflab.record.ceilings.Ceilings.compute_roof`, the clock model's peak at the maximum
+    roofs: :meth:`perflab.machine.ceilings.Ceilings.compute_roof`, the clock model's peak at the maximum
     clock), else its best measured rate, a lower bound of the true peak.
 
     Args:

@@ -12,7 +12,7 @@
   comparison; :func:`graph_sum_sweep` does the same with ``torch.sum``, whose fixed cost per
   call says why a reduction is the poorer probe.
 * :func:`burst_and_sustained` times one matrix product briefly after a rest and for seconds back
-  to back, each under :class:`perflab.core.sampler.Telemetry`: the burst and the sustained rate.
+  to back, each under :class:`perflab.core.telemetry.Telemetry`: the burst and the sustained rate.
 
 How a matrix product's tiles map onto the SMs in waves is :mod:`perflab.machine.waves`.
 
@@ -30,7 +30,7 @@ import torch
 
 from perflab.core.device import need_gpu
 from perflab.core.progress import progress as show_progress
-from perflab.core.sampler import Telemetry, TelemetrySummary, measure
+from perflab.core.telemetry import Telemetry, TelemetrySummary, measure
 from perflab.core.timing import Stopwatch, event_timer, synchronize
 from perflab.core.validate import integers, positive, positive_int
 from perflab.machine.caches import WorkingSetPoint
@@ -133,12 +133,12 @@ def elementwise_rate(device: torch.device | str, numel: int,
     """The fused ``x*2``-repeated kernel of chapter 1 at one ``repeat``, timed under telemetry.
 
     Returns ``(point, telemetry)``: a :class:`perflab.machine.roofline.SweepPoint` and the
-    :class:`perflab.core.sampler.TelemetrySummary` its timing ran under. With ``repeat`` far right
+    :class:`perflab.core.telemetry.TelemetrySummary` its timing ran under. With ``repeat`` far right
     of the ridge point the kernel is compute-bound, so ``point.flops_per_s`` is the elementwise
     (CUDA-core, non-FMA) FP32 rate; ``point.kernels`` is the number of kernels per call (1 =
     fused). The function is compiled (:func:`perflab.machine.roofline.repeat_multiply`, a few seconds)
     and its kernels counted before the timing starts, so the telemetry covers only the timing
-    (:func:`perflab.core.sampler.measure`), not an idle GPU waiting for the compiler.
+    (:func:`perflab.core.telemetry.measure`), not an idle GPU waiting for the compiler.
 
     Raises:
         ValueError: ``numel`` or ``repeat`` not a positive integer.
@@ -264,7 +264,7 @@ class BurstSustained:
     Attributes:
         flops: FLOPs of one product (``2 n^3``).
         burst_s, sustained_s: median seconds of one product in each measurement.
-        burst, sustained: the :class:`perflab.core.sampler.TelemetrySummary` of each.
+        burst, sustained: the :class:`perflab.core.telemetry.TelemetrySummary` of each.
         sustained_window_s: how long the products ran back to back.
     """
 
@@ -301,7 +301,7 @@ def burst_and_sustained(
     short for the power controller to lower the clock. Then products run back to back for
     ``sustained_s`` seconds in chunks of 20 event-timed calls; the sustained time is the median
     over the chunks of the window's second half, when the clock has settled. Each part runs
-    under a :class:`perflab.core.sampler.Telemetry` sampler, whose summaries say at which SM clock,
+    under a :class:`perflab.core.telemetry.Telemetry` sampler, whose summaries say at which SM clock,
     power and throttle reasons. Nothing here changes a clock or a limit. On a CPU the same runs
     with ``time.perf_counter`` (for tests).
 

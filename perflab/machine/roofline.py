@@ -28,7 +28,7 @@ import torch
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from perflab.core import formats
-from perflab.core.sampler import measure
+from perflab.core.telemetry import measure
 from perflab.core.timing import benchmark
 from perflab.core.validate import integer, positive, positive_int
 from perflab.machine.costs import Cost, arithmetic_intensity, elementwise_cost, matmul_cost
@@ -327,7 +327,7 @@ class KneeCheck:
         seconds: median time of one call (s).
         memory_s: ``bytes / bandwidth`` (s).
         compute_s: ``FLOPs / peak`` at the peak's (maximum) clock (s).
-        telemetry: the :class:`~perflab.core.sampler.TelemetrySummary` of the timed calls.
+        telemetry: the :class:`~perflab.core.telemetry.TelemetrySummary` of the timed calls.
     """
 
     repeat: int
@@ -417,10 +417,10 @@ def knee_check(x: torch.Tensor, repeat: int, peak_flops: float, bandwidth: float
             predicted knee (:func:`predicted_knee_repeat`).
         peak_flops: the multiply peak (FLOP/s), e.g. :func:`perflab.machine.datasheets.fp32_peak_flops`
             with ``fma=False``.
-        bandwidth: the copy bandwidth (bytes/s, read + write), from :mod:`perflab.record.ceilings`.
+        bandwidth: the copy bandwidth (bytes/s, read + write), from :mod:`perflab.machine.ceilings`.
         compile: fuse into one kernel (:func:`repeat_multiply`); ``False`` runs eagerly (tests).
 
-    Timing: :func:`perflab.core.sampler.measure` (``do_bench`` with L2 flushes on CUDA,
+    Timing: :func:`perflab.core.telemetry.measure` (``do_bench`` with L2 flushes on CUDA,
     ``torch.utils.benchmark`` on a CPU); bytes and FLOPs from :func:`elementwise_cost`.
 
     Raises:

@@ -341,7 +341,7 @@ def clock_normalized(efficiency: float, clock_fraction: float | None,
     """An efficiency (achieved rate / ceiling) corrected for the SM clock each ran at.
 
     A GPU's FLOP/s scale with its SM clock, and the clock moves with power and temperature
-    (:mod:`perflab.core.sampler`). When the achieved rate ran at ``clock_fraction`` of the chip's
+    (:mod:`perflab.core.telemetry`). When the achieved rate ran at ``clock_fraction`` of the chip's
     maximum clock and the ceiling was measured at ``ceiling_clock_fraction``, the efficiency
     per clock cycle is ``efficiency x ceiling_clock_fraction / clock_fraction``: the share of
     the ceiling the work would reach had both run at the same clock. Use SM clocks for FLOP
@@ -350,7 +350,7 @@ def clock_normalized(efficiency: float, clock_fraction: float | None,
     Args:
         efficiency: achieved rate / ceiling (>= 0).
         clock_fraction: median SM clock / maximum while the work ran
-            (:attr:`~perflab.core.sampler.TelemetrySummary.clock_fraction`), or None.
+            (:attr:`~perflab.core.telemetry.TelemetrySummary.clock_fraction`), or None.
         ceiling_clock_fraction: the same for the ceiling's measurement (a ceilings file's
             ``telemetry["clock_fraction"]``), or None.
 

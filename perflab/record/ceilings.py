@@ -1,248 +1,35 @@
-"""The run's ceilings: one measured value per quantity, shared by every chapter and lab.
+"""The ceilings file: where a run's ceilings are kept and how the file is read and written.
 
-A roofline needs two ceilings (the matrix-unit rate and the DRAM bandwidth) and a host<->device
-chapter needs a third (the PCIe copy rate). Measured separately in every notebook, the "same"
-ceiling comes out a little different each time (a different size, a different clock, a card that
-has warmed up), and a reader sees two copy bandwidths for one machine. So a run measures its
-ceilings **once**, under telemetry (:mod:`perflab.core.sampler`), writes them to one JSON file, and
-every notebook reads that file with :func:`load`.
+A run measures its ceilings once (:mod:`perflab.machine.ceilings`, the measurement and the
+clock model) and every page reads the same file. This module owns only the file: its schema, its
+location and the machine fingerprint that decides whether a file belongs to this machine.
 
-* ``copy_bandwidth``: bytes/s of ``dst.copy_(src)`` counting read + write, on a tensor far larger
-  than the last-level cache (1 GiB on a GPU; on a CPU four times the last-level cache the OS
-  reports, at least 64 MiB, at most 256 MiB).
-* ``matmul_fp32``, ``matmul_tf32``, ``matmul_bf16``: FLOP/s of an ``n x n @ n x n`` product,
-  ``2 n^3`` FLOPs (``n = 8192`` on a GPU; ``matmul_fp32`` with ``n = 1024`` on a CPU, where tf32
-  and bf16 are left out).
-* ``h2d_pinned``, ``h2d_pageable``: bytes/s of a 256 MiB host-to-device copy from pinned and from
-  pageable host memory (GPU only).
+* ``$PERFLAB_CEILINGS`` if set, else ``<clone>/.cache/perflab/ceilings.json`` (or
+  ``~/.cache/perflab/ceilings.json`` for an installed package);
+* the reference run's copy, committed with the notebooks: ``perflab/data/reference_ceilings.json``
+  (:data:`REFERENCE_PATH`).
 
-Each was measured at some clock, which its telemetry states: the matrix products at the SM clock
-they ran at (a sustained run of products reaches the power limit and the clock falls), the copy
-at the memory clock, the host-to-device copies at no GPU clock. So a rate that a page measures
-in a short burst, at a higher SM clock, can exceed a product's measured rate. What nothing can
-exceed are the **roofs** of the clock model, recorded beside the measurements from the GPU's own
-facts (SMs, compute capability, maximum SM clock, memory clock and bus width):
-:meth:`Ceilings.peak` (FLOP per clock per SM x SMs x a clock, :func:`perflab.machine.datasheets.peak_at`;
-at the maximum clock by default) and :meth:`Ceilings.roof` (that peak for a matrix product; the
-DRAM peak for the copy). :meth:`Ceilings.compute_roof` and :meth:`Ceilings.ridge` give every page
-the same compute roof and ridge point: the peak at the maximum clock where the clock model knows
-the device, else (a CPU) the measured FP32 product.
-
-The file lives at ``$PERFLAB_CEILINGS`` if set, else ``<clone>/.cache/perflab/ceilings.json``
-(or ``~/.cache/perflab/ceilings.json`` for an installed package). It records the machine it was
-measured on; :func:`load` re-measures when the file belongs to another machine or torch. The
-reference run (``scripts/execute.py``) measures a fresh file before the first notebook and keeps
-a copy beside the package data (``perflab/data/reference_ceilings.json``), so the book's numbers
-and its ceilings come from the same run.
-
-Command line: ``python -m perflab.record.ceilings [--fresh] [--json PATH]`` prints the ceilings.
+Schema ``perflab-ceilings/2`` adds, to version 1's ``machine``, ``measured``, ``gpu`` and
+``ceilings``: ``machine_id`` (hashed host id and GPU UUIDs,
+:func:`perflab.record.provenance.machine_id`), ``run`` (the reference run the file belongs to) and
+``host_costs`` (the host's per-call cost over rounds). A version-1 file still reads; it cannot
+prove which host measured it, so a reference run measures a new one.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
 import json
 import os
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+__all__ = ["CEILINGS_ENV", "REFERENCE_PATH", "SCHEMA", "SCHEMAS", "default_path", "fingerprint",
+           "read", "write"]
 
-from perflab.core import nvml
-from perflab.core.sampler import measure as _measure
-from perflab.machine.caches import beyond_cache_numel
-from perflab.machine import datasheets
-from perflab.machine.roofline import matmul_cost
-from perflab.record.provenance import environment
-
-__all__ = ["CEILINGS_ENV", "Ceiling", "Ceilings", "NAMES", "SCHEMA", "WORK", "default_path",
-           "gpu_facts", "load", "measure_all"]
-
-SCHEMA = "perflab-ceilings/1"   # the "gpu" facts are optional: files without them still read
+SCHEMA = "perflab-ceilings/2"
+SCHEMAS = ("perflab-ceilings/1", SCHEMA)    # what read() accepts
 CEILINGS_ENV = "PERFLAB_CEILINGS"
 REFERENCE_PATH = Path(__file__).resolve().parent.parent / "data" / "reference_ceilings.json"
-
-#: The work each ceiling times (:data:`perflab.core.sampler.WORK`): which clock its sentence states.
-WORK = {"copy_bandwidth": "memory", "matmul_fp32": "sm", "matmul_tf32": "sm", "matmul_bf16": "sm",
-        "h2d_pinned": "link", "h2d_pageable": "link"}
-
-#: Every ceiling name, its unit and what it is.
-NAMES: dict[str, tuple[str, str]] = {
-    "copy_bandwidth": ("B/s", "device memory copy, read + write counted"),
-    "matmul_fp32": ("FLOP/s", "float32 matrix product, TF32 off"),
-    "matmul_tf32": ("FLOP/s", "float32 matrix product on TF32 tensor cores"),
-    "matmul_bf16": ("FLOP/s", "bfloat16 matrix product"),
-    "h2d_pinned": ("B/s", "host-to-device copy from pinned memory"),
-    "h2d_pageable": ("B/s", "host-to-device copy from pageable memory"),
-}
-
-
-@dataclass(frozen=True)
-class Ceiling:
-    """One measured ceiling.
-
-    Attributes:
-        name: a key of :data:`NAMES`.
-        value: the rate (unit in :data:`NAMES`: bytes/s or FLOP/s).
-        size: what was measured, in words (e.g. ``"8192^3"`` or ``"1.07 GB"``).
-        seconds: median seconds of one call.
-        telemetry: the :meth:`~perflab.core.sampler.TelemetrySummary.as_dict` it ran under.
-    """
-
-    name: str
-    value: float
-    size: str
-    seconds: float
-    telemetry: dict[str, Any]
-
-    @property
-    def unit(self) -> str:
-        """``"B/s"`` or ``"FLOP/s"``."""
-        return NAMES[self.name][0]
-
-    @property
-    def sm_clock_hz(self) -> float | None:
-        """The median SM clock while it was measured (Hz), None without GPU telemetry."""
-        mhz = self.telemetry.get("sm_clock_mhz_median")
-        return mhz * 1e6 if mhz and self.telemetry.get("source") == "NVML" else None
-
-    def sentence(self) -> str:
-        """``"matmul_bf16 = 712.3 TFLOP/s (8192^3; measured over 0.41 s ..., SM clock ...)"``."""
-        if self.unit == "FLOP/s":
-            shown = (f"{self.value / 1e12:,.1f} TFLOP/s" if self.value >= 1e12
-                     else f"{self.value / 1e9:,.1f} GFLOP/s")
-        else:
-            shown = f"{self.value / 1e9:,.1f} GB/s"
-        tel = self.telemetry.get("sentence", "")
-        return f"{self.name} = {shown} ({NAMES[self.name][1]}, {self.size}; {tel})"
-
-
-@dataclass(frozen=True)
-class Ceilings:
-    """The run's ceilings, read from (or written to) the ceilings file.
-
-    Attributes:
-        machine: the environment they were measured in (:func:`perflab.record.provenance.environment`).
-        measured: UTC time of the measurement (ISO 8601).
-        items: ``{name: Ceiling}``; a name missing on this machine (e.g. ``matmul_bf16`` on a
-            CPU) is absent.
-        path: the file they came from or were written to.
-    """
-
-    machine: dict[str, Any]
-    measured: str
-    items: dict[str, Ceiling]
-    path: str
-    gpu: dict[str, Any] | None = None
-
-    def peak(self, fmt: str, clock_hz: float | None = None, fma: bool = True) -> float | None:
-        """The clock model's peak for number format ``fmt`` on the GPU these ceilings were
-        measured on, at ``clock_hz`` (default: its maximum SM clock), in FLOP/s: FLOP per clock
-        per SM x SMs x clock (:func:`perflab.machine.datasheets.peak_at`; ``fma=False`` halves it, for
-        plain multiplies). None on a CPU or where the course has no per-SM rate.
-
-        Raises:
-            ValueError: an unknown format key or a non-positive clock.
-        """
-        if not self.gpu:
-            return None
-        clock = clock_hz if clock_hz is not None else self.gpu.get("max_sm_clock_hz")
-        if not clock:
-            return None
-        return datasheets.peak_at(fmt, self.gpu["sm_count"], tuple(self.gpu["compute_capability"]),
-                                clock, fma)
-
-    def per_clock(self, name: str) -> float | None:
-        """A matrix product's measured rate over the clock model's peak at the SM clock it ran
-        at: its efficiency per clock cycle (0..1), None without a GPU clock or a peak.
-
-        Raises:
-            KeyError: ``name`` is not a ``matmul_*`` ceiling measured here.
-        """
-        if not name.startswith("matmul_"):
-            raise KeyError(f"per_clock applies to matmul_* ceilings, got {name!r}")
-        c = self[name]
-        peak = self.peak(name.split("_", 1)[1], c.sm_clock_hz) if c.sm_clock_hz else None
-        return c.value / peak if peak else None
-
-    def roof(self, name: str) -> float | None:
-        """What no measurement of the kind can exceed: for ``matmul_<fmt>`` the clock model's
-        peak at the maximum SM clock, for ``copy_bandwidth`` the DRAM peak (two transfers per
-        memory clock over the bus), None where the machine's facts do not say (a CPU).
-
-        Raises:
-            KeyError: an unknown name.
-        """
-        if name not in NAMES:
-            raise KeyError(f"unknown ceiling {name!r}; known: {', '.join(NAMES)}")
-        if name.startswith("matmul_"):
-            return self.peak(name.split("_", 1)[1])
-        if name == "copy_bandwidth" and self.gpu:
-            return self.gpu.get("memory_peak_bandwidth")
-        return None
-
-    def compute_roof(self, fmt: str = "bf16") -> float | None:
-        """The compute roof every page draws for ``fmt``: the clock model's peak at the maximum
-        SM clock where it is known (a GPU), else the measured ``matmul_<fmt>`` (a CPU: fp32)."""
-        peak = self.peak(fmt)
-        if peak:
-            return peak
-        return self.value(f"matmul_{fmt}") if f"matmul_{fmt}" in NAMES else None
-
-    def ridge(self, fmt: str = "bf16") -> float | None:
-        """The ridge point of ``fmt`` in FLOP/byte: :meth:`compute_roof` over the measured copy
-        bandwidth. One number per format and machine, quoted by every page."""
-        roof, bw = self.compute_roof(fmt), self.value("copy_bandwidth")
-        return roof / bw if roof and bw else None
-
-    def value(self, name: str) -> float | None:
-        """The ceiling ``name`` (unit in :data:`NAMES`), None where this machine has none.
-
-        Raises:
-            KeyError: ``name`` is not one of :data:`NAMES`.
-        """
-        if name not in NAMES:
-            raise KeyError(f"unknown ceiling {name!r}; known: {', '.join(NAMES)}")
-        c = self.items.get(name)
-        return None if c is None else c.value
-
-    def __getitem__(self, name: str) -> Ceiling:
-        if name not in NAMES:
-            raise KeyError(f"unknown ceiling {name!r}; known: {', '.join(NAMES)}")
-        if name not in self.items:
-            raise KeyError(f"ceiling {name!r} was not measured on this machine "
-                           f"({', '.join(self.machine.get('devices', []))})")
-        return self.items[name]
-
-    def sentence(self, name: str) -> str:
-        """:meth:`Ceiling.sentence` of ``name``, or why it is missing on this machine."""
-        if name in self.items:
-            return self.items[name].sentence()
-        if name not in NAMES:
-            raise KeyError(f"unknown ceiling {name!r}; known: {', '.join(NAMES)}")
-        return f"{name}: not measured on this machine"
-
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON document written to the ceilings file."""
-        return {"schema": SCHEMA, "machine": self.machine, "measured": self.measured,
-                "gpu": self.gpu,
-                "ceilings": {k: {"value": c.value, "size": c.size, "seconds": c.seconds,
-                                 "telemetry": c.telemetry} for k, c in self.items.items()}}
-
-
-def gpu_facts(index: int = 0) -> dict[str, Any] | None:
-    """The facts the clock model needs about GPU ``index`` (None without one): ``sm_count``,
-    ``compute_capability``, ``max_sm_clock_hz`` (NVML) and ``memory_peak_bandwidth``."""
-    if not torch.cuda.is_available():
-        return None
-    props = torch.cuda.get_device_properties(index)
-    return {"sm_count": props.multi_processor_count,
-            "compute_capability": [props.major, props.minor],
-            "max_sm_clock_hz": nvml.max_sm_clock_hz(index),
-            "memory_peak_bandwidth": datasheets.memory_peak_bandwidth(index)}
 
 
 def default_path() -> Path:
@@ -255,144 +42,33 @@ def default_path() -> Path:
     return base / "perflab" / "ceilings.json"
 
 
-def _fingerprint(machine: dict[str, Any]) -> tuple:
+def fingerprint(machine: dict[str, Any]) -> tuple:
+    """What of a file's ``machine`` must match this machine: devices, torch, CPU model (the
+    host and GPU ids are compared beside it, :func:`perflab.machine.ceilings.stale_reason`)."""
     return (tuple(machine.get("devices", [])), machine.get("torch"), machine.get("cpu"))
 
 
-def _one(name: str, fn, work: float, size: str, device: torch.device) -> Ceiling:
-    m = _measure(fn, device, work=WORK[name])
-    return Ceiling(name=name, value=m.rate(work), size=size, seconds=m.seconds,
-                   telemetry=m.telemetry.as_dict())
-
-
-def _matmul(name: str, n: int, dtype: torch.dtype, tf32: bool, dev: torch.device) -> Ceiling:
-    a = torch.randn(n, n, device=dev).to(dtype)
-    b = torch.randn(n, n, device=dev).to(dtype)
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+def read(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The ceilings document at ``path``, or None when it is missing, unreadable or of an
+    unknown schema."""
     try:
-        return _one(name, lambda: a @ b, matmul_cost(n, n, n, dtype).flops, f"{n}^3", dev)
-    finally:
-        torch.set_float32_matmul_precision(before)
-
-
-def measure_all(device: torch.device | str | None = None, quick: bool = False) -> dict[str, Ceiling]:
-    """Measure every ceiling this machine has (see the module docstring for sizes).
-
-    Args:
-        device: a CUDA device (default: ``cuda`` when present) or ``"cpu"``.
-        quick: smaller problems (a few seconds on a CPU); reference runs use ``quick=False``.
-
-    Returns:
-        ``{name: Ceiling}``.
-    """
-    dev = torch.device(device) if device is not None else (
-        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
-    out: dict[str, Ceiling] = {}
-    gpu = dev.type == "cuda"
-    # a CPU's copy must stream from DRAM, not from its last-level cache: four times the cache
-    # the OS reports (perflab.internals.overhead.beyond_cache_numel), never less than the old sizes
-    numel = ((2**28 if not quick else 2**26) if gpu else
-             max(2**24 if not quick else 2**22, beyond_cache_numel(4.0, maximum=2**26)))
-    src = torch.randn(numel, device=dev)
-    dst = torch.empty_like(src)
-    nbytes = 2 * src.numel() * src.element_size()
-    out["copy_bandwidth"] = _one("copy_bandwidth", lambda: dst.copy_(src), nbytes,
-                                 f"{src.numel() * 4 / 1e9:.2f} GB float32", dev)
-    del src, dst
-    if gpu:
-        n = 8192 if not quick else 4096
-        out["matmul_fp32"] = _matmul("matmul_fp32", n, torch.float32, False, dev)
-        out["matmul_tf32"] = _matmul("matmul_tf32", n, torch.float32, True, dev)
-        out["matmul_bf16"] = _matmul("matmul_bf16", n, torch.bfloat16, False, dev)
-        host_bytes = 2**28 if not quick else 2**25
-        gpu_buf = torch.empty(host_bytes, dtype=torch.uint8, device=dev)
-        for name, pinned in (("h2d_pinned", True), ("h2d_pageable", False)):
-            host = torch.empty(host_bytes, dtype=torch.uint8, pin_memory=pinned)
-            host.fill_(1)
-            out[name] = _one(name, lambda h=host: gpu_buf.copy_(h, non_blocking=False),
-                             host_bytes, f"{host_bytes / 1e6:.0f} MB", dev)
-        torch.cuda.empty_cache()
-    else:
-        n = 1024 if not quick else 512
-        out["matmul_fp32"] = _matmul("matmul_fp32", n, torch.float32, False, dev)
-    return out
-
-
-def _read(path: Path) -> Ceilings | None:
-    try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+    if not isinstance(doc, dict) or doc.get("schema") not in SCHEMAS:
         return None
-    items = {k: Ceiling(name=k, value=float(v["value"]), size=v["size"],
-                        seconds=float(v["seconds"]), telemetry=v.get("telemetry", {}))
-             for k, v in doc.get("ceilings", {}).items() if k in NAMES}
-    facts = doc.get("gpu")
-    if facts is None and doc.get("machine", {}).get("cuda") and torch.cuda.is_available():
-        facts = gpu_facts()   # a file written before the facts were recorded, read on its GPU
-    return Ceilings(machine=doc.get("machine", {}), measured=doc.get("measured", ""),
-                    items=items, path=str(path), gpu=facts)
+    return doc
 
 
-def load(path: str | os.PathLike | None = None, fresh: bool = False,
-         quick: bool | None = None) -> Ceilings:
-    """The run's ceilings: read from the ceilings file, measured (and written) when needed.
-
-    The file is re-measured when it is missing, unreadable, of another schema, from another
-    machine or torch version, or when ``fresh`` is true.
-
-    Args:
-        path: the ceilings file (default :func:`default_path`).
-        fresh: measure again even if a matching file exists.
-        quick: smaller problems when measuring (default: full size; on a CPU a 512^3
-            product reached a quarter of a 1024^3 one, too small to stand in for a roof).
+def write(path: str | os.PathLike, doc: dict[str, Any]) -> None:
+    """Write the ceilings document ``doc`` to ``path`` (parents created).
 
     Raises:
         OSError: the file cannot be written (the message names the path).
     """
-    p = Path(path) if path is not None else default_path()
-    here = environment()
-    if not fresh:
-        got = _read(p)
-        if got is not None and _fingerprint(got.machine) == _fingerprint(here):
-            return got
-    if quick is None:
-        quick = False   # a CPU too: a 512^3 product is too small to stand in for its roof
-    items = measure_all(quick=quick)
-    result = Ceilings(machine=here, measured=_dt.datetime.now(_dt.timezone.utc)
-                      .strftime("%Y-%m-%dT%H:%M:%SZ"), items=items, path=str(p),
-                      gpu=gpu_facts())
+    p = Path(path)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(result.as_dict(), indent=1) + "\n")
+        p.write_text(json.dumps(doc, indent=1) + "\n")
     except OSError as e:
         raise OSError(f"cannot write the ceilings file {p}: {e.strerror or e}") from e
-    return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m perflab.record.ceilings [--fresh] [--json PATH]``: measure or read, then print."""
-    ap = argparse.ArgumentParser(prog="python -m perflab.record.ceilings", description=__doc__.split("\n")[0])
-    ap.add_argument("--fresh", action="store_true", help="measure again even if a file exists")
-    ap.add_argument("--json", metavar="PATH", help=f"ceilings file (default {default_path()})")
-    args = ap.parse_args(argv)
-    target = Path(args.json) if args.json else default_path()
-    if target.is_dir():
-        print(f"--json {target}: is a directory; give a file path", file=sys.stderr)
-        return 2
-    try:
-        c = load(target, fresh=args.fresh)
-    except OSError as e:
-        print(str(e), file=sys.stderr)
-        return 2
-    print(f"ceilings of {', '.join(c.machine.get('devices', []))} "
-          f"(torch {c.machine.get('torch')}), measured {c.measured}, file {c.path}")
-    for name in c.items:
-        print("  " + c.sentence(name))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

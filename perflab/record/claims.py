@@ -2,7 +2,7 @@
 
 A sentence such as "the fused kernel is about as fast as one unary operator" is a claim about
 numbers the same page measured. Typed by hand, it goes stale the first time a run comes out
-differently. Two tools keep prose honest:
+differently. Three tools keep prose honest:
 
 * :func:`claim` chooses the sentence from the data and glues it, so the page says whatever the
   run supports (``{glue:text}`name``` in the prose).
@@ -10,10 +10,25 @@ differently. Two tools keep prose honest:
   32 and 64"): it glues ``True``/``False`` under ``expect_<name>``, and the book's tests fail
   when any committed notebook holds an expectation that its own run contradicts
   (:func:`failed_expectations`).
+* :func:`compare` is the claim behind every prediction: it glues the sentence that says how a
+  measurement compares with the number predicted for it, two-sided.
 
-:func:`compare` is the claim behind every prediction: it glues the sentence that says how a
-measurement compares with the number predicted for it, two-sided (a measurement far *below* its
-prediction is a miss too), and returns whether it falls inside the stated band.
+**Verdicts that survive a second run.** A measured quantity has a spread (its values over
+interleaved rounds, :class:`perflab.core.rounds.Spread`). :func:`compare` and :func:`judge`
+take it: a verdict is "within" the band only when the whole spread is, "outside" only when the
+whole spread is, and **"undecided"** when a band's edge lies inside the spread: the run cannot
+tell, and the sentence says so instead of tossing a coin that the next run may toss the other
+way. A band's width comes from the prediction's stated uncertainty: ``tolerance`` has no
+default, and a band wider than a factor of two (a measurement could be half or double its
+prediction and still "agree") needs a written ``reason``.
+
+**Bound.** Every claim declares what sets the quantity it judges (``bound=``): ``"device"``
+(the GPU's or the CPU's arithmetic and memory: a second run on another machine of the same kind
+must give the same verdict), ``"host"`` (the host CPU's per-call cost, its scheduler, its disk:
+it moves between hosts, and the status page shows both runs' values) or ``"exact"`` (a count,
+a byte size, a shape: no measurement noise at all). The verdict, the bound and the numbers are
+stored with the glued sentence (:data:`VERDICT_MIME`), so ``scripts/compare_runs.py`` can tell a
+verdict that flipped from a sentence that only changed its numbers.
 
 :func:`relation` turns two measured values into words ("2.3x faster than", "about the same as")
 with a stated tolerance, for use inside :func:`claim` or glued sentences.
@@ -21,19 +36,32 @@ with a stated tolerance, for use inside :func:`claim` or glued sentences.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from perflab.core.rounds import Spread
 from perflab.record.numbers import sig
 from perflab.record.provenance import glue, read_glued
 
-__all__ = ["EXPECT_PREFIX", "Sentence", "claim", "compare", "expect", "failed_expectations",
+__all__ = ["BOUNDS", "EXPECT_PREFIX", "MAX_BAND_FACTOR", "VERDICT_MIME", "Sentence", "Verdict",
+           "claim", "compare", "expect", "failed_expectations", "judge", "read_verdicts",
            "relation"]
 
 EXPECT_PREFIX = "expect_"
+
+#: What may set a claimed quantity (see the module docstring).
+BOUNDS = ("device", "host", "exact")
+
+#: Widest band (high edge over low edge) a claim may use without a written reason.
+MAX_BAND_FACTOR = 2.0
+
+#: The mime type under which a claim's verdict is stored beside its glued sentence.
+VERDICT_MIME = "application/vnd.perflab.verdict+json"
 
 
 def _check_name(name: Any) -> str:
@@ -61,26 +89,96 @@ class Sentence(str):
         return None
 
 
-def claim(name: str, holds: bool, if_true: str, if_false: str) -> Sentence:
+class Verdict(str):
+    """A comparison's outcome: ``"within"``, ``"outside"`` or ``"undecided"`` (a ``str``).
+
+    ``bool(verdict)`` is True only for ``"within"``; :attr:`holds` is True, False or None
+    (undecided).
+    """
+
+    def __new__(cls, word: str) -> "Verdict":
+        if word not in ("within", "outside", "undecided"):
+            raise ValueError(f"a verdict is 'within', 'outside' or 'undecided', got {word!r}")
+        return super().__new__(cls, word)
+
+    @property
+    def holds(self) -> bool | None:
+        """True (within), False (outside) or None (undecided)."""
+        return {"within": True, "outside": False}.get(str(self))
+
+    def __bool__(self) -> bool:
+        return str(self) == "within"
+
+    def _ipython_display_(self) -> None:
+        return None
+
+
+class _Claimed:
+    """What :func:`claim` glues: the sentence as text, and the verdict as JSON beside it."""
+
+    def __init__(self, text: str, record: dict[str, Any]):
+        self.text, self.record = text, record
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
+        return {"text/plain": repr(self.text), VERDICT_MIME: self.record}
+
+
+def _check_bound(bound: Any) -> str:
+    if bound not in BOUNDS:
+        raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}")
+    return bound
+
+
+def _number(label: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
+            or not math.isfinite(v):
+        raise ValueError(f"{label} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def _values(label: str, v: Any) -> tuple[float, float, float, Spread | None]:
+    """``(median, lo, hi, spread)`` of a number or a :class:`Spread`."""
+    if isinstance(v, Spread):
+        return v.median, v.lo, v.hi, v
+    x = _number(label, v)
+    return x, x, x, None
+
+
+def claim(name: str, holds: bool | None, if_true: str, if_false: str, *, bound: str,
+          if_undecided: str | None = None, record: dict[str, Any] | None = None) -> Sentence:
     """Glue, under ``name``, the sentence the data supports, and return it.
 
     The prose quotes it with ``{glue:text}`name```; the returned :class:`Sentence` shows nothing
-    on a cell's last line, so the sentence appears once on the page.
+    on a cell's last line, so the sentence appears once on the page. The verdict (true, false
+    or undecided), ``bound`` and ``record`` are stored beside the sentence (:data:`VERDICT_MIME`)
+    for the comparison of two runs.
 
     Args:
         name: glue name (a Python identifier).
-        holds: the predicate, evaluated on this run's measurements.
+        holds: the predicate on this run's measurements; None when the measurement cannot
+            decide it (:func:`judge` returns None when a threshold lies inside a spread).
         if_true, if_false: the sentence for each outcome (non-empty).
+        bound: ``"device"``, ``"host"`` or ``"exact"`` (:data:`BOUNDS`): what sets the
+            quantity the claim judges.
+        if_undecided: the sentence when ``holds`` is None (required then).
+        record: extra JSON-ready facts stored with the verdict (numbers compared, band).
 
     Raises:
-        ValueError: a bad name, an empty sentence, or a ``holds`` that is not a bool.
+        ValueError: a bad name or bound, an empty sentence, a ``holds`` that is neither a bool
+            nor None, or an undecided claim without ``if_undecided``.
     """
     _check_name(name)
-    holds = _as_bool(holds)
+    _check_bound(bound)
+    if holds is not None:
+        holds = _as_bool(holds)
     if not if_true or not if_false:
         raise ValueError("if_true and if_false must both be non-empty sentences")
-    text = Sentence(if_true if holds else if_false)
-    glue(name, str(text))
+    if holds is None and not if_undecided:
+        raise ValueError(f"claim {name!r} is undecided (holds is None): give if_undecided, the "
+                         "sentence that says the measurement cannot tell")
+    text = Sentence(if_true if holds else if_false if holds is False else if_undecided)
+    verdict = {True: "true", False: "false", None: "undecided"}[holds]
+    glue(name, _Claimed(str(text), {"verdict": verdict, "bound": bound, **(record or {})}))
     return text
 
 
@@ -152,42 +250,131 @@ def _ratio_words(ratio: float) -> str:
     return f"{ratio:.2f}" if 0.1 <= ratio < 10 else sig(ratio, 2)
 
 
-def compare(name: str, measured: float, predicted: float, tolerance: float = 0.25) -> bool:
-    """Glue, under ``name``, how ``measured`` compares with ``predicted``; True when it is within
-    ``tolerance`` (relative, both sides) of it.
+def _band_check(low: float, high: float, reason: str | None, what: str) -> None:
+    if low > 0 and high / low > MAX_BAND_FACTOR and not reason:
+        raise ValueError(f"{what} spans a factor of {high / low:.2g} (more than "
+                         f"{MAX_BAND_FACTOR:g}): such a band can hardly fail; narrow it or give "
+                         "the reason it must be this wide (reason=...)")
 
-    The sentence is a clause to follow a glued measurement: ``"within 25 % of the prediction
-    (0.93x it)"`` or ``"1.7x the prediction, outside its 25 % band"``. A miss is a miss on either
-    side: a step predicted at 2 ms that takes 0.5 ms means the model is wrong as surely as one
-    that takes 8 ms. The caller explains a miss with an experiment on the page; this function
-    only reports it.
+
+def judge(value: float | Spread, low: float | None = None, high: float | None = None, *,
+          reason: str | None = None) -> bool | None:
+    """Whether ``value`` lies in ``[low, high]``: True when all of its spread does, False when
+    none of it does, None (undecided) when an edge lies inside the spread.
+
+    For a plain number it is a plain comparison. Pass the result to :func:`claim` (``holds``);
+    a threshold claim ("faster than 2x") is ``judge(speedup, low=2.0)``.
+
+    Args:
+        value: a number or a :class:`perflab.core.rounds.Spread`.
+        low, high: the edges (either may be None for a one-sided test; not both).
+        reason: why a two-sided band wider than a factor of two is right (required then).
+
+    Raises:
+        ValueError: both edges None, ``low > high``, a value that is not finite, or a band
+            wider than :data:`MAX_BAND_FACTOR` without a reason.
+    """
+    if low is None and high is None:
+        raise ValueError("judge needs low, high or both")
+    if low is not None:
+        low = _number("low", low)
+    if high is not None:
+        high = _number("high", high)
+    if low is not None and high is not None:
+        if low > high:
+            raise ValueError(f"low must be <= high, got {low} > {high}")
+        _band_check(low, high, reason, "the band [low, high]")
+    _, lo, hi, _ = _values("value", value)
+    inside_lo = low is None or lo >= low
+    inside_hi = high is None or hi <= high
+    if inside_lo and inside_hi:
+        return True
+    if (low is not None and hi < low) or (high is not None and lo > high):
+        return False
+    return None
+
+
+def compare(name: str, measured: float | Spread, predicted: float, tolerance: float, *,
+            bound: str, reason: str | None = None) -> Verdict:
+    """Glue, under ``name``, how ``measured`` compares with ``predicted``, and return the
+    :class:`Verdict`.
+
+    The band is ``predicted × (1 ± tolerance)``. With a :class:`perflab.core.rounds.Spread`
+    the verdict is "within" only when the whole spread lies in the band, "outside" when none
+    of it does, and "undecided" when an edge of the band lies inside the spread. The sentence is
+    a clause to follow a glued measurement: ``"within 25 % of the prediction (0.93x it; 0.90–
+    0.96x, min–max over 5 rounds)"``, ``"1.7x the prediction, outside its 25 % band"`` or
+    ``"undecided against its 25 % band: 1.22x the prediction, 1.18–1.31x over 5 rounds, across
+    the band's edge at 1.25x"``. A miss is a miss on either side. The caller explains a miss
+    with an experiment on the page; this function only reports it.
 
     Args:
         name: glue name (a Python identifier).
-        measured, predicted: finite numbers of the same unit, ``predicted`` positive (a
-            measurement at or below zero is reported as a miss, never an error: a saving that
-            did not happen is a result).
-        tolerance: half-width of the band, relative to ``predicted`` (0 < tolerance < 1).
+        measured: a number or a Spread of the same unit as ``predicted`` (a median at or below
+            zero is reported as a miss, never an error: a saving that did not happen is a
+            result).
+        predicted: positive finite number.
+        tolerance: half-width of the band relative to ``predicted`` (0 < tolerance < 1), from
+            the prediction's stated uncertainty; no default.
+        bound: ``"device"``, ``"host"`` or ``"exact"`` (see the module docstring).
+        reason: required when the band spans more than a factor of two (tolerance > 1/3).
 
     Raises:
-        ValueError: a bad name, a value that is not finite, a prediction that is not positive,
-            or a tolerance outside (0, 1).
+        ValueError: a bad name or bound, a value that is not finite, a prediction that is not
+            positive, a tolerance outside (0, 1), or a too-wide band without a reason.
     """
     _check_name(name)
-    for label, v in (("measured", measured), ("predicted", predicted)):
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
-                or not math.isfinite(v):
-            raise ValueError(f"{label} must be a finite number, got {v!r}")
+    _check_bound(bound)
+    med, lo, hi, spread = _values("measured", measured)
+    predicted = _number("predicted", predicted)
     if predicted <= 0:
         raise ValueError(f"predicted must be positive, got {predicted!r}")
     if not 0 < tolerance < 1:
         raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
-    if measured <= 0:       # a saving that did not happen, a time that did not grow
-        claim(name, False, "unused", "none of the positive amount predicted")
-        return False
-    ratio = float(measured) / float(predicted)
-    holds = abs(ratio - 1) <= tolerance
+    _band_check(1 - tolerance, 1 + tolerance, reason, f"a ±{tolerance:.0%} band")
+    record = {"measured": med, "lo": lo, "hi": hi, "predicted": predicted,
+              "tolerance": tolerance, "rounds": spread.n if spread else 1}
     band = f"{tolerance:.0%}".replace("%", " %")
-    claim(name, holds, f"within {band} of the prediction ({_ratio_words(ratio)}x it)",
-          f"{_ratio_words(ratio)}x the prediction, outside its {band} band")
-    return holds
+    if med <= 0:        # a saving that did not happen, a time that did not grow
+        claim(name, False, "unused", "none of the positive amount predicted", bound=bound,
+              record={**record, "verdict_word": "outside"})
+        return Verdict("outside")
+    ratio, r_lo, r_hi = med / predicted, lo / predicted, hi / predicted
+    rounds = (f"{_ratio_words(r_lo)}–{_ratio_words(r_hi)}x, {spread.kind}"
+              if spread is not None and spread.n > 1 else "")
+    low, high = 1 - tolerance, 1 + tolerance
+    holds = (True if low <= r_lo and r_hi <= high else
+             False if r_hi < low or r_lo > high else None)
+    word = {True: "within", False: "outside", None: "undecided"}[holds]
+    edge = low if r_lo < low <= r_hi else high
+    claim(name, holds,
+          f"within {band} of the prediction ({_ratio_words(ratio)}x it"
+          + (f"; {rounds})" if rounds else ")"),
+          f"{_ratio_words(ratio)}x the prediction"
+          + (f" ({rounds})" if rounds else "") + f", outside its {band} band",
+          if_undecided=(f"undecided against its {band} band: {_ratio_words(ratio)}x the "
+                        f"prediction, {rounds}, across the band's edge at "
+                        f"{_ratio_words(edge)}x"),
+          bound=bound, record={**record, "verdict_word": word})
+    return Verdict(word)
+
+
+def read_verdicts(notebook: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """The verdict records of every claim glued in an executed notebook:
+    ``{name: {"verdict": "true"|"false"|"undecided", "bound": ..., ...}}`` (claims glued
+    before verdicts were stored are absent).
+
+    Raises:
+        FileNotFoundError: no such notebook.
+    """
+    nb = json.loads(Path(notebook).read_text())
+    out: dict[str, dict[str, Any]] = {}
+    for cell in nb.get("cells", []):
+        for output in cell.get("outputs", []):
+            meta = output.get("metadata", {}).get("scrapbook")
+            if not meta:
+                continue
+            record = output.get("data", {}).get(meta.get("mime_prefix", "") + VERDICT_MIME)
+            if isinstance(record, dict):
+                out[meta["name"]] = record
+    return out

@@ -10,6 +10,7 @@ form, its schema and the "is this notebook current?" decision are build plumbing
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import numbers
@@ -30,6 +31,7 @@ __all__ = [
     "host",
     "glue",
     "lab_reference",
+    "machine_id",
     "read_glued",
     "reference_run",
     "short_devices",
@@ -94,6 +96,29 @@ def environment() -> dict[str, Any]:
     }
 
 
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def machine_id() -> dict[str, Any]:
+    """Which machine this is, without naming it: ``host_id`` (12 hex digits of a SHA-256 of
+    ``/etc/machine-id``, else of the hostname) and ``gpu_ids`` (the same of each GPU's NVML
+    UUID, in NVML's order; empty without a GPU).
+
+    Two H200 hosts have the same device name, torch and CPU model string; these tell them
+    apart, so a run's pages can be proven to come from one machine (the ceilings file records
+    them, :mod:`perflab.machine.ceilings`).
+    """
+    try:
+        ident = Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        ident = ""
+    ident = ident or platform.node() or "unknown"
+    gpus = [nvml.uuid(i) for i in range(nvml.device_count())]
+    return {"host_id": _short_hash(ident),
+            "gpu_ids": [_short_hash(u) for u in gpus if u]}
+
+
 def short_devices(devices: list[str] | None) -> str:
     """``["NVIDIA H200", "NVIDIA H200"]`` -> ``"2× NVIDIA H200"``; mixed lists are comma-joined;
     ``"?"`` for none. The same words in page captions, footers and the report card."""
@@ -131,6 +156,8 @@ def glue(name: str, value: Any, display: bool = False) -> None:
 
     if not (isinstance(name, str) and name.isidentifier()):
         raise ValueError(f"glue name must be a Python identifier, got {name!r}")
+    if isinstance(value, str) and type(value) is not str:
+        value = str(value)  # a claim's Sentence shows nothing when displayed: glue its text
     value = _plain(value)
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"glued value {name!r} is {value}: the measurement failed")

@@ -1,0 +1,220 @@
+"""Two runs of the same pages, compared: glued numbers, expectations and claim verdicts.
+
+A verdict that changes between two runs of one source was drawn inside the noise of its
+measurement. To see it, each reference run leaves a small **run record** (:func:`snapshot`:
+every page's glued numbers, its expectations and its claims' verdicts with what bounds them,
+``runs/<run>.json`` in the repository), and :func:`compare` sets two records (or two folders of
+executed notebooks) side by side:
+
+* a claim's verdict is read from the record stored beside its glued sentence
+  (:data:`perflab.record.claims.VERDICT_MIME`: ``true``, ``false`` or ``undecided``, and
+  ``device``, ``host`` or ``exact``); for a notebook from before verdicts were stored, the
+  sentence with its numbers masked stands in for it (a different wording is a changed
+  verdict, bound unknown);
+* any change of a verdict counts (within / outside / undecided), and is a **defect** of the
+  page unless the claim declared itself host-bound (``bound="host"``): a host-bound claim may
+  change between hosts, and the status page shows both values;
+* pages present in only one of the runs are reported.
+
+Command line: ``python scripts/compare_runs.py A B`` (A and B: run records or folders holding
+``book/`` and ``labs/``); ``--record FILE`` writes a record of the current tree.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perflab.record.claims import EXPECT_PREFIX, read_verdicts
+from perflab.record.provenance import read_glued, reference_run
+
+__all__ = ["RUNS_FOLDER", "SCHEMA", "Change", "PageComparison", "compare", "last_two", "load",
+           "snapshot"]
+
+#: Where the repository keeps its run records (one JSON file per reference run).
+RUNS_FOLDER = "runs"
+
+SCHEMA = "perflab-run-record/1"
+_FOLDERS = ("book", "labs")
+_TELEMETRY = "measured over"      # a telemetry sentence states readings, not a verdict
+
+
+def _masked(text: str) -> str:
+    return re.sub(r"[\d.,]+", "#", text)
+
+
+def _page(ipynb: Path) -> dict[str, Any]:
+    glued = read_glued(ipynb)
+    verdicts = read_verdicts(ipynb)
+    numbers, expectations, sentences = {}, {}, {}
+    for name, value in glued.items():
+        if name.startswith(EXPECT_PREFIX):
+            expectations[name[len(EXPECT_PREFIX):]] = value is True or str(value) == "True"
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            numbers[name] = value
+        elif name not in verdicts and isinstance(value, str) and _TELEMETRY not in value:
+            sentences[name] = value
+    run = reference_run(ipynb) or {}
+    return {"run": {k: run.get(k) for k in ("git", "started", "devices", "torch")},
+            "numbers": numbers, "expectations": expectations,
+            "verdicts": {k: {"verdict": v.get("verdict"), "bound": v.get("bound"),
+                             **({"measured": v["measured"]} if "measured" in v else {}),
+                             **({"lo": v["lo"], "hi": v["hi"]} if "lo" in v else {})}
+                         for k, v in verdicts.items()},
+            "sentences": sentences}
+
+
+def snapshot(root: str | Path, run: str | None = None) -> dict[str, Any]:
+    """The run record of the executed notebooks under ``root`` (``book/*.ipynb``,
+    ``labs/*.ipynb``): ``{"schema", "run", "pages": {"book/01_x": {...}}}``.
+
+    Raises:
+        FileNotFoundError: ``root`` holds no executed notebook.
+    """
+    root = Path(root)
+    pages = {}
+    for folder in _FOLDERS:
+        for ipynb in sorted((root / folder).glob("*.ipynb")):
+            pages[f"{folder}/{ipynb.stem}"] = _page(ipynb)
+    if not pages:
+        raise FileNotFoundError(f"no executed notebook under {root}/book or {root}/labs")
+    started = sorted(p["run"]["started"] for p in pages.values() if p["run"].get("started"))
+    return {"schema": SCHEMA, "run": run, "started": started[0] if started else None,
+            "pages": pages}
+
+
+def load(source: str | Path) -> dict[str, Any]:
+    """A run record from a record file, or made from a folder of executed notebooks.
+
+    Raises:
+        FileNotFoundError: no such file or folder, or a folder without notebooks.
+        ValueError: a file that is not a run record.
+    """
+    source = Path(source)
+    if source.is_dir():
+        return snapshot(source, run=source.name)
+    doc = json.loads(source.read_text())
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ValueError(f"{source} is not a run record ({SCHEMA})")
+    return doc
+
+
+@dataclass(frozen=True)
+class Change:
+    """One verdict that differs between run A and run B.
+
+    Attributes:
+        name: the glue name (a claim, or ``expect_<name>``).
+        a, b: the verdict (or masked sentence) in each run.
+        bound: ``"device"``, ``"host"``, ``"exact"`` or None (not declared: an older run).
+        values: the measured medians in A and B where the records hold them.
+    """
+
+    name: str
+    a: str
+    b: str
+    bound: str | None = None
+    values: tuple[Any, Any] | None = None
+
+    @property
+    def defect(self) -> bool:
+        """A change that is not declared host-bound: the measurement needs rounds."""
+        return self.bound != "host"
+
+
+@dataclass
+class PageComparison:
+    """One page in two runs: how many verdicts agree, which changed, how far numbers moved."""
+
+    page: str
+    verdicts: int = 0
+    changes: list[Change] = field(default_factory=list)
+    moved: list[tuple[float, str, float, float]] = field(default_factory=list)
+    numbers: int = 0
+
+    @property
+    def agreeing(self) -> int:
+        """Verdicts (claims and expectations) the two runs agree on."""
+        return self.verdicts - len(self.changes)
+
+    @property
+    def defects(self) -> list[Change]:
+        """Changes that are not declared host-bound."""
+        return [c for c in self.changes if c.defect]
+
+
+def _compare_page(name: str, a: dict[str, Any], b: dict[str, Any],
+                  moved: float) -> PageComparison:
+    out = PageComparison(name)
+    for key in sorted(set(a["expectations"]) & set(b["expectations"])):
+        out.verdicts += 1
+        if a["expectations"][key] != b["expectations"][key]:
+            out.changes.append(Change(EXPECT_PREFIX + key, str(a["expectations"][key]),
+                                      str(b["expectations"][key]), "exact"))
+    va, vb = a["verdicts"], b["verdicts"]
+    for key in sorted(set(va) & set(vb)):
+        out.verdicts += 1
+        if va[key]["verdict"] != vb[key]["verdict"]:
+            bounds = {va[key].get("bound"), vb[key].get("bound")}
+            bound = "host" if bounds == {"host"} else (vb[key].get("bound") or
+                                                       va[key].get("bound"))
+            out.changes.append(Change(key, va[key]["verdict"], vb[key]["verdict"], bound,
+                                      (va[key].get("measured"), vb[key].get("measured"))))
+    sa, sb = a.get("sentences", {}), b.get("sentences", {})
+    # a claim recorded in one run only as a sentence (an older run): compare its words
+    for key in sorted((set(sa) | set(va)) & (set(sb) | set(vb)) - (set(va) & set(vb))):
+        ta = sa.get(key) if key in sa else None
+        tb = sb.get(key) if key in sb else None
+        if ta is None or tb is None or not isinstance(ta, str) or not isinstance(tb, str):
+            continue
+        out.verdicts += 1
+        if _masked(ta) != _masked(tb):
+            out.changes.append(Change(key, ta, tb, None))
+    na, nb = a["numbers"], b["numbers"]
+    for key in sorted(set(na) & set(nb)):
+        out.numbers += 1
+        xa, xb = na[key], nb[key]
+        if xa:
+            change = abs(xb / xa - 1)
+            if change > moved:
+                out.moved.append((change, key, xa, xb))
+    out.moved.sort(reverse=True)
+    return out
+
+
+def compare(a: dict[str, Any], b: dict[str, Any],
+            moved: float = 0.10) -> tuple[list[PageComparison], list[str], list[str]]:
+    """Compare two run records (:func:`load`).
+
+    Args:
+        a, b: run records.
+        moved: relative change above which a glued number counts as moved (>= 0).
+
+    Returns:
+        ``(pages present in both, pages only in A, pages only in B)``.
+
+    Raises:
+        ValueError: a negative ``moved``.
+    """
+    if moved < 0:
+        raise ValueError(f"moved must be >= 0, got {moved}")
+    pa, pb = a["pages"], b["pages"]
+    both = [_compare_page(name, pa[name], pb[name], moved) for name in sorted(set(pa) & set(pb))]
+    return both, sorted(set(pa) - set(pb)), sorted(set(pb) - set(pa))
+
+
+def last_two(root: str | Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The two most recent run records in ``root/runs/`` (by the time their first page
+    started), older first; None when there are fewer than two."""
+    folder = Path(root) / RUNS_FOLDER
+    records = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            records.append(load(path))
+        except (OSError, ValueError):
+            continue
+    records = sorted((r for r in records if r.get("started")), key=lambda r: r["started"])
+    return (records[-2], records[-1]) if len(records) >= 2 else None

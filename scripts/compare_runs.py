@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Compare two runs of the same pages: glued numbers, expectations and claim verdicts.
+
+    python scripts/compare_runs.py A B [--moved 0.10]    # A, B: run records or run folders
+    python scripts/compare_runs.py --record runs/ID.json [--root .] [--run ID]
+
+A and B are run records (``runs/*.json``, written by ``--record``) or folders holding executed
+``book/*.ipynb`` and ``labs/*.ipynb`` (the project root is one). For each page in both: how many
+verdicts the runs agree on, every verdict that changed (within / outside / undecided, true /
+false, an expectation) with what bounds it, and the numbers that moved by more than
+``--moved``; then the pages present in only one run. A changed verdict is a **defect** unless its
+claim is declared host-bound (see :mod:`perflab.record.verdicts`).
+
+Exit status: 0 when no verdict changed except declared host-bound ones, 1 when one did (a
+defect of the page: its measurement needs rounds), 2 for bad arguments or unreadable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from perflab.record import verdicts  # noqa: E402
+
+
+def _short(v) -> str:
+    text = str(v)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def report(a, b, moved: float) -> int:
+    pages, only_a, only_b = verdicts.compare(a, b, moved)
+    defects = host = 0
+    for p in pages:
+        print(f"\n{p.page}: {p.agreeing} of {p.verdicts} verdicts agree; "
+              f"{len(p.moved)} of {p.numbers} numbers moved > {moved:.0%}")
+        for change, key, xa, xb in p.moved[:5]:
+            print(f"   {key:44s} {xa:>12.5g} -> {xb:<12.5g} x{xb / xa:.3f}")
+        for c in p.changes:
+            tag = "host-bound" if not c.defect else (
+                "DEFECT" if c.bound else "DEFECT (bound not declared)")
+            vals = (f" (measured {c.values[0]:.4g} -> {c.values[1]:.4g})"
+                    if c.values and None not in c.values else "")
+            print(f"   CHANGED [{tag}] {c.name}{vals}:\n      A: {_short(c.a)}\n"
+                  f"      B: {_short(c.b)}")
+            defects += c.defect
+            host += not c.defect
+    for name in only_a:
+        print(f"\n{name}: only in A")
+    for name in only_b:
+        print(f"\n{name}: only in B")
+    print(f"\n{defects} verdict(s) changed that are not declared host-bound; {host} host-bound "
+          f"verdict(s) changed; {len(only_a) + len(only_b)} page(s) in one run only")
+    return 1 if defects else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="*", help="two run records or run folders (A B)")
+    ap.add_argument("--moved", type=float, default=0.10, help="relative change counted as moved")
+    ap.add_argument("--record", type=Path, help="write the run record of --root to this file")
+    ap.add_argument("--root", type=Path, default=ROOT, help="folder holding book/ and labs/")
+    ap.add_argument("--run", default=None, help="the run's name stored in the record")
+    args = ap.parse_args(argv)
+    try:
+        if args.record:
+            if args.runs:
+                print("compare_runs.py: --record takes no runs to compare", file=sys.stderr)
+                return 2
+            doc = verdicts.snapshot(args.root, run=args.run or args.record.stem)
+            args.record.parent.mkdir(parents=True, exist_ok=True)
+            args.record.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+            print(f"{args.record}: {len(doc['pages'])} pages")
+            return 0
+        if len(args.runs) != 2:
+            print("compare_runs.py: give two runs to compare (A B), or --record FILE",
+                  file=sys.stderr)
+            return 2
+        if args.moved < 0:
+            print("compare_runs.py: --moved must be >= 0", file=sys.stderr)
+            return 2
+        a, b = (verdicts.load(r) for r in args.runs)
+    except (OSError, ValueError) as err:
+        print(f"compare_runs.py: {err}", file=sys.stderr)
+        return 2
+    return report(a, b, args.moved)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Every chapter of the book runs on this machine from its current source.
+
+CI has no GPU, so it cannot make a reference run; what it can prove is that the code each page
+shows today runs. Each chapter's MyST source (``book/*.md`` in the table of contents, the
+explorer included) is executed on this CPU with ``scripts/execute.py --out`` into a scratch
+folder, every cell must run, and the committed ``.ipynb`` (the GPU's outputs) is never touched.
+A page whose code changed since its reference run is therefore tested as it stands, and is
+merely *stale* (``execute.py --check`` exit 3, a warning in CI and a banner on the page) until
+the next GPU run: page code and package code are treated alike (issue 38). Chapters waiting in
+``pending/`` run in ``tests/test_pending.py``, labs in ``tests/test_lab_checks.py``.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import execute  # noqa: E402
+
+from perflab.record import runs  # noqa: E402
+
+
+def chapters() -> list[Path]:
+    """The chapter pages of the table of contents that are notebooks (not labs), whose source
+    is the one in book/ (a page replaced by a pending source shows a frozen older run)."""
+    out = []
+    for entry in runs.toc_files(ROOT / "_toc.yml"):
+        md = ROOT / (entry + ".md")
+        if (entry.startswith("book/") and md.exists() and runs.is_myst_notebook(md)
+                and runs.pending_replacement(md) is None):
+            out.append(md)
+    return out
+
+
+CHAPTERS = chapters()
+
+
+def test_the_chapters_are_found():
+    assert len(CHAPTERS) >= 9, [p.name for p in CHAPTERS]
+
+
+@pytest.mark.parametrize("md", CHAPTERS, ids=[p.stem for p in CHAPTERS])
+def test_chapter_runs_on_this_machine(md, tmp_path):
+    rc = execute.main([str(md), "--out", str(tmp_path), "--timeout", "900"])
+    assert rc == 0, f"{md.relative_to(ROOT)} failed on this machine (see the output above)"

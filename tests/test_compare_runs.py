@@ -1,0 +1,118 @@
+"""scripts/compare_runs.py and perflab.record.verdicts: two runs of the same pages, compared."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from IPython.core.formatters import format_display_data
+
+from perflab.record import claims, verdicts
+
+ROOT = Path(__file__).resolve().parent.parent
+PREFIX = "application/papermill.record/"
+
+
+def _glue(name, value):
+    bundle, _ = format_display_data(value)
+    return {"output_type": "display_data",
+            "metadata": {"scrapbook": {"name": name, "mime_prefix": PREFIX}},
+            "data": {PREFIX + k: v for k, v in bundle.items()}}
+
+
+def _claim(name, verdict, bound, text, measured=None):
+    record = {"verdict": verdict, "bound": bound}
+    if measured is not None:
+        record.update(measured=measured, lo=measured, hi=measured)
+    return _glue(name, claims._Claimed(text, record))
+
+
+def _notebook(folder: Path, page: str, outputs, started="2026-12-05T10:00:00Z"):
+    path = folder / f"{page}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"metadata": {"reference_run": {"started": started,
+                                                               "git": "abc"}},
+                                "cells": [{"cell_type": "code", "outputs": outputs}]}))
+
+
+def _run(folder: Path, *, rung_verdict="true", host_verdict="true", knee=True, ratio=1.0,
+         extra_page=False, started="2026-12-05T10:00:00Z"):
+    _notebook(folder, "book/06_speed", [
+        _claim("rung_vs_prediction", rung_verdict, "device", "within 25 %", 1.1),
+        _claim("loader_vs_prediction", host_verdict, "host", "within 25 %", 0.9),
+        _glue("expect_knee", knee), _glue("speedup", 10.0 * ratio),
+        _glue("old_style_sentence", "the run was faster" if ratio < 2 else "the run was slower"),
+        _glue("clock", "measured over 0.5 s on X: SM clock 1,980 MHz")], started)
+    if extra_page:
+        _notebook(folder, "labs/06_speed", [_glue("x", 1)], started)
+    return folder
+
+
+def test_identical_runs_agree(tmp_path):
+    a, b = _run(tmp_path / "a"), _run(tmp_path / "b")
+    pages, only_a, only_b = verdicts.compare(verdicts.load(a), verdicts.load(b))
+    (page,) = pages
+    assert page.verdicts == 4 and page.agreeing == 4 and not page.changes
+    assert only_a == only_b == []
+
+
+def test_a_device_bound_flip_is_a_defect_and_a_host_bound_one_is_not(tmp_path):
+    a = _run(tmp_path / "a")
+    b = _run(tmp_path / "b", rung_verdict="undecided", host_verdict="false", ratio=1.5)
+    (page,), _, _ = verdicts.compare(verdicts.load(a), verdicts.load(b))
+    assert {c.name for c in page.changes} == {"rung_vs_prediction", "loader_vs_prediction"}
+    assert [c.name for c in page.defects] == ["rung_vs_prediction"]   # undecided counts
+    assert page.moved and page.moved[0][1] == "speedup"
+    r = subprocess.run([sys.executable, "scripts/compare_runs.py", str(a), str(b)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "CHANGED [DEFECT] rung_vs_prediction" in r.stdout
+    assert "CHANGED [host-bound] loader_vs_prediction" in r.stdout
+    assert "(measured 0.9 -> 0.9)" in r.stdout
+    only_host = _run(tmp_path / "c", host_verdict="false")
+    r = subprocess.run([sys.executable, "scripts/compare_runs.py", str(a), str(only_host)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "1 host-bound verdict(s) changed" in r.stdout
+
+
+def test_expectations_old_sentences_and_pages_in_one_run_only(tmp_path):
+    a = _run(tmp_path / "a", extra_page=True)
+    b = _run(tmp_path / "b", knee=False, ratio=3.0)
+    pages, only_a, only_b = verdicts.compare(verdicts.load(a), verdicts.load(b))
+    names = {c.name: c for c in pages[0].changes}
+    assert "expect_knee" in names and names["expect_knee"].defect
+    assert "old_style_sentence" in names and names["old_style_sentence"].bound is None
+    assert "clock" not in names                     # telemetry states readings, not verdicts
+    assert only_a == ["labs/06_speed"] and only_b == []
+
+
+def test_a_record_round_trips_and_the_last_two_are_found(tmp_path):
+    root = tmp_path / "repo"
+    _run(root / "x", started="2026-12-01T00:00:00Z")
+    _run(root / "y", started="2026-12-03T00:00:00Z")
+    _run(root / "z", started="2026-12-02T00:00:00Z")
+    for name in ("x", "y", "z"):
+        r = subprocess.run([sys.executable, "scripts/compare_runs.py", "--record",
+                            str(root / "runs" / f"{name}.json"), "--root", str(root / name)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    older, newer = verdicts.last_two(root)
+    assert (older["run"], newer["run"]) == ("z", "y")
+    assert newer == verdicts.load(root / "runs" / "y.json")
+    assert verdicts.last_two(tmp_path / "nowhere") is None
+
+
+@pytest.mark.parametrize("args", [["only-one"], ["a", "b", "--moved", "-1"], ["x", "y"]])
+def test_bad_arguments_exit_2(args, tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts/compare_runs.py"), *args],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "compare_runs.py" in r.stderr
+
+
+def test_the_committed_records_are_run_records():
+    """The repository keeps at least the last two runs' records, readable."""
+    pair = verdicts.last_two(ROOT)
+    assert pair is not None, "runs/ must hold the records of the last two runs"
+    for record in pair:
+        assert record["pages"] and record["schema"] == verdicts.SCHEMA

@@ -1,0 +1,57 @@
+"""perflab.core.rounds: interleaved rounds and the spread of what they measured."""
+
+import pytest
+
+from perflab.core.rounds import IQR_FROM, Spread, interleaved, spread
+
+
+def test_spread_is_the_range_then_the_iqr():
+    s = spread([3.0, 1.0, 2.0, 5.0, 4.0])
+    assert (s.median, s.lo, s.hi, s.n) == (3.0, 1.0, 5.0, 5)
+    assert s.kind == "min–max over 5 rounds"
+    many = spread([1.0] * (IQR_FROM - 1) + [100.0])             # one stray round
+    assert many.hi == 1.0 and "inter-quartile" in many.kind   # no longer decides
+    assert spread([2.0, 2.0]).relative_width == 0.0
+
+
+def test_ratios_are_taken_round_by_round():
+    """A drift that slows both variants of a round cancels in their ratio."""
+    a = Spread((1.0, 2.0, 4.0))           # the machine slows down over the rounds
+    b = Spread((2.0, 4.0, 8.0))
+    r = b / a
+    assert r.values == (2.0, 2.0, 2.0) and r.lo == r.hi == 2.0
+    assert (a * 2).values == (2.0, 4.0, 8.0) and (1 / a).values == (1.0, 0.5, 0.25)
+    assert (b - a).values == (1.0, 2.0, 4.0) and float(a) == 2.0
+    with pytest.raises(ValueError, match="same rounds"):
+        a / Spread((1.0,))
+
+
+def test_interleaved_rotates_the_order_and_drops_warmup_rounds():
+    order = []
+
+    def variant(name, value):
+        def run():
+            order.append(name)
+            return value
+        return run
+
+    out = interleaved({"a": variant("a", 1.0), "b": variant("b", 2.0), "c": variant("c", 3.0)},
+                      rounds=3, warmup=1)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert list(out) == ["a", "b", "c"] and out["b"].values == (2.0, 2.0, 2.0)
+
+
+@pytest.mark.parametrize("kwargs", [{"rounds": 0}, {"warmup": -1}, {"warmup": 1.5}])
+def test_bad_arguments_name_themselves(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        interleaved({"a": lambda: 1.0}, **kwargs)
+
+
+def test_bad_values_are_errors():
+    with pytest.raises(ValueError, match="finite"):
+        interleaved({"a": lambda: float("nan")})
+    with pytest.raises(ValueError, match="work"):
+        interleaved({})
+    for bad in [(), (1.0, float("inf")), (True,)]:
+        with pytest.raises(ValueError):
+            Spread(bad)

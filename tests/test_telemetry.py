@@ -1,0 +1,209 @@
+"""perflab.core.telemetry: clocks, power and throttle reasons read inside a measurement's timed
+window, and sentences that say what they cover."""
+
+import time
+
+import pytest
+import torch
+
+from perflab.core import telemetry as T
+from perflab.core.timing import event_timer, seconds_per_call, timed_window
+
+
+def _gpu(monkeypatch, readings):
+    """Feed Telemetry's NVML branch from ``readings()`` (perflab.core.nvml's units: Hz, W)."""
+    monkeypatch.setattr(T.nvml, "readings", lambda index=0, links=True: readings())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+
+def _reading(sm_mhz=1590.0, power_w=197.0, instant=None, reasons=("software power cap",)):
+    return {"sm_clock_hz": sm_mhz * 1e6, "sm_clock_max_hz": 1980e6, "mem_clock_hz": 3201e6,
+            "power_w": power_w, "power_instant_w": instant, "power_limit_w": 700.0,
+            "temperature_c": 50, "clock_event_reasons": list(reasons)}
+
+
+def _steady(monkeypatch, **kw):
+    _gpu(monkeypatch, lambda: _reading(**kw))
+
+
+def _busy(seconds):
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        time.sleep(0.001)
+
+
+def test_cpu_summary_states_duration_and_what_is_missing():
+    with T.Telemetry(interval_s=0.005) as tel:
+        time.sleep(0.05)
+    s = tel.summary()
+    assert s.duration_s >= 0.05 and s.scope == "whole block"
+    assert s.source in ("/proc/cpuinfo", "none")
+    assert "power" in s.unavailable and "throttle reasons" in s.unavailable
+    assert s.clock_fraction is None
+    assert f"{s.duration_s:.2f} s" in s.sentence() and "whole" in s.sentence()
+    d = s.as_dict()
+    assert d["sentence"] == s.sentence() and isinstance(d["unavailable"], list)
+
+
+def test_summary_before_the_block_ends_is_an_error():
+    tel = T.Telemetry()
+    with pytest.raises(RuntimeError, match="after the with-block"):
+        tel.summary()
+
+
+@pytest.mark.parametrize("kwargs, word", [({"interval_s": 0}, "interval_s"), ({"index": -1}, "index"),
+                                          ({"device": "gpu7"}, "device"), ({"work": "disk"}, "work")])
+def test_bad_arguments_name_themselves(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        T.Telemetry(**kwargs)
+
+
+def test_only_readings_inside_the_timed_window_count(monkeypatch):
+    """Idle readings before and after the timed repetitions (here 1,980 MHz at 120 W) must not
+    caption work that ran at 1,500 MHz and 690 W: the old sampler mixed them."""
+    state = {"busy": False}
+    _gpu(monkeypatch, lambda: _reading(1500.0, 690.0) if state["busy"]
+         else _reading(1980.0, 120.0, reasons=("idle",)))
+    with T.Telemetry(interval_s=0.002) as tel:
+        _busy(0.05)                                   # set-up and warm-up: idle readings
+        with tel.window():
+            state["busy"] = True
+            _busy(0.05)
+            state["busy"] = False
+        _busy(0.05)                                   # after the work
+    s = tel.summary()
+    assert s.scope == "timed window" and s.windows == 1
+    assert s.sm_clock_mhz_median == s.sm_clock_mhz_highest == 1500.0
+    assert s.power_w_max == 690.0 and s.reasons == ("software power cap",)
+    assert 0.04 < s.duration_s < 0.1                 # the window, not the 0.15 s block
+    assert "timed window" in s.sentence() and "1,980" in s.sentence()   # chip max only
+    assert "1,500 MHz" in s.sentence()
+
+
+def test_a_window_with_too_few_readings_reads_no_clock(monkeypatch):
+    _steady(monkeypatch, sm_mhz=1980.0)
+    with T.Telemetry(interval_s=0.05) as tel:
+        _busy(0.12)
+        with tel.window():
+            pass                                     # a burst far shorter than one interval
+        _busy(0.12)
+    s = tel.summary()
+    assert s.too_short and s.samples < T.MIN_SAMPLES
+    assert s.sm_clock_hz is None and s.sm_clock_mhz_median is None and s.power_w_max is None
+    assert "too short to read a clock" in s.sentence() and "50 ms" in s.sentence()
+    assert "1,980 MHz" not in s.sentence().replace("chip max 1,980", "")
+
+
+def test_timing_primitives_mark_their_own_windows(monkeypatch):
+    """event_timer, seconds_per_call (and benchmark, hot_and_cold, paired_ratio) open a window
+    around their timed repetitions; nested windows count once."""
+    with T.Telemetry(interval_s=0.01, device="cpu") as tel:
+        time.sleep(0.03)                             # before: not timed
+        event_timer(lambda: time.sleep(0.002), "cpu", warmup=2, reps=3)
+        with timed_window():
+            seconds_per_call(lambda: time.sleep(0.002), calls=2)   # nested: one window
+    assert len(tel.windows) == 2
+    (a0, a1), (b0, b1) = tel.windows
+    assert 0.025 < a0 and a1 - a0 >= 0.006 and b0 >= a1 and b1 - b0 >= 0.004
+    # a window opened outside any Telemetry block is heard by nobody and harms nothing
+    with timed_window():
+        pass
+
+
+def test_clock_range_and_median_are_stated(monkeypatch):
+    clocks = iter([1980.0, 1575.0, 1590.0, 1605.0] * 100)
+    _gpu(monkeypatch, lambda: _reading(next(clocks)))
+    with T.Telemetry(interval_s=0.002) as tel:
+        with tel.window():
+            _busy(0.05)
+    s = tel.summary()
+    assert s.sm_clock_mhz_min == 1575.0 and s.sm_clock_mhz_highest == 1980.0
+    assert "SM clock 1,575–1,980 MHz, median" in s.sentence()
+    assert s.sm_clock_hz == pytest.approx(s.sm_clock_mhz_median * 1e6)
+
+
+def test_measure_returns_seconds_and_telemetry_of_its_window():
+    x = torch.ones(1000)
+    m = T.measure(lambda: x * 2, "cpu", min_run_time_s=0.05)
+    assert m.seconds > 0 and m.telemetry.scope == "timed window"
+    assert m.telemetry.duration_s >= 0.04            # blocked_autorange's window
+    assert m.rate(8000) == pytest.approx(8000 / m.seconds)
+    with pytest.raises(ValueError, match="work"):
+        m.rate(-1)
+
+
+def test_work_on_the_cpu_samples_the_cpu_even_beside_a_gpu(monkeypatch):
+    """On a GPU machine, Telemetry(device="cpu") reads the CPU clock, not the idle GPU's."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(T, "_gpu_reading", lambda index=0: {"sm_clock_mhz": 1980.0})
+    monkeypatch.setattr(T, "_cpu_mhz", lambda: 2400.0)
+    monkeypatch.setattr(T, "_cpu_reading", lambda: {"sm_clock_mhz": 2400.0, "cpu_mhz": [2400.0],
+                                                    "clock_source": "cpufreq"})
+    for device, source in ((None, "NVML"), ("cuda", "NVML"), ("cuda:0", "NVML"),
+                           ("cpu", "/proc/cpuinfo"), (torch.device("cpu"), "/proc/cpuinfo")):
+        with T.Telemetry(interval_s=10, device=device) as tel:
+            pass
+        assert tel._source == source, device
+    with T.Telemetry(interval_s=0.002, device="cpu") as tel:
+        time.sleep(0.02)
+    s = tel.summary()
+    assert s.sm_clock_mhz_median == 2400.0 and "core clock" in s.sentence()
+    # measure() passes the device it benchmarks on
+    seen = []
+    real = T.Telemetry
+
+    def spy(**kw):
+        seen.append(kw.get("device"))
+        return real(**kw)
+
+    monkeypatch.setattr(T, "Telemetry", spy)
+    monkeypatch.setattr(T, "benchmark", lambda fn, dev, min_run_time_s: 1.0)
+    m = T.measure(lambda: None, "cpu")
+    assert seen == [torch.device("cpu")] and m.telemetry.source == "/proc/cpuinfo"
+
+
+@pytest.mark.parametrize("instant, kind, words", [
+    (None, "1 s average", "one-second average"), (612.0, "instantaneous", "(instantaneous)"),
+    (745.0, "instantaneous", "one may exceed the 700 W limit")])
+def test_power_is_stated_as_what_nvml_gives(monkeypatch, instant, kind, words):
+    """The instantaneous field where the driver has it, else the one-second average, named; an
+    instantaneous reading above the limit is explained, not left as a contradiction."""
+    _steady(monkeypatch, instant=instant)
+    with T.Telemetry(interval_s=0.002) as tel:
+        with tel.window():
+            _busy(0.02)
+    s = tel.summary()
+    assert s.power_kind == kind and words in s.sentence()
+    assert s.power_w_max == (instant if instant is not None else 197.0)
+
+
+def test_an_sm_clock_is_stated_only_for_sm_work(monkeypatch):
+    _steady(monkeypatch, instant=600.0)
+    sentences = {}
+    for work in ("sm", "memory", "link"):
+        with T.Telemetry(interval_s=0.002, work=work) as tel:
+            with tel.window():
+                _busy(0.02)
+        sentences[work] = tel.summary().sentence()
+        assert tel.summary().sm_clock_hz == pytest.approx(1590e6)
+    assert "SM clock 1,590 MHz" in sentences["sm"] and "software power cap" in sentences["sm"]
+    assert "memory clock (3,201 MHz)" in sentences["memory"]
+    assert "SM clock 1,590" not in sentences["memory"] + sentences["link"]
+    assert "no GPU clock" in sentences["link"] and "power cap" not in sentences["link"]
+
+
+@pytest.mark.parametrize("source, values, readable", [
+    ("/proc/cpuinfo", [2596.1, 2596.1, 2596.1], False),   # a VM's constant nominal figure
+    ("/proc/cpuinfo", [2596.1, 3100.0], True),
+    ("cpufreq", [2400.0, 2400.0], True)])
+def test_a_constant_cpuinfo_clock_is_said_to_be_unreadable(monkeypatch, source, values, readable):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(T, "_cpu_reading", lambda: {"sm_clock_mhz": values[0], "cpu_mhz": values,
+                                                    "clock_source": source})
+    with T.Telemetry(interval_s=0.002) as tel:
+        time.sleep(0.02)
+    s = tel.summary()
+    assert s.cpu_clock_readable is readable
+    assert ("cannot be read" in s.sentence()) is (not readable)
