@@ -58,8 +58,7 @@ def window_ids(step: int, batch: int, n_windows: int, rank: int = 0, world: int 
         ValueError: ``rank`` outside ``[0, world)``, or fewer windows than one micro-step of all
             ranks needs.
     """
-    if not 0 <= rank < world:
-        raise ValueError(f"rank must be in [0, world={world}), got {rank}")
+    integer("rank", rank, 0, world - 1)         # one of the world's ranks
     if n_windows < batch * world:
         raise ValueError(f"{n_windows} windows cannot feed {world} rank(s) x batch={batch}")
     return [(start + (step * batch + b) * world + rank) % n_windows for b in range(batch)]
