@@ -175,12 +175,12 @@ WRONG = {
         ("ex1-solution", "mm, batch_size=None, num_workers=0,", "mm, batch_size=None, num_workers=2,",
          r"num_workers=2"),
         # crops of another size than the slow loader's
-        ("ex1-solution", "collate_fn=ds.AugmentBatch(64)", "collate_fn=ds.AugmentBatch(32)", r"same crops"),
+        ("ex1-solution", "collate_fn=AugmentBatch(64)", "collate_fn=AugmentBatch(32)", r"same crops"),
         # the 44x shortcut: resize the stored squares, no crop, no flip, no normalization
-        ("ex1-solution", "collate_fn=ds.AugmentBatch(64),",
+        ("ex1-solution", "collate_fn=AugmentBatch(64),",
          "collate_fn=lambda b: (F.interpolate(b[0].float(), size=64) / 255, b[1]),", r"not normalized"),
         # normalized, but every image cropped (resized) the same way each epoch, never flipped
-        ("ex1-solution", "collate_fn=ds.AugmentBatch(64),",
+        ("ex1-solution", "collate_fn=AugmentBatch(64),",
          "collate_fn=lambda b: ((F.interpolate(b[0].float(), size=64) / 255 - 0.45) / 0.226, b[1]),",
          r"crops every image the same way"),
         # the images in file order every epoch
@@ -190,17 +190,17 @@ WRONG = {
         ("ex2-solution", "    torch.set_num_threads(1)   # the environment variable is read only at start",
          '    os.environ["OMP_NUM_THREADS"] = "1"', r"still run"),
         # the count of workers taken for the count of threads
-        ("ex2-solution", "total_threads = sum(ds.worker_thread_counts(2, lab.tuned_init).values())",
+        ("ex2-solution", "total_threads = sum(worker_thread_counts(2, lab05.tuned_init).values())",
          "total_threads = 2", r"total_threads is 2"),
         # the colleague's set-up dropped instead of fixed
-        ("ex2-solution", "    lab.tuned_init(worker_id)\n", "", r"still call"),
+        ("ex2-solution", "    lab05.tuned_init(worker_id)\n", "", r"still call"),
         # a curve that starts at one worker: the in-process loader is never measured (with few
         # cores the curve is also too short)
         ("ex3-solution", "counts = sorted({0, 1, cores}", "counts = sorted({1, cores}",
          r"from num_workers=0|\(0, 1 and the number of cores\)"),
         # channels first (C, H, W) written where the reader expects height x width x RGB
-        ("ex4-solution", "    out[i] = ds.decode_resized(f, 144)\n",
-         "    out[i] = ds.decode_resized(f, 144).transpose(2, 0, 1).reshape(144, 144, 3)\n", r"NHWC"),
+        ("ex4-solution", "    out[i] = decode_resized(f, 144)\n",
+         "    out[i] = decode_resized(f, 144).transpose(2, 0, 1).reshape(144, 144, 3)\n", r"NHWC"),
     ],
     "06_speed": [
         # the loss still read with .item() at every step

@@ -49,7 +49,6 @@ OPTIONAL_IMPORTS = {
     "loading/transforms.py": {"torchvision.io"},         # the `vision` extra (GPU code paths)
     "machine/explorer.py": {"ipywidgets"},               # the `book` extra
     "record/provenance.py": {"myst_nb"},                 # the `book` extra
-    "record/formatting.py": {"IPython.display"},         # a live kernel
     "record/plotting.py": {"IPython", "IPython.display",  # a live kernel (inline figures)
                            "matplotlib_inline.backend_inline"},
     "record/tables.py": {"IPython.display"},             # a live kernel

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from perflab.kernels import fp8
-from perflab.gpt2 import model as gpt2
+from perflab.gpt2.model import Block, GPT, config
 from perflab.gpt2.rungs import Rung
 from perflab.gpt2.train import losses_agree, train
 
@@ -78,7 +78,7 @@ def test_autocast_output_dtype_and_grads():
 
 
 def test_convert_swaps_the_block_linears_and_shares_weights():
-    model = gpt2.GPT(gpt2.config("124M", **dict(TINY), vocab_size=257))
+    model = GPT(config("124M", **dict(TINY), vocab_size=257))
     weights = {n: p for n, p in model.named_parameters()}
     x = torch.randint(0, 257, (2, 16))
     before = model(x).detach()
@@ -100,8 +100,8 @@ def test_bad_shapes_raise():
         fp8.Float8Linear.from_linear(torch.nn.Linear(32, 40))
     with pytest.raises(ValueError, match="grad_weight"):
         fp8.Float8Linear(32, 32, grad_weight="fp16")
-    model = gpt2.GPT(gpt2.config("124M", n_layer=1, n_embd=24, n_head=2, block_size=8,
-                                 vocab_size=64))
+    model = GPT(config("124M", n_layer=1, n_embd=24, n_head=2, block_size=8,
+                       vocab_size=64))
     with pytest.raises(ValueError, match=r"blocks\.0\.attn\.qkv"):
         fp8.convert(model)
     assert not any(isinstance(m, fp8.Float8Linear) for m in model.modules())
@@ -115,7 +115,7 @@ def test_bad_shapes_raise():
 
 
 def test_traced_by_dynamo_without_graph_breaks():
-    block = gpt2.Block(gpt2.config("124M", **dict(TINY)))
+    block = Block(config("124M", **dict(TINY)))
     holder = torch.nn.Module()
     holder.blocks = torch.nn.ModuleList([block])
     assert fp8.convert(holder) == 4

@@ -13,7 +13,7 @@ LAB = ROOT / "labs" / "03_internals.md"
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_student  # noqa: E402
 
-from perflab.internals import autograd, hostsync as sync  # noqa: E402
+from perflab.internals import autograd, hostsync  # noqa: E402
 
 
 from lab_cells import code_cell as _cell  # noqa: E402
@@ -41,8 +41,8 @@ def test_student_version_is_valid_python(tmp_path):
 def test_sync_check_rejects_the_baseline_and_accepts_the_solution(lab_namespace):
     ns = lab_namespace
     model, xs, ys = ns["make_problem"]()
-    _, slow = sync.count_host_syncs(ns["train_slow"], model, ns["make_optimizer"](model), xs, ys)
-    _, fast = sync.count_host_syncs(ns["train_fast"], model, ns["make_optimizer"](model), xs, ys)
+    _, slow = hostsync.count_host_syncs(ns["train_slow"], model, ns["make_optimizer"](model), xs, ys)
+    _, fast = hostsync.count_host_syncs(ns["train_fast"], model, ns["make_optimizer"](model), xs, ys)
     steps = len(xs)
     # per step: two boolean masks, the NaN guard, .item() and the f-string
     assert slow == {"__getitem__": 2 * steps, "__bool__": steps, "item": steps, "__format__": steps}

@@ -5,8 +5,6 @@ import pytest
 import torch
 from torch import nn
 
-from perflab.machine.waves import wave_model
-from perflab.core.profiler import overlap_fraction, trace_intervals
 from perflab.speed.measure import capture_logs, graph_replay_semantics, op_count, wall_time
 from perflab.speed.tolerance import final_loss, loss_tolerance, same_losses
 from perflab.speed.workload import SmallCNN, normalize, synthetic_images
@@ -27,30 +25,6 @@ def test_normalize_matches_the_formula_and_rejects_bad_shapes():
     assert torch.allclose(normalize(x), torch.full((1, 3, 2, 2), 2.0))
     with pytest.raises(ValueError, match="images"):
         normalize(torch.zeros(3, 2, 2, dtype=torch.uint8))
-
-
-def test_overlap_fraction_merges_kernels_and_checks_intervals():
-    assert overlap_fraction([(0, 10)], [(0, 5), (2, 5)]) == pytest.approx(0.5)
-    assert overlap_fraction([(0, 10), (20, 30)], [(5, 25)]) == pytest.approx(0.5)
-    assert overlap_fraction([(0, 10)], []) == 0.0
-    with pytest.raises(ValueError):
-        overlap_fraction([], [(0, 1)])
-    with pytest.raises(ValueError, match="ends before"):
-        overlap_fraction([(5, 1)], [])
-
-
-def test_trace_intervals_reads_a_chrome_trace():
-    trace = {"traceEvents": [
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)",
-         "ts": 0, "dur": 10},
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)",
-         "ts": 0, "dur": 10},
-        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 5, "dur": 10},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 3}]}
-    copies, kernels = trace_intervals(trace)
-    assert copies == [(0.0, 10.0)] and kernels == [(5.0, 15.0)]
-    with pytest.raises(ValueError):
-        trace_intervals({})
 
 
 def test_capture_logs_returns_dynamo_graph_breaks_as_text(capsys):
@@ -158,15 +132,6 @@ def test_final_loss_and_same_losses():
     assert not same_losses(ref, ref[:2])                   # fewer steps
     with pytest.raises(ValueError, match="rtol"):
         same_losses(ref, ref, rtol=0)
-
-
-def test_wave_model_dips_just_past_a_wave():
-    # 132 SMs, 128 x 256 tiles: n = 2048 gives 16 x 8 = 128 tiles (one wave, 97 % used);
-    # n = 2176 gives 17 x 9 = 153 tiles (two waves, 58 % used)
-    full, past = wave_model([2048, 2176], plateau=100.0, sms=132)
-    assert full == pytest.approx(100 * 128 / 132) and past == pytest.approx(100 * 153 / 264)
-    with pytest.raises(ValueError):
-        wave_model([0], 1.0, 132)
 
 
 def test_the_pages_prefetcher_is_a_plain_iterator_on_cpu():

@@ -33,8 +33,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from perflab.gpt2 import model as gpt2, steps as gpt2_steps
+from perflab.gpt2.model import GPT, PADDED_VOCAB, GPTConfig, config
 from perflab.gpt2.rungs import RunResult, Rung
+from perflab.gpt2.steps import Forward
 from perflab.gpt2.train import batches, train
 from perflab.labs.exercises import ExerciseFailed, NotPlain, as_float, plain, record, require
 
@@ -51,7 +52,7 @@ _REFERENCE_CEILINGS = Path(__file__).resolve().parent.parent / "data" / "referen
 ADAMW_FP32_BYTES = {"weight": 4, "gradient": 4, "adam_m": 4, "adam_v": 4}
 
 
-def model_params(cfg: gpt2.GPTConfig, non_embedding: bool = True) -> int:
+def model_params(cfg: GPTConfig, non_embedding: bool = True) -> int:
     """Parameters of ``GPT(cfg)``, counted on the ``meta`` device (no memory, no time).
 
     ``non_embedding`` as in :meth:`perflab.gpt2.model.GPT.num_params` (the position embedding left
@@ -60,10 +61,10 @@ def model_params(cfg: gpt2.GPTConfig, non_embedding: bool = True) -> int:
     Raises:
         TypeError: ``cfg`` is not a :class:`perflab.gpt2.model.GPTConfig`.
     """
-    if not isinstance(cfg, gpt2.GPTConfig):
+    if not isinstance(cfg, GPTConfig):
         raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
     with torch.device("meta"):
-        model = gpt2.GPT(cfg)
+        model = GPT(cfg)
     return model.num_params(non_embedding=non_embedding)
 
 
@@ -92,9 +93,9 @@ def check_flops_per_token(fn: Callable[[int, int, int, int], float] | None) -> d
     require(1, flops_per_token=fn)
     out = {}
     for label, name, changes, T in _FLOP_CASES:
-        cfg = gpt2.config(name, **dict(changes))
+        cfg = config(name, **dict(changes))
         with torch.device("meta"):
-            model = gpt2.GPT(cfg)
+            model = GPT(cfg)
         n = model.num_params()
         got = fn(n, cfg.n_layer, cfg.n_embd, T)           # the answer first, as a plain number
         if got is None or isinstance(got, bool):
@@ -122,7 +123,7 @@ def check_flops_per_token(fn: Callable[[int, int, int, int], float] | None) -> d
 # ---------------------------------------------------------------------------------------------
 
 def check_static_memory(bytes_per_param: dict | None, predicted_static: float | None,
-                        cfg: gpt2.GPTConfig, rtol: float = 0.01) -> float:
+                        cfg: GPTConfig, rtol: float = 0.01) -> float:
     """Check the bytes per parameter of float32 AdamW training and the static bytes of ``cfg``.
 
     ``bytes_per_param`` maps each of ``"weight"``, ``"gradient"``, ``"adam_m"``, ``"adam_v"`` to
@@ -313,7 +314,7 @@ def peak_estimate(rung: Rung, tokens: np.ndarray, device="cpu", seed: int = 0) -
         raise TypeError(f"rung must be a Rung, got {type(rung).__name__}")
     device = torch.device(device)
     torch.manual_seed(seed)
-    model = gpt2.GPT(rung.config()).to(device)
+    model = GPT(rung.config()).to(device)
     params = list(model.parameters())
     n = sum(p.numel() for p in params)
     # the step in the backward frees each gradient at once only without accumulation: the
@@ -331,8 +332,8 @@ def peak_estimate(rung: Rung, tokens: np.ndarray, device="cpu", seed: int = 0) -
             seen[key] = t.untyped_storage().nbytes()
         return t
 
-    fwd = gpt2_steps.Forward(model, rung.then(rung.name, compile=False, checkpoint=False,
-                                              graphs=False, step_graph=False))
+    fwd = Forward(model, rung.then(rung.name, compile=False, checkpoint=False,
+                                   graphs=False, step_graph=False))
     x, y = next(batches(tokens, rung.batch, rung.seq_len))
     x, y = x.to(device), y.to(device)
     before = {}
@@ -481,7 +482,7 @@ def reference_fraction(tokens_per_s: float | None, model: str = "124M", seq_len:
     value = (json.loads(p.read_text()).get("ceilings", {}).get(ceiling) or {}).get("value")
     if not value:
         return None
-    cfg = gpt2.config(model, vocab_size=gpt2.PADDED_VOCAB)
+    cfg = config(model, vocab_size=PADDED_VOCAB)
     with torch.device("meta"):
-        flops = gpt2.GPT(cfg).flops_per_token(seq_len)
+        flops = GPT(cfg).flops_per_token(seq_len)
     return float(tokens_per_s) * flops / value

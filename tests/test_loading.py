@@ -1,4 +1,4 @@
-"""perflab.loading.datasets: the built data, the storage formats, and loaders that are correct with
+"""perflab.loading: the built data, the storage formats, and loaders that are correct with
 workers (every sample once per epoch, augmentation that differs across workers and epochs) under
 every start method. Tiny data and two workers, so the whole file runs in seconds."""
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 from dataclasses import asdict
 
-from perflab.distributed import training as parallel
+from perflab.distributed import training
 from perflab.gpt2.breakdown import (Timeline, _device_rows, attention_kernel, kernel_kind,
                                     step_breakdown, weight_matmul_flops)
 from perflab.gpt2.rungs import (PLAIN_RUNG, RunResult, Rung, last_parallel_rung, mfu, padded,
@@ -157,15 +157,16 @@ def test_fp16_rung_scales_and_bf16_residual_rung_trains_alike():
 
 
 def test_residual_stream_is_bf16_only_in_the_bf16_residual_rung():
-    from perflab.gpt2 import model as gpt2, steps as gpt2_steps
+    from perflab.gpt2.steps import Forward
+    from perflab.gpt2.model import GPT
     seen = []
     for residual in ("fp32", "bf16"):
         rung = base(precision="bf16", residual=residual)
-        model = gpt2.GPT(rung.config())
+        model = GPT(rung.config())
         model.blocks[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
         x = torch.randint(0, 200, (2, 32))
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            gpt2_steps.Forward(model, rung)(x, x)
+            Forward(model, rung)(x, x)
     assert seen == [torch.float32, torch.bfloat16]
 
 
@@ -186,7 +187,7 @@ def test_a_profiled_rung_keeps_as_many_losses_as_an_unprofiled_one():
 
 def _forward_growth_mib(rung):
     """RSS growth (MiB) at the end of a checkpointed forward run by make_step."""
-    from perflab.gpt2 import steps
+    from perflab.gpt2.steps import make_step
     from torch.utils.checkpoint import checkpoint
 
     def rss():
@@ -210,7 +211,7 @@ def _forward_growth_mib(rung):
     net = Net()
     opt = torch.optim.SGD(net.parameters(), lr=0.0)
     batches = iter([(torch.randn(16, 4096), torch.zeros(1))] * 4)
-    step = steps.make_step(net, opt, rung, batches, torch.device("cpu"))
+    step = make_step(net, opt, rung, batches, torch.device("cpu"))
     step()                                # warm-up: allocator, threads
     net.start = rss()
     step()
@@ -272,7 +273,7 @@ def test_losses_agree_and_mfu():
 @pytest.mark.parametrize("fsdp", [True])
 def test_data_parallel_rung_on_two_gloo_ranks(fsdp):
     rung = asdict(base(batch=2))
-    out = parallel.launch([{"name": "gpt2", "args": {"rung": rung, "steps": 1, "warmup": 1,
+    out = training.launch([{"name": "gpt2", "args": {"rung": rung, "steps": 1, "warmup": 1,
                                                       "n_tokens": 5000, "id_range": 200,
                                                       "fsdp": fsdp}}],
                           nproc=2, backend="gloo", timeout_s=240)
