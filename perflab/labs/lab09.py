@@ -13,6 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from perflab.core.rounds import Spread
 from perflab.core.timing import benchmark, paired_ratio
+from perflab.core.validate import number
 from perflab.kernels.compiler import graph_breaks
 from perflab.core.profiler import kernels_per_call
 from perflab.kernels.custom_ops import axpby_eager, triton_launches, triton_modules
@@ -97,9 +98,9 @@ def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: flo
             slow (one sentence each).
         ValueError: ``numel``, ``minimum`` or ``cpu_minimum`` not positive.
     """
-    if numel < 1 or minimum <= 0 or cpu_minimum <= 0:
-        raise ValueError(f"numel, minimum and cpu_minimum must be positive, got {numel}, "
-                         f"{minimum} and {cpu_minimum}")
+    number("numel", numel, minimum=1)
+    number("minimum", minimum, above=0)
+    number("cpu_minimum", cpu_minimum, above=0)
     if fused is None:
         not_done(exercise, "set `fused_axpby` to your fused operator")
     dev = torch.device(device)
