@@ -332,9 +332,8 @@ WRONG = {
          "    return F.gelu(x * (limit / norm))", r"different result"),
         # the GPU's favourite chosen without measuring it here (and its gain made up)
         ("ex4-solution", 'choice = min(ok, key=lambda m: seconds[m].median)\n'
-                         'gain = (seconds["fp32"] / seconds[choice]).median   # round by round\n'
-                         "gap = abs(losses[choice] - ref) / ref",
-         'choice = "fp16"\ngain, gap = 2.0, 0.0', r"not one of the modes"),
+                         'gain = (seconds["fp32"] / seconds[choice]).median   # round by round',
+         'choice = "fp16"\ngain = 2.0', r"not one of the modes"),
         # the fastest mode (on most machines) whatever its loss: pure bf16, which loses its
         # small updates
         ("ex4-solution", "choice = min(ok, key=lambda m: seconds[m].median)", 'choice = "bf16_pure"',
@@ -360,7 +359,7 @@ WRONG = {
          r"interleaved rounds"),
         # the loss in torch operators: log-sum-exp, gather and subtract are three kernels
         ("ex5-solution", "if triton is not None:\n",
-         "row_loss = lambda logits, targets: (torch.logsumexp(logits, 1)\n"
+         "row_loss_kernel = lambda logits, targets: (torch.logsumexp(logits, 1)\n"
          "    - logits.gather(1, targets[:, None])[:, 0])\nif False:\n", r"one call ran 3 kernels"),
         # the tail's masked lanes left at the load's default (0, not -inf): they win the maximum
         # of a row of negative logits and add e^0 each to its sum

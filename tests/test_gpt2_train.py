@@ -6,7 +6,7 @@ from dataclasses import asdict
 from perflab.distributed.launch import launch
 from perflab.gpt2.breakdown import (Timeline, _device_rows, attention_kernel, kernel_kind,
                                     step_breakdown, weight_matmul_flops)
-from perflab.gpt2 import rungs as gpt2_rungs
+from perflab.gpt2 import rungs
 from perflab.gpt2.model import config as gpt2_config
 from perflab.gpt2.rungs import (PLAIN_RUNG, RunResult, Rung, last_parallel_rung, mfu, padded,
                                 predict_peak, static_bytes_per_param)
@@ -411,10 +411,10 @@ def test_the_ladder_runs_without_fp8_tensor_cores(monkeypatch):
     the fused head and none of them needs FP8 (the CPU here stands in for the GPU: train runs
     the last parallel rung's arithmetic and the graph rungs validate)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    assert not gpt2_rungs.fp8_supported(torch.device("cuda"))
+    assert not rungs.fp8_supported(torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert gpt2_rungs.fp8_supported(torch.device("cuda"))
-    assert gpt2_rungs.fp8_supported("cpu")
+    assert rungs.fp8_supported(torch.device("cuda"))
+    assert rungs.fp8_supported("cpu")
     ladder = speed_ladder(base(), fp8=False)
     names = [r.name for r in ladder]
     assert "FP8 head" not in names and "fused head" in names
@@ -430,13 +430,13 @@ def test_the_ladder_runs_without_fp8_tensor_cores(monkeypatch):
 
 
 def test_batch_scale_fits_the_page_to_the_memory_it_finds():
-    assert gpt2_rungs.batch_scale(141e9, 64e9) == 1         # an H200
-    assert gpt2_rungs.batch_scale(80e9, 64e9) == 1          # an 80 GB A100 or H100
-    assert gpt2_rungs.batch_scale(40e9, 64e9) == 2
-    assert gpt2_rungs.batch_scale(24e9, 64e9) == 4
-    assert gpt2_rungs.batch_scale(1e6, 64e9) == 16          # no further than `most`
+    assert rungs.batch_scale(141e9, 64e9) == 1         # an H200
+    assert rungs.batch_scale(80e9, 64e9) == 1          # an 80 GB A100 or H100
+    assert rungs.batch_scale(40e9, 64e9) == 2
+    assert rungs.batch_scale(24e9, 64e9) == 4
+    assert rungs.batch_scale(1e6, 64e9) == 16          # no further than `most`
     with pytest.raises(ValueError, match="memory_bytes"):
-        gpt2_rungs.batch_scale(0, 64e9)
+        rungs.batch_scale(0, 64e9)
 
 
 def test_predict_peak_scales_only_the_checkpointed_inputs_with_depth():
@@ -446,10 +446,10 @@ def test_predict_peak_scales_only_the_checkpointed_inputs_with_depth():
              checkpoint=True, vocab=50304)
     src = r.config()
     params = 123_653_376
-    inputs = gpt2_rungs.checkpointed_inputs_bytes(r)
+    inputs = rungs.checkpointed_inputs_bytes(r)
     assert inputs == 4 * 8 * 1024 * src.n_layer * src.n_embd
     one_block = 1e9
-    peak = 16 * params + gpt2_rungs.logits_bytes(r) + inputs + one_block
+    peak = 16 * params + rungs.logits_bytes(r) + inputs + one_block
     deeper = gpt2_config("124M", vocab_size=50304, n_layer=24)
     with torch.device("meta"):
         from perflab.gpt2.model import GPT
@@ -460,11 +460,11 @@ def test_predict_peak_scales_only_the_checkpointed_inputs_with_depth():
     with torch.device("meta"):
         wider_params = GPT(wider).num_params()
     assert predict_peak(peak, r, params, wider) == pytest.approx(
-        16 * wider_params + gpt2_rungs.logits_bytes(r) + 2 * inputs + 2 * one_block)
+        16 * wider_params + rungs.logits_bytes(r) + 2 * inputs + 2 * one_block)
     plain = r.then("plain", checkpoint=False)
-    rest = peak - 16 * params - gpt2_rungs.logits_bytes(plain)
+    rest = peak - 16 * params - rungs.logits_bytes(plain)
     assert predict_peak(peak, plain, params, deeper) == pytest.approx(
-        16 * (params + extra_params) + gpt2_rungs.logits_bytes(plain) + 2 * rest)
+        16 * (params + extra_params) + rungs.logits_bytes(plain) + 2 * rest)
 
 
 def test_causal_flops_count_half_the_attention():
@@ -472,7 +472,7 @@ def test_causal_flops_count_half_the_attention():
     from perflab.gpt2.model import GPT
     with torch.device("meta"):
         full = GPT(cfg).flops_per_token(1024)
-    assert gpt2_rungs.causal_flops_per_token(cfg, 1024) == pytest.approx(
+    assert rungs.causal_flops_per_token(cfg, 1024) == pytest.approx(
         full - 6 * 12 * 768 * 1024)
 
 

@@ -6,7 +6,10 @@
 #   book/10_gpt2_case_study.md: Past the plain compiled model
 #   book/10_gpt2_case_study.md: Past the plain compiled model
 
-"""Code taught on book/10_gpt2_case_study.md, exported for the pages that reuse it.
+"""Chapter 10's fused heads: the loss and the gradient of the logits in one
+kernel's row pass, in bf16 and with the head's products in FP8.
+
+Code taught on book/10_gpt2_case_study.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """
@@ -133,8 +136,7 @@ def make_fp8_head():
     def op(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor,
            warps: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                 torch.Tensor, torch.Tensor, torch.Tensor]:
-        qh, sh = fp8.quantize(h, fp8.E4M3)
-        qw, sw = fp8.quantize(w, fp8.E4M3)
+        (qh, sh), (qw, sw) = (fp8.quantize(t, fp8.E4M3) for t in (h, w))
         logits = fp8.scaled_mm(qh, qw.t(), sh, sw, fast=True)  # bf16
         qg = torch.empty(logits.shape, dtype=fp8.E5M2, device=h.device)
         rows = loss_and_grad(logits, y, qg, TOP, warps)
@@ -172,7 +174,6 @@ def head_cross_entropy(h, w, y, warps=8):
     h2 = h.reshape(-1, h.shape[-1])
     fp8.check_shape(w.shape[1], w.shape[0], "head")
     if h2.shape[0] % 16 or y.numel() != h2.shape[0]:
-        raise ValueError(f"the FP8 head needs a multiple of 16 tokens and "
-                         f"one target each, got {tuple(h.shape)}, "
-                         f"{tuple(y.shape)}")
+        raise ValueError(f"the FP8 head needs a multiple of 16 tokens and one "
+                         f"target each, got {tuple(h.shape)}, {tuple(y.shape)}")
     return FP8_HEAD(h2, w, y.reshape(-1), warps)[0]

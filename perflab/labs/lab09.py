@@ -22,7 +22,7 @@ from perflab.machine import ceilings
 
 __all__ = ["check_fused_speedup", "check_graph_break_fixed", "check_precision_choice",
            "check_registered", "check_row_loss", "CPU_TIMING_NUMEL", "ROW_LOSS_SHARE",
-           "kernels_in_call"]
+           "kernels_in_call", "row_loss_launcher"]
 
 
 def check_graph_break_fixed(original: Callable, fixed: Callable | None, *args,
@@ -288,6 +288,29 @@ def kernels_in_call(fn: Callable, *args) -> tuple[int, list[str]]:
         and e.name not in _NOT_KERNELS
         and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]
     return len(names), names
+
+
+def row_loss_launcher(kernel, block: int = 4096, warps: int = 8):
+    """Exercise 5's row kernel as ``row_loss(logits, targets)``: one program per row of the
+    ``(M, V)`` float32 ``logits`` (contiguous), launched as ``kernel[(M,)](logits, targets, out,
+    V, BLOCK=block, num_warps=warps)``, which writes the ``(M,)`` float32 losses into ``out``.
+    A plain function (no Triton kernel) is returned as it is, so the check judges it; None
+    stays None.
+
+    Raises:
+        ValueError: ``block`` or ``warps`` not positive.
+    """
+    if block < 1 or warps < 1:
+        raise ValueError(f"block and warps must be positive, got {block} and {warps}")
+    if kernel is None or not (hasattr(kernel, "run") and hasattr(kernel, "__getitem__")):
+        return kernel
+
+    def row_loss(logits, targets):
+        out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        kernel[(logits.shape[0],)](logits, targets, out, logits.shape[1], BLOCK=block,
+                                   num_warps=warps)
+        return out
+    return row_loss
 
 
 def _row_loss_cases(device) -> list[tuple[torch.Tensor, torch.Tensor]]:
