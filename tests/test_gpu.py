@@ -21,20 +21,6 @@ def test_tile_and_wave_counts():
         gpu.wave_count(10, 0)
 
 
-def test_fit_waves_tells_a_staircase_from_a_line():
-    m, sms = 2048, 132
-    ns = list(range(1024, 8193, 64))
-    stairs = [(n, 1e-5 + 4e-5 * gpu.wave_count(gpu.tile_count(m, n, 128, 256), sms)) for n in ns]
-    fit = gpu.fit_waves(stairs, m, sms)
-    assert fit.tile == (128, 256)
-    assert fit.staircase_rms < 1e-9 < fit.linear_rms
-    assert fit.seconds_per_wave == pytest.approx(4e-5)
-    line = [(n, 1e-5 + 3e-8 * n) for n in ns]
-    assert gpu.fit_waves(line, m, sms).linear_rms < gpu.fit_waves(line, m, sms).staircase_rms
-    with pytest.raises(ValueError, match="at least 4"):
-        gpu.fit_waves(stairs[:3], m, sms)
-
-
 def test_dram_bandwidth_from_clock_matches_the_h100_datasheet():
     assert gpu.dram_bandwidth_from_clock(5120, 2619e6) == pytest.approx(3.35e12, rel=0.01)
     with pytest.raises(ValueError, match="bus_width_bits"):
@@ -69,31 +55,10 @@ def test_matmul_rates_reports_an_fp8_failure_instead_of_stopping(monkeypatch):
     assert errors == {"fp8": "RuntimeError: no fp8 kernel for this architecture"}
 
 
-def test_elementwise_rate_rejects_a_bad_size():
-    with pytest.raises(ValueError, match="numel"):
-        gpu.elementwise_rate("cpu", 0, 4)
-
-
-def test_elementwise_rate_is_timed_under_telemetry_after_the_compile(monkeypatch):
-    """The point comes with the telemetry of its timing; the compile (here skipped: eager) is not
-    part of it, so an idle GPU waiting for the compiler cannot set the clock it states."""
-    from perflab.machine import roofline
-    from perflab.core.telemetry import TelemetrySummary
-
-    monkeypatch.setattr(gpu, "repeat_multiply", lambda r: roofline.repeat_multiply(r, compile=False))
-    point, tel = gpu.elementwise_rate("cpu", 2**12, 4)
-    assert (point.repeat, point.flops, point.bytes) == (4, 4 * 2**12, 2 * 4 * 2**12)
-    assert point.kernels == 4                       # eager: one ATen multiply per repeat
-    assert isinstance(tel, TelemetrySummary) and tel.duration_s > 0
-    assert tel.sentence().startswith("measured over")
-
-
 @cpu_only
 def test_gpu_only_functions_say_so_without_a_gpu():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         gpu.properties()
-    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        gpu.wave_sweep("cpu", 128, 128, [128])
     from perflab.core import nvml
 
     assert nvml.readings() is None
@@ -106,58 +71,83 @@ def test_properties_on_a_gpu():
     assert p["memory_bytes"] == torch.cuda.get_device_properties(0).total_memory
 
 
-def test_fit_wave_width_finds_the_staircase_of_a_batch_sweep():
-    sms, m, n = 132, 256, 256                     # 128 x 256 tiles: 2 per product, 66 per wave
-    bs = list(range(8, 201))
-    stairs = [(b, 5e-6 + 8e-5 * math.ceil(b / 66)) for b in bs]
-    fit = gpu.fit_wave_width(stairs, m, n, sms)
-    assert fit.items_per_wave == pytest.approx(66)
-    assert fit.staircase_rms < 1e-9 < fit.linear_rms
-    assert fit.seconds_per_wave == pytest.approx(8e-5)
-    assert fit.waves(66) == 1 and fit.waves(67) == 2
-    assert fit.predict(100) == pytest.approx(5e-6 + 1.6e-4)
-    line = [(b, 5e-6 + 1.2e-6 * b) for b in bs]   # no quantization: the line wins
-    lf = gpu.fit_wave_width(line, m, n, sms)
-    assert lf.linear_rms < 1e-9 < lf.staircase_rms
-    with pytest.raises(ValueError, match="at least 4"):
-        gpu.fit_wave_width(stairs[:3], m, n, sms)
-    with pytest.raises(ValueError, match="single wave"):
-        gpu.fit_wave_width([(b, 1e-5) for b in range(1, 6)], m, n, sms)
+def test_kernel_tile_reads_the_tile_from_cublas_names():
+    assert gpu.kernel_tile("nvjet_sm90_tst_128x96_64x7_2x1_v_bz_NNT") == (128, 96)
+    assert gpu.kernel_tile("nvjet_sm90_tst_64x32_64x16_1x2_h_bz_splitK_TNT") == (64, 32)
+    assert gpu.kernel_tile("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warp") \
+        == (128, 256)
+    assert gpu.kernel_tile("cublasLt::splitKreduce_kernel") is None
+    assert gpu.kernel_tile("void at::native::vectorized_elementwise_kernel<4>") is None
 
 
-def test_batch_wave_sweep_runs_on_cpu_and_checks_its_arguments():
-    pts = gpu.batch_wave_sweep("cpu", 16, 16, 32, [1, 2, 3], dtype=torch.float32, reps=2)
-    assert [b for b, _ in pts] == [1, 2, 3] and all(t > 0 for _, t in pts)
-    with pytest.raises(ValueError, match="batches"):
-        gpu.batch_wave_sweep("cpu", 16, 16, 32, [0])
-    with pytest.raises(ValueError, match="k must"):
-        gpu.batch_wave_sweep("cpu", 16, 16, 0, [1])
+def _kernel(name, grid, us):
+    from perflab.profiling.trace import KernelRecord
+
+    return KernelRecord(name, grid, (384, 1, 1), None, us, 1.0)
 
 
-def test_graph_copy_sweep_counts_the_working_set_as_its_traffic():
-    from perflab.machine.caches import WorkingSetPoint
+def _h200_bmm(repeats=3):
+    """What the profiler showed for torch.bmm([b, 256, 8192] @ [b, 8192, 256]) on the H200: a
+    split-K kernel plus its reduction at b = 1, 128 x 96 tiles where 128 x 128 tiles would leave
+    a round almost empty, 128 x 128 tiles elsewhere, all persistent on 132 blocks; one round of
+    128 x 128 tiles takes 72 us."""
+    batches = list(range(1, 199))
+    main = "nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT"
+    alt = "nvjet_sm90_tst_128x96_64x7_2x1_v_bz_NNT"
+    runs = []
+    for r in range(repeats):
+        calls = []
+        for b in batches:
+            if b == 1:
+                calls.append([_kernel("nvjet_sm90_tst_64x32_64x16_1x2_h_bz_splitK_TNT", (2, 64, 1), 6.1),
+                              _kernel("cublasLt::splitKreduce_kernel", (8, 16, 1), 1.7)])
+            elif b % 33 in range(1, 5) and b > 33:
+                calls.append([_kernel(alt, (2, 66, 1), 2 + 45 * math.ceil(b * 6 / 132) * (1 + 0.002 * r))])
+            else:
+                calls.append([_kernel(main, (2, 66, 1), 3 + 72 * math.ceil(b * 4 / 132) * (1 + 0.002 * r))])
+        runs.append(calls)
+    return runs, batches
 
-    pts = gpu.graph_copy_sweep("cpu", [2**16, 2**18], target_s=1e-5, reps=2)
-    assert [p.nbytes for p in pts] == [2**16, 2**18]
-    assert all(isinstance(p, WorkingSetPoint) and p.bytes_per_s > 0 for p in pts)
-    with pytest.raises(ValueError, match="multiples of 8"):
-        gpu.graph_copy_sweep("cpu", [12])
-    with pytest.raises(ValueError, match="target_s"):
-        gpu.graph_copy_sweep("cpu", [64], target_s=0)
+
+def test_wave_groups_fit_each_kernels_rounds_with_the_tile_in_its_name():
+    runs, batches = _h200_bmm()
+    groups = gpu.wave_groups(runs, batches, 256, 256, 132)
+    main = groups[0]
+    assert main.tile == (128, 128) and main.ctas == 132
+    assert main.rounds[main.batches.index(33)] == 1 and main.rounds[main.batches.index(132)] == 4
+    assert main.round_s.median == pytest.approx(72e-6, rel=0.01)
+    assert main.round_s.n == 3                          # one fit per pass over the batches
+    assert main.staircase_rms < 0.01 < main.linear_rms
+    assert main.predict(2) == pytest.approx(3e-6 + 144e-6, rel=0.01)
+    alt = next(g for g in groups if g.tile == (128, 96))
+    assert alt.round_s.median == pytest.approx(45e-6, rel=0.01)
+    split = next(g for g in groups if g.batches == (1,))
+    assert split.round_s is None and split.predict(1) is None   # one batch count: nothing to fit
+    assert split.seconds[0].median == pytest.approx(7.8e-6)     # its two kernels together
 
 
-def test_graph_sum_sweep_reads_its_working_set_once_and_checks_sizes_as_the_copy_does():
-    from perflab.machine.caches import WorkingSetPoint
+def test_wave_groups_check_their_input():
+    runs, batches = _h200_bmm(repeats=1)
+    with pytest.raises(ValueError, match="one entry per batch"):
+        gpu.wave_groups(runs, batches[:-1], 256, 256, 132)
+    runs[0][5] = []
+    with pytest.raises(ValueError, match="ran no kernel"):
+        gpu.wave_groups(runs, batches, 256, 256, 132)
+    with pytest.raises(ValueError, match="sms"):
+        gpu.wave_groups(runs, batches, 256, 256, 0)
 
-    pts = gpu.graph_sum_sweep("cpu", [2**16, 2**18], target_s=1e-5, reps=2)
-    assert [p.nbytes for p in pts] == [2**16, 2**18]
-    assert all(isinstance(p, WorkingSetPoint) and p.bytes_per_s > 0 for p in pts)
-    call = gpu._sum_call(2**16, torch.device("cpu"))
-    assert float(call()) == 2**16 / 4          # sums 16,384 ones: the whole buffer, once
-    with pytest.raises(ValueError, match="multiples of 8"):
-        gpu.graph_sum_sweep("cpu", [12])
-    with pytest.raises(ValueError, match="reps"):
-        gpu.graph_sum_sweep("cpu", [64], reps=0)
+
+def test_replay_sweep_times_every_size_in_interleaved_rounds_on_cpu():
+    from perflab.core.rounds import Spread
+    from perflab.machine import replay
+
+    times = replay.replay_sweep([2**16, 2**18], "cpu", rounds=3, target_s=1e-6)
+    assert list(times) == [8192, 2**16, 2**18]           # the tiny working set first
+    assert all(isinstance(t, Spread) and t.n == 3 and t.median > 0 for t in times.values())
+    run = replay.replayed(replay.copy_probe(2**16, "cpu"), 4, "cpu")
+    assert len(run()) == 4                              # on a CPU: a loop of the calls
+    probe = replay.copy_probe(2**16, "cpu")
+    assert probe().numel() == 2**16 // 8 and float(probe()[0]) == 2.0   # half the set, x 2
 
 
 def test_burst_and_sustained_times_both_under_telemetry_on_cpu():

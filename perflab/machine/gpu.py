@@ -5,16 +5,13 @@
   Nothing here sets clocks, power limits or modes.
 * :func:`matmul_rates` measures matrix-multiply FLOP/s per number format (FP32 on the CUDA
   cores; TF32, bf16, fp16 and fp8 on the tensor cores; one :func:`perflab.machine.roofline.matmul_rate`
-  each) and :func:`elementwise_rate` the CUDA-core rate of a fused elementwise kernel, so the
-  two kinds of math unit can be compared.
-* :func:`tile_count`, :func:`wave_count` and :func:`wave_sweep` show how a matrix product's grid of
-  output tiles maps onto the SMs in *waves*, and why run time grows in steps (wave quantization);
-  :func:`batch_wave_sweep` and :func:`fit_wave_width` do it with a batch of equal products, whose
-  kernel choice does not change along the sweep.
-* :func:`graph_copy_sweep` measures copy bandwidth against working-set size with many copies
-  replayed from one CUDA graph (no launch gaps, a small per-kernel fixed cost), for the L2 / HBM
-  comparison; :func:`graph_sum_sweep` does the same with ``torch.sum``, whose fixed cost per
-  call says why a reduction is the poorer probe.
+  each). (The CUDA cores' elementwise rate is chapter 1's fused ``x * 2`` kernel,
+  :func:`perflab.machine.sweep.sweep_repeat`.)
+* :func:`tile_count` and :func:`wave_count` count a matrix product's output tiles and the waves
+  they take on the SMs (wave quantization); :func:`wave_groups` groups a batch sweep's calls by
+  the kernel the profiler says ran (its tile in :func:`kernel_tile`) and fits each group's
+  staircase of rounds. (The L2-against-HBM probe is taught on chapter 2's page and exported to
+  :mod:`perflab.machine.replay`.)
 * :func:`burst_and_sustained` times one matrix product briefly after a rest and for seconds back
   to back, each under :class:`perflab.core.telemetry.Telemetry`: the burst and the sustained rate.
 
@@ -24,6 +21,8 @@ Units: bytes, Hz, watts, FLOP/s, seconds.
 from __future__ import annotations
 
 import math
+import re
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -32,33 +31,24 @@ import torch
 
 from perflab.core.device import has_gpu
 from perflab.core.fits import fit_line
-from perflab.core.progress import progress as show_progress
-from perflab.core.telemetry import Telemetry, TelemetrySummary, measure
+from perflab.core.rounds import Spread
+from perflab.core.telemetry import Telemetry
 from perflab.core.timing import Stopwatch, event_timer, synchronize
 from perflab.core.validate import integers, positive, positive_int
-from perflab.machine.caches import WorkingSetPoint
-from perflab.machine.costs import elementwise_cost
-from perflab.machine.roofline import SweepPoint, matmul_rate, repeat_multiply
-from perflab.profiling.trace import kernels_per_call
+from perflab.machine.roofline import matmul_rate
 
 __all__ = [
     "BurstSustained",
-    "WaveFit",
-    "WaveWidthFit",
-    "batch_wave_sweep",
-    "burst_and_sustained",
-    "fit_wave_width",
-    "graph_copy_sweep",
-    "graph_sum_sweep",
+    "WaveGroup",
     "available_matmul_kinds",
+    "burst_and_sustained",
     "dram_bandwidth_from_clock",
-    "elementwise_rate",
-    "fit_waves",
+    "kernel_tile",
     "matmul_rates",
     "properties",
     "tile_count",
     "wave_count",
-    "wave_sweep",
+    "wave_groups",
 ]
 
 
@@ -152,31 +142,6 @@ def matmul_rates(device: torch.device | str, n: int, kinds: Iterable[str] | None
     return rates, errors
 
 
-def elementwise_rate(device: torch.device | str, numel: int,
-                     repeat: int) -> tuple[SweepPoint, TelemetrySummary]:
-    """The fused ``x*2``-repeated kernel of chapter 1 at one ``repeat``, timed under telemetry.
-
-    Returns ``(point, telemetry)``: a :class:`perflab.machine.roofline.SweepPoint` and the
-    :class:`perflab.core.telemetry.TelemetrySummary` its timing ran under. With ``repeat`` far right
-    of the ridge point the kernel is compute-bound, so ``point.flops_per_s`` is the elementwise
-    (CUDA-core, non-FMA) FP32 rate; ``point.kernels`` is the number of kernels per call (1 =
-    fused). The function is compiled (:func:`perflab.machine.roofline.repeat_multiply`, a few seconds)
-    and its kernels counted before the timing starts, so the telemetry covers only the timing
-    (:func:`perflab.core.telemetry.measure`), not an idle GPU waiting for the compiler.
-
-    Raises:
-        ValueError: ``numel`` or ``repeat`` not a positive integer.
-    """
-    positive_int("numel", numel)
-    x = torch.randn(numel, device=device)
-    fn = repeat_multiply(repeat)
-    fn(x)  # compile and warm up outside the measurement
-    kernels = kernels_per_call(fn, x)
-    m = measure(lambda: fn(x), x.device)
-    cost = elementwise_cost(x.numel(), repeat, x.dtype)
-    return SweepPoint(repeat, m.seconds, cost.flops, cost.bytes, kernels), m.telemetry
-
-
 def tile_count(m: int, n: int, tile_m: int = 128, tile_n: int = 128) -> int:
     """Output tiles of an ``m x n`` product cut into ``tile_m x tile_n`` tiles: ``ceil(m/tile_m) * ceil(n/tile_n)``.
 
@@ -204,331 +169,124 @@ def wave_count(tiles: int, sms: int, tiles_per_sm: int = 1) -> int:
     return math.ceil(tiles / (sms * tiles_per_sm))
 
 
-def wave_sweep(
-    device: torch.device | str,
-    m: int,
-    k: int,
-    ns: Sequence[int],
-    dtype: torch.dtype = torch.bfloat16,
-    progress: bool = False,
-) -> list[tuple[int, float]]:
-    """Time ``A[m,k] @ B[k,n]`` for each ``n`` in ``ns``: ``[(n, seconds)]``.
+# ---------------------------------------------------------------------------------------------
+# Waves: which kernel ran, with which tile, in how many rounds
+# ---------------------------------------------------------------------------------------------
 
-    Each point is the median of 20 CUDA-event timings with the L2 flushed before each
-    (:func:`perflab.core.timing.event_timer`); 20 short products take milliseconds, so a sweep of a
-    hundred sizes takes about a second.
+_TILE = re.compile(r"(?:_|tilesize)(\d+)x(\d+)")
 
-    Raises:
-        RuntimeError: no CUDA GPU.
-        ValueError: empty ``ns`` or a non-positive size.
+
+def kernel_tile(name: str) -> tuple[int, int] | None:
+    """The output tile a matrix-product kernel's name carries, ``(tile_m, tile_n)``, or None.
+
+    cuBLAS names its kernels after their tiles: ``nvjet_tst_128x96_64x4_...`` (Hopper's
+    ``nvjet`` kernels), ``sm90_xmma_gemm_..._tilesize128x128x64_...``, CUTLASS's
+    ``..._128x256_64x3_...``: the first pair of sizes of at least 32 is the output tile.
     """
-    _need_gpu("wave_sweep")
-    ns = list(ns)
-    if not ns or min(ns) < 1 or m < 1 or k < 1:
-        raise ValueError(f"m, k and every n must be positive, got m={m}, k={k}, ns={ns[:3]}...")
-    dev = torch.device(device)
-    a = torch.randn(m, k, device=dev).to(dtype)
-    b_full = torch.randn(k, max(ns), device=dev).to(dtype)
-    iterator = show_progress(ns, "wave sweep", progress)
-    out = []
-    for n in iterator:
-        b = b_full[:, :n].contiguous()
-        out.append((n, event_timer(lambda: a @ b, dev, warmup=5, reps=20, flush=True).median_s))
-    return out
+    for a, b in _TILE.findall(name):
+        if int(a) >= 32 and int(b) >= 32:
+            return int(a), int(b)
+    return None
 
 
 @dataclass(frozen=True)
-class WaveFit:
-    """How well a staircase (time proportional to waves) explains a wave sweep, against a line.
+class WaveGroup:
+    """The calls of a batch sweep that ran one kernel, with the staircase fitted to them.
 
     Attributes:
-        tile: ``(tile_m, tile_n)`` of the best staircase.
-        staircase_rms: RMS relative residual of ``t = a + b * waves(n)``.
-        linear_rms: RMS relative residual of ``t = a + b * n`` (no quantization).
-        seconds_per_wave: the fitted ``b`` of the staircase.
+        kernel: the kernel's name (the longest kernel of each call).
+        tile: its output tile ``(tile_m, tile_n)`` from the name (None if the name has none).
+        ctas: thread blocks that run at once: the kernel's grid, at most one per SM.
+        batches: the batch counts ``b`` that ran it, increasing.
+        rounds: for each, ``ceil(b * tiles per product / ctas)``: how many times each running
+            block takes a new tile (a wave of a plain grid, a loop turn of a persistent one).
+        seconds: for each, the device time of one call (a Spread over the repeats).
+        round_s: the fitted time per round (a Spread: one fit per repeat), None when the group
+            spans a single round count.
+        fixed_s: the fitted intercept (median over the repeats), None likewise.
+        staircase_rms, linear_rms: RMS relative residuals of ``t = a + s * rounds`` and of the
+            straight line ``t = a + c * b`` (median over the repeats; None likewise).
     """
 
-    tile: tuple[int, int]
-    staircase_rms: float
-    linear_rms: float
-    seconds_per_wave: float
+    kernel: str
+    tile: tuple[int, int] | None
+    ctas: int
+    batches: tuple[int, ...]
+    rounds: tuple[int, ...]
+    seconds: tuple[Spread, ...]
+    round_s: Spread | None
+    fixed_s: float | None
+    staircase_rms: float | None
+    linear_rms: float | None
+
+    def predict(self, rounds: int) -> float | None:
+        """The fitted staircase's time for ``rounds`` rounds (seconds), None without a fit."""
+        if self.round_s is None or self.fixed_s is None:
+            return None
+        return self.fixed_s + self.round_s.median * rounds
 
 
-def fit_waves(
-    points: Sequence[tuple[int, float]],
-    m: int,
-    sms: int,
-    tiles: Sequence[tuple[int, int]] = ((128, 128), (128, 256), (256, 128), (64, 128)),
-) -> WaveFit:
-    """Fit a wave sweep's times with a staircase for each candidate tile shape and with a line.
-
-    For each ``(tile_m, tile_n)`` the model is ``t = a + b * wave_count(tile_count(m, n, tile_m,
-    tile_n), sms)``, fitted by least squares; the tile with the smallest RMS relative residual
-    wins (:func:`perflab.core.fits.fit_line`). A staircase residual well below the line's means wave quantization shapes the times;
-    similar residuals mean the library's choices (other tile shapes, split-K, stream-K) smooth it.
-
-    Raises:
-        ValueError: fewer than 4 points, a non-positive time, or an empty ``tiles``.
-    """
-    if len(points) < 4:
-        raise ValueError(f"need at least 4 points, got {len(points)}")
-    if not tiles:
-        raise ValueError("tiles must not be empty")
-    ns = [n for n, _ in points]
-    ts = [t for _, t in points]
-    if min(ts) <= 0:
-        raise ValueError("every time must be > 0 seconds")
-    linear_rms = fit_line(ns, ts).rms_relative
-    best = None
-    for tm, tn in tiles:
-        waves = [wave_count(tile_count(m, n, tm, tn), sms) for n in ns]
-        if len(set(waves)) < 2:
-            continue
-        fit = fit_line(waves, ts)
-        rms, slope = fit.rms_relative, fit.slope
-        if best is None or rms < best[1]:
-            best = ((tm, tn), rms, slope)
-    if best is None:
-        raise ValueError("the sweep spans a single wave for every tile shape: widen the range of n")
-    return WaveFit(best[0], best[1], linear_rms, best[2])
-
-
-# ---------------------------------------------------------------------------------------------
-# Waves with a batch of equal products
-# ---------------------------------------------------------------------------------------------
-
-def batch_wave_sweep(
-    device: torch.device | str,
-    m: int,
-    n: int,
-    k: int,
-    batches: Sequence[int],
-    dtype: torch.dtype = torch.bfloat16,
-    reps: int = 10,
-    progress: bool = False,
-) -> list[tuple[int, float]]:
-    """Time ``torch.bmm(A[b, m, k], B[b, k, n])`` for each batch count ``b``: ``[(b, seconds)]``.
-
-    Every product of the batch has the same shape, so the library's kernel (its tile shape) is
-    chosen for one ``m x n x k`` problem and only the number of thread blocks, ``b`` times the
-    tiles of one product, changes along the sweep: the time should climb one wave at a time.
-    Each point is the median of ``reps`` back-to-back calls timed with CUDA events after 3
-    warm-up calls (:func:`perflab.core.timing.event_timer`, no L2 flush: the host queues the calls
-    ahead, so launch overhead is hidden whenever a call lasts longer than a launch); on a CPU,
-    ``time.perf_counter`` (for tests).
+def wave_groups(calls: Sequence[Sequence], batches: Sequence[int], m: int, n: int,
+                sms: int) -> list[WaveGroup]:
+    """Group a batch sweep's calls by the kernel that ran, and fit each group's staircase.
 
     Args:
-        device: where to run.
-        m, n, k: the shape of each product (positive).
-        batches: batch counts to time (positive).
-        dtype: operand dtype (bf16 runs on the tensor cores).
-        reps: timed calls per point (>= 1).
+        calls: for each repeat of the sweep, for each batch count, the kernels the call ran
+            (:class:`perflab.profiling.trace.KernelRecord`: name, grid, duration); a call's
+            time is the sum of its kernels' durations, its kernel the longest of them.
+        batches: the batch counts ``b``, in the order of each repeat's calls.
+        m, n: each product's output is ``m x n``.
+        sms: the GPU's SMs.
+
+    Returns:
+        One :class:`WaveGroup` per kernel, the group with the most batch counts first.
 
     Raises:
-        ValueError: empty ``batches`` or a non-positive size.
+        ValueError: no repeat, repeats of different lengths, a call with no kernel, or
+            a non-positive size.
     """
+    for label, v in (("m", m), ("n", n), ("sms", sms)):
+        positive_int(label, v)
     batches = list(batches)
-    for name, v in (("m", m), ("n", n), ("k", k), ("reps", reps)):
-        positive_int(name, v)
     integers("batches", batches)
-    dev = torch.device(device)
-    top = max(batches)
-    a_full = torch.randn(top, m, k, device=dev).to(dtype)
-    b_full = torch.randn(top, k, n, device=dev).to(dtype)
+    if not calls or any(len(rep) != len(batches) for rep in calls):
+        raise ValueError("calls must hold, for each repeat, one entry per batch count")
+    per_b: dict[int, list] = {}
+    for rep in calls:
+        for b, kernels in zip(batches, rep):
+            if not kernels:
+                raise ValueError(f"the call with b = {b} ran no kernel")
+            main = max(kernels, key=lambda k: k.duration_us)
+            total = sum(k.duration_us * k.launches for k in kernels) * 1e-6
+            per_b.setdefault(b, []).append((main, total))
+    groups: dict[str, list[int]] = {}
+    for b in batches:
+        names = [main.name for main, _ in per_b[b]]
+        groups.setdefault(max(set(names), key=names.count), []).append(b)
     out = []
-    for b in show_progress(batches, "batch wave sweep", progress):
-        a, bb = a_full[:b], b_full[:b]
-        out.append((b, event_timer(lambda: torch.bmm(a, bb), dev, warmup=3, reps=reps).median_s))
+    for name, bs in groups.items():
+        bs = sorted(set(bs))
+        main = per_b[bs[0]][0][0]
+        tile = kernel_tile(name)
+        grid = math.prod(main.grid) if main.grid else sms
+        ctas = max(1, min(grid, sms))
+        per_product = tile_count(m, n, *tile) if tile else 1
+        rounds = tuple(math.ceil(b * per_product / ctas) for b in bs)
+        reps = len(calls)
+        times = [[per_b[b][r][1] for b in bs] for r in range(reps)]
+        seconds = tuple(Spread(tuple(times[r][i] for r in range(reps))) for i in range(len(bs)))
+        round_s = fixed = stair = line = None
+        if len(set(rounds)) >= 2 and len(bs) >= 3:
+            fits = [fit_line(rounds, times[r], relative=True) for r in range(reps)]
+            lines = [fit_line(bs, times[r], relative=True) for r in range(reps)]
+            round_s = Spread(tuple(f.slope for f in fits))
+            fixed = statistics.median(f.fixed for f in fits)
+            stair = statistics.median(f.rms_relative for f in fits)
+            line = statistics.median(f.rms_relative for f in lines)
+        out.append(WaveGroup(name, tile, ctas, tuple(bs), rounds, seconds, round_s, fixed,
+                             stair, line))
+    out.sort(key=lambda g: -len(g.batches))
     return out
-
-
-@dataclass(frozen=True)
-class WaveWidthFit:
-    """The staircase that best explains a batch wave sweep, against a straight line.
-
-    Attributes:
-        items_per_wave: products of the batch that run at once (``sms x blocks per SM / tiles
-            per product``), the width of one step.
-        tile: ``(tile_m, tile_n)`` that width corresponds to.
-        blocks_per_sm: thread blocks resident per SM in that staircase.
-        staircase_rms: RMS relative residual of ``t = a + s * ceil(b / items_per_wave)``.
-        linear_rms: RMS relative residual of ``t = a + c * b`` (no quantization).
-        seconds_per_wave: the fitted ``s``.
-        fixed_s: the fitted ``a``.
-    """
-
-    items_per_wave: float
-    tile: tuple[int, int]
-    blocks_per_sm: int
-    staircase_rms: float
-    linear_rms: float
-    seconds_per_wave: float
-    fixed_s: float
-
-    def waves(self, batch: int) -> int:
-        """``ceil(batch / items_per_wave)``."""
-        return math.ceil(batch / self.items_per_wave - 1e-9)
-
-    def predict(self, batch: int) -> float:
-        """The staircase's time for ``batch`` products, seconds."""
-        return self.fixed_s + self.seconds_per_wave * self.waves(batch)
-
-
-def fit_wave_width(
-    points: Sequence[tuple[int, float]],
-    m: int,
-    n: int,
-    sms: int,
-    tiles: Sequence[tuple[int, int]] = ((128, 128), (128, 256), (256, 128), (64, 128), (128, 64)),
-    blocks_per_sm: Sequence[int] = (1, 2),
-) -> WaveWidthFit:
-    """Fit a batch wave sweep with a staircase for each candidate tile shape and occupancy.
-
-    A product of ``m x n`` cut into ``tile_m x tile_n`` tiles has ``tile_count(m, n, tile_m,
-    tile_n)`` thread blocks; ``sms x blocks_per_sm`` blocks run at once, so a wave holds
-    ``sms x blocks_per_sm / tiles`` products and ``b`` products need ``ceil(b / that)`` waves. The
-    staircase ``t = a + s x waves`` is fitted for each candidate (:func:`perflab.core.fits.fit_line`,
-    relative residuals), the best one wins, and a straight line ``t = a + c b`` is fitted for
-    comparison. A staircase residual well below the line's means the waves shape the times.
-
-    Raises:
-        ValueError: fewer than 4 points, a non-positive time or size, empty candidates, or a
-            sweep that spans a single wave for every candidate.
-    """
-    if len(points) < 4:
-        raise ValueError(f"need at least 4 points, got {len(points)}")
-    if not tiles or not blocks_per_sm:
-        raise ValueError("tiles and blocks_per_sm must not be empty")
-    for name, v in (("m", m), ("n", n), ("sms", sms)):
-        positive_int(name, v)
-    bs = [b for b, _ in points]
-    ts = [t for _, t in points]
-    if min(ts) <= 0:
-        raise ValueError("every time must be > 0 seconds")
-    linear = fit_line(bs, ts, relative=True)
-    best = None
-    for tm, tn in tiles:
-        for occ in blocks_per_sm:
-            width = sms * occ / tile_count(m, n, tm, tn)
-            waves = [math.ceil(b / width - 1e-9) for b in bs]
-            if len(set(waves)) < 2:
-                continue
-            fit = fit_line(waves, ts, relative=True)
-            if fit.slope > 0 and (best is None or fit.rms_relative < best[0].rms_relative):
-                best = (fit, width, (tm, tn), occ)
-    if best is None:
-        raise ValueError("the sweep spans a single wave for every candidate: widen the batches")
-    fit, width, tile, occ = best
-    return WaveWidthFit(width, tile, occ, fit.rms_relative, linear.rms_relative, fit.slope,
-                        fit.fixed)
-
-
-# ---------------------------------------------------------------------------------------------
-# Copy bandwidth against working set, from a CUDA graph
-# ---------------------------------------------------------------------------------------------
-
-def _replayer(fn, copies: int, dev: torch.device):
-    """A callable that runs ``fn`` ``copies`` times: one CUDA-graph replay on a GPU, a loop on a
-    CPU (where there are no graphs and no launches to hide)."""
-    if dev.type != "cuda":
-        def loop():
-            for _ in range(copies):
-                fn()
-        return loop
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side):          # warm up outside the capture, as PyTorch asks
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream(dev).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(copies):
-            fn()
-    return graph.replay
-
-
-def _graph_sweep(device, sizes, target_s: float, reps: int, progress: bool, what: str,
-                 make_fn) -> list:
-    """The loop shared by :func:`graph_copy_sweep` and :func:`graph_sum_sweep`: for each size,
-    ``make_fn(nbytes, dev)`` builds one call whose traffic is ``nbytes``; enough calls for about
-    ``target_s`` seconds at 5 TB/s (8 to 2,000) are captured in one CUDA graph and replayed."""
-    sizes = list(sizes)
-    integers("sizes", sizes, 8, multiple_of=8)
-    positive("target_s", target_s)
-    positive_int("reps", reps)
-    dev = torch.device(device)
-    out = []
-    for nbytes in show_progress(sizes, what, progress):
-        fn = make_fn(nbytes, dev)
-        calls = max(8, min(2000, math.ceil(target_s * 5e12 / nbytes)))
-        replay = _replayer(fn, calls, dev)
-        t = event_timer(replay, dev, warmup=2, reps=reps).median_s / calls
-        out.append(WorkingSetPoint(nbytes, nbytes / t))
-        del replay, fn
-    return out
-
-
-def _copy_call(nbytes: int, dev: torch.device):
-    src = torch.ones(nbytes // 8, device=dev)   # two float32 buffers of nbytes / 2
-    dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
-
-
-def _sum_call(nbytes: int, dev: torch.device):
-    src = torch.ones(nbytes // 4, device=dev)   # one float32 buffer of nbytes
-    out = torch.empty((), device=dev)
-    return lambda: torch.sum(src, 0, out=out)
-
-
-def graph_copy_sweep(
-    device: torch.device | str,
-    sizes: Sequence[int],
-    target_s: float = 2e-3,
-    reps: int = 5,
-    progress: bool = False,
-):
-    """Copy bandwidth against working-set size: ``[caches.WorkingSetPoint]``, one per size.
-
-    For a working set of ``nbytes`` (bytes; two float32 buffers of ``nbytes / 2`` each), the
-    kernel is ``dst.copy_(src)``, which reads ``nbytes / 2`` and writes ``nbytes / 2``: its
-    traffic equals its working set. ``copies`` copies (enough for about ``target_s`` seconds at
-    5 TB/s, between 8 and 2,000) are captured in one CUDA graph; each replay is timed with CUDA
-    events (:func:`perflab.core.timing.event_timer`, 2 warm-up replays, the median of ``reps``), and
-    the time of one copy is the replay's time / ``copies``. Replayed from a graph, copies run
-    back to back with no launch gap and nothing between them flushes the L2, so a working set
-    that fits in the L2 is served by it; each copy keeps only the kernel's own fixed cost (ramp
-    and tail), which :func:`perflab.machine.caches.fit_fixed_cost` separates from the bandwidth. On a
-    CPU (for tests) the copies run in a Python loop timed by ``time.perf_counter``.
-
-    Raises:
-        ValueError: empty ``sizes``, a size that is not a positive multiple of 8 bytes, or a
-            non-positive ``target_s`` or ``reps``.
-    """
-    return _graph_sweep(device, sizes, target_s, reps, progress, "graph copy sweep",
-                        _copy_call)
-
-
-def graph_sum_sweep(
-    device: torch.device | str,
-    sizes: Sequence[int],
-    target_s: float = 2e-3,
-    reps: int = 5,
-    progress: bool = False,
-):
-    """:func:`graph_copy_sweep` with ``torch.sum`` as the kernel: ``[caches.WorkingSetPoint]``.
-
-    For a working set of ``nbytes`` (one float32 buffer of ``nbytes``), the call is
-    ``torch.sum(src, 0, out=out)`` (a preallocated 0-dim ``out``: no result tensor per call),
-    which reads ``nbytes``: traffic equals working set, as for the copy, and the same graph
-    replay and event timing apply. A reduction ends with a step a copy does not have (its blocks combine their
-    partial sums), so :func:`perflab.machine.caches.fit_fixed_cost` of these points against those of
-    :func:`graph_copy_sweep` over the same sizes says what that step costs per call.
-
-    Raises:
-        ValueError: as :func:`graph_copy_sweep`.
-    """
-    return _graph_sweep(device, sizes, target_s, reps, progress, "graph sum sweep", _sum_call)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -568,15 +326,18 @@ def burst_and_sustained(
     device: torch.device | str,
     n: int,
     dtype: torch.dtype = torch.bfloat16,
-    burst_reps: int = 10,
+    burst_reps: int = 30,
     sustained_s: float = 3.0,
     rest_s: float = 1.0,
 ) -> BurstSustained:
     """Time an ``n x n @ n x n`` product as a short burst and sustained for ``sustained_s``.
 
     After ``rest_s`` seconds idle (the board cools below its power limit), ``burst_reps``
-    products are timed with CUDA events after 2 warm-up calls: a few milliseconds of work, too
-    short for the power controller to lower the clock. Then products run back to back for
+    products are timed with CUDA events after 2 warm-up calls: some tens of milliseconds of
+    work (30 bf16 8192^3 products, about 40 ms on an H200), short enough to run before the power
+    controller lowers the clock and long enough for the sampler, which reads NVML every few
+    milliseconds, to read the clock at least three times inside them (a 10-product burst of 14
+    ms held no reading at all). Then products run back to back for
     ``sustained_s`` seconds in chunks of 20 event-timed calls; the sustained time is the median
     over the chunks of the window's second half, when the clock has settled. Each part runs
     under a :class:`perflab.core.telemetry.Telemetry` sampler, whose summaries say at which SM clock,

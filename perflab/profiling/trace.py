@@ -2,16 +2,19 @@
 
 * :func:`kernels_per_call` counts the kernels (CPU: ATen compute operators) one call runs;
   :func:`device_seconds_per_call` sums their device time; :func:`kernels_of` names them, with
-  their grids and blocks (which kernel ran, with which tiles); :func:`launch_api_seconds` is the
-  host time one call spends in the CUDA launch API.
+  their grids and blocks (which kernel ran, with which tiles); :func:`kernels_by_call` does it
+  for many calls in one profiler session; :func:`device_activities` lists what a call ran on the
+  device, copies (``cudaMemcpy``) included; :func:`launch_api_seconds` is the host time one call
+  spends in the CUDA launch API.
 * :func:`load_trace`, :func:`trace_items`, :func:`summarize_trace` read the Chrome/Perfetto trace
   that ``prof.export_chrome_trace`` writes: busy time, idle gaps between kernels, top kernels with
   their achieved FLOP/s and bandwidth (costs from :func:`perflab.machine.costs.op_cost` on the recorded
   shapes).
 * :func:`operator_rows` takes the host's rows of ``prof.key_averages()`` as numbers, for a table
   that shows the columns that matter.
-* :func:`regime` names the bottleneck from that evidence; :func:`clock_normalized` corrects an
-  efficiency for the SM clock the work and its ceiling ran at.
+* :func:`regime` names the bottleneck from that evidence. (An efficiency per clock is a rate over
+  the clock model's peak at the clock the work ran at, :meth:`perflab.machine.ceilings.Ceilings.peak`,
+  never a datasheet scaled by the clock's share of the maximum.)
 
 What a computation *should* cost (FLOPs, bytes) is :mod:`perflab.machine.costs`; ``count_cost`` is
 re-exported here because chapter 4 and lab 4 teach it beside the profiler.
@@ -37,7 +40,7 @@ from perflab.record.plotting import finish
 
 __all__ = [
     "REGIMES",
-    "clock_normalized",
+    "device_activities",
     "device_seconds_per_call",
     "KernelStats",
     "TraceItem",
@@ -45,6 +48,7 @@ __all__ = [
     "count_cost",
     "KernelRecord",
     "kernel_summary",
+    "kernels_by_call",
     "kernels_of",
     "kernels_per_call",
     "launch_api_seconds",
@@ -180,24 +184,21 @@ def kernels_of(fn: Callable, *args, calls: int = 3, **kwargs) -> list[KernelReco
         raise RuntimeError("kernels_of needs a CUDA GPU; this machine has none")
     if calls < 1:
         raise ValueError(f"calls must be >= 1, got {calls}")
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+
+    def run():
         for _ in range(calls):
             fn(*args, **kwargs)
-        torch.cuda.synchronize()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        events = load_trace(path)
-    finally:
-        os.unlink(path)
-    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e),
-                     key=lambda e: float(e["ts"]))
+
+    kernels = [e for e in _trace_of(run) if e.get("cat") == "kernel" and "dur" in e]
     if not kernels:
         raise RuntimeError("the profiler recorded no CUDA kernel for fn")
+    return _records(kernels, calls)
+
+
+def _records(kernels: list[dict], calls: int = 1) -> list[KernelRecord]:
+    """Kernel events grouped by name in launch order (mean duration, launches per call)."""
     order, groups = [], {}
-    for e in kernels:
+    for e in sorted(kernels, key=lambda e: float(e["ts"])):
         if e["name"] not in groups:
             order.append(e["name"])
         groups.setdefault(e["name"], []).append(e)
@@ -211,6 +212,109 @@ def kernels_of(fn: Callable, *args, calls: int = 3, **kwargs) -> list[KernelReco
                                 float(bps) if bps is not None else None,
                                 sum(float(e["dur"]) for e in g) / len(g), len(g) / calls))
     return out
+
+
+def _trace_of(run: Callable[[], None]) -> list[dict]:
+    """The Chrome-trace events of ``run()`` under torch.profiler (CPU and CUDA activities)."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        return load_trace(path)
+    finally:
+        os.unlink(path)
+
+
+_ACTIVITY = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+
+
+def device_activities(fn: Callable, *args, **kwargs) -> list[tuple[str, str, float]]:
+    """What one call of ``fn(*args, **kwargs)`` ran on the GPU, in order: ``(kind, name,
+    microseconds)`` with ``kind`` ``"kernel"``, ``"memcpy"`` or ``"memset"``.
+
+    A same-dtype copy between two contiguous tensors (``dst.copy_(src)``) is no kernel of
+    PyTorch's: it is a ``cudaMemcpyAsync``, which the profiler records as a memcpy activity
+    ("Memcpy DtoD"), carried out the driver's way. Call ``fn`` once before (warm-up).
+
+    Returns an empty list when the profiler recorded nothing on the device.
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("device_activities needs a CUDA GPU; this machine has none")
+    events = _trace_of(lambda: fn(*args, **kwargs))
+    found = sorted((e for e in events if e.get("cat") in _ACTIVITY and "dur" in e),
+                   key=lambda e: float(e["ts"]))
+    return [(_ACTIVITY[e["cat"]], e["name"], float(e["dur"])) for e in found]
+
+
+_LAUNCHES = ("cuda_runtime", "cuda_driver", "runtime", "driver")
+
+
+def kernels_by_call(calls, repeats: int = 1) -> list[list[list[KernelRecord]]]:
+    """The kernels each of many calls ran, from one profiler session: ``[repeat][call]`` ->
+    the call's :class:`KernelRecord` list (grid, block, device duration).
+
+    Every call runs ``repeats`` times (all calls, then all again), each inside a
+    ``record_function`` range; a kernel belongs to the range in which the host launched it
+    (linked by the trace's ``correlation`` to its launch, or else by ``External id`` to the
+    ATen operator that issued it). One session for hundreds of calls costs a fraction of the
+    time :func:`kernels_of` would per call. Run each call once before (compilation, library
+    heuristics and warm-up stay out).
+
+    Args:
+        calls: callables of no argument (a sequence).
+        repeats: passes over ``calls`` (>= 1).
+
+    Raises:
+        RuntimeError: no CUDA device.
+        ValueError: no calls, or ``repeats`` < 1.
+    """
+    calls = list(calls)
+    if not calls:
+        raise ValueError("calls must hold at least one callable")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("kernels_by_call needs a CUDA GPU; this machine has none")
+
+    def run():
+        for r in range(repeats):
+            for i, fn in enumerate(calls):
+                with torch.profiler.record_function(f"perflab_call_{r}_{i}"):
+                    fn()
+
+    events = _trace_of(run)
+    ranges = []
+    for e in events:
+        name = str(e.get("name", ""))
+        if name.startswith("perflab_call_") and e.get("cat") == "user_annotation" and "dur" in e:
+            r, i = (int(x) for x in name[len("perflab_call_"):].split("_"))
+            ranges.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), r, i))
+    ranges.sort()
+    launch_ts = {e["args"]["correlation"]: float(e["ts"]) for e in events
+                 if e.get("cat") in _LAUNCHES and "correlation" in e.get("args", {})}
+    op_ts = {}
+    for e in events:
+        ext = _ext_id(e.get("args", {}))
+        if e.get("cat") == "cpu_op" and ext is not None:
+            op_ts[ext] = float(e["ts"])
+    owned: dict[tuple[int, int], list[dict]] = {}
+    for k in (e for e in events if e.get("cat") == "kernel" and "dur" in e):
+        a = k.get("args", {})
+        ts = launch_ts.get(a.get("correlation"), op_ts.get(_ext_id(a)))
+        if ts is None:
+            continue
+        for lo, hi, r, i in ranges:
+            if lo <= ts <= hi:
+                owned.setdefault((r, i), []).append(k)
+                break
+    return [[_records(owned.get((r, i), [])) for i in range(len(calls))] for r in range(repeats)]
 
 
 def launch_api_seconds(fn: Callable, *args, calls: int = 200, **kwargs) -> tuple[float, float]:
@@ -571,41 +675,6 @@ def regime(flops_fraction: float, bandwidth_fraction: float, busy_fraction: floa
     if max(flops_fraction, bandwidth_fraction) < threshold:
         return "overhead-bound" if busy_fraction is None else "latency-bound"
     return "compute-bound" if flops_fraction >= bandwidth_fraction else "bandwidth-bound"
-
-
-def clock_normalized(efficiency: float, clock_fraction: float | None,
-                     ceiling_clock_fraction: float | None) -> float | None:
-    """An efficiency (achieved rate / ceiling) corrected for the SM clock each ran at.
-
-    A GPU's FLOP/s scale with its SM clock, and the clock moves with power and temperature
-    (:mod:`perflab.core.telemetry`). When the achieved rate ran at ``clock_fraction`` of the chip's
-    maximum clock and the ceiling was measured at ``ceiling_clock_fraction``, the efficiency
-    per clock cycle is ``efficiency x ceiling_clock_fraction / clock_fraction``: the share of
-    the ceiling the work would reach had both run at the same clock. Use SM clocks for FLOP
-    rates; a bandwidth follows the memory clock instead.
-
-    Args:
-        efficiency: achieved rate / ceiling (>= 0).
-        clock_fraction: median SM clock / maximum while the work ran
-            (:attr:`~perflab.core.telemetry.TelemetrySummary.clock_fraction`), or None.
-        ceiling_clock_fraction: the same for the ceiling's measurement (a ceilings file's
-            ``telemetry["clock_fraction"]``), or None.
-
-    Returns:
-        The clock-normalized efficiency, or None when either clock is unknown (a CPU).
-
-    Raises:
-        ValueError: a negative efficiency, or a clock fraction that is not positive.
-    """
-    if efficiency < 0:
-        raise ValueError(f"efficiency must be >= 0, got {efficiency}")
-    if clock_fraction is None or ceiling_clock_fraction is None:
-        return None
-    for label, v in (("clock_fraction", clock_fraction),
-                     ("ceiling_clock_fraction", ceiling_clock_fraction)):
-        if not v > 0:
-            raise ValueError(f"{label} must be > 0, got {v}")
-    return efficiency * ceiling_clock_fraction / clock_fraction
 
 
 def kernel_summary(source) -> list[dict]:
