@@ -2,7 +2,7 @@
 (lab 2's overlay reads them), the technique is on the page, and the L2 probe is the one that took
 the start-up out and checked its own dips.
 
-The chapter is four pages that run on one GPU (the host; the GPU's structure and memory; its
+The chapter is three pages that run on one GPU (the host; the GPU's structure, memory and
 arithmetic; the links); what needs two GPUs (the topology, the peer copy, the all-reduce sweep)
 lives on ``02_several_gpus.md``, in ``pending/book/`` until a two-GPU machine has run it."""
 
@@ -13,8 +13,7 @@ import jupytext
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "book" / f"{stem}.md" for stem in
-         ("02_hardware", "02_hardware_gpu", "02_hardware_compute", "02_hardware_links")]
+PAGES = [ROOT / "book" / f"{stem}.md" for stem in ("02_hardware", "02_hardware_gpu", "02_hardware_links")]
 SECTION = next(p for p in (ROOT / "book" / "02_several_gpus.md", ROOT / "pending" / "book" / "02_several_gpus.md")
                if p.exists())
 LAB = ROOT / "labs" / "02_hardware.md"
@@ -25,8 +24,7 @@ REQUIRED = {
                     "cpu_l1_read_GBps", "cpu_llc_from_curve_MiB", "disk_seq_cold_GBps", "disk_seq_warm_GBps",
                     "disk_rand_cold_iops", "cpu_copy_clock", "cpu_cache_clock", "cpu_matmul_clock", "disk_clock"],
     "02_hardware_gpu": ["gpu_copy_bandwidth_TBps", "gpu_copy_clock", "l2_bandwidth_ratio", "gpu_l2_from_curve_MiB",
-                        "l2_clock", "l2_ratio_at_32MiB", "l2_startup_us", "l2_probe_cause"],
-    "02_hardware_compute": ["matmul_tflops_fp32", "matmul_tflops_bf16", "matmul_fp32_clock", "matmul_bf16_clock",
+                        "l2_clock", "l2_ratio_at_32MiB", "l2_startup_us", "l2_probe_cause", "matmul_tflops_fp32", "matmul_tflops_bf16", "matmul_fp32_clock", "matmul_bf16_clock",
                             "ridge_bf16_flop_per_byte", "ridge_bf16_achieved_flop_per_byte", "elementwise_clock",
                             "wave_clock", "wave_sentence", "burst_tflops", "sustained_tflops", "burst_clock",
                             "sustained_clock"],
@@ -83,7 +81,7 @@ def test_the_l2_probe_is_taught_on_the_page_and_takes_the_measured_start_up_out(
 def test_the_waves_are_fitted_per_kernel_from_the_profilers_durations():
     """Review N9: which kernel ran at every batch count, its tile from its name, rounds of tiles over
     its blocks; the round time compared with the prediction."""
-    code = "\n".join(code_cells(PAGES[2]))
+    code = "\n".join(code_cells(PAGES[1]))
     assert "kernels_by_call(calls" in code and "gpu.wave_groups(" in code
     assert 'compare("wave_round_vs_prediction"' in code
     assert "fit_wave_width" not in code and "batch_wave_sweep" not in code
@@ -92,7 +90,7 @@ def test_the_waves_are_fitted_per_kernel_from_the_profilers_durations():
 def test_one_ridge_definition_per_comparison():
     """Review N6: the run's ridge is roof over roof; the rates reached give the other; the lab
     compares a student's achieved ridge with the chapter's achieved ridge."""
-    code = "\n".join(code_cells(PAGES[2]))
+    code = "\n".join(code_cells(PAGES[1]))
     assert "ceil.ridge(" in code and "ceil.achieved_ridge(" in code
     lab = "\n".join(code_cells(LAB))
     assert 'ref.get("ridge_bf16_achieved_flop_per_byte")' in lab and '"ridge_bf16_flop_per_byte"' not in lab
