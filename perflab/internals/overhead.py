@@ -278,7 +278,7 @@ class CallModel:
 
     def stream_s(self, nbytes: float, flops: float = 0.0) -> float:
         """One call in a long stream of calls (seconds): what a sweep such as
-        :func:`perflab.internals.operators.call_cost_sweep` measures.
+        :func:`perflab.internals.callcost.call_cost_sweep` (taught on chapter 3's page) measures.
 
         ``max(host_issue_s, device_s)`` when host and device overlap, else their sum.
         """
