@@ -76,7 +76,7 @@ from sphinx import addnodes
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
-from perflab.record import runs
+from perflab.record import runs, verdicts
 from perflab.record.provenance import short_devices
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,16 @@ MEASURED_ON = ("host", "gpu", "gpus", "published")
 PUBLISHED_WORDS = "no device measured them"   # the provenance line of ``published``
 
 
+def host_cost_words(run: dict) -> str:
+    """The run's measured per-call host cost h (``reference_run.ceilings.host_cost_us``, from
+    the run's ceilings file), e.g. ``"; per-call cost h 3.4 µs on a CPU tensor, 7.9 µs on a
+    CUDA tensor in this run"``; empty for runs that did not record it."""
+    h = (run.get("ceilings") or {}).get("host_cost_us") or {}
+    parts = [f"{h[k]:.1f} µs on a {name} tensor" for k, name in (("cpu", "CPU"), ("cuda", "CUDA"))
+             if isinstance(h.get(k), (int, float))]
+    return f"; per-call cost h {', '.join(parts)} in this run" if parts else ""
+
+
 def host_words(run: dict) -> str:
     """The run's host CPU, e.g. ``"the host CPU, AMD EPYC 9654 (32 logical cores)"``, from
     ``reference_run.host`` (runs before that field existed: "model not recorded")."""
@@ -153,12 +163,16 @@ def device_words(run: dict, measured_on: str | None) -> str:
     return short_devices(devices)
 
 
-def caption_text(run: dict, kinds: list[str], measured_on: str | None = None) -> str:
+def caption_text(run: dict, kinds: list[str], measured_on: str | None = None,
+                 bound: str | None = None) -> str:
     """The provenance line under a cell's figure(s)/table(s), e.g.
     ``"Figure measured on one NVIDIA H200 (one of the run's 2) · torch 2.11.0+cu130 · 2026-11-30"``
     (see :func:`device_words`); for ``published``, a figure of numbers from papers, the line
     says no device measured them; without ``measured_on``, the older
-    ``"Figure: 2× NVIDIA H200 · torch ... · date"``.
+    ``"Figure: 2× NVIDIA H200 · torch ... · date"``. Work set by the host CPU (``measured_on:
+    host``, or a GPU figure with ``bound: host``: a small model's step whose time is the host's
+    issue cost) names the CPU and the run's measured per-call cost h (:func:`host_cost_words`),
+    since such a figure moves between hosts of the same GPU.
     """
     label = " and ".join(dict.fromkeys(kinds)) or "Output"
     label = label[0].upper() + label[1:]
@@ -166,6 +180,10 @@ def caption_text(run: dict, kinds: list[str], measured_on: str | None = None) ->
         head = f"{label} of published numbers, drawn by this run: {PUBLISHED_WORDS}"
     elif measured_on in MEASURED_ON:
         head = f"{label} measured on {device_words(run, measured_on)}"
+        if measured_on == "host":
+            head += host_cost_words(run)
+        elif bound == "host":
+            head += f", its speed set by {host_words(run)}{host_cost_words(run)}"
     else:
         head = f"{label}: {short_devices(run.get('devices'))}"
     text = f"{head} · torch {run.get('torch', '?')} · {run_date(run)}"
@@ -297,11 +315,19 @@ def _measured_on(app, cell) -> str | None:
     return value
 
 
+def _bound(cell) -> str | None:
+    """The cell's ``perflab: {bound: host}`` (what sets the speed the figure shows), or None."""
+    meta = (cell.get("cell_metadata") or {}).get("perflab") or {}
+    value = meta.get("bound") if isinstance(meta, dict) else None
+    return value if value in ("host", "device") else None
+
+
 def _add_captions(app, doctree, run: dict) -> int:
     added = 0
     for cell in list(doctree.findall(lambda n: isinstance(n, nodes.container)
                                      and n.get("nb_element") == "cell_code")):
         measured_on = _measured_on(app, cell)
+        bound = _bound(cell)
         for output in list(cell.findall(lambda n: isinstance(n, nodes.container)
                                         and n.get("nb_element") == "cell_code_output")):
             kinds: list[str] = []
@@ -318,7 +344,7 @@ def _add_captions(app, doctree, run: dict) -> int:
             if last is None:
                 continue
             para = nodes.paragraph("", "", classes=["provenance-caption"])
-            para += nodes.Text(caption_text(run, kinds, measured_on) + " · ")
+            para += nodes.Text(caption_text(run, kinds, measured_on, bound) + " · ")
             para += _status_link(app, "run status")
             # a numbered figure (myst-nb's cell metadata mystnb.figure): the line goes inside
             # it, under its caption; else after the output that holds the figure or table
@@ -486,17 +512,52 @@ def _devices(row: StatusRow) -> str:
     return short_devices(row.run.get("devices")) if row.run else ""
 
 
+_AGREEMENT: dict[str, Any] = {}
+
+
+def run_agreement(srcdir: str) -> dict[str, Any]:
+    """The last two run records of the book (``runs/*.json``) compared page by page
+    (:func:`perflab.record.verdicts.compare`): ``{"runs": (older, newer) names, "pages":
+    {docname: PageComparison}}``, empty when the repository holds fewer than two records.
+    Computed once per build."""
+    if srcdir not in _AGREEMENT:
+        pair = verdicts.last_two(srcdir)
+        if pair is None:
+            _AGREEMENT[srcdir] = {}
+        else:
+            pages, _, _ = verdicts.compare(*pair)
+            _AGREEMENT[srcdir] = {"runs": (pair[0].get("run"), pair[1].get("run")),
+                                  "pages": {p.page: p for p in pages}}
+    return _AGREEMENT[srcdir]
+
+
+def _agreement(row: StatusRow) -> str:
+    found = run_agreement(row.env.srcdir).get("pages", {}).get(row.docname)
+    if found is None:
+        return "—"
+    if not found.verdicts:
+        return "no verdicts"
+    text = f"{found.agreeing} of {found.verdicts}"
+    host = len(found.changes) - len(found.defects)
+    if found.defects:
+        text += f"; ✗ {len(found.defects)} changed"
+    if host:
+        text += f"; {host} host-bound changed"
+    return text
+
+
 # The status page's columns, in order: the ONE place that says what the tables show. A column is
 # added here (e.g. the verdicts that agree between the last two runs, from the per-run
 # records): its header, its share of the width, and a function of a StatusRow.
 STATUS_COLUMNS: list[StatusColumn] = [
-    StatusColumn("page", 21, _page_link),
+    StatusColumn("page", 17, _page_link),
     StatusColumn("needs", 8, lambda row: gpus_text(row.status.get("gpus"))),
-    StatusColumn("current with its source", 23, _state_words),
-    StatusColumn("device(s)", 12, _devices),
-    StatusColumn("torch", 14, _torch),
-    StatusColumn("started (UTC)", 12, _started),
+    StatusColumn("current with its source", 18, _state_words),
+    StatusColumn("device(s)", 11, _devices),
+    StatusColumn("torch", 11, _torch),
+    StatusColumn("started (UTC)", 11, _started),
     StatusColumn("duration", 10, _duration),
+    StatusColumn("verdicts agreeing, last two runs", 14, _agreement),
 ]
 
 
@@ -536,6 +597,11 @@ def status_table(rows: list[StatusRow], columns: list[StatusColumn] | None = Non
         body += row
     group += body
     return table
+
+
+def _clip(text: str, n: int = 90) -> str:
+    text = str(text)
+    return text if len(text) <= n else text[:n - 1] + "…"
 
 
 def _slug(header: str) -> str:
@@ -594,7 +660,38 @@ class ProvenanceStatus(SphinxDirective):
             "— the notebook has not been executed yet."))
         legend["classes"].append("provenance-status-legend")
         waiting = self._pending(app)
-        return [summary, *tables, legend, *waiting]
+        return [summary, *tables, legend, *self._changed(app), *waiting]
+
+    def _changed(self, app) -> list[nodes.Node]:
+        """The verdicts that changed between the last two runs, each with both values: a
+        changed host-bound verdict is a fact about two hosts; any other is a defect of its page
+        (its measurement needs rounds)."""
+        found = run_agreement(app.srcdir)
+        if not found:
+            return [nodes.paragraph(text=(
+                "The last column compares the two most recent run records in runs/ "
+                "(scripts/compare_runs.py); fewer than two are recorded."))]
+        older, newer = found["runs"]
+        changes = [(page, c) for page, p in found["pages"].items() for c in p.changes]
+        intro = nodes.paragraph(text=(
+            f"The last column counts the claims and expectations on which the two most recent "
+            f"runs agree (run records in runs/: {older}; {newer}; scripts/compare_runs.py "
+            "compares any two). A changed verdict of a claim declared host-bound is a fact "
+            "about two hosts, shown below with both values; any other changed verdict is a "
+            "defect of its page, marked ✗." + ("" if changes else " No verdict changed.")))
+        if not changes:
+            return [intro]
+        items = nodes.bullet_list(classes=["provenance-changed-verdicts"])
+        for page, c in changes:
+            kind = "host-bound" if not c.defect else ("✗ " + (f"{c.bound}-bound" if c.bound
+                                                              else "bound not declared"))
+            values = (f" (measured {c.values[0]:.4g}, then {c.values[1]:.4g})"
+                      if c.values and None not in c.values else "")
+            item = nodes.list_item()
+            item += nodes.paragraph(text=f"{page}, {c.name} [{kind}]{values}: "
+                                         f"“{_clip(c.a)}” → “{_clip(c.b)}”")
+            items += item
+        return [intro, items]
 
     def _pending(self, app) -> list[nodes.Node]:
         """The sources waiting in ``pending/`` (not in the book yet), with what each waits for."""

@@ -478,7 +478,9 @@ def _ceilings_used() -> dict | None:
         return None
     out = {k: v["value"] for k, v in doc.get("ceilings", {}).items()}
     out.update(measured=doc.get("measured"), run=doc.get("run"),
-               machine_id=doc.get("machine_id"))
+               machine_id=doc.get("machine_id"),
+               host_cost_us={k: v["median_s"] * 1e6
+                             for k, v in (doc.get("host_costs") or {}).items()})
     return out
 
 

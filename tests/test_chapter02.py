@@ -82,7 +82,7 @@ def test_the_waves_are_fitted_per_kernel_from_the_profilers_durations():
     """Review N9: which kernel ran at every batch count, its tile from its name, rounds of tiles over
     its blocks; the round time compared with the prediction."""
     code = "\n".join(code_cells(PAGES[1]))
-    assert "kernels_by_call(calls" in code and "gpu.wave_groups(" in code
+    assert "kernels_by_call(calls" in code and "waves.wave_groups(" in code
     assert 'compare("wave_round_vs_prediction"' in code
     assert "fit_wave_width" not in code and "batch_wave_sweep" not in code
 
@@ -115,7 +115,7 @@ def test_lab_reads_the_chapters_four_pages_and_ends_on_the_overlay():
 def test_report_card_measures_the_l2_and_the_latency_as_the_chapter_does():
     report = (ROOT / "perflab" / "machine" / "report.py").read_text()
     assert "replay.replay_sweep(" in report and "caches.ReplayCurve(" in report
-    assert "distributed.alpha_beta(" in report and "result.points[0].seconds" not in report
+    assert "collectives.alpha_beta(" in report and "result.points[0].seconds" not in report
 
 
 @pytest.mark.parametrize("path", [*PAGES, SECTION, LAB], ids=lambda p: p.stem)

@@ -3,22 +3,10 @@ import math
 import pytest
 import torch
 
-from perflab.machine import gpu
+from perflab.machine import gpu, waves
 from perflab.core.device import has_gpu
 
 cpu_only = pytest.mark.skipif(has_gpu(), reason="checks the behaviour on a machine without a GPU")
-
-
-def test_tile_and_wave_counts():
-    assert gpu.tile_count(2048, 1024) == 16 * 8
-    assert gpu.tile_count(2048, 1025) == 16 * 9          # a partial tile costs a whole tile
-    assert gpu.wave_count(132, 132) == 1
-    assert gpu.wave_count(133, 132) == 2                 # one tile more: a whole extra wave
-    assert gpu.wave_count(264, 132, tiles_per_sm=2) == 1
-    with pytest.raises(ValueError, match="tile_n"):
-        gpu.tile_count(8, 8, tile_n=0)
-    with pytest.raises(ValueError, match="sms"):
-        gpu.wave_count(10, 0)
 
 
 def test_dram_bandwidth_from_clock_matches_the_h100_datasheet():
@@ -59,6 +47,8 @@ def test_matmul_rates_reports_an_fp8_failure_instead_of_stopping(monkeypatch):
 def test_gpu_only_functions_say_so_without_a_gpu():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         gpu.properties()
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        waves.wave_sweep("cpu", 128, 128, [128])
     from perflab.core import nvml
 
     assert nvml.readings() is None
@@ -69,72 +59,6 @@ def test_properties_on_a_gpu():
     p = gpu.properties(0)
     assert p["sm_count"] > 0 and p["warp_size"] == 32
     assert p["memory_bytes"] == torch.cuda.get_device_properties(0).total_memory
-
-
-def test_kernel_tile_reads_the_tile_from_cublas_names():
-    assert gpu.kernel_tile("nvjet_sm90_tst_128x96_64x7_2x1_v_bz_NNT") == (128, 96)
-    assert gpu.kernel_tile("nvjet_sm90_tst_64x32_64x16_1x2_h_bz_splitK_TNT") == (64, 32)
-    assert gpu.kernel_tile("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warp") \
-        == (128, 256)
-    assert gpu.kernel_tile("cublasLt::splitKreduce_kernel") is None
-    assert gpu.kernel_tile("void at::native::vectorized_elementwise_kernel<4>") is None
-
-
-def _kernel(name, grid, us):
-    from perflab.profiling.trace import KernelRecord
-
-    return KernelRecord(name, grid, (384, 1, 1), None, us, 1.0)
-
-
-def _h200_bmm(repeats=3):
-    """What the profiler showed for torch.bmm([b, 256, 8192] @ [b, 8192, 256]) on the H200: a
-    split-K kernel plus its reduction at b = 1, 128 x 96 tiles where 128 x 128 tiles would leave
-    a round almost empty, 128 x 128 tiles elsewhere, all persistent on 132 blocks; one round of
-    128 x 128 tiles takes 72 us."""
-    batches = list(range(1, 199))
-    main = "nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT"
-    alt = "nvjet_sm90_tst_128x96_64x7_2x1_v_bz_NNT"
-    runs = []
-    for r in range(repeats):
-        calls = []
-        for b in batches:
-            if b == 1:
-                calls.append([_kernel("nvjet_sm90_tst_64x32_64x16_1x2_h_bz_splitK_TNT", (2, 64, 1), 6.1),
-                              _kernel("cublasLt::splitKreduce_kernel", (8, 16, 1), 1.7)])
-            elif b % 33 in range(1, 5) and b > 33:
-                calls.append([_kernel(alt, (2, 66, 1), 2 + 45 * math.ceil(b * 6 / 132) * (1 + 0.002 * r))])
-            else:
-                calls.append([_kernel(main, (2, 66, 1), 3 + 72 * math.ceil(b * 4 / 132) * (1 + 0.002 * r))])
-        runs.append(calls)
-    return runs, batches
-
-
-def test_wave_groups_fit_each_kernels_rounds_with_the_tile_in_its_name():
-    runs, batches = _h200_bmm()
-    groups = gpu.wave_groups(runs, batches, 256, 256, 132)
-    main = groups[0]
-    assert main.tile == (128, 128) and main.ctas == 132
-    assert main.rounds[main.batches.index(33)] == 1 and main.rounds[main.batches.index(132)] == 4
-    assert main.round_s.median == pytest.approx(72e-6, rel=0.01)
-    assert main.round_s.n == 3                          # one fit per pass over the batches
-    assert main.staircase_rms < 0.01 < main.linear_rms
-    assert main.predict(2) == pytest.approx(3e-6 + 144e-6, rel=0.01)
-    alt = next(g for g in groups if g.tile == (128, 96))
-    assert alt.round_s.median == pytest.approx(45e-6, rel=0.01)
-    split = next(g for g in groups if g.batches == (1,))
-    assert split.round_s is None and split.predict(1) is None   # one batch count: nothing to fit
-    assert split.seconds[0].median == pytest.approx(7.8e-6)     # its two kernels together
-
-
-def test_wave_groups_check_their_input():
-    runs, batches = _h200_bmm(repeats=1)
-    with pytest.raises(ValueError, match="one entry per batch"):
-        gpu.wave_groups(runs, batches[:-1], 256, 256, 132)
-    runs[0][5] = []
-    with pytest.raises(ValueError, match="ran no kernel"):
-        gpu.wave_groups(runs, batches, 256, 256, 132)
-    with pytest.raises(ValueError, match="sms"):
-        gpu.wave_groups(runs, batches, 256, 256, 0)
 
 
 def test_replay_sweep_times_every_size_in_interleaved_rounds_on_cpu():

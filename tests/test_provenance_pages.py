@@ -265,3 +265,31 @@ def test_the_badge_says_what_a_page_needs_and_warns_when_its_run_is_not_current(
                                      "pending": "pending/book/08_x.md"}, run)
     assert line.startswith("Needs 2 GPUs") and "pending/book/08_x.md" in warning
     assert "older source" in warning and "known to be wrong" in warning
+
+
+def test_a_host_bound_figure_names_the_cpu_and_the_run_s_per_call_cost():
+    """Issue 37: a figure set by the host CPU names the CPU and its measured h, so a reader
+    comparing it with another host's knows why it moved."""
+    run = dict(GPU_RUN, host={"cpu": "Intel(R) Xeon(R) Processor", "logical_cores": 16},
+               ceilings={"host_cost_us": {"cpu": 3.43, "cuda": 7.91}})
+    text = PP.caption_text(run, ["figure"], "gpu", "host")
+    assert "its speed set by the host CPU, Intel(R) Xeon(R) Processor" in text
+    assert "per-call cost h 3.4 µs on a CPU tensor, 7.9 µs on a CUDA tensor" in text
+    assert "per-call cost" in PP.caption_text(run, ["figure"], "host")
+    assert "per-call cost" not in PP.caption_text(run, ["figure"], "gpu")     # device-bound
+    assert PP.host_cost_words(GPU_RUN) == ""          # a run that recorded no host costs
+
+
+def test_the_status_column_counts_the_verdicts_two_runs_agree_on(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from perflab.record import verdicts
+
+    page = verdicts.PageComparison("book/06_x", verdicts=10, changes=[
+        verdicts.Change("a", "true", "false", "host"), verdicts.Change("b", "true", "undecided",
+                                                                       "device")])
+    PP._AGREEMENT[str(tmp_path)] = {"runs": ("r1", "r2"), "pages": {"book/06_x": page}}
+    row = SimpleNamespace(docname="book/06_x", env=SimpleNamespace(srcdir=str(tmp_path)))
+    assert PP._agreement(row) == "8 of 10; ✗ 1 changed; 1 host-bound changed"
+    row.docname = "book/99_other"
+    assert PP._agreement(row) == "—"

@@ -1,4 +1,4 @@
-"""The GPU as a performance engineer sees it: its structure, its clocks, its math units, its waves.
+"""The GPU as a performance engineer sees it: its structure, its clocks, its math units.
 
 * :func:`properties` reads what the chip is (SMs, warps, caches, memory bus) through torch; how
   it is running right now (clocks, power, PCIe link, NVLinks) is :func:`perflab.core.nvml.readings`.
@@ -6,55 +6,32 @@
 * :func:`matmul_rates` measures matrix-multiply FLOP/s per number format (FP32 on the CUDA
   cores; TF32, bf16, fp16 and fp8 on the tensor cores; one :func:`perflab.machine.roofline.matmul_rate`
   each). (The CUDA cores' elementwise rate is chapter 1's fused ``x * 2`` kernel,
-  :func:`perflab.machine.sweep.sweep_repeat`.)
-* :func:`tile_count` and :func:`wave_count` count a matrix product's output tiles and the waves
-  they take on the SMs (wave quantization); :func:`wave_groups` groups a batch sweep's calls by
-  the kernel the profiler says ran (its tile in :func:`kernel_tile`) and fits each group's
-  staircase of rounds. (The L2-against-HBM probe is taught on chapter 2's page and exported to
-  :mod:`perflab.machine.replay`.)
+  :func:`perflab.machine.sweep.sweep_repeat`; the L2-against-HBM probe is taught on chapter 2's
+  page and exported to :mod:`perflab.machine.replay`.)
 * :func:`burst_and_sustained` times one matrix product briefly after a rest and for seconds back
   to back, each under :class:`perflab.core.telemetry.Telemetry`: the burst and the sustained rate.
+
+How a matrix product's tiles map onto the SMs in waves is :mod:`perflab.machine.waves`.
 
 Units: bytes, Hz, watts, FLOP/s, seconds.
 """
 
 from __future__ import annotations
 
-import math
-import re
-import statistics
 import time
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import torch
 
-from perflab.core.device import has_gpu
-from perflab.core.fits import fit_line
-from perflab.core.rounds import Spread
+from perflab.core.device import need_gpu
 from perflab.core.telemetry import Telemetry
 from perflab.core.timing import Stopwatch, event_timer, synchronize
-from perflab.core.validate import integers, positive, positive_int
+from perflab.core.validate import positive, positive_int
 from perflab.machine.roofline import matmul_rate
 
-__all__ = [
-    "BurstSustained",
-    "WaveGroup",
-    "available_matmul_kinds",
-    "burst_and_sustained",
-    "dram_bandwidth_from_clock",
-    "kernel_tile",
-    "matmul_rates",
-    "properties",
-    "tile_count",
-    "wave_count",
-    "wave_groups",
-]
-
-
-def _need_gpu(what: str) -> None:
-    if not has_gpu():
-        raise RuntimeError(f"{what} needs a CUDA GPU; this machine has none")
+__all__ = ["properties", "dram_bandwidth_from_clock", "available_matmul_kinds", "matmul_rates",
+           "BurstSustained", "burst_and_sustained"]
 
 
 def properties(index: int = 0) -> dict:
@@ -69,7 +46,7 @@ def properties(index: int = 0) -> dict:
         RuntimeError: no CUDA GPU.
         ValueError: ``index`` names a GPU this machine does not have.
     """
-    _need_gpu("properties()")
+    need_gpu("properties()")
     if not 0 <= index < torch.cuda.device_count():
         raise ValueError(f"index={index} but this machine has {torch.cuda.device_count()} GPU(s)")
     p = torch.cuda.get_device_properties(index)
@@ -141,157 +118,6 @@ def matmul_rates(device: torch.device | str, n: int, kinds: Iterable[str] | None
             rates[kind] = matmul_rate(device, n, kind)
     return rates, errors
 
-
-def tile_count(m: int, n: int, tile_m: int = 128, tile_n: int = 128) -> int:
-    """Output tiles of an ``m x n`` product cut into ``tile_m x tile_n`` tiles: ``ceil(m/tile_m) * ceil(n/tile_n)``.
-
-    A partly filled edge tile costs a whole tile: that is *tile quantization*.
-
-    Raises:
-        ValueError: a non-positive argument.
-    """
-    for name, v in (("m", m), ("n", n), ("tile_m", tile_m), ("tile_n", tile_n)):
-        positive_int(name, v)
-    return math.ceil(m / tile_m) * math.ceil(n / tile_n)
-
-
-def wave_count(tiles: int, sms: int, tiles_per_sm: int = 1) -> int:
-    """Waves needed to run ``tiles`` thread blocks on ``sms`` SMs holding ``tiles_per_sm`` each at once.
-
-    ``ceil(tiles / (sms * tiles_per_sm))``: one tile past a multiple of the machine's width costs a
-    whole extra wave (*wave quantization*; NVIDIA's "Matrix Multiplication Background" guide).
-
-    Raises:
-        ValueError: a non-positive argument.
-    """
-    for name, v in (("tiles", tiles), ("sms", sms), ("tiles_per_sm", tiles_per_sm)):
-        positive_int(name, v)
-    return math.ceil(tiles / (sms * tiles_per_sm))
-
-
-# ---------------------------------------------------------------------------------------------
-# Waves: which kernel ran, with which tile, in how many rounds
-# ---------------------------------------------------------------------------------------------
-
-_TILE = re.compile(r"(?:_|tilesize)(\d+)x(\d+)")
-
-
-def kernel_tile(name: str) -> tuple[int, int] | None:
-    """The output tile a matrix-product kernel's name carries, ``(tile_m, tile_n)``, or None.
-
-    cuBLAS names its kernels after their tiles: ``nvjet_tst_128x96_64x4_...`` (Hopper's
-    ``nvjet`` kernels), ``sm90_xmma_gemm_..._tilesize128x128x64_...``, CUTLASS's
-    ``..._128x256_64x3_...``: the first pair of sizes of at least 32 is the output tile.
-    """
-    for a, b in _TILE.findall(name):
-        if int(a) >= 32 and int(b) >= 32:
-            return int(a), int(b)
-    return None
-
-
-@dataclass(frozen=True)
-class WaveGroup:
-    """The calls of a batch sweep that ran one kernel, with the staircase fitted to them.
-
-    Attributes:
-        kernel: the kernel's name (the longest kernel of each call).
-        tile: its output tile ``(tile_m, tile_n)`` from the name (None if the name has none).
-        ctas: thread blocks that run at once: the kernel's grid, at most one per SM.
-        batches: the batch counts ``b`` that ran it, increasing.
-        rounds: for each, ``ceil(b * tiles per product / ctas)``: how many times each running
-            block takes a new tile (a wave of a plain grid, a loop turn of a persistent one).
-        seconds: for each, the device time of one call (a Spread over the repeats).
-        round_s: the fitted time per round (a Spread: one fit per repeat), None when the group
-            spans a single round count.
-        fixed_s: the fitted intercept (median over the repeats), None likewise.
-        staircase_rms, linear_rms: RMS relative residuals of ``t = a + s * rounds`` and of the
-            straight line ``t = a + c * b`` (median over the repeats; None likewise).
-    """
-
-    kernel: str
-    tile: tuple[int, int] | None
-    ctas: int
-    batches: tuple[int, ...]
-    rounds: tuple[int, ...]
-    seconds: tuple[Spread, ...]
-    round_s: Spread | None
-    fixed_s: float | None
-    staircase_rms: float | None
-    linear_rms: float | None
-
-    def predict(self, rounds: int) -> float | None:
-        """The fitted staircase's time for ``rounds`` rounds (seconds), None without a fit."""
-        if self.round_s is None or self.fixed_s is None:
-            return None
-        return self.fixed_s + self.round_s.median * rounds
-
-
-def wave_groups(calls: Sequence[Sequence], batches: Sequence[int], m: int, n: int,
-                sms: int) -> list[WaveGroup]:
-    """Group a batch sweep's calls by the kernel that ran, and fit each group's staircase.
-
-    Args:
-        calls: for each repeat of the sweep, for each batch count, the kernels the call ran
-            (:class:`perflab.profiling.trace.KernelRecord`: name, grid, duration); a call's
-            time is the sum of its kernels' durations, its kernel the longest of them.
-        batches: the batch counts ``b``, in the order of each repeat's calls.
-        m, n: each product's output is ``m x n``.
-        sms: the GPU's SMs.
-
-    Returns:
-        One :class:`WaveGroup` per kernel, the group with the most batch counts first.
-
-    Raises:
-        ValueError: no repeat, repeats of different lengths, a call with no kernel, or
-            a non-positive size.
-    """
-    for label, v in (("m", m), ("n", n), ("sms", sms)):
-        positive_int(label, v)
-    batches = list(batches)
-    integers("batches", batches)
-    if not calls or any(len(rep) != len(batches) for rep in calls):
-        raise ValueError("calls must hold, for each repeat, one entry per batch count")
-    per_b: dict[int, list] = {}
-    for rep in calls:
-        for b, kernels in zip(batches, rep):
-            if not kernels:
-                raise ValueError(f"the call with b = {b} ran no kernel")
-            main = max(kernels, key=lambda k: k.duration_us)
-            total = sum(k.duration_us * k.launches for k in kernels) * 1e-6
-            per_b.setdefault(b, []).append((main, total))
-    groups: dict[str, list[int]] = {}
-    for b in batches:
-        names = [main.name for main, _ in per_b[b]]
-        groups.setdefault(max(set(names), key=names.count), []).append(b)
-    out = []
-    for name, bs in groups.items():
-        bs = sorted(set(bs))
-        main = per_b[bs[0]][0][0]
-        tile = kernel_tile(name)
-        grid = math.prod(main.grid) if main.grid else sms
-        ctas = max(1, min(grid, sms))
-        per_product = tile_count(m, n, *tile) if tile else 1
-        rounds = tuple(math.ceil(b * per_product / ctas) for b in bs)
-        reps = len(calls)
-        times = [[per_b[b][r][1] for b in bs] for r in range(reps)]
-        seconds = tuple(Spread(tuple(times[r][i] for r in range(reps))) for i in range(len(bs)))
-        round_s = fixed = stair = line = None
-        if len(set(rounds)) >= 2 and len(bs) >= 3:
-            fits = [fit_line(rounds, times[r], relative=True) for r in range(reps)]
-            lines = [fit_line(bs, times[r], relative=True) for r in range(reps)]
-            round_s = Spread(tuple(f.slope for f in fits))
-            fixed = statistics.median(f.fixed for f in fits)
-            stair = statistics.median(f.rms_relative for f in fits)
-            line = statistics.median(f.rms_relative for f in lines)
-        out.append(WaveGroup(name, tile, ctas, tuple(bs), rounds, seconds, round_s, fixed,
-                             stair, line))
-    out.sort(key=lambda g: -len(g.batches))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Burst and sustained rates
-# ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class BurstSustained:
