@@ -53,8 +53,6 @@ VISIBLE_BOOKKEEPING: set[str] = {
     "book/08_distributed_training.html",       # replaced by its second edition (pending/)
     "book/09_advanced_optimizations.html",
     "book/10_gpt2_case_study.html",
-    "book/roofline_explorer.html",             # three glue calls in the prediction cell: a code
-                                               # change, for the next reference run
     "labs/03_internals.html",
     "labs/06_speed.html",
     "labs/07_memory.html",
