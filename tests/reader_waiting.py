@@ -53,7 +53,6 @@ VISIBLE_BOOKKEEPING: set[str] = {
     "book/08_distributed_training.html",       # replaced by its second edition (pending/)
     "book/09_advanced_optimizations.html",
     "book/10_gpt2_case_study.html",
-    "labs/03_internals.html",
     "labs/06_speed.html",
     "labs/07_memory.html",
 }
