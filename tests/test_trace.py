@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from perflab.core.profiler import load_trace
-from perflab.profiling import trace as trace_module
+from perflab.profiling import trace
 from perflab.profiling.trace import (REGIMES, regime, short_name, step_windows,
                                      summarize_trace, trace_items)
 
@@ -122,14 +122,14 @@ def test_regime_rule():
         regime(0.5, 0.5, threshold=0)
     with pytest.raises(ValueError, match="busy_fraction"):
         regime(0.5, 0.5, busy_fraction=1.5)
-    with pytest.raises(ValueError, match="fractions"):
+    with pytest.raises(ValueError, match="flops_fraction"):
         regime(-0.1, 0.5)
 
 
 def test_the_median_over_maximum_clock_scaling_is_gone():
     """It took the wrong clock for a Hopper GPU's tensor cores (1.83 of 1.98 GHz): an efficiency
     per clock is a rate over the clock model's peak at that clock (Ceilings.peak), nothing else."""
-    assert not hasattr(trace_module, "clock_normalized")
+    assert not hasattr(trace, "clock_normalized")
 
 
 def _annotation(name, ts, dur):
@@ -160,16 +160,16 @@ def test_kernels_by_call_assigns_each_kernel_to_the_call_that_launched_it(monkey
         extra = _kernel("reduce", 1000 * (2 * r + 1) + 600, 2, ext=900 + r)
         extra["args"]["correlation"] = 5000 + r
         events.append(extra)
-    monkeypatch.setattr(trace_module.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(trace_module, "_trace_of", lambda run: events)
-    got = trace_module.kernels_by_call([lambda: None, lambda: None], repeats=2)
+    monkeypatch.setattr(trace.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(trace, "_trace_of", lambda run: events)
+    got = trace.kernels_by_call([lambda: None, lambda: None], repeats=2)
     assert [[[k.name for k in call] for call in rep] for rep in got] == \
         [[["gemm_0"], ["gemm_1", "reduce"]], [["gemm_0"], ["gemm_1", "reduce"]]]
     assert got[0][1][0].duration_us == 41 and got[0][1][0].grid is None
     with pytest.raises(ValueError, match="repeats"):
-        trace_module.kernels_by_call([lambda: None], repeats=0)
+        trace.kernels_by_call([lambda: None], repeats=0)
     with pytest.raises(ValueError, match="at least one"):
-        trace_module.kernels_by_call([])
+        trace.kernels_by_call([])
 
 
 def test_device_activities_lists_kernels_and_copies_in_order(monkeypatch):
@@ -179,9 +179,9 @@ def test_device_activities_lists_kernels_and_copies_in_order(monkeypatch):
         _kernel("at::native::vectorized_elementwise_kernel", 5, 3.0, ext=1),
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 1, "dur": 2, "args": {}},
     ]
-    monkeypatch.setattr(trace_module.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(trace_module, "_trace_of", lambda run: events)
-    got = trace_module.device_activities(lambda: None)
+    monkeypatch.setattr(trace.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(trace, "_trace_of", lambda run: events)
+    got = trace.device_activities(lambda: None)
     assert got == [("kernel", "at::native::vectorized_elementwise_kernel", 3.0),
                    ("memcpy", "Memcpy DtoD (Device -> Device)", 7.5)]
 

@@ -3,7 +3,10 @@
 # From book/03_pytorch_internals.md:
 #   book/03_pytorch_internals.md: The cost of one call against tensor size
 
-"""Code taught on book/03_pytorch_internals.md, exported for the pages that reuse it.
+"""Chapter 3's call-cost sweep: the time of one small operator call against
+the tensor's size, in interleaved rounds.
+
+Code taught on book/03_pytorch_internals.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """

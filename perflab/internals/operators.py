@@ -24,6 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from perflab.core.fits import fit_line
+from perflab.core.validate import positive_int
 
 try:  # POSIX only: page faults of this process (None on Windows)
     import resource
@@ -196,8 +197,7 @@ def page_faults_per_call(fn: Callable[[], object], calls: int = 20) -> float | N
     Raises:
         ValueError: ``calls`` < 1.
     """
-    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
-        raise ValueError(f"calls must be an int >= 1, got {calls!r}")
+    positive_int("calls", calls)
     if resource is None:
         return None
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

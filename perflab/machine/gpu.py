@@ -27,7 +27,7 @@ import torch
 from perflab.core.device import need_gpu
 from perflab.core.telemetry import Telemetry
 from perflab.core.timing import Stopwatch, event_timer, synchronize
-from perflab.core.validate import positive, positive_int
+from perflab.core.validate import number, positive, positive_int
 from perflab.machine.roofline import matmul_rate
 
 __all__ = ["properties", "dram_bandwidth_from_clock", "available_matmul_kinds", "matmul_rates",
@@ -76,9 +76,9 @@ def dram_bandwidth_from_clock(bus_width_bits: int, mem_clock_hz: float, transfer
     Raises:
         ValueError: a non-positive argument.
     """
-    if bus_width_bits <= 0 or mem_clock_hz <= 0 or transfers_per_clock <= 0:
-        raise ValueError(f"all arguments must be > 0, got bus_width_bits={bus_width_bits}, "
-                         f"mem_clock_hz={mem_clock_hz}, transfers_per_clock={transfers_per_clock}")
+    for name, v in (("bus_width_bits", bus_width_bits), ("mem_clock_hz", mem_clock_hz),
+                    ("transfers_per_clock", transfers_per_clock)):
+        positive(name, v)
     return bus_width_bits / 8 * transfers_per_clock * mem_clock_hz
 
 
@@ -177,8 +177,7 @@ def burst_and_sustained(
     for name, v in (("n", n), ("burst_reps", burst_reps)):
         positive_int(name, v)
     positive("sustained_s", sustained_s)
-    if rest_s < 0:
-        raise ValueError(f"rest_s must be >= 0, got {rest_s}")
+    number("rest_s", rest_s, minimum=0)
     dev = torch.device(device)
     index = (dev.index or 0) if dev.type == "cuda" else 0
     a = torch.randn(n, n, device=dev).to(dtype)

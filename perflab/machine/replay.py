@@ -4,7 +4,10 @@
 #   book/02_hardware_gpu.md: L2 against HBM: bandwidth against working-set size
 #   book/02_hardware_gpu.md: L2 against HBM: bandwidth against working-set size
 
-"""Code taught on book/02_hardware_gpu.md, exported for the pages that reuse it.
+"""Chapter 2's L2 probe: kernels replayed from CUDA graphs, so the host stays
+out of the timing and each kernel's start-up can be measured and taken out.
+
+Code taught on book/02_hardware_gpu.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """

@@ -29,6 +29,8 @@ from typing import Iterable, Sequence
 
 import matplotlib.pyplot as plt
 
+from perflab.core.validate import number
+
 __all__ = [
     "NcuKernel",
     "find_ncu",
@@ -297,8 +299,8 @@ def py_spy_record(script: str | os.PathLike, svg: str | os.PathLike, py_spy: str
         raise FileNotFoundError(f"script {script} does not exist")
     if not py_spy or not Path(py_spy).exists():
         raise FileNotFoundError(f"py-spy not found at {py_spy!r}")
-    if duration_s < 1 or rate_hz < 1:
-        raise ValueError(f"duration_s and rate_hz must be >= 1, got {duration_s} and {rate_hz}")
+    number("duration_s", duration_s, minimum=1)
+    number("rate_hz", rate_hz, minimum=1)
     if output_format not in ("flamegraph", "raw"):
         raise ValueError(f"output_format must be 'flamegraph' or 'raw', got {output_format!r}")
     svg.parent.mkdir(parents=True, exist_ok=True)
