@@ -80,9 +80,10 @@ WRONG = {
          r"capacity"),
         # the first edition's recipe: fast from the three smallest sizes, the largest size above the
         # threshold; on the course's H200 it answered 512 MiB for a 60 MiB L2
-        ("ex1-solution", "    n = len(bandwidths)\n",
+        ("ex1-solution", "    smooth = [statistics.median(",
          "    threshold = math.sqrt(sorted(bandwidths[:3])[1] * sorted(bandwidths[-3:])[1])\n"
-         "    return max(s for s, b in zip(sizes, bandwidths) if b >= threshold)\n", r"first-edition curve|capacity"),
+         "    return max(s for s, b in zip(sizes, bandwidths) if b >= threshold)\n"
+         "    smooth = [statistics.median(", r"first-edition curve|capacity"),
         # GFLOP/s read as TFLOP/s: the ridge point 1000x too high
         ("ex2-solution", 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e9,', 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e12,',
          r"ridge point"),
