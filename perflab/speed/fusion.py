@@ -3,7 +3,10 @@
 # From book/06_single_gpu_speed.md:
 #   book/06_single_gpu_speed.md: Keeping the GPU busy: batch size, fused operators, matmul shapes
 
-"""Code taught on book/06_single_gpu_speed.md, exported for the pages that reuse it.
+"""Fusing operators: a BatchNorm folded into the convolution or linear layer
+before it.
+
+Code taught on book/06_single_gpu_speed.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """

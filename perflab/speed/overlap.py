@@ -3,7 +3,10 @@
 # From book/06_single_gpu_speed.md:
 #   book/06_single_gpu_speed.md: Overlapping copies with compute
 
-"""Code taught on book/06_single_gpu_speed.md, exported for the pages that reuse it.
+"""Overlapping copies with compute: a prefetcher that copies the next batch
+while this one computes.
+
+Code taught on book/06_single_gpu_speed.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """
