@@ -404,9 +404,12 @@ def _search_hits(binary: str, server: str, query: str) -> list[str]:
 
 def test_search_finds_the_field_s_spellings(build, server):
     binary = require_chromium()
+    # pages that say "all-reduce" (chapter 8 is built once its notebook has been executed)
+    pages = [p for p in ("book/08_distributed_training", "book/02_hardware") if (build.html / f"{p}.html").exists()]
+    assert pages, "neither chapter 2 nor chapter 8 was built"
     for query in ("allreduce", "AllReduce"):
         hits = _search_hits(binary, server, query)
-        for page in ("book/08_distributed_training", "book/02_hardware"):
+        for page in pages:
             assert any(h.startswith(page) for h in hits), f"searching {query!r} finds {hits}, not {page}"
     index = _search_index(build.html)
     for a, b in (("bf16", "bfloat16"), ("fp8", "float8"), ("ddp", "distributeddataparallel")):
