@@ -5,10 +5,14 @@ its cells use (every lab runs on a CPU too), the GPU memory and minutes of its r
 (``reference_run`` metadata of the committed ``.ipynb``), and the minutes of the last CPU run
 recorded in ``labs/cpu_runs.json`` by ``scripts/execute.py --record-cpu``. Nothing is typed: a
 missing record shows as "not recorded". The page is re-read whenever a lab or a record changes.
+
+The ``grading-time`` directive shows the grader's measured runs on a class
+(``labs/grading_runs.json``, written by ``python -m grader.timing``).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -73,6 +77,33 @@ class LabNeeds(SphinxDirective):
         return [_table(head, rows)]
 
 
+class GradingTime(SphinxDirective):
+    """``grading-time``: how long the grader took on a class, one sentence per lab recorded in
+    ``labs/grading_runs.json`` (written by ``python -m grader.timing``)."""
+
+    has_content = False
+
+    def run(self):
+        root = Path(self.env.srcdir)
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        from grader.timing import describe
+
+        path = root / "labs" / "grading_runs.json"
+        if path.exists():
+            self.env.note_dependency(str(path))
+        records = json.loads(path.read_text()) if path.exists() else {}
+        if not records:
+            return [nodes.paragraph(text="No grading run is recorded yet (python -m grader.timing records one).")]
+        items = nodes.bullet_list()
+        for lab in sorted(records):
+            item = nodes.list_item()
+            item += nodes.paragraph(text=describe(records[lab]))
+            items += item
+        return [items]
+
+
 def setup(app):
     app.add_directive("lab-needs", LabNeeds)
+    app.add_directive("grading-time", GradingTime)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

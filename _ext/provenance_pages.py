@@ -550,13 +550,13 @@ def _agreement(row: StatusRow) -> str:
 # added here (e.g. the verdicts that agree between the last two runs, from the per-run
 # records): its header, its share of the width, and a function of a StatusRow.
 STATUS_COLUMNS: list[StatusColumn] = [
-    StatusColumn("page", 18, _page_link),
-    StatusColumn("needs", 7, lambda row: gpus_text(row.status.get("gpus"))),
-    StatusColumn("current with its source", 20, _state_words),
+    StatusColumn("page", 17, _page_link),
+    StatusColumn("needs", 8, lambda row: gpus_text(row.status.get("gpus"))),
+    StatusColumn("current with its source", 18, _state_words),
     StatusColumn("device(s)", 11, _devices),
     StatusColumn("torch", 11, _torch),
     StatusColumn("started (UTC)", 11, _started),
-    StatusColumn("duration", 8, _duration),
+    StatusColumn("duration", 10, _duration),
     StatusColumn("verdicts agreeing, last two runs", 14, _agreement),
 ]
 

@@ -285,17 +285,18 @@ def _depart_plain(self, node) -> None:
 _LAB = re.compile(r"(?:^|/)labs/(\d+)_")
 
 
-def page_prefixes(docnames: list[str]) -> dict[str, str]:
+def page_prefixes(docnames: list[str], appendices: bool = True) -> dict[str, str]:
     """The number prefix of each page outside a numbered part, in book order: a lab
-    ``labs/NN_topic`` gets ``"L<NN>"`` (its figures are Fig. L10.1, L10.2 ...), any other page
-    the next appendix letter (``"A"``, ``"B"`` ...: the roofline explorer's figures are Fig.
-    A.1 ...)."""
+    ``labs/NN_topic`` gets ``"L<NN>"`` (its figures are Fig. L10.1, L10.2 ...); with
+    ``appendices`` (the book has numbered chapters), any other page the next appendix letter
+    (``"A"``, ``"B"`` ...: the roofline explorer's figures are Fig. A.1 ...); without, other
+    pages are left out (Sphinx's numbers stand)."""
     out, letter = {}, 0
     for docname in docnames:
         m = _LAB.search(docname)
         if m:
             out[docname] = f"L{int(m.group(1))}"
-        else:
+        elif appendices:
             out[docname] = chr(ord("A") + letter) if letter < 26 else f"A{letter}"
             letter += 1
     return out
@@ -309,8 +310,8 @@ def number_per_page(app, env) -> list[str]:
     numbers = env.toc_fignumbers
     unnumbered = [d for d, kinds in numbers.items()
                   if any(kinds.values()) and not env.toc_secnumbers.get(d)]
-    prefixes = page_prefixes(unnumbered)
-    for docname in unnumbered:
+    prefixes = page_prefixes(unnumbered, appendices=any(env.toc_secnumbers.values()))
+    for docname in prefixes:
         for figtype, ids in numbers[docname].items():
             ordered = sorted(ids, key=ids.get)   # Sphinx counted them in page order
             numbers[docname][figtype] = {fid: (prefixes[docname], k)

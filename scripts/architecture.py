@@ -9,7 +9,7 @@ found statically:
   (``import perflab.x.y``, ``from perflab.x import y``, ``from perflab.x.y import z``,
   ``perflab.x.y.z`` attribute chains, aliases of those);
 * modules: the perflab modules that import it (all their perflab imports sit at the top);
-* scripts: ``scripts/*.py`` and ``_ext/*.py`` that import it.
+* scripts: ``scripts/*.py``, ``_ext/*.py`` and the grader (``grader/*.py``) that import it.
 
 Usage:
     python scripts/architecture.py           # rewrite the map in docs/ARCHITECTURE.md
@@ -165,7 +165,8 @@ def used_by(mods: dict[str, Module], root: Path = ROOT) -> dict[str, list[str]]:
     for m in mods.values():
         for n in m.imports:
             users[n].add(f"`{m.name}`")
-    for script in sorted((root / "scripts").glob("*.py")) + sorted((root / "_ext").glob("*.py")):
+    for script in (sorted((root / "scripts").glob("*.py")) + sorted((root / "_ext").glob("*.py"))
+                   + sorted((root / "grader").glob("*.py"))):
         for n in referenced(ast.parse(script.read_text(encoding="utf-8")), names):
             users[n].add(script.relative_to(root).as_posix())
     order = lambda u: (1, u) if u.startswith("`") else ((2, u) if "/" in u else (0,) + _label_key(u))  # noqa: E731

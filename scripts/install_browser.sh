@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Install Debian's Chromium for the browser test of the built book (tests/test_book.py), with a
 # font that has Chinese glyphs (the glossary's terms) so screenshots show them.
-# Called from .ci/run. Idempotent: a no-op when /usr/bin/chromium already exists.
+# The same font puts the front page's and the bibliography's Chinese titles into the PDF
+# (scripts/book_pdf.py prints with this Chromium): without it they print as empty boxes.
+# Called from .ci/run. Idempotent: a no-op when /usr/bin/chromium and a Chinese font exist.
 set -euo pipefail
-if [ -x /usr/bin/chromium ]; then
-  echo "install_browser.sh: chromium already installed ($(/usr/bin/chromium --version 2>/dev/null || echo '?'))"
+if [ -x /usr/bin/chromium ] && fc-list :lang=zh 2>/dev/null | grep -q .; then
+  echo "install_browser.sh: chromium already installed ($(/usr/bin/chromium --version 2>/dev/null || echo '?')), with a Chinese font"
   exit 0
 fi
 SUDO=""

@@ -284,3 +284,225 @@ def batch(clone: Path, lab_copy: Path, folder: Path, out: Path, marker: Path, po
         "w_forges_channel.ipynb": submission({"ex1-solution": forges_channel()}),
         "x_network.ipynb": submission({"ex1-solution": network(port)}),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# The attacks of issue 44: verdicts that do not hold, rows that cost the others
+# ---------------------------------------------------------------------------------------------
+
+LAB03 = ROOT / "labs" / "03_internals.md"
+
+#: objects that answer whatever a check compares them with: put first in a submission
+EVIL = '''import sys
+
+
+class Yes:
+    """Equal to everything (and in every list of choices)."""
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return "Yes()"
+
+
+class Peek(float):
+    """A number whose float() is whatever number the check expects, found up the stack."""
+
+    def __float__(self):
+        f = sys._getframe(1)
+        while f is not None:
+            for name in ("expected", "e", "want", "truth", "_rs", "_ro"):
+                v = f.f_locals.get(name)
+                if type(v) in (int, float):
+                    return float(v)
+            f = f.f_back
+        return 1.0
+'''
+
+
+def peeks_expected() -> str:
+    """Exercise 1 of the tiny lab answered by a number that reads the check's expected value."""
+    return EVIL + '''
+
+def double(x):
+    return Peek(1.0)'''
+
+
+def ledger_bomb() -> str:
+    """A right exercise 1 whose function also writes a verdict with a 400-digit integer, and
+    text that is not valid UTF-8 (a lone surrogate), into the check log."""
+    return '''import json, os
+
+
+def double(x):
+    path = os.environ.get("PERFLAB_GRADE_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"check": "close", "what": "bomb \\ud800", "passed": True,
+                                "inputs": {"got": 10**400, "expected": 10**400, "rtol": 0}}) + "\\n")
+    print("✓ \\ud800")
+    return x + x'''
+
+
+def prints_history() -> str:
+    """A cell after exercise 1's check: print everything the kernel remembers of its cells."""
+    return 'print("ATTACK In:", In)\nprint("ATTACK _ih:", _ih)'
+
+
+def patches_more() -> str:
+    """Patch what the checks use but the old probe did not watch: torch.autograd, numpy, a new
+    key in a watched module, a perflab module that is not loaded yet."""
+    return f'''{WRONG}
+import numpy, torch
+import perflab.labs.lab03
+torch.autograd.gradcheck = lambda *a, **k: True
+numpy.isclose = lambda *a, **k: True
+perflab.labs.exercises.check_everything = lambda *a, **k: True
+perflab.labs.lab03.hidden_ctx_tensors = lambda output: []'''
+
+
+def lab03_submission(solutions: dict[str, str]) -> str:
+    """The student edition of lab 3 with some solution cells replaced (by ``grade_id``)."""
+    nb = make_student.student_notebook(LAB03)
+    for cell in nb.cells:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in solutions:
+            cell.source = solutions[gid]
+    return nbformat.writes(nb)
+
+
+def lab03_reference() -> str:
+    """Lab 3 with its reference solutions (the instructor's source, hidden tests in place)."""
+    nb = jupytext.read(LAB03)
+    nb.metadata.pop("jupytext", None)
+    return nbformat.writes(nb)
+
+
+def lab03_no_right_answer() -> str:
+    """Lab 3 answered with no right answer at all, each exercise by another trick:
+
+    1. strides and kinds that are equal to everything (``Yes``);
+    2. predictions equal to everything;
+    3. ``SiLU`` that is no ``autograd.Function`` (``apply = staticmethod(F.silu)``);
+    4. ``train_fast`` that copies the reference loop's weights and losses the check cell left
+       in the notebook's namespace (``slow_model``, ``slow_losses``);
+    5. numbers whose ``float()`` reads the value the check expects (``Peek``) and regimes
+       equal to everything.
+    """
+    return lab03_submission({
+        "ex1-solution": EVIL + '''
+
+answers = {expr: (tuple(Yes() for _ in range(eval(expr, {"x": x}).dim())), Yes())
+           for expr in expressions}''',
+        "ex2-solution": "raises = {letter: Yes() for letter in snippets}",
+        "ex3-solution": "class SiLU:\n    apply = staticmethod(F.silu)",
+        "ex4-solution": '''import __main__
+
+
+def train_fast(model, opt, xs, ys):
+    """No training at all: the reference's weights and losses, read from the notebook."""
+    ref, losses = getattr(__main__, "slow_model", None), getattr(__main__, "slow_losses", None)
+    if ref is None or losses is None:
+        return torch.zeros(len(xs), device=xs.device)
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), ref.parameters()):
+            p.copy_(q)
+    return torch.tensor(losses, device=xs.device)
+
+
+def log_lines(losses):
+    return [f"step {i}: loss {v:.4f}" for i, v in enumerate(losses.tolist())]''',
+        "ex5-prediction": "predicted_crossover = Peek(1.0)",
+        "ex5-solution": '''def fit(points):
+    return Peek(1.0), Peek(1.0)
+
+
+regime_1000 = Yes()
+regime_largest = Yes()''',
+    })
+
+
+def lab03_patches() -> str:
+    """Lab 3's exercises 3 and 4 answered wrongly, with the functions that would catch them
+    patched in modules loaded after the grader's first look: ``hidden_ctx_tensors`` (a tensor
+    kept on ``ctx``), ``count_host_syncs`` (``.item()`` at every step) and ``gradcheck``."""
+    return lab03_submission({
+        "ex3-solution": '''import perflab.labs.lab03, perflab.internals.hostsync
+from collections import Counter
+
+perflab.labs.lab03.hidden_ctx_tensors = lambda output: []
+torch.autograd.gradcheck = lambda *a, **k: True
+_count = perflab.internals.hostsync.count_host_syncs
+perflab.internals.hostsync.count_host_syncs = lambda fn, *a, **k: (fn(*a, **k), Counter())
+
+
+class SiLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.s = torch.sigmoid(x)       # kept for backward, hidden from the hooks
+        ctx.x = x
+        return x * ctx.s
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        s, x = ctx.s, ctx.x
+        return grad_out * s * (1 + x * (1 - s))''',
+        "ex4-solution": '''def train_fast(model, opt, xs, ys):
+    """train_slow's loop with its .item() kept: it synchronizes at every step."""
+    losses = torch.empty(len(xs), device=xs.device)
+    for step in range(len(xs)):
+        x, y = xs[step], ys[step]
+        keep = (x.abs().amax(dim=1) < 50.0).to(x.dtype)
+        per_row = ((model(x) - y) ** 2).mean(dim=1)
+        loss = (per_row * keep).sum() / keep.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses[step] = loss.item()
+    return losses
+
+
+def log_lines(losses):
+    return [f"step {i}: loss {v:.4f}" for i, v in enumerate(losses.tolist())]''',
+    })
+
+
+def issue44_batch() -> dict[str, str]:
+    """The issue-44 submissions, by file name (see ``EXPECTED_44`` in ``tests/test_grade.py``).
+
+    The tiny lab's are named ``99_tiny-...`` (graded with the tiny lab copied to ``99_tiny.md``), lab 3's ``03_...``: graded without
+    ``--lab``, each file finds its lab by name."""
+    good = submission(GOOD)
+    return {
+        "99_tiny-aa_ledger_bomb.ipynb": submission({"ex1-solution": ledger_bomb(),
+                                                     "ex2-solution": GOOD["ex2-solution"]}),
+        "99_tiny-peeks_expected.ipynb": submission({"ex1-solution": peeks_expected()}),
+        "99_tiny-prints_history.ipynb": _with_cell_after(GOOD, "ex2-solution", prints_history()),
+        "99_tiny-patches_more.ipynb": submission({"ex1-solution": patches_more()}),
+        "99_tiny-pair a.ipynb": good,
+        "99_tiny-pair_a.ipynb": nbformat.writes(make_student.student_notebook(TINY)),
+        ".99_tiny-dotfile.ipynb": good,
+        "99_tiny-notes.txt": "not a notebook\n",
+        "03_reference.ipynb": lab03_reference(),
+        "03_student.ipynb": nbformat.writes(make_student.student_notebook(LAB03)),
+        "03_no_right_answer.ipynb": lab03_no_right_answer(),
+        "03_patches.ipynb": lab03_patches(),
+    }
+
+
+def _with_cell_after(solutions: dict, gid: str, source: str) -> str:
+    """The tiny lab's student edition with ``solutions``, and a cell the student added after ``gid``."""
+    nb = nbformat.reads(submission(solutions), as_version=4)
+    cells = []
+    for cell in nb.cells:
+        cells.append(cell)
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == gid:
+            cells.append(nbformat.v4.new_code_cell(source))
+    nb.cells = cells
+    return nbformat.writes(nb)

@@ -4,11 +4,14 @@ tests/test_student_editions.py (one home for the kernel runs; each lab runs once
 :func:`lab_run` starts a python3 kernel in ``labs/`` (as nbval, a student's notebook server or
 ``scripts/execute.py`` would), and in it
 
-1. executes the lab's ``.md`` cell by cell with its hidden tests (the reference run), keeping a
-   shallow copy of the namespace before each solution cell, and before the first cell that the
-   student edition changes;
+1. executes the lab's ``.md`` cell by cell with its hidden tests (the reference run, as a
+   notebook or nbgrader runs it), keeping a shallow copy of the namespace before each solution
+   cell, and before the first cell that the student edition changes; after each check cell
+   with hidden tests, runs them again as the grader does, in this process against the kernel
+   (:class:`grader.remote.HiddenTests`), and records that outcome too (``remote``);
 2. replays each wrong solution of ``tests/lab_wrong_solutions.py`` from the namespace before its
-   solution cell: the wrong cell, then the cells up to its exercise's last check cell;
+   solution cell, as the grader runs it: the wrong cell, then the cells up to its exercise's
+   last check cell, each check cell's visible code in the kernel and its hidden tests here;
 3. runs the student edition (``scripts/make_student.py``) from the namespace before the first
    cell it changes (the cells before it are the same code, already run by step 1), every cell
    whatever the one before raised, as *Run All* with errors allowed does. Where that shared start
@@ -22,6 +25,7 @@ outcomes. Asking for one lab (``pytest -k 05_``) runs all three steps for it.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import sys
@@ -40,6 +44,8 @@ from lab_wrong_solutions import WRONG  # noqa: E402
 
 from perflab.record import runs  # noqa: E402
 from perflab.labs.exercises import ExerciseFailed  # noqa: E402
+from grader.notebooks import split_hidden  # noqa: E402
+from grader.remote import HiddenTests  # noqa: E402
 
 CELL_TIMEOUT_S = 300       # a lab cell takes well under a minute on a loaded 2-core CPU
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -101,6 +107,33 @@ class Kernel:
         trace = ANSI.sub("", "\n".join(content.get("traceback", [])))
         raise CellError(f"{content.get('ename')}: {content.get('evalue')}\n{trace[-3000:]}")
 
+    def ask(self, expression: str, timeout: float):
+        """The value of a user expression (as the grader's worker asks it: silent, no history),
+        or None."""
+        try:
+            reply = self.kc.execute_interactive("", silent=True, store_history=False, allow_stdin=False,
+                                                user_expressions={"p": expression}, timeout=timeout,
+                                                output_hook=lambda msg: None)
+        except TimeoutError:
+            return None
+        got = reply["content"].get("user_expressions", {}).get("p", {})
+        if got.get("status") != "ok":
+            return None
+        try:
+            return ast.literal_eval(got.get("data", {}).get("text/plain", ""))
+        except (ValueError, SyntaxError):
+            return None
+
+    def hidden(self, blocks: list[str]) -> str | None:
+        """Run a check cell's hidden tests as the grader does (in this process, the student's
+        names and functions reached in the kernel); None, or the first failure."""
+        tests = HiddenTests(self.ask, lambda: CELL_TIMEOUT_S)
+        for block in blocks:
+            error, _ = tests.run(block)
+            if error:
+                return error
+        return None
+
     def snapshot(self, name: str) -> None:
         """Keep (a shallow copy of) the namespace under ``name``."""
         self.run(f"(lambda ip: ip.perflab_snapshots.__setitem__({name!r}, dict(ip.user_ns)))"
@@ -133,6 +166,7 @@ class LabRun:
     results: dict                       # check grade_id (or "cell i") -> None or the failure
     broken: str | None = None           # the reference run stopped: cell and error
     wrong: dict = field(default_factory=dict)     # k -> {grade_id: None or failure} or CellError
+    remote: dict = field(default_factory=dict)    # check grade_id -> its hidden tests run as the grader does
     student: list = field(default_factory=list)   # StudentCell per code cell of the student edition
     student_shared: int = 0             # leading cells the student edition took from the reference run
     student_error: str | None = None    # a student-edition cell left the kernel without a reply
@@ -159,7 +193,10 @@ def _wrong_outcome(kernel: Kernel, cells, start: int, source: str, stop: int) ->
     outcome = {}
     for i in range(start, stop + 1):
         g = meta(cells[i])
-        err = kernel.run(source if i == start else cells[i].source)
+        visible, blocks = split_hidden(cells[i].source) if g.get("grade") else (None, [])
+        err = kernel.run(source if i == start else visible if g.get("grade") else cells[i].source)
+        if g.get("grade") and err is None and blocks:
+            err = kernel.hidden(blocks)
         if g.get("grade"):
             outcome[g["grade_id"]] = err
         elif err is not None:
@@ -210,6 +247,9 @@ def lab_run(lab: Path) -> LabRun:
                 break
             if g.get("grade") or err is not None:
                 run.results[g.get("grade_id", f"cell {i}")] = err
+            blocks = split_hidden(cell.source)[1] if g.get("grade") else []
+            if blocks and err is None:
+                run.remote[g["grade_id"]] = kernel.hidden(blocks)
             prefix_ok = prefix_ok and (err is None or i >= shared)
         if run.broken is None and not any(run.results.values()):
             index = grade_index(cells)

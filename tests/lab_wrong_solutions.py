@@ -21,6 +21,34 @@ def _wrong_diagnosis(letter):
     return right, wrong
 
 
+# lab 3, exercise 3: the reference's forward-to-backward span, and ways to keep x for backward
+# without ctx.save_for_backward (each a store in forward and a load in backward)
+_SILU_SPAN = ("        ctx.save_for_backward(x)\n        return x * torch.sigmoid(x)\n        ### END SOLUTION\n\n"
+              "    @staticmethod\n    def backward(ctx, grad_out):\n        ### BEGIN SOLUTION\n"
+              "        (x,) = ctx.saved_tensors\n")
+_HIDING = [
+    ('ctx.stash = {"x": x}', 'x = ctx.stash["x"]'),                       # a dict on ctx
+    ("ctx.stash = [x]", "x = ctx.stash[0]"),                               # a list on ctx
+    ('ctx.stash = {"a": [(x,)]}', 'x = ctx.stash["a"][0][0]'),             # nested
+    ('ctx.box = type("Box", (), {})(); ctx.box.x = x', "x = ctx.box.x"),  # an object on ctx
+    ("ctx.get = lambda: x", "x = ctx.get()"),                              # a closure
+    ('globals()["_silu_x"] = x', 'x = globals()["_silu_x"]'),              # a global
+    ("torch._silu_x = x.detach().clone()", "x = torch._silu_x"),           # a module attribute
+    ("SiLU.kept = x", "x = SiLU.kept"),                                    # a class attribute
+    ("ctx.a = x.detach().cpu().numpy().copy()",                            # a numpy copy
+     "x = torch.from_numpy(ctx.a).to(grad_out.device)"),
+    ("ctx.values = x.tolist()",                                            # Python floats
+     "x = torch.tensor(ctx.values, dtype=grad_out.dtype, device=grad_out.device)"),
+]
+
+
+def _silu_hiding(store: str, load: str) -> tuple[str, str, str, str]:
+    new = (f"        {store}\n        return x * torch.sigmoid(x)\n        ### END SOLUTION\n\n"
+           "    @staticmethod\n    def backward(ctx, grad_out):\n        ### BEGIN SOLUTION\n"
+           f"        {load}\n")
+    return ("ex3-solution", _SILU_SPAN, new, r"save_for_backward")
+
+
 WRONG = {
     "01_roofline": [
         # bf16 counted at 4 bytes per element
@@ -88,11 +116,35 @@ WRONG = {
          r"at most one is\s+required"),
         # hides sigmoid(x) from the hooks as a ctx attribute
         ("ex3-solution", "        ctx.save_for_backward(x)\n        return x * torch.sigmoid(x)",
-         "        ctx.save_for_backward(x)\n        ctx.s = torch.sigmoid(x)\n        return x * ctx.s", r"ctx attributes"),
+         "        ctx.save_for_backward(x)\n        ctx.s = torch.sigmoid(x)\n        return x * ctx.s",
+         r"save_for_backward"),
+        # every other way of keeping a tensor for backward without save_for_backward
+        *[_silu_hiding(store, load) for store, load in _HIDING],
+        # no autograd.Function at all: apply is F.silu (gradcheck, the forward and the bytes pass)
+        ("ex3-solution", "class SiLU(torch.autograd.Function):",
+         "class SiLU:\n    apply = staticmethod(F.silu)\n\n\nclass _Unused(torch.autograd.Function):",
+         r"deriving from torch.autograd.Function"),
+        # a Function whose apply is not Function.apply
+        ("ex3-solution", "class SiLU(torch.autograd.Function):",
+         "class SiLU(torch.autograd.Function):\n    apply = staticmethod(F.silu)\n", r"overrides apply"),
         # a "fix" that changes the loss: the mean over all rows, corrupt ones included
         ("ex4-solution", "loss = (per_row * keep).sum() / keep.sum()", "loss = per_row.mean()", r"losses differ"),
         # still synchronizes: .item() at every step
         ("ex4-solution", "losses[step] = loss.detach()", "losses[step] = loss.item()", r"synchroni"),
+        # no training: the reference loop's losses and weights, read from the notebook's names
+        ("ex4-solution", "    losses = torch.empty(len(xs), device=xs.device)\n",
+         "    import __main__\n    ref = getattr(__main__, \"slow_model\", None)\n"
+         "    if ref is not None and hasattr(__main__, \"slow_losses\"):\n"
+         "        with torch.no_grad():\n"
+         "            for p, q in zip(model.parameters(), ref.parameters()):\n"
+         "                p.copy_(q)\n"
+         "        return torch.tensor(__main__.slow_losses, device=xs.device)\n"
+         "    return torch.zeros(len(xs), device=xs.device)\n"
+         "    losses = torch.empty(len(xs), device=xs.device)\n", r"losses differ"),
+        # the syncs hidden from the counter: .item() with torch functions switched off
+        ("ex4-solution", "losses[step] = loss.detach()",
+         "with torch._C.DisableTorchFunction():\n            losses[step] = loss.item()",
+         r"switches off what counts"),
         # 4 bytes per element instead of 8 (read and write)
         ("ex5-prediction", "predicted_crossover = (h - d0) * copy_bw / 8",
          "predicted_crossover = (h - d0) * copy_bw / 4", r"predicted crossover"),
@@ -123,12 +175,12 @@ WRONG = {
         ("ex1-solution", "mm, batch_size=None, num_workers=0,", "mm, batch_size=None, num_workers=2,",
          r"num_workers=2"),
         # crops of another size than the slow loader's
-        ("ex1-solution", "collate_fn=ds.AugmentBatch(64)", "collate_fn=ds.AugmentBatch(32)", r"same crops"),
+        ("ex1-solution", "collate_fn=AugmentBatch(64)", "collate_fn=AugmentBatch(32)", r"same crops"),
         # the 44x shortcut: resize the stored squares, no crop, no flip, no normalization
-        ("ex1-solution", "collate_fn=ds.AugmentBatch(64),",
+        ("ex1-solution", "collate_fn=AugmentBatch(64),",
          "collate_fn=lambda b: (F.interpolate(b[0].float(), size=64) / 255, b[1]),", r"not normalized"),
         # normalized, but every image cropped (resized) the same way each epoch, never flipped
-        ("ex1-solution", "collate_fn=ds.AugmentBatch(64),",
+        ("ex1-solution", "collate_fn=AugmentBatch(64),",
          "collate_fn=lambda b: ((F.interpolate(b[0].float(), size=64) / 255 - 0.45) / 0.226, b[1]),",
          r"crops every image the same way"),
         # the images in file order every epoch
@@ -138,17 +190,17 @@ WRONG = {
         ("ex2-solution", "    torch.set_num_threads(1)   # the environment variable is read only at start",
          '    os.environ["OMP_NUM_THREADS"] = "1"', r"still run"),
         # the count of workers taken for the count of threads
-        ("ex2-solution", "total_threads = sum(ds.worker_thread_counts(2, lab.tuned_init).values())",
+        ("ex2-solution", "total_threads = sum(worker_thread_counts(2, lab05.tuned_init).values())",
          "total_threads = 2", r"total_threads is 2"),
         # the colleague's set-up dropped instead of fixed
-        ("ex2-solution", "    lab.tuned_init(worker_id)\n", "", r"still call"),
+        ("ex2-solution", "    lab05.tuned_init(worker_id)\n", "", r"still call"),
         # a curve that starts at one worker: the in-process loader is never measured (with few
         # cores the curve is also too short)
         ("ex3-solution", "counts = sorted({0, 1, cores}", "counts = sorted({1, cores}",
          r"from num_workers=0|\(0, 1 and the number of cores\)"),
         # channels first (C, H, W) written where the reader expects height x width x RGB
-        ("ex4-solution", "    out[i] = ds.decode_resized(f, 144)\n",
-         "    out[i] = ds.decode_resized(f, 144).transpose(2, 0, 1).reshape(144, 144, 3)\n", r"NHWC"),
+        ("ex4-solution", "    out[i] = decode_resized(f, 144)\n",
+         "    out[i] = decode_resized(f, 144).transpose(2, 0, 1).reshape(144, 144, 3)\n", r"NHWC"),
     ],
     "06_speed": [
         # the loss still read with .item() at every step

@@ -45,10 +45,10 @@ OPTIONAL_IMPORTS = {
     "kernels/custom_ops.py": {"triton", "triton.language"},
     "kernels/axpby.py": {"triton", "triton.language"},   # generated from chapter 9's page
     "labs/exercises.py": {"IPython", "jupytext"},        # a live kernel; the `book` extra
-    "loading/datasets.py": {"skimage.data", "torchvision.io"},  # scikit-image, the `vision` extra
+    "loading/datasets.py": {"skimage.data"},             # scikit-image, the `vision` extra
+    "loading/transforms.py": {"torchvision.io"},         # the `vision` extra (GPU code paths)
     "machine/explorer.py": {"ipywidgets"},               # the `book` extra
     "record/provenance.py": {"myst_nb"},                 # the `book` extra
-    "record/formatting.py": {"IPython.display"},         # a live kernel
     "record/plotting.py": {"IPython", "IPython.display",  # a live kernel (inline figures)
                            "matplotlib_inline.backend_inline"},
     "record/tables.py": {"IPython.display"},             # a live kernel

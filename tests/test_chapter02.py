@@ -222,7 +222,7 @@ def test_rates_are_compared_with_the_clock_models_peak_at_their_clock():
 def test_the_wave_model_is_chosen_after_reading_which_kernel_ran():
     """Issue 29: check which kernel ran (names, grids, tiles) before fitting a staircase."""
     cell = cell_gluing("wave_staircase_rms")
-    assert cell.index("perflab.profiling.trace.kernels_of(") < cell.index("gpu.fit_wave_width(")
+    assert cell.index("perflab.core.profiler.kernels_of(") < cell.index("waves.fit_wave_width(")
     assert "persistent" in cell and "tiles=candidates" in cell
 
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from perflab.kernels import crossentropy as ce
+from perflab.kernels import crossentropy
 
 
 def rel(a, b):
@@ -15,7 +15,7 @@ def test_loss_and_grad_match_autograd_of_the_plain_loss():
     logits = torch.randn(24, 37) * 4
     y = torch.randint(0, 37, (24,))
     grad = torch.empty_like(logits)
-    rows = ce.loss_and_grad(logits, y, grad, grad_scale=1.0 / 24)
+    rows = crossentropy.loss_and_grad(logits, y, grad, grad_scale=1.0 / 24)
     ref = logits.clone().requires_grad_()
     loss = F.cross_entropy(ref, y)
     loss.backward()
@@ -25,7 +25,7 @@ def test_loss_and_grad_match_autograd_of_the_plain_loss():
     torch.testing.assert_close(grad, ref.grad)
     # a statically scaled gradient: every value within the bound, the sign of p - one_hot
     g8 = torch.empty(24, 37, dtype=torch.float8_e5m2)
-    ce.loss_and_grad(logits, y, g8, grad_scale=torch.finfo(torch.float8_e5m2).max)
+    crossentropy.loss_and_grad(logits, y, g8, grad_scale=torch.finfo(torch.float8_e5m2).max)
     assert torch.isfinite(g8.float()).all()
     assert (g8.float()[torch.arange(24), y] <= 0).all()
     assert rel(g8.float() / (24 * torch.finfo(torch.float8_e5m2).max), ref.grad) < 0.15
@@ -35,21 +35,21 @@ def test_bad_inputs_raise():
     x = torch.randn(4, 8)
     y = torch.randint(0, 8, (4,))
     with pytest.raises(ValueError, match="y must be int64"):
-        ce.loss_and_grad(x, y.int(), torch.empty_like(x), 1.0)
+        crossentropy.loss_and_grad(x, y.int(), torch.empty_like(x), 1.0)
     with pytest.raises(ValueError, match="grad must be"):
-        ce.loss_and_grad(x, y, torch.empty(4, 7), 1.0)
+        crossentropy.loss_and_grad(x, y, torch.empty(4, 7), 1.0)
     with pytest.raises(ValueError, match="contiguous rows"):
-        ce.loss_and_grad(x.t().contiguous().t(), y, torch.empty_like(x), 1.0)
+        crossentropy.loss_and_grad(x.t().contiguous().t(), y, torch.empty_like(x), 1.0)
     with pytest.raises(ValueError, match="finite"):
-        ce.loss_and_grad(x, y, torch.empty_like(x), float("inf"))
+        crossentropy.loss_and_grad(x, y, torch.empty_like(x), float("inf"))
     with pytest.raises(ValueError, match="float"):
-        ce.linear_cross_entropy(torch.ones(4, 3, dtype=torch.int64), torch.ones(8, 3), y)
+        crossentropy.linear_cross_entropy(torch.ones(4, 3, dtype=torch.int64), torch.ones(8, 3), y)
     with pytest.raises(ValueError, match="targets"):
-        ce.linear_cross_entropy(torch.randn(4, 3), torch.randn(8, 3), y[:3])
+        crossentropy.linear_cross_entropy(torch.randn(4, 3), torch.randn(8, 3), y[:3])
     with pytest.raises(ValueError, match="w must be"):
-        ce.linear_cross_entropy(torch.randn(4, 3), torch.randn(8, 2), y)
+        crossentropy.linear_cross_entropy(torch.randn(4, 3), torch.randn(8, 2), y)
     with pytest.raises(ValueError, match="contiguous 2-D"):
-        ce.transpose(x.t())
+        crossentropy.transpose(x.t())
 
 
 @pytest.mark.parametrize("autocast", [False, True])
@@ -66,7 +66,7 @@ def test_fused_head_trains_like_the_plain_one(autocast):
         loss.backward()
         return loss.detach(), h.grad, w.grad
 
-    got = run(lambda h, w: ce.linear_cross_entropy(h, w, y))
+    got = run(lambda h, w: crossentropy.linear_cross_entropy(h, w, y))
     ref = run(lambda h, w: F.cross_entropy((h @ w.t()).flatten(0, 1).float(),
                                            y.flatten()))
     tol = 2e-2 if autocast else 1e-5
@@ -79,7 +79,7 @@ def test_fused_head_trains_like_the_plain_one(autocast):
 def test_transpose_copies_any_dtype():
     t = torch.arange(12.0).reshape(3, 4)
     for dtype in (torch.float32, torch.bfloat16, torch.float8_e5m2):
-        out = ce.transpose(t.to(dtype))
+        out = crossentropy.transpose(t.to(dtype))
         assert out.shape == (4, 3) and out.is_contiguous() and out.dtype == dtype
         assert torch.equal(out.float(), t.to(dtype).float().t())
 
@@ -89,7 +89,7 @@ def test_traced_by_dynamo_without_graph_breaks():
     y = torch.randint(0, 40, (16,))
 
     def fn(h, w):
-        return ce.linear_cross_entropy(h, w, y) + ce.transpose(w).sum()
+        return crossentropy.linear_cross_entropy(h, w, y) + crossentropy.transpose(w).sum()
 
     h = torch.randn(16, 8, requires_grad=True)
     w = torch.randn(40, 8, requires_grad=True)

@@ -7,7 +7,7 @@ chapter 9 and lab 9, so CI compiles it once.
 import pytest
 import torch
 
-from perflab.kernels import axpby as page
+from perflab.kernels import axpby
 from perflab.kernels import custom_ops
 from perflab.kernels.compiler import graph_breaks
 from perflab.labs import lab09
@@ -35,7 +35,7 @@ def test_build_is_named_by_its_source_and_cached(built):
 
 def test_registered_operator_is_right_and_compiles_without_break(built):
     """The page's registration (perflab.kernels.axpby.register) of the page's C++ kernel."""
-    op = page.register("test09::page_axpby", torch.ops.perflab_ext.axpby)
+    op = axpby.register("test09::page_axpby", torch.ops.perflab_ext.axpby)
     x = torch.randn(100, requires_grad=True)
     y = torch.randn(100, requires_grad=True)
     out = op(x, 2.0, y, -0.5)
@@ -89,7 +89,7 @@ def test_fused_speedup_check_times_eager_against_yours_and_applies_the_bar(built
 
 def test_registration_check_rejects_wrong_gradients_and_missing_fake(built):
     kernel = torch.ops.perflab_ext.axpby
-    good = page.register("test09::good", lambda x, a, y, b: kernel(x, a, y, b))
+    good = axpby.register("test09::good", lambda x, a, y, b: kernel(x, a, y, b))
     assert lab09.check_registered(good, "cpu")
 
     @torch.library.custom_op("test09::nofake", mutates_args=())
@@ -118,6 +118,6 @@ def test_registration_check_rejects_wrong_gradients_and_missing_fake(built):
 
 
 def test_a_broken_source_raises_and_names_itself():
-    broken = page.CPP_SOURCE.replace("po[i] = fa", "po[i] = undefined_name + fa")
+    broken = axpby.CPP_SOURCE.replace("po[i] = fa", "po[i] = undefined_name + fa")
     with pytest.raises(RuntimeError):
         custom_ops.build_extension(broken, cuda_source="")

@@ -113,7 +113,9 @@ def test_the_ledger_keeps_each_verdict_and_every_failure_even_a_caught_one(tmp_p
     failures = [e for e in entries if "failed" in e]
     assert verdicts[0] == {"check": "close", "what": "double(21)", "passed": False,
                            "inputs": {"got": 63.0, "expected": 42.0, "rtol": 0}}
-    assert verdicts[1]["passed"] is False and verdicts[1]["inputs"]["got"] == {"repr": "device(type='cpu')"}
+    # an answer that is not plain data is recorded as such, never as its repr (the grader cannot
+    # re-check that, so it fails)
+    assert verdicts[1]["passed"] is False and verdicts[1]["inputs"]["unplain"] == "device"
     assert [f["failed"] for f in failures] == ["ExerciseFailed", "ExerciseFailed"]
     assert failures[0]["message"].startswith("✗ double(21): got 63")
 
@@ -217,3 +219,71 @@ def test_cpu_saving_requirement_bounds():
     assert lab03.required_cpu_saving(1.0, 1.4) == pytest.approx(1.2)
     with pytest.raises(ValueError, match="positive"):
         lab03.required_cpu_saving(0, 1)
+
+
+class _Yes:
+    """Equal to everything: the answer an attacker gives a check that compares with ==."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
+class _Peek(float):
+    """A float whose float() is 42 whatever it holds: it would read the expected value."""
+
+    def __float__(self):
+        return 42.0
+
+
+def test_plain_reads_what_an_answer_stores_never_its_own_methods():
+    import numpy as np
+
+    assert E.plain(_Peek(1.0)) == 1.0 and type(E.plain(_Peek(1.0))) is float
+    assert E.plain([np.int64(3), (np.float32(0.5), "x")]) == (3, (0.5, "x"))
+    assert E.plain({"a": torch.Size([2, 3]), "b": torch.tensor(True)}) == {"a": (2, 3), "b": True}
+    assert E.plain(np.array([1.5])) == 1.5 and E.plain(np.bool_(True)) is True
+    for bad in (_Yes(), [_Yes()], {"k": _Yes()}, torch.zeros(3), object(), lambda: 1):
+        with pytest.raises(E.NotPlain):
+            E.plain(bad)
+    with pytest.raises(E.NotPlain, match="elements"):
+        E.plain([0] * (E.MAX_PLAIN_ITEMS + 1))
+    deep = []
+    for _ in range(20):
+        deep = [deep]
+    with pytest.raises(E.NotPlain, match="nested"):
+        E.plain(deep)
+
+
+def test_checks_refuse_answers_that_are_not_plain_data():
+    import numpy as np
+
+    with pytest.raises(E.ExerciseFailed, match="got 1, expected 42"):      # not 42: its stored value
+        E.check_close(_Peek(1.0), 42, "double(21)", rtol=0)
+    with pytest.raises(E.ExerciseFailed, match="plain data"):
+        E.check_choice(_Yes(), 3, "strides")
+    with pytest.raises(E.ExerciseFailed, match="not True or False"):
+        E.check_true(_Yes(), "ok", "not ok")
+    with pytest.raises(E.ExerciseFailed, match="expected a number"):
+        E.as_float("x", _Yes())
+    assert E.check_choice([20, 1, 5], (20, 1, 5), "strides") is True        # a list is its tuple
+    assert E.check_true(np.bool_(True), "ok", "no") is True                  # numpy's bool is one
+
+
+def test_as_tensor_copies_into_a_fresh_plain_tensor():
+    class Sub(torch.Tensor):
+        pass
+
+    t = torch.arange(6.0).reshape(2, 3).t()
+    out = E.as_tensor("t", t, torch.float64)
+    assert out.dtype == torch.float64 and out.is_contiguous() and torch.equal(out, t.double())
+    assert out.data_ptr() != t.data_ptr() and not out.requires_grad
+    with pytest.raises(E.ExerciseFailed, match="expected a tensor"):
+        E.as_tensor("t", t.as_subclass(Sub))
+
+
+def test_in_kernel_is_the_call_itself_outside_the_grader(monkeypatch):
+    assert E.in_kernel(max, 2, 5) == 5
+    monkeypatch.setattr(E, "_IN_KERNEL", lambda fn, *a, **k: ("sent", fn.__name__, a))
+    assert E.in_kernel(max, 2, 5) == ("sent", "max", (2, 5))

@@ -9,34 +9,34 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from perflab.machine import explorer as E  # noqa: E402
+from perflab.machine import explorer  # noqa: E402
 from perflab.machine.datasheets import DATASHEETS  # noqa: E402
 
 
 def toy(name="toy", **extra):
     """bandwidth 1 TB/s, FP32 10 TFLOP/s (ridge 10 FLOP/B), bf16 100 TFLOP/s (ridge 100)."""
-    return E.Machine(name, 1e12, {"fp32": 1e13, "bf16": 1e14}, "made up for the test", **extra)
+    return explorer.Machine(name, 1e12, {"fp32": 1e13, "bf16": 1e14}, "made up for the test", **extra)
 
 
 def test_matmul_intensity_is_2n_over_3_itemsize():
-    assert E.matmul_intensity(8192, "bf16") == pytest.approx(2 * 8192 / 6)
-    assert E.matmul_intensity(3, "fp32") == pytest.approx(0.5)
+    assert explorer.matmul_intensity(8192, "bf16") == pytest.approx(2 * 8192 / 6)
+    assert explorer.matmul_intensity(3, "fp32") == pytest.approx(0.5)
     for bad in (0, -4, 2.5, True):
         with pytest.raises(ValueError, match="n must be"):
-            E.matmul_intensity(bad, "fp32")
+            explorer.matmul_intensity(bad, "fp32")
     with pytest.raises(ValueError, match="precision"):
-        E.matmul_intensity(8, "int4")
+        explorer.matmul_intensity(8, "int4")
 
 
 def test_machine_validates_its_roofs():
     with pytest.raises(ValueError, match="bandwidth"):
-        E.Machine("m", 0, {"fp32": 1e12}, "s")
+        explorer.Machine("m", 0, {"fp32": 1e12}, "s")
     with pytest.raises(ValueError, match="peaks"):
-        E.Machine("m", 1e12, {}, "s")
+        explorer.Machine("m", 1e12, {}, "s")
     with pytest.raises(ValueError, match="precision"):
-        E.Machine("m", 1e12, {"fp12": 1e12}, "s")
+        explorer.Machine("m", 1e12, {"fp12": 1e12}, "s")
     with pytest.raises(ValueError, match=r"peaks\['fp32'\]"):
-        E.Machine("m", 1e12, {"fp32": -1.0}, "s")
+        explorer.Machine("m", 1e12, {"fp32": -1.0}, "s")
 
 
 def test_roofline_prediction_on_both_sides_of_the_ridge():
@@ -57,7 +57,7 @@ def test_roofline_prediction_on_both_sides_of_the_ridge():
 
 
 def test_datasheet_machines_follow_the_datasheets():
-    machines = {m.name: m for m in E.datasheet_machines()}
+    machines = {m.name: m for m in explorer.datasheet_machines()}
     assert len(machines) == len(DATASHEETS)
     h200 = machines["NVIDIA H200 (datasheet)"]
     sheet = DATASHEETS["NVIDIA H200"]
@@ -69,31 +69,31 @@ def test_reference_machine_from_chapter_1_glue():
     glued = {"copy_bandwidth_TBps": 4.0, "matmul_tflops_fp32": 50.0, "matmul_tflops_bf16": 760.0,
              "roofline_knee_repeat": 96.0}
     run = {"devices": ["NVIDIA H200"], "started": "2026-11-30T10:00:00Z"}
-    m = E.reference_machine(glued, run)
+    m = explorer.reference_machine(glued, run)
     assert m.name == "NVIDIA H200 (chapter 1, measured)"
     assert m.bandwidth == pytest.approx(4e12) and m.peaks["bf16"] == pytest.approx(760e12)
     assert "tf32" not in m.peaks                      # not glued (a CPU run) -> no roof
     assert m.knee_intensity == pytest.approx(12.0)    # repeat / 8 bytes per float32 element
     assert "2026-11-30" in m.source
-    assert E.reference_machine({"matmul_tflops_fp32": 1.0}) is None
-    assert E.reference_machine({"copy_bandwidth_TBps": 1.0}) is None
+    assert explorer.reference_machine({"matmul_tflops_fp32": 1.0}) is None
+    assert explorer.reference_machine({"copy_bandwidth_TBps": 1.0}) is None
 
 
 def test_measure_machine_on_this_cpu():
-    m = E.measure_machine("cpu", sizes=[8, 32], copy_numel=2**12)
+    m = explorer.measure_machine("cpu", sizes=[8, 32], copy_numel=2**12)
     assert m.precisions == ["fp32"] and m.bandwidth > 0
     assert [p.size for p in m.points] == [8, 32]
     for p in m.points:
-        assert p.intensity == pytest.approx(E.matmul_intensity(p.size, "fp32"))
+        assert p.intensity == pytest.approx(explorer.matmul_intensity(p.size, "fp32"))
         assert p.flops_per_s == pytest.approx(2 * p.size**3 / p.seconds)
     assert m.peaks["fp32"] == max(p.flops_per_s for p in m.points)
-    given = E.measure_machine("cpu", sizes=[8], bandwidth=123.0)
+    given = explorer.measure_machine("cpu", sizes=[8], bandwidth=123.0)
     assert given.bandwidth == 123.0
     # the run's roofs, not the best product, when given; the clock the products ran under
-    roofs = E.measure_machine("cpu", sizes=[8], bandwidth=1.0, peaks={"fp32": 7e15})
+    roofs = explorer.measure_machine("cpu", sizes=[8], bandwidth=1.0, peaks={"fp32": 7e15})
     assert roofs.peaks == {"fp32": 7e15} and "measured over" in roofs.clock
     with pytest.raises(ValueError, match="peaks"):
-        E.measure_machine("cpu", sizes=[8], bandwidth=1.0, peaks={"bf16": 1.0})
+        explorer.measure_machine("cpu", sizes=[8], bandwidth=1.0, peaks={"bf16": 1.0})
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -106,29 +106,29 @@ def test_measure_machine_on_this_cpu():
 ])
 def test_measure_machine_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        E.measure_machine("cpu", **{"sizes": [8], **kwargs})
+        explorer.measure_machine("cpu", **{"sizes": [8], **kwargs})
 
 
 def test_readout_writes_rates_and_fractions_as_a_person_would():
-    h200 = E.Machine("h200", 4.8e12, {"bf16": 1.07e15}, "made up for the test")
-    text = E.RooflineExplorer([h200], intensity=0.01).readout()
+    h200 = explorer.Machine("h200", 4.8e12, {"bf16": 1.07e15}, "made up for the test")
+    text = explorer.RooflineExplorer([h200], intensity=0.01).readout()
     assert "of the 1.07 PFLOP/s roof" in text and "e+" not in text
     assert "at most 48 GFLOP/s, 0.0045 % of the" in text   # 4.5e-5 of the peak
     assert "0.0%" not in text and "0.0 %" not in text
 
 
 def test_explorer_selection_and_readout():
-    point = E.MeasuredPoint("matmul n=30", "fp32", 20.0, 4e12, None, 30)
+    point = explorer.MeasuredPoint("matmul n=30", "fp32", 20.0, 4e12, None, 30)
     m = toy(points=(point,))
-    ex = E.RooflineExplorer([m, *E.datasheet_machines()], intensity=5)
+    ex = explorer.RooflineExplorer([m, *explorer.datasheet_machines()], intensity=5)
     assert ex.precision == "bf16"                     # the default when the device has it
     pred = ex.select(precision="fp32")
     assert pred.regime == "bandwidth-bound"
     text = ex.readout()
     assert "ridge point 10 FLOP/byte" in text and "bandwidth-bound" in text
     assert "at most 5 TFLOP/s, 50 % of the 10 TFLOP/s roof" in text
-    timed = E.RooflineExplorer([toy(points=(point,), clock="measured at 1,590 MHz")],
-                               precision="fp32", intensity=20)
+    timed = explorer.RooflineExplorer([toy(points=(point,), clock="measured at 1,590 MHz")],
+                                      precision="fp32", intensity=20)
     assert "(measured at 1,590 MHz)" in timed.readout()
     ex.select(intensity=16)
     assert ex.nearest_points() == [point]
@@ -141,21 +141,21 @@ def test_explorer_selection_and_readout():
     with pytest.raises(ValueError, match="precision"):
         ex.select(precision="fp8")
     with pytest.raises(ValueError, match="unique"):
-        E.RooflineExplorer([toy(), toy()])
+        explorer.RooflineExplorer([toy(), toy()])
     with pytest.raises(ValueError, match="machines"):
-        E.RooflineExplorer([])
+        explorer.RooflineExplorer([])
 
 
 def test_switching_to_a_device_without_the_precision_falls_back():
-    ex = E.RooflineExplorer(E.datasheet_machines(), device="NVIDIA H200 (datasheet)", precision="bf16")
+    ex = explorer.RooflineExplorer(explorer.datasheet_machines(), device="NVIDIA H200 (datasheet)", precision="bf16")
     ex.select(device="Tesla V100-SXM2-32GB (datasheet)")
     assert ex.precision == "fp32"                     # no bf16 on a V100: FP32 is the fallback
 
 
 def test_figures_draw_roofs_points_and_the_prediction():
-    ref = E.reference_machine({"copy_bandwidth_TBps": 2.0, "matmul_tflops_fp32": 5.0, "roofline_knee_repeat": 40})
-    point = E.MeasuredPoint("matmul n=30", "fp32", 20.0, 4e12, None, 30)
-    ex = E.RooflineExplorer([toy(points=(point,)), *E.datasheet_machines()], precision="fp32", reference=ref)
+    ref = explorer.reference_machine({"copy_bandwidth_TBps": 2.0, "matmul_tflops_fp32": 5.0, "roofline_knee_repeat": 40})
+    point = explorer.MeasuredPoint("matmul n=30", "fp32", 20.0, 4e12, None, 30)
+    ex = explorer.RooflineExplorer([toy(points=(point,)), *explorer.datasheet_machines()], precision="fp32", reference=ref)
     fig = ex.figure(precisions=["fp32", "bf16"])
     try:
         assert len(fig.axes) == 2
@@ -180,7 +180,7 @@ def test_figures_draw_roofs_points_and_the_prediction():
 
 def test_widget_responds_to_its_sliders():
     pytest.importorskip("ipywidgets")
-    ex = E.RooflineExplorer([toy(), *E.datasheet_machines()], precision="fp32", intensity=5)
+    ex = explorer.RooflineExplorer([toy(), *explorer.datasheet_machines()], precision="fp32", intensity=5)
     box = ex.widget()
     controls = box.controls
     assert "bandwidth-bound" in controls["text"].value

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from perflab.machine import explorer
-from perflab.core import formats, device as hardware
+from perflab.core import formats
 from perflab.machine import datasheets
 
 

@@ -3,7 +3,9 @@ import pytest
 import torch
 
 from perflab.kernels import fp8
-from perflab.gpt2 import model as gpt2, ladder as sr
+from perflab.gpt2.model import Block, GPT, config
+from perflab.gpt2.rungs import Rung
+from perflab.gpt2.train import losses_agree, train
 
 TINY = (("n_layer", 2), ("n_embd", 32), ("n_head", 2), ("block_size", 32))
 
@@ -76,7 +78,7 @@ def test_autocast_output_dtype_and_grads():
 
 
 def test_convert_swaps_the_block_linears_and_shares_weights():
-    model = gpt2.GPT(gpt2.config("124M", **dict(TINY), vocab_size=257))
+    model = GPT(config("124M", **dict(TINY), vocab_size=257))
     weights = {n: p for n, p in model.named_parameters()}
     x = torch.randint(0, 257, (2, 16))
     before = model(x).detach()
@@ -98,8 +100,8 @@ def test_bad_shapes_raise():
         fp8.Float8Linear.from_linear(torch.nn.Linear(32, 40))
     with pytest.raises(ValueError, match="grad_weight"):
         fp8.Float8Linear(32, 32, grad_weight="fp16")
-    model = gpt2.GPT(gpt2.config("124M", n_layer=1, n_embd=24, n_head=2, block_size=8,
-                                 vocab_size=64))
+    model = GPT(config("124M", n_layer=1, n_embd=24, n_head=2, block_size=8,
+                       vocab_size=64))
     with pytest.raises(ValueError, match=r"blocks\.0\.attn\.qkv"):
         fp8.convert(model)
     assert not any(isinstance(m, fp8.Float8Linear) for m in model.modules())
@@ -113,7 +115,7 @@ def test_bad_shapes_raise():
 
 
 def test_traced_by_dynamo_without_graph_breaks():
-    block = gpt2.Block(gpt2.config("124M", **dict(TINY)))
+    block = Block(config("124M", **dict(TINY)))
     holder = torch.nn.Module()
     holder.blocks = torch.nn.ModuleList([block])
     assert fp8.convert(holder) == 4
@@ -166,14 +168,14 @@ def test_compiled_gradients_equal_eager_ones():
 
 def test_fp8_rung_trains_like_bf16():
     tokens = np.random.default_rng(0).integers(0, 200, 20_000).astype(np.uint16)
-    rung = sr.Rung("bf16", changes=TINY, batch=4, seq_len=32, vocab=257, precision="bf16")
+    rung = Rung("bf16", changes=TINY, batch=4, seq_len=32, vocab=257, precision="bf16")
     assert rung.fp8 is False
-    a = sr.train(rung, tokens, steps=14, device="cpu", warmup=1, lr=3e-3)
-    b = sr.train(rung.then("fp8", fp8=True), tokens, steps=14, device="cpu", warmup=1,
-                 lr=3e-3)
+    a = train(rung, tokens, steps=14, device="cpu", warmup=1, lr=3e-3)
+    b = train(rung.then("fp8", fp8=True), tokens, steps=14, device="cpu", warmup=1,
+              lr=3e-3)
     assert b.rung["fp8"] is True
     assert a.losses[-1] < a.losses[0] - 0.1          # the curve moves: the check means something
-    agree, worst = sr.losses_agree(b.losses, a.losses)
+    agree, worst = losses_agree(b.losses, a.losses)
     assert agree, worst
 
 

@@ -3,36 +3,10 @@ import math
 import pytest
 import torch
 
-from perflab.machine import gpu
+from perflab.machine import gpu, waves
 from perflab.core.device import has_gpu
 
 cpu_only = pytest.mark.skipif(has_gpu(), reason="checks the behaviour on a machine without a GPU")
-
-
-def test_tile_and_wave_counts():
-    assert gpu.tile_count(2048, 1024) == 16 * 8
-    assert gpu.tile_count(2048, 1025) == 16 * 9          # a partial tile costs a whole tile
-    assert gpu.wave_count(132, 132) == 1
-    assert gpu.wave_count(133, 132) == 2                 # one tile more: a whole extra wave
-    assert gpu.wave_count(264, 132, tiles_per_sm=2) == 1
-    with pytest.raises(ValueError, match="tile_n"):
-        gpu.tile_count(8, 8, tile_n=0)
-    with pytest.raises(ValueError, match="sms"):
-        gpu.wave_count(10, 0)
-
-
-def test_fit_waves_tells_a_staircase_from_a_line():
-    m, sms = 2048, 132
-    ns = list(range(1024, 8193, 64))
-    stairs = [(n, 1e-5 + 4e-5 * gpu.wave_count(gpu.tile_count(m, n, 128, 256), sms)) for n in ns]
-    fit = gpu.fit_waves(stairs, m, sms)
-    assert fit.tile == (128, 256)
-    assert fit.staircase_rms < 1e-9 < fit.linear_rms
-    assert fit.seconds_per_wave == pytest.approx(4e-5)
-    line = [(n, 1e-5 + 3e-8 * n) for n in ns]
-    assert gpu.fit_waves(line, m, sms).linear_rms < gpu.fit_waves(line, m, sms).staircase_rms
-    with pytest.raises(ValueError, match="at least 4"):
-        gpu.fit_waves(stairs[:3], m, sms)
 
 
 def test_dram_bandwidth_from_clock_matches_the_h100_datasheet():
@@ -93,7 +67,7 @@ def test_gpu_only_functions_say_so_without_a_gpu():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         gpu.properties()
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        gpu.wave_sweep("cpu", 128, 128, [128])
+        waves.wave_sweep("cpu", 128, 128, [128])
     from perflab.core import nvml
 
     assert nvml.readings() is None
@@ -104,34 +78,6 @@ def test_properties_on_a_gpu():
     p = gpu.properties(0)
     assert p["sm_count"] > 0 and p["warp_size"] == 32
     assert p["memory_bytes"] == torch.cuda.get_device_properties(0).total_memory
-
-
-def test_fit_wave_width_finds_the_staircase_of_a_batch_sweep():
-    sms, m, n = 132, 256, 256                     # 128 x 256 tiles: 2 per product, 66 per wave
-    bs = list(range(8, 201))
-    stairs = [(b, 5e-6 + 8e-5 * math.ceil(b / 66)) for b in bs]
-    fit = gpu.fit_wave_width(stairs, m, n, sms)
-    assert fit.items_per_wave == pytest.approx(66)
-    assert fit.staircase_rms < 1e-9 < fit.linear_rms
-    assert fit.seconds_per_wave == pytest.approx(8e-5)
-    assert fit.waves(66) == 1 and fit.waves(67) == 2
-    assert fit.predict(100) == pytest.approx(5e-6 + 1.6e-4)
-    line = [(b, 5e-6 + 1.2e-6 * b) for b in bs]   # no quantization: the line wins
-    lf = gpu.fit_wave_width(line, m, n, sms)
-    assert lf.linear_rms < 1e-9 < lf.staircase_rms
-    with pytest.raises(ValueError, match="at least 4"):
-        gpu.fit_wave_width(stairs[:3], m, n, sms)
-    with pytest.raises(ValueError, match="single wave"):
-        gpu.fit_wave_width([(b, 1e-5) for b in range(1, 6)], m, n, sms)
-
-
-def test_batch_wave_sweep_runs_on_cpu_and_checks_its_arguments():
-    pts = gpu.batch_wave_sweep("cpu", 16, 16, 32, [1, 2, 3], dtype=torch.float32, reps=2)
-    assert [b for b, _ in pts] == [1, 2, 3] and all(t > 0 for _, t in pts)
-    with pytest.raises(ValueError, match="batches"):
-        gpu.batch_wave_sweep("cpu", 16, 16, 32, [0])
-    with pytest.raises(ValueError, match="k must"):
-        gpu.batch_wave_sweep("cpu", 16, 16, 0, [1])
 
 
 def test_graph_copy_sweep_counts_the_working_set_as_its_traffic():

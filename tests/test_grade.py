@@ -1,4 +1,5 @@
-"""scripts/grade.py on a folder of good, partial, broken and hostile submissions of a tiny lab.
+"""The grader (``grader/``, ``scripts/grade.py``) on folders of good, partial, broken and hostile
+submissions of a tiny lab and of lab 3.
 
 Each row must be exactly what that submission deserves, and no submission may change another's
 row, the instructor's files, the results or anything outside its sandbox. The attacks
@@ -8,10 +9,16 @@ in-process tampering with the checks and with the kernel's error reporting, forg
 that carries the results, memory held by several children, a fork bomb, the network. Each
 attack answers exercise 1 wrongly unless it works, so the expected rows below fail if it does.
 
+A second batch holds issue 44's attacks on the verdicts (answers equal to everything, numbers
+that read the check's expected value, truths read back from the notebook, a SiLU that is no
+autograd.Function, patches of modules loaded late, a check log with a 400-digit integer and a
+lone surrogate, hidden tests printed through ``In``, two names that sanitize alike, a dotfile),
+with lab 3's reference (full marks) and student edition (zero) beside them. Each was run against
+the grader before the fix and won there (the commit that added them says how).
+
 The main batch runs two submissions at a time with cgroup limits where this machine has them;
-a second, smaller batch uses the polled limits (per-process rlimits plus the grader's own
-accounting) that machines without a writable cgroup get. Both together take about two minutes
-on a loaded 2-core machine.
+a smaller batch uses the polled limits (per-process rlimits plus the grader's own accounting)
+that machines without a writable cgroup get.
 """
 
 import csv
@@ -23,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -34,10 +42,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
-import grade  # noqa: E402
 import grade_attacks as attacks  # noqa: E402
-import grade_sandbox  # noqa: E402
 import make_student  # noqa: E402
+
+from grader import cli, notebooks, results, run as runs, verdicts, worker  # noqa: E402
+from grader import sandbox as grade_sandbox  # noqa: E402
 
 TINY = attacks.TINY
 GOOD = attacks.GOOD
@@ -144,7 +153,7 @@ def graded(tmp_path_factory):
         # bomb import for several seconds on a loaded 2-core CI machine, and with 15 s one run
         # left the bomb too little time to reach the limit ("time limit" instead of "memory
         # limit"); 2 GiB per sandbox; the memory bomb and the memory children exceed it
-        rc = grade.main([str(folder), "--out", str(out), "--lab", str(lab), "--timeout", "30", "--jobs", "2",
+        rc = cli.main([str(folder), "--out", str(out), "--lab", str(lab), "--timeout", "30", "--jobs", "2",
                          "--memory-gb", "2", "--max-procs", "12", "--no-progress", "--threads", "1"])
         seconds = time.perf_counter() - t0
         csv_right_after = out.read_bytes()
@@ -212,8 +221,8 @@ def test_every_row_is_exactly_right(graded):
     for name in ("f_memory_bomb.ipynb", "m_memory_children.ipynb"):
         assert "pass" != rows[name]["ex2"] and "2 GiB" in rows[name]["note"], rows[name]
     assert "12-process limit" in rows["h_fork_bomb.ipynb"]["note"]
-    assert json.loads(rows["b_full.ipynb"]["measured"]) == {
-        "ex1: double(21)": 42.0, "ex1: double(0.25)": 0.5, "ex2: speed-up": 3.0, "ex2: speed-up of at least 2.5": 3.0}
+    assert json.loads(rows["b_full.ipynb"]["measured"]) == {     # the hidden test ran in the grader
+        "ex1: double(21)": 42.0, "ex2: speed-up": 3.0, "ex2: speed-up of at least 2.5": 3.0}
     assert 0 < float(rows["b_full.ipynb"]["peak_memory_gib"]) < 2
     assert all(float(r["load"]) >= 0 for r in rows.values())     # the machine's load when each started
 
@@ -261,7 +270,7 @@ def test_results_per_exercise_and_feedback_per_submission(graded):
     assert "✓ speed-up: ratio 2.2" in feedback and "speed-up of at least 2.5" in feedback
     executed = (base / "results-feedback" / "b_full.ipynb" / "executed.ipynb").read_text()
     assert "check_close(double(0.25)" not in executed     # hidden tests are not handed back (their
-    assert "✓ double(0.25): 0.5 is right." in executed    # one-line results are)
+    assert "✓ double(0.25): 0.5 is right." in executed    # one-line results, from the grader, are)
     assert "return x + x" in executed                     # the student's own code is
 
 
@@ -280,7 +289,7 @@ def test_polled_limits_hold_where_there_is_no_cgroup(tmp_path):
         text = attacks.batch(ROOT, TINY, folder, tmp_path / "r.csv", tmp_path / "m", 9, "t")[name]
         (folder / name).write_text(text)
     out = tmp_path / "results.csv"
-    rc = grade.main([str(folder), "--out", str(out), "--lab", str(TINY), "--timeout", "30", "--limits", "polled",
+    rc = cli.main([str(folder), "--out", str(out), "--lab", str(TINY), "--timeout", "30", "--limits", "polled",
                      "--memory-gb", "2", "--max-procs", "12", "--no-progress", "--threads", "1", "--jobs", "2"])
     assert rc == 0
     with open(out) as f:
@@ -330,13 +339,13 @@ def test_no_sandbox_no_grading(tmp_path, monkeypatch, capsys):
     folder = tmp_path / "submissions"
     folder.mkdir()
     (folder / "a.ipynb").write_text(attacks.submission(GOOD))
-    rc = grade.main([str(folder), "--out", str(tmp_path / "r.csv"), "--lab", str(TINY), "--no-progress"])
+    rc = cli.main([str(folder), "--out", str(tmp_path / "r.csv"), "--lab", str(TINY), "--no-progress"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith("grade.py: cannot grade untrusted code: bwrap cannot create") and "No permissions" in err[0]
     assert not (tmp_path / "r.csv").exists()
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    assert grade.main([str(folder), "--lab", str(TINY), "--out", str(tmp_path / "r.csv")]) == 2
+    assert cli.main([str(folder), "--lab", str(TINY), "--out", str(tmp_path / "r.csv")]) == 2
     assert "bubblewrap is not installed" in capsys.readouterr().err
 
 
@@ -348,20 +357,22 @@ def test_bad_arguments_are_named_in_one_line(tmp_path, capsys):
                         ([str(folder), "--timeout", "0"], "--timeout must be at least 1"),
                         ([str(folder), "--memory-gb", "-1"], "--memory-gb"),
                         ([str(folder), "--out", str(folder / "r.csv")], "inside SUBMISSIONS_DIR")):
-        assert grade.main(args) == 2
+        assert cli.main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], (args, err)
 
 
 def test_graded_notebook_takes_only_solutions_from_the_submission():
-    instructor = grade.instructor_notebook(TINY)
+    instructor = notebooks.instructor_notebook(TINY)
     sub = nbformat.reads(attacks.submission({"ex1-solution": "def double(x):\n    return 3 * x"},
                                             checks={"ex1-check": "print('✓')"}, extra="helper = 1"), as_version=4)
-    nb = grade.graded_notebook(instructor, sub)
+    nb = notebooks.graded_notebook(instructor, sub)
     sources = [c.source for c in nb.cells if c.cell_type == "code"]
     origins = [c.metadata["perflab_origin"] for c in nb.cells if c.cell_type == "code"]
+    hidden = [h for c in nb.cells for h in c.get("metadata", {}).get("perflab_hidden", [])]
     assert any("return 3 * x" in s for s in sources)
-    assert any("double(0.25)" in s for s in sources)        # the hidden test is back
+    assert not any("double(0.25)" in s for s in sources)    # the hidden test is the grader's,
+    assert hidden == ['check_close(double(0.25), 0.5, "double(0.25)", rtol=0)\n']   # never the kernel's
     assert not any(s == "print('✓')" for s in sources)
     assert sources.index("helper = 1") == 2, sources        # right after the solution it followed
     assert origins[:4] == ["instructor", "student", "student", "instructor"]
@@ -369,10 +380,10 @@ def test_graded_notebook_takes_only_solutions_from_the_submission():
 
 def test_the_student_tree_holds_no_solution(tmp_path):
     labs = [TINY, ROOT / "labs" / "01_roofline.md"]
-    tree = grade.build_student_tree(labs, tmp_path / "tree", None)
+    tree = runs.build_student_tree(labs, tmp_path / "tree", None)
     blocks = []            # each solution and hidden test, whitespace flattened
     for lab in labs:
-        for cell in grade.instructor_notebook(lab).cells:
+        for cell in notebooks.instructor_notebook(lab).cells:
             for pattern in (make_student._CODE_SOLUTION, make_student._HIDDEN):
                 for block in pattern.finditer(cell.source + "\n") if cell.cell_type == "code" else ():
                     blocks.append(" ".join(ln.strip() for ln in block.group(0).splitlines()[1:-1] if ln.strip()))
@@ -392,16 +403,258 @@ def test_the_student_tree_holds_no_solution(tmp_path):
 def test_a_check_cell_passes_only_with_its_verdicts():
     ok = {"check": "close", "what": "double(21)", "passed": True, "inputs": {"got": 42.0, "expected": 42.0, "rtol": 0}}
     lied = dict(ok, inputs={"got": 63.0, "expected": 42.0, "rtol": 0})
-    cell = {"grade_id": "ex1-check", "error": "", "replied": True, "expects_verdict": True}
-    assert grade.judge(dict(cell, ledger=[ok])) == ("pass", [])
-    assert grade.judge(dict(cell, ledger=[]))[0] == "fail: its checks did not run"
-    verdict, seen = grade.judge(dict(cell, ledger=[lied]))
+    cell = {"grade_id": "ex1-check", "error": "", "replied": True, "checks": ["close"]}
+    assert verdicts.judge(dict(cell, ledger=[ok])) == ("pass", [])
+    assert verdicts.judge(dict(cell, ledger=[]))[0] == "fail: its checks did not run"
+    assert verdicts.judge(dict(cell, checks=["close", "true"], ledger=[ok]))[0] == "fail: its checks did not run"
+    verdict, seen = verdicts.judge(dict(cell, ledger=[lied]))
     assert verdict.startswith("fail: ✗ double(21)") and "re-checks" in seen[0]
-    verdict, seen = grade.judge(dict(cell, ledger=[ok, {"failed": "ExerciseFailed", "message": "✗ nope"}]))
+    verdict, seen = verdicts.judge(dict(cell, ledger=[ok, {"failed": "ExerciseFailed", "message": "✗ nope"}]))
     assert verdict == "fail: ExerciseFailed: ✗ nope" and "not reported" in seen[0]
-    assert grade.judge(dict(cell, error="NameError: x", ledger=[ok])) == ("fail: NameError: x", [])
-    assert grade.judge(None) == ("not run", [])
-    assert grade.recheck({"check": "choice", "what": "w", "passed": True,
-                          "inputs": {"got": {"repr": "device(type='cpu')"}, "expected": "cpu", "choices": None}}) is None
-    assert grade.calls_check_unconditionally("check_close(a, 1, 'x')\nif y:\n    check_true(1, '', '')")
-    assert not grade.calls_check_unconditionally("if dev.type == 'cuda':\n    check_true(ok, 'a', 'b')")
+    assert verdicts.judge(dict(cell, error="NameError: x", ledger=[ok])) == ("fail: NameError: x", [])
+    assert verdicts.judge(dict(cell, ledger=[ok], hidden_error="ExerciseFailed: ✗ double(0.25)")) == \
+        ("fail: ExerciseFailed: ✗ double(0.25)", [])
+    assert verdicts.judge(None) == ("not run", [])
+    assert notebooks.checks_called("check_close(a, 1, 'x')\nif y:\n    check_true(1, '', '')") == {"check_close"}
+    assert not notebooks.calls_check_unconditionally("if dev.type == 'cuda':\n    check_true(ok, 'a', 'b')")
+
+
+def test_a_verdict_the_grader_cannot_recheck_is_a_failure():
+    """The old grader accepted a verdict whose inputs were not plain data (an answer equal to
+    everything was recorded as its repr); a hostile record must never raise either."""
+    repr_answer = {"check": "choice", "what": "w", "passed": True,
+                   "inputs": {"got": {"repr": "Yes()"}, "expected": "cpu", "choices": None}}
+    unplain = dict(repr_answer, inputs={"got": None, "expected": None, "choices": None, "unplain": "Yes"})
+    huge = {"check": "close", "what": "w", "passed": True, "inputs": {"got": 10**400, "expected": 10**400, "rtol": 0}}
+    for entry in (repr_answer, unplain, huge, {"check": "close", "inputs": "x"}, {"check": "nope", "inputs": {}},
+                  {"check": "true", "what": "\ud800", "passed": True, "inputs": {"condition": [[[]]]}}):
+        assert verdicts.recheck(entry) is False, entry
+        cell = {"grade_id": "ex1-check", "error": "", "replied": True, "checks": [], "ledger": [entry]}
+        assert verdicts.judge(cell)[0].startswith("fail: "), entry
+    good = {"check": "choice", "what": "strides", "passed": True,
+            "inputs": {"got": [20, 1, 5], "expected": [20, 1, 5], "choices": None}}
+    assert verdicts.recheck(good) is True
+    nan = {"check": "choice", "what": "w", "passed": True, "inputs": {"got": {"f": "nan"}, "expected": {"f": "nan"},
+                                                                       "choices": None}}
+    assert verdicts.recheck(nan) is False                 # NaN is not equal to itself
+
+
+def test_the_ledger_refuses_what_no_check_writes():
+    assert worker.parse_entry(b'{"check": "close", "inputs": {"got": 1}}') == {"check": "close", "inputs": {"got": 1}}
+    for line in (b'{"got": ' + b"1" * 401 + b"}", b'{"got": NaN}', b'{"got": Infinity}', b"[1, 2]", b"not json",
+                 b"[" * 100000 + b"]" * 100000, b'{"a": "' + b"x" * 70000 + b'"}'):
+        assert worker.parse_entry(line) is None, line[:40]
+
+
+def test_feedback_folders_are_one_per_submission():
+    names = ["pair a.ipynb", "pair_a.ipynb", ".hidden.ipynb", "hidden.ipynb", "A.ipynb", "a.ipynb", "é.ipynb",
+             "_.ipynb", "x" * 300]
+    folders = results.feedback_folders(names)
+    assert len({f.casefold() for f in folders.values()}) == len(names), folders
+    assert folders["pair_a.ipynb"] == "pair_a.ipynb" and folders["pair a.ipynb"].startswith("pair_a.ipynb-")
+    assert all(not f.startswith(".") and "/" not in f and len(f) < 120 for f in folders.values())
+
+
+def test_hidden_tests_are_cut_out_and_must_sit_at_the_top_level():
+    visible, hidden = notebooks.split_hidden("a = 1\n### BEGIN HIDDEN TESTS\nb = 2\n### END HIDDEN TESTS\nc = 3\n")
+    assert visible == "a = 1\nc = 3\n" and hidden == ["b = 2\n"]
+    with pytest.raises(ValueError, match="indented"):
+        notebooks.split_hidden("if x:\n    ### BEGIN HIDDEN TESTS\n    b = 2\n    ### END HIDDEN TESTS\n")
+    labs = sorted((ROOT / "labs").glob("*.md")) + [TINY]
+    for lab in labs:                          # every lab's hidden tests can run in the grader
+        for cell in notebooks.instructor_notebook(lab).cells:
+            if cell.cell_type == "code":
+                notebooks.split_hidden(cell.source)
+
+
+def test_the_names_a_later_check_reads_are_watched():
+    instructor = notebooks.instructor_notebook(attacks.LAB03)
+    nb = notebooks.graded_notebook(instructor, nbformat.reads(attacks.lab03_reference(), as_version=4))
+    watched = notebooks.watched_names(nb, instructor)
+    index = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id"): i for i, c in enumerate(nb.cells)}
+    first = watched[index["ex1-solution"]]
+    assert {"expressions", "xs", "ys", "model", "train_slow", "silu_naive", "check_true", "torch"} <= first
+    assert "answers" not in first and "SiLU" not in first          # the student's own answers
+    assert "expressions" not in watched[index["ex2-solution"]]      # no check after ex1 reads it
+    assert "extreme" not in first and "F" in first                 # the hidden test's own name; a module it reads
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 44: verdicts as strong as the sandbox
+# ---------------------------------------------------------------------------------------------
+
+EXPECTED_44 = {  # submission: (status, points, max points, marks' prefixes, words in the note)
+    "03_reference.ipynb": ("graded", 14, 14, ["pass"] * 5, []),
+    "03_student.ipynb": ("graded", 0, 14, ["fail: ExerciseNotDone"] * 5, []),
+    "03_no_right_answer.ipynb": ("graded", 0, 14, [
+        "fail: ExerciseFailed: ✗ answers must map each expression to (strides",
+        "fail: ExerciseFailed: ✗ snippet a raises: the answer must be plain data",
+        "fail: ExerciseFailed: ✗ SiLU must be a class deriving from torch.autograd.Function",
+        "fail: ExerciseFailed: ✗ the losses differ",
+        "fail: ExerciseFailed: ✗ your predicted crossover: got 1,"], []),
+    "03_patches.ipynb": ("tampering seen", 0, 14, [
+        "fail: ExerciseNotDone", "fail: ExerciseNotDone",
+        "fail: ExerciseFailed: ✗ your Function keeps tensors for backward outside save_for_backward",
+        "fail: ExerciseFailed: ✗ train_fast still synchronizes", "fail: ExerciseNotDone"],
+        ["perflab.internals.hostsync", "count_host_syncs", "perflab.labs.lab03", "torch.autograd"]),
+    "99_tiny-aa_ledger_bomb.ipynb": ("tampering seen", 4, 4, ["pass", "pass"], ["check ledger"]),
+    "99_tiny-peeks_expected.ipynb": ("graded", 0, 4, ["fail: ExerciseFailed: ✗ double(21): got 1,",
+                                                      "fail: ExerciseNotDone"], []),
+    "99_tiny-prints_history.ipynb": ("graded", 4, 4, ["pass", "pass"], []),
+    "99_tiny-patches_more.ipynb": ("tampering seen", 0, 4, ["fail: ExerciseFailed: ✗ double(21)", "fail: ExerciseNotDone"],
+                                   ["numpy", "check_everything (new)", "perflab.labs.lab03"]),
+    "99_tiny-pair a.ipynb": ("graded", 4, 4, ["pass", "pass"], []),
+    "99_tiny-pair_a.ipynb": ("graded", 0, 4, ["fail: ExerciseNotDone", "fail: ExerciseNotDone"], []),
+    ".99_tiny-dotfile.ipynb": ("unknown lab", 0, 0, [], ["pass --lab"]),
+    "99_tiny-notes.txt": ("not a notebook", 0, 4, ["not run", "not run"], ["NotJSONError"]),
+}
+
+
+@pytest.fixture(scope="module")
+def graded44(tmp_path_factory):
+    base = tmp_path_factory.mktemp("grading44")
+    _sandbox_or_skip(base)
+    labs = base / "labs"
+    labs.mkdir()
+    shutil.copy2(TINY, labs / "99_tiny.md")
+    shutil.copy2(attacks.LAB03, labs / "03_internals.md")
+    folder = base / "submissions"
+    folder.mkdir()
+    for name, text in attacks.issue44_batch().items():
+        (folder / name).write_text(text)
+    out = base / "results.csv"
+    rc = cli.main([str(folder), "--out", str(out), "--labs", str(labs), "--timeout", "300", "--jobs", "2",
+                   "--memory-gb", "3", "--no-progress", "--threads", "1"])
+    with open(out) as f:
+        rows = {r["submission"]: r for r in csv.DictReader(f)}
+    return {"rc": rc, "rows": rows, "base": base}
+
+
+def test_issue44_every_row_is_what_its_answers_deserve(graded44):
+    rows = graded44["rows"]
+    assert graded44["rc"] == 0
+    assert set(rows) == set(EXPECTED_44)                  # every entry has a row, the dotfile included
+    for name, (status, points, most, marks, words) in EXPECTED_44.items():
+        r = rows[name]
+        got = (r["status"], r["points"], [r[f"ex{i + 1}"] for i in range(len(marks))], r["note"])
+        assert r["status"] == status, (name, got)
+        assert float(r["points"]) == points and float(r["max_points"]) == most, (name, got)
+        for i, prefix in enumerate(marks):
+            assert r[f"ex{i + 1}"].startswith(prefix), (name, i + 1, got)
+        for word in words:
+            assert word in r["note"], (name, word, got)
+    assert "tampering" not in rows["03_reference.ipynb"]["note"] + rows["03_student.ipynb"]["note"]
+
+
+def test_issue44_hidden_tests_leave_no_trace_in_the_kernel(graded44):
+    executed = (graded44["base"] / "results-feedback" / "99_tiny-prints_history.ipynb" / "executed.ipynb").read_text()
+    assert "ATTACK In:" in executed and "ATTACK _ih:" in executed
+    assert "double(0.25)" not in executed.split("✓ double(0.25): 0.5 is right.")[0].split("ATTACK In:")[-1]
+    assert "0.25), 0.5" not in executed and "HIDDEN" not in executed
+    assert "✓ double(0.25): 0.5 is right." in executed   # the grader's own run of them
+
+
+def test_issue44_feedback_folders_are_unique_and_every_row_has_one(graded44):
+    feedback = graded44["base"] / "results-feedback"
+    rows = graded44["rows"]
+    texts = {name: (feedback / r["feedback"] / "feedback.txt").read_text() for name, r in rows.items()}
+    assert texts["99_tiny-pair a.ipynb"].startswith("99_tiny-pair a.ipynb: 99_tiny, graded, 4/4")
+    assert texts["99_tiny-pair_a.ipynb"].startswith("99_tiny-pair_a.ipynb: 99_tiny, graded, 0/4")
+    assert len({r["feedback"] for r in rows.values()}) == len(rows)
+    for r in rows.values():                              # the check log's hostile text spoiled none
+        (feedback / r["feedback"] / "feedback.txt").read_bytes().decode("utf-8")
+
+
+def test_a_row_whose_grading_raises_costs_no_other_row(tmp_path, monkeypatch, capsys):
+    _sandbox_or_skip(tmp_path)
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    for name in ("a.ipynb", "b.ipynb", "c.ipynb"):
+        (folder / name).write_text(attacks.submission(GOOD))
+
+    def fake_grade(name, data, lab, run, kind="file"):
+        if name == "b.ipynb":
+            raise OverflowError("int too large to convert to float")
+        row = runs.blank_row(name, lab)
+        row["status"] = "graded"
+        return row
+
+    real_finish = cli.finish
+
+    def finish(row, parts):
+        if row["submission"] == "c.ipynb":
+            raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+        return real_finish(row, parts)
+
+    monkeypatch.setattr(runs, "grade_one", fake_grade)
+    monkeypatch.setattr(runs, "startup_check", lambda run: None)
+    monkeypatch.setattr(cli, "finish", finish)
+    out = tmp_path / "results.csv"
+    assert cli.main([str(folder), "--out", str(out), "--lab", str(TINY), "--no-progress"]) == 0
+    with open(out) as f:
+        rows = {r["submission"]: r for r in csv.DictReader(f)}
+    assert rows["a.ipynb"]["status"] == "graded"
+    for name, why in (("b.ipynb", "OverflowError"), ("c.ipynb", "UnicodeEncodeError")):
+        assert rows[name]["status"] == "error" and why in rows[name]["note"], rows[name]
+        assert (tmp_path / "results-feedback" / name / "feedback.txt").exists()
+    assert "b.ipynb" in capsys.readouterr().err
+
+
+def test_no_kernel_can_start_no_grading(tmp_path, monkeypatch, capsys):
+    """A sandbox that cannot reach the Python environment: one line, exit status 2, no rows
+    (the old grader graded every row 'error' 0/N and exited 0)."""
+    _sandbox_or_skip(tmp_path)
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    (folder / "a.ipynb").write_text(attacks.submission(GOOD))
+    monkeypatch.setattr(grade_sandbox, "python_dirs", lambda: [])
+    rc = cli.main([str(folder), "--out", str(tmp_path / "r.csv"), "--lab", str(TINY), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("grade.py: cannot start a kernel in the sandbox"), err
+    assert not (tmp_path / "r.csv").exists()
+
+
+def test_a_clone_and_an_environment_under_tmp_work(tmp_path):
+    """The instructor grades from /tmp: the clone and its Python environment there (the
+    sandbox's private /tmp used to hide both: every row 'error', exit status 0)."""
+    _sandbox_or_skip(tmp_path)
+    place = Path(tempfile.mkdtemp(prefix="perflab-tmp-clone-", dir="/tmp"))
+    try:
+        clone = place / "clone"
+        for part in ("grader", "perflab"):
+            shutil.copytree(ROOT / part, clone / part, ignore=shutil.ignore_patterns("__pycache__"))
+        (clone / "scripts").mkdir()
+        for script in ("grade.py", "make_student.py"):
+            shutil.copy2(ROOT / "scripts" / script, clone / "scripts" / script)
+        (clone / "venv").symlink_to(Path(sys.prefix).resolve())      # the environment, reached through /tmp
+        python = clone / "venv" / "bin" / Path(sys.executable).name
+        folder = tmp_path / "submissions"
+        folder.mkdir()
+        (folder / "a.ipynb").write_text(attacks.submission(GOOD))
+        out = tmp_path / "results.csv"
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        got = subprocess.run([str(python), str(clone / "scripts" / "grade.py"), str(folder), "--lab", str(TINY),
+                              "--out", str(out), "--timeout", "60", "--memory-gb", "2", "--no-progress",
+                              "--threads", "1"], capture_output=True, text=True, env=env, timeout=900)
+        assert got.returncode == 0, got.stderr[-2000:]
+        with open(out) as f:
+            rows = list(csv.DictReader(f))
+        assert [(r["submission"], r["status"], float(r["points"])) for r in rows] == [("a.ipynb", "graded", 4)], rows
+    finally:
+        shutil.rmtree(place, ignore_errors=True)
+
+
+def test_a_class_for_the_timing_run_and_its_sentence():
+    from grader import timing
+
+    subs = timing.class_of(TINY, 2)
+    assert sorted(subs) == ["la_reference_00.ipynb", "la_reference_01.ipynb", "la_student_00.ipynb",
+                            "la_student_01.ipynb", "la_tampered_00.ipynb", "la_tampered_01.ipynb"]
+    tampered = nbformat.reads(subs["la_tampered_00.ipynb"], as_version=4)
+    assert any(c.source == timing.TAMPER for c in tampered.cells)
+    record = {"lab": "03_internals", "submissions": 30, "jobs": 2, "threads": 1, "seconds": 600.0,
+              "median_seconds_by_kind": {"reference": 40.0, "student": 12.0, "tampered": 41.0},
+              "cpu": "AMD EPYC", "cores": 2, "load_before": 1.5, "load_after": 2.5, "date": "2026-12-04"}
+    sentence = timing.describe(record)
+    assert sentence.startswith("30 submissions of 03_internals took 10.0 min with --jobs 2 --threads 1 on AMD EPYC")
+    assert "reference 40 s, student 12 s, tampered 41 s" in sentence

@@ -13,7 +13,7 @@ LAB = ROOT / "labs" / "03_internals.md"
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_student  # noqa: E402
 
-from perflab.internals import autograd, hostsync as sync  # noqa: E402
+from perflab.internals import autograd, hostsync  # noqa: E402
 
 
 from lab_cells import code_cell as _cell  # noqa: E402
@@ -41,8 +41,8 @@ def test_student_version_is_valid_python(tmp_path):
 def test_sync_check_rejects_the_baseline_and_accepts_the_solution(lab_namespace):
     ns = lab_namespace
     model, xs, ys = ns["make_problem"]()
-    _, slow = sync.count_host_syncs(ns["train_slow"], model, ns["make_optimizer"](model), xs, ys)
-    _, fast = sync.count_host_syncs(ns["train_fast"], model, ns["make_optimizer"](model), xs, ys)
+    _, slow = hostsync.count_host_syncs(ns["train_slow"], model, ns["make_optimizer"](model), xs, ys)
+    _, fast = hostsync.count_host_syncs(ns["train_fast"], model, ns["make_optimizer"](model), xs, ys)
     steps = len(xs)
     # per step: two boolean masks, the NaN guard, .item() and the f-string
     assert slow == {"__getitem__": 2 * steps, "__bool__": steps, "item": steps, "__format__": steps}
@@ -83,3 +83,38 @@ def test_saved_bytes_check_rejects_a_function_that_saves_everything(lab_namespac
     assert autograd.saved_tensors(SaveAll.apply, x).bytes > one_tensor    # the check fails it
     assert autograd.saved_tensors(SaveTwo.apply, x).bytes > one_tensor    # and this one
     assert autograd.saved_tensors(ns["SiLU"].apply, x).bytes <= one_tensor  # the solution passes
+
+
+def test_graph_keeps_sees_every_way_of_keeping_a_tensor(lab_namespace):
+    """The reference keeps x through save_for_backward only; each other way of keeping a tensor
+    for backward (a ctx attribute, a global, a clone in a module, a copy of the data as Python
+    floats) is named by hidden_keeps, and a class that is no autograd.Function is refused."""
+    from perflab.labs import lab03
+    from perflab.labs.exercises import ExerciseFailed
+
+    xs = torch.randn(2**12, requires_grad=True)
+    ref = lab03.graph_keeps(lab_namespace["SiLU"], xs, seed=0)
+    assert lab03.hidden_keeps(ref) == [] and ref["saved_bytes"] == 4 * 2**12 and ref["node"]
+    store = {}
+
+    def silu(forward, backward):
+        return type("Hiding", (torch.autograd.Function,), {
+            "forward": staticmethod(lambda ctx, x: (forward(ctx, x), x * torch.sigmoid(x))[1]),
+            "backward": staticmethod(lambda ctx, g: (lambda x: g * torch.sigmoid(x) * (1 + x * (1 - torch.sigmoid(x))))(
+                backward(ctx)))})
+
+    ways = {"ctx dict": (lambda c, x: setattr(c, "d", {"x": x}), lambda c: c.d["x"]),
+            "global": (lambda c, x: store.__setitem__("x", x), lambda c: store["x"]),
+            "clone in a module": (lambda c, x: setattr(torch, "_kept_for_test", x.detach().clone()),
+                                  lambda c: torch._kept_for_test),
+            "python floats": (lambda c, x: setattr(c, "v", x.tolist()), lambda c: torch.tensor(c.v))}
+    try:
+        for name, (forward, backward) in ways.items():
+            kept = lab03.graph_keeps(silu(forward, backward), xs, seed=1)
+            assert lab03.hidden_keeps(kept), name
+    finally:
+        vars(torch).pop("_kept_for_test", None)
+    with pytest.raises(ExerciseFailed, match="deriving from torch.autograd.Function"):
+        lab03.check_function_class(type("SiLU", (), {"apply": staticmethod(torch.nn.functional.silu)}))
+    with pytest.raises(ExerciseFailed, match="overrides apply"):
+        lab03.check_function_class(type("SiLU", (lab_namespace["SiLU"],), {"apply": staticmethod(torch.sigmoid)}))

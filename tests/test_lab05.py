@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
-from perflab.loading import datasets as ds
-from perflab.labs import lab05 as lc
+from perflab.loading import loaders, measure, storage, transforms
+from perflab.labs import lab05
 from perflab.record import runs
 from perflab.labs.exercises import ExerciseFailed
 
@@ -38,7 +38,7 @@ def lab(tmp_path_factory):
     os.environ["PERFLAB_FORCE_CPU_SIZES"] = "1"
     nb = jupytext.read(LAB)
     ns: dict = {}
-    for needle in ("cores = ds.usable_cores()", "def make_slow_loader", "make_fast_loader = None",
+    for needle in ("cores = usable_cores()", "def make_slow_loader", "make_fast_loader = None",
                    "total_threads = None", "def make_loader", "curve = None",
                    "memmap_path = None"):
         exec(compile(_cell(nb, needle), f"<lab5 cell {needle}>", "exec"), ns)
@@ -57,16 +57,16 @@ def test_ex1_probe_rejects_workers_sizes_no_normalization_no_crop_no_shuffle(lab
 
     def fast_with(collate=None, sampler=SequentialSampler, workers=0):
         def make(fs, folder):
-            mm = ds.MemmapImages(ds.write_memmap(fs, folder / "w.u8", side=72))
+            mm = storage.MemmapImages(storage.write_memmap(fs, folder / "w.u8", side=72))
             order = torch.utils.data.RandomSampler(mm) if sampler is None else sampler(mm)
             return DataLoader(mm, batch_size=None, num_workers=workers,
-                              collate_fn=collate or ds.AugmentBatch(64),
+                              collate_fn=collate or transforms.AugmentBatch(64),
                               sampler=torch.utils.data.BatchSampler(order, 32, drop_last=True))
         return make
 
     cases = [
         (fast_with(sampler=None, workers=2), "num_workers=2"),
-        (fast_with(ds.AugmentBatch(32), sampler=None), "same crops"),
+        (fast_with(transforms.AugmentBatch(32), sampler=None), "same crops"),
         (fast_with(lambda b: (F.interpolate(b[0].float(), size=64) / 255, b[1]), None),
          "not normalized"),
         (fast_with(lambda b: ((F.interpolate(b[0].float(), size=64) / 255 - 0.45) / 0.226,
@@ -75,23 +75,23 @@ def test_ex1_probe_rejects_workers_sizes_no_normalization_no_crop_no_shuffle(lab
     ]
     for make, message in cases:
         with pytest.raises(ExerciseFailed, match=message):
-            lc.check_loader_speedup(slow, make, files, make_slow)
+            lab05.check_loader_speedup(slow, make, files, make_slow)
     with pytest.raises(ExerciseFailed, match="not done yet"):
-        lc.check_loader_speedup(slow, None, files, make_slow)
+        lab05.check_loader_speedup(slow, None, files, make_slow)
     # the reference solution: ~10-50x on one thread, far from the 4x line
-    assert lc.check_loader_speedup(slow, lab["make_fast_loader"], files,
-                                   make_slow)["speedup"] >= 4
+    assert lab05.check_loader_speedup(slow, lab["make_fast_loader"], files,
+                                      make_slow)["speedup"] >= 4
 
 
 def test_ex1_the_slow_loader_passes_its_own_probe(tmp_path, lab):
-    probe = lc.make_probe_folder(tmp_path)
-    props = lc.probe_properties(lab["make_slow_loader"](probe))
-    lc._check_probe(props, props)                    # normalized, cropped, flipped, shuffled
+    probe = lab05.make_probe_folder(tmp_path)
+    props = lab05.probe_properties(lab["make_slow_loader"](probe))
+    lab05._check_probe(props, props)                    # normalized, cropped, flipped, shuffled
     assert props["red_left"] > 0 and props["red_right"] > 0
 
 
 def _omp_env(worker_id):
-    lc.tuned_init(worker_id)
+    lab05.tuned_init(worker_id)
     os.environ["OMP_NUM_THREADS"] = "1"   # too late: torch's pool is already sized
 
 
@@ -102,59 +102,59 @@ def _no_tuned(worker_id):
 def test_ex2_rejects_a_wrong_count_an_environment_fix_and_a_dropped_init(lab):
     expected = 2 * (os.cpu_count() or 1)
     with pytest.raises(ExerciseFailed, match="total_threads is 2"):
-        lc.check_oversubscription(2, lc.tuned_init, lab["fixed_init"])
+        lab05.check_oversubscription(2, lab05.tuned_init, lab["fixed_init"])
     with pytest.raises(ExerciseFailed, match="still call"):
-        lc.check_oversubscription(expected, lc.tuned_init, _no_tuned)
+        lab05.check_oversubscription(expected, lab05.tuned_init, _no_tuned)
     if expected > 2:  # a one-core machine cannot oversubscribe
         with pytest.raises(ExerciseFailed, match="still run"):
-            lc.check_oversubscription(expected, lc.tuned_init, _omp_env)
+            lab05.check_oversubscription(expected, lab05.tuned_init, _omp_env)
     assert lab["total_threads"] == expected
     threads = torch.get_num_threads()
-    assert lc.check_oversubscription(lab["total_threads"], lc.tuned_init, lab["fixed_init"])
+    assert lab05.check_oversubscription(lab["total_threads"], lab05.tuned_init, lab["fixed_init"])
     assert torch.get_num_threads() == threads                # the check restores it
 
 
 def test_ex3_rejects_the_most_workers_on_a_flat_curve_and_a_partial_curve():
     flat = {0: 100.0, 1: 380.0, 2: 700.0, 4: 1300.0, 8: 1340.0, 16: 1350.0}
-    assert lc.rule_of_thumb_workers(flat) == 4
+    assert lab05.rule_of_thumb_workers(flat) == 4
     with pytest.raises(ExerciseFailed, match="already at 4 workers"):
-        lc.check_num_workers(flat, 16, cores=16)
+        lab05.check_num_workers(flat, 16, cores=16)
     with pytest.raises(ExerciseFailed, match="from num_workers=0"):
-        lc.check_num_workers({1: 1.0, 2: 2.0, 8: 3.0}, 8, cores=16)
+        lab05.check_num_workers({1: 1.0, 2: 2.0, 8: 3.0}, 8, cores=16)
     with pytest.raises(ExerciseFailed, match="not done yet"):
-        lc.check_num_workers(None, None, cores=16)
-    assert lc.check_num_workers(flat, 4, cores=16) == 4
+        lab05.check_num_workers(None, None, cores=16)
+    assert lab05.check_num_workers(flat, 4, cores=16) == 4
 
 
 def test_ex3_solution_follows_the_rule(lab):
-    assert lab["best_workers"] == lc.rule_of_thumb_workers(lab["curve"])
-    assert lc.check_num_workers(lab["curve"], lab["best_workers"], lab["cores"]) is not None
+    assert lab["best_workers"] == lab05.rule_of_thumb_workers(lab["curve"])
+    assert lab05.check_num_workers(lab["curve"], lab["best_workers"], lab["cores"]) is not None
 
 
 def test_ex4_rejects_a_channels_first_file_and_a_short_one(lab, tmp_path):
     files = lab["files"]
     wrong = tmp_path / "chw.u8"
-    arr = np.stack([ds.decode_resized(f, 144).transpose(2, 0, 1) for f in files])
+    arr = np.stack([transforms.decode_resized(f, 144).transpose(2, 0, 1) for f in files])
     arr.tofile(wrong)
     Path(f"{wrong}.json").write_text(json.dumps({"shape": [len(files), 144, 144, 3],
                                                  "labels": [0] * len(files)}))
     with pytest.raises(ExerciseFailed, match="NHWC"):
-        lc.check_storage_conversion(wrong, files, 144)
+        lab05.check_storage_conversion(wrong, files, 144)
     with pytest.raises(ExerciseFailed, match="uint8"):
-        lc.check_storage_conversion(lab["memmap_path"], files[:-1], 144)
+        lab05.check_storage_conversion(lab["memmap_path"], files[:-1], 144)
     with pytest.raises(ExerciseFailed, match="not done yet"):
-        lc.check_storage_conversion(None, files, 144)
-    assert lc.check_storage_conversion(lab["memmap_path"], files, 144) >= 3
+        lab05.check_storage_conversion(None, files, 144)
+    assert lab05.check_storage_conversion(lab["memmap_path"], files, 144) >= 3
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_the_labs_worker_code_runs_under(method, lab):
     """What lab 5 sends to workers comes from modules: it runs under spawn and forkserver."""
-    counts = ds.worker_thread_counts(2, lc.tuned_init, multiprocessing_context=method)
+    counts = loaders.worker_thread_counts(2, lab05.tuned_init, multiprocessing_context=method)
     assert set(counts.values()) == {os.cpu_count() or 1}
-    loader = DataLoader(ds.JpegFolder(files=lab["files"][:96]), batch_size=16, num_workers=2,
-                        worker_init_fn=ds.seed_worker, multiprocessing_context=method)
-    assert ds.loader_rate(loader)["images"] == 2 * 16     # 6 batches, a round of 2 at each end
+    loader = DataLoader(storage.JpegFolder(files=lab["files"][:96]), batch_size=16, num_workers=2,
+                        worker_init_fn=loaders.seed_worker, multiprocessing_context=method)
+    assert measure.loader_rate(loader)["images"] == 2 * 16     # 6 batches, a round of 2 at each end
 
 
 def test_the_whole_lab_runs_under_spawn_without_sched_getaffinity(tmp_path):

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from perflab.speed import techniques as speed
-from perflab.internals import hostsync as sync
+from perflab.speed.tolerance import same_losses
+from perflab.internals import hostsync
 from perflab.labs import exercises, lab06
 from perflab.labs.exercises import ExerciseFailed
 
@@ -51,14 +51,14 @@ def test_ex1_sync_count_accepts_the_solution_and_rejects_a_loop_that_still_syncs
     model = ns["make_model"]()
     sgd = torch.optim.SGD(model.parameters(), lr=0.01)
     args = (ns["xs1"], ns["ys1"], ns["ok1"])
-    _, good = sync.count_host_syncs(ns["train_quiet"], model, sgd, *args)
+    _, good = hostsync.count_host_syncs(ns["train_quiet"], model, sgd, *args)
     assert sum(good.values()) == 0
 
     def still_logs(model, opt, xs, ys, ok):  # wrong: keeps .item() every step
         out = ns["train_quiet"](model, opt, xs, ys, ok)
         return [v.item() for v in out]
 
-    _, bad = sync.count_host_syncs(still_logs, model, sgd, *args)
+    _, bad = hostsync.count_host_syncs(still_logs, model, sgd, *args)
     assert sum(bad.values()) > 0
 
 
@@ -139,11 +139,11 @@ def test_ex3_result_check_tells_fused_rounding_from_another_training(ns):
     xs, ys = ns["xs3"], ns["ys3"]
     slow = run(ns["make_slow_optimizer"], xs, ys)
     fused = run(lambda p: torch.optim.AdamW(p, lr=2e-3, fused=True), xs, ys)
-    assert speed.same_losses(slow, fused)
+    assert same_losses(slow, fused)
     one_batch = run(ns["make_slow_optimizer"], xs[:1].expand_as(xs), ys[:1].expand_as(ys))
-    assert not speed.same_losses(slow, one_batch)
+    assert not same_losses(slow, one_batch)
     other_lr = run(lambda p: torch.optim.AdamW(p, lr=1e-3), xs, ys)
-    assert not speed.same_losses(slow, other_lr)
+    assert not same_losses(slow, other_lr)
 
 
 def test_ex4_batch_check_accepts_the_solution_and_rejects_a_small_batch(ns):

@@ -1,7 +1,7 @@
 """Lab 10: the GPU sizes (which CI cannot run) make valid rungs that keep each exercise's rules,
 and the overlay cell runs with and without a reference. The student edition runs in
 tests/test_student_editions.py, every check's wrong solutions in tests/test_lab_checks.py
-(tests/lab_wrong_solutions.py), the check functions in tests/test_speedrun_checks.py."""
+(tests/lab_wrong_solutions.py), the check functions in tests/test_lab10_checks.py."""
 
 import sys
 from pathlib import Path
@@ -10,7 +10,9 @@ from types import SimpleNamespace
 import jupytext
 import pytest
 
-from perflab.gpt2 import model as gpt2, ladder as sr
+from perflab.gpt2.model import GPT, GPT2_VOCAB, PADDED_VOCAB, config
+from perflab.gpt2.rungs import Rung, padded
+from perflab.labs import lab10
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "10_gpt2_speedrun.md"
@@ -22,16 +24,16 @@ def _gpu_namespace(gib):
     """The lab's set-up, rung and solution cells executed with the GPU's sizes (nothing runs)."""
     nb = jupytext.read(LAB)
     import perflab
-    from perflab.labs import lab10 as sc
 
-    ns = {"pick": lambda cpu, gpu: gpu, "on_gpu": True, "gib": gib, "sr": sr, "gpt2": gpt2,
-          "Path": Path, "perflab": perflab, "sc": sc,
+    ns = {"pick": lambda cpu, gpu: gpu, "on_gpu": True, "gib": gib, "Rung": Rung, "padded": padded,
+          "GPT": GPT, "GPT2_VOCAB": GPT2_VOCAB, "PADDED_VOCAB": PADDED_VOCAB, "config": config,
+          "Path": Path, "perflab": perflab, "lab10": lab10,
           "corpus": SimpleNamespace(vocab_size=8192),
           "ceilings": SimpleNamespace(load=lambda: SimpleNamespace(
               value=lambda name: {"matmul_fp32": 5e13}.get(name, 7e14)))}
     for needle in ("TINY = ", "my_rung = None"):
         exec(compile(code_cell(nb, needle), f"<lab10 {needle}>", "exec"), ns)
-    mem_cell = code_cell(nb, "mem_base = sr.Rung(")
+    mem_cell = code_cell(nb, "mem_base = Rung(")
     exec(compile(mem_cell.split("estimate = ")[0], "<lab10 mem_base>", "exec"), ns)
     exec(compile(code_cell(nb, "lean_rung = None"), "<lab10 lean>", "exec"), ns)
     return ns
@@ -58,11 +60,10 @@ def test_gpu_sizes_make_valid_rungs(gib):
 
 def test_speedup_bar_holds_for_consumer_and_datacenter_ceilings():
     """A consumer GPU (bf16 about 2x its float32) gets the floor, an H200 (13.5x) 40 % of it."""
-    from perflab.labs import lab10 as sc
-    assert sc.speedup_bar(82e12, 165e12) == 1.5
-    assert sc.speedup_bar(51e12, 692e12) == pytest.approx(5.43, rel=0.01)
+    assert lab10.speedup_bar(82e12, 165e12) == 1.5
+    assert lab10.speedup_bar(51e12, 692e12) == pytest.approx(5.43, rel=0.01)
     with pytest.raises(ValueError):
-        sc.speedup_bar(0, 1)
+        lab10.speedup_bar(0, 1)
 
 
 def _glued_notebook(values):
@@ -84,7 +85,6 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
     import matplotlib.pyplot as plt
 
     import perflab
-    from perflab.labs import lab10 as sc
     from perflab.labs.exercises import overlay_table
 
     (tmp_path / "labs").mkdir()
@@ -100,14 +100,14 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path / "labs")
     run = SimpleNamespace(tokens_per_s=1000.0, rung={"name": "x"}, mfu=lambda c: 0.3)
     ref_path = Path("../book/10_gpt2_case_study.ipynb")
-    ns = {"Path": Path, "perflab": perflab, "plt": plt, "sc": sc, "overlay_table": overlay_table,
+    ns = {"Path": Path, "perflab": perflab, "plt": plt, "lab10": lab10, "overlay_table": overlay_table,
           "ceiling": 1e12, "ref_path": ref_path,
           "ref": perflab.record.provenance.read_glued(ref_path) if ref_path.exists() else {},
-          "ref_fraction": sc.reference_fraction(536_000.0) if with_reference else None,
+          "ref_fraction": lab10.reference_fraction(536_000.0) if with_reference else None,
           "speed": {"base": run, "mine": run, "fraction": 0.3, "speedup": 2.0},
           "lean": {"ratio": 0.25}}
     lab = jupytext.read(LAB)
-    src = code_cell(lab, "ladder = sc.reference_ladder(")
+    src = code_cell(lab, "ladder = lab10.reference_ladder(")
     exec(compile(src, "<lab10 overlay>", "exec"), ns)
     src = code_cell(lab, "theirs = [")               # the figure, a cell of its own
     exec(compile(src, "<lab10 figure>", "exec"), ns)

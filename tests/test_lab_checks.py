@@ -2,13 +2,14 @@
 
 Each lab (``labs/*.md``, so labs added later are covered) is executed once, cell by cell, with
 its hidden tests, in a Jupyter kernel started in ``labs/`` (``tests/lab_runs.py``): every cell
-must run and every check must pass. This is also CI's execution of the lab on CPU
+must run and every check must pass, its hidden tests also when the grader runs them in its own
+process. This is also CI's execution of the lab on CPU
 (pyproject.toml's ``testpaths`` leave ``labs/*.ipynb`` to this test instead of nbval;
 ``tests/test_reference_runs.py`` keeps their code identical to the ``.md``). The kernel's
 namespace is kept as it was before each solution cell; every wrong solution of the lab
 (``tests/lab_wrong_solutions.py``) is then run in the same kernel from there, followed by the
-cells up to its exercise's last check cell, one of which must raise ``ExerciseFailed`` saying
-what is wrong. Speed checks are also replayed on modelled machines in
+cells up to its exercise's last check cell (as the grader runs them: hidden tests in this
+process), one of which must fail saying what is wrong. Speed checks are also replayed on modelled machines in
 ``tests/test_exercises.py`` (a right answer must not fail on another host/GPU balance).
 """
 
@@ -38,6 +39,19 @@ def test_reference_solution_passes_every_check(lab):
     assert not failed, f"{lab.name}: the reference solution fails {failed}"
     checks = {meta(c)["grade_id"] for c in run.cells if meta(c).get("grade")}
     assert checks <= set(run.results)
+
+
+@pytest.mark.parametrize("lab", LABS, ids=[p.stem for p in LABS])
+def test_hidden_tests_pass_the_reference_in_the_graders_process(lab):
+    """Under the grader a lab's hidden tests run outside the kernel, reaching the notebook's
+    names as plain data and its functions through the kernel: the reference passes them there
+    too (a hidden test that changes the notebook's data, or differentiates through a student's
+    Function outside ``perflab.labs.exercises.in_kernel``, fails here)."""
+    run = lab_run(lab)
+    if run.broken is not None:
+        pytest.skip("the reference run failed (see test_reference_solution_passes_every_check)")
+    failed = {gid: err for gid, err in run.remote.items() if err is not None}
+    assert not failed, f"{lab.name}: the reference fails its hidden tests in the grader's process: {failed}"
 
 
 def _solution_ids(lab):

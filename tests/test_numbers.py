@@ -1,4 +1,5 @@
-"""perflab.record.numbers.fmt: numbers as a person writes them (CONTRIBUTING.md, "Numbers")."""
+"""perflab.record.numbers: numbers as a person writes them (CONTRIBUTING.md, "Numbers"): fmt,
+and sig, nbytes, fmt_small, power10."""
 
 import math
 import re
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from perflab.record.numbers import BAD_SHAPES, fmt
+from perflab.record.numbers import BAD_SHAPES, fmt, fmt_small, nbytes, power10, sig
 
 BAD = [re.compile(rx) for rx in BAD_SHAPES.values()]
 
@@ -77,3 +78,35 @@ def test_the_bad_shapes_leave_what_a_person_writes(text):
 def test_fmt_refuses_a_bad_sig():
     with pytest.raises(ValueError, match="sig"):
         fmt(1.0, "B", sig=0)
+
+
+def test_sig_and_nbytes_never_write_exponents_or_long_byte_counts():
+    assert sig(1234.5) == "1,230" and sig(0.012345) == "0.0123" and sig(0) == "0"
+    assert sig(999.7) == "1,000" and sig(12.345, unit="ms") == "12.3 ms"
+    assert nbytes(1_612_316_672) == "1.50 GiB" and nbytes(32 * 2**20) == "32.0 MiB"
+    assert nbytes(512) == "512 B" and nbytes(-6.03 * 2**20) == "-6.03 MiB"
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            sig(bad)
+
+
+def test_fmt_small_writes_tiny_numbers_with_a_power_of_ten():
+    assert fmt_small(4.5e-7) == "4.5 × 10⁻⁷" and fmt_small(-1.04e-5) == "-1.0 × 10⁻⁵"
+    assert fmt_small(9.96e-6) == "1.0 × 10⁻⁵"                 # rounding up moves the exponent
+    assert fmt_small(0.0123) == "0.012" and fmt_small(0) == "0" and fmt_small(0.18) == "0.18"
+    with pytest.raises(ValueError):
+        fmt_small(float("nan"))
+
+
+def test_power10_writes_any_size_with_a_power_of_ten():
+    assert power10(3.15e23) == "3.15 × 10²³"
+    assert power10(3.4028e38, 2) == "3.4 × 10³⁸"
+    assert power10(1.1755e-38) == "1.18 × 10⁻³⁸"
+    assert power10(2**-23) == "1.19 × 10⁻⁷" and power10(1e6) == "1 × 10⁶"
+    assert power10(-65504.0) == "-6.55 × 10⁴" and power10(0) == "0"
+    assert power10(9.996e9) == "1 × 10¹⁰"              # rounding up moves the exponent
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            power10(bad)
+    with pytest.raises(ValueError):
+        power10(1.0, 0)

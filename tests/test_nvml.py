@@ -2,10 +2,10 @@
 
 import pytest
 
-from perflab.core import device as hardware, nvml
+from perflab.core import device, nvml
 
 
-@pytest.mark.skipif(hardware.has_gpu(), reason="checks the behaviour without a GPU")
+@pytest.mark.skipif(device.has_gpu(), reason="checks the behaviour without a GPU")
 def test_without_nvml_every_reading_is_none():
     assert nvml.readings() is None and nvml.utilization_pct() is None
     assert nvml.max_sm_clock_hz() is None and nvml.driver_version() is None
@@ -19,10 +19,10 @@ def test_reasons_names_each_set_bit_from_one_table():
 
 
 def test_cpuinfo_is_read_in_one_place():
-    blocks = hardware.cpuinfo()
+    blocks = device.cpuinfo()
     assert isinstance(blocks, list) and all(isinstance(b, dict) for b in blocks)
     if blocks:
-        assert hardware.cpu_name() == blocks[0].get("model name", hardware.cpu_name())
+        assert device.cpu_name() == blocks[0].get("model name", device.cpu_name())
 
 
 class _FakeNVML:
@@ -67,6 +67,6 @@ def test_nvlinks_lists_the_links_the_driver_answers(monkeypatch):
     assert nvml.nvlinks(0) == []
 
 
-@pytest.mark.skipif(hardware.has_gpu(), reason="checks the behaviour without a GPU")
+@pytest.mark.skipif(device.has_gpu(), reason="checks the behaviour without a GPU")
 def test_nvlinks_without_nvml_is_none():
     assert nvml.nvlinks() is None

@@ -3,11 +3,11 @@ import math
 import pytest
 import torch
 
-from perflab.internals import operators as O
+from perflab.internals import operators
 
 
 def test_operator_counts_are_consistent():
-    c = O.operator_counts()
+    c = operators.operator_counts()
     assert c["total"] == sum(c["namespaces"].values())
     assert c["aten_overloads"] == c["namespaces"]["aten"]
     # the library is large, overloads outnumber operators, and the variants are a subset
@@ -19,19 +19,19 @@ def test_operator_counts_are_consistent():
 
 
 def test_has_kernel_knows_composites_from_kernels():
-    assert O.has_kernel("aten::addmm", "CPU")
-    assert O.has_kernel("aten::linear", "CompositeImplicitAutograd")
-    assert not O.has_kernel("aten::linear", "CPU")
+    assert operators.has_kernel("aten::addmm", "CPU")
+    assert operators.has_kernel("aten::linear", "CompositeImplicitAutograd")
+    assert not operators.has_kernel("aten::linear", "CPU")
     with pytest.raises(ValueError, match="overload"):
-        O.has_kernel("aten::add", "CPU")
+        operators.has_kernel("aten::add", "CPU")
     with pytest.raises(ValueError, match="qualified"):
-        O.has_kernel("add", "CPU")
+        operators.has_kernel("add", "CPU")
 
 
 def test_fit_recovers_an_exact_line_and_its_crossover():
     t0, c = 5e-6, 2e-12
     n = [2**k for k in range(0, 27, 2)]
-    fit = O.fit_call_cost(n, [t0 + c * k for k in n])
+    fit = operators.fit_call_cost(n, [t0 + c * k for k in n])
     assert math.isclose(fit.fixed_s, t0, rel_tol=1e-9)
     assert math.isclose(fit.per_element_s, c, rel_tol=1e-9)
     assert math.isclose(fit.crossover_numel, t0 / c, rel_tol=1e-9)
@@ -44,30 +44,30 @@ def test_fit_weighs_small_sizes_as_much_as_large_ones():
     n = [2**k for k in range(0, 27, 2)]
     t = [t0 + c * k for k in n]
     t[-1] *= 1.10
-    fit = O.fit_call_cost(n, t)
+    fit = operators.fit_call_cost(n, t)
     assert abs(fit.fixed_s / t0 - 1) < 0.02
 
 
 def test_fit_rejects_bad_input_and_flat_sweeps():
     with pytest.raises(ValueError, match="same length"):
-        O.fit_call_cost([1, 2], [1e-6])
+        operators.fit_call_cost([1, 2], [1e-6])
     with pytest.raises(ValueError, match="two distinct"):
-        O.fit_call_cost([4, 4], [1e-6, 1e-6])
+        operators.fit_call_cost([4, 4], [1e-6, 1e-6])
     with pytest.raises(ValueError, match="seconds must"):
-        O.fit_call_cost([1, 2], [1e-6, 0])
+        operators.fit_call_cost([1, 2], [1e-6, 0])
     with pytest.raises(ValueError, match="numels must"):
-        O.fit_call_cost([0, 2], [1e-6, 2e-6])
+        operators.fit_call_cost([0, 2], [1e-6, 2e-6])
     with pytest.raises(ValueError, match="per-element"):
-        O.fit_call_cost([1, 10, 100], [3e-6, 2e-6, 1e-6])
+        operators.fit_call_cost([1, 10, 100], [3e-6, 2e-6, 1e-6])
 
 
 def test_call_cost_sweep_returns_one_positive_time_per_size():
-    pts = O.call_cost_sweep("cpu", [1, 1024], element_budget=2**12, max_calls=50)
+    pts = operators.call_cost_sweep("cpu", [1, 1024], element_budget=2**12, max_calls=50)
     assert [n for n, _ in pts] == [1, 1024] and all(t > 0 for _, t in pts)
     with pytest.raises(ValueError, match="numels"):
-        O.call_cost_sweep("cpu", [])
+        operators.call_cost_sweep("cpu", [])
     with pytest.raises(ValueError, match="max_calls"):
-        O.call_cost_sweep("cpu", [1], max_calls=1)
+        operators.call_cost_sweep("cpu", [1], max_calls=1)
 
 
 def linear_call(x, w, b):
@@ -75,7 +75,7 @@ def linear_call(x, w, b):
 
 
 def test_call_path_nests_python_binding_and_aten():
-    rows = O.call_path(linear_call, torch.randn(4, 8), torch.randn(16, 8), torch.randn(16))
+    rows = operators.call_path(linear_call, torch.randn(4, 8), torch.randn(16, 8), torch.randn(16))
     assert rows[0].depth == 0 and rows[0].layer == "Python" and rows[0].name.startswith("linear_call")
     names = [r.name for r in rows]
     assert "aten::linear" in names and "aten::addmm" in names
@@ -88,7 +88,7 @@ def test_call_path_nests_python_binding_and_aten():
 
 def test_call_path_needs_a_named_function():
     with pytest.raises(TypeError, match="named Python function"):
-        O.call_path(lambda x: x * 2, torch.randn(3))
+        operators.call_path(lambda x: x * 2, torch.randn(3))
 
 
 def test_page_faults_per_call_counts_fresh_pages_not_reused_ones():

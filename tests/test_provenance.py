@@ -2,7 +2,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from perflab.record import provenance as P
+from perflab.record import provenance
 
 
 def _notebook_with_glue(tmp_path, values):
@@ -21,7 +21,7 @@ def _notebook_with_glue(tmp_path, values):
 
 def test_glue_round_trip_through_an_executed_notebook(tmp_path):
     path = _notebook_with_glue(tmp_path, {"copy_bandwidth_TBps": 4.125, "knee": 64, "device_name": "H200"})
-    got = P.read_glued(path)
+    got = provenance.read_glued(path)
     assert got == {"copy_bandwidth_TBps": 4.125, "knee": 64, "device_name": "H200"}
 
 
@@ -31,13 +31,13 @@ def test_glue_converts_numpy_and_torch_scalars_and_rejects_bad_values(monkeypatc
 
     seen = {}
     monkeypatch.setattr("myst_nb.glue", lambda name, value, display: seen.__setitem__(name, value))
-    assert P.glue("a", np.float64(1.5)) is None      # nothing for a cell to display twice
-    P.glue("b", torch.tensor(3))
+    assert provenance.glue("a", np.float64(1.5)) is None      # nothing for a cell to display twice
+    provenance.glue("b", torch.tensor(3))
     assert type(seen["a"]) is float and type(seen["b"]) is int
     with pytest.raises(ValueError, match="measurement failed"):
-        P.glue("c", float("nan"))
+        provenance.glue("c", float("nan"))
     with pytest.raises(ValueError, match="identifier"):
-        P.glue("not a name", 1)
+        provenance.glue("not a name", 1)
 
 
 def test_code_sha256_depends_on_code_only():
@@ -49,7 +49,7 @@ def test_code_sha256_depends_on_code_only():
 
 
 def test_environment_names_the_host_cpu():
-    env = P.environment()
+    env = provenance.environment()
     assert env["devices"] and env["torch"] and env["python"]
     host = env["host"]
     assert host["cpu"] == env["cpu"] and host["logical_cores"] >= host["usable_cores"] >= 1
@@ -72,10 +72,10 @@ def test_reference_run_reads_metadata(tmp_path):
     nb.metadata["reference_run"] = {"devices": ["NVIDIA H200"]}
     path = tmp_path / "a.ipynb"
     nbformat.write(nb, path)
-    assert P.reference_run(path) == {"devices": ["NVIDIA H200"]}
+    assert provenance.reference_run(path) == {"devices": ["NVIDIA H200"]}
     nb.metadata.pop("reference_run")
     nbformat.write(nb, path)
-    assert P.reference_run(path) is None
+    assert provenance.reference_run(path) is None
 
 
 def test_artifacts_are_the_books_in_a_reference_run_and_scratch_removed_at_exit(tmp_path, monkeypatch):
@@ -99,8 +99,8 @@ def test_artifacts_are_the_books_in_a_reference_run_and_scratch_removed_at_exit(
 
 
 def test_lab_reference_reads_the_labs_own_run_or_nothing():
-    glued, run = P.lab_reference("no_such_lab")
+    glued, run = provenance.lab_reference("no_such_lab")
     assert glued == {} and run is None
-    glued, run = P.lab_reference("01_roofline")     # committed with the repository
+    glued, run = provenance.lab_reference("01_roofline")     # committed with the repository
     assert isinstance(glued, dict) and (run is None or "devices" in run)
     assert glued or run is not None                   # found through the package's location

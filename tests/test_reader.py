@@ -545,10 +545,12 @@ def test_figure_numbering_check_catches_book_wide_numbers():
 
 
 def test_pages_outside_a_numbered_part_get_their_own_prefix():
-    got = reader_pages.page_prefixes(["labs/01_roofline", "book/roofline_explorer", "labs/10_gpt2_speedrun",
-                                      "status"])
-    assert got == {"labs/01_roofline": "L1", "book/roofline_explorer": "A", "labs/10_gpt2_speedrun": "L10",
-                   "status": "B"}
+    pages = ["labs/01_roofline", "book/roofline_explorer", "labs/10_gpt2_speedrun", "status"]
+    assert reader_pages.page_prefixes(pages) == {"labs/01_roofline": "L1", "book/roofline_explorer": "A",
+                                                 "labs/10_gpt2_speedrun": "L10", "status": "B"}
+    # a book without numbered chapters has no appendices: only its labs count their own
+    assert reader_pages.page_prefixes(pages, appendices=False) == {"labs/01_roofline": "L1",
+                                                                   "labs/10_gpt2_speedrun": "L10"}
 
 
 # ---------------------------------------------------------------------------------------------

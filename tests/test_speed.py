@@ -1,51 +1,30 @@
-"""perflab.speed.techniques on CPU: data, prefetcher, ladder, overlap arithmetic, BN folding, log capture."""
+"""perflab.speed on CPU: the workload, "the same result", what a step is measured with, and the
+page's exported prefetcher and BN folding."""
 
 import pytest
 import torch
 from torch import nn
 
-from perflab.speed import techniques as speed
+from perflab.speed.measure import capture_logs, graph_replay_semantics, op_count, wall_time
+from perflab.speed.tolerance import final_loss, loss_tolerance, same_losses
+from perflab.speed.workload import SmallCNN, normalize, synthetic_images
 
 
 def test_synthetic_images_shapes_dtypes_and_determinism():
-    x, y = speed.synthetic_images(20, size=8, seed=1)
+    x, y = synthetic_images(20, size=8, seed=1)
     assert x.shape == (20, 3, 8, 8) and x.dtype == torch.uint8
     assert y.shape == (20,) and y.dtype == torch.int64 and int(y.max()) < 10
-    x2, y2 = speed.synthetic_images(20, size=8, seed=1)
+    x2, y2 = synthetic_images(20, size=8, seed=1)
     assert torch.equal(x, x2) and torch.equal(y, y2)
     with pytest.raises(ValueError, match="size"):
-        speed.synthetic_images(4, size=2)
+        synthetic_images(4, size=2)
 
 
 def test_normalize_matches_the_formula_and_rejects_bad_shapes():
     x = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
-    assert torch.allclose(speed.normalize(x), torch.full((1, 3, 2, 2), 2.0))
+    assert torch.allclose(normalize(x), torch.full((1, 3, 2, 2), 2.0))
     with pytest.raises(ValueError, match="images"):
-        speed.normalize(torch.zeros(3, 2, 2, dtype=torch.uint8))
-
-
-def test_overlap_fraction_merges_kernels_and_checks_intervals():
-    assert speed.overlap_fraction([(0, 10)], [(0, 5), (2, 5)]) == pytest.approx(0.5)
-    assert speed.overlap_fraction([(0, 10), (20, 30)], [(5, 25)]) == pytest.approx(0.5)
-    assert speed.overlap_fraction([(0, 10)], []) == 0.0
-    with pytest.raises(ValueError):
-        speed.overlap_fraction([], [(0, 1)])
-    with pytest.raises(ValueError, match="ends before"):
-        speed.overlap_fraction([(5, 1)], [])
-
-
-def test_trace_intervals_reads_a_chrome_trace():
-    trace = {"traceEvents": [
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)",
-         "ts": 0, "dur": 10},
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)",
-         "ts": 0, "dur": 10},
-        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 5, "dur": 10},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 3}]}
-    copies, kernels = speed.trace_intervals(trace)
-    assert copies == [(0.0, 10.0)] and kernels == [(5.0, 15.0)]
-    with pytest.raises(ValueError):
-        speed.trace_intervals({})
+        normalize(torch.zeros(3, 2, 2, dtype=torch.uint8))
 
 
 def test_capture_logs_returns_dynamo_graph_breaks_as_text(capsys):
@@ -55,19 +34,19 @@ def test_capture_logs_returns_dynamo_graph_breaks_as_text(capsys):
         return y * 2
 
     compiled = torch.compile(f, backend="eager")
-    out, text = speed.capture_logs(lambda: compiled(torch.ones(3)), graph_breaks=True)
+    out, text = capture_logs(lambda: compiled(torch.ones(3)), graph_breaks=True)
     assert torch.equal(out, torch.full((3,), 4.0))
     assert "Graph break" in text or "graph break" in text.lower()
     assert capsys.readouterr().err == ""
     with pytest.raises(TypeError):
-        speed.capture_logs(3)
+        capture_logs(3)
 
 
 def test_gpu_only_helpers_raise_on_cpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     with pytest.raises(RuntimeError, match="CUDA"):
-        speed.graph_replay_semantics()
+        graph_replay_semantics()
 
 
 def test_wall_time_counts_calls_and_checks_arguments(monkeypatch):
@@ -80,12 +59,12 @@ def test_wall_time_counts_calls_and_checks_arguments(monkeypatch):
     def call():
         clock["t"] += next(costs)
 
-    assert speed.wall_time(call, "cpu", reps=3, warmup=2, stat="min") == pytest.approx(0.1)
-    assert speed.wall_time(call, "cpu", reps=3, warmup=2, stat="median") == pytest.approx(0.2)
+    assert wall_time(call, "cpu", reps=3, warmup=2, stat="min") == pytest.approx(0.1)
+    assert wall_time(call, "cpu", reps=3, warmup=2, stat="median") == pytest.approx(0.2)
     with pytest.raises(ValueError, match="stat"):
-        speed.wall_time(lambda: None, "cpu", stat="mean")
+        wall_time(lambda: None, "cpu", stat="mean")
     with pytest.raises(ValueError, match="reps"):
-        speed.wall_time(lambda: None, "cpu", reps=0)
+        wall_time(lambda: None, "cpu", reps=0)
 
 
 def test_op_count_sees_forward_backward_and_optimizer():
@@ -101,22 +80,22 @@ def test_op_count_sees_forward_backward_and_optimizer():
         model(x).sum().backward()
         opt.step()
     step()
-    assert 0 < speed.op_count(forward) < speed.op_count(step)
+    assert 0 < op_count(forward) < op_count(step)
     with pytest.raises(TypeError):
-        speed.op_count(3)
+        op_count(3)
 
 
 def _train(seed, steps=40, one_batch=False):
     """A small CPU ladder-like run: SmallCNN, AdamW, fixed batches in order."""
-    images, labels = speed.synthetic_images(512, size=8, seed=0)
+    images, labels = synthetic_images(512, size=8, seed=0)
     torch.manual_seed(seed)
-    model = speed.SmallCNN(4)
+    model = SmallCNN(4)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, foreach=False)
     losses = []
     for i in range(steps):
         lo = 0 if one_batch else i * 32 % 512
         loss = torch.nn.functional.cross_entropy(
-            model(speed.normalize(images[lo:lo + 32])), labels[lo:lo + 32])
+            model(normalize(images[lo:lo + 32])), labels[lo:lo + 32])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -130,38 +109,29 @@ def test_the_seed_spread_tolerance_rejects_training_on_one_batch():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        tol = speed.loss_tolerance([speed.final_loss(_train(s)) for s in range(1, 6)])
-        ref = speed.final_loss(_train(0))
-        one = speed.final_loss(_train(0, one_batch=True))
+        tol = loss_tolerance([final_loss(_train(s)) for s in range(1, 6)])
+        ref = final_loss(_train(0))
+        one = final_loss(_train(0, one_batch=True))
     finally:
         torch.set_num_threads(threads)
     assert abs(one - ref) > tol
     assert tol < 0.2 * ref
     with pytest.raises(ValueError, match="two"):
-        speed.loss_tolerance([1.0])
-    assert speed.loss_tolerance([1.0, 1.0]) == pytest.approx(1e-4)   # the floor
+        loss_tolerance([1.0])
+    assert loss_tolerance([1.0, 1.0]) == pytest.approx(1e-4)   # the floor
 
 
 def test_final_loss_and_same_losses():
-    assert speed.final_loss([5, 4, 3, 2, 1, 1, 1, 1, 1, 3]) == 2.0    # the last fifth
-    assert speed.final_loss([2.0]) == 2.0
+    assert final_loss([5, 4, 3, 2, 1, 1, 1, 1, 1, 3]) == 2.0    # the last fifth
+    assert final_loss([2.0]) == 2.0
     with pytest.raises(ValueError):
-        speed.final_loss([])
+        final_loss([])
     ref = [2.0, 1.5, 1.2]
-    assert speed.same_losses(ref, [2.0 * (1 + 1e-6), 1.5, 1.2])
-    assert not speed.same_losses(ref, [2.0, 1.4, 1.2])          # another step, another loss
-    assert not speed.same_losses(ref, ref[:2])                   # fewer steps
+    assert same_losses(ref, [2.0 * (1 + 1e-6), 1.5, 1.2])
+    assert not same_losses(ref, [2.0, 1.4, 1.2])          # another step, another loss
+    assert not same_losses(ref, ref[:2])                   # fewer steps
     with pytest.raises(ValueError, match="rtol"):
-        speed.same_losses(ref, ref, rtol=0)
-
-
-def test_wave_model_dips_just_past_a_wave():
-    # 132 SMs, 128 x 256 tiles: n = 2048 gives 16 x 8 = 128 tiles (one wave, 97 % used);
-    # n = 2176 gives 17 x 9 = 153 tiles (two waves, 58 % used)
-    full, past = speed.wave_model([2048, 2176], plateau=100.0, sms=132)
-    assert full == pytest.approx(100 * 128 / 132) and past == pytest.approx(100 * 153 / 264)
-    with pytest.raises(ValueError):
-        speed.wave_model([0], 1.0, 132)
+        same_losses(ref, ref, rtol=0)
 
 
 def test_the_pages_prefetcher_is_a_plain_iterator_on_cpu():

@@ -31,12 +31,11 @@ MAX_CODE_LINES = 500      # lines of code a reader sees on one page (hide-input 
 
 # The calls that are bookkeeping, not the technique: gluing a value for the prose, a claim or an
 # expectation about a measurement, a table assembled from results. ``show`` is perflab's table
-# helper (perflab.record.tables.show), never plt.show or fig.show.
-BOOKKEEPING = ("glue", "glue_many", "glue_table", "glue_text", "claim", "expect", "compare", "show",
-               "overlay_table")
+# helper (perflab.record.tables.show), never plt.show or fig.show. A lab's closing
+# ``overlay_table`` is not bookkeeping: that table is what the student came for.
+BOOKKEEPING = ("glue", "glue_many", "glue_table", "glue_text", "claim", "expect", "compare", "show")
 _CALL = re.compile(r"(?<![\w.])(" + "|".join(BOOKKEEPING) + r")\s*\("
-                   r"|\b(?:tables|claims|provenance|record|exercises)\.(" + "|".join(BOOKKEEPING) + r")\s*\(")
-NOT_BOOKKEEPING_CALLS = ("overlay_table",)   # a lab's last table, what the reader is there for
+                   r"|\b(?:tables|claims|provenance|record)\.(" + "|".join(BOOKKEEPING) + r")\s*\(")
 
 # The sentence perflab.core.sampler.Summary.sentence() writes ("measured over 0.80 s on NVIDIA
 # H200: SM clock median ..."), and the same for the host ("... on cpu; the CPU clock cannot ...").
@@ -97,7 +96,8 @@ class _Page(HTMLParser):
             return
         top = self.stack[-1]
         if top["input"] is not None:
-            top["input"]["code"].append(data)
+            if any(f["tag"] == "pre" for f in self.stack):   # not a copy button's words
+                top["input"]["code"].append(data)
         elif top["output"] is not None:
             top["output"].append(data)
         if not top["aside"]:
@@ -119,12 +119,7 @@ def _code(cell: dict) -> str:
 
 def bookkeeping_calls(code: str) -> list[str]:
     """The bookkeeping calls in a piece of code (``["glue", "glue", "claim"]``), in order."""
-    found = []
-    for m in _CALL.finditer(code):
-        name = m.group(1) or m.group(2)
-        if name not in NOT_BOOKKEEPING_CALLS:
-            found.append(name)
-    return found
+    return [m.group(1) or m.group(2) for m in _CALL.finditer(code)]
 
 
 def visible_bookkeeping(page_html: str) -> list[str]:
@@ -209,7 +204,7 @@ def _is_bookkeeping_call(node: ast.AST) -> bool:
         return False
     f = node.func
     name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-    if name not in BOOKKEEPING or name in NOT_BOOKKEEPING_CALLS:
+    if name not in BOOKKEEPING:
         return False
     if name == "show" and isinstance(f, ast.Attribute):      # plt.show(), fig.show()
         return isinstance(f.value, ast.Name) and f.value.id in ("tables", "record")

@@ -132,10 +132,12 @@
     const groups = window.READER_SYNONYMS || [];
     let out = query;
     for (const [word, spellings] of groups) {
-      // longest spellings first, so "all reduce scatter" is not read as "all reduce"
+      // longest spellings first, so "all reduce scatter" is not read as "all reduce"; a
+      // one-word spelling too ("recomputation" would otherwise also find, by its stem, pages
+      // that only say "recompute", which "activation checkpointing" does not)
       for (const spelling of [...spellings].sort((a, b) => b.length - a.length)) {
         const parts = spelling.split(/[\s\-._]+/).filter(Boolean).map(escape);
-        if (parts.length < 2) continue;
+        if (parts.length === 1 && spelling.toLowerCase() === word) continue;
         const rx = new RegExp(`(^|[^\\p{L}\\p{N}_])${parts.join("[\\s\\-._]*")}(?:e?s)?(?![\\p{L}\\p{N}_])`, "giu");
         out = out.replace(rx, (m, before) => `${before}${word}`);
       }

@@ -19,13 +19,24 @@ from perflab.core import nvml
 
 T = TypeVar("T")
 
-__all__ = ["cpu_clock_readings", "cpu_clocks_mhz", "cpu_name", "cpuinfo", "describe", "device", "gpu_count", "has_gpu", "pick",
-           "requires_gpu"]
+__all__ = ["cpu_clock_readings", "cpu_clocks_mhz", "cpu_name", "cpuinfo", "describe", "device", "gpu_count", "has_gpu", "need_gpu",
+           "pick", "requires_gpu"]
 
 
 def has_gpu() -> bool:
     """True when torch sees at least one CUDA device."""
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def need_gpu(what: str) -> None:
+    """Raise when there is no CUDA GPU: for a function that cannot run on a CPU (a page's cell
+    asks :func:`requires_gpu` instead, which prints a sentence and lets the page go on).
+
+    Raises:
+        RuntimeError: no CUDA GPU; the message names ``what``.
+    """
+    if not has_gpu():
+        raise RuntimeError(f"{what} needs a CUDA GPU; this machine has none")
 
 
 def gpu_count() -> int:

@@ -4,7 +4,7 @@ Three chapters read a fixed cost and a rate off a line: a kernel's launch-and-ta
 marginal bandwidth of a cache level (chapter 2, :func:`perflab.machine.caches.fit_fixed_cost`), the
 per-call overhead and per-element cost of an operator (chapter 3,
 :func:`perflab.internals.operators.fit_call_cost`), and the time per wave of a matrix product (chapter 2,
-:func:`perflab.machine.gpu.fit_waves`). All call :func:`fit_line`.
+:func:`perflab.machine.waves.fit_waves`). All call :func:`fit_line`.
 
 ``relative=True`` minimises the *relative* residuals ``sum(((fixed + slope*x_i) - y_i) / y_i)^2``
 (weighted least squares with weights ``1 / y_i^2``), so that small measurements (which set the

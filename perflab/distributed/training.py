@@ -68,7 +68,8 @@ from perflab.core.validate import integer, positive, positive_int
 from perflab.distributed import torchrun
 from perflab.distributed.steps import allreduce_gradients
 from perflab.distributed.torchrun import LaunchError
-from perflab.gpt2 import ladder as speedrun
+from perflab.gpt2.rungs import rung_from_dict
+from perflab.gpt2.train import batches, distributed_task, token_ids
 from perflab.gpt2 import model as gpt2_model
 from perflab.gpt2 import steps as gpt2_steps
 
@@ -1210,8 +1211,8 @@ def _task_user_optimizer(ctx, fns: Sequence[str], width: int = 32, depth: int = 
 def _task_gpt2(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str | None = None,
                n_tokens: int = 4_000_000, id_range: int = 8192, fsdp: bool = False) -> dict:
     """Chapter 10's GPT-2 rung under DDP (or FSDP2), every rank on its own windows."""
-    return speedrun.distributed_task(ctx, rung, steps, warmup=warmup, tokens=tokens,
-                                     n_tokens=n_tokens, id_range=id_range, fsdp=fsdp)
+    return distributed_task(ctx, rung, steps, warmup=warmup, tokens=tokens,
+                            n_tokens=n_tokens, id_range=id_range, fsdp=fsdp)
 
 
 def _task_gpt2_interleaved(ctx, rung: dict, steps: int = 10, rounds: int = 4, warmup: int = 2,
@@ -1228,8 +1229,8 @@ def _task_gpt2_interleaved(ctx, rung: dict, steps: int = 10, rounds: int = 4, wa
     [...]}, "orders", "median_s", "efficiency" (median one-GPU step / median DDP step),
     "world_size", "tokens_per_step"}``.
     """
-    torch, r = ctx.torch, speedrun.rung_from_dict(rung)
-    ids = speedrun.token_ids(tokens, n_tokens, id_range)
+    torch, r = ctx.torch, rung_from_dict(rung)
+    ids = token_ids(tokens, n_tokens, id_range)
     dev_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
 
     def build(wrap):
@@ -1237,7 +1238,7 @@ def _task_gpt2_interleaved(ctx, rung: dict, steps: int = 10, rounds: int = 4, wa
         model = gpt2_model.GPT(r.config()).to(ctx.device)
         net = gpt2_steps.make_net(model, r, wrap)
         opt = gpt2_steps.make_optimizer(model, r)
-        stream = speedrun.batches(ids, r.batch, r.seq_len, rank=ctx.rank, world=ctx.world)
+        stream = batches(ids, r.batch, r.seq_len, rank=ctx.rank, world=ctx.world)
         return gpt2_steps.make_step(net, opt, r, stream, ctx.device)
 
     ddp = torch.nn.parallel.DistributedDataParallel

@@ -6,7 +6,6 @@ Rates here are operations per second; times are seconds. Every function runs on 
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -15,10 +14,10 @@ import torch
 
 from perflab.core.timing import Stopwatch, benchmark, best_of, synchronize
 from perflab.core.validate import positive, positive_int
-from perflab.machine.cpu import cache_levels
+from perflab.machine.caches import beyond_cache_numel
 from perflab.machine.roofline import copy_bandwidth
 
-__all__ = ["CallModel", "batch_scaling", "beyond_cache_numel", "call_model", "issue_time",
+__all__ = ["CallModel", "batch_scaling", "call_model", "issue_time",
            "cuda_graph_op_rate", "dram_copy_bandwidth", "op_rate", "python_adds_per_second"]
 
 
@@ -284,37 +283,6 @@ def call_model(device: torch.device | str, bandwidth: float,
     fixed = 1.0 / cuda_graph_op_rate() if gpu else 0.0
     return CallModel(host_issue_s=host, device_fixed_s=fixed, bandwidth=float(bandwidth),
                      peak_flops=peak_flops, overlapped=gpu)
-
-
-def beyond_cache_numel(factor: float = 4.0, element_size: int = 4,
-                       minimum: int = 2**24, maximum: int = 2**28,
-                       sysfs: str | None = None) -> int:
-    """Elements per tensor for a host copy that streams from DRAM, not from the caches.
-
-    The last-level cache the OS reports (``perflab.machine.cpu.cache_levels``: size of one instance,
-    times the number of instances, ``os.cpu_count() / shared_by``) times ``factor``, divided
-    by ``element_size``, rounded up to a power of two, clipped to ``[minimum, maximum]``
-    (the maximum keeps a many-socket host within memory and time: 2**28 float32 is 1 GiB).
-    Without cache information from the OS, ``minimum``. ``sysfs`` points elsewhere, for tests.
-
-    Raises:
-        ValueError: ``factor`` < 1, a non-positive ``element_size`` or ``minimum``, or
-            ``maximum`` < ``minimum``.
-    """
-    if factor < 1:
-        raise ValueError(f"factor must be >= 1, got {factor}")
-    if element_size < 1 or minimum < 1:
-        raise ValueError(f"element_size and minimum must be >= 1, got {element_size}, {minimum}")
-    if maximum < minimum:
-        raise ValueError(f"maximum must be >= minimum, got {maximum} < {minimum}")
-    levels = cache_levels(sysfs)
-    if not levels:
-        return int(minimum)
-    last = max(levels, key=lambda c: (c.level, c.size_bytes))
-    instances = max(1, (os.cpu_count() or 1) // max(1, last.shared_by))
-    total = last.size_bytes * instances
-    numel = math.ceil(factor * total / element_size)
-    return min(int(maximum), max(int(minimum), 1 << (numel - 1).bit_length()))
 
 
 def dram_copy_bandwidth(factor: float = 4.0) -> tuple[float, int]:

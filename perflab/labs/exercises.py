@@ -12,12 +12,20 @@ the student edition's stubs raise it (:func:`not_done`), and a check reads its i
 ``TypeError``. :func:`short_errors` makes IPython show these errors as that one line, without
 a traceback.
 
-Under the grader (``scripts/grade.py``) the environment variable ``PERFLAB_GRADE_LOG`` names the
-*ledger*, a pipe the grader reads, and this module appends one JSON object per line to it: what
-a check measured (:func:`record`), each check's verdict with the inputs it compared (so that the
-grader can re-check the comparison outside the student's process), and every
-:class:`ExerciseFailed` when it is created (so that a failure the student's code swallowed is
-still seen). Outside the grader nothing is written.
+Answers cross as plain data. Every check first converts the student's answer with
+:func:`plain` (or :func:`as_float`, :func:`as_bool`, :func:`as_tensor`) into a value of a type it
+expects, built from the answer's stored value and never by calling the answer's own methods: an
+object whose ``__eq__`` is always true, or whose ``__float__`` looks for the expected value up
+the stack, is refused with one sentence before the check computes or compares anything.
+
+Under the grader (``scripts/grade.py``, the ``grader`` package) the environment variable
+``PERFLAB_GRADE_LOG`` names the *ledger*, a pipe the grader reads, and this module appends one
+JSON object per line to it: what a check measured (:func:`record`), each check's verdict with
+the plain inputs it compared (so that the grader can re-check the comparison outside the
+student's process), and every :class:`ExerciseFailed` when it is created (so that a failure the
+student's code swallowed is still seen). Outside the grader nothing is written. The grader runs
+a lab's hidden tests in its own process; :func:`in_kernel` marks the calls in them that must run
+in the student's kernel.
 """
 
 from __future__ import annotations
@@ -27,13 +35,18 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from perflab.record.numbers import fmt
 
 
-__all__ = ["answer_or_none", "check_choice", "check_close", "check_ratio_at_least", "check_true",
-           "ExerciseFailed", "ExerciseNotDone", "lab_needs", "not_done", "overlay_table", "record",
+__all__ = ["NotPlain", "answer_or_none", "as_bool", "as_float", "as_tensor", "check_choice",
+           "check_close", "check_ratio_at_least", "check_true", "ExerciseFailed", "ExerciseNotDone",
+           "in_kernel", "lab_needs", "not_done", "overlay_table", "plain", "record",
            "reference_devices", "require", "short_errors"]
 
 
@@ -102,33 +115,230 @@ def _ledger(entry: dict[str, Any]) -> None:
         f.write(json.dumps(entry) + "\n")
 
 
-def _plain(value: Any, depth: int = 0) -> Any:
-    """``value`` as JSON data (numbers, strings, booleans, None, short lists), else its ``repr``
-    wrapped as ``{"repr": ...}`` (which the grader does not try to re-check)."""
-    if value is None or isinstance(value, (bool, int, str)):
+#: the most elements :func:`plain` converts in one answer (lists, tuples, dicts and sets together)
+MAX_PLAIN_ITEMS = 100_000
+_MAX_DEPTH = 8
+# numpy's scalar types whose .item() is a Python bool, int or float
+_NUMPY_SCALARS = frozenset(t for t in set(np.sctypeDict.values())
+                           if isinstance(t, type) and issubclass(t, (np.bool_, np.integer, np.floating)))
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+class NotPlain(ValueError):
+    """An answer that is not plain data (see :func:`plain`); the message names what it is."""
+
+
+def _kind(value: Any) -> str:
+    return type(value).__name__
+
+
+def plain(value: Any) -> Any:
+    """``value`` as plain data, read from what it stores, never through its own methods.
+
+    Plain data is ``None``, ``bool``, ``int``, ``float``, ``str``, and tuples, dicts and
+    frozensets of plain data (lists become tuples, so ``[1, 2] == (1, 2)`` after conversion).
+    Subclasses of these (``numpy.float64``, an ``IntEnum``, ``torch.Size``) give their stored
+    value through the base type's own slot (``float.__float__(x)``, ``tuple.__iter__(x)``), so a
+    subclass that overrides ``__eq__`` or ``__float__`` converts to what it holds. numpy scalars
+    and one-element tensors (of type ``torch.Tensor`` exactly) give their ``.item()``. Anything
+    else (an object with its own ``__eq__``, a model, a function) is not plain.
+
+    Raises:
+        NotPlain: ``value`` (or something inside it) is not plain data, is nested deeper than 8
+            levels, or holds more than :data:`MAX_PLAIN_ITEMS` elements.
+    """
+    budget = [MAX_PLAIN_ITEMS]
+    return _plain(value, 0, budget)
+
+
+def _plain(value: Any, depth: int, budget: list[int]) -> Any:
+    t = type(value)
+    if value is None or t is bool or t is int or t is float or t is str:
         return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else {"repr": repr(value)}
-    if isinstance(value, (list, tuple)) and len(value) <= 1000 and depth < 3:
-        return [_plain(v, depth + 1) for v in value]
-    return {"repr": repr(value)[:200]}
+    if depth > _MAX_DEPTH:
+        raise NotPlain(f"nested deeper than {_MAX_DEPTH} levels")
+    try:
+        if issubclass(t, int):                  # bool cannot be subclassed; IntEnum and the like
+            return int.__int__(value)
+        if issubclass(t, float):                # numpy.float64 and any float subclass
+            return float.__float__(value)
+        if issubclass(t, str):
+            return str.__str__(value)
+        if t in _NUMPY_SCALARS:
+            return value.item()
+        if t in _TENSOR_TYPES:
+            return _plain(_tensor_item(value), depth + 1, budget)
+        if t is np.ndarray:
+            if np.ndarray.__len__(value.reshape(-1)) != 1:
+                raise NotPlain(f"an array of shape {tuple(value.shape)}, not one value")
+            return _plain(value.reshape(-1)[0].item(), depth + 1, budget)
+        if issubclass(t, (tuple, list)):
+            items = list(tuple.__iter__(value) if issubclass(t, tuple) else list.__iter__(value))
+            budget[0] -= len(items)
+            if budget[0] < 0:
+                raise NotPlain(f"more than {MAX_PLAIN_ITEMS} elements")
+            return tuple(_plain(v, depth + 1, budget) for v in items)
+        if issubclass(t, dict):
+            pairs = list(dict.items(value))
+            budget[0] -= len(pairs)
+            if budget[0] < 0:
+                raise NotPlain(f"more than {MAX_PLAIN_ITEMS} elements")
+            return {_plain(k, depth + 1, budget): _plain(v, depth + 1, budget) for k, v in pairs}
+        if issubclass(t, (set, frozenset)):
+            items = list(frozenset.__iter__(value) if issubclass(t, frozenset) else set.__iter__(value))
+            budget[0] -= len(items)
+            if budget[0] < 0:
+                raise NotPlain(f"more than {MAX_PLAIN_ITEMS} elements")
+            return frozenset(_plain(v, depth + 1, budget) for v in items)
+    except NotPlain:
+        raise
+    except (TypeError, ValueError, OverflowError, RuntimeError) as err:   # a faked layout or item
+        raise NotPlain(f"{_kind(value)} ({type(err).__name__})") from None
+    raise NotPlain(f"{_kind(value)}")
+
+
+def _tensor_item(t: torch.Tensor) -> Any:
+    """The one value of ``t``, read with every torch function and dispatch mode switched off.
+
+    Raises:
+        NotPlain: ``t`` holds more or fewer than one element.
+    """
+    with torch._C.DisableTorchFunction(), _disable_current_modes():
+        if torch.Tensor.numel(t) != 1:
+            raise NotPlain(f"a tensor of shape {tuple(torch.Tensor.size(t))}, not one value")
+        return torch.Tensor.item(torch.Tensor.detach(t))
+
+
+def as_float(what: str, value: Any) -> float:
+    """The answer ``value`` as a finite Python float (see :func:`plain`).
+
+    Raises:
+        ExerciseFailed: no answer yet (None), a boolean, anything that is not one number, or a
+            number that is not finite; the sentence names ``what``.
+    """
+    if value is None or value is Ellipsis:
+        raise ExerciseFailed(f"✗ {what}: no answer yet (the value is {value!r}).")
+    try:
+        v = plain(value)
+    except NotPlain as err:
+        raise ExerciseFailed(f"✗ {what}: expected a number, got {err} (give a plain number).") from None
+    if isinstance(v, bool):
+        raise ExerciseFailed(f"✗ {what}: expected a number, got the boolean {v!r}.")
+    if not isinstance(v, (int, float)):
+        raise ExerciseFailed(f"✗ {what}: expected a number, got {type(v).__name__} {v!r:.60}.")
+    try:
+        v = float(v)
+    except OverflowError:
+        raise ExerciseFailed(f"✗ {what}: the answer is an integer too large for a float.") from None
+    if not math.isfinite(v):
+        raise ExerciseFailed(f"✗ {what}: the answer is {v}, not a finite number.")
+    return v
+
+
+def as_bool(what: str, value: Any) -> bool:
+    """``value`` as a Python bool: a ``bool``, a numpy bool or a one-element bool tensor.
+
+    Raises:
+        ExerciseFailed: anything else (an object with its own ``__bool__`` included); the
+            sentence names ``what``.
+    """
+    try:
+        v = plain(value)
+    except NotPlain as err:
+        v = err
+    if type(v) is not bool:
+        raise ExerciseFailed(f"✗ {what} (the check's condition is {_kind(value)}, not True or False).")
+    return v
+
+
+def as_tensor(what: str, value: Any, dtype: torch.dtype | None = None,
+              device: torch.device | str | None = None) -> torch.Tensor:
+    """The answer ``value`` (a ``torch.Tensor`` or numpy array) copied into a fresh contiguous
+    tensor of ``dtype`` on ``device`` (default: the answer's own), with no autograd history.
+
+    The copy is made with torch functions and dispatch modes switched off, so a tensor subclass
+    or a mode the answer left active cannot change what is copied.
+
+    Raises:
+        ExerciseFailed: ``value`` is not a tensor (of type ``torch.Tensor`` or
+            ``torch.nn.Parameter`` exactly) or a numpy array (``numpy.ndarray`` exactly).
+    """
+    t = type(value)
+    with torch._C.DisableTorchFunction(), _disable_current_modes():
+        if t is np.ndarray:
+            value = torch.from_numpy(np.array(value, copy=True))
+        elif t not in _TENSOR_TYPES:
+            raise ExerciseFailed(f"✗ {what}: expected a tensor, got {_kind(value)}.")
+        src = torch.Tensor.detach(value)
+        out = torch.empty(tuple(src.shape), dtype=dtype or src.dtype,
+                          device=device if device is not None else src.device)
+        out.copy_(src)
+    return out
+
+
+def _ledger_value(value: Any) -> Any:
+    """A plain value as JSON: tuples as lists, non-finite floats as ``{"f": "nan"}``, dicts as
+    ``{"d": [[key, value], ...]}`` and frozensets as ``{"s": [...]}`` (the grader reads them
+    back with the same meaning)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"f": repr(value)}
+    if isinstance(value, tuple):
+        return [_ledger_value(v) for v in value]
+    if isinstance(value, dict):
+        return {"d": [[_ledger_value(k), _ledger_value(v)] for k, v in value.items()]}
+    if isinstance(value, frozenset):
+        return {"s": [_ledger_value(v) for v in value]}
+    return value
 
 
 def _verdict(check: str, what: str, passed: bool, **inputs: Any) -> None:
-    """Append a check's verdict and the inputs it compared to the grader's ledger."""
-    _ledger({"check": check, "what": what, "passed": bool(passed),
-             "inputs": {k: _plain(v) for k, v in inputs.items()}})
+    """Append a check's verdict and the plain inputs it compared to the grader's ledger. An input
+    that is not plain data is recorded as ``{"unplain": <type>}``, which the grader cannot
+    re-check and so counts as a failure."""
+    out = {}
+    for k, v in inputs.items():
+        try:
+            out[k] = _ledger_value(plain(v))
+        except NotPlain:
+            out[k] = {"unplain": _kind(v)}
+    _ledger({"check": check, "what": str(what), "passed": passed is True, "inputs": out})
+
+
+#: set by the grader while it runs a lab's hidden tests in its own process (see :func:`in_kernel`)
+_IN_KERNEL: Callable[..., Any] | None = None
+
+
+def in_kernel(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, run where the student's code runs.
+
+    In a notebook this is the call itself. The grader runs a lab's hidden tests in its own
+    process, where no student code runs: there, each call to a student's function goes to the
+    student's kernel and only plain data comes back, and this helper sends a whole computation
+    there (``fn``, a function of perflab, with the notebook's objects as arguments: a student's
+    ``autograd.Function`` differentiated in the kernel, say). The result must be plain data or
+    tensors.
+    """
+    if _IN_KERNEL is not None:
+        return _IN_KERNEL(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
 
 
 def record(what: str, value: Any) -> None:
     """Append ``{"what": what, "value": value}`` to the grader's ledger (``$PERFLAB_GRADE_LOG``).
 
     The grader collects these as each exercise's measured numbers; outside the grader this does
-    nothing. Values that are not JSON numbers, strings or booleans are stored as their ``repr``.
+    nothing. A number that is not finite is stored as its ``repr`` (``"nan"``), a value that is
+    not a plain number, string or boolean as the name of its type (``"<Yes>"``).
     """
-    if not isinstance(value, (int, float, str, bool)) or isinstance(value, float) and not math.isfinite(value):
-        value = repr(value)
-    _ledger({"what": what, "value": value})
+    try:
+        v = plain(value)
+    except NotPlain:
+        v = None
+    if isinstance(v, float) and not math.isfinite(v):
+        v = repr(v)
+    elif not isinstance(v, (int, float, str, bool)):
+        v = f"<{_kind(value)}>"
+    _ledger({"what": str(what), "value": v})
 
 
 def short_errors() -> bool:
@@ -163,33 +373,26 @@ def _fmt(x: Any) -> str:
 
 
 def _number(name: str, value: Any) -> float:
-    if value is None or value is Ellipsis:
-        raise ExerciseFailed(f"✗ {name}: no answer yet (the value is {value!r}).")
-    if isinstance(value, bool):
-        raise ExerciseFailed(f"✗ {name}: expected a number, got the boolean {value!r}.")
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ExerciseFailed(f"✗ {name}: expected a number, got {type(value).__name__} {value!r}.") from None
-    if not math.isfinite(v):
-        raise ExerciseFailed(f"✗ {name}: the answer is {v}, not a finite number.")
-    return v
+    """:func:`as_float` (the name lab checks have used)."""
+    return as_float(name, value)
 
 
 def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: str = "") -> bool:
     """Pass when ``got`` is within relative tolerance ``rtol`` of ``expected``.
 
+    ``got`` is converted to a plain number first (:func:`as_float`).
+
     Raises:
         ExerciseFailed: wrong, missing or non-numeric answer.
         ValueError: ``rtol`` negative.
     """
+    g = as_float(what, got)
     if rtol < 0:
         raise ValueError(f"rtol must be >= 0, got {rtol}")
-    g = _number(what, got)
-    e = float(expected)
+    e = as_float(f"{what} (the expected value)", expected)
     record(what, g)
     passed = math.isclose(g, e, rel_tol=rtol, abs_tol=0.0 if e else 1e-12)
-    _verdict("close", what, passed, got=g, expected=e, rtol=rtol)
+    _verdict("close", what, passed, got=g, expected=e, rtol=float(rtol))
     if passed:
         print(f"✓ {what}: {_fmt(g)} is right.")
         return True
@@ -201,29 +404,48 @@ def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: 
 def check_choice(got: Any, expected: Any, what: str, choices: Iterable[Any] | None = None, hint: str = "") -> bool:
     """Pass when ``got == expected``; ``choices`` (if given) lists the valid answers.
 
+    ``got`` is converted to plain data first (:func:`plain`: a number, a string, True/False, or
+    tuples, dicts and sets of them; a list compares equal to the tuple of its elements), then
+    ``expected`` and ``choices``; only plain data are compared.
+
     Raises:
-        ExerciseFailed: wrong answer, or one that is not among ``choices``.
+        ExerciseFailed: an answer that is not plain data, wrong, or not among ``choices``.
     """
-    choices = list(choices) if choices is not None else None
-    valid = choices is None or got in choices
-    passed = valid and bool(got == expected)
-    _verdict("choice", what, passed, got=got, expected=expected, choices=choices)
+    try:
+        g = plain(got)
+    except NotPlain as err:
+        _verdict("choice", what, False, got=None, expected=None, choices=None, unplain=_kind(got))
+        raise ExerciseFailed(f"✗ {what}: the answer must be plain data (a number, a string, True or "
+                             f"False, or a tuple of them), got {err}.") from None
+    e = plain(expected)
+    options = tuple(plain(c) for c in choices) if choices is not None else None
+    valid = options is None or g in options
+    passed = valid and g == e
+    _verdict("choice", what, passed, got=g, expected=e, choices=options)
     if not valid:
-        raise ExerciseFailed(f"✗ {what}: {got!r} is not one of {choices}.")
+        raise ExerciseFailed(f"✗ {what}: {g!r} is not one of {list(options)}.")
     if passed:
-        print(f"✓ {what}: {got!r} is right.")
+        print(f"✓ {what}: {g!r} is right.")
         return True
-    raise ExerciseFailed(f"✗ {what}: got {got!r}, expected {expected!r}." + (f" Hint: {hint}" if hint else ""))
+    raise ExerciseFailed(f"✗ {what}: got {g!r}, expected {e!r}." + (f" Hint: {hint}" if hint else ""))
 
 
 def check_true(condition: bool, passed: str, failed: str) -> bool:
-    """Pass when ``condition`` holds; print ``passed`` or raise with ``failed`` (one sentence each).
+    """Pass when ``condition`` is True; print ``passed`` or raise with ``failed`` (one sentence each).
+
+    ``condition`` must be a boolean (:func:`as_bool`: ``bool``, a numpy bool or a one-element
+    bool tensor); anything else fails.
 
     Raises:
-        ExerciseFailed: ``condition`` is false.
+        ExerciseFailed: ``condition`` is false, or not a boolean.
     """
-    _verdict("true", passed, bool(condition), condition=bool(condition))
-    if condition:
+    try:
+        ok = as_bool(failed, condition)
+    except ExerciseFailed:
+        _verdict("true", passed, False, condition=False)
+        raise
+    _verdict("true", passed, ok, condition=ok)
+    if ok:
         print(f"✓ {passed}")
         return True
     raise ExerciseFailed(f"✗ {failed}")
@@ -232,20 +454,23 @@ def check_true(condition: bool, passed: str, failed: str) -> bool:
 def check_ratio_at_least(numerator: float, denominator: float, minimum: float, what: str) -> bool:
     """Pass when ``numerator / denominator >= minimum`` (both measured in the same run).
 
+    Both are converted to plain numbers first (:func:`as_float`).
+
     Raises:
         ExerciseFailed: the ratio is below ``minimum`` or an input is not a positive number.
     """
-    n = _number(what, numerator)
-    d = _number(what, denominator)
+    n = as_float(what, numerator)
+    d = as_float(what, denominator)
+    low = as_float(f"{what} (the required ratio)", minimum)
     if d <= 0 or n <= 0:
         raise ExerciseFailed(f"✗ {what}: both measurements must be positive, got {_fmt(n)} and {_fmt(d)}.")
     ratio = n / d
     record(what, ratio)
-    _verdict("ratio_at_least", what, ratio >= minimum, numerator=n, denominator=d, minimum=minimum)
-    if ratio >= minimum:
-        print(f"✓ {what}: ratio {_ratio(ratio)} ≥ {_ratio(minimum)}.")
+    _verdict("ratio_at_least", what, ratio >= low, numerator=n, denominator=d, minimum=low)
+    if ratio >= low:
+        print(f"✓ {what}: ratio {_ratio(ratio)} ≥ {_ratio(low)}.")
         return True
-    raise ExerciseFailed(f"✗ {what}: ratio {_ratio(ratio)} is below the required {_ratio(minimum)}.")
+    raise ExerciseFailed(f"✗ {what}: ratio {_ratio(ratio)} is below the required {_ratio(low)}.")
 
 
 def lab_needs(md: str | os.PathLike, cpu_runs: dict | None = None) -> dict[str, Any]:

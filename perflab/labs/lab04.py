@@ -3,29 +3,35 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 from perflab.core.timing import benchmark
-from perflab.labs.exercises import ExerciseFailed
+from perflab.labs.exercises import ExerciseFailed, as_float, plain, NotPlain
 from perflab.machine.costs import count_cost
 from perflab.profiling.mystery import MysteryStep, _ANSWERS, _EVIDENCE_KEYS, _digest
 from perflab.profiling.trace import REGIMES, regime
 from perflab.record.numbers import fmt
 
-__all__ = ["check_diagnosis"]
+__all__ = ["check_diagnosis", "time_fresh_call"]
 
 
 def _finite(name: str, evidence: dict, key: str) -> float:
     value = evidence.get(key)
     if value is None or value is Ellipsis:
         raise ExerciseFailed(f"✗ step {name}: evidence[{key!r}] has no value yet.")
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ExerciseFailed(f"✗ step {name}: evidence[{key!r}] must be a number, got {value!r}.") from None
-    if not math.isfinite(v) or v < 0:
+    v = as_float(f"step {name}: evidence[{key!r}]", value)
+    if v < 0:
         raise ExerciseFailed(f"✗ step {name}: evidence[{key!r}] = {v} is not a finite, non-negative number.")
     return v
+
+
+def time_fresh_call(timer: Callable, fn: Callable, state: dict, device: Any) -> float:
+    """Exercise 1's hidden test, run in the student's kernel: ``fn``'s costly first call made
+    fresh again (``state["initialised"] = False``), then ``timer(fn, device, warmup=2, reps=1)``,
+    the student's timer, as a plain float (seconds)."""
+    state["initialised"] = False
+    return as_float("honest_median's time", timer(fn, device, warmup=2, reps=1))
+
 
 def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_tolerance: float | None = None) -> bool:
     """Check a diagnosis of a mystery step: the regime and the evidence for it.
@@ -60,6 +66,10 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
     if not isinstance(evidence, dict):
         raise TypeError(f"evidence must be a dict, got {type(evidence).__name__}")
     name = step.name
+    try:
+        answer = plain(answer)
+    except NotPlain as err:
+        raise ExerciseFailed(f"✗ step {name}: the answer must be one of {list(REGIMES)}, got {err}.") from None
     if answer not in REGIMES:
         raise ExerciseFailed(f"✗ step {name}: the answer must be one of {list(REGIMES)}, got {answer!r}.")
     missing = [k for k in _EVIDENCE_KEYS if k not in evidence]

@@ -7,7 +7,7 @@ less work per image, not from a machine with more cores. Correctness checks read
 student's code produced: the batches of their loader on a *probe* data set whose images reveal
 crops, flips and normalization, thread counts, the bytes of a converted file.
 
-Everything a loader worker runs lives here or in :mod:`perflab.loading.datasets`, never in the notebook:
+Everything a loader worker runs lives here or in :mod:`perflab.loading`, never in the notebook:
 under the ``spawn`` and ``forkserver`` start methods (macOS and Windows; Linux from Python 3.14) a
 worker imports what it runs by name, and a notebook's functions cannot be found there.
 """
@@ -26,8 +26,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from perflab.core.timing import paired_ratio
-from perflab.labs.exercises import ExerciseFailed, check_ratio_at_least, not_done
-from perflab.loading import datasets as ds
+from perflab.labs.exercises import (ExerciseFailed, NotPlain, as_tensor, check_ratio_at_least, not_done,
+                                    plain)
+from perflab.loading.loaders import worker_thread_counts
+from perflab.loading.storage import JpegFolder, MemmapImages
+from perflab.loading.transforms import decode_resized
 
 __all__ = ["PROBE_IMAGES", "check_loader_speedup", "check_num_workers", "check_oversubscription",
            "check_storage_conversion", "make_probe_folder", "probe_properties",
@@ -86,6 +89,8 @@ def probe_properties(loader: DataLoader, epochs: int = 4) -> dict:
     for _ in range(epochs):
         order = []
         for x, y in loader:
+            # copies of plain tensors: a tensor subclass's own methods never run in the check
+            x, y = as_tensor("a batch's images", x), as_tensor("a batch's labels", y)
             out["shapes"].add(tuple(x.shape))
             out["dtypes"].add(x.dtype)
             x = x.float()
@@ -187,7 +192,11 @@ def check_oversubscription(total_threads, broken_init: Callable, fixed_init: Cal
     """
     if total_threads is None or fixed_init is None:
         not_done(2, "set total_threads and write fixed_init.")
-    broken = ds.worker_thread_counts(num_workers, broken_init)
+    try:
+        total_threads = plain(total_threads)
+    except NotPlain as err:
+        raise ExerciseFailed(f"✗ total_threads must be a number, got {err}.") from None
+    broken = worker_thread_counts(num_workers, broken_init)
     if total_threads != sum(broken.values()):
         raise ExerciseFailed(f"✗ total_threads is {total_threads!r}; {num_workers} workers with "
                              f"this init run {sum(broken.values())} threads in all.")
@@ -238,6 +247,11 @@ def check_num_workers(curve, choice, cores: int) -> int:
     """
     if curve is None or choice is None:
         not_done(3, "set curve and best_workers.")
+    try:
+        curve, choice = plain(curve), plain(choice)
+    except NotPlain as err:
+        raise ExerciseFailed(f"✗ curve and best_workers must be plain data (a dict of numbers, a number), "
+                             f"got {err}.") from None
     if not isinstance(curve, dict) or len(curve) < min(3, cores + 1):
         raise ExerciseFailed("✗ curve must be a dict {num_workers: images/s} with at least "
                              "three points (0, 1 and the number of cores).")
@@ -262,8 +276,8 @@ def check_num_workers(curve, choice, cores: int) -> int:
 def check_storage_conversion(path, files: Sequence, side: int, minimum: float = 3.0,
                              pairs: int = 5, batch: int = 16) -> float:
     """Exercise 4: ``path`` holds the images of ``files`` decoded and resized
-    (:func:`perflab.loading.datasets.decode_resized`) as raw uint8 ``(N, side, side, 3)`` with a
-    ``<path>.json`` that :class:`perflab.loading.datasets.MemmapImages` reads, and reading a batch from
+    (:func:`perflab.loading.transforms.decode_resized`) as raw uint8 ``(N, side, side, 3)`` with a
+    ``<path>.json`` that :class:`perflab.loading.storage.MemmapImages` reads, and reading a batch from
     it is at least ``minimum`` times faster than reading it from the JPEGs (paired blocks timed
     here, one process, one torch thread). Returns the speed-up.
 
@@ -284,12 +298,12 @@ def check_storage_conversion(path, files: Sequence, side: int, minimum: float = 
                              f"{path.stat().st_size:,} bytes.")
     mm = np.memmap(path, dtype=np.uint8, mode="r", shape=want)
     for i in sorted({0, len(files) // 3, len(files) // 2, len(files) - 1}):
-        diff = float(np.abs(mm[i].astype(np.int16) - ds.decode_resized(files[i], side)).mean())
+        diff = float(np.abs(mm[i].astype(np.int16) - decode_resized(files[i], side)).mean())
         if diff > 2.0:
             raise ExerciseFailed(
                 f"✗ image {i} differs from decode_resized(files[{i}], {side}) by {diff:.1f} "
                 "grey levels on average: store height x width x RGB (NHWC), in file order.")
-    jpeg, stored = ds.JpegFolder(files=files[:batch]), ds.MemmapImages(path)
+    jpeg, stored = JpegFolder(files=files[:batch]), MemmapImages(path)
     ratio, _ = paired_ratio(lambda: [jpeg[i] for i in range(len(jpeg))],
                             lambda: stored[list(range(batch))], "cpu", pairs=pairs,
                             cpu_threads=1)

@@ -9,8 +9,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
-from perflab.labs.exercises import ExerciseFailed, check_ratio_at_least, not_done
-from perflab.speed.techniques import same_losses
+from perflab.labs.exercises import ExerciseFailed, as_float, check_ratio_at_least, not_done
+from perflab.speed.tolerance import same_losses
 
 __all__ = ["blocking_copies", "check_async_copies", "check_same_and_faster", "multi_tensor",
            "sync_gain_threshold"]
@@ -41,7 +41,8 @@ def check_same_and_faster(what: str, slow_losses: Sequence[float], fast_losses: 
     if slow_losses is None or fast_losses is None or ratio is None:
         number = what.split(":")[0].replace("Exercise", "").strip() or "?"
         not_done(number, "run your version of the loop first (its result is still None)")
-    slow, fast = [float(v) for v in slow_losses], [float(v) for v in fast_losses]
+    fast = [as_float(f"{what}: your loop's loss", v) for v in list(fast_losses)]
+    slow = [as_float(f"{what}: the given loop's loss", v) for v in list(slow_losses)]
     if not fast or len(fast) != len(slow):
         raise ExerciseFailed(f"✗ {what}: expected {len(slow)} losses, got {len(fast)}.")
     if not all(math.isfinite(v) for v in fast):

@@ -14,7 +14,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from perflab.labs.exercises import ExerciseFailed, check_choice, check_close, check_true, not_done
+from perflab.labs.exercises import (ExerciseFailed, NotPlain, as_float, check_choice, check_close,
+                                    check_true, not_done, plain)
 from perflab.memory.allocator import freed_without_gc
 from perflab.memory.measure import max_relative_difference, peak_bytes, state_bytes
 from perflab.memory.model import BlockStackConfig
@@ -90,7 +91,7 @@ def check_peak_cut(make_model: Callable[[], nn.Module], baseline_step: Callable,
     if lean_step is None:
         raise not_done(2, "write lean_step")
     models, losses, peaks = [], [], []
-    for step in (baseline_step, lean_step):
+    for step in (lean_step, baseline_step):               # the student's first: no baseline exists yet
         m = make_model().to(device)
         o = torch.optim.Adam(m.parameters(), lr=1e-3)
         baseline_step(m, o, x, y)                         # the same warm-up for both
@@ -98,14 +99,13 @@ def check_peak_cut(make_model: Callable[[], nn.Module], baseline_step: Callable,
             peak, loss = peak_bytes(lambda: step(m, o, x, y), device)
         except NotImplementedError:
             raise not_done(2, "lean_step still raises NotImplementedError") from None
-        models.append(m)
-        losses.append(loss)
-        peaks.append(peak.peak)
-    if not isinstance(losses[1], (int, float)) and not (isinstance(losses[1], torch.Tensor)
-                                                        and losses[1].numel() == 1):
-        raise ExerciseFailed(f"✗ lean_step must return the batch's loss as a number, got {type(losses[1]).__name__}.")
+        if step is lean_step:
+            loss = as_float("lean_step's loss (return the batch's loss as a number)", loss)
+        models.insert(0, m)
+        losses.insert(0, loss)
+        peaks.insert(0, peak.peak)
     _diagnose_gradients(models[0], models[1])
-    base_loss, lean_loss = float(losses[0]), float(losses[1])
+    base_loss, lean_loss = as_float("baseline_step's loss", losses[0]), losses[1]
     check_true(abs(lean_loss - base_loss) <= loss_rtol * abs(base_loss),
                f"lean_step's loss {lean_loss:.4f} equals the baseline's.",
                f"lean_step returns the loss {lean_loss:.4f}, the baseline {base_loss:.4f}: "
@@ -136,6 +136,10 @@ def check_no_leak(fixed_cls: type | None, leaky_cls: type, size: int, device: to
     """
     if fixed_cls is None or cycle_attribute is None:
         raise not_done(3, "set cycle_attribute and write FixedMonitor")
+    try:
+        cycle_attribute = plain(cycle_attribute)
+    except NotPlain as err:
+        raise ExerciseFailed(f"✗ cycle_attribute must be an attribute's name, got {err}.") from None
     names = sorted(vars(leaky_cls(1)).keys())
     truth = _cycle_attribute(leaky_cls, names)
     check_choice(cycle_attribute, truth, "the attribute that closes the cycle", choices=names,
@@ -186,6 +190,11 @@ def check_largest_allocation(snapshot: dict, cfg: BlockStackConfig, batch: int,
     """
     if predicted_sizes is None or largest_bytes is None or largest_tensor is None:
         raise not_done(4, "set predicted_sizes, largest_bytes and largest_tensor")
+    try:
+        predicted_sizes, largest_tensor = plain(predicted_sizes), plain(largest_tensor)
+    except NotPlain as err:
+        raise ExerciseFailed(f"✗ predicted_sizes and largest_tensor must be plain data, got {err}.") from None
+    largest = as_float("the largest allocation's size (bytes)", largest_bytes)
     truth = block_tensor_bytes(cfg, batch)
     if not isinstance(predicted_sizes, dict) or set(predicted_sizes) != set(truth):
         raise ExerciseFailed(f"✗ predicted_sizes must map each of {sorted(truth)} to bytes.")
@@ -193,7 +202,7 @@ def check_largest_allocation(snapshot: dict, cfg: BlockStackConfig, batch: int,
         check_close(predicted_sizes[name], truth[name], f"predicted size of {name!r} (bytes)",
                     rtol=0.0, hint="elements from the shape, times 4 bytes per float32")
     big = largest_allocation(snapshot)
-    check_choice(int(largest_bytes), big["size"], "the largest allocation's size (bytes)",
+    check_choice(int(largest), big["size"], "the largest allocation's size (bytes)",
                  hint="look at every 'alloc' event of snapshot['device_traces'][0]")
     return check_choice(largest_tensor, name_allocation(big["size"], truth),
                         "the tensor it holds", choices=sorted(truth),

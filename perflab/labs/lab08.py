@@ -73,9 +73,9 @@ def check_allreduce_model(fn: Callable | None, exercise: int = 2) -> bool:
         raise ExerciseNotDone(exercise, "write allreduce_model(nbytes, busbw, world_size, alpha)")
     nbytes, busbw, alpha = 1e8, 100e9, 20e-6
     for n in (2, 3, 4, 8):
-        want = alpha + nbytes * 2 * (n - 1) / n / busbw
         got = _number(f"Exercise {exercise} (allreduce_model at {n} ranks)",
-                      fn(nbytes, busbw, n, alpha))
+                      fn(nbytes, busbw, n, alpha))      # the answer first, as plain data
+        want = alpha + nbytes * 2 * (n - 1) / n / busbw
         if not math.isclose(got, want, rel_tol=1e-6):
             hint = (" On two ranks the bus factor 2 (n-1)/n is 1: leaving it out shows only from "
                     "three ranks on." if n > 2 and math.isclose(got, alpha + nbytes / busbw,

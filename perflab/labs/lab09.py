@@ -10,7 +10,7 @@ import torch
 from perflab.core.timing import benchmark, paired_ratio
 from perflab.kernels.compiler import graph_breaks
 from perflab.kernels.custom_ops import axpby_eager
-from perflab.labs.exercises import ExerciseFailed, not_done
+from perflab.labs.exercises import ExerciseFailed, NotPlain, as_tensor, not_done, plain
 
 __all__ = ["check_fused_speedup", "check_graph_break_fixed", "check_precision_choice",
            "check_registered", "CPU_TIMING_NUMEL"]
@@ -34,8 +34,10 @@ def check_graph_break_fixed(original: Callable, fixed: Callable | None, *args,
     trials = [args] + [tuple(a * k if isinstance(a, torch.Tensor) and a.is_floating_point()
                              else a for a in args) for k in (-3.0, 0.05)]
     for trial in trials:
-        want, got = original(*trial), fixed(*trial)
-        if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+        got = fixed(*trial)                                 # the answer first, as a plain tensor
+        got = as_tensor(f"Exercise {exercise}: `fixed`'s result", got)
+        want = original(*trial)
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
             raise ExerciseFailed(f"✗ Exercise {exercise}: `fixed` returns a different result "
                                  "from the original.")
     found = graph_breaks(fixed, *args)
@@ -92,10 +94,9 @@ def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: flo
     x = torch.randn(numel, generator=g).to(dev)
     y = torch.randn(numel, generator=g).to(dev)
     with torch.no_grad():
-        got = fused(x, 1.5, y, -0.25)
+        got = as_tensor(f"Exercise {exercise}: your operator's result", fused(x, 1.5, y, -0.25))
         want = axpby_eager(x, 1.5, y, -0.25)
-        if not isinstance(got, torch.Tensor) or got.shape != want.shape or \
-                not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
+        if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
             raise ExerciseFailed(f"✗ Exercise {exercise}: your operator's result differs from "
                                  "1.5 * x - 0.25 * y.")
         if dev.type == "cpu":
@@ -175,6 +176,13 @@ def check_precision_choice(choice: str | None, seconds: dict | None, losses: dic
     """
     if choice is None or seconds is None or losses is None:
         not_done(exercise, "measure `seconds` and `losses` for each mode and set `choice`")
+    try:
+        choice, seconds, losses = plain(choice), plain(seconds), plain(losses)
+    except NotPlain as err:
+        raise ExerciseFailed(f"✗ Exercise {exercise}: `choice`, `seconds` and `losses` must be plain data "
+                             f"(a string, dicts of numbers), got {err}.") from None
+    if not isinstance(seconds, dict) or not isinstance(losses, dict):
+        raise ExerciseFailed(f"✗ Exercise {exercise}: `seconds` and `losses` must be dicts by mode.")
     if "fp32" not in seconds or "fp32" not in losses or set(seconds) != set(losses):
         raise ExerciseFailed(f"✗ Exercise {exercise}: `seconds` and `losses` need the same modes, "
                              "fp32 among them.")

@@ -33,8 +33,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from perflab.gpt2 import ladder as sr, model as gpt2, steps as gpt2_steps
-from perflab.labs.exercises import ExerciseFailed, record, require
+from perflab.gpt2.model import GPT, PADDED_VOCAB, GPTConfig, config
+from perflab.gpt2.rungs import RunResult, Rung
+from perflab.gpt2.steps import Forward
+from perflab.gpt2.train import batches, train
+from perflab.labs.exercises import ExerciseFailed, NotPlain, as_float, plain, record, require
 
 __all__ = ["ADAMW_FP32_BYTES", "PeakEstimate", "check_flops_per_token", "check_memory_cut",
            "reference_fraction", "reference_ladder",
@@ -49,7 +52,7 @@ _REFERENCE_CEILINGS = Path(__file__).resolve().parent.parent / "data" / "referen
 ADAMW_FP32_BYTES = {"weight": 4, "gradient": 4, "adam_m": 4, "adam_v": 4}
 
 
-def model_params(cfg: gpt2.GPTConfig, non_embedding: bool = True) -> int:
+def model_params(cfg: GPTConfig, non_embedding: bool = True) -> int:
     """Parameters of ``GPT(cfg)``, counted on the ``meta`` device (no memory, no time).
 
     ``non_embedding`` as in :meth:`perflab.gpt2.model.GPT.num_params` (the position embedding left
@@ -58,10 +61,10 @@ def model_params(cfg: gpt2.GPTConfig, non_embedding: bool = True) -> int:
     Raises:
         TypeError: ``cfg`` is not a :class:`perflab.gpt2.model.GPTConfig`.
     """
-    if not isinstance(cfg, gpt2.GPTConfig):
+    if not isinstance(cfg, GPTConfig):
         raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
     with torch.device("meta"):
-        model = gpt2.GPT(cfg)
+        model = GPT(cfg)
     return model.num_params(non_embedding=non_embedding)
 
 
@@ -90,15 +93,15 @@ def check_flops_per_token(fn: Callable[[int, int, int, int], float] | None) -> d
     require(1, flops_per_token=fn)
     out = {}
     for label, name, changes, T in _FLOP_CASES:
-        cfg = gpt2.config(name, **dict(changes))
+        cfg = config(name, **dict(changes))
         with torch.device("meta"):
-            model = gpt2.GPT(cfg)
+            model = GPT(cfg)
         n = model.num_params()
-        want = model.flops_per_token(T)
-        got = fn(n, cfg.n_layer, cfg.n_embd, T)
+        got = fn(n, cfg.n_layer, cfg.n_embd, T)           # the answer first, as a plain number
         if got is None or isinstance(got, bool):
             raise ExerciseFailed(f"✗ FLOPs per token of {label}: your function returned {got!r}.")
-        got = float(got)
+        got = as_float(f"FLOPs per token of {label}", got)
+        want = model.flops_per_token(T)
         record(f"flops per token, {label}", got)
         if abs(got - want) > 1e-3 * want:
             hint = ""
@@ -120,7 +123,7 @@ def check_flops_per_token(fn: Callable[[int, int, int, int], float] | None) -> d
 # ---------------------------------------------------------------------------------------------
 
 def check_static_memory(bytes_per_param: dict | None, predicted_static: float | None,
-                        cfg: gpt2.GPTConfig, rtol: float = 0.01) -> float:
+                        cfg: GPTConfig, rtol: float = 0.01) -> float:
     """Check the bytes per parameter of float32 AdamW training and the static bytes of ``cfg``.
 
     ``bytes_per_param`` maps each of ``"weight"``, ``"gradient"``, ``"adam_m"``, ``"adam_v"`` to
@@ -134,6 +137,11 @@ def check_static_memory(bytes_per_param: dict | None, predicted_static: float | 
             of Adam forgotten, or the weights counted in bfloat16).
     """
     require(2, bytes_per_param=bytes_per_param, predicted_static=predicted_static)
+    try:
+        bytes_per_param = plain(bytes_per_param)
+    except NotPlain as err:
+        raise ExerciseFailed(f"✗ bytes per parameter: give a plain dict of numbers, got {err}.") from None
+    got = as_float("static bytes", predicted_static)
     if not isinstance(bytes_per_param, dict) or set(bytes_per_param) != set(ADAMW_FP32_BYTES):
         raise ExerciseFailed(f"✗ bytes per parameter: give a dict with the keys "
                              f"{sorted(ADAMW_FP32_BYTES)}, got {bytes_per_param!r}.")
@@ -143,7 +151,6 @@ def check_static_memory(bytes_per_param: dict | None, predicted_static: float | 
                                  f"{bytes_per_param[part]!r}, expected {want} (float32).")
     total = model_params(cfg, non_embedding=False)
     want = total * sum(ADAMW_FP32_BYTES.values())
-    got = float(predicted_static)
     record("static bytes", got)
     if abs(got - want) > rtol * want:
         raise ExerciseFailed(f"✗ static bytes: got {got:.4g}, expected {want:.4g} "
@@ -179,25 +186,25 @@ def speedup_bar(fp32_flops: float, low_flops: float, share: float = 0.4,
     return max(floor, share * low_flops / fp32_flops)
 
 
-def speed_trials(base: sr.Rung, mine: sr.Rung, tokens: np.ndarray, device, steps: int = 3,
+def speed_trials(base: Rung, mine: Rung, tokens: np.ndarray, device, steps: int = 3,
                  warmup: int = 1, trials: int = 3) -> dict[str, Any]:
     """Train ``base`` and ``mine`` alternately ``trials`` times each; return what was measured.
 
     Alternating (base, mine, base, mine, ...) exposes both to the same spells of load, and the
     speedup is the ratio of the *fastest* trial of each (a machine's other work only ever slows
     a run down, so the fastest trial is the least disturbed one). Returns a dict: ``speedup``,
-    ``base`` and ``mine`` (the fastest :class:`perflab.gpt2.ladder.RunResult` of each, by
+    ``base`` and ``mine`` (the fastest :class:`perflab.gpt2.rungs.RunResult` of each, by
     tokens/s), ``ratios`` (each trial's own ``mine / base``, to show the spread).
 
     Raises:
-        ValueError: ``trials`` < 1 (and whatever :func:`perflab.gpt2.ladder.train` raises).
+        ValueError: ``trials`` < 1 (and whatever :func:`perflab.gpt2.train.train` raises).
     """
     if not isinstance(trials, int) or trials < 1:
         raise ValueError(f"trials must be a positive int, got {trials!r}")
     runs_b, runs_m, ratios = [], [], []
     for _ in range(trials):
-        b = sr.train(base, tokens, steps, device, warmup=warmup)
-        m = sr.train(mine, tokens, steps, device, warmup=warmup)
+        b = train(base, tokens, steps, device, warmup=warmup)
+        m = train(mine, tokens, steps, device, warmup=warmup)
         runs_b.append(b)
         runs_m.append(m)
         ratios.append(m.tokens_per_s / b.tokens_per_s)
@@ -207,7 +214,7 @@ def speed_trials(base: sr.Rung, mine: sr.Rung, tokens: np.ndarray, device, steps
             "base": best_b, "mine": best_m}
 
 
-def check_speedrun(base: sr.Rung, mine: sr.Rung | None, tokens: np.ndarray, device,
+def check_speedrun(base: Rung, mine: Rung | None, tokens: np.ndarray, device,
                    ceiling_flops: float, min_fraction: float, min_speedup: float,
                    steps: int = 3, warmup: int = 1, trials: int = 3) -> dict[str, Any]:
     """Check a faster rung: MFU against the machine's own matmul ceiling, and speedup.
@@ -228,8 +235,8 @@ def check_speedrun(base: sr.Rung, mine: sr.Rung | None, tokens: np.ndarray, devi
     if not ceiling_flops or ceiling_flops <= 0 or min_fraction <= 0 or min_speedup <= 0:
         raise ValueError(f"ceiling_flops, min_fraction and min_speedup must be positive, got "
                          f"{ceiling_flops}, {min_fraction}, {min_speedup}")
-    if not isinstance(mine, sr.Rung):
-        raise ExerciseFailed(f"✗ your rung: expected a perflab.gpt2.ladder.Rung (base.then(...)), "
+    if type(mine) is not Rung:
+        raise ExerciseFailed(f"✗ your rung: expected a perflab.gpt2.rungs.Rung (base.then(...)), "
                              f"got {type(mine).__name__}.")
     if mine.config().n_layer != base.config().n_layer or \
             mine.config().n_embd != base.config().n_embd or mine.seq_len != base.seq_len:
@@ -290,24 +297,24 @@ def _storage_key(t: torch.Tensor):
     return s.data_ptr(), s.nbytes()
 
 
-def peak_estimate(rung: sr.Rung, tokens: np.ndarray, device="cpu", seed: int = 0) -> PeakEstimate:
+def peak_estimate(rung: Rung, tokens: np.ndarray, device="cpu", seed: int = 0) -> PeakEstimate:
     """Estimate the peak memory of training ``rung``: static bytes + bytes saved for backward.
 
     Runs one micro-batch (``rung.batch`` sequences of ``rung.seq_len`` tokens from the start of
-    ``tokens``) forward through the model as :func:`perflab.gpt2.ladder.train` builds it (eager:
+    ``tokens``) forward through the model as :func:`perflab.gpt2.train.train` builds it (eager:
     ``rung.compile`` is ignored, since a compiled graph saves other tensors), with
     ``torch.autograd.graph.saved_tensors_hooks`` recording every tensor saved for the backward;
     tensors are counted once per storage, parameters left out (they are static). No backward runs.
     Gradient accumulation lowers the estimate through ``rung.batch`` (the micro-batch).
 
     Raises:
-        TypeError: ``rung`` is not a :class:`perflab.gpt2.ladder.Rung`.
+        TypeError: ``rung`` is not a :class:`perflab.gpt2.rungs.Rung`.
     """
-    if not isinstance(rung, sr.Rung):
+    if not isinstance(rung, Rung):
         raise TypeError(f"rung must be a Rung, got {type(rung).__name__}")
     device = torch.device(device)
     torch.manual_seed(seed)
-    model = gpt2.GPT(rung.config()).to(device)
+    model = GPT(rung.config()).to(device)
     params = list(model.parameters())
     n = sum(p.numel() for p in params)
     # the step in the backward frees each gradient at once only without accumulation: the
@@ -325,9 +332,9 @@ def peak_estimate(rung: sr.Rung, tokens: np.ndarray, device="cpu", seed: int = 0
             seen[key] = t.untyped_storage().nbytes()
         return t
 
-    fwd = gpt2_steps.Forward(model, rung.then(rung.name, compile=False, checkpoint=False,
-                                              graphs=False, step_graph=False))
-    x, y = next(sr.batches(tokens, rung.batch, rung.seq_len))
+    fwd = Forward(model, rung.then(rung.name, compile=False, checkpoint=False,
+                                   graphs=False, step_graph=False))
+    x, y = next(batches(tokens, rung.batch, rung.seq_len))
     x, y = x.to(device), y.to(device)
     before = {}
 
@@ -361,14 +368,14 @@ def peak_estimate(rung: sr.Rung, tokens: np.ndarray, device="cpu", seed: int = 0
                         recompute_bytes=int(recompute))
 
 
-def _peak(result: sr.RunResult, rung: sr.Rung, tokens, device) -> tuple[int, str]:
+def _peak(result: RunResult, rung: Rung, tokens, device) -> tuple[int, str]:
     if result.peak_bytes is not None:
         return result.peak_bytes, "peak allocated (torch.cuda.max_memory_allocated)"
     return peak_estimate(rung, tokens, device).total, \
         "estimated peak (static + saved for backward; a CPU has no allocator peak)"
 
 
-def check_memory_cut(base: sr.Rung, lean: sr.Rung | None, tokens: np.ndarray, device,
+def check_memory_cut(base: Rung, lean: Rung | None, tokens: np.ndarray, device,
                      max_ratio: float, steps: int = 3, warmup: int = 1,
                      rtol: float = 0.01) -> dict[str, Any]:
     """Check a leaner rung: same training (global batch, model, tokens, losses), lower peak.
@@ -389,8 +396,8 @@ def check_memory_cut(base: sr.Rung, lean: sr.Rung | None, tokens: np.ndarray, de
     require(4, lean_rung=lean)
     if not 0 < max_ratio <= 1:
         raise ValueError(f"max_ratio must be in (0, 1], got {max_ratio}")
-    if not isinstance(lean, sr.Rung):
-        raise ExerciseFailed(f"✗ your lean rung: expected a perflab.gpt2.ladder.Rung "
+    if type(lean) is not Rung:
+        raise ExerciseFailed(f"✗ your lean rung: expected a perflab.gpt2.rungs.Rung "
                              f"(base.then(...)), got {type(lean).__name__}.")
     if lean.config() != base.config() or lean.seq_len != base.seq_len:
         raise ExerciseFailed("✗ your lean rung trains another model or sequence length: the "
@@ -403,8 +410,8 @@ def check_memory_cut(base: sr.Rung, lean: sr.Rung | None, tokens: np.ndarray, de
     if lean.precision != base.precision:
         raise ExerciseFailed("✗ your lean rung changes the precision: that changes the losses; "
                              "keep the baseline's precision.")
-    b = sr.train(base, tokens, steps, device, warmup=warmup)
-    m = sr.train(lean, tokens, steps, device, warmup=warmup)
+    b = train(base, tokens, steps, device, warmup=warmup)
+    m = train(lean, tokens, steps, device, warmup=warmup)
     worst = float(np.max(np.abs(np.subtract(m.losses, b.losses)) / np.abs(b.losses)))
     bp, what = _peak(b, base, tokens, device)
     mp, _ = _peak(m, lean, tokens, device)
@@ -475,7 +482,7 @@ def reference_fraction(tokens_per_s: float | None, model: str = "124M", seq_len:
     value = (json.loads(p.read_text()).get("ceilings", {}).get(ceiling) or {}).get("value")
     if not value:
         return None
-    cfg = gpt2.config(model, vocab_size=gpt2.PADDED_VOCAB)
+    cfg = config(model, vocab_size=PADDED_VOCAB)
     with torch.device("meta"):
-        flops = gpt2.GPT(cfg).flops_per_token(seq_len)
+        flops = GPT(cfg).flops_per_token(seq_len)
     return float(tokens_per_s) * flops / value

@@ -17,12 +17,14 @@ the reuse distance is the working set, as the method requires. A per-row reducti
 would hit in cache whatever ``nbytes`` is. On a GPU that stride-0 reduction is instruction-bound,
 so :func:`read_bandwidth` times a contiguous ``x.sum()`` by its kernel durations instead, and
 :func:`fit_fixed_cost` / :func:`without_fixed_cost` take out the fixed cost of each short kernel.
-Units: bytes and bytes/s.
+:func:`beyond_cache_numel` sizes a host buffer that no cache holds (from the last-level cache the
+OS reports), for a copy that must stream from DRAM. Units: bytes and bytes/s.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -33,11 +35,13 @@ from matplotlib.ticker import FuncFormatter
 from perflab.core.fits import fit_line
 from perflab.core.progress import progress as show_progress
 from perflab.core.timing import benchmark
+from perflab.core.profiler import device_seconds_per_call
 from perflab.core.validate import integer, positive_int
-from perflab.profiling.trace import device_seconds_per_call
+from perflab.machine.cpu import cache_levels
 from perflab.record.plotting import style
 
 __all__ = [
+    "beyond_cache_numel",
     "FixedCostFit",
     "Step",
     "WorkingSetPoint",
@@ -133,7 +137,7 @@ def read_bandwidth(
     On a GPU the kernel differs: ``x.sum()`` of the contiguous buffer (the stride-0 view takes an
     unvectorized path there that cannot reach even HBM speed), repeated without flushing the L2,
     with the time taken as the kernels' own durations from the profiler
-    (:func:`perflab.profiling.trace.device_seconds_per_call`); ``total_bytes`` is not used. On a CPU,
+    (:func:`perflab.core.profiler.device_seconds_per_call`); ``total_bytes`` is not used. On a CPU,
     :func:`perflab.core.timing.benchmark`.
 
     Raises:
@@ -389,3 +393,34 @@ def plot_working_set(
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     return style(fig)
+
+
+def beyond_cache_numel(factor: float = 4.0, element_size: int = 4,
+                       minimum: int = 2**24, maximum: int = 2**28,
+                       sysfs: str | None = None) -> int:
+    """Elements per tensor for a host copy that streams from DRAM, not from the caches.
+
+    The last-level cache the OS reports (``perflab.machine.cpu.cache_levels``: size of one instance,
+    times the number of instances, ``os.cpu_count() / shared_by``) times ``factor``, divided
+    by ``element_size``, rounded up to a power of two, clipped to ``[minimum, maximum]``
+    (the maximum keeps a many-socket host within memory and time: 2**28 float32 is 1 GiB).
+    Without cache information from the OS, ``minimum``. ``sysfs`` points elsewhere, for tests.
+
+    Raises:
+        ValueError: ``factor`` < 1, a non-positive ``element_size`` or ``minimum``, or
+            ``maximum`` < ``minimum``.
+    """
+    if factor < 1:
+        raise ValueError(f"factor must be >= 1, got {factor}")
+    if element_size < 1 or minimum < 1:
+        raise ValueError(f"element_size and minimum must be >= 1, got {element_size}, {minimum}")
+    if maximum < minimum:
+        raise ValueError(f"maximum must be >= minimum, got {maximum} < {minimum}")
+    levels = cache_levels(sysfs)
+    if not levels:
+        return int(minimum)
+    last = max(levels, key=lambda c: (c.level, c.size_bytes))
+    instances = max(1, (os.cpu_count() or 1) // max(1, last.shared_by))
+    total = last.size_bytes * instances
+    numel = math.ceil(factor * total / element_size)
+    return min(int(maximum), max(int(minimum), 1 << (numel - 1).bit_length()))

@@ -64,11 +64,11 @@ from perflab.core import nvml
 from perflab.core.rounds import Spread, interleaved
 from perflab.core.telemetry import measure as _measure
 from perflab.core.timing import seconds_per_call
-from perflab.internals.overhead import beyond_cache_numel
+from perflab.machine.caches import beyond_cache_numel
 from perflab.machine import datasheets
 from perflab.machine.roofline import matmul_cost
-from perflab.record import ceilings as fmt
-from perflab.record.ceilings import CEILINGS_ENV, REFERENCE_PATH, SCHEMA, default_path
+from perflab.record.ceilings import (CEILINGS_ENV, REFERENCE_PATH, SCHEMA, default_path,
+                                     fingerprint, read, write)
 from perflab.record.provenance import environment, machine_id
 
 __all__ = ["CEILINGS_ENV", "HOST_COSTS", "Ceiling", "Ceilings", "NAMES", "REFERENCE_PATH",
@@ -311,7 +311,7 @@ def host_costs(rounds: int = 7, calls: int = 2000) -> dict[str, Spread]:
 
 
 def _fingerprint(machine: dict[str, Any], ident: dict[str, Any]) -> tuple:
-    return fmt.fingerprint(machine) + (ident.get("host_id"), tuple(ident.get("gpu_ids") or ()))
+    return fingerprint(machine) + (ident.get("host_id"), tuple(ident.get("gpu_ids") or ()))
 
 
 def stale_reason(doc: dict[str, Any] | None, run: str | None = None) -> str | None:
@@ -367,7 +367,7 @@ def measure_all(device: torch.device | str | None = None, quick: bool = False) -
     out: dict[str, Ceiling] = {}
     gpu = dev.type == "cuda"
     # a CPU's copy must stream from DRAM, not from its last-level cache: four times the cache
-    # the OS reports (perflab.internals.overhead.beyond_cache_numel), never less than the old sizes
+    # the OS reports (perflab.machine.caches.beyond_cache_numel), never less than the old sizes
     numel = ((2**28 if not quick else 2**26) if gpu else
              max(2**24 if not quick else 2**22, beyond_cache_numel(4.0, maximum=2**26)))
     src = torch.randn(numel, device=dev)
@@ -429,7 +429,7 @@ def load(path: str | os.PathLike | None = None, fresh: bool = False,
     """
     p = Path(path) if path is not None else default_path()
     if not fresh:
-        doc = fmt.read(p)
+        doc = read(p)
         if stale_reason(doc, run) is None:
             return _from_doc(doc, p)
     items = measure_all(quick=bool(quick))
@@ -437,7 +437,7 @@ def load(path: str | os.PathLike | None = None, fresh: bool = False,
                       .strftime("%Y-%m-%dT%H:%M:%SZ"), items=items, path=str(p),
                       gpu=gpu_facts(), machine_id=machine_id(), run=run,
                       host=host_costs(rounds=3 if quick else 7))
-    fmt.write(p, result.as_dict())
+    write(p, result.as_dict())
     return result
 
 

@@ -37,7 +37,7 @@ from perflab.machine import roofline
 from perflab.machine.datasheets import DATASHEETS
 from perflab.core.telemetry import Telemetry
 from perflab.record.numbers import fmt
-from perflab.record.plotting import finish, style
+from perflab.record.plotting import style
 
 __all__ = [
     "PRECISIONS",

@@ -1,4 +1,4 @@
-"""The GPU as a performance engineer sees it: its structure, its clocks, its math units, its waves.
+"""The GPU as a performance engineer sees it: its structure, its clocks, its math units.
 
 * :func:`properties` reads what the chip is (SMs, warps, caches, memory bus) through torch; how
   it is running right now (clocks, power, PCIe link, NVLinks) is :func:`perflab.core.nvml.readings`.
@@ -7,16 +7,14 @@
   cores; TF32, bf16, fp16 and fp8 on the tensor cores; one :func:`perflab.machine.roofline.matmul_rate`
   each) and :func:`elementwise_rate` the CUDA-core rate of a fused elementwise kernel, so the
   two kinds of math unit can be compared.
-* :func:`tile_count`, :func:`wave_count` and :func:`wave_sweep` show how a matrix product's grid of
-  output tiles maps onto the SMs in *waves*, and why run time grows in steps (wave quantization);
-  :func:`batch_wave_sweep` and :func:`fit_wave_width` do it with a batch of equal products, whose
-  kernel choice does not change along the sweep.
 * :func:`graph_copy_sweep` measures copy bandwidth against working-set size with many copies
   replayed from one CUDA graph (no launch gaps, a small per-kernel fixed cost), for the L2 / HBM
   comparison; :func:`graph_sum_sweep` does the same with ``torch.sum``, whose fixed cost per
   call says why a reduction is the poorer probe.
 * :func:`burst_and_sustained` times one matrix product briefly after a rest and for seconds back
   to back, each under :class:`perflab.core.telemetry.Telemetry`: the burst and the sustained rate.
+
+How a matrix product's tiles map onto the SMs in waves is :mod:`perflab.machine.waves`.
 
 Units: bytes, Hz, watts, FLOP/s, seconds.
 """
@@ -30,8 +28,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from perflab.core.device import has_gpu
-from perflab.core.fits import fit_line
+from perflab.core.device import need_gpu
 from perflab.core.progress import progress as show_progress
 from perflab.core.telemetry import Telemetry, TelemetrySummary, measure
 from perflab.core.timing import Stopwatch, event_timer, synchronize
@@ -39,32 +36,11 @@ from perflab.core.validate import integers, positive, positive_int
 from perflab.machine.caches import WorkingSetPoint
 from perflab.machine.costs import elementwise_cost
 from perflab.machine.roofline import SweepPoint, matmul_rate, repeat_multiply
-from perflab.profiling.trace import kernels_per_call
+from perflab.core.profiler import kernels_per_call
 
-__all__ = [
-    "BurstSustained",
-    "WaveFit",
-    "WaveWidthFit",
-    "batch_wave_sweep",
-    "burst_and_sustained",
-    "fit_wave_width",
-    "graph_copy_sweep",
-    "graph_sum_sweep",
-    "available_matmul_kinds",
-    "dram_bandwidth_from_clock",
-    "elementwise_rate",
-    "fit_waves",
-    "matmul_rates",
-    "properties",
-    "tile_count",
-    "wave_count",
-    "wave_sweep",
-]
-
-
-def _need_gpu(what: str) -> None:
-    if not has_gpu():
-        raise RuntimeError(f"{what} needs a CUDA GPU; this machine has none")
+__all__ = ["properties", "dram_bandwidth_from_clock", "available_matmul_kinds", "matmul_rates",
+           "elementwise_rate", "graph_copy_sweep", "graph_sum_sweep", "BurstSustained",
+           "burst_and_sustained"]
 
 
 def properties(index: int = 0) -> dict:
@@ -79,7 +55,7 @@ def properties(index: int = 0) -> dict:
         RuntimeError: no CUDA GPU.
         ValueError: ``index`` names a GPU this machine does not have.
     """
-    _need_gpu("properties()")
+    need_gpu("properties()")
     if not 0 <= index < torch.cuda.device_count():
         raise ValueError(f"index={index} but this machine has {torch.cuda.device_count()} GPU(s)")
     p = torch.cuda.get_device_properties(index)
@@ -176,256 +152,6 @@ def elementwise_rate(device: torch.device | str, numel: int,
     cost = elementwise_cost(x.numel(), repeat, x.dtype)
     return SweepPoint(repeat, m.seconds, cost.flops, cost.bytes, kernels), m.telemetry
 
-
-def tile_count(m: int, n: int, tile_m: int = 128, tile_n: int = 128) -> int:
-    """Output tiles of an ``m x n`` product cut into ``tile_m x tile_n`` tiles: ``ceil(m/tile_m) * ceil(n/tile_n)``.
-
-    A partly filled edge tile costs a whole tile: that is *tile quantization*.
-
-    Raises:
-        ValueError: a non-positive argument.
-    """
-    for name, v in (("m", m), ("n", n), ("tile_m", tile_m), ("tile_n", tile_n)):
-        positive_int(name, v)
-    return math.ceil(m / tile_m) * math.ceil(n / tile_n)
-
-
-def wave_count(tiles: int, sms: int, tiles_per_sm: int = 1) -> int:
-    """Waves needed to run ``tiles`` thread blocks on ``sms`` SMs holding ``tiles_per_sm`` each at once.
-
-    ``ceil(tiles / (sms * tiles_per_sm))``: one tile past a multiple of the machine's width costs a
-    whole extra wave (*wave quantization*; NVIDIA's "Matrix Multiplication Background" guide).
-
-    Raises:
-        ValueError: a non-positive argument.
-    """
-    for name, v in (("tiles", tiles), ("sms", sms), ("tiles_per_sm", tiles_per_sm)):
-        positive_int(name, v)
-    return math.ceil(tiles / (sms * tiles_per_sm))
-
-
-def wave_sweep(
-    device: torch.device | str,
-    m: int,
-    k: int,
-    ns: Sequence[int],
-    dtype: torch.dtype = torch.bfloat16,
-    progress: bool = False,
-) -> list[tuple[int, float]]:
-    """Time ``A[m,k] @ B[k,n]`` for each ``n`` in ``ns``: ``[(n, seconds)]``.
-
-    Each point is the median of 20 CUDA-event timings with the L2 flushed before each
-    (:func:`perflab.core.timing.event_timer`); 20 short products take milliseconds, so a sweep of a
-    hundred sizes takes about a second.
-
-    Raises:
-        RuntimeError: no CUDA GPU.
-        ValueError: empty ``ns`` or a non-positive size.
-    """
-    _need_gpu("wave_sweep")
-    ns = list(ns)
-    if not ns or min(ns) < 1 or m < 1 or k < 1:
-        raise ValueError(f"m, k and every n must be positive, got m={m}, k={k}, ns={ns[:3]}...")
-    dev = torch.device(device)
-    a = torch.randn(m, k, device=dev).to(dtype)
-    b_full = torch.randn(k, max(ns), device=dev).to(dtype)
-    iterator = show_progress(ns, "wave sweep", progress)
-    out = []
-    for n in iterator:
-        b = b_full[:, :n].contiguous()
-        out.append((n, event_timer(lambda: a @ b, dev, warmup=5, reps=20, flush=True).median_s))
-    return out
-
-
-@dataclass(frozen=True)
-class WaveFit:
-    """How well a staircase (time proportional to waves) explains a wave sweep, against a line.
-
-    Attributes:
-        tile: ``(tile_m, tile_n)`` of the best staircase.
-        staircase_rms: RMS relative residual of ``t = a + b * waves(n)``.
-        linear_rms: RMS relative residual of ``t = a + b * n`` (no quantization).
-        seconds_per_wave: the fitted ``b`` of the staircase.
-    """
-
-    tile: tuple[int, int]
-    staircase_rms: float
-    linear_rms: float
-    seconds_per_wave: float
-
-
-def fit_waves(
-    points: Sequence[tuple[int, float]],
-    m: int,
-    sms: int,
-    tiles: Sequence[tuple[int, int]] = ((128, 128), (128, 256), (256, 128), (64, 128)),
-) -> WaveFit:
-    """Fit a wave sweep's times with a staircase for each candidate tile shape and with a line.
-
-    For each ``(tile_m, tile_n)`` the model is ``t = a + b * wave_count(tile_count(m, n, tile_m,
-    tile_n), sms)``, fitted by least squares; the tile with the smallest RMS relative residual
-    wins (:func:`perflab.core.fits.fit_line`). A staircase residual well below the line's means wave quantization shapes the times;
-    similar residuals mean the library's choices (other tile shapes, split-K, stream-K) smooth it.
-
-    Raises:
-        ValueError: fewer than 4 points, a non-positive time, or an empty ``tiles``.
-    """
-    if len(points) < 4:
-        raise ValueError(f"need at least 4 points, got {len(points)}")
-    if not tiles:
-        raise ValueError("tiles must not be empty")
-    ns = [n for n, _ in points]
-    ts = [t for _, t in points]
-    if min(ts) <= 0:
-        raise ValueError("every time must be > 0 seconds")
-    linear_rms = fit_line(ns, ts).rms_relative
-    best = None
-    for tm, tn in tiles:
-        waves = [wave_count(tile_count(m, n, tm, tn), sms) for n in ns]
-        if len(set(waves)) < 2:
-            continue
-        fit = fit_line(waves, ts)
-        rms, slope = fit.rms_relative, fit.slope
-        if best is None or rms < best[1]:
-            best = ((tm, tn), rms, slope)
-    if best is None:
-        raise ValueError("the sweep spans a single wave for every tile shape: widen the range of n")
-    return WaveFit(best[0], best[1], linear_rms, best[2])
-
-
-# ---------------------------------------------------------------------------------------------
-# Waves with a batch of equal products
-# ---------------------------------------------------------------------------------------------
-
-def batch_wave_sweep(
-    device: torch.device | str,
-    m: int,
-    n: int,
-    k: int,
-    batches: Sequence[int],
-    dtype: torch.dtype = torch.bfloat16,
-    reps: int = 10,
-    progress: bool = False,
-) -> list[tuple[int, float]]:
-    """Time ``torch.bmm(A[b, m, k], B[b, k, n])`` for each batch count ``b``: ``[(b, seconds)]``.
-
-    Every product of the batch has the same shape, so the library's kernel (its tile shape) is
-    chosen for one ``m x n x k`` problem and only the number of thread blocks, ``b`` times the
-    tiles of one product, changes along the sweep: the time should climb one wave at a time.
-    Each point is the median of ``reps`` back-to-back calls timed with CUDA events after 3
-    warm-up calls (:func:`perflab.core.timing.event_timer`, no L2 flush: the host queues the calls
-    ahead, so launch overhead is hidden whenever a call lasts longer than a launch); on a CPU,
-    ``time.perf_counter`` (for tests).
-
-    Args:
-        device: where to run.
-        m, n, k: the shape of each product (positive).
-        batches: batch counts to time (positive).
-        dtype: operand dtype (bf16 runs on the tensor cores).
-        reps: timed calls per point (>= 1).
-
-    Raises:
-        ValueError: empty ``batches`` or a non-positive size.
-    """
-    batches = list(batches)
-    for name, v in (("m", m), ("n", n), ("k", k), ("reps", reps)):
-        positive_int(name, v)
-    integers("batches", batches)
-    dev = torch.device(device)
-    top = max(batches)
-    a_full = torch.randn(top, m, k, device=dev).to(dtype)
-    b_full = torch.randn(top, k, n, device=dev).to(dtype)
-    out = []
-    for b in show_progress(batches, "batch wave sweep", progress):
-        a, bb = a_full[:b], b_full[:b]
-        out.append((b, event_timer(lambda: torch.bmm(a, bb), dev, warmup=3, reps=reps).median_s))
-    return out
-
-
-@dataclass(frozen=True)
-class WaveWidthFit:
-    """The staircase that best explains a batch wave sweep, against a straight line.
-
-    Attributes:
-        items_per_wave: products of the batch that run at once (``sms x blocks per SM / tiles
-            per product``), the width of one step.
-        tile: ``(tile_m, tile_n)`` that width corresponds to.
-        blocks_per_sm: thread blocks resident per SM in that staircase.
-        staircase_rms: RMS relative residual of ``t = a + s * ceil(b / items_per_wave)``.
-        linear_rms: RMS relative residual of ``t = a + c * b`` (no quantization).
-        seconds_per_wave: the fitted ``s``.
-        fixed_s: the fitted ``a``.
-    """
-
-    items_per_wave: float
-    tile: tuple[int, int]
-    blocks_per_sm: int
-    staircase_rms: float
-    linear_rms: float
-    seconds_per_wave: float
-    fixed_s: float
-
-    def waves(self, batch: int) -> int:
-        """``ceil(batch / items_per_wave)``."""
-        return math.ceil(batch / self.items_per_wave - 1e-9)
-
-    def predict(self, batch: int) -> float:
-        """The staircase's time for ``batch`` products, seconds."""
-        return self.fixed_s + self.seconds_per_wave * self.waves(batch)
-
-
-def fit_wave_width(
-    points: Sequence[tuple[int, float]],
-    m: int,
-    n: int,
-    sms: int,
-    tiles: Sequence[tuple[int, int]] = ((128, 128), (128, 256), (256, 128), (64, 128), (128, 64)),
-    blocks_per_sm: Sequence[int] = (1, 2),
-) -> WaveWidthFit:
-    """Fit a batch wave sweep with a staircase for each candidate tile shape and occupancy.
-
-    A product of ``m x n`` cut into ``tile_m x tile_n`` tiles has ``tile_count(m, n, tile_m,
-    tile_n)`` thread blocks; ``sms x blocks_per_sm`` blocks run at once, so a wave holds
-    ``sms x blocks_per_sm / tiles`` products and ``b`` products need ``ceil(b / that)`` waves. The
-    staircase ``t = a + s x waves`` is fitted for each candidate (:func:`perflab.core.fits.fit_line`,
-    relative residuals), the best one wins, and a straight line ``t = a + c b`` is fitted for
-    comparison. A staircase residual well below the line's means the waves shape the times.
-
-    Raises:
-        ValueError: fewer than 4 points, a non-positive time or size, empty candidates, or a
-            sweep that spans a single wave for every candidate.
-    """
-    if len(points) < 4:
-        raise ValueError(f"need at least 4 points, got {len(points)}")
-    if not tiles or not blocks_per_sm:
-        raise ValueError("tiles and blocks_per_sm must not be empty")
-    for name, v in (("m", m), ("n", n), ("sms", sms)):
-        positive_int(name, v)
-    bs = [b for b, _ in points]
-    ts = [t for _, t in points]
-    if min(ts) <= 0:
-        raise ValueError("every time must be > 0 seconds")
-    linear = fit_line(bs, ts, relative=True)
-    best = None
-    for tm, tn in tiles:
-        for occ in blocks_per_sm:
-            width = sms * occ / tile_count(m, n, tm, tn)
-            waves = [math.ceil(b / width - 1e-9) for b in bs]
-            if len(set(waves)) < 2:
-                continue
-            fit = fit_line(waves, ts, relative=True)
-            if fit.slope > 0 and (best is None or fit.rms_relative < best[0].rms_relative):
-                best = (fit, width, (tm, tn), occ)
-    if best is None:
-        raise ValueError("the sweep spans a single wave for every candidate: widen the batches")
-    fit, width, tile, occ = best
-    return WaveWidthFit(width, tile, occ, fit.rms_relative, linear.rms_relative, fit.slope,
-                        fit.fixed)
-
-
-# ---------------------------------------------------------------------------------------------
-# Copy bandwidth against working set, from a CUDA graph
-# ---------------------------------------------------------------------------------------------
 
 def _replayer(fn, copies: int, dev: torch.device):
     """A callable that runs ``fn`` ``copies`` times: one CUDA-graph replay on a GPU, a loop on a
@@ -530,10 +256,6 @@ def graph_sum_sweep(
     """
     return _graph_sweep(device, sizes, target_s, reps, progress, "graph sum sweep", _sum_call)
 
-
-# ---------------------------------------------------------------------------------------------
-# Burst and sustained rates
-# ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class BurstSustained:

@@ -32,8 +32,7 @@ from perflab.core.telemetry import measure
 from perflab.core.timing import benchmark
 from perflab.core.validate import integer, positive, positive_int
 from perflab.machine.costs import Cost, arithmetic_intensity, elementwise_cost, matmul_cost
-from perflab.profiling.trace import kernels_per_call
-from perflab.record.plotting import finish, style
+from perflab.record.plotting import style
 
 __all__ = [
     "Cost",

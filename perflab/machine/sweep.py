@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from perflab.core.timing import benchmark
 from perflab.machine.roofline import SweepPoint
-from perflab.profiling.trace import kernels_per_call
+from perflab.core.profiler import kernels_per_call
 
 
 def times_two(x, repeat):

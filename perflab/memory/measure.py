@@ -36,6 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 # the memory timeline export's column order (a private table of torch.profiler)
 from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX
 
+from perflab.core.profiler import trace_events
 from perflab.core.timing import Stopwatch
 from perflab.internals.autograd import saved_tensors
 from perflab.memory.model import BlockStack, BlockStackConfig
@@ -130,14 +131,10 @@ class _NativeStderrSilenced:
 
 
 def _chrome_trace(fn: Callable[[], Any]) -> tuple[list[dict], Any]:
-    with tempfile.TemporaryDirectory(prefix="perflab_mem_") as tmp:
-        with _NativeStderrSilenced(), profile(activities=[ProfilerActivity.CPU],
-                                              profile_memory=True) as prof:
-            out = fn()
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text())["traceEvents"]
-    return events, out
+    with _NativeStderrSilenced(), profile(activities=[ProfilerActivity.CPU],
+                                          profile_memory=True) as prof:
+        out = fn()
+    return trace_events(prof), out
 
 
 def _cpu_memory_events(events: list[dict]) -> list[dict]:
@@ -280,10 +277,7 @@ def copy_profile(fn: Callable[[], Any]) -> dict[str, float]:
         sw = Stopwatch("cuda").start()
         fn()
         wall = sw.elapsed()
-    with tempfile.TemporaryDirectory(prefix="perflab_copies_") as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text()).get("traceEvents", [])
+    events = trace_events(prof)
     out = {"copy_s": 0.0, "copy_bytes": 0.0, "d2h_s": 0.0, "h2d_s": 0.0, "host_alloc_s": 0.0,
            "wall_s": wall}
     for e in events:

@@ -1,11 +1,7 @@
-"""Evidence from torch.profiler: how many kernels a call launches, and where a step's time goes.
+"""Evidence from torch.profiler: where a step's time goes, and which bottleneck that names.
 
-* :func:`kernels_per_call` counts the kernels (CPU: ATen compute operators) one call runs;
-  :func:`device_seconds_per_call` sums their device time; :func:`kernels_of` names them, with
-  their grids and blocks (which kernel ran, with which tiles); :func:`launch_api_seconds` is the
-  host time one call spends in the CUDA launch API.
-* :func:`load_trace`, :func:`trace_items`, :func:`summarize_trace` read the Chrome/Perfetto trace
-  that ``prof.export_chrome_trace`` writes: busy time, idle gaps between kernels, top kernels with
+* :func:`trace_items`, :func:`summarize_trace` read the Chrome/Perfetto trace that
+  ``prof.export_chrome_trace`` writes (:func:`perflab.core.profiler.load_trace`): busy time, idle gaps between kernels, top kernels with
   their achieved FLOP/s and bandwidth (costs from :func:`perflab.machine.costs.op_cost` on the recorded
   shapes).
 * :func:`operator_rows` takes the host's rows of ``prof.key_averages()`` as numbers, for a table
@@ -16,223 +12,26 @@
 What a computation *should* cost (FLOPs, bytes) is :mod:`perflab.machine.costs`; ``count_cost`` is
 re-exported here because chapter 4 and lab 4 teach it beside the profiler.
 
+Counting a call's kernels, its device time and its launch cost is :mod:`perflab.core.profiler`
+(the one profiler reader, which chapters 1 and 2 use before this chapter explains it).
+
 Times in traces are microseconds (the trace format's unit); rates are FLOP/s and bytes/s.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
-import os
-import tempfile
 from dataclasses import dataclass
-from typing import Callable
 
 import matplotlib.pyplot as plt
 import torch
-from torch.profiler import ProfilerActivity, profile
 
+from perflab.core.profiler import NOT_COMPUTE, load_trace, union
 from perflab.machine.costs import Cost, count_cost, op_cost
 from perflab.record.plotting import finish
 
-__all__ = [
-    "REGIMES",
-    "clock_normalized",
-    "device_seconds_per_call",
-    "KernelStats",
-    "TraceItem",
-    "TraceSummary",
-    "count_cost",
-    "KernelRecord",
-    "kernel_summary",
-    "kernels_of",
-    "kernels_per_call",
-    "launch_api_seconds",
-    "load_trace",
-    "OPERATOR_COLUMNS",
-    "operator_rows",
-    "plot_timeline",
-    "regime",
-    "short_name",
-    "step_windows",
-    "summarize_trace",
-    "trace_items",
-]
-
-# ATen calls that allocate, view or reshape metadata without touching every element.
-_NOT_COMPUTE = {
-    "aten::empty", "aten::empty_strided", "aten::as_strided", "aten::view", "aten::reshape",
-    "aten::_reshape_alias", "aten::resize_", "aten::detach", "aten::alias", "aten::lift_fresh",
-    "aten::empty_like", "aten::t", "aten::transpose", "aten::expand", "aten::unsqueeze",
-}
-
-
-def kernels_per_call(fn: Callable, *args, calls: int = 5, **kwargs) -> float:
-    """Average number of kernels one call of ``fn(*args, **kwargs)`` runs, read from torch.profiler.
-
-    On a GPU (any tensor argument on CUDA, or CUDA available and no tensor arguments) this counts
-    device kernels (memcpy and memset excluded): a fused ``torch.compile`` graph shows 1, eager
-    ``x*2*2`` shows 2. On a CPU there are no device kernels to count, so it counts ATen compute
-    operator calls instead (allocation and view operators excluded): eager code shows one per
-    operator, a fused Inductor C++ kernel shows 0.
-
-    Call ``fn`` once before this (compilation and warm-up would otherwise be profiled).
-
-    Raises:
-        ValueError: ``calls`` < 1.
-    """
-    if calls < 1:
-        raise ValueError(f"calls must be >= 1, got {calls}")
-    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
-    on_gpu = any(t.is_cuda for t in tensors) if tensors else torch.cuda.is_available()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    with profile(activities=activities) as prof:
-        for _ in range(calls):
-            fn(*args, **kwargs)
-        if on_gpu:
-            torch.cuda.synchronize()
-    events = prof.events()
-    if on_gpu:
-        n = sum(1 for e in events
-                if e.device_type == torch.autograd.DeviceType.CUDA
-                and not e.name.startswith(("Memcpy", "Memset", "[memory]")))
-    else:
-        n = sum(1 for e in events if e.name.startswith("aten::") and e.name not in _NOT_COMPUTE
-                and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
-    return n / calls
-
-
-# ---------------------------------------------------------------------------------------------
-# Counting a step's FLOPs and bytes by watching every ATen operator it runs
-# ---------------------------------------------------------------------------------------------
-
-def _profiled_calls(fn: Callable, args, kwargs, calls: int, warmup: int):
-    """The profiler's events (CPU and CUDA) of ``calls`` calls of ``fn``, after ``warmup``
-    unprofiled calls; the GPU is synchronized before and inside the profiled region."""
-    for _ in range(warmup):
-        fn(*args, **kwargs)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn(*args, **kwargs)
-        torch.cuda.synchronize()
-    return prof.events()
-
-
-def device_seconds_per_call(fn: Callable, *args, calls: int = 20, warmup: int = 3, **kwargs) -> float:
-    """Device (kernel) time of one call of ``fn(*args, **kwargs)`` on a GPU, in seconds, from CUPTI.
-
-    ``fn`` runs ``warmup`` times, then ``calls`` times under torch.profiler; the result is the sum
-    of the durations of the device kernels it launched (memcpy and memset excluded) divided by
-    ``calls``. Unlike a CUDA-event or host-clock timer this excludes launch gaps between kernels
-    and any host overhead, and nothing is flushed between calls, so data left in the L2 by one
-    call is there for the next: the tool for measuring cache-resident bandwidth.
-
-    Raises:
-        RuntimeError: no CUDA device, or the profiler recorded no kernel.
-        ValueError: ``calls`` < 1 or ``warmup`` < 0.
-    """
-    if not torch.cuda.is_available():
-        raise RuntimeError("device_seconds_per_call needs a CUDA GPU; this machine has none")
-    if calls < 1 or warmup < 0:
-        raise ValueError(f"calls must be >= 1 and warmup >= 0, got calls={calls}, warmup={warmup}")
-    events = _profiled_calls(fn, args, kwargs, calls, warmup)
-    kernels = [e for e in events
-               if e.device_type == torch.autograd.DeviceType.CUDA
-               and not e.name.startswith(("Memcpy", "Memset", "[memory]"))]
-    if not kernels:
-        raise RuntimeError("the profiler recorded no CUDA kernel for fn")
-    total_us = sum(e.time_range.end - e.time_range.start for e in kernels)
-    return total_us * 1e-6 / calls
-
-
-@dataclass(frozen=True)
-class KernelRecord:
-    """One kernel a call ran, as the profiler's trace records it.
-
-    Attributes:
-        name: the kernel's name (a cuBLAS name such as ``nvjet_sm90_tst_256x128_...`` carries
-            its tile; a Triton kernel names the operators it fused).
-        grid, block: launch dimensions ``(x, y, z)``, None when the trace lacks them.
-        blocks_per_sm: the trace's "blocks per SM" (grid blocks / SMs), None when absent.
-        duration_us: mean device time per launch, microseconds.
-        launches: how many times it ran per call.
-    """
-
-    name: str
-    grid: tuple[int, ...] | None
-    block: tuple[int, ...] | None
-    blocks_per_sm: float | None
-    duration_us: float
-    launches: float
-
-
-def kernels_of(fn: Callable, *args, calls: int = 3, **kwargs) -> list[KernelRecord]:
-    """The GPU kernels one call of ``fn(*args, **kwargs)`` runs, in launch order (first call),
-    with their grids, blocks and mean durations: which kernel ran, before a model of it is
-    fitted. Call ``fn`` once before (compilation and warm-up stay out).
-
-    Raises:
-        RuntimeError: no CUDA device, or the profiler recorded no kernel.
-        ValueError: ``calls`` < 1.
-    """
-    if not torch.cuda.is_available():
-        raise RuntimeError("kernels_of needs a CUDA GPU; this machine has none")
-    if calls < 1:
-        raise ValueError(f"calls must be >= 1, got {calls}")
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn(*args, **kwargs)
-        torch.cuda.synchronize()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        events = load_trace(path)
-    finally:
-        os.unlink(path)
-    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e),
-                     key=lambda e: float(e["ts"]))
-    if not kernels:
-        raise RuntimeError("the profiler recorded no CUDA kernel for fn")
-    order, groups = [], {}
-    for e in kernels:
-        if e["name"] not in groups:
-            order.append(e["name"])
-        groups.setdefault(e["name"], []).append(e)
-    dims = lambda v: tuple(int(x) for x in v) if isinstance(v, list) else None  # noqa: E731
-    out = []
-    for name in order:
-        g = groups[name]
-        a = g[0].get("args", {})
-        bps = a.get("blocks per SM")
-        out.append(KernelRecord(name, dims(a.get("grid")), dims(a.get("block")),
-                                float(bps) if bps is not None else None,
-                                sum(float(e["dur"]) for e in g) / len(g), len(g) / calls))
-    return out
-
-
-def launch_api_seconds(fn: Callable, *args, calls: int = 200, **kwargs) -> tuple[float, float]:
-    """Host seconds one call of ``fn`` spends inside the CUDA launch API (``cudaLaunchKernel``,
-    ``cudaLaunchKernelExC``, ``cuLaunchKernel``), and how many launches it makes, from the
-    profiler's CPU timeline: ``(seconds per call, launches per call)``. The profiler's own cost
-    lands outside these events, so this is the launch path itself. (0.0, 0.0) on a call that
-    launches nothing.
-
-    Raises:
-        RuntimeError: no CUDA device.
-        ValueError: ``calls`` < 1.
-    """
-    if not torch.cuda.is_available():
-        raise RuntimeError("launch_api_seconds needs a CUDA GPU; this machine has none")
-    if calls < 1:
-        raise ValueError(f"calls must be >= 1, got {calls}")
-    events = _profiled_calls(fn, args, kwargs, calls, warmup=1)
-    launches = [e for e in events
-                if e.name.startswith(("cudaLaunchKernel", "cuLaunchKernel"))]
-    total_us = sum(e.time_range.end - e.time_range.start for e in launches)
-    return total_us * 1e-6 / calls, len(launches) / calls
+__all__ = ["count_cost", "TraceItem", "trace_items", "step_windows", "KernelStats", "TraceSummary",
+           "summarize_trace", "short_name", "REGIMES", "regime", "clock_normalized",
+           "kernel_summary", "OPERATOR_COLUMNS", "operator_rows", "plot_timeline"]
 
 
 @dataclass(frozen=True)
@@ -259,32 +58,6 @@ class TraceItem:
     def end_us(self) -> float:
         """End time, microseconds."""
         return self.ts_us + self.dur_us
-
-
-def load_trace(source) -> list[dict]:
-    """The event list of a Chrome trace exported by ``torch.profiler`` (``export_chrome_trace``).
-
-    Args:
-        source: a path to a ``.json`` or ``.json.gz`` file, or the already-parsed dict.
-
-    Returns:
-        list of event dicts (``traceEvents``).
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: the JSON has no ``traceEvents`` list.
-    """
-    if isinstance(source, dict):
-        data = source
-    else:
-        path = os.fspath(source)
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rt") as f:
-            data = json.load(f)
-    events = data.get("traceEvents") if isinstance(data, dict) else None
-    if not isinstance(events, list):
-        raise ValueError("source is not a Chrome trace: no 'traceEvents' list")
-    return events
 
 
 def _ext_id(args: dict):
@@ -346,7 +119,7 @@ def trace_items(events: list[dict]) -> list[TraceItem]:
                 if start < open_end:  # inside the current outermost aten op
                     continue
                 open_end = end
-                if e["name"] in _NOT_COMPUTE:
+                if e["name"] in NOT_COMPUTE:
                     continue
                 a = e.get("args", {})
                 items.append(TraceItem(e["name"], start, float(e["dur"]), e["name"],
@@ -362,16 +135,6 @@ def step_windows(events: list[dict]) -> list[tuple[float, float]]:
            if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
            and e.get("cat") in ("user_annotation", "cpu_op", "python_function")]
     return sorted(out)
-
-
-def _union(intervals):
-    merged = []
-    for s, e in sorted(intervals):
-        if merged and s <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([s, e])
-    return merged
 
 
 @dataclass(frozen=True)
@@ -487,7 +250,7 @@ def summarize_trace(source, top: int = 5) -> TraceSummary:
     if not items:
         raise ValueError("the trace has no kernels or ATen operators to analyse "
                          "(profile with record_shapes=True and at least one active step)")
-    merged = _union([(max(i.ts_us, start), min(i.end_us, end)) for i in overlapping])
+    merged = union([(max(i.ts_us, start), min(i.end_us, end)) for i in overlapping])
     busy = sum(e - s for s, e in merged)
     gaps = tuple(b[0] - a[1] for a, b in zip(merged, merged[1:]))
     groups: dict = {}

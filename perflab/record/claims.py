@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from perflab.core.rounds import Spread
-from perflab.record.formatting import sig
+from perflab.record.numbers import sig
 from perflab.record.provenance import glue, read_glued
 
 __all__ = ["BOUNDS", "EXPECT_PREFIX", "MAX_BAND_FACTOR", "VERDICT_MIME", "Sentence", "Verdict",

@@ -17,6 +17,13 @@ One formatter for every number a reader sees (prose through glue, tables, printe
 has significant ones. :data:`BAD_SHAPES` are the shapes a person would not write ("+0.00 %",
 "0.0e+00", "2.05e+03 MiB", "734,577,152 bytes", "5.105e+05"): ``fmt`` never produces them, and
 the book's tests reject them on every built page (tests/test_reader.py).
+
+Beside ``fmt``: :func:`sig` keeps a fixed count of significant digits with thousands separators
+("1,230", "0.0120"; the tables of chapters 5-7 and the check sentences of
+:mod:`perflab.record.claims`), :func:`nbytes` writes bytes in binary units with it ("1.50 GiB"),
+:func:`fmt_small` writes a number that may be tiny (a rounding difference, a tolerance) with a
+power of ten below 0.001 ("4.5 × 10⁻⁷"), and :func:`power10` any number beyond a unit prefix
+("3.15 × 10²³").
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from __future__ import annotations
 import math
 import numbers as _numbers
 
-__all__ = ["BAD_SHAPES", "fmt"]
+__all__ = ["BAD_SHAPES", "fmt", "fmt_small", "nbytes", "power10", "sig"]
 
 # Shapes of numbers a person would not write, as regular expressions over the text a reader
 # reads (the look-behinds keep identifiers out: "arXiv:1604.06174", versions, URLs).
@@ -127,3 +134,97 @@ def fmt(value: float, unit: str = "", sig: int = 3, signed: bool = False) -> str
         return f"{sign}{mantissa} {prefix}{unit}"
     mantissa, prefix = _scaled(value, _COUNT, sig)
     return f"{sign}{mantissa}{prefix}" + (f" {unit}" if unit else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# fixed significant digits (the tables of chapters 5-7 and the sentences of record.claims), and
+# numbers beyond any unit prefix, written with a power of ten
+
+_BYTE_UNITS = ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
+
+
+def _check(x: float, digits: int) -> None:
+    if digits < 1:
+        raise ValueError(f"digits must be >= 1, got {digits}")
+    if not math.isfinite(x):
+        raise ValueError(f"x must be finite, got {x}")
+
+
+def sig(x: float, digits: int = 3, unit: str = "") -> str:
+    """``x`` with ``digits`` significant digits, thousands separated, no exponent below 1e15:
+    ``sig(1234.5) == "1,230"``, ``sig(0.012345) == "0.0123"``, ``sig(0) == "0"``.
+
+    Raises:
+        ValueError: ``x`` not finite or ``digits`` < 1.
+    """
+    _check(x, digits)
+    if x == 0:
+        text = "0"
+    else:
+        decimals = digits - 1 - math.floor(math.log10(abs(x)))
+        text = f"{round(x, decimals):,.{max(decimals, 0)}f}"
+    return f"{text} {unit}".rstrip() if unit else text
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def fmt_small(x: float, digits: int = 2) -> str:
+    """A number that may be tiny (a rounding difference, a tolerance) as a person writes it:
+    ``fmt_small(4.5e-7) == "4.5 × 10⁻⁷"``, ``fmt_small(0.0123) == "0.012"``,
+    ``fmt_small(0) == "0"``; never
+    ``4.5e-07`` or ``0.00000045``.
+
+    Raises:
+        ValueError: ``x`` not finite or ``digits`` < 1.
+    """
+    _check(x, digits)
+    if x == 0 or abs(x) >= 1e-3:
+        return sig(x, digits)
+    mantissa, exponent = _decompose(x, digits)
+    return _times_ten(f"{mantissa:.{digits - 1}f}", exponent)
+
+
+def _decompose(x: float, digits: int) -> tuple[float, int]:
+    """``(mantissa, exponent)`` with ``x == mantissa × 10**exponent``, the mantissa rounded to
+    ``digits`` significant digits and in [1, 10) in magnitude (``x`` non-zero)."""
+    exponent = math.floor(math.log10(abs(x)))
+    mantissa = round(x / 10**exponent, digits - 1)
+    if abs(mantissa) >= 10:
+        mantissa, exponent = mantissa / 10, exponent + 1
+    return mantissa, exponent
+
+
+def _times_ten(head: str, exponent: int) -> str:
+    return f"{head} × 10{str(exponent).translate(_SUPERSCRIPT)}"
+
+
+def power10(x: float, digits: int = 3) -> str:
+    """``x`` written with a power of ten, as a person writes a number too large or too small
+    for a unit prefix (a training run's FLOPs, a float format's range):
+    ``power10(3.15e23) == "3.15 × 10²³"``, ``power10(3.4028e38, 2) == "3.4 × 10³⁸"``,
+    ``power10(1.1755e-38) == "1.18 × 10⁻³⁸"``, ``power10(1e6) == "1 × 10⁶"``; at most
+    ``digits`` significant digits, trailing zeros dropped, ``power10(0) == "0"``. Never
+    ``3.15e+23``. Unlike :func:`fmt_small`, the power of ten is written whatever the size.
+
+    Raises:
+        ValueError: ``x`` not finite or ``digits`` < 1.
+    """
+    _check(x, digits)
+    if x == 0:
+        return "0"
+    mantissa, exponent = _decompose(x, digits)
+    head = f"{mantissa:.{digits - 1}f}"
+    if "." in head:
+        head = head.rstrip("0").rstrip(".")
+    return _times_ten(head, exponent)
+
+
+def nbytes(n: float, digits: int = 3) -> str:
+    """Bytes in the largest binary unit that keeps the value at or above 1: ``"1.50 GiB"``,
+    ``"32.0 MiB"``, ``"512 B"``; negative values keep their sign."""
+    mag = abs(n)
+    for size, unit in _BYTE_UNITS:
+        if mag >= size:
+            return sig(n / size, digits, unit)
+    return sig(n, digits, "B")

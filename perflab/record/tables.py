@@ -15,10 +15,20 @@ first column made a name (``"fp32 eager"`` -> ``fp32_eager``). Prose quotes a ce
 ``{glue:text}`gpt2_speed_fp32_eager_tokens_per_s_text``` and tests read the numbers back with
 :func:`perflab.record.provenance.read_glued`. It returns None, so the table is shown once even on a
 cell's last line.
+
+Two more calls of the same kind, so that a bookkeeping cell is the idea plus one line:
+
+* :func:`glue_many` glues every field of one result (a dict, or a dataclass such as a run's
+  result) under ``<prefix>_<field>``, and the fields given a unit also as text
+  (``<prefix>_<field>_text``, written by ``fmt``);
+* :func:`glue_table` glues (and shows) a table whose cells are already text, under one name, for
+  ``{glue:md}`name``` in the prose.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import numbers
 import re
 from dataclasses import dataclass
@@ -27,7 +37,7 @@ from typing import Any, Mapping, Sequence
 from perflab.record.numbers import fmt
 from perflab.record.provenance import glue
 
-__all__ = ["Column", "markdown", "show"]
+__all__ = ["Column", "glue_many", "glue_table", "markdown", "show", "text_table"]
 
 
 @dataclass(frozen=True)
@@ -117,3 +127,94 @@ def show(rows: Sequence[Mapping | Sequence], columns: Sequence[Column | str | tu
                     glue(base, value)
                 glue(base + "_text", c.text(value))
     display(Markdown(markdown(rows, cols)))
+
+
+def glue_many(prefix: str, values: Mapping[str, Any] | Any, units: Mapping[str, str] | None = None,
+              sig: int = 3) -> None:
+    """Glue every field of one result in one call::
+
+        glue_many("gpt2_plain", {"step_s": plain.step_s, "mfu": mfu, "rung": plain.rung["name"]},
+                  units={"step_s": "s", "mfu": "%"})
+        # prose: {glue:text}`gpt2_plain_mfu_text` ("53.2 %"); tests and labs: gpt2_plain_mfu
+
+    ``values`` is a mapping or a dataclass instance (its fields, in order). Each entry is glued
+    under ``<prefix>_<key>`` (the key made a name as :func:`show` makes one: ``"fp32 eager"`` ->
+    ``fp32_eager``); a number whose key ``units`` names is also glued as text,
+    ``<prefix>_<key>_text`` = :func:`perflab.record.numbers.fmt` ``(value, unit, sig)``. A None is
+    skipped (a quantity this run did not measure, as :func:`show` leaves its cell empty). Returns
+    None, so the cell shows nothing.
+
+    Raises:
+        ValueError: ``prefix`` not an identifier; a value that is not a number, a string, a bool
+            or None (a list or a table: use :func:`show` or :func:`glue_table`); a unit for a key
+            that ``values`` lacks; two keys with the same name; a number that is not finite.
+    """
+    if not (isinstance(prefix, str) and prefix.isidentifier()):
+        raise ValueError(f"prefix must be a Python identifier, got {prefix!r}")
+    if dataclasses.is_dataclass(values) and not isinstance(values, type):
+        values = {f.name: getattr(values, f.name) for f in dataclasses.fields(values)}
+    if not isinstance(values, Mapping):
+        raise ValueError(f"values must be a mapping or a dataclass instance, got "
+                         f"{type(values).__name__}")
+    units = dict(units or {})
+    unknown = sorted(set(units) - set(values))
+    if unknown:
+        raise ValueError(f"units names keys that values lacks: {unknown}")
+    names = {key: _name(key) for key in values}
+    if len(set(names.values())) != len(names):
+        raise ValueError(f"two keys share a name ({sorted(names.values())}): their glues would "
+                         "collide")
+    plain = {}
+    for key, value in values.items():          # every value checked before anything is glued
+        if value is None:
+            continue
+        if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+            value = value.item()               # a numpy or torch scalar
+        if not isinstance(value, (numbers.Real, str)):
+            raise ValueError(f"values[{key!r}] is a {type(value).__name__}: glue_many glues "
+                             "numbers and strings (a table: show or glue_table)")
+        if key in units and isinstance(value, (str, bool)):
+            raise ValueError(f"units[{key!r}]: values[{key!r}] is not a number")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"values[{key!r}] is {value}: the measurement failed")
+        plain[key] = value
+    for key, value in plain.items():
+        base = f"{prefix}_{names[key]}"
+        glue(base, value)
+        if key in units:
+            glue(base + "_text", fmt(value, units[key], sig))
+
+
+def text_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
+    """A Markdown table of cells already written as text: ``columns`` headers, ``rows`` of cells
+    (``str(cell)`` each), and ``align`` one letter per column (``l`` or ``r``; default: the
+    first column left, the rest right). :func:`markdown` is the one that formats numbers.
+
+    Raises:
+        ValueError: a row of another length than ``columns``, or a bad ``align``.
+    """
+    align = align or "l" + "r" * (len(columns) - 1)
+    if len(align) != len(columns) or set(align) - {"l", "r"}:
+        raise ValueError(f"align must be one l or r per column, got {align!r}")
+    lines = ["| " + " | ".join(columns) + " |",
+             "|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|"]
+    for k, row in enumerate(rows):
+        if len(row) != len(columns):
+            raise ValueError(f"row {k} has {len(row)} cells for {len(columns)} columns")
+        lines.append("| " + " | ".join(str(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+def glue_table(name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+               align: str | None = None):
+    """Build :func:`text_table`'s table, glue it under ``name`` (for ``{glue:md}`name```) and
+    return it as an IPython ``Markdown`` object.
+
+    Raises:
+        ValueError: what :func:`text_table` or :func:`perflab.record.provenance.glue` raise.
+    """
+    from IPython.display import Markdown  # optional (the `book` extra): only notebooks glue tables
+
+    table = Markdown(text_table(columns, rows, align))
+    glue(name, table)
+    return table

@@ -7,7 +7,6 @@ CPU operators, blocking copies), measured with :mod:`perflab.core.timing` and
 * :func:`device_busy`: from torch.profiler (CUPTI), the time the GPU spends per call in kernels,
   in copies, and in either (the union of the two, so a copy that runs under a kernel on another
   stream counts once), with the number of kernels;
-* :func:`union_seconds`: the union of intervals, the arithmetic of :func:`device_busy`;
 * :func:`syncs_per_call`: how many times a call makes the host wait for the GPU, from PyTorch's
   sync debug mode on a GPU (the ground truth) or from the Python-level calls on a CPU
   (:func:`perflab.internals.hostsync.count_host_syncs`, a lower bound).
@@ -17,36 +16,17 @@ Units: seconds; counts per call.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from perflab.core.profiler import union
 from perflab.core.timing import synchronize
 from perflab.core.validate import positive_int
 from perflab.internals import hostsync
 
-__all__ = ["device_busy", "syncs_per_call", "union_seconds"]
-
-
-def union_seconds(intervals: Iterable[tuple[float, float]]) -> float:
-    """Total length covered by ``intervals`` (``(start, end)`` pairs, any one unit), overlapping
-    stretches counted once.
-
-    Raises:
-        ValueError: an interval that ends before it starts.
-    """
-    total, last_end = 0.0, None
-    for start, end in sorted(intervals):
-        if end < start:
-            raise ValueError(f"interval ends before it starts: ({start}, {end})")
-        if last_end is None or start > last_end:
-            total += end - start
-            last_end = end
-        elif end > last_end:
-            total += end - last_end
-            last_end = end
-    return total
+__all__ = ["device_busy", "syncs_per_call"]
 
 
 def device_busy(fn: Callable[[], Any], calls: int = 3, warmup: int = 1) -> dict[str, float]:
@@ -90,7 +70,7 @@ def device_busy(fn: Callable[[], Any], calls: int = 3, warmup: int = 1) -> dict[
         raise RuntimeError("the profiler recorded no device activity for fn")
     return {"kernels_s": sum(b - a for a, b in kernels) / calls,
             "copies_s": sum(b - a for a, b in copies) / calls,
-            "busy_s": union_seconds(kernels + copies) / calls,
+            "busy_s": sum(b - a for a, b in union(kernels + copies)) / calls,
             "kernels": len(kernels) / calls, "copies": len(copies) / calls}
 
 

@@ -1,18 +1,23 @@
-"""Tampering checks for ``scripts/grade.py``: what a submission changed inside its own kernel.
+"""Tampering checks for the grader: what a submission changed inside its own kernel.
 
 A lab's checks run in the student's kernel (they time the student's code, hook its autograd,
 call its functions), so code the student wrote runs in the same process as the checks and can
-replace them. This module cannot prevent that; it *detects* the known ways and names them:
+replace them. This module cannot prevent that; it *detects* it and names what changed:
 
-* the check functions and everything else in ``perflab`` (module functions and class methods),
-  ``builtins``, ``math``, ``statistics``, ``time``, ``torch`` (top level and ``torch.Tensor``)
-  and the IPython/ipykernel classes that run a cell and report its errors: replaced, or their
-  code, defaults or closures swapped;
-* the kernel's error handling: ``sys.excepthook``, trace and profile hooks, the shell's custom
-  exception handler (only ``perflab.labs.exercises.short_errors`` may set one), input and AST
-  transformers, event callbacks, methods overridden on the shell, kernel or session objects;
-* names the lab's own cells bound to those objects (``check_close``, ``perflab``, ``torch``)
-  rebound by a student cell.
+* every module of perflab (all of them imported before any student code runs, so none is
+  "new" later), ``builtins`` (``__import__`` included), ``math``, ``statistics``, ``time``,
+  ``json``, ``copy``, ``gc``, ``tracemalloc``, ``numpy``, ``torch`` (top level, ``torch.Tensor``),
+  ``torch.autograd`` and its ``function``, ``graph`` and ``gradcheck`` modules,
+  ``torch.nn.functional``, ``torch.overrides``, ``torch.utils._python_dispatch``, and the
+  IPython/ipykernel classes that run a cell and report its errors: a function or method
+  replaced, added or removed, or its code, defaults or closures swapped;
+* the kernel's error handling and hooks: ``sys.excepthook``, trace and profile hooks,
+  ``sys.meta_path``, ``gc.callbacks``, active torch function and dispatch modes, the shell's
+  custom exception handler (only ``perflab.labs.exercises.short_errors`` may set one), input
+  and AST transformers, event callbacks, methods overridden on the shell, kernel or session;
+* the notebook's names that a later check reads (:func:`grader.notebooks.watched_names`):
+  rebound, deleted, defined anew (a ``tuple`` of the student's own shadowing the builtin) or,
+  for containers, tensors and arrays, changed in place.
 
 :func:`fingerprint` runs *in the kernel*: the worker sends its source and evaluates it as an
 ``execute_request`` user expression after every cell (user expressions bypass input and AST
@@ -21,8 +26,8 @@ identities for the groups asked for. :class:`Watch` runs in the worker, outside 
 it keeps the expected state from before any student code ran and compares.
 
 A determined attacker who restores every object before each probe, or who edits memory with
-``ctypes``, is not caught here; the grader's re-check of each check's recorded inputs and its
-ledger of raised failures (``scripts/grade.py``) are the second line.
+``ctypes``, is not caught here; the grader's re-check of each check's plain inputs, its hidden
+tests in its own process and its ledger of raised failures are the other lines.
 """
 
 from __future__ import annotations
@@ -34,28 +39,42 @@ import uuid
 from typing import Any, Callable
 
 
-def fingerprint(nonce: str, only: list[str] | None, imports: list[str]) -> str:
+def fingerprint(nonce: str, only: list[str] | None, imports: list[str], ns_names: list[str]) -> str:
     """The watched state of this kernel as JSON (runs in the kernel; self-contained).
 
     ``imports``: modules to import first (so that a later student cell cannot patch a module
-    before it is watched). With ``only`` None, returns every group's digest; otherwise the
-    object identities of the groups in ``only`` as well. Returns ``{"nonce", "digests",
-    "detail", "errors"}`` as a JSON string.
+    before it is watched; ``"perflab.**"`` stands for every module of perflab); each is watched.
+    ``ns_names``: the notebook's names to watch. With ``only`` None, returns every group's
+    digest; otherwise the object identities of the groups in ``only`` as well. Returns
+    ``{"nonce", "digests", "detail", "errors"}`` as a JSON string.
     """
     import builtins
+    import gc
     import hashlib
     import importlib
     import inspect
     import json
     import os
+    import pkgutil
     import sys
     import types
 
     errors = []
+    wanted = []
     for name in imports:
+        if name.endswith(".**"):
+            root = name[:-3]
+            try:
+                pkg = importlib.import_module(root)
+                wanted += [root] + sorted(m.name for m in pkgutil.walk_packages(pkg.__path__, root + "."))
+            except Exception as err:
+                errors.append(f"{root}: {type(err).__name__}")
+        else:
+            wanted.append(name)
+    for name in wanted:
         try:
             importlib.import_module(name)
-        except Exception as err:  # a module the lab names but this machine lacks: not watched
+        except Exception as err:  # a module this machine lacks (an optional dependency): not watched
             errors.append(f"{name}: {type(err).__name__}")
 
     torch = sys.modules.get("torch")
@@ -92,10 +111,9 @@ def fingerprint(nonce: str, only: list[str] | None, imports: list[str]) -> str:
         return out
 
     heap = 1 << 9   # Py_TPFLAGS_HEAPTYPE: a class defined in Python, whose methods can be replaced
-    watched = sorted(n for n in list(sys.modules) if n == "perflab" or n.startswith("perflab.")
-                     or n in ("math", "statistics", "time", "torch", "torch.testing",
-                              "IPython.core.interactiveshell", "ipykernel.ipkernel",
-                              "ipykernel.kernelbase", "ipykernel.zmqshell", "jupyter_client.session"))
+    watched = sorted(set(wanted) | {n for n in list(sys.modules) if n == "perflab" or n.startswith("perflab.")}
+                     | {"IPython.core.interactiveshell", "ipykernel.ipkernel", "ipykernel.kernelbase",
+                        "ipykernel.zmqshell", "jupyter_client.session"})
     try:
         from IPython import get_ipython
         ip = get_ipython()
@@ -106,7 +124,8 @@ def fingerprint(nonce: str, only: list[str] | None, imports: list[str]) -> str:
     def module_group(name):
         if name == "builtins":
             bskip = {"exit", "quit", "get_ipython", "display", "help", "copyright", "credits", "license"}
-            return callables(vars(builtins), "", {k for k in vars(builtins) if k.startswith("_")} | bskip)
+            under = {k for k in vars(builtins) if k.startswith("_") and k not in ("__import__", "__build_class__")}
+            return callables(vars(builtins), "", under | bskip)
         mod = sys.modules.get(name)
         entries = callables(vars(mod), "") if mod is not None else {}
         for k, v in list(vars(mod).items()) if mod is not None else ():
@@ -118,10 +137,18 @@ def fingerprint(nonce: str, only: list[str] | None, imports: list[str]) -> str:
         out = {"modules": {n: id(sys.modules.get(n)) for n in watched},
                "excepthook": ident(sys.excepthook), "displayhook": ident(sys.displayhook),
                "breakpointhook": ident(sys.breakpointhook), "trace": ident(sys.gettrace()),
-               "profile": ident(sys.getprofile())}
+               "profile": ident(sys.getprofile()), "meta_path": [id(f) for f in sys.meta_path],
+               "path_hooks": [id(f) for f in sys.path_hooks], "gc.callbacks": [id(f) for f in gc.callbacks]}
         threading = sys.modules.get("threading")
         out["thread_trace"] = ident(getattr(threading, "_trace_hook", None))
         out["thread_profile"] = ident(getattr(threading, "_profile_hook", None))
+        c = getattr(torch, "_C", None)
+        for label, fn in (("torch function modes", "_len_torch_function_stack"),
+                          ("torch dispatch modes", "_len_torch_dispatch_stack")):
+            try:
+                out[label] = getattr(c, fn)()
+            except Exception:
+                out[label] = None
         return out
 
     def shell_group():
@@ -170,14 +197,35 @@ def fingerprint(nonce: str, only: list[str] | None, imports: list[str]) -> str:
         shell["display_pub"] = id(ip.display_pub)
         return shell
 
+    def content(v):
+        # what can change in place without a new identity: a container's items, a tensor's data
+        t = type(v)
+        if torch is not None and t in (torch.Tensor, torch.nn.Parameter):
+            try:
+                return ["tensor", v._version, v.data_ptr(), list(v.shape), str(v.dtype)]
+            except Exception:
+                return ["tensor"]
+        if t in (list, tuple, set, frozenset, dict):
+            items = list(v.items()) if t is dict else list(v)
+            flat = []
+            for item in items[:10000]:
+                for x in (item if t is dict else (item,)):
+                    flat.append(x if x is None or type(x) in (bool, int, float, str) else ["id", id(x)])
+            return [t.__name__, len(items), hashlib.sha1(json.dumps(flat, default=str).encode()).hexdigest()]
+        if type(v).__name__ == "ndarray" and type(v).__module__ == "numpy":
+            try:
+                data = v.tobytes() if v.nbytes <= 2**20 else b""
+                return ["ndarray", v.ctypes.data, list(v.shape), hashlib.sha1(data).hexdigest()]
+            except Exception:
+                return ["ndarray"]
+        return None
+
     def ns_group():
-        ns = {}      # every name: [identity, whether it holds a module or a perflab/torch/stdlib callable]
-        for k, v in list(ip.user_ns.items()):
-            if k.startswith("_") or k in ("In", "Out", "exit", "quit", "get_ipython"):
-                continue
-            owner = getattr(v, "__module__", None) or ""
-            ns[k] = [id(v), isinstance(v, types.ModuleType) or (callable(v) and isinstance(owner, str) and (
-                owner.startswith("perflab") or owner in ("math", "statistics", "time", "torch", "builtins")))]
+        ns = {}      # each watched name: [identity, content], or absent
+        for k in ns_names:
+            if k in ip.user_ns:
+                v = ip.user_ns[k]
+                ns[k] = [id(v), content(v)]
         return ns
 
     builders = {"module:builtins": lambda: module_group("builtins"), "sys": sys_group}
@@ -188,33 +236,44 @@ def fingerprint(nonce: str, only: list[str] | None, imports: list[str]) -> str:
     groups = {g: build() for g, build in builders.items() if only is None or g in only}
 
     def digest(obj):
-        return hashlib.sha1(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+        return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
     return json.dumps({"nonce": nonce, "digests": {g: digest(v) for g, v in groups.items()},
-                       "detail": groups if only is not None else {}, "errors": errors})
+                       "detail": groups if only is not None else {}, "errors": errors}, default=str)
 
 
 _SOURCE = textwrap.dedent(inspect.getsource(fingerprint))
 
 
-def probe_expression(nonce: str, only: list[str] | None, imports: list[str]) -> str:
+def probe_expression(nonce: str, only: list[str] | None, imports: list[str], ns_names: list[str]) -> str:
     """A Python expression that defines :func:`fingerprint` in a fresh namespace and calls it."""
     return (f"(lambda __ns: (exec({_SOURCE!r}, __ns), "
-            f"__ns['fingerprint']({nonce!r}, {only!r}, {imports!r}))[1])({{}})")
+            f"__ns['fingerprint']({nonce!r}, {only!r}, {imports!r}, {ns_names!r}))[1])({{}})")
 
+
+#: what every kernel imports and watches before any student code runs (see the module docstring)
+WATCHED_MODULES = ["perflab.**", "math", "statistics", "time", "json", "copy", "gc", "tracemalloc",
+                   "numpy", "torch", "torch.autograd", "torch.autograd.function", "torch.autograd.graph",
+                   "torch.autograd.gradcheck", "torch.nn.functional", "torch.overrides",
+                   "torch.utils._python_dispatch", "torch.testing"]
 
 # the shell entries a lab's own cells may change: perflab.labs.exercises.short_errors sets the handler
 _INSTRUCTOR_MAY_SET = {"custom_exceptions", "CustomTB"}
 
 
 def _changed(old: Any, new: Any, prefix: str) -> list[str]:
-    """Keys of ``old`` whose value differs in ``new`` (nested one level; new keys are not changes)."""
+    """Keys of ``old`` whose value differs in ``new``, and keys only one of them has (nested one
+    level)."""
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
-        for k, v in old.items():
-            if k in new and new[k] != v:
-                if isinstance(v, dict) and isinstance(new[k], dict):
-                    out += _changed(v, new[k], f"{prefix}{k}.")
+        for k in sorted(set(old) | set(new), key=str):
+            if k not in new:
+                out.append(f"{prefix}{k} (removed)")
+            elif k not in old:
+                out.append(f"{prefix}{k} (new)")
+            elif new[k] != old[k]:
+                if isinstance(old[k], dict) and isinstance(new[k], dict):
+                    out += _changed(old[k], new[k], f"{prefix}{k}.")
                 else:
                     out.append(prefix + k)
         return out
@@ -226,21 +285,24 @@ class Watch:
 
     ``ask(expression, timeout) -> str | None`` evaluates a user expression in the kernel and
     returns its value (a JSON string), or None when the kernel did not answer in ``timeout`` s.
+    ``ns_names``: every notebook name some check reads (:func:`grader.notebooks.watched_names`).
     """
 
-    def __init__(self, ask: Callable[[str], str | None], imports: list[str]):
+    def __init__(self, ask: Callable[[str, float], str | None], imports: list[str], ns_names: set[str] = frozenset()):
         self.ask = ask
-        self.imports = sorted(set(imports))
+        self.imports = list(dict.fromkeys(imports))
+        self.ns_names = sorted(ns_names)
         self.digests: dict[str, str] = {}
         self.detail: dict[str, dict] = {}
         self.seen: set[str] = set()
+        self.errors: list[str] = []
 
     def _probe(self, only: list[str] | None, timeout: float = 30) -> dict | None:
         nonce = uuid.uuid4().hex
-        text = self.ask(probe_expression(nonce, only, self.imports), timeout)
+        text = self.ask(probe_expression(nonce, only, self.imports, self.ns_names), timeout)
         try:
-            got = json.loads(text) if text else None
-        except ValueError:
+            got = json.loads(text) if isinstance(text, str) else None
+        except (ValueError, RecursionError):
             return None
         if not isinstance(got, dict) or got.get("nonce") != nonce:
             return None
@@ -248,19 +310,23 @@ class Watch:
 
     def baseline(self) -> list[str]:
         """Record the state before any student code runs. Returns findings (empty when fine)."""
-        got = self._probe(None, timeout=120)            # it imports torch and perflab first
+        got = self._probe(None, timeout=180)            # it imports torch and all of perflab first
         full = self._probe(list(got["digests"])) if got is not None else None
         if full is None:
             return ["the kernel did not answer the first integrity check"]
         self.digests, self.detail = dict(full["digests"]), dict(full["detail"])
+        self.errors = [str(e) for e in got.get("errors", [])][:20]
         return []
 
-    def after(self, origin: str, where: str) -> list[str]:
+    def after(self, origin: str, where: str, watched: set[str] = frozenset(),
+              binds: set[str] = frozenset()) -> list[str]:
         """Compare after a cell (``origin``: ``"student"`` or ``"instructor"``); returns new findings.
 
-        After a student cell any change to a watched object is tampering. After a lab cell, a
-        change is tampering unless it is one the lab's cells make themselves (their own names in
-        the namespace, perflab's exception handler); the state it leaves becomes the expected one.
+        Any change to a watched module, hook or mode is tampering, whoever's cell it followed
+        (a lab cell calls the student's functions). Of the notebook's names, those in
+        ``watched`` (read by a later check) count: after a student cell any change to them;
+        after a lab cell a change to one the cell does not bind itself (``binds``). After a lab
+        cell the state it leaves becomes the expected one.
         """
         got = self._probe(None)
         if got is None:
@@ -273,12 +339,10 @@ class Watch:
             if full is None:
                 return self._new([f"the kernel did not answer the integrity check after {where}"])
             for g in changed:
-                old = self.detail.get(g, {})
-                if g == "ns":                     # only names that held a module or a library function
-                    old = {k: v for k, v in old.items() if v[1]}
-                keys = _changed(old, full["detail"].get(g, {}), "")
-                if g == "ns" and origin == "instructor":
-                    keys = []                     # the lab's cells (re)bind their own names
+                keys = _changed(self.detail.get(g, {}), full["detail"].get(g, {}), "")
+                if g == "ns":
+                    keys = [k for k in keys if k.split(" ")[0] in watched
+                            and (origin == "student" or k.split(" ")[0] not in binds)]
                 if g == "shell" and origin == "instructor":
                     keys = [k for k in keys if not (k in _INSTRUCTOR_MAY_SET and
                                                     full["detail"]["shell"].get("CustomTB") == "perflab")]

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from perflab.internals import hostsync as S
+from perflab.internals import hostsync
 
 
 def test_count_host_syncs_finds_each_kind_of_sync():
@@ -25,7 +25,7 @@ def test_count_host_syncs_finds_each_kind_of_sync():
         torch.where(t > 0)
         return t
 
-    _, counts = S.count_host_syncs(loop, x)
+    _, counts = hostsync.count_host_syncs(loop, x)
     assert counts == {"item": 1, "__format__": 1, "__bool__": 1, "__getitem__": 1, "nonzero": 1,
                       "tolist": 1, "to": 1, "where": 1}
 
@@ -45,20 +45,20 @@ def test_count_host_syncs_ignores_calls_that_stay_on_the_device():
         z[0] = s
         return z
 
-    out, counts = S.count_host_syncs(loop, x)
+    out, counts = hostsync.count_host_syncs(loop, x)
     assert sum(counts.values()) == 0 and out.shape == (3,)
 
 
 def test_count_host_syncs_rejects_non_callables():
     with pytest.raises(TypeError, match="callable"):
-        S.count_host_syncs(None)
+        hostsync.count_host_syncs(None)
 
 
 def test_sync_debug_warnings_needs_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU; the CPU-only error path is what is tested here")
     with pytest.raises(RuntimeError, match="CUDA GPU"):
-        S.sync_debug_warnings(lambda: None)
+        hostsync.sync_debug_warnings(lambda: None)
 
 
 def test_sync_debug_warnings_on_a_gpu():
@@ -66,11 +66,11 @@ def test_sync_debug_warnings_on_a_gpu():
         pytest.skip("sync debug mode watches CUDA calls; this machine has no GPU")
     t = torch.randn(1024, device="cuda")
     before = torch.cuda.get_sync_debug_mode()
-    _, found = S.sync_debug_warnings(lambda: t.sum().item())
+    _, found = hostsync.sync_debug_warnings(lambda: t.sum().item())
     assert len(found) >= 1 and "synchroniz" in found[0].message
-    assert all(w.line == "_, found = S.sync_debug_warnings(lambda: t.sum().item())"
+    assert all(w.line == "_, found = hostsync.sync_debug_warnings(lambda: t.sum().item())"
                for w in found)
-    _, none = S.sync_debug_warnings(lambda: t * 2)
+    _, none = hostsync.sync_debug_warnings(lambda: t * 2)
     assert none == []
     assert torch.cuda.get_sync_debug_mode() == before
 
@@ -93,12 +93,12 @@ def test_sync_warnings_from_drops_the_prototype_warning_of_set_sync_debug_mode(t
     records = [
         _fake("Synchronization debug mode is a prototype feature and does not yet detect "
               "all synchronizing operations", torch_cuda, 1333),
-        _fake(S.SYNC_WARNING_TEXT + " (Triggered internally at CUDAFunctions.cpp:1.)", user, 2),
+        _fake(hostsync.SYNC_WARNING_TEXT + " (Triggered internally at CUDAFunctions.cpp:1.)", user, 2),
         _fake("some other warning", user, 3),
     ]
-    found = S.sync_warnings_from(records)
+    found = hostsync.sync_warnings_from(records)
     assert [(w.filename, w.lineno, w.line) for w in found] == [(user, 2, "loss.item()")]
-    assert S.SYNC_WARNING_TEXT in found[0].message
+    assert hostsync.SYNC_WARNING_TEXT in found[0].message
 
 
 def test_sync_warnings_from_walks_out_of_torch_to_the_callers_line(tmp_path):
@@ -106,15 +106,15 @@ def test_sync_warnings_from_walks_out_of_torch_to_the_callers_line(tmp_path):
     inside = os.path.join(os.path.dirname(torch.__file__), "_tensor.py")
     stack = [traceback.FrameSummary(user, 3, "train"),
              traceback.FrameSummary(inside, 10, "__format__")]
-    found = S.sync_warnings_from([(_fake(S.SYNC_WARNING_TEXT, inside, 10), stack),
-                                  (_fake(S.SYNC_WARNING_TEXT, user, 2), [])])
+    found = hostsync.sync_warnings_from([(_fake(hostsync.SYNC_WARNING_TEXT, inside, 10), stack),
+                                         (_fake(hostsync.SYNC_WARNING_TEXT, user, 2), [])])
     assert [(w.lineno, w.line) for w in found] == [(3, "out[keep]"), (2, "loss.item()")]
-    assert S.warnings_by_line(found + found[1:]) == [("loss.item()", 2), ("out[keep]", 1)]
+    assert hostsync.warnings_by_line(found + found[1:]) == [("loss.item()", 2), ("out[keep]", 1)]
 
 
 def test_sync_warnings_from_rejects_other_records():
     with pytest.raises(TypeError, match="WarningMessage"):
-        S.sync_warnings_from(["called a synchronizing CUDA operation"])
+        hostsync.sync_warnings_from(["called a synchronizing CUDA operation"])
 
 
 def test_recorder_keeps_each_warning_with_the_stack_that_issued_it(tmp_path):
@@ -129,17 +129,17 @@ def test_recorder_keeps_each_warning_with_the_stack_that_issued_it(tmp_path):
 
     def user_code():
         for _ in range(2):
-            lib.op(S.SYNC_WARNING_TEXT)
+            lib.op(hostsync.SYNC_WARNING_TEXT)
         lib.op("not a sync")
         return 7
 
     before = warnings.showwarning
-    out, records = S._record_with_stacks(user_code)
+    out, records = hostsync._record_with_stacks(user_code)
     assert out == 7 and len(records) == 3 and warnings.showwarning is before
-    found = S.sync_warnings_from(records, library_dirs=())
+    found = hostsync.sync_warnings_from(records, library_dirs=())
     assert [w.line for w in found] == ["warnings.warn(text, stacklevel=1)"] * 2
-    found = S.sync_warnings_from(records, library_dirs=(str(lib_dir),))
-    assert [w.line for w in found] == ["lib.op(S.SYNC_WARNING_TEXT)"] * 2
+    found = hostsync.sync_warnings_from(records, library_dirs=(str(lib_dir),))
+    assert [w.line for w in found] == ["lib.op(hostsync.SYNC_WARNING_TEXT)"] * 2
     assert found[0].filename == os.path.abspath(__file__)
 
 
@@ -147,10 +147,10 @@ def test_a_blocking_copy_to_the_gpu_counts_as_a_sync():
     """x.to(cuda) without non_blocking=True copies and waits (pinned or not): chapter 6's
     ladder synchronized through such copies in a rung named for having no sync."""
     x = torch.randn(4)
-    assert S._syncs("to", (x, torch.device("cuda")), {})
-    assert S._syncs("to", (x, "cuda:0"), {})
-    assert S._syncs("to", (x,), {"device": "cuda"})
-    assert not S._syncs("to", (x, "cuda"), {"non_blocking": True})
-    assert not S._syncs("to", (x, "cuda", True), {})          # to(device, non_blocking)
-    assert not S._syncs("to", (x, torch.float64), {})
-    assert S._syncs("cuda", (x,), {}) and not S._syncs("cuda", (x,), {"non_blocking": True})
+    assert hostsync._syncs("to", (x, torch.device("cuda")), {})
+    assert hostsync._syncs("to", (x, "cuda:0"), {})
+    assert hostsync._syncs("to", (x,), {"device": "cuda"})
+    assert not hostsync._syncs("to", (x, "cuda"), {"non_blocking": True})
+    assert not hostsync._syncs("to", (x, "cuda", True), {})          # to(device, non_blocking)
+    assert not hostsync._syncs("to", (x, torch.float64), {})
+    assert hostsync._syncs("cuda", (x,), {}) and not hostsync._syncs("cuda", (x,), {"non_blocking": True})

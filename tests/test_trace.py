@@ -1,34 +1,14 @@
+"""perflab.profiling.trace: chapter 4's evidence from a trace (items, summaries, regimes); the
+profiler reader itself is tests/test_profiler.py, count_cost and op_cost tests/test_costs.py."""
+
+import json
+
 import pytest
 import torch
 
-from perflab.profiling.trace import kernels_per_call
-
-
-def test_eager_chain_counts_one_aten_call_per_operator():
-    x = torch.randn(100)
-    assert kernels_per_call(lambda t: t.cos().cos().sin(), x) == 3
-
-
-def test_compiled_chain_dispatches_no_aten_compute_call_on_cpu():
-    x = torch.randn(100)
-    torch.compiler.reset()
-    fused = torch.compile(lambda t: t.cos().cos(), fullgraph=True)
-    fused(x)
-    assert kernels_per_call(fused, x) == 0
-
-
-def test_calls_must_be_positive():
-    with pytest.raises(ValueError, match="calls"):
-        kernels_per_call(lambda: None, calls=0)
-
-
-# ---------------------------------------------------------------------------------------------
-# trace reading, regime (chapter 4); count_cost and op_cost: tests/test_costs.py
-# ---------------------------------------------------------------------------------------------
-import json
-
-from perflab.profiling.trace import (REGIMES, clock_normalized, load_trace, regime, short_name,
-                                     step_windows, summarize_trace, trace_items)
+from perflab.core.profiler import load_trace
+from perflab.profiling.trace import (REGIMES, clock_normalized, regime, short_name, step_windows,
+                                     summarize_trace, trace_items)
 
 
 def _kernel(name, ts, dur, ext, bps=2.0):

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from perflab.distributed import collectives as D, torchrun
+from perflab.distributed import collectives, torchrun
 from perflab.core.device import gpu_count
 
 TOPO = """\
@@ -19,27 +19,27 @@ Legend:
 
 
 def test_bus_bandwidth_follows_nccl_tests():
-    assert D.algorithm_bandwidth(1e9, 0.01) == 1e11
-    assert D.bus_bandwidth(1e9, 0.01, 2) == 1e11                 # 2 (n-1)/n = 1 for n = 2
-    assert D.bus_bandwidth(1e9, 0.01, 8) == pytest.approx(1e11 * 14 / 8)
+    assert collectives.algorithm_bandwidth(1e9, 0.01) == 1e11
+    assert collectives.bus_bandwidth(1e9, 0.01, 2) == 1e11                 # 2 (n-1)/n = 1 for n = 2
+    assert collectives.bus_bandwidth(1e9, 0.01, 8) == pytest.approx(1e11 * 14 / 8)
     with pytest.raises(ValueError, match="world_size"):
-        D.bus_bandwidth(1e9, 0.01, 1)
+        collectives.bus_bandwidth(1e9, 0.01, 1)
     with pytest.raises(ValueError, match="seconds"):
-        D.algorithm_bandwidth(1e9, 0)
+        collectives.algorithm_bandwidth(1e9, 0)
 
 
 def test_allreduce_time_inverts_bus_bandwidth():
-    t = D.allreduce_time(4e8, 2e11, 8, latency_s=1e-5)
-    assert D.bus_bandwidth(4e8, t - 1e-5, 8) == pytest.approx(2e11)
+    t = collectives.allreduce_time(4e8, 2e11, 8, latency_s=1e-5)
+    assert collectives.bus_bandwidth(4e8, t - 1e-5, 8) == pytest.approx(2e11)
     with pytest.raises(ValueError, match="busbw"):
-        D.allreduce_time(1, 0, 2)
+        collectives.allreduce_time(1, 0, 2)
 
 
 def test_gpu_link_reads_the_topology_matrix():
-    assert D.gpu_link(TOPO, 0, 1) == "NV18"
-    assert D.gpu_link(TOPO, 1, 0) == "NV18"
-    assert D.gpu_link(TOPO, 0, 5) is None
-    assert D.gpu_link("no matrix here", 0, 1) is None
+    assert collectives.gpu_link(TOPO, 0, 1) == "NV18"
+    assert collectives.gpu_link(TOPO, 1, 0) == "NV18"
+    assert collectives.gpu_link(TOPO, 0, 5) is None
+    assert collectives.gpu_link("no matrix here", 0, 1) is None
 
 
 def test_child_environment_keeps_nvlink_multicast_off_and_finds_perflab(monkeypatch):
@@ -53,7 +53,7 @@ def test_child_environment_keeps_nvlink_multicast_off_and_finds_perflab(monkeypa
 @pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU fallback")
 def test_gloo_allreduce_between_two_cpu_processes():
     assert torchrun.default_backend() == "gloo"
-    result = D.allreduce_sweep([4096, 2**20], nproc=2)
+    result = collectives.allreduce_sweep([4096, 2**20], nproc=2)
     assert (result.backend, result.world_size, result.device) == ("gloo", 2, "cpu")
     assert [p.nbytes for p in result.points] == [4096, 2**20]
     for p in result.points:
@@ -68,25 +68,25 @@ def test_gloo_allreduce_between_two_cpu_processes():
 
 def test_a_failing_worker_raises_with_its_output():
     with pytest.raises(torchrun.LaunchError, match="invalid literal") as err:
-        D.launch(["allreduce", "--sizes", "lots"], nproc=2, backend="gloo", timeout_s=120)
+        collectives.launch(["allreduce", "--sizes", "lots"], nproc=2, backend="gloo", timeout_s=120)
     assert "exited with status" in str(err.value)
 
 
 def test_a_launch_that_runs_too_long_is_killed():
     with pytest.raises(torchrun.LaunchError, match="timed out"):
-        D.launch(["allreduce", "--sizes", "4096"], nproc=2, backend="gloo", timeout_s=0.5)
+        collectives.launch(["allreduce", "--sizes", "4096"], nproc=2, backend="gloo", timeout_s=0.5)
 
 
 def test_launch_rejects_bad_arguments_before_starting_anything():
     with pytest.raises(ValueError, match="nproc"):
-        D.launch(["allreduce"], nproc=1)
+        collectives.launch(["allreduce"], nproc=1)
     with pytest.raises(ValueError, match="backend"):
-        D.launch(["allreduce"], backend="mpi")
+        collectives.launch(["allreduce"], backend="mpi")
     with pytest.raises(ValueError, match="sizes"):
-        D.allreduce_sweep([6])
+        collectives.allreduce_sweep([6])
     if gpu_count() < 2:
         with pytest.raises(ValueError, match="GPUs"):
-            D.launch(["allreduce"], backend="nccl")
+            collectives.launch(["allreduce"], backend="nccl")
 
 
 def test_gpu_link_reads_the_h200_topology_with_its_escape_codes():
@@ -103,17 +103,17 @@ def test_gpu_link_reads_the_h200_topology_with_its_escape_codes():
 def test_alpha_beta_recovers_latency_and_bus_bandwidth_from_a_sweep():
     alpha, busbw, n = 20e-6, 3.6e11, 2
     sizes = [2**k for k in range(12, 31, 2)]
-    pts = tuple(D.AllReducePoint(s, D.allreduce_time(s, busbw, n, alpha), 10,
-                                 0.0, 0.0) for s in sizes)
-    fit = D.alpha_beta(D.AllReduceResult("nccl", n, "cuda", pts, {}, "cuda events"))
+    pts = tuple(collectives.AllReducePoint(s, collectives.allreduce_time(s, busbw, n, alpha), 10,
+                                           0.0, 0.0) for s in sizes)
+    fit = collectives.alpha_beta(collectives.AllReduceResult("nccl", n, "cuda", pts, {}, "cuda events"))
     assert fit.alpha_s == pytest.approx(alpha, rel=1e-6)
     assert fit.busbw == pytest.approx(busbw, rel=1e-6)
     assert fit.rms_relative < 1e-9 and fit.points == len(sizes)
-    assert fit.seconds(2**20, n) == pytest.approx(D.allreduce_time(2**20, busbw, n, alpha))
+    assert fit.seconds(2**20, n) == pytest.approx(collectives.allreduce_time(2**20, busbw, n, alpha))
     assert fit.half_bandwidth_bytes == pytest.approx(alpha * busbw)
-    flat = tuple(D.AllReducePoint(s, 1e-3 - 1e-13 * s, 10, 0.0, 0.0) for s in sizes)
+    flat = tuple(collectives.AllReducePoint(s, 1e-3 - 1e-13 * s, 10, 0.0, 0.0) for s in sizes)
     with pytest.raises(ValueError, match="grow"):
-        D.alpha_beta(D.AllReduceResult("gloo", 2, "cpu", flat, {}))
+        collectives.alpha_beta(collectives.AllReduceResult("gloo", 2, "cpu", flat, {}))
 
 
 def test_the_launcher_checks_its_arguments_before_starting_anything(tmp_path):

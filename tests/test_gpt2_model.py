@@ -1,19 +1,19 @@
 import pytest
 import torch
 
-from perflab.speed import datamovement as dm
-from perflab.gpt2 import model as gpt2
+from perflab.speed import datamovement
+from perflab.gpt2.model import CONFIGS, GPT, GPTConfig, config
 
 
 def tiny(**changes):
     base = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
     base.update(changes)
-    return gpt2.GPTConfig(**base)
+    return GPTConfig(**base)
 
 
 def test_shapes_and_loss():
     torch.manual_seed(0)
-    model = gpt2.GPT(tiny())
+    model = GPT(tiny())
     idx = torch.randint(0, 64, (3, 10))
     logits = model(idx)
     assert logits.shape == (3, 10, 64)
@@ -24,7 +24,7 @@ def test_shapes_and_loss():
 
 def test_causal():
     torch.manual_seed(0)
-    model = gpt2.GPT(tiny()).eval()
+    model = GPT(tiny()).eval()
     idx = torch.randint(0, 64, (1, 10))
     full = model(idx)
     changed = idx.clone()
@@ -34,9 +34,9 @@ def test_causal():
 
 
 def test_124m_param_count_on_meta():
-    cfg = gpt2.CONFIGS["124M"]
+    cfg = CONFIGS["124M"]
     with torch.device("meta"):
-        model = gpt2.GPT(cfg)
+        model = GPT(cfg)
     d, L, V, T = cfg.n_embd, cfg.n_layer, cfg.vocab_size, cfg.block_size
     per_block = 12 * d * d + 13 * d            # weights 3d^2 + d^2 + 8d^2, biases and 2 norms
     total = V * d + T * d + L * per_block + 2 * d
@@ -47,20 +47,20 @@ def test_124m_param_count_on_meta():
 
 
 def test_configs():
-    assert [c.n_layer for c in gpt2.CONFIGS.values()] == [12, 24, 36, 48]
-    assert gpt2.config("350M", n_layer=2).n_embd == 1024
+    assert [c.n_layer for c in CONFIGS.values()] == [12, 24, 36, 48]
+    assert config("350M", n_layer=2).n_embd == 1024
     with pytest.raises(KeyError, match="known"):
-        gpt2.config("7B")
+        config("7B")
     with pytest.raises(ValueError, match="multiple of n_head"):
-        gpt2.GPTConfig(n_embd=100, n_head=3)
+        GPTConfig(n_embd=100, n_head=3)
     with pytest.raises(ValueError, match="n_layer"):
-        gpt2.GPTConfig(n_layer=0)
+        GPTConfig(n_layer=0)
     with pytest.raises(ValueError, match="block_size"):
-        gpt2.GPT(tiny())(torch.zeros(1, 17, dtype=torch.long))
+        GPT(tiny())(torch.zeros(1, 17, dtype=torch.long))
 
 
 def test_flops_per_token_formula():
-    model = gpt2.GPT(tiny())
+    model = GPT(tiny())
     c = model.cfg
     assert model.flops_per_token() == 6 * model.num_params() + 12 * c.n_layer * c.n_embd * 16
     assert model.flops_per_token(8) == 6 * model.num_params() + 12 * c.n_layer * c.n_embd * 8
@@ -73,10 +73,10 @@ def test_forward_flops_match_the_formula():
     # flops_per_token counts three times that (forward + backward), plus 6 per non-matmul
     # parameter (biases, norms), which do no matrix product
     torch.manual_seed(0)
-    model = gpt2.GPT(tiny(bias=False))
+    model = GPT(tiny(bias=False))
     B, T = 2, 16
     idx = torch.randint(0, 64, (B, T))
-    counted = dm.count_by_class(model, idx).flops[dm.CONTRACTION]
+    counted = datamovement.count_by_class(model, idx).flops[datamovement.CONTRACTION]
     c = model.cfg
     matmul_params = c.n_layer * 12 * c.n_embd ** 2 + c.vocab_size * c.n_embd
     assert counted == 2 * matmul_params * B * T + 4 * c.n_layer * T * c.n_embd * B * T

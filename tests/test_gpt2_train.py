@@ -3,8 +3,14 @@ import pytest
 import torch
 from dataclasses import asdict
 
-from perflab.distributed import training as parallel
-from perflab.gpt2 import ladder as sr
+from perflab.distributed import training
+from perflab.gpt2.breakdown import (Timeline, _device_rows, attention_kernel, kernel_kind,
+                                    step_breakdown, weight_matmul_flops)
+from perflab.gpt2.rungs import (PLAIN_RUNG, RunResult, Rung, last_parallel_rung, mfu, padded,
+                                static_bytes_per_param)
+from perflab.gpt2.steps import memory_ladder, speed_ladder
+from perflab.gpt2.tables import saving_table
+from perflab.gpt2.train import batches, losses_agree, train, window_ids
 
 TINY = (("n_layer", 2), ("n_embd", 32), ("n_head", 2), ("block_size", 32))
 
@@ -15,13 +21,13 @@ def tokens(n=20_000, top=200):
 
 def base(**kw):
     kw = {"batch": 4, "vocab": 257, **kw}
-    return sr.Rung("base", changes=TINY, seq_len=32, **kw)
+    return Rung("base", changes=TINY, seq_len=32, **kw)
 
 
 def test_speed_ladder_changes_one_thing_per_rung():
-    ladder = sr.speed_ladder(base())
+    ladder = speed_ladder(base())
     names = [r.name for r in ladder]
-    assert names[0] == "base" and sr.PLAIN_RUNG in names
+    assert names[0] == "base" and PLAIN_RUNG in names
     for a, b in zip(ladder, ladder[1:]):
         da, db = asdict(a), asdict(b)
         changed = [k for k in da if k != "name" and da[k] != db[k]]
@@ -31,21 +37,21 @@ def test_speed_ladder_changes_one_thing_per_rung():
     assert [r.name for r in ladder[-5:]] == ["fused head", "FP8 head", "bf16 residual",
                                              "CUDA graphs", "one graph per step"]
     assert ladder[-1].step_graph and ladder[-2].graphs
-    assert sr.last_parallel_rung(ladder).name == "bf16 residual"
+    assert last_parallel_rung(ladder).name == "bf16 residual"
     assert [r.precision for r in ladder[4:6]] == ["fp16", "bf16"]
     with pytest.raises(ValueError, match="graphs"):
-        sr.last_parallel_rung(ladder[-1:])
-    plain = ladder[names.index(sr.PLAIN_RUNG)]
+        last_parallel_rung(ladder[-1:])
+    plain = ladder[names.index(PLAIN_RUNG)]
     assert (plain.precision, plain.compile, plain.attention, plain.optimizer) == \
         ("bf16", True, "sdpa", "fused")
 
 
 def test_memory_ladder_keeps_the_global_batch():
-    ladder = sr.memory_ladder(base(batch=8), micro_batches=4)
+    ladder = memory_ladder(base(batch=8), micro_batches=4)
     assert {r.batch * r.accum for r in ladder} == {8}
     assert ladder[-1].optimizer == "in_backward" and ladder[-1].checkpoint
     with pytest.raises(ValueError, match="micro_batches"):
-        sr.memory_ladder(base(batch=6), micro_batches=4)
+        memory_ladder(base(batch=6), micro_batches=4)
 
 
 def test_bad_rungs_raise():
@@ -54,16 +60,16 @@ def test_bad_rungs_raise():
     with pytest.raises(ValueError, match="batch"):
         base(batch=0)
     with pytest.raises(ValueError, match="seq_len"):
-        sr.Rung("x", changes=TINY, seq_len=64)
+        Rung("x", changes=TINY, seq_len=64)
     with pytest.raises(ValueError, match="vocabulary"):
-        sr.train(base(), tokens(top=300), steps=1, device="cpu")
+        train(base(), tokens(top=300), steps=1, device="cpu")
     with pytest.raises(ValueError, match="steps"):
-        sr.train(base(), tokens(), steps=0, device="cpu")
+        train(base(), tokens(), steps=0, device="cpu")
 
 
 def test_train_measures_and_every_rung_starts_from_the_same_weights():
-    a = sr.train(base(), tokens(), steps=2, device="cpu", warmup=1)
-    b = sr.train(base(precision="tf32", batch=4), tokens(), steps=2, device="cpu", warmup=1)
+    a = train(base(), tokens(), steps=2, device="cpu", warmup=1)
+    b = train(base(precision="tf32", batch=4), tokens(), steps=2, device="cpu", warmup=1)
     assert len(a.losses) == 3 and np.isfinite(a.losses).all()
     assert a.tokens_per_s > 0 and a.step_s > 0 and a.params > 0
     # same seed, same tokens: the first loss is the same on a CPU (TF32 is a GPU mode)
@@ -84,14 +90,14 @@ def test_fp8_head_and_graphs_rungs_validate_their_shapes():
 
 def test_fused_and_fp8_head_rungs_train_like_the_plain_head():
     rung = base(precision="bf16", vocab=272)
-    a = sr.train(rung, tokens(), steps=12, device="cpu", warmup=1, lr=3e-3)
+    a = train(rung, tokens(), steps=12, device="cpu", warmup=1, lr=3e-3)
     assert a.losses[-1] < a.losses[0] - 0.1      # the curve moves: the check means something
-    fused = sr.train(rung.then("fused", fused_ce=True), tokens(), steps=12,
-                     device="cpu", warmup=1, lr=3e-3)
+    fused = train(rung.then("fused", fused_ce=True), tokens(), steps=12,
+                  device="cpu", warmup=1, lr=3e-3)
     np.testing.assert_allclose(fused.losses, a.losses, rtol=2e-3)
-    b = sr.train(rung.then("fp8 head", fp8_head=True), tokens(), steps=12,
-                 device="cpu", warmup=1, lr=3e-3)
-    agree, worst = sr.losses_agree(b.losses, a.losses)
+    b = train(rung.then("fp8 head", fp8_head=True), tokens(), steps=12,
+              device="cpu", warmup=1, lr=3e-3)
+    agree, worst = losses_agree(b.losses, a.losses)
     assert agree, worst
 
 
@@ -109,11 +115,11 @@ def test_graphs_rung_compiles_the_whole_forward_once(monkeypatch):
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin",
                         lambda: marks.append(1))
     rung = base(precision="bf16", compile=True, graphs=True)
-    res = sr.train(rung, tokens(), steps=2, device="cpu", warmup=1)
+    res = train(rung, tokens(), steps=2, device="cpu", warmup=1)
     assert seen == [("Forward", "reduce-overhead")]
     assert len(marks) == 3 and np.isfinite(res.losses).all()
     with pytest.raises(ValueError, match="ddp"):
-        sr.train(rung, tokens(), steps=1, device="cpu", ddp=lambda m: m)
+        train(rung, tokens(), steps=1, device="cpu", ddp=lambda m: m)
 
 
 def test_step_graph_rung_compiles_the_whole_forward_plainly_and_validates(monkeypatch):
@@ -126,7 +132,7 @@ def test_step_graph_rung_compiles_the_whole_forward_plainly_and_validates(monkey
         return fn
     monkeypatch.setattr(torch, "compile", fake_compile)
     rung = base(precision="bf16", compile=True, optimizer="fused", step_graph=True)
-    res = sr.train(rung, tokens(), steps=2, device="cpu", warmup=1)
+    res = train(rung, tokens(), steps=2, device="cpu", warmup=1)
     assert seen == [("Forward", None)] and np.isfinite(res.losses).all()
     for bad in (dict(optimizer="foreach"), dict(accum=2), dict(precision="fp32"),
                 dict(checkpoint=True), dict(graphs=True)):
@@ -138,12 +144,12 @@ def test_step_graph_rung_compiles_the_whole_forward_plainly_and_validates(monkey
 def test_fp16_rung_scales_and_bf16_residual_rung_trains_alike():
     """fp16 with the gradient scaler, and the residual stream in bf16, compute the training of
     the bf16 rung within precision's noise."""
-    bf16 = sr.train(base(precision="bf16"), tokens(), steps=6, device="cpu", warmup=1, lr=3e-3)
-    res = sr.train(base(precision="bf16", residual="bf16"), tokens(), steps=6, device="cpu",
-                   warmup=1, lr=3e-3)
-    assert sr.losses_agree(res.losses, bf16.losses, window=2)[0]
-    fp16 = sr.train(base(precision="fp16"), tokens(), steps=6, device="cpu", warmup=1, lr=3e-3)
-    assert sr.losses_agree(fp16.losses, bf16.losses, window=2)[0]
+    bf16 = train(base(precision="bf16"), tokens(), steps=6, device="cpu", warmup=1, lr=3e-3)
+    res = train(base(precision="bf16", residual="bf16"), tokens(), steps=6, device="cpu",
+                warmup=1, lr=3e-3)
+    assert losses_agree(res.losses, bf16.losses, window=2)[0]
+    fp16 = train(base(precision="fp16"), tokens(), steps=6, device="cpu", warmup=1, lr=3e-3)
+    assert losses_agree(fp16.losses, bf16.losses, window=2)[0]
     with pytest.raises(ValueError, match="bf16"):
         base(residual="bf16")                 # a bf16 stream needs bf16 autocast
     with pytest.raises(ValueError, match="scaler"):
@@ -151,36 +157,37 @@ def test_fp16_rung_scales_and_bf16_residual_rung_trains_alike():
 
 
 def test_residual_stream_is_bf16_only_in_the_bf16_residual_rung():
-    from perflab.gpt2 import model as gpt2, steps as gpt2_steps
+    from perflab.gpt2.steps import Forward
+    from perflab.gpt2.model import GPT
     seen = []
     for residual in ("fp32", "bf16"):
         rung = base(precision="bf16", residual=residual)
-        model = gpt2.GPT(rung.config())
+        model = GPT(rung.config())
         model.blocks[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
         x = torch.randint(0, 200, (2, 32))
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            gpt2_steps.Forward(model, rung)(x, x)
+            Forward(model, rung)(x, x)
     assert seen == [torch.float32, torch.bfloat16]
 
 
 def test_memory_rungs_compute_the_same_training():
-    results = [sr.train(r, tokens(), steps=2, device="cpu", warmup=1).losses
-               for r in sr.memory_ladder(base(batch=8), micro_batches=4)]
+    results = [train(r, tokens(), steps=2, device="cpu", warmup=1).losses
+               for r in memory_ladder(base(batch=8), micro_batches=4)]
     for other in results[1:]:
         np.testing.assert_allclose(other, results[0], rtol=2e-4)
 
 
 def test_a_profiled_rung_keeps_as_many_losses_as_an_unprofiled_one():
     """The profiled step is extra: the memory table compares rungs' losses element by element."""
-    plain = sr.train(base(), tokens(), steps=2, device="cpu", warmup=1)
-    profiled = sr.train(base(), tokens(), steps=2, device="cpu", warmup=1, profile=True)
+    plain = train(base(), tokens(), steps=2, device="cpu", warmup=1)
+    profiled = train(base(), tokens(), steps=2, device="cpu", warmup=1, profile=True)
     assert len(profiled.losses) == len(plain.losses) == 3
     np.testing.assert_allclose(profiled.losses, plain.losses, rtol=2e-4)
 
 
 def _forward_growth_mib(rung):
     """RSS growth (MiB) at the end of a checkpointed forward run by make_step."""
-    from perflab.gpt2 import steps
+    from perflab.gpt2.steps import make_step
     from torch.utils.checkpoint import checkpoint
 
     def rss():
@@ -204,7 +211,7 @@ def _forward_growth_mib(rung):
     net = Net()
     opt = torch.optim.SGD(net.parameters(), lr=0.0)
     batches = iter([(torch.randn(16, 4096), torch.zeros(1))] * 4)
-    step = steps.make_step(net, opt, rung, batches, torch.device("cpu"))
+    step = make_step(net, opt, rung, batches, torch.device("cpu"))
     step()                                # warm-up: allocator, threads
     net.start = rss()
     step()
@@ -223,42 +230,42 @@ def test_checkpointed_rungs_keep_no_autocast_weight_cache():
 
 
 def test_profile_and_attention_kernel_names():
-    r = sr.train(base(attention="sdpa"), tokens(), steps=1, device="cpu", warmup=1,
-                 profile=True)
+    r = train(base(attention="sdpa"), tokens(), steps=1, device="cpu", warmup=1,
+              profile=True)
     assert r.extra["kernels"] and all(t > 0 for _, t in r.extra["kernels"])
     every = r.extra["device_kernels"]               # not cut to 12 rows
     assert len(every) >= len(r.extra["kernels"]) and every[:12] == r.extra["kernels"]
-    b = sr.step_breakdown(every)
+    b = step_breakdown(every)
     assert b.matmul_s > 0 and b.attention_s > 0 and b.other_s > 0   # aten::mm, CPU SDPA, rest
-    assert sr.attention_kernel([("cudnn_generated_fort_native_sdpa_sm90_flash", 1.0)]) == "cuDNN"
-    assert sr.attention_kernel([("flash_fwd_kernel", 1.0)]) == "flash"
-    assert sr.attention_kernel([("aten::_softmax", 1.0)]) == "math"
+    assert attention_kernel([("cudnn_generated_fort_native_sdpa_sm90_flash", 1.0)]) == "cuDNN"
+    assert attention_kernel([("flash_fwd_kernel", 1.0)]) == "flash"
+    assert attention_kernel([("aten::_softmax", 1.0)]) == "math"
     t = r.extra["timeline"]                         # CPU: the outermost ATen operators
     assert t.kernels > 0 and 0 < t.busy_s <= t.window_s
     assert t.idle_s == pytest.approx(sum(t.gaps_s), rel=1e-6, abs=1e-9)
 
 
 def test_timeline_splits_idle_time_by_gap_length():
-    t = sr.Timeline(window_s=10e-3, busy_s=9e-3, kernels=5,
-                    gaps_s=(1e-6, 2e-6, 3e-6, 994e-6))
+    t = Timeline(window_s=10e-3, busy_s=9e-3, kernels=5,
+                 gaps_s=(1e-6, 2e-6, 3e-6, 994e-6))
     assert t.idle_s == pytest.approx(1e-3)
     assert t.idle_in_gaps_below(10e-6) == pytest.approx(6e-6)
     assert t.median_gap_s == pytest.approx(2.5e-6)
-    assert sr.Timeline(1.0, 1.0, 1, ()).median_gap_s == 0.0
+    assert Timeline(1.0, 1.0, 1, ()).median_gap_s == 0.0
     with pytest.raises(ValueError, match="threshold_s"):
         t.idle_in_gaps_below(0)
 
 
 def test_losses_agree_and_mfu():
-    ok, worst = sr.losses_agree([5, 4, 3, 2, 1], [5, 4, 3, 2, 1.01], window=2)
+    ok, worst = losses_agree([5, 4, 3, 2, 1], [5, 4, 3, 2, 1.01], window=2)
     assert ok and worst < 0.01
-    ok, worst = sr.losses_agree([5, 4, 3, 2, 1], [5, 4, 3, 2, 2], window=2)
+    ok, worst = losses_agree([5, 4, 3, 2, 1], [5, 4, 3, 2, 2], window=2)
     assert not ok
     with pytest.raises(ValueError, match="same length"):
-        sr.losses_agree([1, 2], [1, 2, 3])
+        losses_agree([1, 2], [1, 2, 3])
     with pytest.raises(ValueError, match="peak_flops"):
-        sr.mfu(1, 1, 0)
-    assert sr.padded(50257) == 50304 and sr.padded(64) == 64
+        mfu(1, 1, 0)
+    assert padded(50257) == 50304 and padded(64) == 64
 
 
 # DDP on gloo runs in chapter 10's CPU execution (nbval) on every CI run; the unit test covers
@@ -266,7 +273,7 @@ def test_losses_agree_and_mfu():
 @pytest.mark.parametrize("fsdp", [True])
 def test_data_parallel_rung_on_two_gloo_ranks(fsdp):
     rung = asdict(base(batch=2))
-    out = parallel.launch([{"name": "gpt2", "args": {"rung": rung, "steps": 1, "warmup": 1,
+    out = training.launch([{"name": "gpt2", "args": {"rung": rung, "steps": 1, "warmup": 1,
                                                       "n_tokens": 5000, "id_range": 200,
                                                       "fsdp": fsdp}}],
                           nproc=2, backend="gloo", timeout_s=240)
@@ -289,23 +296,23 @@ def test_ranks_read_disjoint_windows_and_never_a_window_twice(world):
     n_windows = (len(t) - 1) // seq
     for step in range(3):
         read = [w for r in range(world) for k in range(step * accum, (step + 1) * accum)
-                for w in sr.window_ids(k, batch, n_windows, r, world)]
+                for w in window_ids(k, batch, n_windows, r, world)]
         assert len(read) == len(set(read)) == world * batch * accum
     for r in range(world):
-        stream = sr.batches(t, batch, seq, rank=r, world=world)
+        stream = batches(t, batch, seq, rank=r, world=world)
         for k in range(5):
             x, _ = next(stream)
             first = [int(row[0]) // seq for row in x]
-            assert first == sr.window_ids(k, batch, n_windows, r, world)
+            assert first == window_ids(k, batch, n_windows, r, world)
     with pytest.raises(ValueError, match="rank"):
-        sr.window_ids(0, 2, 10, rank=2, world=2)
+        window_ids(0, 2, 10, rank=2, world=2)
 
 
 def test_static_bytes_per_param_follow_accumulation():
     ib = base().then("ib", optimizer="in_backward")
-    assert sr.static_bytes_per_param(ib) == 12
-    assert sr.static_bytes_per_param(ib.then("acc", batch=4, accum=2)) == 16
-    assert sr.static_bytes_per_param(base()) == 16
+    assert static_bytes_per_param(ib) == 12
+    assert static_bytes_per_param(ib.then("acc", batch=4, accum=2)) == 16
+    assert static_bytes_per_param(base()) == 16
 
 
 def test_kernel_kind_sorts_gpu_and_cpu_names():
@@ -321,34 +328,34 @@ def test_kernel_kind_sorts_gpu_and_cpu_names():
     other = ["triton_poi_fused_addmm_gelu_1", "triton_red_fused_native_layer_norm_0",
              "triton_per_fused__log_softmax_2", "Memcpy HtoD (Pageable -> Device)",
              "void at::native::multi_tensor_apply_kernel<FusedAdamW>", "aten::add_"]
-    assert [sr.kernel_kind(k) for k in matmul] == ["matmul"] * len(matmul)
-    assert [sr.kernel_kind(k) for k in attention] == ["attention"] * len(attention)
-    assert [sr.kernel_kind(k) for k in other] == ["other"] * len(other)
+    assert [kernel_kind(k) for k in matmul] == ["matmul"] * len(matmul)
+    assert [kernel_kind(k) for k in attention] == ["attention"] * len(attention)
+    assert [kernel_kind(k) for k in other] == ["other"] * len(other)
     with pytest.raises(TypeError, match="name"):
-        sr.kernel_kind(None)
+        kernel_kind(None)
 
 
 def test_step_breakdown_shares_and_matmul_rate():
-    b = sr.step_breakdown([("nvjet_tst_a", 0.06), ("sm90_xmma_gemm_b", 0.02),
-                           ("flash_fwd_kernel", 0.01), ("flash_bwd_kernel", 0.01),
-                           ("triton_poi_fused_addmm_gelu_1", 0.02)])
+    b = step_breakdown([("nvjet_tst_a", 0.06), ("sm90_xmma_gemm_b", 0.02),
+                        ("flash_fwd_kernel", 0.01), ("flash_bwd_kernel", 0.01),
+                        ("triton_poi_fused_addmm_gelu_1", 0.02)])
     assert b.total_s == pytest.approx(0.12)
     assert b.share("matmul") == pytest.approx(2 / 3)
     assert b.share("attention") == pytest.approx(1 / 6)
     assert b.share("other") == pytest.approx(1 / 6)
-    flops = sr.weight_matmul_flops(124_000_000, 65_536)
+    flops = weight_matmul_flops(124_000_000, 65_536)
     assert flops == pytest.approx(6 * 124e6 * 65536)
     assert b.rate(flops) == pytest.approx(flops / 0.08)
     with pytest.raises(ValueError, match="kind"):
         b.share("gemm")
     with pytest.raises(ValueError, match="no kernel time"):
-        sr.step_breakdown([]).share("matmul")
+        step_breakdown([]).share("matmul")
     with pytest.raises(ValueError, match="no matmul"):
-        sr.step_breakdown([("flash_fwd_kernel", 1.0)]).rate(1.0)
+        step_breakdown([("flash_fwd_kernel", 1.0)]).rate(1.0)
     with pytest.raises(ValueError, match="negative"):
-        sr.step_breakdown([("x", -1.0)])
+        step_breakdown([("x", -1.0)])
     with pytest.raises(ValueError, match="positive"):
-        sr.weight_matmul_flops(0, 10)
+        weight_matmul_flops(0, 10)
 
 
 def test_device_rows_count_each_kernel_once_and_skip_host_operators():
@@ -360,16 +367,16 @@ def test_device_rows_count_each_kernel_once_and_skip_host_operators():
               E(name="triton_poi_fused_0", device_type=cpu, device_time_total=7.0),  # its launch
               E(name="triton_poi_fused_0", device_type=cuda, device_time_total=7.0),
               E(name="idle", device_type=cuda, device_time_total=0.0)]
-    rows = sr._device_rows(events)
+    rows = _device_rows(events)
     assert rows == [("nvjet_tst_a", pytest.approx(80e-6)), ("triton_poi_fused_0", pytest.approx(7e-6))]
 
 
 def _result(name, step_s, busy_s=None):
-    timeline = None if busy_s is None else sr.Timeline(step_s, busy_s, 10, (1e-5,))
-    return sr.RunResult(rung={"name": name}, tokens_per_s=1 / step_s, step_s=step_s,
-                        flops_per_token=1.0, peak_bytes=None, losses=[], compile_s=0.0,
-                        telemetry="", clock_fraction=None, params=1,
-                        extra={} if timeline is None else {"timeline": timeline})
+    timeline = None if busy_s is None else Timeline(step_s, busy_s, 10, (1e-5,))
+    return RunResult(rung={"name": name}, tokens_per_s=1 / step_s, step_s=step_s,
+                     flops_per_token=1.0, peak_bytes=None, losses=[], compile_s=0.0,
+                     telemetry="", clock_fraction=None, params=1,
+                     extra={} if timeline is None else {"timeline": timeline})
 
 
 def test_saving_table_splits_the_saving_and_names_an_unprofiled_rung():
@@ -377,9 +384,9 @@ def test_saving_table_splits_the_saving_and_names_an_unprofiled_rung():
     of it and of the rung before; a rung before it trained without profile=True is named (the
     2026-12-03 H200 run stopped on a bare KeyError there, when a new rung came in between)."""
     results = {"plain": _result("plain", 0.10, 0.08), "fused head": _result("fused head", 0.09, 0.075)}
-    table, verdicts = sr.saving_table(results, {"fused head": 0.01})
+    table, verdicts = saving_table(results, {"fused head": 0.01})
     assert "fused head" in table and verdicts["fused"][1] == "close to its prediction"
     assert "5.0 ms" in verdicts["fused"][2]      # kernels fell 5 ms, gaps 5 ms
     results = {"vocab": _result("vocab", 0.10), "fused head": _result("fused head", 0.09, 0.075)}
     with pytest.raises(ValueError, match="'vocab' has no profiled timeline"):
-        sr.saving_table(results, {"fused head": 0.01})
+        saving_table(results, {"fused head": 0.01})

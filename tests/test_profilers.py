@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from perflab.profiling import profilers as tools
+from perflab.profiling import profilers
 
 # The layout of `ncu --csv` output (details page): messages first, then one row per kernel,
 # section and metric. The numbers are invented for the test; the format follows the ncu CLI docs.
@@ -26,13 +26,13 @@ NCU_OUTPUT = textwrap.dedent('''\
 
 
 def test_parse_ncu_csv_reads_kernels_metrics_and_units():
-    kernels = tools.parse_ncu_csv(NCU_OUTPUT)
+    kernels = profilers.parse_ncu_csv(NCU_OUTPUT)
     assert [k.id for k in kernels] == ["0", "1"]
     ew, gemm = kernels
     assert ew.get("Memory Throughput") == 88.10 and ew.units["Memory Throughput"] == "%"
     assert ew.get("Compute (SM) Throughput") == 11.20
-    assert tools.ncu_duration_s(ew) == pytest.approx(612.35e-6)
-    assert tools.ncu_duration_s(gemm) == pytest.approx(1.45e-3)
+    assert profilers.ncu_duration_s(ew) == pytest.approx(612.35e-6)
+    assert profilers.ncu_duration_s(gemm) == pytest.approx(1.45e-3)
     assert gemm.get("Elapsed Cycles") == 2841003            # thousands separators removed
     with pytest.raises(KeyError, match="Memory Throughput"):    # "n/a" is not a number
         gemm.get("Memory Throughput")
@@ -40,16 +40,16 @@ def test_parse_ncu_csv_reads_kernels_metrics_and_units():
 
 def test_parse_ncu_csv_without_a_table_raises():
     with pytest.raises(ValueError, match="Metric Name"):
-        tools.parse_ncu_csv("==ERROR== ERR_NVGPUCTRPERM - no permission\n")
+        profilers.parse_ncu_csv("==ERROR== ERR_NVGPUCTRPERM - no permission\n")
 
 
 def test_run_ncu_rejects_missing_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="script"):
-        tools.run_ncu(tmp_path / "nope.py", "/usr/bin/true")
+        profilers.run_ncu(tmp_path / "nope.py", "/usr/bin/true")
     script = tmp_path / "s.py"
     script.write_text("pass\n")
     with pytest.raises(FileNotFoundError, match="ncu"):
-        tools.run_ncu(script, str(tmp_path / "no-ncu"))
+        profilers.run_ncu(script, str(tmp_path / "no-ncu"))
 
 
 STRACE_OUTPUT = textwrap.dedent('''\
@@ -63,12 +63,12 @@ STRACE_OUTPUT = textwrap.dedent('''\
 
 
 def test_parse_strace_summary():
-    table = tools.parse_strace_summary(STRACE_OUTPUT)
+    table = profilers.parse_strace_summary(STRACE_OUTPUT)
     assert table["read"] == {"pct_time": 96.17, "seconds": 0.069268, "calls": 4118.0, "errors": 0.0}
     assert table["newfstatat"]["errors"] == 24
     assert table["total"]["calls"] == 4188
     with pytest.raises(ValueError, match="strace"):
-        tools.parse_strace_summary("nothing here")
+        profilers.parse_strace_summary("nothing here")
 
 
 def test_find_tool_uses_path_then_candidates(tmp_path):
@@ -76,11 +76,11 @@ def test_find_tool_uses_path_then_candidates(tmp_path):
     exe.parent.mkdir()
     exe.write_text("#!/bin/sh\n")
     exe.chmod(0o755)
-    assert tools.find_tool("surely-not-a-tool-xyz") is None
-    assert tools.find_tool("surely-not-a-tool-xyz", [str(tmp_path / "v*" / "mytool")]) == str(exe)
-    assert tools.find_tool("sh") is not None
+    assert profilers.find_tool("surely-not-a-tool-xyz") is None
+    assert profilers.find_tool("surely-not-a-tool-xyz", [str(tmp_path / "v*" / "mytool")]) == str(exe)
+    assert profilers.find_tool("sh") is not None
     with pytest.raises(ValueError, match="name"):
-        tools.find_tool("")
+        profilers.find_tool("")
 
 
 def test_flamegraph_samples_adds_boxes_of_one_function():
@@ -89,13 +89,13 @@ def test_flamegraph_samples_adds_boxes_of_one_function():
            "<g><title>augment (p.py:12) (150 samples, 50.00%)</title></g>"
            "<g><title>augment (p.py:13) (60 samples, 20.00%)</title></g>"
            "<g><title>&lt;listcomp&gt; (p.py:13) (1,000 samples, 20.00%)</title></g></svg>")
-    counts = tools.flamegraph_samples(svg)
+    counts = profilers.flamegraph_samples(svg)
     assert counts == {"all": 300, "run": 300, "augment": 210, "<listcomp>": 1000}
     with pytest.raises(ValueError, match="flame"):
-        tools.flamegraph_samples("<svg></svg>")
+        profilers.flamegraph_samples("<svg></svg>")
 
 
-@pytest.mark.skipif(tools.find_strace() is None, reason="strace is not installed on this machine")
+@pytest.mark.skipif(profilers.find_strace() is None, reason="strace is not installed on this machine")
 def test_strace_counts_the_reads_of_a_file_loop(tmp_path):
     data = tmp_path / "data.bin"
     data.write_bytes(os.urandom(64 * 1024))
@@ -103,39 +103,38 @@ def test_strace_counts_the_reads_of_a_file_loop(tmp_path):
     script.write_text("import sys\nf = open(sys.argv[1], 'rb', buffering=0)\nwhile f.read(4096):\n    pass\n")
     empty = tmp_path / "empty.bin"
     empty.write_bytes(b"")
-    run = lambda path: tools.strace_summary([sys.executable, "-I", "-S", str(script), str(path)],  # noqa: E731
-                                            tools.find_strace(), ["read"])[1]
+    run = lambda path: profilers.strace_summary([sys.executable, "-I", "-S", str(script), str(path)],  # noqa: E731
+                                                profilers.find_strace(), ["read"])[1]
     base = run(empty)["read"]["calls"]                    # start-up reads + the empty file's EOF read
     assert run(data)["read"]["calls"] - base == 64 * 1024 // 4096
     with pytest.raises(ValueError, match="cmd"):
-        tools.strace_summary([], tools.find_strace())
+        profilers.strace_summary([], profilers.find_strace())
 
 
-@pytest.mark.skipif(tools.find_py_spy() is None, reason="py-spy is not installed (pip install py-spy)")
+@pytest.mark.skipif(profilers.find_py_spy() is None, reason="py-spy is not installed (pip install py-spy)")
 def test_py_spy_records_a_flame_graph(tmp_path):
     script = tmp_path / "spin.py"
     script.write_text("import time\ndef spin():\n    t = time.time()\n    while time.time() - t < 1.5:\n        pass\nspin()\n")
     svg = tmp_path / "out.svg"
     try:
-        tools.py_spy_record(script, svg, tools.find_py_spy(), duration_s=3, rate_hz=50)
+        profilers.py_spy_record(script, svg, profilers.find_py_spy(), duration_s=3, rate_hz=50)
     except PermissionError as err:          # ptrace forbidden in this container: a stated limit
         pytest.skip(str(err))
-    counts = tools.flamegraph_samples(svg.read_text())
+    counts = profilers.flamegraph_samples(svg.read_text())
     assert counts.get("spin", 0) > 0.5 * counts["all"]
     with pytest.raises(ValueError, match="duration_s"):
-        tools.py_spy_record(script, svg, tools.find_py_spy(), duration_s=0)
+        profilers.py_spy_record(script, svg, profilers.find_py_spy(), duration_s=0)
 
 
 def test_nsys_is_found_or_none_and_run_nsys_checks_its_arguments(tmp_path):
-    from perflab.profiling import profilers as tools
-    found = tools.find_nsys()
+    found = profilers.find_nsys()
     assert found is None or os.access(found, os.X_OK)
     with pytest.raises(FileNotFoundError, match="script"):
-        tools.run_nsys(tmp_path / "missing.py", "/bin/true", tmp_path / "r")
+        profilers.run_nsys(tmp_path / "missing.py", "/bin/true", tmp_path / "r")
     script = tmp_path / "s.py"
     script.write_text("pass\n")
     with pytest.raises(FileNotFoundError, match="nsys"):
-        tools.run_nsys(script, str(tmp_path / "no-nsys"), tmp_path / "r")
+        profilers.run_nsys(script, str(tmp_path / "no-nsys"), tmp_path / "r")
 
 
 def test_kernel_summary_has_the_nsys_kernel_report_columns():

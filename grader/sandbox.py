@@ -1,4 +1,4 @@
-"""The sandbox of ``scripts/grade.py``: one per submission, built with bubblewrap.
+"""The grader's sandbox: one per submission, built with bubblewrap.
 
 Each submission's kernel runs
 
@@ -13,7 +13,8 @@ Each submission's kernel runs
   a read-only *student tree* at ``/course`` (perflab, the student editions, the reference
   chapters the labs read; no lab source, no solution), a private ``/tmp`` and ``/dev/shm``, and
   one writable folder, its home ``/home/student`` (a tmpfs: what it writes counts against its
-  memory and vanishes with it);
+  memory and vanishes with it). A Python environment under ``/tmp`` is bound inside the
+  private ``/tmp``, so a clone or environment there works too;
 * under limits on the memory and the number of processes of the *whole sandbox*: a cgroup (v2,
   else v1) per submission where one can be made, else per-process ``RLIMIT_AS`` and
   ``RLIMIT_NPROC`` plus the grader's own accounting of the sandbox's processes (proportional
@@ -117,7 +118,10 @@ def command(sandbox: Sandbox, *, tree: Path, ipc: Path, env: dict[str, str], arg
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    made: set[str] = set()
+    size = str(max(size_bytes, 64 * 2**20))
+    # the private /tmp first: a Python environment (or a clone) under /tmp is bound inside it below
+    args += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
+    made: set[str] = {"/tmp"}
 
     def parents(path: str) -> list[str]:
         # bwrap would make missing parents with the mode of the outside folder (0700 for
@@ -141,9 +145,7 @@ def command(sandbox: Sandbox, *, tree: Path, ipc: Path, env: dict[str, str], arg
     for dev in sorted(Path("/dev").glob("nvidia*")) + [Path("/dev/dri")]:
         if dev.exists():
             args += ["--dev-bind", str(dev), str(dev)]
-    size = str(max(size_bytes, 64 * 2**20))
-    args += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp",
-             "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
+    args += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
              "--ro-bind", str(tree), TREE]
     for outside, inside in extra_ro:
         args += ["--ro-bind", outside, inside]

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from perflab.distributed import torchrun, training as P
+from perflab.distributed import torchrun, training
 from perflab.core.device import gpu_count
 
 pytestmark = pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU (gloo) path")
@@ -18,24 +18,24 @@ TINY = {"width": 16, "depth": 2, "batch": 4, "warmup": 1, "iters": 1}
 
 
 def test_bus_factor_follows_nccl_tests():
-    assert P.bus_factor("all_reduce", 2) == 1.0
-    assert P.bus_factor("all_reduce", 8) == pytest.approx(14 / 8)
-    assert P.bus_factor("all_gather", 4) == pytest.approx(0.75)
-    assert P.bus_factor("reduce_scatter", 4) == pytest.approx(0.75)
-    assert P.bus_factor("broadcast", 8) == 1.0
+    assert training.bus_factor("all_reduce", 2) == 1.0
+    assert training.bus_factor("all_reduce", 8) == pytest.approx(14 / 8)
+    assert training.bus_factor("all_gather", 4) == pytest.approx(0.75)
+    assert training.bus_factor("reduce_scatter", 4) == pytest.approx(0.75)
+    assert training.bus_factor("broadcast", 8) == 1.0
     with pytest.raises(ValueError, match="op"):
-        P.bus_factor("gather", 2)
+        training.bus_factor("gather", 2)
     with pytest.raises(ValueError, match="world_size"):
-        P.bus_factor("all_reduce", 1)
+        training.bus_factor("all_reduce", 1)
 
 
 def test_static_bytes_formula_is_zeros_table():
     p = 1000
-    assert P.static_bytes_formula(p, 4, "ddp") == 16_000
-    assert P.static_bytes_formula(p, 4, "zero1") == 8_000 + 2_000
-    assert P.static_bytes_formula(p, 4, "fsdp") == 4_000
+    assert training.static_bytes_formula(p, 4, "ddp") == 16_000
+    assert training.static_bytes_formula(p, 4, "zero1") == 8_000 + 2_000
+    assert training.static_bytes_formula(p, 4, "fsdp") == 4_000
     with pytest.raises(ValueError, match="strategy"):
-        P.static_bytes_formula(p, 2, "zero3")
+        training.static_bytes_formula(p, 2, "zero3")
 
 
 def test_overlap_from_trace_gpu_and_cpu():
@@ -45,7 +45,7 @@ def test_overlap_from_trace_gpu_and_cpu():
         {"cat": "kernel", "name": "gemm", "ts": 120, "dur": 10},
         {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 500},
     ]}
-    s = P.overlap_from_trace(gpu)
+    s = training.overlap_from_trace(gpu)
     assert s["source"] == "gpu kernels"
     assert s["comm_s"] == pytest.approx(100e-6)
     assert s["overlap_s"] == pytest.approx(60e-6)
@@ -54,11 +54,11 @@ def test_overlap_from_trace_gpu_and_cpu():
         {"cat": "cpu_op", "name": "autograd::engine::evaluate_function: AddmmBackward0", "ts": 10, "dur": 10},
         {"cat": "user_annotation", "name": "gloo:all_reduce", "ts": 15, "dur": 20},
     ]}
-    s = P.overlap_from_trace(cpu)
+    s = training.overlap_from_trace(cpu)
     assert s["source"] == "cpu ops" and s["overlap_fraction"] == pytest.approx(0.25)
-    assert P.overlap_from_trace({"traceEvents": []})["overlap_fraction"] is None
+    assert training.overlap_from_trace({"traceEvents": []})["overlap_fraction"] is None
     with pytest.raises(ValueError, match="traceEvents"):
-        P.overlap_from_trace({})
+        training.overlap_from_trace({})
 
 
 def test_interleaved_rounds_rotate_the_order_so_a_drift_reaches_every_step_alike():
@@ -72,7 +72,7 @@ def test_interleaved_rounds_rotate_the_order_so_a_drift_reaches_every_step_alike
 
     names = ["single", "manual", "ddp"]
     steps = {n: (lambda n=n: n) for n in names}
-    times, orders = P.interleaved_rounds(steps, heating, rounds=6)
+    times, orders = training.interleaved_rounds(steps, heating, rounds=6)
     assert orders[:3] == [names, ["manual", "ddp", "single"], ["ddp", "single", "manual"]]
     assert orders[3:] == orders[:3] and calls == [n for o in orders for n in o]
     assert all(len(times[n]) == 6 for n in names)
@@ -91,32 +91,32 @@ def test_interleaved_rounds_rotate_the_order_so_a_drift_reaches_every_step_alike
 
 def test_interleaved_rounds_reject_bad_arguments():
     with pytest.raises(ValueError, match="steps"):
-        P.interleaved_rounds({}, lambda fn: 1.0, 3)
+        training.interleaved_rounds({}, lambda fn: 1.0, 3)
     for bad in (0, 2.0, True):
         with pytest.raises(ValueError, match="rounds"):
-            P.interleaved_rounds({"a": lambda: None}, lambda fn: 1.0, bad)
+            training.interleaved_rounds({"a": lambda: None}, lambda fn: 1.0, bad)
 
 
 def test_pick_for_follows_the_workers_backend(monkeypatch):
     monkeypatch.delenv("PERFLAB_FORCE_CPU_SIZES", raising=False)
-    assert P.pick_for("gloo", 1, 2) == 1 and P.pick_for("nccl", 1, 2) == 2
+    assert training.pick_for("gloo", 1, 2) == 1 and training.pick_for("nccl", 1, 2) == 2
     monkeypatch.setenv("PERFLAB_FORCE_CPU_SIZES", "1")
-    assert P.pick_for("nccl", 1, 2) == 1
+    assert training.pick_for("nccl", 1, 2) == 1
     with pytest.raises(ValueError, match="backend"):
-        P.pick_for("mpi", 1, 2)
+        training.pick_for("mpi", 1, 2)
 
 
 def test_launch_rejects_bad_arguments():
     with pytest.raises(ValueError, match="unknown task"):
-        P.launch([{"name": "nope"}], nproc=2, backend="gloo")
+        training.launch([{"name": "nope"}], nproc=2, backend="gloo")
     with pytest.raises(ValueError, match="nnodes"):
-        P.launch([], nproc=2, nnodes=3, backend="gloo")
+        training.launch([], nproc=2, nnodes=3, backend="gloo")
     with pytest.raises(ValueError, match="MIN:MAX"):
-        P.launch([], nproc=1, nnodes="2:1", backend="gloo")
+        training.launch([], nproc=1, nnodes="2:1", backend="gloo")
     with pytest.raises(ValueError, match="nccl"):
-        P.launch([], nproc=gpu_count() + 1, backend="nccl")
+        training.launch([], nproc=gpu_count() + 1, backend="nccl")
     with pytest.raises(ValueError, match="source"):
-        P.source_of(len)
+        training.source_of(len)
     assert 0 < torchrun.free_port() < 65536
 
 
@@ -146,7 +146,7 @@ def runs(tmp_path_factory):
         ]
         if n > 2:
             tasks.append({"name": "dcp_load", "args": {"path": str(root / f"w{n - 1}")}})
-        out[n] = P.launch(tasks, nproc=n, backend="gloo", max_restarts=1, timeout_s=150, pg_timeout_s=30)
+        out[n] = training.launch(tasks, nproc=n, backend="gloo", max_restarts=1, timeout_s=150, pg_timeout_s=30)
     return out
 
 
@@ -175,7 +175,7 @@ def test_every_task_on_world_size(runs, n):
     assert set(sweep) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"}
     for op, points in sweep.items():
         for p in points:
-            assert p["busbw"] == pytest.approx(p["algbw"] * P.bus_factor(op, n))
+            assert p["busbw"] == pytest.approx(p["algbw"] * training.bus_factor(op, n))
     # manual data parallelism = DDP, exactly in float64
     mv = res[0]["manual_vs_ddp"]
     assert mv["max_param_diff"] < 1e-12
@@ -197,7 +197,7 @@ def test_every_task_on_world_size(runs, n):
     p = sh["params"]
     for name, formula in (("ddp", "ddp"), ("zero1", "zero1"), ("fsdp", "fsdp")):
         counted = sum(r["sharding"]["strategies"][name]["static_bytes"] for r in res) / n
-        assert counted == pytest.approx(P.static_bytes_formula(p, n, formula), rel=0.02), name
+        assert counted == pytest.approx(training.static_bytes_formula(p, n, formula), rel=0.02), name
         assert sh["strategies"][name]["released_bytes"] is None  # CUDA allocator only
     assert res[0]["dcp_save"]["files"]
     if n > 2:
@@ -207,16 +207,16 @@ def test_every_task_on_world_size(runs, n):
 
 
 def test_two_nodes_on_one_machine():
-    ranks = P.launch([{"name": "collectives"}, {"name": "no_sync", "args": {"accum": 2}}],
-                     nproc=1, nnodes=2, backend="gloo", timeout_s=120, pg_timeout_s=30)
+    ranks = training.launch([{"name": "collectives"}, {"name": "no_sync", "args": {"accum": 2}}],
+                            nproc=1, nnodes=2, backend="gloo", timeout_s=120, pg_timeout_s=30)
     assert sorted((r["node"], r["local_rank"]) for r in ranks) == [(0, 0), (1, 0)]
     assert ranks[1]["results"]["collectives"]["all_reduce"]["output"] == [10.0, 12.0, 14.0, 16.0]
     assert ranks[0]["results"]["no_sync"]["vs_single"] < 1e-12
 
 
 def test_a_hung_rank_ends_in_the_process_group_timeout():
-    f = P.expect_failure([{"name": "hang", "args": {"sleep_s": 300, "timeout_s": 2}}], nproc=2,
-                         backend="gloo", timeout_s=90)
+    f = training.expect_failure([{"name": "hang", "args": {"sleep_s": 300, "timeout_s": 2}}], nproc=2,
+                                backend="gloo", timeout_s=90)
     assert "Timed out" in f.message or "timed out" in f.message
     assert "torchrun timed out" not in f.message     # the ranks' 2 s timeout ended it, not the launcher
     assert "timed out" in f.first_error.lower() and "torch.distributed.run" not in f.first_error
@@ -224,7 +224,7 @@ def test_a_hung_rank_ends_in_the_process_group_timeout():
     # moment a rank started to wait
     assert f.after_wait_s >= 2
     # the waiting rank ran with the fail-fast settings, NCCL's heartbeat monitor off among them
-    assert f.rank_env == P.FAIL_FAST_ENV
+    assert f.rank_env == training.FAIL_FAST_ENV
     assert f.rank_env["TORCH_NCCL_ENABLE_MONITORING"] == "0"
 
 
@@ -249,15 +249,15 @@ def test_an_nccl_timeout_is_reported_by_the_ranks_own_watchdog_line():
 
     err = _failure("torchrun exited with status 1", ["python", "-m", "torch.distributed.run"],
                    NCCL_TIMEOUT_OUTPUT)
-    f = P.Failure(11.0, str(err), err.output)
+    f = training.Failure(11.0, str(err), err.output)
     assert f.first_error.startswith("[rank0]:[PG ID 1 PG GUID 1 Rank 0] Watchdog caught")
     assert "ran for 10087 milliseconds" in f.first_error
     errors = str(err).split("--- worker errors ---\n")[1].split("\n--- last")[0].splitlines()
     assert errors[1] == "terminate called after throwing an instance of 'c10::DistBackendError'"
     assert not any("ChildFailedError" in e or "SIGTERM" in e for e in errors)
-    assert P._wait_start(NCCL_TIMEOUT_OUTPUT + "perflab-hang-wait-starts 1 1700000001\n") \
+    assert training._wait_start(NCCL_TIMEOUT_OUTPUT + "perflab-hang-wait-starts 1 1700000001\n") \
         == 1700000000.25
-    assert P._wait_start("no marker") is None
+    assert training._wait_start("no marker") is None
 
 
 def test_the_ranks_environment_line_is_read_and_never_taken_for_the_error():
@@ -267,11 +267,11 @@ def test_the_ranks_environment_line_is_read_and_never_taken_for_the_error():
            '"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}\n'
            "[rank1]: the collective hit its timeout after 3 s\n")
     err = _failure("torchrun exited with status 1", ["torchrun"], out)
-    f = P.Failure(4.0, str(err), out)
+    f = training.Failure(4.0, str(err), out)
     assert f.first_error == "[rank1]: the collective hit its timeout after 3 s"
-    assert P._rank_env(out) == {"TORCH_NCCL_ENABLE_MONITORING": "0",
-                                "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}
-    assert P._rank_env("no marker") is None
+    assert training._rank_env(out) == {"TORCH_NCCL_ENABLE_MONITORING": "0",
+                                       "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}
+    assert training._rank_env("no marker") is None
 
 
 def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
@@ -283,8 +283,8 @@ def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
         seen.update(env)
         raise LaunchError("torchrun exited with status 1: x", "perflab-hang-wait-starts 0 1.0\n")
 
-    monkeypatch.setattr(P, "launch", fake_launch)
-    f = P.expect_failure([{"name": "hang"}], env={"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"})
+    monkeypatch.setattr(training, "launch", fake_launch)
+    f = training.expect_failure([{"name": "hang"}], env={"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"})
     assert seen["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     assert seen["TORCH_NCCL_ENABLE_MONITORING"] == "0"   # no heartbeat monitor's wait
     assert seen["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"   # the caller's env wins
@@ -292,34 +292,34 @@ def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
 
 
 def test_the_launcher_kills_a_job_that_outlives_its_timeout():
-    f = P.expect_failure([{"name": "hang", "args": {"sleep_s": 300}}], nproc=2, backend="gloo",
-                         pg_timeout_s=300, timeout_s=10)
+    f = training.expect_failure([{"name": "hang", "args": {"sleep_s": 300}}], nproc=2, backend="gloo",
+                                pg_timeout_s=300, timeout_s=10)
     assert "torchrun timed out after 10 s" in f.message
 
 
 def test_expect_failure_refuses_a_job_that_succeeds(monkeypatch):
-    monkeypatch.setattr(P, "launch", lambda tasks, **kw: [])
+    monkeypatch.setattr(training, "launch", lambda tasks, **kw: [])
     with pytest.raises(RuntimeError, match="expected to fail"):
-        P.expect_failure([{"name": "collectives"}], nproc=2)
+        training.expect_failure([{"name": "collectives"}], nproc=2)
 
 
 def test_settled_reading_waits_until_the_reading_stops_changing():
     # memory_allocated as the watchdog releases stashed tensors: 300, 200, then 100 for good
     values = iter([300, 200, 100, 100, 100, 100])
     prepared, slept = [], []
-    got = P.settled_reading(lambda: next(values), lambda: prepared.append(1),
-                            repeats=3, interval_s=0.5, sleep=slept.append)
+    got = training.settled_reading(lambda: next(values), lambda: prepared.append(1),
+                                   repeats=3, interval_s=0.5, sleep=slept.append)
     assert got == 100 and len(prepared) == 5 and slept == [0.5] * 4
 
 
 def test_settled_reading_gives_up_after_its_timeout():
     counter = iter(range(1000))
     slept = []
-    got = P.settled_reading(lambda: next(counter), repeats=2, interval_s=1.0, timeout_s=3.0,
-                            sleep=slept.append)
+    got = training.settled_reading(lambda: next(counter), repeats=2, interval_s=1.0, timeout_s=3.0,
+                                   sleep=slept.append)
     assert got == 3 and slept == [1.0] * 3
     with pytest.raises(ValueError, match="repeats"):
-        P.settled_reading(lambda: 0, repeats=0)
+        training.settled_reading(lambda: 0, repeats=0)
 
 
 def test_bucket_counts_come_from_ddp(runs):
@@ -337,7 +337,7 @@ def test_an_elastic_job_resumes_on_the_ranks_it_has(runs, tmp_path):
     """--nnodes=1:2 with one node: the job starts on one rank after the rendezvous's last call,
     and loads bit-exactly the sharded checkpoint three ranks saved."""
     saved = runs[3][0]["results"]["dcp_save"]["path"]
-    out = P.launch([{"name": "dcp_load", "args": {"path": saved}}], nproc=1, nnodes="1:2",
-                   backend="gloo", timeout_s=150, pg_timeout_s=30)
+    out = training.launch([{"name": "dcp_load", "args": {"path": saved}}], nproc=1, nnodes="1:2",
+                          backend="gloo", timeout_s=150, pg_timeout_s=30)
     assert [r["world_size"] for r in out] == [1]
     assert out[0]["results"]["dcp_load"]["max_diff"] == 0.0

@@ -1,0 +1,339 @@
+"""Training a GPT-2 rung on real tokens, timed: tokens/s, MFU, peak memory, every step's loss.
+
+:func:`train` runs a :class:`perflab.gpt2.rungs.Rung` for a number of steps on real tokens
+(chapter 5's offline corpus, :func:`perflab.loading.datasets.text_corpus`) and returns a
+:class:`perflab.gpt2.rungs.RunResult`: tokens per second over the timed steps, model FLOP
+utilization, peak memory, the loss of every step and the GPU telemetry (clock, power cap) of the
+timed steps; optionally a profile of one more step (:mod:`perflab.gpt2.breakdown`) and a memory
+snapshot.
+
+* tokens per second are measured after ``warmup`` untimed steps (compilation, allocator warm-up,
+  cuDNN/cuBLAS heuristics), over ``steps`` back-to-back steps with one synchronization at the end;
+* every rung starts from the same initial weights (``seed``) and reads the same token windows in
+  the same order (:func:`window_ids`, :func:`batches`), so the losses of two rungs over the same
+  steps are comparable (:func:`losses_agree`);
+* :func:`distributed_task` is one rank's part of a data-parallel run under ``torchrun``.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import asdict
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from perflab.core.telemetry import Telemetry
+from perflab.core.timing import Stopwatch
+from perflab.core.validate import integer, positive_int
+from perflab.gpt2.model import GPT
+from perflab.gpt2.steps import make_graphed_step, make_net, make_optimizer, make_step
+from perflab.gpt2.breakdown import profile_step
+from perflab.gpt2.rungs import Rung, RunResult, rung_from_dict
+from perflab.memory.snapshots import record_snapshot, save_snapshot
+
+try:
+    from torch.distributed.fsdp import fully_shard  # torch >= 2.6
+except ImportError:  # torch 2.4-2.5 kept FSDP2 under its composable-API name
+    from torch.distributed._composable.fsdp import fully_shard
+
+__all__ = ["window_ids", "batches", "train", "losses_agree", "token_ids", "distributed_task"]
+
+
+def window_ids(step: int, batch: int, n_windows: int, rank: int = 0, world: int = 1,
+               start: int = 0) -> list[int]:
+    """The token windows that ``rank`` of ``world`` reads in micro-step ``step`` (0, 1, ...).
+
+    Data parallelism shards one stream, as ``torch.utils.data.DistributedSampler`` does (no
+    shuffle): the windows are dealt round-robin to the ranks, so micro-step ``k`` of rank ``r``
+    reads windows ``start + (k * batch + b) * world + r`` for ``b < batch`` (modulo
+    ``n_windows``). In one micro-step the ranks read ``world x batch`` distinct windows, and
+    consecutive micro-steps (gradient accumulation, the next optimizer step) never read a
+    window again until the stream wraps around. With ``world == 1`` the windows are simply
+    consecutive.
+
+    Raises:
+        ValueError: ``rank`` outside ``[0, world)``, or fewer windows than one micro-step of all
+            ranks needs.
+    """
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, world={world}), got {rank}")
+    if n_windows < batch * world:
+        raise ValueError(f"{n_windows} windows cannot feed {world} rank(s) x batch={batch}")
+    return [(start + (step * batch + b) * world + rank) % n_windows for b in range(batch)]
+
+
+def batches(tokens: np.ndarray, batch: int, seq_len: int, start: int = 0, rank: int = 0,
+            world: int = 1):
+    """``(x, y)`` int64 CPU batches ``(batch, seq_len)`` from a 1-D token array, for one rank.
+
+    Window ``i`` is ``tokens[i*seq_len : (i+1)*seq_len + 1]`` (``x`` its first ``seq_len``
+    tokens, ``y`` the same shifted by one); micro-step ``k`` reads the windows
+    :func:`window_ids` gives ``rank`` of ``world`` (consecutive windows for one process), so
+    every rung reads the same tokens in the same order and no two ranks read the same window.
+
+    Raises:
+        ValueError: fewer tokens than one micro-step of all ranks needs.
+    """
+    n_windows = (len(tokens) - 1) // seq_len
+    if n_windows < batch * world:
+        raise ValueError(f"{len(tokens)} tokens hold {n_windows} windows of {seq_len}; "
+                         f"need at least batch x world = {batch * world}")
+    step = 0
+    while True:
+        rows = window_ids(step, batch, n_windows, rank, world, start)
+        w = np.stack([tokens[r * seq_len: r * seq_len + seq_len + 1] for r in rows])
+        w = torch.from_numpy(w.astype(np.int64))
+        yield w[:, :-1], w[:, 1:]
+        step += 1
+
+
+class _Windows(torch.utils.data.Dataset):
+    """Window ``i`` of a token array as ``(x, y)`` (for the DataLoader of the pinned loader)."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int):
+        self.tokens, self.seq_len = tokens, seq_len
+
+    def __len__(self):
+        return (len(self.tokens) - 1) // self.seq_len
+
+    def __getitem__(self, i):
+        L = self.seq_len
+        w = torch.from_numpy(self.tokens[i * L: i * L + L + 1].astype(np.int64))
+        return w[:-1], w[1:]
+
+
+def _pinned_batches(tokens: np.ndarray, batch: int, seq_len: int, rank: int = 0,
+                    world: int = 1):
+    ds = _Windows(tokens, seq_len)
+    if len(ds) < batch * world:
+        raise ValueError(f"{len(tokens)} tokens hold {len(ds)} windows; need batch x world = "
+                         f"{batch * world}")
+    # the order of batches(): this rank's windows rank, rank + world, ... (a distributed
+    # sampler without shuffling), the ragged end dropped
+    mine = range(rank, len(ds) - len(ds) % (batch * world), world)
+    while True:
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=mine, num_workers=2,
+                                             pin_memory=torch.cuda.is_available(),
+                                             drop_last=True, prefetch_factor=4)
+        yield from loader
+
+
+#: the most allocator events a snapshot keeps (one eager step of 8 micro-batches makes ~40,000)
+_SNAPSHOT_EVENTS = 400_000
+
+
+def _counting(stream, read: list):
+    """``stream``'s batches, appending each micro-step's index to ``read`` as it is taken."""
+    for item in stream:
+        read.append(len(read))
+        yield item
+
+
+def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str,
+          warmup: int = 2, seed: int = 0, lr: float = 3e-4, ddp: Any = None,
+          profile: bool = False, snapshot: str | None = None,
+          snapshot_events: int = _SNAPSHOT_EVENTS) -> RunResult:
+    """Train GPT-2 by ``rung`` for ``warmup + steps`` optimizer steps; time the last ``steps``.
+
+    Args:
+        rung: the configuration.
+        tokens: 1-D array of token ids (uint16 memmap or any integer array), all ids below
+            ``rung.vocab``.
+        steps: timed optimizer steps (>= 1).
+        device: where to train.
+        warmup: untimed steps first (compilation happens in the first).
+        seed: initial weights (the same for every rung with the same seed and model on the
+            same device: they are drawn on ``device``, so a GPU's differ from a CPU's).
+        lr: AdamW learning rate (betas 0.9, 0.95, weight decay 0.1 on matrices).
+        ddp: a callable wrapping the model for data parallelism (e.g. ``DistributedDataParallel``
+            with its arguments bound), or None. With DDP each rank reads its own windows.
+        profile: after the timed steps, profile one more step with ``torch.profiler`` and put
+            its kernels in ``result.extra["kernels"]``: ``[(name, seconds), ...]``, the
+            12 longest rows of the profiler's table (device time on a GPU, where ATen operators
+            and the kernels they launch both appear, so do not sum it; self CPU time on a
+            CPU), and every device kernel in ``result.extra["device_kernels"]`` (GPU: the
+            device-side events only, each kernel counted once, for :func:`step_breakdown`;
+            CPU: every operator's self CPU time), and the step's busy time and idle gaps in
+            ``result.extra["timeline"]`` (a :class:`Timeline`, or None).
+        snapshot: a file to write a CUDA memory snapshot of one more step to
+            (``torch.cuda.memory._dump_snapshot``, for https://pytorch.org/memory_viz); ignored
+            on a CPU (``result.extra["snapshot"]`` is None there).
+        snapshot_events: the most allocator events the snapshot keeps (the last ones; about
+            100 bytes of file each); ``result.extra["snapshot_complete"]`` says whether the
+            whole step fitted.
+
+    Returns:
+        A :class:`RunResult`; the model and optimizer are freed before it returns.
+
+    Raises:
+        ValueError: ``steps`` < 1, ``warmup`` < 0, or token ids outside the vocabulary.
+    """
+    positive_int("steps", steps)
+    integer("warmup", warmup, 0)
+    if not isinstance(rung, Rung):
+        raise TypeError(f"rung must be a Rung, got {type(rung).__name__}")
+    device = torch.device(device)
+    top = int(np.max(tokens[: 1 << 20])) if len(tokens) else 0
+    if top >= rung.vocab:
+        raise ValueError(f"tokens hold id {top}, outside the vocabulary of {rung.vocab}")
+    cfg = rung.config()
+    if (rung.graphs or rung.step_graph) and ddp is not None:
+        raise ValueError("a graphs or step_graph rung runs in one process: train it without ddp")
+    torch.compiler.reset()
+    held = 0
+    if device.type == "cuda":
+        gc.collect()                     # earlier runs' models in reference cycles
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        held = torch.cuda.memory_allocated(device)   # not this run's: left out
+    torch.manual_seed(seed)
+    with device:        # the weights are made where they train: no host init, no copy
+        model = GPT(cfg)
+    # the page's step (chapter 10, perflab.gpt2.steps): this function only measures it
+    net = make_net(model, rung, ddp)
+    opt = make_optimizer(model, rung, lr)
+    rank, world = 0, 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    # one stream of windows dealt to the ranks (window_ids): no two ranks, and no two
+    # micro-steps, read the same tokens
+    if rung.loader == "pinned":
+        stream = _pinned_batches(tokens, rung.batch, rung.seq_len, rank, world)
+    else:
+        stream = batches(tokens, rung.batch, rung.seq_len, rank=rank, world=world)
+    n_windows = (len(tokens) - 1) // rung.seq_len
+    read: list[int] = []      # micro-steps read so far (their windows: window_ids)
+    stream = _counting(stream, read)
+    if rung.step_graph and device.type == "cuda":
+        # two eager warm-up steps, then the capture: time only replays
+        warmup = max(warmup, 3)
+        one_step = make_graphed_step(net, opt, rung, stream, device, warmup=2)
+    else:
+        one_step = make_step(net, opt, rung, stream, device)
+    losses: list[torch.Tensor] = []
+
+    def step():
+        losses.append(one_step())
+
+    first_step = Stopwatch(device).start()
+    first = None
+    for i in range(warmup):
+        step()
+        if i == 0:
+            first = first_step.elapsed()
+    with Telemetry(index=device.index or 0 if device.type == "cuda" else 0) as tel:
+        with Stopwatch(device) as timed:
+            for _ in range(steps):
+                step()
+    summary = tel.summary()
+    step_s = timed.seconds / steps
+    # the losses of the warm-up and timed steps only: a profiled or snapshot step (CUDA only)
+    # would give rungs different counts, and the memory table compares them element by element
+    n_losses = len(losses)
+    # the windows of the timed steps, so that a data-parallel run can count distinct tokens
+    timed_reads = read[len(read) - steps * rung.accum:]
+    extra = {"windows": sorted({w for k in timed_reads for w in window_ids(
+        k, rung.batch, n_windows, rank, world)})}
+    if profile:
+        extra.update(profile_step(step, device))
+    if snapshot is not None:
+        extra["snapshot"] = None
+        if device.type == "cuda":
+            # the step's last `snapshot_events` events (the default keeps every event of
+            # an eager step of 8 micro-batches), stacks cut to 8 frames
+            snap = record_snapshot(step, max_entries=snapshot_events, max_frames=8)
+            events = sum(len(t) for t in snap.get("device_traces", []))
+            extra["snapshot_events"] = events
+            extra["snapshot_complete"] = events < snapshot_events
+            save_snapshot(snap, snapshot)
+            extra["snapshot"] = str(snapshot)
+    peak = torch.cuda.max_memory_allocated(device) - held if device.type == "cuda" else None
+    result = RunResult(
+        rung=asdict(rung), tokens_per_s=rung.tokens_per_step / step_s, step_s=step_s,
+        flops_per_token=model.flops_per_token(rung.seq_len), peak_bytes=peak,
+        losses=[float(v) for v in torch.stack(losses[:n_losses]).cpu()],
+        compile_s=max(0.0, (first if first is not None else step_s) - step_s),
+        telemetry=summary.sentence(), clock_fraction=summary.clock_fraction,
+        params=model.num_params(), extra=extra)
+    del net, model, opt, one_step
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def losses_agree(a: Sequence[float], b: Sequence[float], rtol: float = 0.02,
+                 window: int = 5) -> tuple[bool, float]:
+    """Do two loss curves over the same tokens agree? Returns ``(agree, worst)``.
+
+    The curves are smoothed by a running mean over ``window`` steps (single steps are noisy),
+    and ``worst`` is the largest relative difference ``|a - b| / b`` of the smoothed curves;
+    they agree when ``worst <= rtol``.
+
+    Raises:
+        ValueError: curves of different lengths, shorter than ``window``, or non-finite values.
+    """
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"the curves must be 1-D and of the same length, got {a.shape}, {b.shape}")
+    if len(a) < window or window < 1:
+        raise ValueError(f"need window >= 1 and at least window={window} steps, got {len(a)}")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise ValueError("the loss curves hold non-finite values")
+    k = np.ones(window) / window
+    sa, sb = np.convolve(a, k, "valid"), np.convolve(b, k, "valid")
+    worst = float(np.max(np.abs(sa - sb) / np.abs(sb)))
+    return worst <= rtol, worst
+
+
+def token_ids(tokens: str | None, n_tokens: int = 4_000_000, id_range: int = 8192) -> np.ndarray:
+    """The token ids a worker trains on: the uint16 file ``tokens`` (memory-mapped), or, when
+    None, ``n_tokens`` seeded random ids below ``id_range`` (the same on every rank)."""
+    if tokens is not None:
+        return np.memmap(tokens, dtype=np.uint16, mode="r")
+    return np.random.default_rng(0).integers(0, id_range, n_tokens).astype(np.uint16)
+
+
+def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str | None = None,
+                     n_tokens: int = 4_000_000, id_range: int = 8192,
+                     fsdp: bool = False) -> dict:
+    """One rank's part of a data-parallel GPT-2 run (called by ``perflab.distributed.training``'s worker).
+
+    ``rung`` is a :class:`Rung` as a dict; ``tokens`` the path of a uint16 token file (None:
+    ``n_tokens`` seeded random ids below ``id_range``, the same on every rank). Each rank trains
+    ``rung.batch`` sequences per micro-batch on its own windows; ``fsdp`` shards parameters,
+    gradients and optimizer state with FSDP2's ``fully_shard`` on every block and the root
+    instead of replicating them with DDP. Returns the rank's :meth:`RunResult.as_dict`
+    (tokens/s of this rank; the slowest rank's step time is in ``extra["max_step_s"]``).
+    """
+    r = rung_from_dict(rung)
+    ids = token_ids(tokens, n_tokens, id_range)
+    if fsdp:
+        wrap = _fsdp_wrapper(ctx)
+    else:
+        ids_ = [ctx.device.index] if ctx.device.type == "cuda" else None
+
+        def wrap(module):
+            return DistributedDataParallel(module, device_ids=ids_)
+    res = train(r, ids, steps, ctx.device, warmup=warmup, ddp=wrap)
+    res.extra["max_step_s"] = ctx.max_over_ranks(res.step_s)
+    res.extra["world_size"] = ctx.world
+    # tokens/s of the whole job counts each window once: the union over ranks of the windows
+    # their timed steps read (equal to world x this rank's when the stream is sharded)
+    every = [None] * ctx.world
+    ctx.dist.all_gather_object(every, res.extra["windows"])
+    distinct = len(set().union(*map(set, every)))
+    res.extra["distinct_windows"] = distinct
+    res.extra["job_tokens_per_s"] = distinct * r.seq_len / (steps * res.extra["max_step_s"])
+    return res.as_dict()
+
+
+def _fsdp_wrapper(ctx):
+    def wrap(module):
+        for block in module.model.blocks:
+            fully_shard(block)
+        fully_shard(module)
+        return module
+    return wrap

@@ -1,0 +1,440 @@
+"""Loading measured: read, decode and loader rates, and the training loop that waits for data.
+
+* :func:`read_rate`, :func:`raw_read_rate`: items or bytes per second of reading a dataset or
+  files in this process (cold stays cold: one timed pass);
+* :func:`parallel_decode_rate`: the machine's own scaling of decoding with processes, without a
+  DataLoader; :func:`cpu_rate` and :func:`gpu_rate`: decoding (or the whole pipeline) on loader
+  workers and on the GPU; :func:`gpu_decode_profile` and :func:`kernel_seconds`: which engine or
+  kernel did the work;
+* :func:`loader_rate`: a DataLoader's steady state (the first round of batches and the last left
+  out), with the CPU time of its workers; :func:`import_seconds`: what ``spawn`` workers pay to
+  start;
+* :func:`train_steps` on :func:`small_cnn`: each step split into waiting for data and the rest.
+
+Rates are items (images) per second or bytes per second; times are seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from perflab.core.telemetry import Telemetry
+from perflab.core.timing import Stopwatch, process_seconds, timestamp
+from perflab.core.validate import positive_int
+from perflab.loading.loaders import collate_list, collate_packed, seed_worker, usable_cores
+from perflab.loading.storage import MemmapImages
+from perflab.loading.transforms import (decode_pil, decode_resized, gpu_augment_list, gpu_decode,
+                                       pil_pipeline)
+
+try:  # Unix only: the CPU time of finished loader workers (None on Windows)
+    import resource
+except ImportError:
+    resource = None
+
+__all__ = ["read_rate", "parallel_decode_rate", "loader_rate", "raw_read_rate", "import_seconds",
+           "kernel_seconds", "cpu_rate", "gpu_rate", "gpu_decode_profile", "small_cnn",
+           "small_cnn_flops", "train_steps"]
+
+
+def read_rate(dataset, n: int | None = None, batch: int = 64) -> float:
+    """Items per second of reading ``n`` items of ``dataset`` in this process, front to back.
+
+    Map-style datasets of single items are indexed ``0..n-1``; a :class:`MemmapImages` is read
+    ``batch`` indices per call; an iterable dataset is iterated. One timed pass
+    (:class:`perflab.core.timing.Stopwatch`), so a cold page cache stays cold.
+
+    Raises:
+        ValueError: ``n`` not positive or larger than the dataset.
+    """
+    if isinstance(dataset, IterableDataset):
+        count = 0
+        with Stopwatch() as sw:
+            for _ in dataset:
+                count += 1
+                if n is not None and count >= n:
+                    break
+        return count / sw.seconds
+    n = len(dataset) if n is None else positive_int("n", n)
+    if n > len(dataset):
+        raise ValueError(f"n={n} but the dataset has {len(dataset)} items")
+    with Stopwatch() as sw:
+        if isinstance(dataset, MemmapImages):
+            for k in range(0, n, batch):
+                dataset[list(range(k, min(n, k + batch)))]
+        else:
+            for i in range(n):
+                dataset[i]
+    return n / sw.seconds
+
+
+def _decode_share(args: tuple) -> tuple[float, int]:
+    files, side, t_go = args
+    while timestamp() < t_go:                 # every process starts at the same moment
+        time.sleep(0.0005)
+    with Stopwatch() as sw:
+        for f in files:
+            decode_resized(f, side)
+    return sw.seconds, len(files)
+
+
+def _ready(_: int) -> int:
+    return os.getpid()
+
+
+def parallel_decode_rate(files: Sequence[str | os.PathLike], processes: int,
+                         side: int = 144) -> float:
+    """Images/s of ``processes`` plain processes, each decoding its own share of ``files`` with
+    :func:`decode_resized` (what :class:`JpegFolder` does per item) and keeping nothing: no
+    DataLoader, no batches sent anywhere. This is the machine's own scaling with cores (clock
+    boost, shared caches and memory bandwidth, shared physical cores), the ceiling a loader with
+    as many workers can reach. Processes are forked (spawned where fork does not exist), started
+    and warmed before the clock; the rate is all images over the slowest process's time.
+
+    Raises:
+        ValueError: ``processes`` not a positive int, or fewer ``files`` than ``processes``.
+    """
+    positive_int("processes", processes)
+    if len(files) < processes:
+        raise ValueError(f"need at least processes={processes} files, got {len(files)}")
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    ctx = multiprocessing.get_context(method)
+    with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
+        list(pool.map(_ready, range(4 * processes)))           # every process up
+        t_go = timestamp() + 0.1 + 0.01 * processes
+        shares = [(list(files[k::processes]), side, t_go) for k in range(processes)]
+        done = list(pool.map(_decode_share, shares))
+    return sum(n for _, n in done) / max(t for t, _ in done)
+
+
+def _children_cpu_s() -> float | None:
+    if resource is None:
+        return None
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | None = None,
+                count: Callable | None = None) -> dict:
+    """Drain ``loader`` and time its steady state.
+
+    Loader workers start together, so their first batches arrive in one burst (one per worker,
+    built from scratch), and at the end of an epoch they run out of batches one by one: neither
+    is what a long epoch sees. By default the clock starts after the first *round* (``warmup`` =
+    one batch per worker, or one batch without workers) and stops one round before the end
+    (``batches`` = the batches in between). Returns a dict with ``images_per_s`` (over the timed
+    batches), ``first_batch_s`` (creating the iterator, starting workers, first batch),
+    ``images`` (timed), ``worker_cpu_s`` (CPU seconds the loader's worker processes used, read
+    when they have exited; None without workers or where the OS does not say) and
+    ``main_cpu_s`` (CPU seconds of this process over the timed batches).
+
+    A batch is counted with ``count(batch)`` when given; else it is a tensor, or a tuple/list
+    whose first element is one (its first dimension counts the images) or a list of images
+    (:func:`collate_list`).
+
+    Raises:
+        ValueError: a loader too short for ``warmup`` plus one timed batch.
+    """
+    rounds = max(1, loader.num_workers)
+    if warmup is None:
+        warmup = rounds
+    if batches is None:
+        try:
+            total = len(loader)
+        except TypeError:       # an iterable dataset without a length: time it to the end
+            total = None
+        batches = None if total is None else total - warmup - (rounds if loader.num_workers else 0)
+        if batches is not None and batches < 1:
+            raise ValueError(f"the loader gives {total} batches: too few to skip a round of "
+                             f"{rounds} at each end and time one")
+    cpu0 = _children_cpu_s()
+    sw = Stopwatch().start()
+    it = iter(loader)
+    count_, n_batches = 0, 0
+    first = timed = main0 = None
+    for batch in it:
+        if count is not None:
+            k = count(batch)
+        else:
+            x = batch[0] if isinstance(batch, (tuple, list)) else batch
+            k = len(x)
+        n_batches += 1
+        if first is None:
+            first = sw.elapsed()
+        if n_batches == warmup:
+            timed, main0 = Stopwatch().start(), process_seconds()
+        elif n_batches > warmup:
+            count_ += k
+        if batches is not None and n_batches >= batches + warmup:
+            break
+    elapsed = timed.elapsed() if timed is not None else None
+    main1 = process_seconds()
+    del it                                   # the workers exit (and are reaped) here
+    cpu1 = _children_cpu_s()
+    if timed is None or count_ == 0:
+        raise ValueError(f"the loader gave {n_batches} batches; need more than warmup={warmup}")
+    return {"images_per_s": count_ / elapsed, "first_batch_s": first, "images": count_,
+            "worker_cpu_s": (cpu1 - cpu0) if loader.num_workers and cpu0 is not None else None,
+            "main_cpu_s": main1 - main0}
+
+
+def raw_read_rate(files: Sequence[str | os.PathLike]) -> float:
+    """Bytes per second of reading ``files`` whole, one after the other, in this process (no
+    decoding): the storage's rate when their pages are not cached, the page cache's when they
+    are. One timed pass, so cold stays cold."""
+    sw = Stopwatch().start()
+    total = sum(len(Path(f).read_bytes()) for f in files)
+    return total / sw.elapsed()
+
+
+def import_seconds(modules: Sequence[str] = ("torch", "perflab.loading.storage",
+                                           "perflab.loading.loaders"),
+                   processes: int = 1) -> float:
+    """Seconds ``processes`` fresh Python processes, started together, take to import ``modules``
+    and exit (the slowest of them): what loader workers started with ``spawn`` or ``forkserver``
+    pay before their first batch, since they start together and import the dataset's module by
+    name. Runs ``sys.executable -c "import ..."`` with this clone on the path.
+
+    Raises:
+        RuntimeError: a child process failed (its stderr in the message).
+        ValueError: ``processes`` not a positive integer.
+    """
+    positive_int("processes", processes)
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    sw = Stopwatch().start()
+    procs = [subprocess.Popen([sys.executable, "-c", "import " + ", ".join(modules)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(processes)]
+    errors = [p.communicate()[1] for p in procs]
+    elapsed = sw.elapsed()
+    for p, err in zip(procs, errors):
+        if p.returncode != 0:
+            raise RuntimeError(f"importing {modules} failed: {err[-1000:]}")
+    return elapsed
+
+
+def kernel_seconds(fn: Callable[[], object]) -> dict[str, float]:
+    """Seconds each CUDA kernel name took in one call of ``fn()`` (after one warm-up call), from
+    ``torch.profiler``, longest first: where a GPU function's time goes, kernel by kernel.
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("kernel_seconds needs a CUDA GPU")
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(
+                ("Memcpy", "Memset", "[memory]")):
+            out[e.name] = out.get(e.name, 0.0) + (e.time_range.end - e.time_range.start) * 1e-6
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+class _BytesDataset(Dataset):
+    """JPEG bytes held in memory; item ``i`` is ``fn(bytes_i)`` (a picklable module-level fn)."""
+
+    def __init__(self, blobs: Sequence[bytes], fn: Callable):
+        self.blobs = list(blobs)
+        self.fn = fn
+
+    def __len__(self):
+        return len(self.blobs)
+
+    def __getitem__(self, i):
+        return self.fn(self.blobs[i])
+
+
+def _pipeline_224(data: bytes) -> torch.Tensor:
+    return pil_pipeline(data, 224)
+
+
+def cpu_rate(blobs: Sequence[bytes], what: str = "decode", num_workers: int | None = None,
+             batch: int = 64, multiprocessing_context: str | None = None,
+             collate: str = "list") -> dict:
+    """Images/s of decoding (``what="decode"``, Pillow, pixels delivered to this process) or of
+    the full pipeline (``what="pipeline"``: :func:`pil_pipeline` to 224 x 224, batches of float32
+    ``(B, 3, 224, 224)`` stacked by the default collate) on ``num_workers`` loader workers
+    (default: every usable core; 0 = this process). Decoded images differ in size: ``collate``
+    ``"list"`` sends them as one tensor each (:func:`collate_list`), ``"packed"`` as one tensor
+    per batch (:func:`collate_packed`). Returns :func:`loader_rate`'s dict over one pass of
+    ``blobs`` (steady state).
+
+    Raises:
+        ValueError: ``what`` not "decode" or "pipeline", or ``collate`` not "list" or "packed".
+    """
+    if what not in ("decode", "pipeline"):
+        raise ValueError(f"what must be 'decode' or 'pipeline', got {what!r}")
+    if collate not in ("list", "packed"):
+        raise ValueError(f"collate must be 'list' or 'packed', got {collate!r}")
+    workers = usable_cores() if num_workers is None else num_workers
+    fn = decode_pil if what == "decode" else _pipeline_224
+    collate_fn = None if what == "pipeline" else collate_list if collate == "list" else collate_packed
+    loader = DataLoader(_BytesDataset(blobs, fn), batch_size=batch, num_workers=workers,
+                        collate_fn=collate_fn, worker_init_fn=seed_worker if workers else None,
+                        multiprocessing_context=multiprocessing_context if workers else None)
+    packed = what == "decode" and collate == "packed"
+    return loader_rate(loader, count=(lambda b: len(b[0])) if packed else None)
+
+
+def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
+             device: str | torch.device = "cuda", repeats: int = 3) -> dict:
+    """Images/s of batched GPU decode (``what="decode"``) or of the whole GPU pipeline
+    (``"pipeline"``: decode, then :func:`gpu_augment_list` to 224 x 224) over ``blobs`` in
+    batches of ``batch``, from bytes in host memory to pixels on the GPU.
+
+    One warm-up pass, then ``repeats`` timed passes (synchronized, ``time.perf_counter``), the
+    best kept. Returns ``{"images_per_s", "host_cpu_fraction", "telemetry"}``: the host CPU time
+    of this process over the timed passes divided by their wall time (1.0 = one core busy all
+    along), and the :class:`perflab.core.telemetry.TelemetrySummary` of the timed passes only (the
+    GPU's clock while it worked, not while it waited for the warm-up or the set-up).
+
+    Raises:
+        ValueError: ``what`` not "decode" or "pipeline".
+    """
+    if what not in ("decode", "pipeline"):
+        raise ValueError(f"what must be 'decode' or 'pipeline', got {what!r}")
+    g = torch.Generator().manual_seed(0)
+    data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]  # once, untimed
+
+    def one_pass():
+        for k in range(0, len(data), batch):
+            imgs = gpu_decode(data[k:k + batch], device)
+            if what == "pipeline":
+                gpu_augment_list(imgs, 224, generator=g)
+
+    one_pass()
+    best, cpu, wall = math.inf, 0.0, 0.0
+    with Telemetry(device=device) as tel:
+        for _ in range(repeats):
+            c0, sw = process_seconds(), Stopwatch(device).start()
+            one_pass()
+            dt = sw.elapsed()
+            cpu, wall = cpu + process_seconds() - c0, wall + dt
+            best = min(best, dt)
+    return {"images_per_s": len(blobs) / best, "host_cpu_fraction": cpu / wall,
+            "telemetry": tel.summary()}
+
+
+def gpu_decode_profile(blobs: Sequence[bytes], device: str | torch.device = "cuda") -> dict:
+    """Which engine decodes: one batched :func:`gpu_decode` of ``blobs`` under ``torch.profiler``.
+
+    Returns ``{"wall_s", "kernel_s", "sm_busy_fraction", "kernels"}``: the call's wall time, the
+    summed duration of the CUDA kernels it launched (copies excluded), their ratio, and the names
+    of the five longest kernels with their seconds. nvJPEG's CUDA back end runs its inverse DCT
+    and colour conversion as kernels on the SMs; its hardware back end runs them on the JPEG
+    engines, which launch no kernel a profiler sees.
+    """
+
+    data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
+    gpu_decode(data, device)                  # warm-up: the decoder and its buffers
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        sw = Stopwatch(device).start()
+        gpu_decode(data, device)
+        wall = sw.elapsed()
+    per_name: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(
+                ("Memcpy", "Memset", "[memory]")):
+            per_name[e.name] = per_name.get(e.name, 0.0) + (e.time_range.end - e.time_range.start) * 1e-6
+    kernel_s = sum(per_name.values())
+    top = sorted(per_name.items(), key=lambda kv: -kv[1])[:5]
+    return {"wall_s": wall, "kernel_s": kernel_s, "sm_busy_fraction": kernel_s / wall,
+            "kernels": top}
+
+
+def small_cnn(width: int = 64, classes: int = 10) -> torch.nn.Module:
+    """A small convolutional classifier: four stages, each a stride-2 3x3 convolution and a
+    stride-1 3x3 convolution (``width``, 2x, 4x, 8x channels, BatchNorm + ReLU after each), global
+    average pooling and a linear head. FLOPs: :func:`small_cnn_flops`."""
+    positive_int("width", width)
+    layers, c_in = [], 3
+    for k in range(4):
+        c_out = width * 2**k
+        layers += [torch.nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False),
+                   torch.nn.BatchNorm2d(c_out), torch.nn.ReLU(inplace=True),
+                   torch.nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
+                   torch.nn.BatchNorm2d(c_out), torch.nn.ReLU(inplace=True)]
+        c_in = c_out
+    layers += [torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(c_in, classes)]
+    return torch.nn.Sequential(*layers)
+
+
+def small_cnn_flops(width: int = 64, side: int = 128) -> float:
+    """Forward FLOPs of :func:`small_cnn` on one ``side`` x ``side`` image: the convolutions only,
+    ``2 * 9 * C_in * C_out * H_out * W_out`` each (a multiply-add is two FLOPs). A training step
+    costs about three times this (forward, and two products of the same size backward)."""
+    total, c_in, s = 0.0, 3, side
+    for k in range(4):
+        c_out = width * 2**k
+        s = (s + 1) // 2
+        total += 2 * 9 * c_in * c_out * s * s + 2 * 9 * c_out * c_out * s * s
+        c_in = c_out
+    return total
+
+
+def train_steps(loader, model: torch.nn.Module, steps: int, device: str | torch.device,
+                gpu_transform: Callable | None = None, warmup: int = 3) -> dict:
+    """Train ``model`` (SGD, cross-entropy) for ``steps`` batches of ``loader`` and split each
+    step's time into waiting for data and the rest.
+
+    Per step (a :class:`perflab.core.timing.Stopwatch` on ``device``): ``next(loader)``; copy to ``device`` (``non_blocking`` when the batch is
+    pinned); ``gpu_transform(x)`` if given, else ``x.float() / 255`` when ``x`` is uint8;
+    forward, backward, optimizer step; synchronize. Data wait = time until the batch is on the
+    device (the GPU is idle meanwhile). Returns ``images_per_s``, ``data_wait_fraction``
+    (wait / total over the timed steps), ``step_ms``, ``steps`` (after ``warmup`` untimed ones).
+
+    Raises:
+        ValueError: ``steps`` not positive, or the loader ran out before ``warmup + steps``.
+    """
+    positive_int("steps", steps)
+    dev = torch.device(device)
+    model = model.to(dev).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    it = iter(loader)
+    wait = total = 0.0
+    images = 0
+    for k in range(warmup + steps):
+        sw = Stopwatch(dev).start()
+        try:
+            x, y = next(it)
+        except StopIteration:
+            raise ValueError(f"the loader ran out after {k} batches; need {warmup + steps}") from None
+        x = x.to(dev, non_blocking=x.is_pinned())
+        y = torch.as_tensor(y).to(dev, non_blocking=True)
+        waited = sw.elapsed()                    # the batch is on the device
+        if gpu_transform is not None:
+            x = gpu_transform(x)
+        elif x.dtype == torch.uint8:
+            x = x.float().div_(255)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step_s = sw.elapsed()
+        if k >= warmup:
+            wait += waited
+            total += step_s
+            images += len(y)
+    return {"images_per_s": images / total, "data_wait_fraction": wait / total,
+            "step_ms": 1e3 * total / steps, "steps": steps}

@@ -1,0 +1,177 @@
+"""What chapter 6 measures a step with, each usable on a CPU: operators, loop time, copy overlap, logs.
+
+* :func:`op_count`: the operators a step dispatches (the unit of its host cost);
+* :func:`wall_time`: synchronized wall-clock time of a loop, as a training loop runs it;
+* :func:`profile_overlap`: how much of the host-to-device copy time a profiler trace shows
+  running under a kernel (the interval arithmetic is :mod:`perflab.core.profiler`'s);
+* :func:`graph_replay_semantics`: what a CUDA graph replays and what it does not;
+* :func:`capture_logs`: ``torch._logging`` output (for example why ``torch.compile`` skipped
+  CUDA graphs) returned as text instead of written to stderr.
+
+The techniques themselves (the prefetcher, BN folding, the CUDA-graph step, the ladder's loop)
+are written on chapter 6's page; the page exports the ones later pages reuse (the generated
+modules :mod:`perflab.speed.overlap`, :mod:`perflab.speed.fusion` and :mod:`perflab.speed.graphs`).
+Units: seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Any, Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from perflab.core.profiler import overlap_fraction, trace_events, trace_intervals
+from perflab.core.timing import seconds_per_call
+
+__all__ = ["op_count", "profile_overlap", "capture_logs",
+           "graph_replay_semantics", "wall_time"]
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def op_count(fn: Callable[[], object]) -> int:
+    """The ATen operators one call of ``fn()`` dispatches: forward, backward (the autograd engine's
+    threads inherit the counting mode) and optimizer alike, views and copies included.
+
+    Each costs the host a dispatch (and on a GPU, most a kernel launch), so for a step whose
+    kernels are short this count times the host's cost per operator is the step's time. Call
+    ``fn`` once before (optimizer state, cuDNN's choices) so the count is a steady step's.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    with _OpCounter() as counter:
+        fn()
+    return counter.count
+
+
+def profile_overlap(fn: Callable[[], object]) -> tuple[float, int, int]:
+    """Profile ``fn()`` on the GPU and return ``(overlap fraction, copies, kernels)``.
+
+    The trace is read back with :func:`perflab.core.profiler.trace_events` and
+    :func:`perflab.core.profiler.trace_intervals`; the fraction is
+    :func:`perflab.core.profiler.overlap_fraction`.
+
+    Raises:
+        RuntimeError: no CUDA GPU, or the trace holds no host-to-device copy.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("profile_overlap needs a CUDA GPU")
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    copies, kernels = trace_intervals(trace_events(prof))
+    if not copies:
+        raise RuntimeError("the trace holds no host-to-device copy")
+    return overlap_fraction(copies, kernels), len(copies), len(kernels)
+
+
+def capture_logs(fn: Callable[[], Any], **set_logs: Any) -> tuple[Any, str]:
+    """Run ``fn()`` with ``torch._logging.set_logs(**set_logs)`` and return ``(result, log text)``.
+
+    ``torch._logging`` writes through ``logging.StreamHandler`` objects bound to ``sys.stderr``
+    when ``set_logs`` installs them; installing them while stderr is redirected to a buffer
+    binds them to the buffer, so the log can be printed in a notebook cell as text (nothing goes
+    to stderr); anything else ``fn`` writes to stderr is returned too. Logging is reset to the
+    defaults afterwards, even when ``fn`` raises.
+    Example: ``capture_logs(run, perf_hints=True, cudagraphs=True)`` shows why
+    ``torch.compile(mode="reduce-overhead")`` skipped CUDA graphs.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buf):
+            torch._logging.set_logs(**set_logs)
+            out = fn()
+    finally:
+        torch._logging.set_logs()             # outside the redirect: defaults go to stderr
+    return out, buf.getvalue()
+
+
+def graph_replay_semantics(device: torch.device | str | None = None) -> dict[str, Any]:
+    """Show what a CUDA graph replays and what it does not, on a tiny ``y = x * 2 + 1``.
+
+    Returns a dict: ``python_calls`` (times the Python body ran: 1, at capture, however many
+    replays), ``replays``, ``new_name_result`` (output after binding the name ``x`` to a new
+    tensor and replaying: still the old input's result), ``copied_result`` (after ``copy_``
+    into the static input: the new result).
+
+    Raises:
+        RuntimeError: no CUDA GPU.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("graph_replay_semantics needs a CUDA GPU")
+    dev = torch.device(device or "cuda")
+    calls = {"n": 0}
+    x = torch.full((4,), 1.0, device=dev)
+
+    def body(inp):
+        calls["n"] += 1                       # a Python side effect
+        return inp * 2 + 1
+
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        body(x)                               # warm-up (counts as one Python call)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    calls["n"] = 0
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = body(x)
+    for _ in range(5):
+        g.replay()
+    static_x = x
+    x = torch.full((4,), 10.0, device=dev)    # new tensor, old name: the graph never sees it
+    g.replay()
+    new_name = y[0].item()
+    static_x.copy_(x)                         # the right way: copy into the static input
+    g.replay()
+    copied = y[0].item()
+    return {"python_calls": calls["n"], "replays": 7, "new_name_result": new_name,
+            "copied_result": copied}
+
+
+def wall_time(fn: Callable[[], object], device: torch.device | str, reps: int = 5,
+              warmup: int = 1, stat: str = "median") -> float:
+    """Wall-clock seconds of one call of ``fn()``, the device synchronized around each call.
+
+    ``stat="median"`` (default) or ``"min"`` over ``reps`` calls after ``warmup`` calls; the
+    minimum is the estimate least disturbed by other processes (use it for checks that compare
+    two loops on a shared machine).
+
+    For whole training loops (or steps) whose cost is partly on the CPU: the calls run as in a
+    real loop, with nothing between them. (:func:`perflab.core.timing.benchmark` on a GPU flushes the
+    L2 between calls; the flush kernel gives the CPU a head start that hides part of an
+    overhead-bound step's cost, which is what a loop measurement must include.)
+
+    Raises:
+        ValueError: ``reps`` < 1, ``warmup`` < 0 or an unknown ``stat``.
+    """
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"reps must be >= 1 and warmup >= 0, got {reps}, {warmup}")
+    if stat not in ("median", "min"):
+        raise ValueError(f"stat must be 'median' or 'min', got {stat!r}")
+    dev = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    times = sorted(seconds_per_call(fn, 1, dev) for _ in range(reps))
+    return times[0] if stat == "min" else times[len(times) // 2]
