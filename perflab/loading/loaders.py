@@ -213,17 +213,15 @@ class IndexArray(Dataset):
 _STARTED: dict[str, float] = {}
 
 
-def _process_start_time() -> float | None:
-    """When this process started, in seconds since the epoch on :func:`timestamp`'s clock, to
-    the 10 ms of the kernel's clock ticks (Linux's /proc: the process's start after boot and
-    the time since boot; None elsewhere)."""
+def _process_age() -> float | None:
+    """Seconds since this process started, to the 10 ms of the kernel's clock ticks (Linux's
+    /proc: the time since boot minus the process's start after boot; None elsewhere)."""
     try:
         start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
-    return timestamp() - age
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def startup_init(worker_id: int) -> None:
@@ -231,15 +229,19 @@ def startup_init(worker_id: int) -> None:
     initialization (after the interpreter started, the parent's main module was prepared, the
     modules were imported and the dataset unpickled), then does what :func:`seed_worker` does."""
     _STARTED["init"] = timestamp()
+    age = _process_age()
+    _STARTED["age"] = float("nan") if age is None else age
     seed_worker(worker_id)
 
 
 class StartupProbe(Dataset):
     """Wraps ``dataset``; item ``i`` is ``(x, y, phases)`` with ``phases`` a float64 tensor
-    ``[process start, worker init, this fetch began, ipykernel imported (1/0), modules loaded]``
-    (times in seconds since the epoch, comparable with
-    :func:`perflab.core.timing.timestamp` in the parent; process start is NaN where /proc does
-    not say). Use it with :func:`startup_init` to split a spawned worker's start-up."""
+    ``[process age at worker init, worker init, this fetch began, ipykernel imported (1/0),
+    modules loaded]``: the age in seconds (NaN where /proc does not say), the two moments in
+    seconds since the epoch, comparable with :func:`perflab.core.timing.timestamp` in the
+    parent. Use it with :func:`startup_init` to split a spawned worker's start-up: launch (the
+    parent's call until the process existed), start to init (interpreter, the parent's main
+    module prepared, imports, the dataset unpickled: the age), init to fetch, fetch to batch."""
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
@@ -250,8 +252,7 @@ class StartupProbe(Dataset):
     def __getitem__(self, i):
         began = timestamp()
         x, y = self.dataset[i]
-        start = _process_start_time()
-        phases = torch.tensor([float("nan") if start is None else start,
+        phases = torch.tensor([_STARTED.get("age", float("nan")),
                                _STARTED.get("init", float("nan")), began,
                                float("ipykernel" in sys.modules), float(len(sys.modules))],
                               dtype=torch.float64)
