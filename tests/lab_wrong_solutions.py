@@ -242,15 +242,18 @@ WRONG = {
         # all-gather's factor (n-1)/n instead of the all-reduce's 2 (n-1)/n
         ("ex2-solution", "return alpha + nbytes * 2 * (world_size - 1) / world_size / busbw",
          "return alpha + nbytes * (world_size - 1) / world_size / busbw", r"on 2 ranks"),
+        # chapter 8's first bucket model: every bucket's start-up exposed, and the last bucket
+        ("ex3-solution", "    return max(0.0, free - backward_s)",
+         "    return len(bucket_bytes) * alpha + bucket_bytes[-1] * 2 * (world_size - 1) / world_size / busbw",
+         r"long backward"),
+        # no overlap: every bucket ready only when the backward ends
+        ("ex3-solution", "        ready = backward_s * done / total", "        ready = backward_s", r"long backward"),
         # DDP's default bucket size, which this launch did not measure
-        ("ex3-solution", "bucket_choice_mb = min(step_s, key=step_s.get)", "bucket_choice_mb = 25.0",
+        ("ex3-solution", "bucket_choice_mb = min(rounds_by_mb,", "bucket_choice_mb = 25.0 or min(rounds_by_mb,",
          r"was not measured"),
-        # the slowest measured cap
-        ("ex3-solution", "bucket_choice_mb = min(step_s, key=step_s.get)",
-         "bucket_choice_mb = max(step_s, key=step_s.get)", r"the fastest measured"),
-        # the square root forgotten: start-up and last bucket are not balanced
-        ("ex3-solution", "predicted_best_mb = (alpha * bk[\"grad_bytes\"] * busbw_max / factor)**0.5 / 2**20",
-         "predicted_best_mb = alpha * bk[\"grad_bytes\"] * busbw_max / factor / 2**20", r"balance at"),
+        # DDP's default predicted without the model
+        ("ex3-solution", "predicted_best_mb = min(rounds_by_mb, key=lambda mb: exposed(",
+         "predicted_best_mb = 25.0 or min(rounds_by_mb, key=lambda mb: exposed(", r"exposes least"),
         # plain Adam: every rank keeps the whole state
         ("ex4-solution", """    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam,
                                    lr=1e-3)""", "    return torch.optim.Adam(params, lr=1e-3)",
@@ -264,12 +267,34 @@ WRONG = {
                                    lr=1e-3)""", """    mine = [p for i, p in enumerate(params)   # this rank's layers
             if (i // 2) % dist.get_world_size() == dist.get_rank()]
     return torch.optim.Adam(mine, lr=1e-3)""", r"different models"),
-        # exercise 5, GPT-2 medium's gradients (pending/labs/ only; it was lab 2's exercise 4):
-        # the final LayerNorm forgotten
-        ("ex5-solution", "+ layers * (12 * width**2 + 13 * width) + 2 * width)", "+ layers * (12 * width**2 + 13 * width))",
+        # Adam over part of the parameters, then rank 0's copy broadcast to every rank: the ranks
+        # agree, and the parameters no rank 0 Adam steps never move (review N27)
+        ("ex4-solution", """    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam,
+                                   lr=1e-3)""", """    params = list(params)
+    mine = [p for i, p in enumerate(params)
+            if (i // 2) % dist.get_world_size() == dist.get_rank()]
+    inner = torch.optim.Adam(mine, lr=1e-3)
+
+    class Synced:
+        state = inner.state
+
+        def zero_grad(self):
+            inner.zero_grad()
+
+        def step(self):
+            inner.step()
+            for p in params:
+                dist.broadcast(p.data, src=0)
+    return Synced()""", r"wrong model"),
+        # the rank ignored: every rank reads the same samples
+        ("ex5-solution", "    return order[rank::world]", "    return order[:n // world]", r"both read"),
+        # the epoch left out of the seed (DistributedSampler's set_epoch forgotten)
+        ("ex5-solution", "manual_seed(1000 + epoch)", "manual_seed(1000)", r"set_epoch"),
+        # exercise 6, GPT-2 medium's gradients (it was lab 2's exercise 4): the final LayerNorm forgotten
+        ("ex6-solution", "+ layers * (12 * width**2 + 13 * width) + 2 * width)", "+ layers * (12 * width**2 + 13 * width))",
          r"parameter count"),
         # algorithm bandwidth used as bus bandwidth: no 2(n-1)/n (equal on 2 ranks; the 8-rank case fails it)
-        ("ex5-solution", "return 2 * (world_size - 1) / world_size * nbytes / busbw", "return nbytes / busbw",
+        ("ex6-solution", "return 2 * (world_size - 1) / world_size * nbytes / busbw", "return nbytes / busbw",
          r"all-reduce time"),
     ],
     "07_memory": [

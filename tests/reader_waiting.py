@@ -14,27 +14,18 @@ Keys are built pages (``book/NN_topic.html``, ``labs/NN_topic.html``), except
 # A figure output that is not a numbered figure (myst-nb's cell metadata ``mystnb.figure``)
 # whose provenance line names the device that measured it (``perflab.measured_on``), or a
 # numbered figure that no prose refers to ({numref}).
-# Chapter 8 and lab 8 are NOT exempt from this rule: their second edition (pending/book/ and
-# pending/labs/08_*.md, issue 37's distributed engineer) replaces these pages, and the rule
-# applies to the new pages from the commit that moves them into the book. The entries stay
-# only while the old pages are on show; remove them in that commit (the test says so).
-FIGURES_WITHOUT_NUMBER_OR_DEVICE: set[str] = {
-    "book/08_distributed_training.html",
-    "labs/08_distributed.html",
-}
+# (Chapter 8 and lab 8 left this list with their second edition, issue 39.)
+FIGURES_WITHOUT_NUMBER_OR_DEVICE: set[str] = set()
 
 # The same figure shown twice on a page (``finish(fig)`` as a cell's last line before
 # perflab.plotting displayed figures itself).
 FIGURES_SHOWN_TWICE: set[str] = set()
 
 # Numbers a person would not write (``tests/test_reader.py::NUMBER_SHAPES``), on every page of
-# the table of contents. Chapter 8 and lab 8 wait for their second edition, as above (the rule
-# is theirs too: "0.0e+00", "2.05e+03 MiB" and a stray True must not reach the new pages);
-# chapter 1 prints "1/1.32e+03 of the matrix rate", which the rule's fraction shape now sees.
+# the table of contents: chapter 1 prints "1/1.32e+03 of the matrix rate", which the rule's
+# fraction shape now sees.
 NUMBER_SHAPES: set[str] = {
     "book/01_why_training_is_slow.html",
-    "book/08_distributed_training.html",
-    "labs/08_distributed.html",
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -55,7 +46,6 @@ VISIBLE_BOOKKEEPING: set[str] = {
     "book/05_data_loading.html",
     "book/06_single_gpu_speed.html",
     "book/07_single_gpu_memory.html",
-    "book/08_distributed_training.html",       # replaced by its second edition (pending/)
     "book/09_advanced_optimizations.html",
     "book/10_gpt2_case_study.html",
     "book/roofline_explorer.html",             # three glue calls in the prediction cell: a code
@@ -75,7 +65,6 @@ TELEMETRY_IN_PROSE: set[str] = {
     "book/05_data_loading.html",
     "book/06_single_gpu_speed.html",
     "book/07_single_gpu_memory.html",
-    "book/08_distributed_training.html",       # replaced by its second edition (pending/)
     "book/09_advanced_optimizations.html",
     "book/10_gpt2_case_study.html",
 }
@@ -102,6 +91,4 @@ WIDER_THAN_THE_PAGE: set[str] = set()
 MOSTLY_BOOKKEEPING_CELLS: dict[str, int] = {
     "book/02_hardware.md": 2,
     "book/03_pytorch_internals.md": 1,
-    "book/08_distributed_training.md": 3,           # the page on show, until replaced by
-    "pending/book/08_distributed_training.md": 3,   # its second edition (fix it before it lands)
 }

@@ -170,17 +170,17 @@ def test_l2_row_is_chapter_2s_graph_replayed_copy_fit(monkeypatch):
 
 def _sweep(alpha, busbw, sizes=(4096, 2**16, 2**20, 2**24)):
     """A gloo sweep on 2 ranks whose times follow t = alpha + S / busbw exactly (alpha may be < 0)."""
-    from perflab.distributed import collectives
+    from perflab.machine import interconnect
 
-    pts = tuple(collectives.AllReducePoint(s, alpha + s / busbw, 10, s / (alpha + s / busbw), s / (alpha + s / busbw))
+    pts = tuple(interconnect.AllReducePoint(s, alpha + s / busbw, 10, s / (alpha + s / busbw), s / (alpha + s / busbw))
                 for s in sizes)
-    return collectives.AllReduceResult("gloo", 2, "cpu", pts, {}, "perf_counter")
+    return interconnect.AllReduceResult("gloo", 2, "cpu", pts, {}, "perf_counter")
 
 
 def test_allreduce_latency_is_the_alpha_beta_intercept_not_the_first_size(monkeypatch):
     """Chapter 2 glues alpha of the alpha-beta fit as the all-reduce latency; the card reports the same."""
     monkeypatch.setattr(report, "gpu_count", lambda: 0)
-    monkeypatch.setattr(report.collectives, "allreduce_sweep", lambda *a, **k: _sweep(50e-6, 2e9))
+    monkeypatch.setattr(report.interconnect, "allreduce_sweep", lambda *a, **k: _sweep(50e-6, 2e9))
     card = report.Card()
     report._allreduce(card, report._sizes(quick=True))
     first = card.curves["allreduce"]["seconds"][0]
@@ -197,7 +197,7 @@ def test_allreduce_latency_is_the_alpha_beta_intercept_not_the_first_size(monkey
 
 def test_a_fit_without_a_positive_latency_is_a_note_not_a_metric(monkeypatch):
     monkeypatch.setattr(report, "gpu_count", lambda: 0)
-    monkeypatch.setattr(report.collectives, "allreduce_sweep",
+    monkeypatch.setattr(report.interconnect, "allreduce_sweep",
                         lambda *a, **k: _sweep(-5e-6, 2e9, (2**20, 2**22, 2**24)))
     card = report.Card()
     report._allreduce(card, report._sizes(quick=True))

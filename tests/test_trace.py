@@ -121,7 +121,7 @@ def test_regime_rule():
         regime(0.5, 0.5, threshold=0)
     with pytest.raises(ValueError, match="busy_fraction"):
         regime(0.5, 0.5, busy_fraction=1.5)
-    with pytest.raises(ValueError, match="fractions"):
+    with pytest.raises(ValueError, match="flops_fraction"):
         regime(-0.1, 0.5)
 
 

@@ -25,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from perflab.core.fits import fit_line
 from perflab.core.progress import progress as show_progress
+from perflab.core.validate import number, positive_int
 from perflab.internals.overhead import op_rate
 
 try:  # POSIX only: page faults of this process (None on Windows)
@@ -208,8 +209,8 @@ def call_cost_sweep(
     sizes = [int(n) for n in numels]
     if not sizes or min(sizes) < 1:
         raise ValueError(f"numels must be a non-empty list of positive sizes, got {sizes}")
-    if element_budget < 1 or max_calls < 10:
-        raise ValueError(f"element_budget must be >= 1 and max_calls >= 10, got {element_budget}, {max_calls}")
+    number("element_budget", element_budget, minimum=1)
+    number("max_calls", max_calls, minimum=10)
     iterator = show_progress(sizes, f"call cost on {torch.device(device).type}", progress)
     out = []
     for n in iterator:
@@ -231,8 +232,7 @@ def page_faults_per_call(fn: Callable[[], object], calls: int = 20) -> float | N
     Raises:
         ValueError: ``calls`` < 1.
     """
-    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
-        raise ValueError(f"calls must be an int >= 1, got {calls!r}")
+    positive_int("calls", calls)
     if resource is None:
         return None
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -5,7 +5,6 @@ Rates here are operations per second; times are seconds. Every function runs on 
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -13,7 +12,7 @@ from typing import Callable, Sequence
 import torch
 
 from perflab.core.timing import Stopwatch, benchmark, best_of, synchronize
-from perflab.core.validate import positive, positive_int
+from perflab.core.validate import number, positive, positive_int
 from perflab.machine.caches import beyond_cache_numel
 from perflab.machine.roofline import copy_bandwidth
 
@@ -36,8 +35,7 @@ def python_adds_per_second(n: int = 2_000_000) -> float:
     Raises:
         ValueError: ``n`` < 1.
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    number("n", n, minimum=1)
     return n / best_of(lambda: _add_loop(n), repeats=3)
 
 
@@ -88,8 +86,8 @@ def op_rate(device: torch.device | str, numel: int = 1, ops: int = 5000) -> floa
     Raises:
         ValueError: ``numel`` or ``ops`` < 1.
     """
-    if numel < 1 or ops < 1:
-        raise ValueError(f"numel and ops must be >= 1, got numel={numel}, ops={ops}")
+    number("numel", numel, minimum=1)
+    number("ops", ops, minimum=1)
     dev = torch.device(device)
     x = torch.randn(numel, device=dev)
     for _ in range(100):  # warm-up: CUDA context, caching allocator, kernel load
@@ -206,15 +204,11 @@ class CallModel:
     overlapped: bool = True
 
     def __post_init__(self) -> None:
-        for name, v, lo in (("host_issue_s", self.host_issue_s, 0.0),
-                            ("bandwidth", self.bandwidth, 0.0)):
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > lo):
-                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
-        if not (isinstance(self.device_fixed_s, (int, float))
-                and math.isfinite(self.device_fixed_s) and self.device_fixed_s >= 0):
-            raise ValueError(f"device_fixed_s must be >= 0, got {self.device_fixed_s!r}")
-        if self.peak_flops is not None and not self.peak_flops > 0:
-            raise ValueError(f"peak_flops must be > 0 or None, got {self.peak_flops!r}")
+        positive("host_issue_s", self.host_issue_s)
+        positive("bandwidth", self.bandwidth)
+        number("device_fixed_s", self.device_fixed_s, minimum=0)
+        if self.peak_flops is not None:
+            positive("peak_flops", self.peak_flops)
 
     @property
     def t0(self) -> float:
@@ -227,8 +221,8 @@ class CallModel:
         Raises:
             ValueError: negative ``nbytes`` or ``flops``, or ``flops`` > 0 without a peak.
         """
-        if nbytes < 0 or flops < 0:
-            raise ValueError(f"nbytes and flops must be >= 0, got {nbytes}, {flops}")
+        number("nbytes", nbytes, minimum=0)
+        number("flops", flops, minimum=0)
         if flops and self.peak_flops is None:
             raise ValueError("flops > 0 needs a model with peak_flops")
         compute = flops / self.peak_flops if flops else 0.0

@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from perflab.core.timing import paired_ratio
+from perflab.core.validate import number
 from perflab.labs.exercises import (ExerciseFailed, NotPlain, as_tensor, check_ratio_at_least, not_done,
                                     plain)
 from perflab.loading.loaders import seed_worker, worker_thread_counts
@@ -233,8 +234,7 @@ def rule_of_thumb_workers(curve: dict, fraction: float = 0.9) -> int:
     """
     if not curve:
         raise ValueError("curve is empty")
-    if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    number("fraction", fraction, above=0, maximum=1)
     best = max(curve.values())
     return min(n for n, r in curve.items() if r >= fraction * best)
 

@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from perflab.core.timing import timestamp
-from perflab.core.validate import positive_int
+from perflab.core.validate import integer, positive_int
 
 __all__ = ["usable_cores", "seed_worker", "threads_everywhere", "RandomProbe",
            "worker_thread_counts", "collate_list", "collate_packed", "unpack", "ZeroImages",
@@ -110,8 +110,7 @@ def worker_thread_counts(num_workers: int, worker_init_fn: Callable | None = Non
     ``{worker_id: torch.get_num_threads()}`` (worker id -1 is the main process when
     ``num_workers=0``). Multiply by the workers to get the threads competing for the cores.
     """
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    integer("num_workers", num_workers, 0)
     loader = DataLoader(_ThreadProbe(4 * max(1, num_workers)), batch_size=1,
                         num_workers=num_workers, worker_init_fn=worker_init_fn,
                         multiprocessing_context=multiprocessing_context if num_workers else None)

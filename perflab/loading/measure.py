@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from perflab.core.telemetry import Telemetry
 from perflab.core.timing import Stopwatch, process_seconds, timestamp
-from perflab.core.validate import positive_int
+from perflab.core.validate import one_of, positive_int
 from perflab.loading.loaders import collate_list, collate_packed, seed_worker, usable_cores
 from perflab.loading.storage import MemmapImages
 from perflab.loading.transforms import (decode_pil, decode_resized, gpu_augment_list, gpu_decode,
@@ -361,10 +361,8 @@ def cpu_rate(blobs: Sequence[bytes], what: str = "decode", num_workers: int | No
     Raises:
         ValueError: ``what`` not "decode" or "pipeline", or ``collate`` not "list" or "packed".
     """
-    if what not in ("decode", "pipeline"):
-        raise ValueError(f"what must be 'decode' or 'pipeline', got {what!r}")
-    if collate not in ("list", "packed"):
-        raise ValueError(f"collate must be 'list' or 'packed', got {collate!r}")
+    one_of("what", what, ("decode", "pipeline"))
+    one_of("collate", collate, ("list", "packed"))
     workers = usable_cores() if num_workers is None else num_workers
     fn = decode_pil if what == "decode" else _pipeline_224
     collate_fn = None if what == "pipeline" else collate_list if collate == "list" else collate_packed
@@ -392,8 +390,7 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
     Raises:
         ValueError: ``what`` not "decode" or "pipeline".
     """
-    if what not in ("decode", "pipeline"):
-        raise ValueError(f"what must be 'decode' or 'pipeline', got {what!r}")
+    one_of("what", what, ("decode", "pipeline"))
     g = torch.Generator().manual_seed(0)
     data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]  # once, untimed
 

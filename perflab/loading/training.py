@@ -3,7 +3,10 @@
 # From book/05_data_loading.md:
 #   book/05_data_loading.md: The ladder: feeding a small model
 
-"""Code taught on book/05_data_loading.md, exported for the pages that reuse it.
+"""Chapter 5's training loop, written to show where the host waits for
+data.
+
+Code taught on book/05_data_loading.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """

@@ -36,7 +36,7 @@ from perflab.core.fits import fit_line
 from perflab.core.progress import progress as show_progress
 from perflab.core.timing import benchmark
 from perflab.core.profiler import device_seconds_per_call
-from perflab.core.validate import integer, positive_int
+from perflab.core.validate import integer, number, positive_int
 from perflab.machine.cpu import cache_levels
 from perflab.record.plotting import style
 
@@ -109,8 +109,8 @@ def geometric_sizes(lo: int, hi: int, per_octave: int = 2, multiple: int = 4096)
     """
     if lo <= 0 or hi < lo:
         raise ValueError(f"need 0 < lo <= hi, got lo={lo}, hi={hi}")
-    if per_octave < 1 or multiple < 1:
-        raise ValueError(f"per_octave and multiple must be >= 1, got {per_octave}, {multiple}")
+    number("per_octave", per_octave, minimum=1)
+    number("multiple", multiple, minimum=1)
     count = int(round(math.log2(hi / lo) * per_octave))
     sizes = []
     for i in range(count + 1):
@@ -148,8 +148,7 @@ def read_bandwidth(
     integer("nbytes", nbytes, itemsize, multiple_of=itemsize)
     if total_bytes is None:
         total_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
-    if total_bytes < 1:
-        raise ValueError(f"total_bytes must be >= 1, got {total_bytes}")
+    number("total_bytes", total_bytes, minimum=1)
     n = nbytes // itemsize
     if dev.type == "cuda":
         # On a GPU the stride-0 view sends the reduction down ATen's generic (unvectorized) path,
@@ -245,8 +244,7 @@ def without_fixed_cost(points: Sequence[WorkingSetPoint], fixed_s: float) -> lis
     Raises:
         ValueError: ``fixed_s`` negative.
     """
-    if fixed_s < 0:
-        raise ValueError(f"fixed_s must be >= 0 seconds, got {fixed_s}")
+    number("fixed_s", fixed_s, minimum=0)    # seconds
     out = []
     for p in points:
         left = p.nbytes / p.bytes_per_s - fixed_s
@@ -295,10 +293,8 @@ def find_steps(
         raise ValueError("sizes and bandwidths must all be positive")
     if any(b <= a for a, b in zip(sizes, sizes[1:])):
         raise ValueError("sizes must be strictly increasing")
-    if not 0 < min_drop < 1:
-        raise ValueError(f"min_drop must be in (0, 1), got {min_drop}")
-    if tolerance < 0:
-        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    number("min_drop", min_drop, above=0, below=1)
+    number("tolerance", tolerance, minimum=0)
     y = _median3([math.log(b) for b in bws])
     x = [math.log(s) for s in sizes]
     small = -math.log(1 - tolerance) if tolerance < 1 else float("inf")
@@ -338,8 +334,7 @@ def match_steps(steps: Sequence[Step], sizes: Sequence[float], max_factor: float
     Raises:
         ValueError: a non-positive size or ``max_factor`` < 1.
     """
-    if max_factor < 1:
-        raise ValueError(f"max_factor must be >= 1, got {max_factor}")
+    number("max_factor", max_factor, minimum=1)
     if any(s <= 0 for s in sizes):
         raise ValueError("sizes must all be positive")
     unused = list(steps)
@@ -410,12 +405,10 @@ def beyond_cache_numel(factor: float = 4.0, element_size: int = 4,
         ValueError: ``factor`` < 1, a non-positive ``element_size`` or ``minimum``, or
             ``maximum`` < ``minimum``.
     """
-    if factor < 1:
-        raise ValueError(f"factor must be >= 1, got {factor}")
-    if element_size < 1 or minimum < 1:
-        raise ValueError(f"element_size and minimum must be >= 1, got {element_size}, {minimum}")
-    if maximum < minimum:
-        raise ValueError(f"maximum must be >= minimum, got {maximum} < {minimum}")
+    number("factor", factor, minimum=1)
+    number("element_size", element_size, minimum=1)
+    number("minimum", minimum, minimum=1)
+    number("maximum", maximum, minimum=minimum)
     levels = cache_levels(sysfs)
     if not levels:
         return int(minimum)

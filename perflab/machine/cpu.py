@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import torch
 
 from perflab.core.device import cpu_clocks_mhz, cpuinfo
-from perflab.core.validate import integer, positive, positive_int
+from perflab.core.validate import integer, number, positive, positive_int
 from perflab.machine.roofline import copy_bandwidth, matmul_rate
 
 __all__ = [
@@ -139,8 +139,7 @@ def default_thread_counts(maximum: int | None = None) -> list[int]:
         ValueError: ``maximum`` < 1.
     """
     top = torch.get_num_threads() if maximum is None else maximum
-    if top < 1:
-        raise ValueError(f"maximum must be >= 1, got {top}")
+    number("maximum", top, minimum=1)
     counts = []
     t = 1
     while t < top:
@@ -253,11 +252,10 @@ def peak_flops_estimate(cores: int = 1, fma_units: int = 2, clock: float | None 
         ValueError: a non-positive ``cores``, ``fma_units``, ``clock`` or ``lanes``.
         RuntimeError: no ``clock`` given and the OS reports none.
     """
-    if cores < 1 or fma_units < 1:
-        raise ValueError(f"cores and fma_units must be >= 1, got cores={cores}, fma_units={fma_units}")
+    number("cores", cores, minimum=1)
+    number("fma_units", fma_units, minimum=1)
     lanes = simd_fp32_lanes() if lanes is None else lanes
-    if lanes < 1:
-        raise ValueError(f"lanes must be >= 1, got {lanes}")
+    number("lanes", lanes, minimum=1)
     if clock is None:
         clock = clock_hz()
         if clock is None:

@@ -32,7 +32,7 @@ from perflab.core.device import need_gpu
 from perflab.core.progress import progress as show_progress
 from perflab.core.telemetry import Telemetry, TelemetrySummary, measure
 from perflab.core.timing import Stopwatch, event_timer, synchronize
-from perflab.core.validate import integers, positive, positive_int
+from perflab.core.validate import integers, number, positive, positive_int
 from perflab.machine.caches import WorkingSetPoint
 from perflab.machine.costs import elementwise_cost
 from perflab.machine.roofline import SweepPoint, matmul_rate, repeat_multiply
@@ -85,9 +85,9 @@ def dram_bandwidth_from_clock(bus_width_bits: int, mem_clock_hz: float, transfer
     Raises:
         ValueError: a non-positive argument.
     """
-    if bus_width_bits <= 0 or mem_clock_hz <= 0 or transfers_per_clock <= 0:
-        raise ValueError(f"all arguments must be > 0, got bus_width_bits={bus_width_bits}, "
-                         f"mem_clock_hz={mem_clock_hz}, transfers_per_clock={transfers_per_clock}")
+    for name, v in (("bus_width_bits", bus_width_bits), ("mem_clock_hz", mem_clock_hz),
+                    ("transfers_per_clock", transfers_per_clock)):
+        positive(name, v)
     return bus_width_bits / 8 * transfers_per_clock * mem_clock_hz
 
 
@@ -312,8 +312,7 @@ def burst_and_sustained(
     for name, v in (("n", n), ("burst_reps", burst_reps)):
         positive_int(name, v)
     positive("sustained_s", sustained_s)
-    if rest_s < 0:
-        raise ValueError(f"rest_s must be >= 0, got {rest_s}")
+    number("rest_s", rest_s, minimum=0)
     dev = torch.device(device)
     index = (dev.index or 0) if dev.type == "cuda" else 0
     a = torch.randn(n, n, device=dev).to(dtype)

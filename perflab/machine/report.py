@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from perflab.core import formats, nvml
 from perflab.core.device import cpu_name, gpu_count
 from perflab.core.timing import Stopwatch
-from perflab.distributed import collectives
+from perflab.machine import interconnect
 from perflab.machine import caches, cpu, datasheets, disk, gpu, roofline, transfer
 from perflab.machine.caches import format_bytes
 from perflab.record.provenance import environment, short_devices
@@ -282,8 +282,8 @@ def _host_device(card: Card, s: dict) -> None:
 
 
 def _nvlink_theory() -> tuple[float | None, str | None, str | None]:
-    text = collectives.topology_text()
-    link = collectives.gpu_link(text, 0, 1) if text else None
+    text = interconnect.topology_text()
+    link = interconnect.gpu_link(text, 0, 1) if text else None
     sheet = datasheets.datasheet() or {}
     if link and link.startswith("NV") and sheet.get("nvlink_bandwidth"):
         return sheet["nvlink_bandwidth"] / 2 / 1e9, f"{_sheet_name()}: NVLink total / 2", link
@@ -300,12 +300,12 @@ def _peer(card: Card, s: dict) -> None:
 
 
 def _allreduce(card: Card, s: dict) -> None:
-    """Chapter 2's all-reduce: the sweep (:func:`perflab.distributed.collectives.allreduce_sweep`) and its
+    """Chapter 2's all-reduce: the sweep (:func:`perflab.machine.interconnect.allreduce_sweep`) and its
     latency and bus bandwidth from the alpha-beta fit of the whole sweep
-    (:func:`perflab.distributed.collectives.alpha_beta`), not from one size (the smallest carried set-up cost)."""
+    (:func:`perflab.machine.interconnect.alpha_beta`), not from one size (the smallest carried set-up cost)."""
     backend = "nccl" if gpu_count() >= 2 else "gloo"
-    result = collectives.allreduce_sweep(s[backend], nproc=2, backend=backend)
-    fit = collectives.alpha_beta(result)
+    result = interconnect.allreduce_sweep(s[backend], nproc=2, backend=backend)
+    fit = interconnect.alpha_beta(result)
     card.curves["allreduce"] = {
         "backend": backend, "timer": result.timer, "nbytes": [p.nbytes for p in result.points],
         "seconds": [p.seconds for p in result.points], "busbw": [p.busbw for p in result.points],

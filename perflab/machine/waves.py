@@ -22,7 +22,7 @@ from perflab.core.device import need_gpu
 from perflab.core.fits import fit_line
 from perflab.core.progress import progress as show_progress
 from perflab.core.timing import event_timer
-from perflab.core.validate import integers, positive_int
+from perflab.core.validate import integers, number, positive_int
 
 __all__ = ["tile_count", "wave_count", "wave_model", "wave_sweep", "WaveFit", "fit_waves", "batch_wave_sweep",
            "WaveWidthFit", "fit_wave_width"]
@@ -65,8 +65,9 @@ def wave_model(sizes: Sequence[int], plateau: float, sms: int, tile: tuple[int, 
     Raises:
         ValueError: a size, ``sms`` or a tile side that is not positive.
     """
-    if sms < 1 or min(tile) < 1 or any(n < 1 for n in sizes):
-        raise ValueError("sizes, sms and tile sides must be positive")
+    number("sms", sms, minimum=1)
+    for name, v in [("tile", t) for t in tile] + [("sizes", n) for n in sizes]:
+        number(name, v, minimum=1)
     out = []
     for n in sizes:
         tiles = math.ceil(n / tile[0]) * math.ceil(n / tile[1])
@@ -94,8 +95,10 @@ def wave_sweep(
     """
     need_gpu("wave_sweep")
     ns = list(ns)
-    if not ns or min(ns) < 1 or m < 1 or k < 1:
-        raise ValueError(f"m, k and every n must be positive, got m={m}, k={k}, ns={ns[:3]}...")
+    if not ns:
+        raise ValueError("ns must hold at least one size")
+    for name, v in [("m", m), ("k", k)] + [("ns", n) for n in ns]:
+        number(name, v, minimum=1)
     dev = torch.device(device)
     a = torch.randn(m, k, device=dev).to(dtype)
     b_full = torch.randn(k, max(ns), device=dev).to(dtype)
@@ -146,8 +149,8 @@ def fit_waves(
         raise ValueError("tiles must not be empty")
     ns = [n for n, _ in points]
     ts = [t for _, t in points]
-    if min(ts) <= 0:
-        raise ValueError("every time must be > 0 seconds")
+    for t in ts:
+        number("every time", t, above=0)      # seconds
     linear_rms = fit_line(ns, ts).rms_relative
     best = None
     for tm, tn in tiles:
@@ -269,8 +272,8 @@ def fit_wave_width(
         positive_int(name, v)
     bs = [b for b, _ in points]
     ts = [t for _, t in points]
-    if min(ts) <= 0:
-        raise ValueError("every time must be > 0 seconds")
+    for t in ts:
+        number("every time", t, above=0)      # seconds
     linear = fit_line(bs, ts, relative=True)
     best = None
     for tm, tn in tiles:

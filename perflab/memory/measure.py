@@ -20,7 +20,6 @@ and :mod:`perflab.memory.checkpointing`. Units: bytes unless a name says otherwi
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX
 
 from perflab.core.profiler import trace_events
 from perflab.core.timing import Stopwatch
+from perflab.core.validate import number
 from perflab.internals.autograd import saved_tensors
 from perflab.memory.model import BlockStack, BlockStackConfig
 from perflab.memory.steps import train_step
@@ -359,8 +359,6 @@ def gradient_tolerance(spread: float, factor: float = 100.0) -> float:
     Raises:
         ValueError: a spread that is negative or not finite, or a ``factor`` below 1.
     """
-    if not (math.isfinite(spread) and spread >= 0):
-        raise ValueError(f"spread must be a finite number >= 0, got {spread!r}")
-    if factor < 1:
-        raise ValueError(f"factor must be >= 1, got {factor}")
+    number("spread", spread, minimum=0)
+    number("factor", factor, minimum=1)
     return factor * max(spread, torch.finfo(torch.float32).eps)

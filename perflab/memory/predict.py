@@ -15,7 +15,7 @@ Units: bytes unless a name says otherwise.
 
 from __future__ import annotations
 
-from perflab.core.validate import positive_int
+from perflab.core.validate import number, positive_int
 from perflab.memory.model import BlockStackConfig
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "param_count", "static_bytes", "activation_bytes",
@@ -51,8 +51,8 @@ def static_bytes(n_params: int, bytes_per_param: dict[str, int] | None = None) -
     """
     positive_int("n_params", n_params)
     per = dict(ADAM_BYTES_PER_PARAM if bytes_per_param is None else bytes_per_param)
-    if any(v < 0 for v in per.values()):
-        raise ValueError(f"bytes_per_param must be >= 0, got {per}")
+    for part, v in per.items():
+        number(f"bytes_per_param[{part!r}]", v, minimum=0)
     out = {k: n_params * v for k, v in per.items()}
     out["total"] = sum(out.values())
     return out

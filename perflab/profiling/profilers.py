@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from perflab.core.validate import number
+
 __all__ = [
     "NcuKernel",
     "find_ncu",
@@ -290,8 +292,8 @@ def py_spy_record(script: str | os.PathLike, svg: str | os.PathLike, py_spy: str
         raise FileNotFoundError(f"script {script} does not exist")
     if not py_spy or not Path(py_spy).exists():
         raise FileNotFoundError(f"py-spy not found at {py_spy!r}")
-    if duration_s < 1 or rate_hz < 1:
-        raise ValueError(f"duration_s and rate_hz must be >= 1, got {duration_s} and {rate_hz}")
+    number("duration_s", duration_s, minimum=1)
+    number("rate_hz", rate_hz, minimum=1)
     svg.parent.mkdir(parents=True, exist_ok=True)
     cmd = [py_spy, "record", "-o", str(svg), "--format", "flamegraph", "--duration", str(duration_s),
            "--rate", str(rate_hz), "--", python or sys.executable, str(script), *args]

@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from perflab.core.profiler import NOT_COMPUTE, load_trace, union
+from perflab.core.validate import integer, number, one_of, positive_int
 from perflab.machine.costs import Cost, count_cost, op_cost
 from perflab.record.plotting import finish
 
@@ -230,8 +231,7 @@ def summarize_trace(source, top: int = 5) -> TraceSummary:
     Raises:
         ValueError: ``top`` < 1, or the trace contains no work to analyse.
     """
-    if top < 1:
-        raise ValueError(f"top must be >= 1, got {top}")
+    positive_int("top", top)
     events = source if isinstance(source, list) else load_trace(source)
     items = trace_items(events)
     steps = step_windows(events)
@@ -282,8 +282,7 @@ def short_name(name: str, width: int = 60) -> str:
     Raises:
         ValueError: ``width`` < 8.
     """
-    if width < 8:
-        raise ValueError(f"width must be >= 8, got {width}")
+    integer("width", width, 8)
     cut = name.split("<", 1)[0].replace("void ", "") if "<" in name else name
     cut = cut if len(cut) <= width else cut[: width - 1] + "…"
     return cut
@@ -322,13 +321,11 @@ def regime(flops_fraction: float, bandwidth_fraction: float, busy_fraction: floa
     Raises:
         ValueError: a negative fraction, a busy fraction outside [0, 1] or a bad threshold.
     """
-    if not 0 < threshold <= 1:
-        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
-    if flops_fraction < 0 or bandwidth_fraction < 0:
-        raise ValueError(f"fractions must be >= 0, got flops_fraction={flops_fraction}, "
-                         f"bandwidth_fraction={bandwidth_fraction}")
-    if busy_fraction is not None and not 0 <= busy_fraction <= 1:
-        raise ValueError(f"busy_fraction must be in [0, 1], got {busy_fraction}")
+    number("threshold", threshold, above=0, maximum=1)
+    number("flops_fraction", flops_fraction, minimum=0)
+    number("bandwidth_fraction", bandwidth_fraction, minimum=0)
+    if busy_fraction is not None:
+        number("busy_fraction", busy_fraction, minimum=0, maximum=1)
     if busy_fraction is not None and busy_fraction < 0.5:
         return "overhead-bound"
     if max(flops_fraction, bandwidth_fraction) < threshold:
@@ -360,14 +357,12 @@ def clock_normalized(efficiency: float, clock_fraction: float | None,
     Raises:
         ValueError: a negative efficiency, or a clock fraction that is not positive.
     """
-    if efficiency < 0:
-        raise ValueError(f"efficiency must be >= 0, got {efficiency}")
+    number("efficiency", efficiency, minimum=0)
     if clock_fraction is None or ceiling_clock_fraction is None:
         return None
     for label, v in (("clock_fraction", clock_fraction),
                      ("ceiling_clock_fraction", ceiling_clock_fraction)):
-        if not v > 0:
-            raise ValueError(f"{label} must be > 0, got {v}")
+        number(label, v, above=0)
     return efficiency * ceiling_clock_fraction / clock_fraction
 
 
@@ -427,10 +422,8 @@ def operator_rows(events, sort_by: str = "cpu_total_s", limit: int = 10) -> list
     Raises:
         ValueError: ``sort_by`` not a key of :data:`OPERATOR_COLUMNS`, or ``limit`` < 1.
     """
-    if sort_by not in OPERATOR_COLUMNS:
-        raise ValueError(f"sort_by must be one of {list(OPERATOR_COLUMNS)}, got {sort_by!r}")
-    if not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
+    one_of("sort_by", sort_by, OPERATOR_COLUMNS)
+    positive_int("limit", limit)
     rows = []
     for e in events:
         if getattr(e, "device_type", None) != torch.autograd.DeviceType.CPU:

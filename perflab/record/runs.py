@@ -209,7 +209,7 @@ def referenced_names(tree: ast.AST, module: str | None = None, is_package: bool 
     of the tree's own module, a package when ``is_package``), attribute chains on an imported
     name (``perflab.machine.roofline.x``: the package loads submodules on first attribute
     access) and string constants that are exactly a module name (``["-m",
-    "perflab.distributed.collectives"]``). Names that are not modules (functions, classes) are
+    "perflab.machine.interconnect"]``). Names that are not modules (functions, classes) are
     included; callers keep the ones they can resolve. Used by :func:`perflab_modules` and by
     ``scripts/architecture.py`` (the module map's "used by").
 

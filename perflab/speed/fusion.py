@@ -3,7 +3,10 @@
 # From book/06_2_busy_gpu.md:
 #   book/06_2_busy_gpu.md: Fused operators
 
-"""Code taught on book/06_2_busy_gpu.md, exported for the pages that reuse it.
+"""Chapter 6's fusion at inference: batch norm folded into the layer before
+it.
+
+Code taught on book/06_2_busy_gpu.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """

@@ -3,7 +3,10 @@
 # From book/06_3_fewer_syncs_and_launches.md:
 #   book/06_3_fewer_syncs_and_launches.md: CUDA graphs for a launch-bound step
 
-"""Code taught on book/06_3_fewer_syncs_and_launches.md, exported for the pages that reuse it.
+"""Chapter 6's CUDA-graph training step: capture once, copy each batch into
+static inputs, replay.
+
+Code taught on book/06_3_fewer_syncs_and_launches.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """
@@ -15,16 +18,21 @@ import torch.nn.functional as F
 
 
 class GraphedStep:
-    """One training step (cross-entropy, backward, optimizer) as a CUDA graph.
+    """One training step (loss, backward, optimizer) as a CUDA graph.
 
-    ``step(x, y)`` copies the batch into static inputs and replays. The
-    optimizer must be capturable; its state is made by the eager warm-up steps
-    on a side stream before capture (``warmup``: a list of (x, y) batches).
-    Python in the step (counters, prints) runs once, at capture.
+    ``step(x, y)`` copies the batch into static inputs and replays. The loss
+    is ``loss(x, y)``, by default the cross-entropy of ``model(prepare(x))``.
+    The optimizer must be capturable; its state is made by the eager warm-up
+    steps on a side stream before capture (``warmup``: a list of (x, y)
+    batches on the GPU). Python in the step (counters, prints) runs once, at
+    capture. ``capture_error_mode="thread_local"`` lets another thread (a
+    loader's) call CUDA during the capture.
     """
 
-    def __init__(self, model, opt, warmup, prepare=lambda x: x):
+    def __init__(self, model, opt, warmup, prepare=lambda x: x, loss=None,
+                 capture_error_mode="global"):
         self.model, self.opt, self.prepare = model, opt, prepare
+        self.loss = loss or (lambda x, y: F.cross_entropy(model(prepare(x)), y))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -34,14 +42,15 @@ class GraphedStep:
         self.static_y = torch.empty_like(warmup[0][1])
         self.graph = torch.cuda.CUDAGraph()
         opt.zero_grad(set_to_none=True)
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph,
+                              capture_error_mode=capture_error_mode):
             self.static_loss = self.eager(self.static_x, self.static_y,
                                           zero=False)
 
     def eager(self, x, y, zero=True):
         if zero:
             self.opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(self.model(self.prepare(x)), y)
+        loss = self.loss(x, y)
         loss.backward()
         self.opt.step()
         return loss

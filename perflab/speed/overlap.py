@@ -3,7 +3,10 @@
 # From book/06_1_host_and_bus.md:
 #   book/06_1_host_and_bus.md: Overlapping copies with compute
 
-"""Code taught on book/06_1_host_and_bus.md, exported for the pages that reuse it.
+"""Chapter 6's prefetcher: the next batch copied on a side stream while this
+one computes.
+
+Code taught on book/06_1_host_and_bus.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """
