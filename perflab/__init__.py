@@ -6,12 +6,13 @@ idea it owns and who uses it):
 
 * ``core``, infrastructure every chapter shares: which device and how big a problem (the one reader
   of the CPU's ``cpuinfo``), the one NVML reader, the one sampler, the one torch.profiler reader,
-  timing, fits, number formats, progress bars, argument checks.
+  the one torchrun launcher, timing, fits, number formats, progress bars, argument checks.
 * ``record``, where numbers come from and where they go: provenance and glue, reference runs as
   data, the run's ceilings, claims checked against data, numbers as a person writes them, tables in
   one call, the plot style.
 * ``machine``, chapters 1 and 2: the roofline and the cost model, the machine's parts (CPU, caches,
-  disk, GPU, tiles and waves, host-device copies), datasheets, the report card, the explorer.
+  disk, GPU, tiles and waves, host-device copies, the interconnect), datasheets, the report card,
+  the explorer.
 * ``internals``, chapter 3: tensors and views, operators and dispatch, autograd's saved tensors,
   host-device synchronizations, per-call overhead.
 * ``profiling``, chapter 4: evidence from torch.profiler traces, external profilers (Nsight

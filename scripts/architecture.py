@@ -73,14 +73,15 @@ class Section:
 SECTIONS = [
     Section("core", "infrastructure", "", "infrastructure every chapter shares",
             "which device and how big a problem (the one reader of the CPU's ``cpuinfo``), the one NVML "
-            "reader, the one sampler, the one torch.profiler reader, timing, fits, number formats, "
-            "progress bars, argument checks"),
+            "reader, the one sampler, the one torch.profiler reader, the one torchrun launcher, "
+            "timing, fits, number formats, progress bars, argument checks"),
     Section("record", "infrastructure", "", "where numbers come from and where they go",
             "provenance and glue, reference runs as data, the run's ceilings, claims checked "
             "against data, numbers as a person writes them, tables in one call, the plot style"),
     Section("machine", "chapter", "1-2", "chapters 1 and 2",
             "the roofline and the cost model, the machine's parts (CPU, caches, disk, GPU, tiles "
-            "and waves, host-device copies), datasheets, the report card, the explorer"),
+            "and waves, host-device copies, the interconnect), datasheets, the report card, the "
+            "explorer"),
     Section("internals", "chapter", "3", "chapter 3",
             "tensors and views, operators and dispatch, autograd's saved tensors, host-device "
             "synchronizations, per-call overhead"),

@@ -96,12 +96,19 @@ def test_the_first_cell_s_docstring_becomes_the_module_s(tmp_path):
         export_pages.collect([later])
 
 
+#: Generated modules whose first #@save cell does not open with a docstring yet, waiting for their
+#: page's author (a list that only shrinks): chapter 8's, the distributed engineer's (issue 38).
+WITHOUT_DOCSTRING = {"perflab.distributed.costs", "perflab.distributed.steps"}
+
+
 def test_every_exported_module_of_the_book_says_what_it_owns():
     """The module map's "idea" column of a generated module is its first cell's docstring, not
-    the generic sentence (pending/book/08 is the distributed engineer's page and exempt for now)."""
-    generic = [name for name, mod in export_pages.collect().items()
-               if not mod.doc and not any(page.startswith("pending/") for page, _, _ in mod.parts)]
-    assert not generic, f"open the first #@save cell of these modules with a docstring: {generic}"
+    the generic sentence."""
+    generic = {name for name, mod in export_pages.collect().items() if not mod.doc}
+    assert not generic - WITHOUT_DOCSTRING, ("open the first #@save cell of these modules with a "
+                                             f"docstring: {sorted(generic - WITHOUT_DOCSTRING)}")
+    assert not WITHOUT_DOCSTRING - generic, ("these have a docstring now: remove them from "
+                                             f"WITHOUT_DOCSTRING: {sorted(WITHOUT_DOCSTRING - generic)}")
 
 
 def test_the_exporter_imports_neither_torch_nor_the_run_records():
