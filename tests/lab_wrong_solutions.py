@@ -78,7 +78,14 @@ WRONG = {
     ],
     "02_hardware": [
         # the arithmetic mean of the two levels instead of the geometric mean
-        ("ex1-solution", "threshold = math.sqrt(fast * slow)", "threshold = (fast + slow) / 2", r"capacity"),
+        ("ex1-solution", "threshold = math.sqrt(smooth[peak] * slow)", "threshold = (smooth[peak] + slow) / 2",
+         r"capacity"),
+        # the first edition's recipe: fast from the three smallest sizes, the largest size above the
+        # threshold; on the course's H200 it answered 512 MiB for a 60 MiB L2
+        ("ex1-solution", "    smooth = [statistics.median(",
+         "    threshold = math.sqrt(sorted(bandwidths[:3])[1] * sorted(bandwidths[-3:])[1])\n"
+         "    return max(s for s, b in zip(sizes, bandwidths) if b >= threshold)\n"
+         "    smooth = [statistics.median(", r"first-edition curve|capacity"),
         # GFLOP/s read as TFLOP/s: the ridge point 1000x too high
         ("ex2-solution", 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e9,', 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e12,',
          r"ridge point"),
@@ -200,6 +207,10 @@ WRONG = {
         # cores the curve is also too short)
         ("ex3-solution", "counts = sorted({0, 1, cores}", "counts = sorted({1, cores}",
          r"from num_workers=0|\(0, 1 and the number of cores\)"),
+        # a curve sketched from linear scaling instead of measured: the check measures again
+        ("ex3-solution", "curve = {n: loader_rate(make_loader(n))[\"images_per_s\"] for n in counts}",
+         "rate1 = loader_rate(make_loader(1))[\"images_per_s\"]\n"
+         "curve = {n: 3 * rate1 * max(n, 1) for n in counts}", r"measured again here"),
         # channels first (C, H, W) written where the reader expects height x width x RGB
         ("ex4-solution", "    out[i] = decode_resized(f, 144)\n",
          "    out[i] = decode_resized(f, 144).transpose(2, 0, 1).reshape(144, 144, 3)\n", r"NHWC"),
@@ -209,8 +220,14 @@ WRONG = {
         ("ex1-solution", "        losses[i] = loss.detach()\n    return losses",
          "        losses[i] = loss.item()\n    return losses", r"still synchronizes"),
         # the first batch over and over: no sync, and another training
-        ("ex1-solution", "per_row = F.cross_entropy(model(xs[i]), ys[i].clamp_min(0),",
-         "per_row = F.cross_entropy(model(xs[0]), ys[0].clamp_min(0),", r"result changed"),
+        ("ex1-solution", "per_row = F.cross_entropy(model(xs[i]), ys[i], reduction=\"none\")",
+         "per_row = F.cross_entropy(model(xs[0]), ys[0], reduction=\"none\")", r"result changed"),
+        # the mask ignored: the mean over every row, invalid ones included
+        ("ex1-solution", "w = ok[i].float()", "w = torch.ones_like(ok[i], dtype=torch.float)",
+         r"result changed"),
+        # pinned, but copied without non_blocking=True: the host still waits for every copy
+        ("ex2-solution", "x = hx[i].to(dev, non_blocking=True)", "x = hx[i].to(dev)",
+         r"without non_blocking"),
         # the batch's summed loss where the given loop takes the mean: another quantity
         ("ex2-solution", "loss = F.cross_entropy(model(x), y)",
          'loss = F.cross_entropy(model(x), y, reduction="sum")', r"result changed"),

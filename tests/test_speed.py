@@ -5,6 +5,7 @@ import contextlib
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from perflab.speed.measure import capture_logs, graph_replay_semantics, op_count, wall_time
@@ -213,3 +214,32 @@ def test_graphed_step_warms_up_eagerly_then_captures_the_given_loss(monkeypatch)
     assert fake.CUDAGraph.replays == 1
     plain = GraphedStep(model, opt, [(torch.randn(2, 4), torch.tensor([0, 2]))])  # cross-entropy
     assert fake.modes[-1] == "global" and plain.static_loss.dim() == 0
+
+
+def test_same_losses_tells_reordered_sums_from_another_training():
+    """Chapter 6's ladder compares every rung's losses step by step (0.1 %): a fused optimizer
+    (the same update, summed in another order) passes; a dropped batch, one batch over and
+    over, or another learning rate fail within the first steps."""
+    images, labels = synthetic_images(256, size=16)
+    x = normalize(images)
+
+    def train(order, fused=False, lr=2e-3, steps=12):
+        torch.manual_seed(0)
+        model = SmallCNN(4)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr,
+                                **(dict(fused=True) if fused else dict(foreach=False)))
+        losses = []
+        for i in order[:steps]:
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x[16 * i:16 * i + 16]), labels[16 * i:16 * i + 16])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    batches = list(range(16))
+    ref = train(batches)
+    assert same_losses(ref, train(batches, fused=True))
+    assert not same_losses(ref, train(batches[:3] + batches[4:]))     # a batch dropped
+    assert not same_losses(ref, train([0] * 16))                         # one batch
+    assert not same_losses(ref, train(batches, lr=3e-3))                 # another rate

@@ -16,7 +16,7 @@ from perflab.core.validate import number, positive, positive_int
 from perflab.machine.caches import beyond_cache_numel
 from perflab.machine.roofline import copy_bandwidth
 
-__all__ = ["CallModel", "batch_scaling", "call_model", "issue_time",
+__all__ = ["CallModel", "batch_scaling", "call_model", "issue_time", "launch_rate",
            "cuda_graph_op_rate", "dram_copy_bandwidth", "op_rate", "python_adds_per_second"]
 
 
@@ -99,6 +99,39 @@ def op_rate(device: torch.device | str, numel: int = 1, ops: int = 5000) -> floa
             x * 2
 
     return ops / best_of(block, repeats=3, device=dev)
+
+
+def launch_rate(device: torch.device | str, ops: int = 5000) -> float:
+    """Bare kernel launches per second from Python: ``torch.cuda._sleep(0)``, a kernel that
+    does nothing, launched straight from its C++ binding (no dispatcher, no output allocated,
+    no tensor at all), ``ops`` calls back to back, synchronized at the end (best of 3).
+
+    Its inverse is what launching one kernel costs the host through the thinnest path PyTorch
+    has: set beside the difference between a CUDA-tensor and a CPU-tensor operator call, it says
+    how much of that difference is the launch itself, without the profiler (whose own
+    instrumentation of the launch API inflates what it reports there).
+
+    Raises:
+        RuntimeError: no CUDA device, or a torch without ``torch.cuda._sleep``.
+        ValueError: ``ops`` < 1.
+    """
+    positive_int("ops", ops)
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError("launch_rate needs a CUDA GPU")
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        raise RuntimeError("this torch has no torch.cuda._sleep: no bare launch to time")
+    with torch.cuda.device(dev):
+        for _ in range(100):
+            sleep(0)
+        synchronize(dev)
+
+        def block():
+            for _ in range(ops):
+                sleep(0)
+
+        return ops / best_of(block, repeats=3, device=dev)
 
 
 def cuda_graph_op_rate(numel: int = 1, ops: int = 1000, replays: int = 20) -> float:
@@ -238,7 +271,7 @@ class CallModel:
 
     def stream_s(self, nbytes: float, flops: float = 0.0) -> float:
         """One call in a long stream of calls (seconds): what a sweep such as
-        :func:`perflab.internals.operators.call_cost_sweep` measures.
+        :func:`perflab.internals.callcost.call_cost_sweep` (taught on chapter 3's page) measures.
 
         ``max(host_issue_s, device_s)`` when host and device overlap, else their sum.
         """
