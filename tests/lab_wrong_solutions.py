@@ -52,8 +52,8 @@ def _silu_hiding(store: str, load: str) -> tuple[str, str, str, str]:
 
 
 # lab 9, exercise 5: the reference's answer where Triton is not installed (its kernel follows)
-_NO_TRITON = ("if triton is None:\n    row_loss_kernel = None   # nothing to write without "
-              "Triton: the check says so\nelse:\n")
+_NO_TRITON = ("row_loss_kernel = None   # without Triton: nothing to write (the check says "
+              "so)\nif triton is not None:\n")
 
 WRONG = {
     "01_roofline": [
