@@ -30,7 +30,7 @@ from perflab.internals.tensors import view_or_copy
 from perflab.labs.exercises import (ExerciseFailed, NotPlain, as_tensor, check_choice, check_true,
                                     plain)
 
-__all__ = ["check_function_class", "check_strides", "graph_keeps", "hidden_keeps", "hidden_ctx_tensors",
+__all__ = ["STRIDE_EXPRESSIONS", "check_function_class", "check_strides", "graph_keeps", "hidden_keeps", "hidden_ctx_tensors",
            "required_cpu_saving", "run_counting_syncs", "silu_gradient"]
 
 
@@ -38,27 +38,39 @@ __all__ = ["check_function_class", "check_strides", "graph_keeps", "hidden_keeps
 # Exercise 1
 
 
-def check_strides(answers: Any, expressions: Any) -> None:
-    """Exercise 1: for each expression of ``x = torch.arange(60.0).reshape(3, 4, 5)``, the
-    strides of its result and whether it is a ``"view"`` of ``x`` or a ``"copy"``.
+#: exercise 1's expressions of ``x``, as the lab lists them (the check asks about these)
+STRIDE_EXPRESSIONS = ("x.transpose(1, 2)", "x[:, 1]", "x[1:, ::2, 1:4]", "x[..., None]",
+                      "x.unsqueeze(1).expand(3, 2, 4, 5)", "x[[0, 2]]", "x.permute(2, 0, 1).reshape(5, 12)",
+                      "x.transpose(0, 1).reshape(12, 5)")
+
+
+def check_strides(answers: Any, expressions: Any = STRIDE_EXPRESSIONS) -> None:
+    """Exercise 1: for each of :data:`STRIDE_EXPRESSIONS` of ``x = torch.arange(60.0).reshape(3,
+    4, 5)``, the strides of its result and whether it is a ``"view"`` of ``x`` or a ``"copy"``.
 
     ``answers`` maps each expression to ``(strides, "view" or "copy")``; it is converted to plain
     data first (:func:`perflab.labs.exercises.plain`), and only then does the check evaluate each
-    expression on a fresh ``x`` of its own, in this function's scope.
+    expression on a fresh ``x`` of its own, in this function's scope. ``expressions`` is the
+    notebook's list, which must still be the lab's (a list emptied by the student's code would
+    otherwise ask nothing).
 
     Raises:
-        ExerciseFailed: answers that are not plain data, a missing expression, wrong strides or
-            kind (one sentence, naming the expression).
-        ValueError: ``expressions`` is not a list of strings.
+        ExerciseFailed: answers that are not plain data, a list of expressions that is not the
+            lab's, a missing expression, wrong strides or kind (one sentence, naming the
+            expression).
     """
     try:
         mine = plain(answers)
     except NotPlain as err:
         raise ExerciseFailed(f"✗ answers must map each expression to (strides, \"view\" or \"copy\") "
                              f"as plain data (tuples, numbers, strings), got {err}.") from None
-    exprs = plain(expressions)
-    if not isinstance(exprs, tuple) or not all(isinstance(e, str) for e in exprs):
-        raise ValueError(f"expressions must be a list of strings, got {expressions!r:.80}")
+    try:
+        exprs = plain(expressions)
+    except NotPlain:
+        exprs = None
+    if exprs != STRIDE_EXPRESSIONS:
+        raise ExerciseFailed("✗ expressions is no longer the lab's list of eight expressions: run the "
+                             "cell that defines it again, and leave it as it is.")
     if not isinstance(mine, dict):
         raise ExerciseFailed(f"✗ answers must be a dict {{expression: (strides, kind)}}, got {type(answers).__name__}.")
     missing = sorted(set(exprs) - set(mine))
