@@ -668,3 +668,5 @@ def test_a_class_for_the_timing_run_and_its_sentence():
     sentence = timing.describe(record)
     assert sentence.startswith("30 submissions of 03_internals took 10.0 min with --jobs 2 --threads 1 on AMD EPYC")
     assert "reference 40 s, student 12 s, tampered 41 s" in sentence
+    record["points_by_kind"] = {"reference": [11.0, 14.0, 14.0], "student": [0.0, 0.0, 14.0]}
+    assert "(reference 11-14/14 points; student 0/14 points)" in timing.describe(record)
