@@ -20,7 +20,7 @@ export IPYTHONDIR := $(CACHE)/ipython
 export JUPYTER_RUNTIME_DIR := $(CACHE)/jupyter_runtime
 $(shell mkdir -p $(TMPDIR))
 
-.PHONY: book book-student pdf test student clean
+.PHONY: book book-student pdf test student generate clean
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ pdf: $(BIN)/.installed           ## the whole book as one PDF (headless Chromium
 
 test: $(BIN)/.installed          ## unit tests, notebooks on this machine (nbval), reference-run check, book build
 	$(BIN)/python -m pytest
+
+generate: $(BIN)/.installed      ## rewrite what is generated: the pages' #@save modules, then the map (docs/ARCHITECTURE.md, __init__ docstrings)
+	$(BIN)/python scripts/export_pages.py
+	$(BIN)/python scripts/architecture.py
 
 student: $(BIN)/.installed       ## student versions of the labs -> student/labs/*.ipynb
 	$(BIN)/python scripts/make_student.py

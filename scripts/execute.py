@@ -40,8 +40,8 @@ contents, :func:`perflab.record.runs.pending_sources`); ``pending/book/X.md`` ru
 working folder (where it will live) and writes ``pending/book/X.ipynb``. ``--check`` lists them,
 and the pages that need more GPUs than one, with what they wait for, without failing on them.
 
-``--check`` lists each one-GPU notebook of the table of contents that is not current
-(:func:`perflab.record.runs.status`: missing, stale, no metadata, not from a CUDA device) or
+``--check`` lists each one-GPU notebook of the table of contents (and any other page the course
+download ships, :data:`SHIPPED_PAGES`) that is not current (:func:`perflab.record.runs.status`: missing, stale, no metadata, not from a CUDA device) or
 whose prose or presentation cell metadata (tags, figure captions) differs (fix that with
 ``--sync``; the others need a run on a GPU machine), saying why. A run records, beside the hash of
 the notebook's code cells, a hash of each perflab module that code imports (found statically and
@@ -123,14 +123,23 @@ def resolve(path: str) -> Path:
     return md.resolve()
 
 
-def default_notebooks(pending: bool = False) -> list[Path]:
+#: the notebook sources the course download ships (``_ext/reader_pages.BUNDLE_FILES``; a test
+#: keeps the two alike): ``--check`` covers each, in the table of contents or not
+SHIPPED_PAGES = ("book/*.md", "labs/*.md")
+
+
+def default_notebooks(pending: bool = False, shipped: bool = False) -> list[Path]:
     """Every entry of ``_toc.yml`` that is a MyST notebook source, in book order; with
+    ``shipped``, then every other source the course download ships (:data:`SHIPPED_PAGES`); with
     ``pending``, then every source waiting in ``pending/``."""
     out = []
     for entry in runs.toc_files(ROOT / "_toc.yml"):
         md = ROOT / (entry if entry.endswith(".md") else entry + ".md")
         if md.exists() and runs.is_myst_notebook(md):
             out.append(md.resolve())
+    if shipped:
+        out += [p.resolve() for g in SHIPPED_PAGES for p in sorted(ROOT.glob(g))
+                if runs.is_myst_notebook(p) and p.resolve() not in out]
     if pending:
         out += [p.resolve() for p in runs.pending_sources(ROOT)]
     return out
@@ -556,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         notebooks = ([resolve(p) for p in args.paths] if args.paths
-                     else default_notebooks(pending=args.pending or args.check))
+                     else default_notebooks(pending=args.pending or args.check, shipped=args.check))
     except NotANotebook as err:
         print(f"execute.py: {err}", file=sys.stderr)
         return 2

@@ -76,7 +76,14 @@ WRONG = {
     ],
     "02_hardware": [
         # the arithmetic mean of the two levels instead of the geometric mean
-        ("ex1-solution", "threshold = math.sqrt(fast * slow)", "threshold = (fast + slow) / 2", r"capacity"),
+        ("ex1-solution", "threshold = math.sqrt(smooth[peak] * slow)", "threshold = (smooth[peak] + slow) / 2",
+         r"capacity"),
+        # the first edition's recipe: fast from the three smallest sizes, the largest size above the
+        # threshold; on the course's H200 it answered 512 MiB for a 60 MiB L2
+        ("ex1-solution", "    smooth = [statistics.median(",
+         "    threshold = math.sqrt(sorted(bandwidths[:3])[1] * sorted(bandwidths[-3:])[1])\n"
+         "    return max(s for s, b in zip(sizes, bandwidths) if b >= threshold)\n"
+         "    smooth = [statistics.median(", r"first-edition curve|capacity"),
         # GFLOP/s read as TFLOP/s: the ridge point 1000x too high
         ("ex2-solution", 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e9,', 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e12,',
          r"ridge point"),
@@ -198,6 +205,10 @@ WRONG = {
         # cores the curve is also too short)
         ("ex3-solution", "counts = sorted({0, 1, cores}", "counts = sorted({1, cores}",
          r"from num_workers=0|\(0, 1 and the number of cores\)"),
+        # a curve sketched from linear scaling instead of measured: the check measures again
+        ("ex3-solution", "curve = {n: loader_rate(make_loader(n))[\"images_per_s\"] for n in counts}",
+         "rate1 = loader_rate(make_loader(1))[\"images_per_s\"]\n"
+         "curve = {n: 3 * rate1 * max(n, 1) for n in counts}", r"measured again here"),
         # channels first (C, H, W) written where the reader expects height x width x RGB
         ("ex4-solution", "    out[i] = decode_resized(f, 144)\n",
          "    out[i] = decode_resized(f, 144).transpose(2, 0, 1).reshape(144, 144, 3)\n", r"NHWC"),
@@ -207,8 +218,14 @@ WRONG = {
         ("ex1-solution", "        losses[i] = loss.detach()\n    return losses",
          "        losses[i] = loss.item()\n    return losses", r"still synchronizes"),
         # the first batch over and over: no sync, and another training
-        ("ex1-solution", "per_row = F.cross_entropy(model(xs[i]), ys[i].clamp_min(0),",
-         "per_row = F.cross_entropy(model(xs[0]), ys[0].clamp_min(0),", r"result changed"),
+        ("ex1-solution", "per_row = F.cross_entropy(model(xs[i]), ys[i], reduction=\"none\")",
+         "per_row = F.cross_entropy(model(xs[0]), ys[0], reduction=\"none\")", r"result changed"),
+        # the mask ignored: the mean over every row, invalid ones included
+        ("ex1-solution", "w = ok[i].float()", "w = torch.ones_like(ok[i], dtype=torch.float)",
+         r"result changed"),
+        # pinned, but copied without non_blocking=True: the host still waits for every copy
+        ("ex2-solution", "x = hx[i].to(dev, non_blocking=True)", "x = hx[i].to(dev)",
+         r"without non_blocking"),
         # the batch's summed loss where the given loop takes the mean: another quantity
         ("ex2-solution", "loss = F.cross_entropy(model(x), y)",
          'loss = F.cross_entropy(model(x), y, reduction="sum")', r"result changed"),
@@ -232,15 +249,18 @@ WRONG = {
         # all-gather's factor (n-1)/n instead of the all-reduce's 2 (n-1)/n
         ("ex2-solution", "return alpha + nbytes * 2 * (world_size - 1) / world_size / busbw",
          "return alpha + nbytes * (world_size - 1) / world_size / busbw", r"on 2 ranks"),
+        # chapter 8's first bucket model: every bucket's start-up exposed, and the last bucket
+        ("ex3-solution", "    return max(0.0, free - backward_s)",
+         "    return len(bucket_bytes) * alpha + bucket_bytes[-1] * 2 * (world_size - 1) / world_size / busbw",
+         r"long backward"),
+        # no overlap: every bucket ready only when the backward ends
+        ("ex3-solution", "        ready = backward_s * done / total", "        ready = backward_s", r"long backward"),
         # DDP's default bucket size, which this launch did not measure
-        ("ex3-solution", "bucket_choice_mb = min(step_s, key=step_s.get)", "bucket_choice_mb = 25.0",
+        ("ex3-solution", "bucket_choice_mb = min(rounds_by_mb,", "bucket_choice_mb = 25.0 or min(rounds_by_mb,",
          r"was not measured"),
-        # the slowest measured cap
-        ("ex3-solution", "bucket_choice_mb = min(step_s, key=step_s.get)",
-         "bucket_choice_mb = max(step_s, key=step_s.get)", r"the fastest measured"),
-        # the square root forgotten: start-up and last bucket are not balanced
-        ("ex3-solution", "predicted_best_mb = (alpha * bk[\"grad_bytes\"] * busbw_max / factor)**0.5 / 2**20",
-         "predicted_best_mb = alpha * bk[\"grad_bytes\"] * busbw_max / factor / 2**20", r"balance at"),
+        # DDP's default predicted without the model
+        ("ex3-solution", "predicted_best_mb = min(rounds_by_mb, key=lambda mb: exposed(",
+         "predicted_best_mb = 25.0 or min(rounds_by_mb, key=lambda mb: exposed(", r"exposes least"),
         # plain Adam: every rank keeps the whole state
         ("ex4-solution", """    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam,
                                    lr=1e-3)""", "    return torch.optim.Adam(params, lr=1e-3)",
@@ -254,12 +274,34 @@ WRONG = {
                                    lr=1e-3)""", """    mine = [p for i, p in enumerate(params)   # this rank's layers
             if (i // 2) % dist.get_world_size() == dist.get_rank()]
     return torch.optim.Adam(mine, lr=1e-3)""", r"different models"),
-        # exercise 5, GPT-2 medium's gradients (pending/labs/ only; it was lab 2's exercise 4):
-        # the final LayerNorm forgotten
-        ("ex5-solution", "+ layers * (12 * width**2 + 13 * width) + 2 * width)", "+ layers * (12 * width**2 + 13 * width))",
+        # Adam over part of the parameters, then rank 0's copy broadcast to every rank: the ranks
+        # agree, and the parameters no rank 0 Adam steps never move (review N27)
+        ("ex4-solution", """    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam,
+                                   lr=1e-3)""", """    params = list(params)
+    mine = [p for i, p in enumerate(params)
+            if (i // 2) % dist.get_world_size() == dist.get_rank()]
+    inner = torch.optim.Adam(mine, lr=1e-3)
+
+    class Synced:
+        state = inner.state
+
+        def zero_grad(self):
+            inner.zero_grad()
+
+        def step(self):
+            inner.step()
+            for p in params:
+                dist.broadcast(p.data, src=0)
+    return Synced()""", r"wrong model"),
+        # the rank ignored: every rank reads the same samples
+        ("ex5-solution", "    return order[rank::world]", "    return order[:n // world]", r"both read"),
+        # the epoch left out of the seed (DistributedSampler's set_epoch forgotten)
+        ("ex5-solution", "manual_seed(1000 + epoch)", "manual_seed(1000)", r"set_epoch"),
+        # exercise 6, GPT-2 medium's gradients (it was lab 2's exercise 4): the final LayerNorm forgotten
+        ("ex6-solution", "+ layers * (12 * width**2 + 13 * width) + 2 * width)", "+ layers * (12 * width**2 + 13 * width))",
          r"parameter count"),
         # algorithm bandwidth used as bus bandwidth: no 2(n-1)/n (equal on 2 ranks; the 8-rank case fails it)
-        ("ex5-solution", "return 2 * (world_size - 1) / world_size * nbytes / busbw", "return nbytes / busbw",
+        ("ex6-solution", "return 2 * (world_size - 1) / world_size * nbytes / busbw", "return nbytes / busbw",
          r"all-reduce time"),
     ],
     "07_memory": [

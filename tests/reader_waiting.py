@@ -14,28 +14,17 @@ Keys are built pages (``book/NN_topic.html``, ``labs/NN_topic.html``), except
 # A figure output that is not a numbered figure (myst-nb's cell metadata ``mystnb.figure``)
 # whose provenance line names the device that measured it (``perflab.measured_on``), or a
 # numbered figure that no prose refers to ({numref}).
-# Chapter 8 and lab 8 are NOT exempt from this rule: their second edition (pending/book/ and
-# pending/labs/08_*.md, issue 37's distributed engineer) replaces these pages, and the rule
-# applies to the new pages from the commit that moves them into the book. The entries stay
-# only while the old pages are on show; remove them in that commit (the test says so).
-FIGURES_WITHOUT_NUMBER_OR_DEVICE: set[str] = {
-    "book/08_distributed_training.html",
-    "labs/08_distributed.html",
-}
+# (Chapter 8 and lab 8 left this list with their second edition, issue 39.)
+FIGURES_WITHOUT_NUMBER_OR_DEVICE: set[str] = set()
 
 # The same figure shown twice on a page (``finish(fig)`` as a cell's last line before
 # perflab.plotting displayed figures itself).
 FIGURES_SHOWN_TWICE: set[str] = set()
 
 # Numbers a person would not write (``tests/test_reader.py::NUMBER_SHAPES``), on every page of
-# the table of contents. Chapter 8 and lab 8 wait for their second edition, as above (the rule
-# is theirs too: "0.0e+00", "2.05e+03 MiB" and a stray True must not reach the new pages);
-# chapter 1 prints "1/1.32e+03 of the matrix rate", which the rule's fraction shape now sees.
-NUMBER_SHAPES: set[str] = {
-    "book/01_why_training_is_slow.html",
-    "book/08_distributed_training.html",
-    "labs/08_distributed.html",
-}
+# the table of contents (chapter 1's "1/1.32e+03 of the matrix rate" is written "1/1,320" in
+# its third edition).
+NUMBER_SHAPES: set[str] = set()
 
 # ---------------------------------------------------------------------------------------------
 # A textbook, not a lab notebook (issue 43; tests/textbook_rules.py says what each rule reads).
@@ -48,19 +37,11 @@ NUMBER_SHAPES: set[str] = {
 # A visible code cell (not remove-cell/remove-input, not folded by hide-input) that calls glue,
 # claim, expect, compare or a table helper.
 VISIBLE_BOOKKEEPING: set[str] = {
-    "book/01_why_training_is_slow.html",
-    "book/02_hardware.html",
-    "book/03_pytorch_internals.html",
-    "book/04_measuring_and_profiling.html",
     "book/05_data_loading.html",
     "book/06_single_gpu_speed.html",
     "book/07_single_gpu_memory.html",
-    "book/08_distributed_training.html",       # replaced by its second edition (pending/)
     "book/09_advanced_optimizations.html",
     "book/10_gpt2_case_study.html",
-    "book/roofline_explorer.html",             # three glue calls in the prediction cell: a code
-                                               # change, for the next reference run
-    "labs/03_internals.html",
     "labs/06_speed.html",
     "labs/07_memory.html",
 }
@@ -68,40 +49,25 @@ VISIBLE_BOOKKEEPING: set[str] = {
 # The sampler's sentence ("measured over 0.80 s on NVIDIA H200: SM clock median ...") in the
 # running prose, outside a {measured} note (book/roofline_explorer.md shows the idiom).
 TELEMETRY_IN_PROSE: set[str] = {
-    "book/01_why_training_is_slow.html",
-    "book/02_hardware.html",
-    "book/03_pytorch_internals.html",
-    "book/04_measuring_and_profiling.html",
     "book/05_data_loading.html",
     "book/06_single_gpu_speed.html",
     "book/07_single_gpu_memory.html",
-    "book/08_distributed_training.html",       # replaced by its second edition (pending/)
     "book/09_advanced_optimizations.html",
     "book/10_gpt2_case_study.html",
 }
 
 # Over 6,000 words of prose or 500 lines of visible code on one page: split into section pages.
 TOO_LONG: set[str] = {
-    "book/02_hardware.html",
-    "book/03_pytorch_internals.html",
-    "book/04_measuring_and_profiling.html",
     "book/06_single_gpu_speed.html",
     "book/09_advanced_optimizations.html",
 }
 
 # An output that prints a Markdown table as text (the table is then shown twice, or as pipes).
-TABLES_PRINTED_AS_TEXT: set[str] = {
-    "book/04_measuring_and_profiling.html",
-}
+TABLES_PRINTED_AS_TEXT: set[str] = set()
 
 # A code block or output wider than the page at 1,280 px (a table may scroll in its own box).
 WIDER_THAN_THE_PAGE: set[str] = set()
 
 # Sources (.md) with visible code cells whose lines are mostly bookkeeping:
 # {source: how many such cells} (tests/test_bookkeeping_cells.py; the numbers only go down).
-MOSTLY_BOOKKEEPING_CELLS: dict[str, int] = {
-    "book/02_hardware.md": 2,
-    "book/03_pytorch_internals.md": 1,
-    "book/08_distributed_training.md": 3,           # the page on show, until replaced by
-    "pending/book/08_distributed_training.md": 3,   # its second edition (fix it before it lands)
-}
+MOSTLY_BOOKKEEPING_CELLS: dict[str, int] = {}

@@ -1,10 +1,15 @@
 """The rules docs/ARCHITECTURE.md states about perflab, each enforced here.
 
-1. The module map on the page is what ``scripts/architecture.py`` generates from the code (every
-   module, its size, its docstring's first sentence, who uses it): the page cannot drift.
+1. What ``scripts/architecture.py`` generates is current: the package tree and the module map of
+   docs/ARCHITECTURE.md (every module, its docstring's first sentence, who uses it) and the
+   packages' ``__init__`` docstrings, all from the code and the one list of subpackages
+   (``SECTIONS``); the page holds no merge-conflict marker and no module table outside the map.
 2. No import cycle between perflab modules, following ``from perflab.x import y``,
    ``import perflab.x`` and relative imports alike; ``core`` imports nothing else of perflab and
-   nothing outside ``labs`` imports ``labs``.
+   nothing outside ``labs`` imports ``labs``. Book order is import order: ``record`` imports only
+   ``core``, and a chapter's subpackage only ``core``, ``record`` and earlier chapters'
+   subpackages (the order of ``scripts/architecture.py``'s ``SECTIONS``), but for the listed
+   :data:`LAYERING_EXCEPTIONS`, a list that only shrinks.
 3. Only ``core/nvml.py`` imports ``pynvml`` (in perflab, scripts/ and _ext/).
 4. Only ``core/device.py`` opens ``/proc/cpuinfo`` (no call anywhere else takes that path).
 5. Only ``core/timing.py`` reads a clock: no ``time.perf_counter``/``time.time``/
@@ -15,6 +20,9 @@
 6. Imports sit at the top of a module (its top-level statements, ``if``/``try`` blocks
    included); an import inside a function is an optional dependency listed in
    :data:`OPTIONAL_IMPORTS`, with a comment on its line or the line above saying why.
+7. A perflab module is imported under its own name, in the package, the pages, the tests and
+   the scripts (``from perflab.gpt2 import model as gpt2`` keeps a vocabulary the package no
+   longer has), but for the files listed in :data:`RENAMED_MODULES_WAITING`, which only shrinks.
 """
 
 import ast
@@ -88,9 +96,43 @@ def _imported(node: ast.AST) -> list[str]:
 def test_the_module_map_is_generated_from_the_code():
     page = architecture.PAGE.read_text(encoding="utf-8")
     assert architecture.BEGIN in page and architecture.END in page, "the map's marker lines are missing"
-    wanted = architecture.replace_map(page, architecture.render())
-    assert wanted == page, ("docs/ARCHITECTURE.md's module map differs from the code: run "
-                            "python scripts/architecture.py (python scripts/architecture.py --check shows the diff)")
+    stale = [path.relative_to(ROOT).as_posix() for path, text in architecture.wanted().items()
+             if not path.exists() or path.read_text(encoding="utf-8") != text]
+    assert not stale, (f"out of date: {stale}: run make generate (python scripts/architecture.py --check "
+                       "shows the diff)")
+
+
+def test_the_page_holds_no_conflict_marker_and_no_map_outside_its_markers():
+    page = architecture.PAGE.read_text(encoding="utf-8")
+    assert architecture.problems(page) == []
+
+
+@pytest.mark.parametrize("bad, what", [
+    ("<<<<<<< HEAD\n", "merge conflict"),
+    ("=======\n", "merge conflict"),
+    (">>>>>>> main\n", "merge conflict"),
+    ("| module | the idea it owns | used by |\n|---|---|---|\n", "outside the generated map"),
+])
+def test_the_page_checks_catch_a_conflict_block_and_a_hand_written_map(bad, what):
+    page = architecture.PAGE.read_text(encoding="utf-8")
+    head, rest = page.split(architecture.BEGIN, 1)
+    found = architecture.problems(head + bad + architecture.BEGIN + rest)
+    assert found and what in found[0]
+    inside = head + architecture.BEGIN + "\n" + bad + rest      # the map's own table is fine
+    assert [p for p in architecture.problems(inside) if "outside" in p] == []
+
+
+def test_one_list_of_subpackages_makes_the_tree_the_inits_and_the_package_docstring():
+    names = [sec.name for sec in architecture.SECTIONS]
+    on_disk = sorted(p.parent.name for p in PKG.glob("*/__init__.py"))
+    assert sorted(names) == on_disk, "SECTIONS and the subpackages on disk differ"
+    tree = architecture.render_tree()
+    doc = architecture.init_docstring()
+    for sec in architecture.SECTIONS:
+        assert f"  {sec.name}/" in tree and f"``{sec.name}``" in doc
+        assert architecture.subpackage_init(sec).count(f"perflab.{sec.name}: ") == 1
+    import perflab
+    assert perflab.__doc__.strip() == doc.strip('"').strip()
 
 
 def test_the_map_lists_every_module_with_its_users():
@@ -135,6 +177,69 @@ def test_core_stands_alone_and_only_labs_import_labs():
            if (m.startswith("core.") and not n.startswith("core."))
            or (n.startswith("labs.") and not m.startswith("labs."))]
     assert not bad, "layering broken: " + "; ".join(bad)
+
+
+#: Imports against book order, allowed for now: ``(importer, imported)`` subpackages -> why, and
+#: for a temporary one who removes it. The list only shrinks: an entry that no longer occurs fails
+#: the test as well (remove it in the commit that removes the import). Goal: at most one
+#: permanent exception.
+LAYERING_EXCEPTIONS: dict[tuple[str, str], str] = {
+    # empty since the collectives became machine.interconnect and GPT-2's torchrun tasks moved into
+    # gpt2 (the distributed engineer, issue 38); record -> machine went with the ceilings' move
+}
+
+
+def upward_imports(modules: dict, sections: list) -> dict[tuple[str, str], list[str]]:
+    """Imports against book order, by (importer, imported) subpackage: ``record`` importing
+    anything but ``core``; a chapter's subpackage importing a later chapter's (or ``labs``).
+    ``core`` and ``labs`` have their own rules (``test_core_stands_alone_and_only_labs_import_labs``)."""
+    rank = {sec.name: i for i, sec in enumerate(sections)}
+    kind = {sec.name: sec.kind for sec in sections}
+    found: dict[tuple[str, str], list[str]] = {}
+    for m, mod in modules.items():
+        src = m.split(".")[0]
+        for n in sorted(mod.imports):
+            dst = n.split(".")[0]
+            if src == dst or kind.get(src) in ("labs", None) or src == "core":
+                continue
+            if src == "record":
+                ok = dst == "core"
+            else:
+                ok = kind.get(dst) == "infrastructure" or (kind.get(dst) == "chapter" and rank[dst] < rank[src])
+            if not ok:
+                found.setdefault((src, dst), []).append(f"{m} -> {n}")
+    return found
+
+
+def test_imports_follow_book_order():
+    found = upward_imports(MODULES, architecture.SECTIONS)
+    new = {k: v for k, v in found.items() if k not in LAYERING_EXCEPTIONS}
+    assert not new, ("imports against book order (a chapter imports core, record and earlier "
+                     "chapters only; record imports core only):\n"
+                     + "\n".join(f"{a} -> {b}: {', '.join(v)}" for (a, b), v in new.items()))
+    gone = sorted(set(LAYERING_EXCEPTIONS) - set(found))
+    assert not gone, f"no longer imported, remove from LAYERING_EXCEPTIONS: {gone}"
+
+
+def test_the_book_order_rule_catches_an_upward_import():
+    Mod = type("Mod", (), {})
+
+    def mods(**imports):
+        out = {}
+        for name, deps in imports.items():
+            out[name.replace("__", ".")] = m = Mod()
+            m.imports = set(deps)
+        return out
+
+    sections = architecture.SECTIONS
+    fine = mods(machine__roofline={"core.timing", "record.plotting"}, speed__measure={"machine.waves"},
+                record__tables={"core.validate"}, labs__lab10={"gpt2.train"})
+    assert upward_imports(fine, sections) == {}
+    bad = mods(machine__report={"distributed.collectives"}, record__ceilings={"machine.roofline"},
+               internals__overhead={"labs.exercises"})
+    assert set(upward_imports(bad, sections)) == {("machine", "distributed"), ("record", "machine"),
+                                                  ("internals", "labs")}
+    assert len(LAYERING_EXCEPTIONS) <= 1
 
 
 def test_the_cycle_check_sees_absolute_imports():
@@ -249,3 +354,70 @@ def test_nothing_cites_a_file_outside_the_repository():
            if re.search(r"(?<![\w/])DESIGN\.md|OUTLINE\.md|/work/shared", p.read_text(errors="ignore"))
            and p.name != "test_architecture.py"]
     assert not bad, f"files citing documents outside the repository: {bad}"
+
+
+# 7. a module under its own name --------------------------------------------------------------------
+
+#: Files that still import a perflab module under another name, each waiting for its owner (the
+#: list only shrinks: a listed file that no longer does fails the test too).
+RENAMED_MODULES_WAITING = {
+    # the distributed engineer's (issue 38), who moved them here with GPT-2's torchrun tasks
+    "perflab/gpt2/multi_gpu.py": {"perflab.gpt2.model as gpt2_model", "perflab.gpt2.steps as gpt2_steps"},
+    "tests/test_distributed.py": {"perflab.distributed.launch as L", "perflab.distributed.worker as w"},
+    "tests/test_interconnect.py": {"perflab.machine.interconnect as D"},
+    # the tests of the lead's and the grader's modules, theirs to rename
+    "tests/test_ceilings.py": {"perflab.machine.ceilings as C"},
+    "tests/test_exercises.py": {"perflab.labs.exercises as E"},
+    "tests/test_sampler.py": {"perflab.core.sampler as T"},
+    "tests/test_telemetry.py": {"perflab.core.telemetry as T"},
+}
+
+
+def renamed_modules(tree: ast.AST, modules: set[str]) -> set[str]:
+    """``"perflab.x.y as z"`` for every import in ``tree`` that binds a perflab module (or
+    subpackage) ``y`` to another name ``z``; renamed functions and classes are fine."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("perflab.") and a.asname and a.asname != a.name.rsplit(".", 1)[1]:
+                    found.add(f"{a.name} as {a.asname}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("perflab") \
+                and not node.level:
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if a.asname and a.asname != a.name and full.split(".", 1)[1] in modules:
+                    found.add(f"{full} as {a.asname}")
+    return found
+
+
+def _sources_of(path: Path) -> str:
+    if path.suffix == ".md":
+        return "\n\n".join(architecture.code_cells(path))
+    return path.read_text(encoding="utf-8")
+
+
+def test_modules_are_imported_under_their_own_names():
+    names = set(MODULES) | {sec.name for sec in architecture.SECTIONS}
+    files = (SOURCES + ELSEWHERE + sorted((ROOT / "tests").glob("*.py"))
+             + sorted((ROOT / "grader").glob("*.py")) + architecture.pages(ROOT))
+    found = {}
+    for path in files:
+        renamed = renamed_modules(ast.parse(_sources_of(path)), names)
+        if renamed:
+            found[path.relative_to(ROOT).as_posix()] = renamed
+    new = {f: sorted(r - RENAMED_MODULES_WAITING.get(f, set())) for f, r in found.items()}
+    new = {f: r for f, r in new.items() if r}
+    assert not new, f"modules imported under another name (import them under their own): {new}"
+    gone = {f: sorted(r - found.get(f, set())) for f, r in RENAMED_MODULES_WAITING.items()}
+    gone = {f: r for f, r in gone.items() if r}
+    assert not gone, f"no longer renamed: remove from RENAMED_MODULES_WAITING: {gone}"
+
+
+def test_the_renaming_rule_tells_modules_from_functions():
+    names = {"gpt2.model", "core.device", "core"}
+    code = ("from perflab.gpt2 import model as gpt2\nimport perflab.core.device as hardware\n"
+            "from perflab.core.device import device as default_device\nfrom perflab import core as c\n"
+            "import perflab.core.device as device\nfrom perflab.gpt2 import model\n")
+    assert renamed_modules(ast.parse(code), names) == {
+        "perflab.gpt2.model as gpt2", "perflab.core.device as hardware", "perflab.core as c"}

@@ -1,6 +1,7 @@
 """scripts/export_pages.py: code taught on a page is exported into perflab, and the package's
 generated modules are exactly what the pages say (d2l's ``#@save``)."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -74,3 +75,46 @@ def test_check_fails_when_a_generated_module_was_edited_by_hand(tmp_path, monkey
     target.write_text(target.read_text().replace("x * 2", "x * 3"))
     assert export_pages.main(["--check"]) == 1
     assert "x * 3" in capsys.readouterr().out
+
+
+def test_the_first_cell_s_docstring_becomes_the_module_s(tmp_path):
+    first = SAVED.replace("#@save perflab.memory.steps\n",
+                          '#@save perflab.memory.steps\n"""Steps that double things."""\n')
+    mods = export_pages.collect([page(tmp_path, "07_x.md", first)])
+    text = mods["perflab.memory.steps"].text()
+    ns = {}
+    exec(compile(text, "steps.py", "exec"), ns)
+    assert ns["__doc__"].startswith("Steps that double things.\n\nCode taught on")
+    assert text.count("Steps that double things.") == 1      # not copied again as code
+    # without one, the module says where its code is taught
+    plain = export_pages.collect([page(tmp_path, "08_x.md", SAVED)])["perflab.memory.steps"].text()
+    exec(compile(plain, "steps.py", "exec"), ns)
+    assert ns["__doc__"].startswith("Code taught on")
+    later = page(tmp_path, "09_x.md", SAVED, '#@save perflab.memory.steps\n"""A second doc."""\n\n\n'
+                 "def triple(x):\n    return x * 3")
+    with pytest.raises(export_pages.ExportError, match="only the first cell"):
+        export_pages.collect([later])
+
+
+#: Generated modules whose first #@save cell does not open with a docstring yet, waiting for their
+#: page's author (a list that only shrinks): chapter 8's, the distributed engineer's (issue 38).
+WITHOUT_DOCSTRING = {"perflab.distributed.costs", "perflab.distributed.steps"}
+
+
+def test_every_exported_module_of_the_book_says_what_it_owns():
+    """The module map's "idea" column of a generated module is its first cell's docstring, not
+    the generic sentence."""
+    generic = {name for name, mod in export_pages.collect().items() if not mod.doc}
+    assert not generic - WITHOUT_DOCSTRING, ("open the first #@save cell of these modules with a "
+                                             f"docstring: {sorted(generic - WITHOUT_DOCSTRING)}")
+    assert not WITHOUT_DOCSTRING - generic, ("these have a docstring now: remove them from "
+                                             f"WITHOUT_DOCSTRING: {sorted(WITHOUT_DOCSTRING - generic)}")
+
+
+def test_the_exporter_imports_neither_torch_nor_the_run_records():
+    code = ("import sys; sys.path.insert(0, 'scripts'); import export_pages; export_pages.collect(); "
+            "bad = [m for m in ('torch', 'perflab.record.runs', 'perflab.record.provenance') "
+            "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

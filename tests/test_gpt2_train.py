@@ -3,7 +3,7 @@ import pytest
 import torch
 from dataclasses import asdict
 
-from perflab.distributed import training
+from perflab.distributed.launch import launch
 from perflab.gpt2.breakdown import (Timeline, _device_rows, attention_kernel, kernel_kind,
                                     step_breakdown, weight_matmul_flops)
 from perflab.gpt2.rungs import (PLAIN_RUNG, RunResult, Rung, last_parallel_rung, mfu, padded,
@@ -273,10 +273,10 @@ def test_losses_agree_and_mfu():
 @pytest.mark.parametrize("fsdp", [True])
 def test_data_parallel_rung_on_two_gloo_ranks(fsdp):
     rung = asdict(base(batch=2))
-    out = training.launch([{"name": "gpt2", "args": {"rung": rung, "steps": 1, "warmup": 1,
-                                                      "n_tokens": 5000, "id_range": 200,
-                                                      "fsdp": fsdp}}],
-                          nproc=2, backend="gloo", timeout_s=240)
+    out = launch([{"name": "perflab.gpt2.multi_gpu:ddp_run", "key": "gpt2",
+                   "args": {"rung": rung, "steps": 1, "warmup": 1, "n_tokens": 5000,
+                            "id_range": 200, "fsdp": fsdp}}],
+                 nproc=2, backend="gloo", timeout_s=240)
     per = [o["results"]["gpt2"] for o in out]
     assert [p["extra"]["world_size"] for p in per] == [2, 2]
     # the two ranks read disjoint windows: the job's distinct windows are twice a rank's
@@ -354,7 +354,7 @@ def test_step_breakdown_shares_and_matmul_rate():
         step_breakdown([("flash_fwd_kernel", 1.0)]).rate(1.0)
     with pytest.raises(ValueError, match="negative"):
         step_breakdown([("x", -1.0)])
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="params"):
         weight_matmul_flops(0, 10)
 
 
@@ -390,3 +390,36 @@ def test_saving_table_splits_the_saving_and_names_an_unprofiled_rung():
     results = {"vocab": _result("vocab", 0.10), "fused head": _result("fused head", 0.09, 0.075)}
     with pytest.raises(ValueError, match="'vocab' has no profiled timeline"):
         saving_table(results, {"fused head": 0.01})
+
+
+def test_the_graphed_step_is_chapter_6s_graphedstep_warmed_up_at_the_first_call(monkeypatch):
+    """make_graphed_step takes one batch per call, as make_step does: the first call also takes
+    the warm-up batches (moved to the device) and builds chapter 6's GraphedStep; it returns the
+    warm-up losses first, then each replay's loss, copied."""
+    from perflab.gpt2 import steps
+
+    made = []
+
+    class FakeGraphedStep:
+        def __init__(self, model, opt, warmup, prepare=None, loss=None, capture_error_mode=None):
+            self.warmup_losses = [loss(x, y) for x, y in warmup]
+            self.static_loss = torch.tensor(-1.0)
+            self.replayed = []
+            made.append((warmup, capture_error_mode, self))
+
+        def step(self, x, y):
+            self.replayed.append(int(x[0, 0]))
+            return self.static_loss
+
+    monkeypatch.setattr(steps, "GraphedStep", FakeGraphedStep)
+    stream = iter([(torch.full((1, 2), float(k)), torch.zeros(1, 2)) for k in range(6)])
+    net = lambda x, y: x.sum()                       # noqa: E731  the batch's number, as a loss
+    rung = Rung("graph", precision="bf16", compile=True, optimizer="fused", step_graph=True)
+    step = steps.make_graphed_step(net, None, rung, stream, torch.device("cpu"), warmup=2)
+    assert made == []                                # nothing runs before the first call
+    out = [float(step()) for _ in range(4)]
+    assert len(made) == 1 and made[0][1] == "thread_local"
+    assert [int(x[0, 0]) for x, _ in made[0][0]] == [0, 1]
+    assert out[:2] == [0.0, 2.0] and made[0][2].replayed == [2, 3]
+    assert next(stream)[0][0, 0] == 4                # one batch per step, none skipped
+    assert out[2:] == [-1.0, -1.0]

@@ -141,3 +141,16 @@ def test_recorder_keeps_each_warning_with_the_stack_that_issued_it(tmp_path):
     found = hostsync.sync_warnings_from(records, library_dirs=(str(lib_dir),))
     assert [w.line for w in found] == ["lib.op(hostsync.SYNC_WARNING_TEXT)"] * 2
     assert found[0].filename == os.path.abspath(__file__)
+
+
+def test_a_blocking_copy_to_the_gpu_counts_as_a_sync():
+    """x.to(cuda) without non_blocking=True copies and waits (pinned or not): chapter 6's
+    ladder synchronized through such copies in a rung named for having no sync."""
+    x = torch.randn(4)
+    assert hostsync._syncs("to", (x, torch.device("cuda")), {})
+    assert hostsync._syncs("to", (x, "cuda:0"), {})
+    assert hostsync._syncs("to", (x,), {"device": "cuda"})
+    assert not hostsync._syncs("to", (x, "cuda"), {"non_blocking": True})
+    assert not hostsync._syncs("to", (x, "cuda", True), {})          # to(device, non_blocking)
+    assert not hostsync._syncs("to", (x, torch.float64), {})
+    assert hostsync._syncs("cuda", (x,), {}) and not hostsync._syncs("cuda", (x,), {"non_blocking": True})

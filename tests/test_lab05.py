@@ -131,6 +131,19 @@ def test_ex3_solution_follows_the_rule(lab):
     assert lab05.check_num_workers(lab["curve"], lab["best_workers"], lab["cores"]) is not None
 
 
+def test_ex3_rejects_a_curve_the_check_cannot_measure_again(lab):
+    """A curve sketched from linear scaling (or timed with the start-up burst) is a self-
+    consistent dict the rule accepts; the check's own measurement of two points does not."""
+    curve, cores, files = lab["curve"], lab["cores"], lab["files"]
+    assert lab05.check_num_workers(curve, lab["best_workers"], cores, files=files)
+    sketched = {n: curve[1] * max(n, 1) * 3 for n in curve}    # far above what was measured
+    with pytest.raises(ExerciseFailed, match="measured again here"):
+        lab05.check_num_workers(sketched, lab05.rule_of_thumb_workers(sketched), cores,
+                                files=files)
+    with pytest.raises(ValueError, match="need at least"):
+        lab05.remeasure(files[:4], 2)
+
+
 def test_ex4_rejects_a_channels_first_file_and_a_short_one(lab, tmp_path):
     files = lab["files"]
     wrong = tmp_path / "chw.u8"

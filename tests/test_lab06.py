@@ -50,20 +50,38 @@ def test_student_edition_is_valid_python(tmp_path):
 def test_ex1_sync_count_accepts_the_solution_and_rejects_a_loop_that_still_syncs(ns):
     model = ns["make_model"]()
     sgd = torch.optim.SGD(model.parameters(), lr=0.01)
-    _, good = hostsync.count_host_syncs(ns["train_quiet"], model, sgd, ns["xs1"], ns["ys1"])
+    args = (ns["xs1"], ns["ys1"], ns["ok1"])
+    _, good = hostsync.count_host_syncs(ns["train_quiet"], model, sgd, *args)
     assert sum(good.values()) == 0
 
-    def still_logs(model, opt, xs, ys):      # wrong: keeps .item() every step
-        out = ns["train_quiet"](model, opt, xs, ys)
+    def still_logs(model, opt, xs, ys, ok):  # wrong: keeps .item() every step
+        out = ns["train_quiet"](model, opt, xs, ys, ok)
         return [v.item() for v in out]
 
-    _, bad = hostsync.count_host_syncs(still_logs, model, sgd, ns["xs1"], ns["ys1"])
+    _, bad = hostsync.count_host_syncs(still_logs, model, sgd, *args)
     assert sum(bad.values()) > 0
 
 
+def test_ex1_data_has_invalid_rows_and_a_loss_that_ignores_the_mask_fails(ns):
+    """The mask the exercise asks to keep must matter: some rows are invalid, and the mean over
+    every row trains on them."""
+    ok = ns["ok1"]
+    assert (~ok).any() and ok.any()
+    args = (ns["xs1"], ns["ys1"], ok)
+    slow = ns["train_logging"](*ns["fresh"](width=ns["width1"]), *args)
+
+    def unmasked(model, opt, xs, ys, ok):    # wrong: every row counted
+        return ns["train_quiet"](model, opt, xs, ys, torch.ones_like(ok))
+
+    bad = unmasked(*ns["fresh"](width=ns["width1"]), *args).tolist()
+    with pytest.raises(ExerciseFailed, match="result changed"):
+        lab06.check_same_and_faster("Exercise 1: x", slow, bad, 1.0, "cpu", 1.05)
+
+
 def test_ex1_result_check_rejects_a_loop_that_drops_the_mean(ns):
-    slow = ns["train_logging"](*ns["fresh"](), ns["xs1"], ns["ys1"])
-    good = ns["train_quiet"](*ns["fresh"](), ns["xs1"], ns["ys1"]).tolist()
+    args = (ns["xs1"], ns["ys1"], ns["ok1"])
+    slow = ns["train_logging"](*ns["fresh"](), *args)
+    good = ns["train_quiet"](*ns["fresh"](), *args).tolist()
     assert lab06.check_same_and_faster("Exercise 1: x", slow, good, 1.0, "cpu", 1.05)
 
     def summed(model, opt, xs, ys):          # wrong: sum instead of mean (8x the step)
@@ -149,3 +167,30 @@ def test_unfinished_answers_say_not_done():
         exercises.not_done(4, "set fast_batch")
     with pytest.raises(ExerciseFailed, match="Exercise 2 is not done yet"):
         lab06.check_same_and_faster("Exercise 2: pinned", [1.0], None, 1.0, "cpu", 1.1)
+
+
+def test_ex2_rejects_a_pinned_but_blocking_copy(ns):
+    """Pinning makes a copy faster, non_blocking makes it asynchronous: a loop that pins and
+    forgets non_blocking still waits for every copy, on any device."""
+    px, py = ns["prepare_host"](ns["host_x"]), ns["prepare_host"](ns["host_y"])
+    assert lab06.check_async_copies(ns["train_pinned"], *ns["fresh"](), px, py)
+    with pytest.raises(ExerciseFailed, match="without non_blocking"):
+        lab06.check_async_copies(ns["train_from_host"], *ns["fresh"](), px, py)
+    x = torch.ones(3)
+    assert lab06.blocking_copies(lambda: x.to("cpu")) == 1
+    assert lab06.blocking_copies(lambda: x.to("cpu", non_blocking=True)) == 0
+    assert lab06.blocking_copies(lambda: x.to(torch.float64)) == 0        # not a copy
+    assert lab06.blocking_copies(lambda: torch.empty(3).copy_(x)) == 1
+    assert lab06.blocking_copies(lambda: torch.empty(3).copy_(x, non_blocking=True)) == 0
+    with pytest.raises(TypeError):
+        lab06.blocking_copies(None)
+
+
+def test_ex1_speed_threshold_follows_the_machine():
+    """A third of the gain the host and GPU times predict; 'not slower' where there is little."""
+    assert lab06.sync_gain_threshold(1.0, 1.0) == pytest.approx(1 + (2.0 - 1) / 3)
+    assert lab06.sync_gain_threshold(1.0, 0.5) == pytest.approx(1 + 0.5 / 3)
+    assert lab06.sync_gain_threshold(1.0, 0.1) == 0.97          # predicted 1.1x: little to gain
+    assert lab06.sync_gain_threshold(0.1, 1.0) == 0.97
+    with pytest.raises(ValueError):
+        lab06.sync_gain_threshold(0.0, 1.0)

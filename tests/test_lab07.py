@@ -64,7 +64,7 @@ def test_static_check(ns):
 
 
 def test_peak_cut_check(ns):
-    args = (ns["make_model"], ns["baseline_step"])
+    args = (ns["make_model"], train_step)
     x, y = ns["x2"], ns["y2"]
 
     def zero_grad_inside(model, opt, x, y):          # saves memory, but trains differently
@@ -98,7 +98,7 @@ def test_peak_cut_check(ns):
     with pytest.raises(ExerciseFailed, match="4 times the batch's: divide"):
         lab07.check_peak_cut(*args, unscaled, x, y, "cpu")
     with pytest.raises(ExerciseFailed, match="peak"):
-        lab07.check_peak_cut(*args, ns["baseline_step"], x, y, "cpu")   # no saving
+        lab07.check_peak_cut(*args, train_step, x, y, "cpu")   # no saving
     assert lab07.check_peak_cut(*args, ns["lean_step"], x, y, "cpu") <= 0.6
 
 

@@ -1,21 +1,22 @@
-"""Lab 8 (the revised source waiting in pending/labs/): its student version is valid Python, and
-each check rejects a wrong answer and accepts the lab's own solution, on 2, 3 and 4 ranks (the
-code checks on real gloo launches, the others on numbers)."""
+"""Lab 8: its student version is valid Python, and each check rejects a wrong answer and accepts
+the lab's own solution, on 2, 3 and 4 ranks (the code checks on real gloo launches, the others
+on numbers); the reference run uses 4 gloo ranks (2 on a host of fewer than 8 cores)."""
 
 import ast
+import statistics
 import sys
 from pathlib import Path
 
 import jupytext
 import pytest
 
-from perflab.distributed import training
+from perflab.distributed.launch import launch
 from perflab.labs import lab08
 from perflab.labs.exercises import ExerciseFailed
 from perflab.core.device import gpu_count
 
 ROOT = Path(__file__).resolve().parent.parent
-LAB = ROOT / "pending" / "labs" / "08_distributed.md"
+LAB = ROOT / "labs" / "08_distributed.md"
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_student  # noqa: E402
 from lab_cells import code_cell  # noqa: E402
@@ -56,10 +57,41 @@ def make_half_adam(params):  # this rank's share of the parameters, never sent t
 '''
 
 AVERAGE_OP = '''
-def allreduce_avg(model):  # right on NCCL; gloo has no AVG (the worker sums and divides)
+def allreduce_avg(model):  # right on NCCL, and on gloo from PyTorch 2.8: nothing is patched
     for p in model.parameters():
         if p.grad is not None:
             dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+'''
+
+FROZEN_HALF = '''
+def make_half_adam_synced(params):  # this rank's share stepped, then rank 0's copy everywhere
+    params = list(params)
+    mine = [p for i, p in enumerate(params) if (i // 2) % dist.get_world_size() == dist.get_rank()]
+    inner = torch.optim.Adam(mine, lr=1e-3)
+
+    class Synced:
+        state = inner.state
+
+        def zero_grad(self):
+            inner.zero_grad()
+
+        def step(self):
+            inner.step()
+            for p in params:
+                dist.broadcast(p.data, src=0)
+    return Synced()
+'''
+
+SAME_BATCH = '''
+def indices_same(n, rank, world, epoch):  # ignores the rank: every rank reads one slice
+    g = torch.Generator().manual_seed(1000 + epoch)
+    return torch.randperm(n, generator=g).tolist()[:n // world]
+'''
+
+NO_EPOCH = '''
+def indices_no_epoch(n, rank, world, epoch):  # set_epoch forgotten: one order for ever
+    g = torch.Generator().manual_seed(1000)
+    return torch.randperm(n, generator=g).tolist()[rank::world]
 '''
 
 
@@ -68,13 +100,17 @@ def allreduce_avg(model):  # right on NCCL; gloo has no AVG (the worker sums and
 def test_code_checks_on_gloo_processes(n):
     solution = _cell("def allreduce_gradients")
     optimizer = _cell("def make_optimizer").split("\n\n\n### BEGIN SOLUTION")[0]
-    ranks = training.launch([{"name": "user_allreduce", "args": {
-                          "fns": ["allreduce_gradients", "allreduce_sum", "allreduce_avg"]}},
-                      {"name": "user_optimizer", "args": {
-                          "fns": ["make_optimizer", "make_plain_adam", "make_half_adam"]}}],
-                     nproc=n, backend="gloo", timeout_s=200, pg_timeout_s=30,
-                     user_code=[solution, WRONG_ALLREDUCE, AVERAGE_OP, optimizer,
-                                WRONG_OPTIMIZER, UNSENT_SHARDS])
+    sampler = _cell("def indices_for")
+    ranks = launch([{"name": "user_allreduce", "args": {
+                        "fns": ["allreduce_gradients", "allreduce_sum", "allreduce_avg"]}},
+                    {"name": "user_optimizer", "args": {
+                        "fns": ["make_optimizer", "make_plain_adam", "make_half_adam",
+                                "make_half_adam_synced"]}},
+                    {"name": "user_sampler", "args": {
+                        "fns": ["indices_for", "indices_same", "indices_no_epoch"], "n": 60}}],
+                   nproc=n, backend="gloo", timeout_s=200, pg_timeout_s=30,
+                   user_code=[solution, WRONG_ALLREDUCE, AVERAGE_OP, optimizer, WRONG_OPTIMIZER,
+                              UNSENT_SHARDS, FROZEN_HALF, sampler, SAME_BATCH, NO_EPOCH])
     ar = ranks[0]["results"]["user_allreduce"]
     assert lab08.check_manual_allreduce(ar["allreduce_gradients"])
     assert lab08.check_manual_allreduce(ar["allreduce_avg"])
@@ -84,19 +120,31 @@ def test_code_checks_on_gloo_processes(n):
     params = opt[0]["make_optimizer"]["params"]
     assert params == 8 * (32 * 32 + 32)
 
-    def state(name):
-        return [o[name]["state_bytes"] for o in opt]
+    def check(name, predicted):
+        o = opt[0][name]
+        return lab08.check_sharded_optimizer([r[name]["state_bytes"] for r in opt], params, predicted,
+                                             rank_spread=o["rank_spread"], vs_reference=o["vs_reference"])
 
-    assert lab08.check_sharded_optimizer(state("make_optimizer"), params, 8 * params / n,
-                                         rank_spread=opt[0]["make_optimizer"]["rank_spread"])
+    assert check("make_optimizer", 8 * params / n)
+    assert opt[0]["make_optimizer"]["vs_reference"] < 1e-12        # float64: plain Adam's model
     with pytest.raises(ExerciseFailed, match="not sharded"):
-        lab08.check_sharded_optimizer(state("make_plain_adam"), params, 8 * params)
+        check("make_plain_adam", 8 * params)
     with pytest.raises(ExerciseFailed, match="predicted"):  # sharded, but a prediction of 8 P
-        lab08.check_sharded_optimizer(state("make_optimizer"), params, 8 * params)
-    half = state("make_half_adam")
+        check("make_optimizer", 8 * params)
+    half = sum(r["make_half_adam"]["state_bytes"] for r in opt) / n
     with pytest.raises(ExerciseFailed, match="different models"):
-        lab08.check_sharded_optimizer(half, params, sum(half) / n,
-                                      rank_spread=opt[0]["make_half_adam"]["rank_spread"])
+        check("make_half_adam", half)
+    # the ranks agree (rank 0's copy everywhere), and train a model half of which never moves
+    synced = sum(r["make_half_adam_synced"]["state_bytes"] for r in opt) / n
+    assert opt[0]["make_half_adam_synced"]["rank_spread"] == 0.0
+    with pytest.raises(ExerciseFailed, match="wrong model"):
+        check("make_half_adam_synced", synced)
+    dealt = ranks[0]["results"]["user_sampler"]
+    assert lab08.check_sampler(dealt["indices_for"])
+    with pytest.raises(ExerciseFailed, match="both read"):
+        lab08.check_sampler(dealt["indices_same"])
+    with pytest.raises(ExerciseFailed, match="set_epoch"):
+        lab08.check_sampler(dealt["indices_no_epoch"])
 
 
 def test_allreduce_model_check_holds_for_every_world_size():
@@ -116,34 +164,70 @@ def test_comm_prediction_check():
              {"nbytes": 2**20, "seconds": 1e-3, "busbw": 1.0e9},
              {"nbytes": 2**24, "seconds": 14e-3, "busbw": 1.2e9}]
     ns = {"sweep": sweep, "P_model": 1_250_000, "nproc": 2, "predicted_s": None}
-    from perflab.distributed import collectives
+    from perflab.machine import interconnect
     exec(_cell("S = 4 * P_model"), ns)
     measured = 4 * 1_250_000 / 1.15e9 + 50e-6
     assert lab08.check_comm_prediction(ns["predicted_s"], measured)
-    wrong = collectives.allreduce_time(1_250_000, 1.2e9, 2, 50e-6)  # parameters, not bytes
+    wrong = interconnect.allreduce_time(1_250_000, 1.2e9, 2, 50e-6)  # parameters, not bytes
     with pytest.raises(ExerciseFailed, match="count bytes"):
         lab08.check_comm_prediction(wrong, measured)
     with pytest.raises(ExerciseFailed, match="no answer"):
         lab08.check_comm_prediction(None, measured)
 
 
-def test_bucket_choice_check():
-    step_s = {0.002: 0.030, 0.016: 0.012, 0.25: 0.0115, 2.0: 0.016}
+def test_exposed_model_check_rejects_the_start_up_of_every_bucket():
+    ns = {}
+    exec(_cell("def exposed").split("\n\n\n### BEGIN SOLUTION")[0], ns)
+    assert lab08.check_exposed_model(ns["exposed"])
+    # chapter 8's first model: every bucket's start-up exposed, and the last bucket's transfer
+    with pytest.raises(ExerciseFailed, match="long backward"):
+        lab08.check_exposed_model(lambda b, t, n, a, bw: len(b) * a + b[-1] * 2 * (n - 1) / n / bw)
+    # no overlap at all
+    with pytest.raises(ExerciseFailed, match="long backward"):
+        lab08.check_exposed_model(lambda b, t, n, a, bw: sum(a + x * 2 * (n - 1) / n / bw for x in b))
+    # every bucket ready at once when the backward ends: a queue, but no overlap
+    with pytest.raises(ExerciseFailed):
+        lab08.check_exposed_model(lambda b, t, n, a, bw: lab08.exposed_reference(b, 0.0, n, a, bw))
+    with pytest.raises(ExerciseFailed, match="not done yet"):
+        lab08.check_exposed_model(None)
+
+
+def test_bucket_choice_check_reads_the_rounds():
+    rounds = {0.0625: [0.030, 0.031, 0.029], 0.25: [0.012, 0.0125, 0.0118],
+              1.0: [0.0115, 0.013, 0.0121], 16.0: [0.016, 0.017, 0.0165]}
     sweep = [{"nbytes": 4096, "seconds": 50e-6, "busbw": 0.08e9},
              {"nbytes": 2**24, "seconds": 14e-3, "busbw": 1.2e9}]
-    ns = {"step_s": step_s, "sweep": sweep, "nproc": 2,
-          "bk": {"grad_bytes": 4 * 100_000}}
-    exec(_cell("bucket_choice_mb = min("), ns)
-    want = lab08.best_bucket_bytes(50e-6, 4e5, 1.2e9, 2) / 2**20
-    assert lab08.check_bucket_choice(ns["bucket_choice_mb"], step_s,
-                                     predicted_mb=ns["predicted_best_mb"], expected_mb=want)
-    with pytest.raises(ExerciseFailed, match="balance at"):
-        lab08.check_bucket_choice(0.25, step_s, predicted_mb=100 * want, expected_mb=want)
-    flat = {1.0: 0.0100, 5.0: 0.0104, 25.0: 0.0102}   # a 4 % spread: only near-best passes
-    with pytest.raises(ExerciseFailed, match="fastest"):
-        lab08.check_bucket_choice(5.0, flat)
-    assert lab08.check_bucket_choice(0.016, step_s)          # within 10 % of the best
-    with pytest.raises(ExerciseFailed, match="fastest"):
-        lab08.check_bucket_choice(0.002, step_s)             # the smallest bucket: latency-bound
+    bk = {"bucket_bytes": {"0.0625": [2**16] * 48, "0.25": [2**18] * 12, "1.0": [2**20] * 3,
+                           "16.0": [3 * 2**20]},
+          "backward_s": 0.004, "grad_bytes": 3 * 2**20}
+    ns = {"rounds_by_mb": rounds, "bk": bk, "nproc": 2, "alpha": 50e-6, "busbw_max": 1.2e9,
+          "statistics": statistics}
+    exec(_cell("def exposed"), ns)
+    want = min(rounds, key=lambda mb: lab08.exposed_reference(bk["bucket_bytes"][str(mb)], 0.004, 2,
+                                                              50e-6, 1.2e9))
+    assert ns["predicted_best_mb"] == want
+    assert lab08.check_bucket_choice(ns["bucket_choice_mb"], rounds, predicted_mb=ns["predicted_best_mb"],
+                                     expected_mb=want)
+    assert lab08.check_bucket_choice(0.25, rounds)                 # the rounds cannot tell it from 1.0
+    with pytest.raises(ExerciseFailed, match="slower in every round"):
+        lab08.check_bucket_choice(16.0, rounds)
+    with pytest.raises(ExerciseFailed, match="slower in every round"):
+        lab08.check_bucket_choice(0.0625, rounds)               # the smallest bucket: start-up bound
     with pytest.raises(ExerciseFailed, match="not measured"):
-        lab08.check_bucket_choice(25, step_s)
+        lab08.check_bucket_choice(25, rounds)
+    other = next(mb for mb in rounds if mb != want)
+    with pytest.raises(ExerciseFailed, match="exposes least"):
+        lab08.check_bucket_choice(ns["bucket_choice_mb"], rounds, predicted_mb=other, expected_mb=want)
+
+
+def test_sampler_check_on_numbers():
+    right = {"n": 8, "per_rank": [[[0, 2, 4, 6], [1, 3, 5, 7]], [[7, 5, 3, 1], [6, 4, 2, 0]]]}
+    assert lab08.check_sampler(right)
+    with pytest.raises(ExerciseFailed, match="both read"):
+        lab08.check_sampler({"n": 8, "per_rank": [[[0, 1, 2, 3], [0, 1, 2, 3]]]})
+    with pytest.raises(ExerciseFailed, match="every sample"):
+        lab08.check_sampler({"n": 8, "per_rank": [[[0, 1], [2, 3]]]})
+    with pytest.raises(ExerciseFailed, match="set_epoch"):
+        lab08.check_sampler({"n": 8, "per_rank": [right["per_rank"][0]] * 2})
+    with pytest.raises(ExerciseFailed, match="not done yet"):
+        lab08.check_sampler(None)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
-from perflab.loading import datasets, loaders, measure, storage, transforms
+from perflab.loading import datasets, loaders, measure, storage, training, transforms
 
 METHODS = ["fork", "spawn", "forkserver"]
 
@@ -233,7 +233,7 @@ def test_cpu_rate_and_training_ladder_run_on_the_cpu(folder, files, tmp_path):
     torch.set_num_threads(1)  # tiny convolutions: threads would only contend on a busy machine
     try:
         for loader, tf in ((naive, None), (stored, lambda b: transforms.gpu_augment(b, 128))):
-            r = measure.train_steps(loader, model, steps=2, device="cpu", gpu_transform=tf, warmup=1)
+            r = training.train_steps(loader, model, steps=2, device="cpu", gpu_transform=tf, warmup=1)
             assert 0 < r["data_wait_fraction"] < 1 and r["images_per_s"] > 0
     finally:
         torch.set_num_threads(threads)
@@ -280,6 +280,7 @@ def test_loader_rate_times_the_steady_state():
     r = measure.loader_rate(loader)                    # skip a round of 2 at each end: 12 timed
     assert r["images"] == 12 * 4 and r["first_batch_s"] > 0
     assert r["worker_cpu_s"] is None or r["worker_cpu_s"] >= 0
+    assert r["worker_window_cpu_s"] is None or 0 <= r["worker_window_cpu_s"] <= r["worker_cpu_s"]
     short = DataLoader(loaders.ZeroImages(16, (2,)), batch_size=4, num_workers=2,
                        multiprocessing_context="fork")
     with pytest.raises(ValueError, match="too few"):
@@ -341,3 +342,52 @@ def test_import_seconds_starts_processes_together():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA"):
             measure.kernel_seconds(lambda: None)
+
+
+def test_persistent_workers_keep_their_copy_of_the_dataset_and_their_seed():
+    """Chapter 5's trap: a change made in the main process after the first epoch reaches fresh
+    workers, not persistent ones, and persistent workers' seeds are not drawn again."""
+    probe = loaders.EpochProbe(4)
+    for persistent, second in ((False, [0, 2, 4, 6]), (True, [0, 1, 2, 3])):
+        probe.scale = 1
+        loader = DataLoader(probe, batch_size=4, num_workers=1, persistent_workers=persistent,
+                            multiprocessing_context="fork")
+        (x1, seed1), = list(loader)
+        probe.scale = 2
+        (x2, seed2), = list(loader)
+        assert x1.tolist() == [0, 1, 2, 3] and x2.tolist() == second
+        assert (seed1[0] == seed2[0]) == persistent
+
+
+def test_python_lists_are_copied_into_forked_workers_as_they_read_them():
+    """Copy-on-read: reading a Python object writes its reference count, so a worker copies the
+    pages of a list's objects it reads; an array's pages stay shared."""
+    listed = measure.worker_memory_growth(loaders.IndexList(300_000), num_workers=2)
+    arrayed = measure.worker_memory_growth(loaders.IndexArray(300_000), num_workers=2)
+    if listed is None:
+        pytest.skip("no fork start method or no /proc here")
+    assert min(listed) > 16 * 300_000 / 2          # at least a half of its objects' pages
+    assert max(arrayed) < 0.25 * min(listed)
+    with pytest.raises(ValueError, match="too few"):
+        measure.worker_memory_growth(loaders.IndexArray(10), num_workers=2, batch_size=8)
+
+
+def test_startup_probe_reports_a_workers_phases_on_the_parents_clock():
+    from perflab.core.timing import timestamp
+
+    loader = DataLoader(loaders.StartupProbe(_Pairs()), batch_size=2, num_workers=1,
+                        worker_init_fn=loaders.startup_init, multiprocessing_context="fork")
+    t0 = timestamp()
+    *_, phases = next(iter(loader))
+    age, init, fetch, kernel, modules = phases[0].tolist()
+    assert t0 - 1.0 <= init <= fetch <= timestamp()
+    assert modules > 10 and kernel in (0.0, 1.0)
+    assert not np.isfinite(age) or 0 <= age <= timestamp() - t0 + 0.02   # 10 ms ticks
+
+
+class _Pairs(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.tensor(i), i

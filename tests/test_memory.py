@@ -331,3 +331,65 @@ def test_copy_profile_needs_a_gpu():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA"):
             measure.copy_profile(lambda: None)
+
+
+def test_peak_blocks_say_when_each_block_at_the_peak_was_freed():
+    ev = lambda a, addr, size, t: {"action": a, "addr": addr, "size": size, "time_us": t}  # noqa
+    trace = [ev("alloc", 1, 100, 0), ev("alloc", 2, 50, 1000), ev("alloc", 3, 50, 2000),
+             ev("free_completed", 3, 50, 2020), ev("free_completed", 2, 50, 3000),
+             ev("alloc", 4, 10, 4000)]
+    blocks = snapshots.peak_blocks({"device_traces": [trace]}, 0.5)
+    # the peak is at 2 ms (200 bytes); block 3 lived 20 us, block 2 until 3 ms
+    assert [(b["size"], b["alloc_ms"], b["free_ms"]) for b in blocks] == [(50, 1.0, 3.0),
+                                                                          (50, 2.0, 2.02)]
+    assert all(b["peak_ms"] == 2.0 for b in blocks)
+    with pytest.raises(ValueError, match="no event"):
+        snapshots.peak_blocks({"device_traces": [trace]}, 10.0)
+
+
+def test_packed_bytes_counts_every_saved_reference():
+    """save_on_cpu copies every pack call: the softmax output (saved by softmax and by @ v)
+    twice, the parameters the products save, the input and the target."""
+    model, x, y = _problem()
+    got = measure.packed_bytes(lambda t: F.mse_loss(model(t), y), x)
+    act = predict.activation_bytes(CFG, 4)
+    twice = CFG.n_layers * act["attention_scores_per_layer"]
+    assert got["every"] - got["distinct"] == twice
+    # every save: distinct activations, the scores once more, the weights (no Linear bias is
+    # saved), the input x and the target y
+    biases = CFG.n_layers * 9 * CFG.d_model * 4
+    params = 4 * predict.param_count(CFG) - biases
+    assert got["every"] == act["total"] + twice + params + x.nbytes + y.nbytes
+    assert got["calls"] > 0
+    with pytest.raises(TypeError):
+        measure.packed_bytes(42)
+
+
+def test_backward_peak_bytes_parts():
+    cfg = BlockStackConfig(d_model=256, n_heads=8, n_layers=2, seq_len=256)
+    got = predict.backward_peak_bytes(cfg, 4)
+    # chapter 7's snapshot stack: three 8 MiB score tensors, 9 h^2 floats of weight gradients,
+    # minus the MLP's 10 sbh saved floats (1 MiB each)
+    assert got == {"scores": 3 * 8 * 2**20, "weight_grads": 9 * 256 * 256 * 4,
+                   "freed_mlp": 10 * 2**20, "total": 24 * 2**20 + 9 * 256 * 256 * 4 - 10 * 2**20}
+    with pytest.raises(ValueError, match="batch"):
+        predict.backward_peak_bytes(cfg, 0)
+
+
+def test_driver_view_attributes_memory_to_this_process(monkeypatch):
+    """NVML's per-process figure splits the device-wide 'used': this process's context (its
+    memory outside the allocator) and the other processes' memory."""
+    GiB = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (137 * GiB, 140 * GiB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev=None: GiB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev=None: GiB // 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(allocator.nvml, "process_memory_bytes", lambda pid, index=0: GiB + 2**29)
+    view = allocator.driver_view("cuda")
+    assert view["used"] == 3 * GiB and view["outside_allocator"] == 2 * GiB
+    assert view["process"] == GiB + 2**29
+    assert view["process_outside_allocator"] == 2**29
+    assert view["other_processes"] == 3 * GiB - GiB - 2**29
+    monkeypatch.setattr(allocator.nvml, "process_memory_bytes", lambda pid, index=0: None)
+    view = allocator.driver_view("cuda:0")
+    assert view["process"] is None and view["other_processes"] is None

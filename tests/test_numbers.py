@@ -19,6 +19,8 @@ BAD = [re.compile(rx) for rx in BAD_SHAPES.values()]
     (734_577_152, "iB", {}, "701 MiB"),
     (2.05e3 * 2**20, "iB", {}, "2 GiB"),              # the "2.05e+03 MiB"
     (512, "iB", {}, "512 B"),
+    (2**30, "iB", {}, "1 GiB"),                          # not "1024 MiB": the written mantissa decides
+    (1023.6, "iB", {}, "1 KiB"),
     (0, "B", {}, "0 B"),
     (3.9e12, "B/s", {}, "3.9 TB/s"),
     (989.5e12, "FLOP/s", {"sig": 4}, "989.5 TFLOP/s"),

@@ -1,8 +1,11 @@
 """perflab.speed on CPU: the workload, "the same result", what a step is measured with, and the
 page's exported prefetcher and BN folding."""
 
+import contextlib
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from perflab.speed.measure import capture_logs, graph_replay_semantics, op_count, wall_time
@@ -157,3 +160,86 @@ def test_the_pages_bn_folding_matches_layer_then_bn_in_eval(kind):
     bn.bias.data.uniform_(-1, 1)
     bn.eval()
     assert torch.allclose(fold_batchnorm(layer, bn)(x), bn(layer(x)), atol=1e-5)
+
+
+class _FakeCuda:
+    """Stand-ins for torch.cuda's streams and graphs on a CPU: capture runs the step's Python
+    once (as a real capture does, recording instead of computing), replay does nothing."""
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    class CUDAGraph:
+        replays = 0
+
+        def replay(self):
+            type(self).replays += 1
+
+    def __init__(self):
+        self.modes = []
+
+    def graph(self, g, capture_error_mode="global"):
+        self.modes.append(capture_error_mode)
+        return contextlib.nullcontext()
+
+
+def test_graphed_step_warms_up_eagerly_then_captures_the_given_loss(monkeypatch):
+    from perflab.speed.graphs import GraphedStep
+
+    fake = _FakeCuda()
+    monkeypatch.setattr(torch.cuda, "Stream", fake.Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: fake.Stream())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", fake.CUDAGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake.graph)
+    # a real capture records kernels without running them, so uninitialized static inputs are
+    # harmless there; this stand-in runs the step, so they start at zero
+    monkeypatch.setattr(torch, "empty_like", torch.zeros_like)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+
+    def loss(x, y):
+        seen.append(x.shape[0])
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    batches = [(torch.randn(2, 4), torch.randn(2, 3)) for _ in range(2)]
+    gs = GraphedStep(model, opt, batches, loss=loss, capture_error_mode="thread_local")
+    assert seen == [2, 2, 2]                          # two warm-up steps, then the capture
+    assert len(gs.warmup_losses) == 2 and fake.modes == ["thread_local"]
+    x, y = torch.ones(2, 4), torch.zeros(2, 3)
+    assert gs.step(x, y) is gs.static_loss and torch.equal(gs.static_x, x)
+    assert fake.CUDAGraph.replays == 1
+    plain = GraphedStep(model, opt, [(torch.randn(2, 4), torch.tensor([0, 2]))])  # cross-entropy
+    assert fake.modes[-1] == "global" and plain.static_loss.dim() == 0
+
+
+def test_same_losses_tells_reordered_sums_from_another_training():
+    """Chapter 6's ladder compares every rung's losses step by step (0.1 %): a fused optimizer
+    (the same update, summed in another order) passes; a dropped batch, one batch over and
+    over, or another learning rate fail within the first steps."""
+    images, labels = synthetic_images(256, size=16)
+    x = normalize(images)
+
+    def train(order, fused=False, lr=2e-3, steps=12):
+        torch.manual_seed(0)
+        model = SmallCNN(4)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr,
+                                **(dict(fused=True) if fused else dict(foreach=False)))
+        losses = []
+        for i in order[:steps]:
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x[16 * i:16 * i + 16]), labels[16 * i:16 * i + 16])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    batches = list(range(16))
+    ref = train(batches)
+    assert same_losses(ref, train(batches, fused=True))
+    assert not same_losses(ref, train(batches[:3] + batches[4:]))     # a batch dropped
+    assert not same_losses(ref, train([0] * 16))                         # one batch
+    assert not same_losses(ref, train(batches, lr=3e-3))                 # another rate

@@ -1,10 +1,12 @@
 """perflab.core.validate: every rule accepts what it allows and names the argument it refuses."""
 
 import math
+import re
 
+import numpy as np
 import pytest
 
-from perflab.core.validate import integer, integers, positive, positive_int
+from perflab.core.validate import integer, integers, number, one_of, positive, positive_int
 
 
 def test_positive_int_accepts_counts_and_refuses_the_rest():
@@ -38,3 +40,21 @@ def test_positive_refuses_zero_negative_non_finite_and_non_numbers():
     for bad in (0, -1e-9, math.inf, math.nan, None, True, "1"):
         with pytest.raises(ValueError, match=r"^block_s must be a positive finite number, got "):
             positive("block_s", bad)
+
+
+def test_number_checks_finite_reals_against_inclusive_and_exclusive_bounds():
+    assert number("x", 0, minimum=0) == 0.0 and number("x", np.float32(0.5), above=0, maximum=1) == 0.5
+    assert number("x", np.int64(3), minimum=1) == 3.0 and number("x", -7.5) == -7.5
+    for bad, kwargs, rule in [(-1e-9, dict(minimum=0), ">= 0"), (0, dict(above=0), "> 0"),
+                              (1.5, dict(above=0, maximum=1), "> 0 and <= 1"), (1, dict(below=1), "< 1"),
+                              (float("nan"), {}, "finite number, got nan"), (True, {}, "True"),
+                              ("1", dict(minimum=0), "'1'"), (None, {}, "None")]:
+        with pytest.raises(ValueError, match=re.escape(rule)) as err:
+            number("tolerance", bad, **kwargs)
+        assert str(err.value).startswith("tolerance must be a finite number")
+
+
+def test_one_of_names_the_choices():
+    assert one_of("mode", "bf16", ("fp32", "bf16")) == "bf16"
+    with pytest.raises(ValueError, match=r"^what must be one of 'decode', 'pipeline', got 'x'$"):
+        one_of("what", "x", ("decode", "pipeline"))

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 
 from perflab.core import nvml
+from perflab.core.validate import number
 
 T = TypeVar("T")
 
@@ -50,8 +51,7 @@ def device(index: int = 0) -> torch.device:
     Raises:
         ValueError: ``index`` is negative or names a GPU this machine does not have.
     """
-    if index < 0:
-        raise ValueError(f"index must be >= 0, got {index}")
+    number("index", index, minimum=0)
     if not has_gpu():
         return torch.device("cpu")
     if index >= gpu_count():
@@ -83,8 +83,7 @@ def requires_gpu(count: int = 1, what: str = "This cell",
     Raises:
         ValueError: ``count`` is smaller than 1, or ``capability`` is not a (major, minor) pair.
     """
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
+    number("count", count, minimum=1)
     if capability is not None and (len(capability) != 2 or
                                    not all(isinstance(v, int) for v in capability)):
         raise ValueError(f"capability must be a (major, minor) pair, got {capability!r}")

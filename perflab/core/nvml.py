@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from perflab.core.validate import number
+
 __all__ = ["CLOCK_EVENT_REASONS", "POWER_INSTANT_FIELD", "clock_settings", "device_count",
            "driver_version", "handle", "max_sm_clock_hz", "memory_used_bytes", "nvlinks",
            "readings", "utilization_pct"]
@@ -57,8 +59,7 @@ def handle(index: int = 0):
     Raises:
         ValueError: ``index`` is negative.
     """
-    if index < 0:
-        raise ValueError(f"index must be >= 0, got {index}")
+    number("index", index, minimum=0)
     pynvml = _pynvml()
     if pynvml is None:
         return None

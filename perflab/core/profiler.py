@@ -28,6 +28,8 @@ from typing import Callable, Iterable, Sequence
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from perflab.core.validate import number
+
 __all__ = ["kernels_per_call", "device_seconds_per_call", "KernelRecord", "kernels_of",
            "launch_api_seconds", "load_trace", "trace_events", "trace_intervals", "union",
            "covered", "intersection_length", "overlap_fraction"]
@@ -55,8 +57,7 @@ def kernels_per_call(fn: Callable, *args, calls: int = 5, **kwargs) -> float:
     Raises:
         ValueError: ``calls`` < 1.
     """
-    if calls < 1:
-        raise ValueError(f"calls must be >= 1, got {calls}")
+    number("calls", calls, minimum=1)
     tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
     on_gpu = any(t.is_cuda for t in tensors) if tensors else torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
@@ -104,8 +105,8 @@ def device_seconds_per_call(fn: Callable, *args, calls: int = 20, warmup: int = 
     """
     if not torch.cuda.is_available():
         raise RuntimeError("device_seconds_per_call needs a CUDA GPU; this machine has none")
-    if calls < 1 or warmup < 0:
-        raise ValueError(f"calls must be >= 1 and warmup >= 0, got calls={calls}, warmup={warmup}")
+    number("calls", calls, minimum=1)
+    number("warmup", warmup, minimum=0)
     events = _profiled_calls(fn, args, kwargs, calls, warmup)
     kernels = [e for e in events
                if e.device_type == torch.autograd.DeviceType.CUDA
@@ -148,8 +149,7 @@ def kernels_of(fn: Callable, *args, calls: int = 3, **kwargs) -> list[KernelReco
     """
     if not torch.cuda.is_available():
         raise RuntimeError("kernels_of needs a CUDA GPU; this machine has none")
-    if calls < 1:
-        raise ValueError(f"calls must be >= 1, got {calls}")
+    number("calls", calls, minimum=1)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
@@ -190,8 +190,7 @@ def launch_api_seconds(fn: Callable, *args, calls: int = 200, **kwargs) -> tuple
     """
     if not torch.cuda.is_available():
         raise RuntimeError("launch_api_seconds needs a CUDA GPU; this machine has none")
-    if calls < 1:
-        raise ValueError(f"calls must be >= 1, got {calls}")
+    number("calls", calls, minimum=1)
     events = _profiled_calls(fn, args, kwargs, calls, warmup=1)
     launches = [e for e in events
                 if e.name.startswith(("cudaLaunchKernel", "cuLaunchKernel"))]

@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-from perflab.core.validate import positive_int
+from perflab.core.validate import integer, positive_int
 
 __all__ = ["IQR_FROM", "Spread", "interleaved", "spread"]
 
@@ -169,8 +169,7 @@ def interleaved(work: Mapping[str, Callable[[], float]], rounds: int = 5,
     if not work:
         raise ValueError("work must name at least one variant")
     positive_int("rounds", rounds)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    integer("warmup", warmup, minimum=0)
     names = list(work)
     kept: dict[str, list[float]] = {name: [] for name in names}
     for r in range(warmup + rounds):

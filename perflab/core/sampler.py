@@ -26,7 +26,7 @@ from typing import Any, Callable
 from perflab.core import nvml
 from perflab.core.device import cpu_clock_readings
 from perflab.core.timing import Stopwatch
-from perflab.core.validate import positive
+from perflab.core.validate import integer, positive
 
 __all__ = ["cpu_clock_readable", "cpu_state", "machine_state", "MemoryPeak", "Sampler",
            "UtilizationSampler"]
@@ -190,8 +190,7 @@ class UtilizationSampler(Sampler):
     """
 
     def __init__(self, index: int = 0, interval_s: float = 0.05):
-        if index < 0:
-            raise ValueError(f"index must be >= 0, got {index}")
+        integer("index", index, minimum=0)
         self.index = index
         super().__init__(lambda: nvml.utilization_pct(self.index), interval_s, "perflab-utilization")
 

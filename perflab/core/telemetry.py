@@ -49,7 +49,7 @@ from perflab.core import nvml
 from perflab.core.device import cpu_name
 from perflab.core.sampler import Sampler, cpu_clock_readable, cpu_state
 from perflab.core.timing import benchmark, timed_window, window_listener
-from perflab.core.validate import positive
+from perflab.core.validate import integer, number, one_of, positive
 
 __all__ = ["MIN_SAMPLES", "WORK", "Measurement", "Telemetry", "TelemetrySummary", "measure"]
 
@@ -293,10 +293,8 @@ class Telemetry:
 
     def __post_init__(self) -> None:
         positive("interval_s", self.interval_s)
-        if self.index < 0:
-            raise ValueError(f"index must be >= 0, got {self.index}")
-        if self.work not in WORK:
-            raise ValueError(f"work must be one of {sorted(WORK)}, got {self.work!r}")
+        integer("index", self.index, minimum=0)
+        one_of("work", self.work, sorted(WORK))
         if self.device is not None:
             try:
                 torch.device(self.device)
@@ -435,9 +433,7 @@ class Measurement:
         Raises:
             ValueError: ``work`` is negative.
         """
-        if work < 0:
-            raise ValueError(f"work must be >= 0, got {work}")
-        return work / self.seconds
+        return number("work", work, minimum=0) / self.seconds
 
 
 def measure(fn: Callable[[], object], device: torch.device | str | None = None,

@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 import torch
 from torch.utils import benchmark as tub
 
-from perflab.core.validate import positive, positive_int
+from perflab.core.validate import number, positive, positive_int
 
 __all__ = ["CacheTiming", "Deadline", "Stopwatch", "Timing", "benchmark", "best_of", "event_timer",
            "flush_l2", "hot_and_cold", "order_effect", "paired_ratio", "process_seconds", "seconds_per_call",
@@ -312,10 +312,8 @@ def event_timer(
     Raises:
         ValueError: ``warmup < 0`` or ``reps < 1``.
     """
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
-    if reps < 1:
-        raise ValueError(f"reps must be >= 1, got {reps}")
+    number("warmup", warmup, minimum=0)
+    number("reps", reps, minimum=1)
     dev = torch.device(device)
     for _ in range(warmup):
         fn()
@@ -437,8 +435,7 @@ def hot_and_cold(
         ValueError: ``calls``, ``reps`` or ``flush_bytes`` below 1.
     """
     for label, v in (("calls", calls), ("reps", reps), ("flush_bytes", flush_bytes)):
-        if not (isinstance(v, int) and v >= 1):
-            raise ValueError(f"{label} must be an integer >= 1, got {v!r}")
+        positive_int(label, v)
     dev = torch.device(device)
     buf = torch.empty(flush_bytes, dtype=torch.uint8, device=dev)
     if dev.type != "cuda":
@@ -516,8 +513,7 @@ def order_effect(first: tuple[float, float], second: tuple[float, float],
     Raises:
         ValueError: a time that is not positive, or a negative tolerance.
     """
-    if tolerance < 0:
-        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    number("tolerance", tolerance, minimum=0)
     for label, pair in (("first", first), ("second", second)):
         if len(pair) != 2 or not all(v > 0 for v in pair):
             raise ValueError(f"{label} must be two positive times, got {pair!r}")

@@ -9,9 +9,10 @@ positive integer, got 0``. ``bool`` is refused where an integer is expected (``T
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Iterable
 
-__all__ = ["integer", "integers", "positive", "positive_int"]
+__all__ = ["integer", "integers", "number", "one_of", "positive", "positive_int"]
 
 
 def _is_int(value: Any) -> bool:
@@ -95,3 +96,38 @@ def positive(name: str, value: Any) -> float:
             or value <= 0):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return float(value)
+
+
+def number(name: str, value: Any, minimum: float | None = None, maximum: float | None = None,
+           above: float | None = None, below: float | None = None) -> float:
+    """``value`` as a float, if it is a finite real number (numpy's too; not a ``bool``) within
+    the bounds given: ``minimum <= value <= maximum`` (inclusive), ``above < value < below``
+    (exclusive); a bound left None does not apply.
+
+    Raises:
+        ValueError: ``value`` breaks the rule; the message reads
+            ``"<name> must be a finite number >= <minimum> and < <below>, got <value!r>"``.
+    """
+    bounds = [(">=", minimum), (">", above), ("<=", maximum), ("<", below)]
+    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and math.isfinite(value))
+    if ok:
+        v = float(value)
+        ok = all(b is None or (v >= b if op == ">=" else v > b if op == ">" else
+                               v <= b if op == "<=" else v < b) for op, b in bounds)
+    if not ok:
+        rule = " and ".join(f"{op} {b:g}" for op, b in bounds if b is not None)
+        raise ValueError(f"{name} must be a finite number{' ' + rule if rule else ''}, got {value!r}")
+    return float(value)
+
+
+def one_of(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """``value`` if it is one of ``choices`` (a mode, a format, a policy).
+
+    Raises:
+        ValueError: ``"<name> must be one of <choices>, got <value!r>"``.
+    """
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+    return value

@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile as _profile
 
 from perflab.core.profiler import trace_events
 from perflab.core.timing import synchronize
-from perflab.core.validate import positive
+from perflab.core.validate import number, one_of, positive
 from perflab.profiling.trace import summarize_trace
 
 __all__ = ["Timeline", "profile_step", "kernel_kind", "StepBreakdown", "step_breakdown", "weight_matmul_flops",
@@ -175,8 +175,7 @@ class StepBreakdown:
         Raises:
             ValueError: an unknown kind, or no kernel time at all.
         """
-        if kind not in ("matmul", "attention", "other"):
-            raise ValueError(f"kind must be 'matmul', 'attention' or 'other', got {kind!r}")
+        one_of("kind", kind, ("matmul", "attention", "other"))
         if self.total_s <= 0:
             raise ValueError("the breakdown holds no kernel time")
         return getattr(self, f"{kind}_s") / self.total_s
@@ -187,8 +186,7 @@ class StepBreakdown:
         Raises:
             ValueError: ``matmul_flops`` negative, or no matmul time.
         """
-        if matmul_flops < 0:
-            raise ValueError(f"matmul_flops must be >= 0, got {matmul_flops}")
+        number("matmul_flops", matmul_flops, minimum=0)
         if self.matmul_s <= 0:
             raise ValueError("the breakdown holds no matmul time")
         return matmul_flops / self.matmul_s
@@ -222,8 +220,8 @@ def weight_matmul_flops(params: int, tokens: int) -> float:
     Raises:
         ValueError: a non-positive argument.
     """
-    if params < 1 or tokens < 1:
-        raise ValueError(f"params and tokens must be positive, got {params}, {tokens}")
+    number("params", params, minimum=1)
+    number("tokens", tokens, minimum=1)
     return 6.0 * params * tokens
 
 

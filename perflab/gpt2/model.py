@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from perflab.core.validate import one_of, positive_int
+
 __all__ = ["CONFIGS", "GPT", "GPTConfig", "Block", "config"]
 
 GPT2_VOCAB = 50257
@@ -64,12 +66,10 @@ class GPTConfig:
     attention: str = "sdpa"
 
     def __post_init__(self):
-        if self.attention not in ("sdpa", "math"):
-            raise ValueError(f"attention must be 'sdpa' or 'math', got {self.attention!r}")
+        one_of("attention", self.attention, ("sdpa", "math"))
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+            positive_int(name, v)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be a multiple of n_head ({self.n_head})")
 
@@ -242,7 +242,6 @@ class GPT(nn.Module):
             ValueError: ``seq_len`` not a positive int.
         """
         T = self.cfg.block_size if seq_len is None else seq_len
-        if not isinstance(T, int) or T < 1:
-            raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+        positive_int("seq_len", T)
         c = self.cfg
         return 6.0 * self.num_params() + 12.0 * c.n_layer * c.n_embd * T

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from perflab.core.validate import positive_int
+from perflab.core.validate import number, one_of, positive, positive_int
 from perflab.gpt2.model import CONFIGS, GPT, GPT2_VOCAB, GPTConfig, config
 
 __all__ = ["PRECISIONS", "ATTENTIONS", "RESIDUALS", "OPTIMIZERS", "LOADERS", "Rung", "padded",
@@ -133,10 +133,8 @@ class Rung:
         for name, allowed in (("precision", PRECISIONS), ("attention", ATTENTIONS),
                               ("optimizer", OPTIMIZERS), ("loader", LOADERS),
                               ("residual", RESIDUALS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.model not in CONFIGS:
-            raise ValueError(f"model must be one of {list(CONFIGS)}, got {self.model!r}")
+            one_of(name, getattr(self, name), allowed)
+        one_of("model", self.model, CONFIGS)
         if self.seq_len > self.config().block_size:
             raise ValueError(f"seq_len {self.seq_len} exceeds the model's block_size")
         if self.fp8_head and (self.vocab % 16 or self.config().n_embd % 16):
@@ -176,8 +174,8 @@ def padded(vocab: int, multiple: int = 64) -> int:
     Raises:
         ValueError: non-positive arguments.
     """
-    if vocab < 1 or multiple < 1:
-        raise ValueError(f"vocab and multiple must be positive, got {vocab}, {multiple}")
+    number("vocab", vocab, minimum=1)
+    number("multiple", multiple, minimum=1)
     return -(-vocab // multiple) * multiple
 
 
@@ -298,8 +296,8 @@ def predict_peak(peak_bytes: float, rung: Rung, params: int, target: GPTConfig) 
     Raises:
         ValueError: a non-positive peak or parameter count, or a peak below the static bytes.
     """
-    if peak_bytes <= 0 or params <= 0:
-        raise ValueError(f"peak_bytes and params must be positive, got {peak_bytes}, {params}")
+    positive("peak_bytes", peak_bytes)
+    positive("params", params)
     per = static_bytes_per_param(rung)
     rest = peak_bytes - per * params
     if rest < 0:

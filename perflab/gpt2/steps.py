@@ -8,7 +8,10 @@
 #   book/10_gpt2_case_study.md: The training step
 #   book/10_gpt2_case_study.md: The speed ladder
 
-"""Code taught on book/10_gpt2_case_study.md, exported for the pages that reuse it.
+"""Chapter 10's training step and its two ladders: each rung's change, written
+out.
+
+Code taught on book/10_gpt2_case_study.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """
@@ -19,6 +22,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 from perflab.kernels import crossentropy, fp8
+from perflab.speed.graphs import GraphedStep
 
 
 def plain_head(h, w, y):
@@ -135,42 +139,28 @@ def make_step(net, opt, rung, batches, device):
 
 
 def make_graphed_step(net, opt, rung, batches, device, warmup=2):
-    """make_step's step captured as one CUDA graph after `warmup` steps."""
-    sx = torch.zeros(rung.batch, rung.seq_len, dtype=torch.long,
-                     device=device)
-    sy = torch.zeros_like(sx)             # the static inputs
-    state = {"warm": 0}
-
-    def train_step():
+    """make_step's step as one CUDA graph (chapter 6's GraphedStep); the
+    first call also takes the `warmup` eager steps and the capture."""
+    def loss(x, y):
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = net(sx, sy)
-        loss.backward()
-        opt.step()
-        return loss
+            return net(x, y)
+
+    graphed, taken = [], []               # the GraphedStep; warm-up losses
 
     def step():
+        if not graphed:                   # compile, warm up, capture
+            warm = [(x.to(device, non_blocking=True),
+                     y.to(device, non_blocking=True))
+                    for x, y in (next(batches) for _ in range(warmup))]
+            # "thread_local": the loader's pinning thread may call CUDA
+            # meanwhile, which only this thread's capture forbids
+            graphed.append(GraphedStep(net, opt, warm, loss=loss,
+                                       capture_error_mode="thread_local"))
+            taken.extend(graphed[0].warmup_losses)
+        if taken:                         # the warm-up steps, in order
+            return taken.pop(0)
         x, y = next(batches)
-        sx.copy_(x, non_blocking=True)    # new data, same addresses
-        sy.copy_(y, non_blocking=True)
-        if "graph" in state:
-            state["graph"].replay()
-            return state["loss"].detach().clone()
-        opt.zero_grad(set_to_none=True)
-        if state["warm"] < warmup:        # compile and warm up off the graph
-            state["warm"] += 1
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                loss = train_step()
-            torch.cuda.current_stream().wait_stream(side)
-            return loss.detach()
-        graph = state["graph"] = torch.cuda.CUDAGraph()
-        # records, runs nothing; "thread_local": the loader's pinning thread
-        # may call CUDA meanwhile, which only this thread's capture forbids
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            state["loss"] = train_step()
-        graph.replay()
-        return state["loss"].detach().clone()
+        return graphed[0].step(x, y).detach().clone()
     return step
 
 

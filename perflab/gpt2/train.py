@@ -58,8 +58,7 @@ def window_ids(step: int, batch: int, n_windows: int, rank: int = 0, world: int 
         ValueError: ``rank`` outside ``[0, world)``, or fewer windows than one micro-step of all
             ranks needs.
     """
-    if not 0 <= rank < world:
-        raise ValueError(f"rank must be in [0, world={world}), got {rank}")
+    integer("rank", rank, 0, world - 1)         # one of the world's ranks
     if n_windows < batch * world:
         raise ValueError(f"{n_windows} windows cannot feed {world} rank(s) x batch={batch}")
     return [(start + (step * batch + b) * world + rank) % n_windows for b in range(batch)]
@@ -299,7 +298,7 @@ def token_ids(tokens: str | None, n_tokens: int = 4_000_000, id_range: int = 819
 def distributed_task(ctx, rung: dict, steps: int, warmup: int = 2, tokens: str | None = None,
                      n_tokens: int = 4_000_000, id_range: int = 8192,
                      fsdp: bool = False) -> dict:
-    """One rank's part of a data-parallel GPT-2 run (called by ``perflab.distributed.training``'s worker).
+    """One rank's part of a data-parallel GPT-2 run (task ``perflab.gpt2.multi_gpu:ddp_run``).
 
     ``rung`` is a :class:`Rung` as a dict; ``tokens`` the path of a uint16 token file (None:
     ``n_tokens`` seeded random ids below ``id_range``, the same on every rank). Each rank trains

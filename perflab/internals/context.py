@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from perflab.core.validate import positive
+from perflab.core.validate import integer, positive
 
 __all__ = ["cuda_context_bytes"]
 
@@ -62,8 +62,7 @@ def cuda_context_bytes(index: int = 0, cublas: bool = False,
         ValueError: a negative ``index`` or a non-positive ``timeout_s``.
         RuntimeError: the child process failed (its error is in the message).
     """
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise ValueError(f"index must be an integer >= 0, got {index!r}")
+    integer("index", index, 0)
     positive("timeout_s", timeout_s)
     if not torch.cuda.is_available():
         return None

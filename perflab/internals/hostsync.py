@@ -73,7 +73,8 @@ SYNCING_CALLS: dict[str, str] = {
     "allclose": "returns a Python bool",
     "__getitem__": "indexing with a boolean mask (its output size depends on the data)",
     "where": "the one-argument form torch.where(cond) is nonzero(cond, as_tuple=True)",
-    "to": "a copy to the CPU device",
+    "to": "a copy to the CPU device, or a blocking copy of a CPU tensor to the GPU",
+    "cuda": "a blocking copy of a CPU tensor to the GPU",
 }
 
 
@@ -91,6 +92,25 @@ def _targets_cpu(args: tuple, kwargs: dict) -> bool:
     return False
 
 
+def _targets_gpu(args: tuple, kwargs: dict) -> bool:
+    candidates = list(args[1:]) + [kwargs.get("device")]
+    for c in candidates:
+        if isinstance(c, torch.device) and c.type == "cuda":
+            return True
+        if isinstance(c, str) and c.split(":")[0] == "cuda":
+            return True
+    return False
+
+
+def _blocking_upload(args: tuple, kwargs: dict) -> bool:
+    """A CPU tensor copied to the GPU without ``non_blocking=True``: PyTorch copies it and waits
+    for the copy (``cudaMemcpyAsync`` then a stream synchronization), pinned or not."""
+    src = args[0] if args else None
+    non_blocking = kwargs.get("non_blocking", False) or any(a is True for a in args[1:])
+    return (isinstance(src, torch.Tensor) and src.device.type == "cpu" and not non_blocking
+            and _targets_gpu(args, kwargs))
+
+
 def _syncs(name: str, args: tuple, kwargs: dict) -> bool:
     if name not in SYNCING_CALLS:
         return False
@@ -101,7 +121,11 @@ def _syncs(name: str, args: tuple, kwargs: dict) -> bool:
     if name == "where":
         return len(args) + len(kwargs) == 1
     if name == "to":
-        return _targets_cpu(args, kwargs)
+        return _targets_cpu(args, kwargs) or _blocking_upload(args, kwargs)
+    if name == "cuda":
+        src = args[0] if args else None
+        return (isinstance(src, torch.Tensor) and src.device.type == "cpu"
+                and not kwargs.get("non_blocking", False))
     return True
 
 
@@ -123,8 +147,8 @@ def count_host_syncs(fn: Callable[..., Any], *args, **kwargs) -> tuple[Any, Coun
 
     Every torch function and tensor method called from Python passes through a
     ``TorchFunctionMode``; the calls listed in :data:`SYNCING_CALLS` are counted (``__getitem__``
-    only with a boolean-mask index, ``to`` only towards the CPU, ``where`` only in its
-    one-argument form). Calls made from inside another call (for example by ``print`` formatting a
+    only with a boolean-mask index, ``to`` towards the CPU or from a CPU tensor to a CUDA device
+    without ``non_blocking=True``, ``where`` only in its one-argument form). Calls made from inside another call (for example by ``print`` formatting a
     tensor) are not seen separately: one ``print`` counts once. The count does not depend on the
     device, so it works on a CPU-only machine.
 

@@ -17,15 +17,14 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from perflab.core.fits import fit_line
-from perflab.core.progress import progress as show_progress
-from perflab.internals.overhead import op_rate
+from perflab.core.validate import positive_int
 
 try:  # POSIX only: page faults of this process (None on Windows)
     import resource
@@ -35,7 +34,6 @@ except ImportError:
 __all__ = [
     "CallCost",
     "CallPathRow",
-    "call_cost_sweep",
     "call_path",
     "fit_call_cost",
     "has_kernel",
@@ -186,38 +184,6 @@ def fit_call_cost(numels: Sequence[float], seconds: Sequence[float]) -> CallCost
     return CallCost(float(fixed), float(per_element))
 
 
-def call_cost_sweep(
-    device: torch.device | str,
-    numels: Iterable[int],
-    element_budget: int = 2**24,
-    max_calls: int = 2000,
-    progress: bool = False,
-) -> list[tuple[int, float]]:
-    """Time one small operator call (``y = x * 2`` on float32) at each size in ``numels``.
-
-    Each point is ``1 / perflab.internals.overhead.op_rate(device, numel, ops)``: the wall time of one call in
-    a long stream of calls, synchronized at the end, so on a GPU it is the larger of the CPU's
-    cost to issue the call and the GPU's time to run the kernel. ``ops`` (calls per timed run) is
-    ``element_budget // numel`` clipped to ``[10, max_calls]``, which keeps every point short.
-
-    Returns ``[(numel, seconds per call), ...]`` in the order given.
-
-    Raises:
-        ValueError: an empty ``numels``, a size < 1, or a non-positive budget.
-    """
-    sizes = [int(n) for n in numels]
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"numels must be a non-empty list of positive sizes, got {sizes}")
-    if element_budget < 1 or max_calls < 10:
-        raise ValueError(f"element_budget must be >= 1 and max_calls >= 10, got {element_budget}, {max_calls}")
-    iterator = show_progress(sizes, f"call cost on {torch.device(device).type}", progress)
-    out = []
-    for n in iterator:
-        ops = max(10, min(max_calls, element_budget // n))
-        out.append((n, 1.0 / op_rate(device, numel=n, ops=ops)))
-    return out
-
-
 def page_faults_per_call(fn: Callable[[], object], calls: int = 20) -> float | None:
     """Minor page faults the process takes per call of ``fn()`` (the operating system mapping a
     fresh page on first touch), from ``getrusage``'s ``ru_minflt`` before and after ``calls``
@@ -231,8 +197,7 @@ def page_faults_per_call(fn: Callable[[], object], calls: int = 20) -> float | N
     Raises:
         ValueError: ``calls`` < 1.
     """
-    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
-        raise ValueError(f"calls must be an int >= 1, got {calls!r}")
+    positive_int("calls", calls)
     if resource is None:
         return None
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

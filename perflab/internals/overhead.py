@@ -5,7 +5,6 @@ Rates here are operations per second; times are seconds. Every function runs on 
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -13,11 +12,11 @@ from typing import Callable, Sequence
 import torch
 
 from perflab.core.timing import Stopwatch, benchmark, best_of, synchronize
-from perflab.core.validate import positive, positive_int
+from perflab.core.validate import number, positive, positive_int
 from perflab.machine.caches import beyond_cache_numel
 from perflab.machine.roofline import copy_bandwidth
 
-__all__ = ["CallModel", "batch_scaling", "call_model", "issue_time",
+__all__ = ["CallModel", "batch_scaling", "call_model", "issue_time", "launch_rate",
            "cuda_graph_op_rate", "dram_copy_bandwidth", "op_rate", "python_adds_per_second"]
 
 
@@ -36,8 +35,7 @@ def python_adds_per_second(n: int = 2_000_000) -> float:
     Raises:
         ValueError: ``n`` < 1.
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    number("n", n, minimum=1)
     return n / best_of(lambda: _add_loop(n), repeats=3)
 
 
@@ -88,8 +86,8 @@ def op_rate(device: torch.device | str, numel: int = 1, ops: int = 5000) -> floa
     Raises:
         ValueError: ``numel`` or ``ops`` < 1.
     """
-    if numel < 1 or ops < 1:
-        raise ValueError(f"numel and ops must be >= 1, got numel={numel}, ops={ops}")
+    number("numel", numel, minimum=1)
+    number("ops", ops, minimum=1)
     dev = torch.device(device)
     x = torch.randn(numel, device=dev)
     for _ in range(100):  # warm-up: CUDA context, caching allocator, kernel load
@@ -101,6 +99,39 @@ def op_rate(device: torch.device | str, numel: int = 1, ops: int = 5000) -> floa
             x * 2
 
     return ops / best_of(block, repeats=3, device=dev)
+
+
+def launch_rate(device: torch.device | str, ops: int = 5000) -> float:
+    """Bare kernel launches per second from Python: ``torch.cuda._sleep(0)``, a kernel that
+    does nothing, launched straight from its C++ binding (no dispatcher, no output allocated,
+    no tensor at all), ``ops`` calls back to back, synchronized at the end (best of 3).
+
+    Its inverse is what launching one kernel costs the host through the thinnest path PyTorch
+    has: set beside the difference between a CUDA-tensor and a CPU-tensor operator call, it says
+    how much of that difference is the launch itself, without the profiler (whose own
+    instrumentation of the launch API inflates what it reports there).
+
+    Raises:
+        RuntimeError: no CUDA device, or a torch without ``torch.cuda._sleep``.
+        ValueError: ``ops`` < 1.
+    """
+    positive_int("ops", ops)
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError("launch_rate needs a CUDA GPU")
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        raise RuntimeError("this torch has no torch.cuda._sleep: no bare launch to time")
+    with torch.cuda.device(dev):
+        for _ in range(100):
+            sleep(0)
+        synchronize(dev)
+
+        def block():
+            for _ in range(ops):
+                sleep(0)
+
+        return ops / best_of(block, repeats=3, device=dev)
 
 
 def cuda_graph_op_rate(numel: int = 1, ops: int = 1000, replays: int = 20) -> float:
@@ -206,15 +237,11 @@ class CallModel:
     overlapped: bool = True
 
     def __post_init__(self) -> None:
-        for name, v, lo in (("host_issue_s", self.host_issue_s, 0.0),
-                            ("bandwidth", self.bandwidth, 0.0)):
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > lo):
-                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
-        if not (isinstance(self.device_fixed_s, (int, float))
-                and math.isfinite(self.device_fixed_s) and self.device_fixed_s >= 0):
-            raise ValueError(f"device_fixed_s must be >= 0, got {self.device_fixed_s!r}")
-        if self.peak_flops is not None and not self.peak_flops > 0:
-            raise ValueError(f"peak_flops must be > 0 or None, got {self.peak_flops!r}")
+        positive("host_issue_s", self.host_issue_s)
+        positive("bandwidth", self.bandwidth)
+        number("device_fixed_s", self.device_fixed_s, minimum=0)
+        if self.peak_flops is not None:
+            positive("peak_flops", self.peak_flops)
 
     @property
     def t0(self) -> float:
@@ -227,8 +254,8 @@ class CallModel:
         Raises:
             ValueError: negative ``nbytes`` or ``flops``, or ``flops`` > 0 without a peak.
         """
-        if nbytes < 0 or flops < 0:
-            raise ValueError(f"nbytes and flops must be >= 0, got {nbytes}, {flops}")
+        number("nbytes", nbytes, minimum=0)
+        number("flops", flops, minimum=0)
         if flops and self.peak_flops is None:
             raise ValueError("flops > 0 needs a model with peak_flops")
         compute = flops / self.peak_flops if flops else 0.0
@@ -244,7 +271,7 @@ class CallModel:
 
     def stream_s(self, nbytes: float, flops: float = 0.0) -> float:
         """One call in a long stream of calls (seconds): what a sweep such as
-        :func:`perflab.internals.operators.call_cost_sweep` measures.
+        :func:`perflab.internals.callcost.call_cost_sweep` (taught on chapter 3's page) measures.
 
         ``max(host_issue_s, device_s)`` when host and device overlap, else their sum.
         """

@@ -3,7 +3,10 @@
 # From book/09_advanced_optimizations.md:
 #   book/09_advanced_optimizations.md: Automatic mixed precision
 
-"""Code taught on book/09_advanced_optimizations.md, exported for the pages that reuse it.
+"""Mixed precision: the training step of chapter 9 in each number format
+(autocast, a scaler).
+
+Code taught on book/09_advanced_optimizations.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """

@@ -16,6 +16,8 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from perflab.core.validate import number
+
 __all__ = ["BACKEND_MARKERS", "backend_kernel", "backend_of", "math_scores_bytes", "sdpa_kernels"]
 
 # Substrings of kernel names that identify each backend (checked in this order).
@@ -82,6 +84,6 @@ def math_scores_bytes(batch: int, heads: int, length: int, dtype: torch.dtype) -
     Raises:
         ValueError: a size below 1.
     """
-    if min(batch, heads, length) < 1:
-        raise ValueError(f"sizes must be >= 1, got batch={batch}, heads={heads}, length={length}")
+    for name, size in (("batch", batch), ("heads", heads), ("length", length)):
+        number(name, size, minimum=1)
     return batch * heads * length * length * torch.tensor([], dtype=dtype).element_size()

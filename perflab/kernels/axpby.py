@@ -6,7 +6,10 @@
 #   book/09_advanced_optimizations.md: Custom operators
 #   book/09_advanced_optimizations.md: Custom operators
 
-"""Code taught on book/09_advanced_optimizations.md, exported for the pages that reuse it.
+"""A custom operator: a * x + b * y written in C++, CUDA and Triton and
+registered with PyTorch.
+
+Code taught on book/09_advanced_optimizations.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """

@@ -28,6 +28,8 @@ from functorch.compile import (aot_function, default_partition, make_boxed_func,
                                min_cut_rematerialization_partition)
 from torch._inductor.utils import run_and_get_code
 
+from perflab.core.validate import number, one_of
+
 __all__ = ["aot_graphs", "AotGraphs", "CountingBackend", "dynamo_graphs", "graph_breaks",
            "GraphBreaks", "inductor_code", "recompile_limit", "recompile_limit_name"]
 
@@ -53,8 +55,7 @@ def recompile_limit(limit: int | None = None) -> Iterator[int]:
     name = recompile_limit_name()
     before = getattr(config, name)
     if limit is not None:
-        if limit < 1:
-            raise ValueError(f"limit must be >= 1, got {limit}")
+        number("limit", limit, minimum=1)
         setattr(config, name, limit)
     try:
         yield getattr(config, name)
@@ -174,8 +175,7 @@ def aot_graphs(fn: Callable, *args, partition: str = "min_cut") -> AotGraphs:
         ValueError: unknown ``partition``.
     """
 
-    if partition not in ("min_cut", "default"):
-        raise ValueError(f"partition must be 'min_cut' or 'default', got {partition!r}")
+    one_of("partition", partition, ("min_cut", "default"))
     seen: dict[str, torch.fx.GraphModule] = {}
 
     def compiler(kind):

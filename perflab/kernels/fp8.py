@@ -59,6 +59,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from perflab.core.validate import one_of
 from perflab.kernels import crossentropy
 
 __all__ = ["Float8Linear", "convert", "fp8_matmul", "head_cross_entropy", "quantize",
@@ -234,8 +235,7 @@ def fp8_matmul(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype = torch.
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"x and w must be (M, K) and (N, K), got {tuple(x.shape)} and "
                          f"{tuple(w.shape)}")
-    if grad_weight not in GRAD_WEIGHT:
-        raise ValueError(f"grad_weight must be one of {GRAD_WEIGHT}, got {grad_weight!r}")
+    one_of("grad_weight", grad_weight, GRAD_WEIGHT)
     return _fp8_matmul(x, w, out_dtype, grad_weight == "fp8")[0]
 
 
@@ -353,8 +353,7 @@ class Float8Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  device=None, dtype=None, grad_weight: str = "fp8"):
         check_shape(in_features, out_features, "Float8Linear")
-        if grad_weight not in GRAD_WEIGHT:
-            raise ValueError(f"grad_weight must be one of {GRAD_WEIGHT}, got {grad_weight!r}")
+        one_of("grad_weight", grad_weight, GRAD_WEIGHT)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.grad_weight = grad_weight
 
@@ -414,8 +413,7 @@ def convert(model: nn.Module, grad_weight: str = "fp8") -> int:
     if not isinstance(blocks, nn.Module):
         raise TypeError(f"model must have a .blocks module (a perflab.gpt2.model.GPT), "
                         f"got {type(model).__name__}")
-    if grad_weight not in GRAD_WEIGHT:
-        raise ValueError(f"grad_weight must be one of {GRAD_WEIGHT}, got {grad_weight!r}")
+    one_of("grad_weight", grad_weight, GRAD_WEIGHT)
     todo = []
     for name, module in blocks.named_modules():
         for child_name, child in module.named_children():

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from perflab.core.validate import number
 from perflab.kernels.amp import MODES
 
 __all__ = ["format_table", "FormatInfo", "FORMATS", "fp8_matmul", "lost_update_fraction",
@@ -141,8 +142,8 @@ def make_mlp(width: int, depth: int, device, seed: int = 0) -> torch.nn.Module:
     Raises:
         ValueError: ``width`` or ``depth`` below 1.
     """
-    if width < 1 or depth < 1:
-        raise ValueError(f"width and depth must be >= 1, got {width} and {depth}")
+    number("width", width, minimum=1)
+    number("depth", depth, minimum=1)
     torch.manual_seed(seed)
     layers: list[torch.nn.Module] = []
     for _ in range(depth):

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from perflab.core.validate import number
 from perflab.internals.autograd import SavedTensor, SavedTensors
 from perflab.internals.hostsync import count_host_syncs, sync_debug_warnings
 from perflab.internals.tensors import view_or_copy
@@ -363,10 +364,10 @@ def required_cpu_saving(fast_issue_s: float, fast_total_s: float, target: float 
     Raises:
         ValueError: a time is not positive, or ``target`` / ``min_lead`` is not above 1.
     """
-    if not (fast_issue_s > 0 and fast_total_s > 0):
-        raise ValueError(f"fast_issue_s and fast_total_s must be positive, got {fast_issue_s}, {fast_total_s}")
-    if not (target > 1 and min_lead > 1):
-        raise ValueError(f"target and min_lead must be above 1, got {target}, {min_lead}")
+    number("fast_issue_s", fast_issue_s, above=0)
+    number("fast_total_s", fast_total_s, above=0)
+    number("target", target, above=1)
+    number("min_lead", min_lead, above=1)
     lead = fast_total_s / fast_issue_s
     if lead < min_lead:
         return None

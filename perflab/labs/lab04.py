@@ -6,6 +6,7 @@ import math
 from typing import Any, Callable
 
 from perflab.core.timing import benchmark
+from perflab.core.validate import number
 from perflab.labs.exercises import ExerciseFailed, as_float, plain, NotPlain
 from perflab.machine.costs import count_cost
 from perflab.profiling.mystery import MysteryStep, _ANSWERS, _EVIDENCE_KEYS, _digest
@@ -91,8 +92,7 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
                                  f"(count it with perflab.profiling.trace.count_cost(step)).")
     if time_tolerance is None:
         time_tolerance = 5.0 if step.device.type == "cuda" else 20.0
-    if time_tolerance < 1:
-        raise ValueError(f"time_tolerance must be >= 1, got {time_tolerance}")
+    number("time_tolerance", time_tolerance, minimum=1)
     seconds = benchmark(step, step.device, min_run_time_s=0.2)
     ratio = ev["seconds"] / seconds
     if not 1 / time_tolerance <= ratio <= time_tolerance:

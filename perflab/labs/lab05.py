@@ -26,9 +26,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from perflab.core.timing import paired_ratio
+from perflab.core.validate import number
 from perflab.labs.exercises import (ExerciseFailed, NotPlain, as_tensor, check_ratio_at_least, not_done,
                                     plain)
-from perflab.loading.loaders import worker_thread_counts
+from perflab.loading.loaders import seed_worker, worker_thread_counts
+from perflab.loading.measure import loader_rate
 from perflab.loading.storage import JpegFolder, MemmapImages
 from perflab.loading.transforms import decode_resized
 
@@ -232,18 +234,45 @@ def rule_of_thumb_workers(curve: dict, fraction: float = 0.9) -> int:
     """
     if not curve:
         raise ValueError("curve is empty")
-    if not 0 < fraction <= 1:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    number("fraction", fraction, above=0, maximum=1)
     best = max(curve.values())
     return min(n for n, r in curve.items() if r >= fraction * best)
 
 
-def check_num_workers(curve, choice, cores: int) -> int:
-    """Exercise 3: ``curve`` is a measured ``{num_workers: images/s}`` from 0 up to ``cores``
-    (at least three points), and ``choice`` is the fewest workers within 10 % of its best rate.
+#: How far a curve's point may lie outside the range of the check's own two measurements of
+#: it (either way): a margin for a machine that other work slows down now and then. A curve
+#: timed with the workers' start-up, or extrapolated instead of measured, lies farther out.
+CURVE_FACTOR = 1.5
+
+
+def remeasure(files: Sequence, workers: int, batch: int = 16) -> float:
+    """Exercise 3's loader (``JpegFolder`` of ``files``, batches of ``batch``, ``seed_worker``)
+    with ``workers`` workers, timed in its steady state
+    (:func:`perflab.loading.measure.loader_rate`): images/s. Uses just enough files for three
+    rounds of batches (a round is one batch per worker).
 
     Raises:
-        ExerciseFailed: missing or malformed curve, or another choice.
+        ValueError: too few ``files`` for three rounds.
+    """
+    need = 3 * max(1, workers) * batch + batch
+    if len(files) < need:
+        raise ValueError(f"need at least {need} files for {workers} workers, got {len(files)}")
+    loader = DataLoader(JpegFolder(files=list(files)[:need]), batch_size=batch,
+                        num_workers=workers, worker_init_fn=seed_worker if workers else None)
+    return loader_rate(loader)["images_per_s"]
+
+
+def check_num_workers(curve, choice, cores: int, files: Sequence | None = None) -> int:
+    """Exercise 3: ``curve`` is a measured ``{num_workers: images/s}`` from 0 up to ``cores``
+    (at least three points), and ``choice`` is the fewest workers within 10 % of its best rate.
+    With ``files``, the check measures two of the curve's points again, twice each (one worker
+    and all cores, :func:`remeasure`), and each point must lie within :data:`CURVE_FACTOR` of
+    the range of those two measurements: a curve timed with the start-up burst, or invented,
+    fails.
+
+    Raises:
+        ExerciseFailed: missing or malformed curve, a point the check's own measurement does not
+            confirm, or another choice.
     """
     if curve is None or choice is None:
         not_done(3, "set curve and best_workers.")
@@ -260,6 +289,17 @@ def check_num_workers(curve, choice, cores: int) -> int:
                              f"has {sorted(curve)}.")
     if any(not (isinstance(r, (int, float)) and r > 0) for r in curve.values()):
         raise ExerciseFailed("✗ every rate in curve must be a positive number (images/s).")
+    if files is not None:
+        for n in sorted({1, cores}):
+            again = [remeasure(files, n) for _ in range(2)]
+            lo, hi = min(again) / CURVE_FACTOR, max(again) * CURVE_FACTOR
+            if not lo <= curve[n] <= hi:
+                raise ExerciseFailed(
+                    f"✗ your curve says {curve[n]:,.0f} images/s with {n} worker(s); measured "
+                    f"again here, the same loader reached {min(again):,.0f} to "
+                    f"{max(again):,.0f}: more than {CURVE_FACTOR}x apart. Time each point "
+                    "with loader_rate (its steady state), not a pass that includes the "
+                    "workers' start-up.")
     want = rule_of_thumb_workers(curve)
     if choice != want:
         raise ExerciseFailed(

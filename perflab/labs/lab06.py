@@ -1,17 +1,19 @@
-"""Lab 6's checks: the fast loop gives the same result, and is faster; an optimizer that updates
-all tensors at once."""
+"""Lab 6's checks: the fast loop gives the same result, and is faster; its copies do not wait;
+an optimizer that updates all tensors at once."""
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from perflab.labs.exercises import ExerciseFailed, as_float, check_ratio_at_least, not_done
 from perflab.speed.tolerance import same_losses
 
-__all__ = ["check_same_and_faster", "multi_tensor"]
+__all__ = ["blocking_copies", "check_async_copies", "check_same_and_faster", "multi_tensor",
+           "sync_gain_threshold"]
 
 
 def check_same_and_faster(what: str, slow_losses: Sequence[float], fast_losses: Sequence[float],
@@ -67,3 +69,88 @@ def multi_tensor(optimizer: torch.optim.Optimizer) -> bool:
     what counts)."""
     d = optimizer.defaults
     return bool(d.get("fused")) or d.get("foreach") is not False
+
+
+def _device_named(args: tuple, kwargs: dict) -> bool:
+    """A ``.to(...)`` call that names a device (``x.to(torch.float32)`` does not copy anywhere)."""
+    for a in list(args[1:]) + [kwargs.get("device")]:
+        if isinstance(a, (torch.device, str)):
+            return True
+        if isinstance(a, torch.Tensor):          # x.to(other): other's device
+            return True
+    return False
+
+
+def _non_blocking(args: tuple, kwargs: dict) -> bool:
+    return bool(kwargs.get("non_blocking", False)) or any(a is True for a in args[1:])
+
+
+class _CopyCounter(TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocking = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        src = args[0] if args else None
+        if name in ("to", "cuda") and isinstance(src, torch.Tensor) and src.device.type == "cpu":
+            if (name == "cuda" or _device_named(args, kwargs)) and not _non_blocking(args, kwargs):
+                self.blocking += 1
+        elif name == "copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor) \
+                and args[1].device.type == "cpu" and not _non_blocking(args[1:], kwargs):
+            self.blocking += 1
+        return func(*args, **kwargs)
+
+
+def blocking_copies(fn: Callable[..., Any], *args, **kwargs) -> int:
+    """How many copies of a CPU tensor ``fn(*args, **kwargs)`` makes without
+    ``non_blocking=True``: ``x.to(device)``, ``x.cuda()``, ``dst.copy_(x)``.
+
+    Such a copy makes the host wait until it is done (PyTorch copies, then synchronizes the
+    stream), pinned memory or not: pinning makes a copy faster, ``non_blocking=True`` makes it
+    asynchronous. The count is taken from the Python calls (a ``TorchFunctionMode``), so it works
+    on any device; a ``.to`` that names no device (a dtype change) is not a copy and not counted.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    with _CopyCounter() as counter:
+        fn(*args, **kwargs)
+    return counter.blocking
+
+
+def check_async_copies(fn: Callable[..., Any], *args, **kwargs) -> bool:
+    """Lab 6, exercise 2: the loop's copies to the GPU are asynchronous (none without
+    ``non_blocking=True``). Prints one sentence and returns True.
+
+    Raises:
+        perflab.labs.exercises.ExerciseFailed: a copy that waits (the count says how many).
+    """
+    n = blocking_copies(fn, *args, **kwargs)
+    if n:
+        raise ExerciseFailed(f"✗ Exercise 2: your loop made {n} copies without "
+                             "non_blocking=True: each waits until it is done, pinned or not, "
+                             "so the host still stops at every batch.")
+    print("✓ Exercise 2: every copy in your loop is asynchronous (non_blocking=True).")
+    return True
+
+
+def sync_gain_threshold(host_s: float, gpu_s: float, share: float = 1 / 3,
+                        small: float = 1.2) -> float:
+    """The speedup exercise 1 requires on this machine: ``share`` of the gain removing every
+    sync predicts, ``(host + gpu) / max(host, gpu)`` (chapter 6), or, where the prediction is
+    below ``small`` (one side far the slower: little to gain), 0.97 (not slower, within timing
+    noise).
+
+    Raises:
+        ValueError: a time that is not positive.
+    """
+    if not (host_s > 0 and gpu_s > 0):
+        raise ValueError(f"host_s and gpu_s must be positive, got {host_s}, {gpu_s}")
+    predicted = (host_s + gpu_s) / max(host_s, gpu_s)
+    if predicted < small:
+        return 0.97
+    return 1 + share * (predicted - 1)

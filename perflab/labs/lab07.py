@@ -77,7 +77,8 @@ def check_peak_cut(make_model: Callable[[], nn.Module], baseline_step: Callable,
 
     Two identical models (``make_model()`` twice, so it must seed) with Adam; each does one
     warm-up step (the optimizer state then exists), then one measured step: ``baseline_step`` on
-    one, ``lean_step`` on the other, each ``(model, optimizer, x, y) -> loss (float)``. The peak
+    one, ``lean_step`` on the other, each ``(model, optimizer, x, y) -> loss`` (a number or a
+    one-element tensor; the lab passes chapter 7's :func:`perflab.memory.steps.train_step`). The peak
     is :func:`peak_bytes` above the step's start, both measured in this run. Passing needs the
     same loss (``loss_rtol``), the same parameters afterwards (``param_rtol``, relative to the
     largest parameter) and ``lean peak / baseline peak <= max_ratio``.

@@ -1,22 +1,26 @@
-"""Lab 8's checks: a manual all-reduce, a communication prediction, a bucket size, a sharded
-optimizer; and the launch that runs the student's functions inside torchrun's workers."""
+"""Lab 8's checks: a manual all-reduce, a communication prediction, the exposed time of DDP's
+buckets and a bucket size, a sharded optimizer that trains the right model, a sampler that deals
+every rank its own data; and the launch that runs the student's functions inside torchrun's
+workers."""
 
 from __future__ import annotations
 
 import math
+import random
 from typing import Callable, Sequence
 
-from perflab.distributed.training import launch, source_of
+from perflab.distributed.launch import launch, source_of
 from perflab.labs.exercises import ExerciseFailed, ExerciseNotDone, _number
+from perflab.record.numbers import fmt, fmt_small
 
-__all__ = ["best_bucket_bytes", "check_allreduce_model", "check_bucket_choice",
-           "check_comm_prediction", "check_manual_allreduce", "check_sharded_optimizer",
+__all__ = ["check_allreduce_model", "check_bucket_choice", "check_comm_prediction", "check_exposed_model",
+           "check_manual_allreduce", "check_sampler", "check_sharded_optimizer", "exposed_reference",
            "lab_launch"]
 
 
 def lab_launch(exercise: int, tasks: Sequence[dict], user_code: Sequence = (),
                skip_unfinished: bool = False, **kwargs) -> list[dict]:
-    """:func:`perflab.distributed.training.launch` for a lab exercise: the student's functions
+    """:func:`perflab.distributed.launch.launch` for a lab exercise: the student's functions
     (``user_code``) run inside the workers. When one of them is still the student edition's
     stub (``not_done(...)`` or ``raise NotImplementedError``), it refuses at once with one
     sentence; with ``skip_unfinished``, it says so in one printed line instead and runs the
@@ -26,7 +30,7 @@ def lab_launch(exercise: int, tasks: Sequence[dict], user_code: Sequence = (),
     Raises:
         ExerciseNotDone: "Exercise N is not done yet: ..." for an unfinished function (unless
             ``skip_unfinished`` and some task needs no student code).
-        LaunchError: see :func:`perflab.distributed.training.launch`.
+        LaunchError: see :func:`perflab.distributed.launch.launch`.
     """
     for fn in user_code:
         src = source_of(fn)
@@ -51,11 +55,12 @@ def check_manual_allreduce(max_param_diff, tol: float = 1e-9) -> bool:
         raise ExerciseNotDone(1, "write allreduce_gradients, then run the launch cell after it")
     d = _number("Exercise 1 (largest parameter difference from DDP)", max_param_diff)
     if d <= tol:
-        print(f"✓ Exercise 1: after the steps your parameters differ from DDP's by at most {d:.2g} "
-              f"(float64, tolerance {tol:.0g}).")
+        print(f"✓ Exercise 1: after the steps your parameters differ from DDP's by at most {fmt_small(d)} "
+              f"(float64, tolerance {fmt_small(tol)}).")
         return True
-    raise ExerciseFailed(f"✗ Exercise 1: your parameters differ from DDP's by up to {d:.3g}; DDP "
+    raise ExerciseFailed(f"✗ Exercise 1: your parameters differ from DDP's by up to {fmt_small(d)}; DDP "
                          "averages the gradients (sum over ranks divided by the world size).")
+
 
 def check_allreduce_model(fn: Callable | None, exercise: int = 2) -> bool:
     """Exercise 2: ``fn(nbytes, busbw, world_size, alpha)`` is the alpha-beta model of a ring
@@ -81,8 +86,8 @@ def check_allreduce_model(fn: Callable | None, exercise: int = 2) -> bool:
                     "three ranks on." if n > 2 and math.isclose(got, alpha + nbytes / busbw,
                                                                  rel_tol=1e-6) else "")
             raise ExerciseFailed(f"✗ Exercise {exercise}: on {n} ranks your model gives "
-                                 f"{got * 1e3:.4g} ms for {nbytes:.0e} B at {busbw / 1e9:g} GB/s "
-                                 f"bus bandwidth, the ring needs {want * 1e3:.4g} ms.{hint}")
+                                 f"{fmt(got, 's', 4)} for {fmt(nbytes, 'B')} at {fmt(busbw, 'B/s')} "
+                                 f"bus bandwidth, the ring needs {fmt(want, 's', 4)}.{hint}")
     print(f"✓ Exercise {exercise}: your model is the ring's alpha + bytes x 2 (n-1)/n / busbw on "
           "2, 3, 4 and 8 ranks.")
     return True
@@ -97,94 +102,133 @@ def check_comm_prediction(predicted_s, measured_s, factor: float = 2.0) -> bool:
     p = _number("Exercise 2 (predicted seconds)", predicted_s)
     m = _number("Exercise 2 (measured seconds)", measured_s)
     if p <= 0 or m <= 0:
-        raise ExerciseFailed(f"✗ Exercise 2: times must be positive, got {p:.3g} and {m:.3g} s.")
+        raise ExerciseFailed(f"✗ Exercise 2: times must be positive, got {fmt(p, 's')} and {fmt(m, 's')}.")
     if 1 / factor <= p / m <= factor:
-        print(f"✓ Exercise 2: predicted {p * 1e3:.3g} ms, measured {m * 1e3:.3g} ms "
+        print(f"✓ Exercise 2: predicted {fmt(p, 's')}, measured {fmt(m, 's')} "
               f"(ratio {p / m:.2f}, within {factor:g}x).")
         return True
-    raise ExerciseFailed(f"✗ Exercise 2: predicted {p * 1e3:.3g} ms but measured {m * 1e3:.3g} ms "
+    raise ExerciseFailed(f"✗ Exercise 2: predicted {fmt(p, 's')} but measured {fmt(m, 's')} "
                          f"({p / m:.2f}x); count bytes (4 per float32 gradient) and use "
                          "t = alpha + bytes * 2 (n-1)/n / busbw.")
 
 
-def best_bucket_bytes(alpha: float, grad_bytes: float, busbw: float, world_size: int) -> float:
-    """The bucket cap that minimizes the exposed all-reduce time of a DDP step, in bytes.
-
-    With ``S`` bytes of gradients in buckets of ``c`` bytes, the buckets' start-up costs
-    ``(S / c) alpha`` and the last bucket, which waits for the end of the backward, costs
-    ``c 2 (n-1)/n / busbw``; their sum is smallest at ``c* = sqrt(alpha S busbw / (2 (n-1)/n))``.
+def exposed_reference(bucket_bytes: Sequence[float], backward_s: float, world_size: int, alpha: float,
+                      busbw: float) -> float:
+    """The communication a DDP step still waits for after its backward (chapter 8's model):
+    bucket k is ready when the backward, producing gradient bytes at an even rate, has produced
+    it; it starts when the link is free of the buckets before it and takes
+    ``alpha + bytes x 2 (n-1)/n / busbw``; whatever ends after ``backward_s`` is exposed.
 
     Raises:
-        ValueError: a non-positive argument or fewer than 2 ranks.
+        ValueError: no buckets, a negative ``backward_s``, a non-positive ``busbw`` or
+            ``world_size`` below 2.
     """
-    if min(alpha, grad_bytes, busbw) <= 0 or world_size < 2:
-        raise ValueError(f"need positive alpha, grad_bytes, busbw and world_size >= 2, got "
-                         f"{alpha}, {grad_bytes}, {busbw}, {world_size}")
-    return math.sqrt(alpha * grad_bytes * busbw / (2 * (world_size - 1) / world_size))
+    if not bucket_bytes or backward_s < 0 or busbw <= 0 or world_size < 2:
+        raise ValueError(f"need buckets, backward_s >= 0, busbw > 0 and world_size >= 2, got "
+                         f"{len(bucket_bytes)} bucket(s), {backward_s}, {busbw}, {world_size}")
+    total, done, free = sum(bucket_bytes), 0.0, 0.0
+    for b in bucket_bytes:
+        done += b
+        free = max(free, backward_s * done / total) + alpha + b * 2 * (world_size - 1) / world_size / busbw
+    return max(0.0, free - backward_s)
 
 
-def check_bucket_choice(choice_mb, step_s_by_mb: dict, slack: float = 0.10,
-                        predicted_mb=None, expected_mb: float | None = None) -> bool:
+def check_exposed_model(fn: Callable | None, exercise: int = 3) -> bool:
+    """Exercise 3: ``fn(bucket_bytes, backward_s, world_size, alpha, busbw)`` is the exposed
+    time of DDP's buckets (:func:`exposed_reference`), tried where the model's regimes differ:
+    a backward long enough to hide all but the last bucket, no backward at all (everything
+    exposed), and backwards in between, on 2, 3, 4 and 8 ranks. A model that counts every
+    bucket's start-up as exposed, or that ignores when the buckets become ready, fails.
+
+    Raises:
+        ExerciseFailed: ``fn`` missing or wrong in some case (the sentence names it).
+    """
+    if fn is None:
+        raise ExerciseNotDone(exercise, "write exposed(bucket_bytes, backward_s, world_size, alpha, busbw)")
+    rng = random.Random(8)
+    cases = [("a long backward", [4e6] * 8, 1.0), ("no backward", [4e6] * 8, 0.0),
+             ("one bucket", [3e7], 0.05)]
+    cases += [("a backward about as long as the communication", [rng.uniform(1e5, 2e7) for _ in range(12)],
+               rng.uniform(0.01, 0.1)) for _ in range(4)]
+    for what, buckets, backward in cases:
+        for n in (2, 3, 4, 8):
+            want = exposed_reference(buckets, backward, n, 50e-6, 1e9)
+            got = _number(f"Exercise {exercise} (exposed, {what})", fn(list(buckets), backward, n, 50e-6, 1e9))
+            if not math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12):
+                raise ExerciseFailed(f"✗ Exercise {exercise}: with {what} ({len(buckets)} buckets, backward "
+                                     f"{fmt(backward, 's')}, {n} ranks) your model exposes "
+                                     f"{fmt(got, 's', 4)}, the queue of buckets {fmt(want, 's', 4)}.")
+    print(f"✓ Exercise {exercise}: your model exposes what the queue of buckets does: the last bucket "
+          "behind a long backward, everything behind none.")
+    return True
+
+
+def check_bucket_choice(choice_mb, rounds_by_mb: dict, predicted_mb=None, expected_mb=None) -> bool:
     """Exercise 3: a measured bucket cap among the fastest, and the predicted best cap.
 
-    The chosen ``bucket_cap_mb`` must have been measured and step within a slack of the fastest:
-    ``slack`` or half the sweep's own spread (slowest over fastest, minus 1), whichever is
-    smaller, so that a sweep whose sizes all step alike does not pass every choice. With
-    ``expected_mb`` (the model's best cap, :func:`best_bucket_bytes`, in MB), ``predicted_mb``
-    must be within a factor 2 of it.
+    ``rounds_by_mb`` maps each measured cap (MiB) to its step times, one per interleaved round.
+    The chosen cap must have been measured, and its rounds must reach the fastest cap's: its
+    fastest round no slower than the slowest round of the cap with the fastest median (what the
+    rounds cannot tell apart passes; a cap slower in every round fails). With ``expected_mb``
+    (the cap the exposed-time model picks, with the reference model), ``predicted_mb`` must be
+    that cap.
 
     Raises:
-        ExerciseFailed: no choice, a size that was not measured, one too slow, or a prediction
-            off by more than 2x.
-        ValueError: ``step_s_by_mb`` empty.
+        ExerciseFailed: no choice, a size that was not measured, one slower in every round than
+            the fastest, or a different predicted cap.
+        ValueError: ``rounds_by_mb`` empty.
     """
-    if not step_s_by_mb:
-        raise ValueError("step_s_by_mb must hold at least one measured bucket size")
-    times = {float(k): float(v) for k, v in step_s_by_mb.items()}
+    if not rounds_by_mb:
+        raise ValueError("rounds_by_mb must hold at least one measured bucket size")
+    rounds = {float(k): [float(t) for t in v] for k, v in rounds_by_mb.items()}
     c = _number("Exercise 3 (bucket_cap_mb)", choice_mb)
-    if c not in times:
-        raise ExerciseFailed(f"✗ Exercise 3: {c:g} MB was not measured; choose one of {sorted(times)}.")
-    best = min(times.values())
-    allowed = min(slack, 0.5 * (max(times.values()) / best - 1))
-    if times[c] > (1 + allowed) * best:
-        raise ExerciseFailed(f"✗ Exercise 3: {c:g} MB steps in {times[c] * 1e3:.3g} ms, "
-                             f"{times[c] / best:.2f}x the fastest measured ({best * 1e3:.3g} ms).")
+    if c not in rounds:
+        raise ExerciseFailed(f"✗ Exercise 3: {c:g} MiB was not measured; choose one of {sorted(rounds)}.")
+    median = {k: sorted(v)[len(v) // 2] for k, v in rounds.items()}
+    best = min(median, key=median.get)
+    if min(rounds[c]) > max(rounds[best]):
+        raise ExerciseFailed(f"✗ Exercise 3: {c:g} MiB was slower in every round ({fmt(min(rounds[c]), 's')} "
+                             f"at best) than the fastest cap, {best:g} MiB, in its slowest "
+                             f"({fmt(max(rounds[best]), 's')}).")
     if expected_mb is not None:
-        p = _number("Exercise 3 (predicted best cap, MB)", predicted_mb)
-        if not 0.5 <= p / expected_mb <= 2:
-            raise ExerciseFailed(f"✗ Exercise 3: you predicted a best cap of {p:.3g} MB; the "
-                                 f"start-up and last-bucket costs balance at {expected_mb:.3g} MB "
-                                 "(sqrt(alpha S busbw / (2 (n-1)/n))).")
-    print(f"✓ Exercise 3: {c:g} MB steps in {times[c] * 1e3:.3g} ms, within {allowed:.1%} of the "
-          f"fastest measured ({best * 1e3:.3g} ms)"
-          + (f"; your predicted best cap is within 2x of {expected_mb:.3g} MB."
-             if expected_mb is not None else "."))
+        p = _number("Exercise 3 (predicted best cap, MiB)", predicted_mb)
+        if p != float(expected_mb):
+            raise ExerciseFailed(f"✗ Exercise 3: you predicted {p:g} MiB; the exposed-time model, with "
+                                 f"DDP's own buckets of each cap, exposes least at {float(expected_mb):g} MiB.")
+    among = (f"is the fastest cap measured" if c == best else
+             f"is among the fastest caps measured (the rounds do not tell it from {best:g} MiB)")
+    print(f"✓ Exercise 3: {c:g} MiB {among}" + (f"; your predicted cap is the model's, "
+                                                f"{float(expected_mb):g} MiB."
+                                                if expected_mb is not None else "."))
     return True
 
 
 def check_sharded_optimizer(state_bytes_per_rank: Sequence, params: int, predicted_bytes,
-                            rtol: float = 0.05, rank_spread: float | None = None) -> bool:
-    """Exercise 4: Adam's state is sharded across the ranks, and the bytes per rank were predicted.
+                            rtol: float = 0.05, rank_spread: float | None = None,
+                            vs_reference: float | None = None) -> bool:
+    """Exercise 4: Adam's state is sharded across the ranks, the model is the right one, and the
+    bytes per rank were predicted.
 
-    Passes when (a) the ranks together hold ``8 P`` bytes of Adam moments (within ``rtol``),
-    (b) no rank holds more than ``8 P x (1/N + 0.5 (1 - 1/N))`` (half-way between a perfect
-    shard and none: a sharded optimizer passes, a replicated one does not), and (c)
-    ``predicted_bytes`` is within ``rtol`` of the mean bytes per rank, and (d) after the steps
-    every rank holds the same parameters (``rank_spread``, the largest difference from rank 0,
-    at most 1e-6): sharding the state must not shard the model. An optimizer that steps only
-    its rank's shard and never sends the result to the others holds the right bytes and
-    trains ``n`` different models.
+    Passes when (a) no rank holds more than ``8 P x (1/N + 0.5 (1 - 1/N))`` (half-way between
+    a perfect shard and none: a sharded optimizer passes, a replicated one does not), (b) the
+    ranks together hold ``8 P`` bytes of Adam moments (within ``rtol``), (c) after the steps every
+    rank holds the same parameters (``rank_spread``, the largest difference from rank 0, at most
+    1e-6), (d) they are the parameters one process gets with plain Adam on the whole batch
+    (``vs_reference``, float64, at most 1e-9): sharding the state must neither shard the model
+    nor change it, and (e) ``predicted_bytes`` is within ``rtol`` of the mean bytes per rank.
+    An optimizer that steps only its rank's parameters holds the right bytes and trains ``n``
+    different models (c); one that then copies rank 0's parameters to every rank keeps them
+    equal and trains a model whose other parameters never move (d).
 
     Raises:
-        ExerciseFailed: any of the four fails, or an answer is missing.
+        ExerciseFailed: any of them fails, or an answer is missing.
     """
     got = [_number("Exercise 4 (state bytes per rank)", b) for b in state_bytes_per_rank]
     if len(got) < 2:
         raise ExerciseFailed("✗ Exercise 4: need the state bytes of at least 2 ranks.")
     n, full = len(got), 8 * int(params)
     pred = _number("Exercise 4 (predicted bytes per rank)", predicted_bytes)
-    limit = full * (1 / n + 0.5 * (1 - 1 / n))
-    if max(got) > limit:
+    if max(got) > full * (1 / n + 0.5 * (1 - 1 / n)):
         raise ExerciseFailed(f"✗ Exercise 4: a rank holds {max(got):,.0f} bytes of optimizer state, "
                              f"{max(got) / full:.0%} of the whole: the state is not sharded.")
     if abs(sum(got) - full) > rtol * full:
@@ -192,12 +236,55 @@ def check_sharded_optimizer(state_bytes_per_rank: Sequence, params: int, predict
                              f"all, not Adam's 8 bytes x {params:,} parameters = {full:,} bytes.")
     if rank_spread is not None and _number("Exercise 4 (rank spread)", rank_spread) > 1e-6:
         raise ExerciseFailed(f"✗ Exercise 4: after the steps the ranks' parameters differ by up to "
-                             f"{rank_spread:.3g}: each rank updated its shard but the others never "
+                             f"{fmt_small(rank_spread)}: each rank updated its shard but the others never "
                              "received it, so the ranks now train different models.")
+    if vs_reference is not None and _number("Exercise 4 (difference from Adam)", vs_reference) > 1e-9:
+        raise ExerciseFailed(f"✗ Exercise 4: the ranks agree, but their parameters differ by up to "
+                             f"{fmt_small(vs_reference)} from one process's plain Adam on the whole batch: "
+                             "they trained the wrong model (some parameters stepped by no rank, or "
+                             "overwritten by one rank's copy).")
     mean = sum(got) / n
     if abs(pred - mean) > rtol * mean:
         raise ExerciseFailed(f"✗ Exercise 4: you predicted {pred:,.0f} bytes per rank; the ranks hold "
                              f"{mean:,.0f} on average ({pred / mean:.2f}x).")
     print(f"✓ Exercise 4: {n} ranks hold {', '.join(f'{b:,.0f}' for b in got)} bytes of Adam state "
-          f"(all of it: {full:,}); your prediction {pred:,.0f} is within {rtol:.0%}.")
+          f"(all of it: {full:,}), train plain Adam's model, and your prediction {pred:,.0f} is within "
+          f"{rtol:.0%}.")
+    return True
+
+
+def check_sampler(result: dict | None, exercise: int = 5) -> bool:
+    """Exercise 5: a sampler that deals every rank its own samples, and a new order each epoch.
+
+    ``result`` is the ``user_sampler`` task's ``{"per_rank": [[indices of rank r] for each
+    epoch], "n"}``. Passes when in every epoch the ranks' indices are disjoint and together cover
+    the ``n`` samples exactly once, and the order of the first epoch is not repeated in the
+    second. Two ranks with the same batch (a sampler that ignores the rank) and an order that
+    never changes (no epoch in the seed: ``set_epoch`` forgotten) fail.
+
+    Raises:
+        ExerciseFailed: the sampler breaks a rule (the sentence names it) or gave no result.
+    """
+    if not result:
+        raise ExerciseNotDone(exercise, "write indices_for(n, rank, world, epoch), then run the launch cell")
+    n, epochs = int(result["n"]), result["per_rank"]
+    for e, ranks in enumerate(epochs):
+        seen = [i for r in ranks for i in r]
+        for a in range(len(ranks)):
+            for b in range(a + 1, len(ranks)):
+                common = set(ranks[a]) & set(ranks[b])
+                if common:
+                    raise ExerciseFailed(f"✗ Exercise {exercise}: in epoch {e} ranks {a} and {b} both read "
+                                         f"{len(common)} of the same samples (e.g. {sorted(common)[:3]}): "
+                                         "the ranks must split the data, not repeat it.")
+        if sorted(seen) != list(range(n)):
+            raise ExerciseFailed(f"✗ Exercise {exercise}: in epoch {e} the ranks together read {len(seen)} "
+                                 f"indices covering {len(set(seen))} of the {n} samples: every sample "
+                                 "once per epoch.")
+    if len(epochs) > 1 and epochs[0] == epochs[1]:
+        raise ExerciseFailed(f"✗ Exercise {exercise}: epochs 0 and 1 deal every rank the same indices in "
+                             "the same order: seed the shuffle with the epoch (DistributedSampler's "
+                             "set_epoch).")
+    print(f"✓ Exercise {exercise}: {len(epochs[0])} ranks read disjoint slices of all {n} samples, in a "
+          "new order every epoch.")
     return True

@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 
 from perflab.core.timing import benchmark, paired_ratio
+from perflab.core.validate import number
 from perflab.kernels.compiler import graph_breaks
 from perflab.kernels.custom_ops import axpby_eager
 from perflab.labs.exercises import ExerciseFailed, NotPlain, as_tensor, not_done, plain
@@ -82,9 +83,9 @@ def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: flo
             slow (one sentence each).
         ValueError: ``numel``, ``minimum`` or ``cpu_minimum`` not positive.
     """
-    if numel < 1 or minimum <= 0 or cpu_minimum <= 0:
-        raise ValueError(f"numel, minimum and cpu_minimum must be positive, got {numel}, "
-                         f"{minimum} and {cpu_minimum}")
+    number("numel", numel, minimum=1)
+    number("minimum", minimum, above=0)
+    number("cpu_minimum", cpu_minimum, above=0)
     if fused is None:
         not_done(exercise, "set `fused_axpby` to your fused operator")
     dev = torch.device(device)

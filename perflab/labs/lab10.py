@@ -33,6 +33,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from perflab.core.validate import number, positive_int
 from perflab.gpt2.model import GPT, PADDED_VOCAB, GPTConfig, config
 from perflab.gpt2.rungs import RunResult, Rung
 from perflab.gpt2.steps import Forward
@@ -199,8 +200,7 @@ def speed_trials(base: Rung, mine: Rung, tokens: np.ndarray, device, steps: int 
     Raises:
         ValueError: ``trials`` < 1 (and whatever :func:`perflab.gpt2.train.train` raises).
     """
-    if not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be a positive int, got {trials!r}")
+    positive_int("trials", trials)
     runs_b, runs_m, ratios = [], [], []
     for _ in range(trials):
         b = train(base, tokens, steps, device, warmup=warmup)
@@ -394,8 +394,7 @@ def check_memory_cut(base: Rung, lean: Rung | None, tokens: np.ndarray, device,
         ValueError: ``max_ratio`` not in (0, 1].
     """
     require(4, lean_rung=lean)
-    if not 0 < max_ratio <= 1:
-        raise ValueError(f"max_ratio must be in (0, 1], got {max_ratio}")
+    number("max_ratio", max_ratio, above=0, maximum=1)
     if type(lean) is not Rung:
         raise ExerciseFailed(f"✗ your lean rung: expected a perflab.gpt2.rungs.Rung "
                              f"(base.then(...)), got {type(lean).__name__}.")

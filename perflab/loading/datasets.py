@@ -39,7 +39,7 @@ from PIL import Image
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch.utils.data import Dataset
 
-from perflab.core.validate import positive_int
+from perflab.core.validate import integer, positive_int
 
 __all__ = ["cache_dir", "source_photos", "make_jpeg_folder", "stdlib_sources", "TextCorpus",
            "text_corpus", "TokenDataset"]
@@ -112,8 +112,7 @@ def make_jpeg_folder(n: int, size: tuple[int, int] = (500, 375), quality: int = 
         ValueError: ``n`` not a positive integer, ``quality`` outside 1-95.
     """
     positive_int("n", n)
-    if not 1 <= quality <= 95:
-        raise ValueError(f"quality must be in 1..95 (Pillow's range), got {quality}")
+    integer("quality", quality, 1, 95)        # Pillow's range
     photos = source_photos()
     key = f"n{n}_{size[0]}x{size[1]}_q{quality}_s{seed}_p{len(photos)}"
     folder = Path(root) if root is not None else cache_dir("images", key)
@@ -200,8 +199,7 @@ def text_corpus(max_bytes: int | None = None, vocab_size: int = 8192,
     Raises:
         ValueError: ``vocab_size`` not in 257..65536 (uint16 ids, plus the 256 bytes).
     """
-    if not 257 <= vocab_size <= 65536:
-        raise ValueError(f"vocab_size must be in 257..65536 for uint16 token ids, got {vocab_size}")
+    integer("vocab_size", vocab_size, 257, 65536)   # uint16 ids, beyond the 256 bytes
 
     key = f"py{sys.version_info[0]}{sys.version_info[1]}_b{max_bytes}_v{vocab_size}_t{train_bytes}"
     folder = Path(folder) if folder is not None else cache_dir("text", key)

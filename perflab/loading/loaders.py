@@ -5,7 +5,11 @@ streams and one intra-op thread (:func:`threads_everywhere` is the one that over
 :func:`collate_list` and :func:`collate_packed` (with :func:`unpack`) send images of different
 sizes one tensor each or one buffer per batch; :class:`ZeroImages`, :class:`RandomProbe` and
 :func:`worker_thread_counts` are datasets and probes that show what the workers do;
-:func:`usable_cores` is how many cores this process may use.
+:func:`usable_cores` is how many cores this process may use; :class:`EpochProbe` (what a
+persistent worker's copy of the dataset sees), :class:`IndexList` and :class:`IndexArray` (a
+dataset's index as Python objects or as one array: copy-on-read in forked workers) and
+:class:`StartupProbe` with :func:`startup_init` (when a worker started, initialized and fetched)
+show the traps of workers.
 
 Everything a worker runs lives in an importable module, so that workers started with ``spawn``
 or ``forkserver`` find it by name.
@@ -15,16 +19,20 @@ from __future__ import annotations
 
 import os
 import random
+import sys
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from perflab.core.validate import positive_int
+from perflab.core.timing import timestamp
+from perflab.core.validate import integer, positive_int
 
 __all__ = ["usable_cores", "seed_worker", "threads_everywhere", "RandomProbe",
-           "worker_thread_counts", "collate_list", "collate_packed", "unpack", "ZeroImages"]
+           "worker_thread_counts", "collate_list", "collate_packed", "unpack", "ZeroImages",
+           "EpochProbe", "IndexList", "IndexArray", "StartupProbe", "startup_init"]
 
 
 def usable_cores() -> int:
@@ -102,8 +110,7 @@ def worker_thread_counts(num_workers: int, worker_init_fn: Callable | None = Non
     ``{worker_id: torch.get_num_threads()}`` (worker id -1 is the main process when
     ``num_workers=0``). Multiply by the workers to get the threads competing for the cores.
     """
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+    integer("num_workers", num_workers, 0)
     loader = DataLoader(_ThreadProbe(4 * max(1, num_workers)), batch_size=1,
                         num_workers=num_workers, worker_init_fn=worker_init_fn,
                         multiprocessing_context=multiprocessing_context if num_workers else None)
@@ -148,3 +155,104 @@ class ZeroImages(Dataset):
 
     def __getitem__(self, i):
         return torch.zeros(self.shape, dtype=torch.uint8)
+
+
+class EpochProbe(Dataset):
+    """``n`` items ``(i * self.scale, torch.initial_seed())``: what a worker's copy of the
+    dataset holds, and the seed its torch generator got.
+
+    Change ``scale`` in the main process between epochs: a loader that starts new workers every
+    epoch copies the changed dataset into them; one with ``persistent_workers=True`` keeps the
+    copies its workers made at the first epoch, and their seeds too."""
+
+    def __init__(self, n: int, scale: int = 1):
+        self.n = positive_int("n", n)
+        self.scale = scale
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i * self.scale, torch.initial_seed()
+
+
+class IndexList(Dataset):
+    """A dataset whose index is a Python list of ``n`` objects (ints here; file names and labels
+    in a real one), items returned as they are.
+
+    Forked workers share the parent's memory pages until one is written (copy-on-write).
+    Reading a Python object writes its reference count, so every page of the list a worker
+    reads becomes that worker's own copy: its private memory grows with what it reads
+    (the DataLoader documentation's warning; :class:`IndexArray` is the remedy)."""
+
+    def __init__(self, n: int):
+        self.items = list(range(positive_int("n", n)))
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+class IndexArray(Dataset):
+    """:class:`IndexList` with the index in one NumPy array: reading it writes nothing, so the
+    forked workers' pages stay shared."""
+
+    def __init__(self, n: int):
+        self.items = np.arange(positive_int("n", n), dtype=np.int64)
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return int(self.items[i])
+
+
+_STARTED: dict[str, float] = {}
+
+
+def _process_age() -> float | None:
+    """Seconds since this process started, to the 10 ms of the kernel's clock ticks (Linux's
+    /proc: the time since boot minus the process's start after boot; None elsewhere)."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def startup_init(worker_id: int) -> None:
+    """``worker_init_fn`` for :class:`StartupProbe`: records when this worker reached its
+    initialization (after the interpreter started, the parent's main module was prepared, the
+    modules were imported and the dataset unpickled), then does what :func:`seed_worker` does."""
+    _STARTED["init"] = timestamp()
+    age = _process_age()
+    _STARTED["age"] = float("nan") if age is None else age
+    seed_worker(worker_id)
+
+
+class StartupProbe(Dataset):
+    """Wraps ``dataset``; item ``i`` is ``(x, y, phases)`` with ``phases`` a float64 tensor
+    ``[process age at worker init, worker init, this fetch began, ipykernel imported (1/0),
+    modules loaded]``: the age in seconds (NaN where /proc does not say), the two moments in
+    seconds since the epoch, comparable with :func:`perflab.core.timing.timestamp` in the
+    parent. Use it with :func:`startup_init` to split a spawned worker's start-up: launch (the
+    parent's call until the process existed), start to init (interpreter, the parent's main
+    module prepared, imports, the dataset unpickled: the age), init to fetch, fetch to batch."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        began = timestamp()
+        x, y = self.dataset[i]
+        phases = torch.tensor([_STARTED.get("age", float("nan")),
+                               _STARTED.get("init", float("nan")), began,
+                               float("ipykernel" in sys.modules), float(len(sys.modules))],
+                              dtype=torch.float64)
+        return x, y, phases

@@ -1,4 +1,4 @@
-"""Loading measured: read, decode and loader rates, and the training loop that waits for data.
+"""Loading measured: read, decode and loader rates, the workers' CPU and memory.
 
 * :func:`read_rate`, :func:`raw_read_rate`: items or bytes per second of reading a dataset or
   files in this process (cold stays cold: one timed pass);
@@ -9,7 +9,9 @@
 * :func:`loader_rate`: a DataLoader's steady state (the first round of batches and the last left
   out), with the CPU time of its workers; :func:`import_seconds`: what ``spawn`` workers pay to
   start;
-* :func:`train_steps` on :func:`small_cnn`: each step split into waiting for data and the rest.
+* :func:`worker_memory_growth`: forked workers' private memory, grown by copy-on-read;
+* :func:`small_cnn`, the model chapter 5's ladder feeds (its training loop is on the page,
+  exported to :mod:`perflab.loading.training`).
 
 Rates are items (images) per second or bytes per second; times are seconds.
 """
@@ -27,13 +29,12 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from perflab.core.telemetry import Telemetry
 from perflab.core.timing import Stopwatch, process_seconds, timestamp
-from perflab.core.validate import positive_int
+from perflab.core.validate import one_of, positive_int
 from perflab.loading.loaders import collate_list, collate_packed, seed_worker, usable_cores
 from perflab.loading.storage import MemmapImages
 from perflab.loading.transforms import (decode_pil, decode_resized, gpu_augment_list, gpu_decode,
@@ -46,7 +47,7 @@ except ImportError:
 
 __all__ = ["read_rate", "parallel_decode_rate", "loader_rate", "raw_read_rate", "import_seconds",
            "kernel_seconds", "cpu_rate", "gpu_rate", "gpu_decode_profile", "small_cnn",
-           "small_cnn_flops", "train_steps"]
+           "small_cnn_flops", "worker_memory_growth"]
 
 
 def read_rate(dataset, n: int | None = None, batch: int = 64) -> float:
@@ -119,6 +120,76 @@ def parallel_decode_rate(files: Sequence[str | os.PathLike], processes: int,
     return sum(n for _, n in done) / max(t for t, _ in done)
 
 
+def _proc_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used so far, from Linux's
+    ``/proc/<pid>/stat``; None where it cannot be read (another OS, a process gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _workers_cpu_s(it) -> float | None:
+    """CPU seconds the live workers of a DataLoader iterator have used so far (None without
+    workers, or where /proc cannot say)."""
+    procs = getattr(it, "_workers", None)
+    if not procs:
+        return None
+    seconds = [_proc_cpu_s(p.pid) for p in procs]
+    return None if any(v is None for v in seconds) else sum(seconds)
+
+
+def _private_dirty_bytes(pid: int) -> int | None:
+    """Bytes of process ``pid``'s memory that are its own and written (``Private_Dirty`` of
+    ``/proc/<pid>/smaps_rollup``): pages it copied on write. None where it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def worker_memory_growth(dataset: Dataset, num_workers: int = 2, batch_size: int = 256
+                         ) -> list[int] | None:
+    """How much each forked loader worker's private memory grew while it read its share of
+    ``dataset`` once: ``Private_Dirty`` (``/proc/<pid>/smaps_rollup``) after its first batch and
+    after its last, in bytes, one value per worker.
+
+    A forked worker shares the parent's pages until it writes one (copy-on-write). Reading a
+    Python object writes its reference count, so a dataset holding Python objects is copied page
+    by page into every worker that reads it: memory that grows with the data set and with the
+    workers. Returns None where the measurement is not possible (no ``fork`` start method, no
+    ``/proc``).
+
+    Raises:
+        ValueError: ``num_workers`` or ``batch_size`` not a positive int, or a dataset too short
+            for one batch per worker beyond the first.
+    """
+    positive_int("num_workers", num_workers)
+    positive_int("batch_size", batch_size)
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
+                        multiprocessing_context="fork")
+    if len(loader) < num_workers + 1:
+        raise ValueError(f"the dataset gives {len(loader)} batches of {batch_size}: too few for "
+                         f"{num_workers} workers")
+    it = iter(loader)
+    for _ in range(num_workers):            # every worker has built its first batch
+        next(it)
+    before = [_private_dirty_bytes(p.pid) for p in it._workers]
+    for _ in range(len(loader) - num_workers - 1):
+        next(it)                             # the workers have now read every item
+    after = [_private_dirty_bytes(p.pid) for p in it._workers]
+    del it
+    if any(v is None for v in before + after):
+        return None
+    return [b - a for a, b in zip(before, after)]
+
+
 def _children_cpu_s() -> float | None:
     if resource is None:
         return None
@@ -136,9 +207,12 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
     one batch per worker, or one batch without workers) and stops one round before the end
     (``batches`` = the batches in between). Returns a dict with ``images_per_s`` (over the timed
     batches), ``first_batch_s`` (creating the iterator, starting workers, first batch),
-    ``images`` (timed), ``worker_cpu_s`` (CPU seconds the loader's worker processes used, read
-    when they have exited; None without workers or where the OS does not say) and
-    ``main_cpu_s`` (CPU seconds of this process over the timed batches).
+    ``images`` (timed), ``worker_cpu_s`` (CPU seconds the loader's worker processes used over
+    their whole lives, start and teardown included, read when they have exited; None without
+    workers or where the OS does not say), ``worker_window_cpu_s`` (CPU seconds the workers used
+    during the timed batches only, read from ``/proc/<pid>/stat`` at the window's two ends:
+    the workers' cost of what was timed; None where /proc cannot say) and ``main_cpu_s`` (CPU
+    seconds of this process over the timed batches).
 
     A batch is counted with ``count(batch)`` when given; else it is a tensor, or a tuple/list
     whose first element is one (its first dimension counts the images) or a list of images
@@ -160,6 +234,7 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
             raise ValueError(f"the loader gives {total} batches: too few to skip a round of "
                              f"{rounds} at each end and time one")
     cpu0 = _children_cpu_s()
+    workers0 = None
     sw = Stopwatch().start()
     it = iter(loader)
     count_, n_batches = 0, 0
@@ -175,18 +250,22 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
             first = sw.elapsed()
         if n_batches == warmup:
             timed, main0 = Stopwatch().start(), process_seconds()
+            workers0 = _workers_cpu_s(it)
         elif n_batches > warmup:
             count_ += k
         if batches is not None and n_batches >= batches + warmup:
             break
     elapsed = timed.elapsed() if timed is not None else None
     main1 = process_seconds()
+    workers1 = _workers_cpu_s(it)
     del it                                   # the workers exit (and are reaped) here
     cpu1 = _children_cpu_s()
     if timed is None or count_ == 0:
         raise ValueError(f"the loader gave {n_batches} batches; need more than warmup={warmup}")
     return {"images_per_s": count_ / elapsed, "first_batch_s": first, "images": count_,
             "worker_cpu_s": (cpu1 - cpu0) if loader.num_workers and cpu0 is not None else None,
+            "worker_window_cpu_s": (workers1 - workers0) if timed is not None
+            and workers0 is not None and workers1 is not None else None,
             "main_cpu_s": main1 - main0}
 
 
@@ -282,10 +361,8 @@ def cpu_rate(blobs: Sequence[bytes], what: str = "decode", num_workers: int | No
     Raises:
         ValueError: ``what`` not "decode" or "pipeline", or ``collate`` not "list" or "packed".
     """
-    if what not in ("decode", "pipeline"):
-        raise ValueError(f"what must be 'decode' or 'pipeline', got {what!r}")
-    if collate not in ("list", "packed"):
-        raise ValueError(f"collate must be 'list' or 'packed', got {collate!r}")
+    one_of("what", what, ("decode", "pipeline"))
+    one_of("collate", collate, ("list", "packed"))
     workers = usable_cores() if num_workers is None else num_workers
     fn = decode_pil if what == "decode" else _pipeline_224
     collate_fn = None if what == "pipeline" else collate_list if collate == "list" else collate_packed
@@ -302,17 +379,18 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
     (``"pipeline"``: decode, then :func:`gpu_augment_list` to 224 x 224) over ``blobs`` in
     batches of ``batch``, from bytes in host memory to pixels on the GPU.
 
-    One warm-up pass, then ``repeats`` timed passes (synchronized, ``time.perf_counter``), the
-    best kept. Returns ``{"images_per_s", "host_cpu_fraction", "telemetry"}``: the host CPU time
-    of this process over the timed passes divided by their wall time (1.0 = one core busy all
-    along), and the :class:`perflab.core.telemetry.TelemetrySummary` of the timed passes only (the
+    One warm-up pass, then ``repeats`` timed passes (synchronized, ``time.perf_counter``).
+    Returns ``{"images_per_s"`` (the best pass), ``"median_images_per_s"``, ``"host_cpu_fraction"``,
+    ``"threads"``, ``"telemetry"}``: the host CPU time of this process over the timed passes
+    divided by their wall time (1.0 = one core busy all along; more when several of the
+    process's threads worked, nvJPEG's among them), the process's threads after the passes,
+    and the :class:`perflab.core.telemetry.TelemetrySummary` of the timed passes only (the
     GPU's clock while it worked, not while it waited for the warm-up or the set-up).
 
     Raises:
         ValueError: ``what`` not "decode" or "pipeline".
     """
-    if what not in ("decode", "pipeline"):
-        raise ValueError(f"what must be 'decode' or 'pipeline', got {what!r}")
+    one_of("what", what, ("decode", "pipeline"))
     g = torch.Generator().manual_seed(0)
     data = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]  # once, untimed
 
@@ -323,16 +401,25 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
                 gpu_augment_list(imgs, 224, generator=g)
 
     one_pass()
-    best, cpu, wall = math.inf, 0.0, 0.0
+    times, cpu = [], 0.0
     with Telemetry(device=device) as tel:
         for _ in range(repeats):
             c0, sw = process_seconds(), Stopwatch(device).start()
             one_pass()
-            dt = sw.elapsed()
-            cpu, wall = cpu + process_seconds() - c0, wall + dt
-            best = min(best, dt)
-    return {"images_per_s": len(blobs) / best, "host_cpu_fraction": cpu / wall,
+            times.append(sw.elapsed())
+            cpu += process_seconds() - c0
+    return {"images_per_s": len(blobs) / min(times),
+            "median_images_per_s": len(blobs) / sorted(times)[len(times) // 2],
+            "host_cpu_fraction": cpu / sum(times), "threads": _thread_count(),
             "telemetry": tel.summary()}
+
+
+def _thread_count() -> int | None:
+    """Threads of this process now (Linux's /proc/self/task; None elsewhere)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
 
 
 def gpu_decode_profile(blobs: Sequence[bytes], device: str | torch.device = "cuda") -> dict:
@@ -391,50 +478,3 @@ def small_cnn_flops(width: int = 64, side: int = 128) -> float:
         total += 2 * 9 * c_in * c_out * s * s + 2 * 9 * c_out * c_out * s * s
         c_in = c_out
     return total
-
-
-def train_steps(loader, model: torch.nn.Module, steps: int, device: str | torch.device,
-                gpu_transform: Callable | None = None, warmup: int = 3) -> dict:
-    """Train ``model`` (SGD, cross-entropy) for ``steps`` batches of ``loader`` and split each
-    step's time into waiting for data and the rest.
-
-    Per step (a :class:`perflab.core.timing.Stopwatch` on ``device``): ``next(loader)``; copy to ``device`` (``non_blocking`` when the batch is
-    pinned); ``gpu_transform(x)`` if given, else ``x.float() / 255`` when ``x`` is uint8;
-    forward, backward, optimizer step; synchronize. Data wait = time until the batch is on the
-    device (the GPU is idle meanwhile). Returns ``images_per_s``, ``data_wait_fraction``
-    (wait / total over the timed steps), ``step_ms``, ``steps`` (after ``warmup`` untimed ones).
-
-    Raises:
-        ValueError: ``steps`` not positive, or the loader ran out before ``warmup + steps``.
-    """
-    positive_int("steps", steps)
-    dev = torch.device(device)
-    model = model.to(dev).train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    it = iter(loader)
-    wait = total = 0.0
-    images = 0
-    for k in range(warmup + steps):
-        sw = Stopwatch(dev).start()
-        try:
-            x, y = next(it)
-        except StopIteration:
-            raise ValueError(f"the loader ran out after {k} batches; need {warmup + steps}") from None
-        x = x.to(dev, non_blocking=x.is_pinned())
-        y = torch.as_tensor(y).to(dev, non_blocking=True)
-        waited = sw.elapsed()                    # the batch is on the device
-        if gpu_transform is not None:
-            x = gpu_transform(x)
-        elif x.dtype == torch.uint8:
-            x = x.float().div_(255)
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        step_s = sw.elapsed()
-        if k >= warmup:
-            wait += waited
-            total += step_s
-            images += len(y)
-    return {"images_per_s": images / total, "data_wait_fraction": wait / total,
-            "step_ms": 1e3 * total / steps, "steps": steps}

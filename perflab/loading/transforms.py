@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from perflab.core.validate import positive_int
+from perflab.core.validate import one_of, positive_int
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "decode_resized", "decode_scaled", "pil_pipeline",
            "gpu_augment", "gpu_augment_list", "decode_blur", "AugmentBatch", "decode_pil",
@@ -72,8 +72,7 @@ def decode_scaled(data: bytes, scale: int) -> np.ndarray:
         ValueError: ``scale`` not 1, 2, 4 or 8.
     """
 
-    if scale not in (1, 2, 4, 8):
-        raise ValueError(f"scale must be 1, 2, 4 or 8 (libjpeg's DCT scales), got {scale!r}")
+    one_of("scale", scale, (1, 2, 4, 8))     # libjpeg's DCT scales
     with Image.open(io.BytesIO(data)) as im:
         if scale > 1:
             w, h = im.size

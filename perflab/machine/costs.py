@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
-from perflab.core.validate import positive, positive_int
+from perflab.core.validate import number, positive, positive_int
 
 __all__ = [
     "NORM_FLOPS_PER_ELEMENT",
@@ -89,8 +89,7 @@ def elementwise_cost(
     positive_int("numel", numel)
     positive_int("inputs", inputs)
     positive_int("outputs", outputs)
-    if flops_per_element < 0:
-        raise ValueError(f"flops_per_element must be >= 0, got {flops_per_element}")
+    number("flops_per_element", flops_per_element, minimum=0)
     size = _itemsize(dtype)
     return Cost(float(numel) * flops_per_element, float(numel * size * (inputs + outputs)))
 
@@ -98,8 +97,7 @@ def elementwise_cost(
 def arithmetic_intensity(flops: float, nbytes: float) -> float:
     """FLOPs per byte moved. Raises ValueError when ``nbytes`` is not positive or ``flops`` < 0."""
     positive("nbytes", nbytes)
-    if flops < 0:
-        raise ValueError(f"flops must be >= 0, got {flops}")
+    number("flops", flops, minimum=0)
     return flops / nbytes
 
 

@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 import torch
 
 from perflab.core.device import cpu_clocks_mhz, cpuinfo
-from perflab.core.validate import integer, positive, positive_int
+from perflab.core.validate import integer, number, positive, positive_int
 from perflab.machine.roofline import copy_bandwidth, matmul_rate
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "matmul_thread_scaling",
     "memory_bandwidth",
     "peak_flops_estimate",
+    "physical_cores",
     "simd_fp32_lanes",
     "threads",
 ]
@@ -132,6 +133,23 @@ def threads(count: int | None) -> Iterator[int]:
         torch.set_num_threads(before)
 
 
+def physical_cores(sysfs: str | os.PathLike | None = None) -> int | None:
+    """Physical cores among the logical CPUs the OS lists: distinct ``thread_siblings_list``
+    sets under ``/sys/devices/system/cpu/cpu*/topology`` (two logical CPUs of one core share
+    its FMA units under simultaneous multithreading); None where the OS does not say.
+
+    Args:
+        sysfs: the ``cpu`` directory (default ``/sys/devices/system/cpu``; for tests).
+    """
+    root = Path(sysfs) if sysfs is not None else Path("/sys/devices/system/cpu")
+    sets = set()
+    for cpu_dir in root.glob("cpu[0-9]*"):
+        f = cpu_dir / "topology" / "thread_siblings_list"
+        if f.exists():
+            sets.add(f.read_text().strip())
+    return len(sets) or None
+
+
 def default_thread_counts(maximum: int | None = None) -> list[int]:
     """1, 2, 4, ... up to ``maximum`` (default: PyTorch's current thread count), ``maximum`` included.
 
@@ -139,8 +157,7 @@ def default_thread_counts(maximum: int | None = None) -> list[int]:
         ValueError: ``maximum`` < 1.
     """
     top = torch.get_num_threads() if maximum is None else maximum
-    if top < 1:
-        raise ValueError(f"maximum must be >= 1, got {top}")
+    number("maximum", top, minimum=1)
     counts = []
     t = 1
     while t < top:
@@ -253,11 +270,10 @@ def peak_flops_estimate(cores: int = 1, fma_units: int = 2, clock: float | None 
         ValueError: a non-positive ``cores``, ``fma_units``, ``clock`` or ``lanes``.
         RuntimeError: no ``clock`` given and the OS reports none.
     """
-    if cores < 1 or fma_units < 1:
-        raise ValueError(f"cores and fma_units must be >= 1, got cores={cores}, fma_units={fma_units}")
+    number("cores", cores, minimum=1)
+    number("fma_units", fma_units, minimum=1)
     lanes = simd_fp32_lanes() if lanes is None else lanes
-    if lanes < 1:
-        raise ValueError(f"lanes must be >= 1, got {lanes}")
+    number("lanes", lanes, minimum=1)
     if clock is None:
         clock = clock_hz()
         if clock is None:

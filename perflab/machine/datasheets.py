@@ -11,6 +11,7 @@ import torch
 
 from perflab.core import formats, nvml
 from perflab.core.device import has_gpu
+from perflab.core.validate import positive, positive_int
 
 __all__ = ["datasheet", "datasheet_clock_hz", "DATASHEETS", "FLOP_PER_CLOCK_PER_SM",
            "FP32_LANES_PER_SM", "fp32_peak_flops", "memory_peak_bandwidth", "peak_at",
@@ -161,10 +162,8 @@ def peak_at(fmt: str, sm_count: int, compute_capability: tuple[int, int], clock_
         ValueError: an unknown format key, a non-positive SM count or clock.
     """
     formats.check(fmt)
-    if isinstance(sm_count, bool) or not isinstance(sm_count, int) or sm_count < 1:
-        raise ValueError(f"sm_count must be a positive integer, got {sm_count!r}")
-    if not clock_hz or clock_hz <= 0:
-        raise ValueError(f"clock_hz must be > 0, got {clock_hz!r}")
+    positive_int("sm_count", sm_count)
+    positive("clock_hz", clock_hz)
     per_sm = _flop_per_clock(fmt, compute_capability)
     if per_sm is None:
         return None

@@ -30,7 +30,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from perflab.core import formats
 from perflab.core.telemetry import measure
 from perflab.core.timing import benchmark
-from perflab.core.validate import integer, positive, positive_int
+from perflab.core.validate import integer, number, positive, positive_int
 from perflab.machine.costs import Cost, arithmetic_intensity, elementwise_cost, matmul_cost
 from perflab.record.plotting import style
 
@@ -79,8 +79,7 @@ def attainable_flops(intensity: float, peak_flops: float, bandwidth: float) -> f
         ValueError: a negative intensity or a non-positive ceiling.
     """
     ridge_point(peak_flops, bandwidth)  # validates the ceilings
-    if intensity < 0:
-        raise ValueError(f"intensity must be >= 0 FLOP/byte, got {intensity}")
+    number("intensity", intensity, minimum=0)  # FLOP/byte
     return min(peak_flops, intensity * bandwidth)
 
 
@@ -94,8 +93,7 @@ def classify(intensity: float, ridge: float) -> str:
         ValueError: a negative intensity or a non-positive ridge.
     """
     positive("ridge", ridge)
-    if intensity < 0:
-        raise ValueError(f"intensity must be >= 0 FLOP/byte, got {intensity}")
+    number("intensity", intensity, minimum=0)  # FLOP/byte
     return "compute-bound" if intensity >= ridge else "bandwidth-bound"
 
 
@@ -431,10 +429,8 @@ def knee_check(x: torch.Tensor, repeat: int, peak_flops: float, bandwidth: float
     if not (isinstance(x, torch.Tensor) and x.is_floating_point()):
         raise TypeError("x must be a floating-point torch.Tensor")
     positive_int("repeat", repeat)
-    if not peak_flops or peak_flops <= 0:
-        raise ValueError(f"peak_flops must be > 0 FLOP/s, got {peak_flops!r}")
-    if not bandwidth or bandwidth <= 0:
-        raise ValueError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
+    positive("peak_flops", peak_flops)        # FLOP/s
+    positive("bandwidth", bandwidth)          # bytes/s
     fn = repeat_multiply(repeat, compile=compile)
     fn(x)  # compile and warm up outside the timed region
     m = measure(lambda: fn(x), x.device)

@@ -4,7 +4,10 @@
 #   book/01_why_training_is_slow.md: A trap first: the recompile limit
 #   book/01_why_training_is_slow.md: The sweep
 
-"""Code taught on book/01_why_training_is_slow.md, exported for the pages that reuse it.
+"""Chapter 1's sweep: one elementwise kernel given more and more work per byte,
+timed.
+
+Code taught on book/01_why_training_is_slow.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """

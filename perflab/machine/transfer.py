@@ -24,7 +24,7 @@ import torch
 from perflab.core.device import gpu_count, has_gpu
 from perflab.core.progress import progress as show_progress
 from perflab.core.timing import Stopwatch, benchmark, event_timer
-from perflab.core.validate import integer, positive_int
+from perflab.core.validate import integer, number, one_of, positive, positive_int
 
 __all__ = [
     "PCIE_GT_PER_S",
@@ -58,8 +58,7 @@ def pcie_bandwidth(generation: int, width: int) -> float:
     Raises:
         ValueError: a generation not in :data:`PCIE_GT_PER_S` or a width that is not 1-32 lanes.
     """
-    if generation not in PCIE_GT_PER_S:
-        raise ValueError(f"generation must be one of {sorted(PCIE_GT_PER_S)}, got {generation!r}")
+    one_of("generation", generation, sorted(PCIE_GT_PER_S))
     integer("width", width, 1, 32)
     rate, efficiency = PCIE_GT_PER_S[generation]
     return rate * 1e9 * width * efficiency / 8
@@ -76,8 +75,8 @@ def pageable_prediction(pinned_Bps: float, host_copy_Bps: float) -> tuple[float,
     Raises:
         ValueError: a non-positive bandwidth.
     """
-    if pinned_Bps <= 0 or host_copy_Bps <= 0:
-        raise ValueError(f"bandwidths must be > 0, got pinned_Bps={pinned_Bps}, host_copy_Bps={host_copy_Bps}")
+    positive("pinned_Bps", pinned_Bps)
+    positive("host_copy_Bps", host_copy_Bps)
     staging = host_copy_Bps / 2
     return 1 / (1 / pinned_Bps + 1 / staging), min(pinned_Bps, staging)
 
@@ -168,8 +167,7 @@ def non_blocking_behaviour(nbytes: int, device=None, reps: int = 3) -> list[dict
         ValueError: ``nbytes`` or ``reps`` not a positive integer.
     """
     _check_nbytes(nbytes)
-    if reps < 1:
-        raise ValueError(f"reps must be >= 1, got {reps}")
+    number("reps", reps, minimum=1)
     dev = _cuda_device(device)
     pageable, gpu = _buffers(nbytes, dev, False)
     pinned, _ = _buffers(nbytes, dev, True)

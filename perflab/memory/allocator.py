@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 
+from perflab.core import nvml
 from perflab.core.validate import positive_int
 
 __all__ = ["allocator_rounding", "driver_view", "freed_without_gc", "allocator_experiment",
@@ -59,13 +60,19 @@ def allocator_rounding(nbytes: int) -> dict[str, int]:
     return {"block": block, "segment": -(-block // (2 * MiB)) * 2 * MiB, "pool": 1}
 
 
-def driver_view(device: torch.device | str) -> dict[str, int]:
+def driver_view(device: torch.device | str) -> dict[str, int | None]:
     """What the driver sees beside what PyTorch holds, on a CUDA device (bytes).
 
-    ``used`` is ``total - free`` from ``torch.cuda.mem_get_info`` (every process and the CUDA
-    context count there, as in ``nvidia-smi``); ``reserved`` and ``allocated`` are the caching
-    allocator's; ``outside_allocator = used - reserved`` is the CUDA context, library workspaces
-    that bypass the allocator, and any other process on the GPU.
+    ``used`` is ``total - free`` from ``torch.cuda.mem_get_info``: device-wide, as in
+    ``nvidia-smi``, so every process on the GPU counts there (a notebook's executor holds a
+    context of its own). ``reserved`` and ``allocated`` are this process's caching allocator's.
+    ``process`` is this process's own memory on the GPU from NVML's per-process table
+    (:func:`perflab.core.nvml.process_memory_bytes`; None where NVML cannot see it, as in a
+    container that hides process ids); then ``process_outside_allocator = process - reserved``
+    is this process's CUDA context and what libraries allocate beside the caching allocator,
+    and ``other_processes = used - process`` everything else on the card. Without the
+    per-process figure both are None. ``outside_allocator = used - reserved`` is the old,
+    device-wide figure (other processes included).
 
     Raises:
         ValueError: ``device`` is not a CUDA device.
@@ -75,8 +82,14 @@ def driver_view(device: torch.device | str) -> dict[str, int]:
         raise ValueError(f"driver_view needs a CUDA device, got {dev}")
     free, total = torch.cuda.mem_get_info(dev)
     reserved = torch.cuda.memory_reserved(dev)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    process = nvml.process_memory_bytes(os.getpid(), index)
+    process = process or None              # 0: NVML did not list this process
     return {"total": total, "used": total - free, "reserved": reserved,
-            "allocated": torch.cuda.memory_allocated(dev), "outside_allocator": total - free - reserved}
+            "allocated": torch.cuda.memory_allocated(dev), "outside_allocator": total - free - reserved,
+            "process": process,
+            "process_outside_allocator": None if process is None else process - reserved,
+            "other_processes": None if process is None else total - free - process}
 
 
 def freed_without_gc(make: Callable[[], Any], attribute: Callable[[Any], torch.Tensor]) -> bool:

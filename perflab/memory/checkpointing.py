@@ -3,7 +3,10 @@
 # From book/07_single_gpu_memory.md:
 #   book/07_single_gpu_memory.md: Activation checkpointing
 
-"""Code taught on book/07_single_gpu_memory.md, exported for the pages that reuse it.
+"""Activation checkpointing: the three policies of chapter 7 (none, full,
+selective).
+
+Code taught on book/07_single_gpu_memory.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """

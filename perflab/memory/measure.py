@@ -1,7 +1,8 @@
 """Training memory measured: saved tensors, peaks, phases, the profiler's timeline, state bytes.
 
 * :func:`saved_bytes`: saved tensors through ``torch.autograd.graph.saved_tensors_hooks`` (via
-  :mod:`perflab.internals.autograd`);
+  :mod:`perflab.internals.autograd`); :func:`packed_bytes`: what a pack hook sees, every save
+  (what ``save_on_cpu`` copies) against the distinct storages;
 * :func:`peak_bytes`: the CUDA caching allocator's counters on a GPU, the profiler's memory events
   on a CPU (where that allocator does not exist); :func:`measure_phases` the same for forward,
   backward and the optimizer step;
@@ -19,7 +20,6 @@ and :mod:`perflab.memory.checkpointing`. Units: bytes unless a name says otherwi
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import tempfile
@@ -37,11 +37,12 @@ from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX
 
 from perflab.core.profiler import trace_events
 from perflab.core.timing import Stopwatch
+from perflab.core.validate import number
 from perflab.internals.autograd import saved_tensors
 from perflab.memory.model import BlockStack, BlockStackConfig
 from perflab.memory.steps import train_step
 
-__all__ = ["warm_up", "saved_bytes", "Peak", "peak_bytes", "PhaseMemory", "measure_phases",
+__all__ = ["warm_up", "saved_bytes", "packed_bytes", "Peak", "peak_bytes", "PhaseMemory", "measure_phases",
            "memory_timeline", "copy_profile", "state_bytes", "max_relative_difference",
            "gradient_tolerance"]
 
@@ -80,6 +81,30 @@ def saved_bytes(fn: Callable[..., Any], *args, exclude: Iterable[torch.Tensor] =
         if not t.is_input and t.storage_ptr not in excluded:
             seen[t.storage_ptr] = max(seen.get(t.storage_ptr, 0), t.storage_nbytes)
     return sum(seen.values())
+
+
+def packed_bytes(fn: Callable[..., Any], *args, **kwargs) -> dict[str, int]:
+    """What a pack hook (``torch.autograd.graph.saved_tensors_hooks``) sees while autograd
+    records ``fn(*args, **kwargs)``: ``{"every": bytes over every pack call, "distinct": bytes
+    of the distinct storages saved, "calls": pack calls}``.
+
+    A pack hook is called once per *saved reference*: a tensor saved by two operations (a
+    softmax's output, saved by the softmax and by the product with ``v``) is packed twice, and
+    the weights the Linear layers save are packed too. ``every`` is what
+    ``torch.autograd.graph.save_on_cpu`` copies to the host (each call copies its tensor's
+    ``numel * element_size`` bytes); ``distinct`` counts each storage once, whoever saved it
+    (the count of :func:`saved_bytes`, with the inputs and parameters included).
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+        RuntimeError: called with autograd disabled.
+    """
+    rec = saved_tensors(fn, *args, **kwargs)
+    seen: dict[int, int] = {}
+    for t in rec.tensors:
+        seen[t.storage_ptr] = max(seen.get(t.storage_ptr, 0), t.storage_nbytes)
+    return {"every": sum(t.nbytes for t in rec.tensors), "distinct": sum(seen.values()),
+            "calls": len(rec.tensors)}
 
 
 class _NativeStderrSilenced:
@@ -334,8 +359,6 @@ def gradient_tolerance(spread: float, factor: float = 100.0) -> float:
     Raises:
         ValueError: a spread that is negative or not finite, or a ``factor`` below 1.
     """
-    if not (math.isfinite(spread) and spread >= 0):
-        raise ValueError(f"spread must be a finite number >= 0, got {spread!r}")
-    if factor < 1:
-        raise ValueError(f"factor must be >= 1, got {factor}")
+    number("spread", spread, minimum=0)
+    number("factor", factor, minimum=1)
     return factor * max(spread, torch.finfo(torch.float32).eps)

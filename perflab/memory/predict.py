@@ -5,6 +5,8 @@
 * :func:`activation_bytes`: what autograd saves in a :class:`perflab.memory.model.BlockStack`
   (the per-layer count follows Korthikanti et al. 2022, "Reducing Activation Recomputation in
   Large Transformer Models", section 4.1, redone for float32 blocks without dropout);
+* :func:`backward_peak_bytes`: how far the backward pass rises above its start (three
+  score-sized tensors at the last block's softmax, read from a memory snapshot);
 * :func:`param_count` and :func:`block_tensor_bytes`: the model's parameters and the sizes of the
   tensors one block makes (to name an allocation seen in a snapshot).
 
@@ -13,11 +15,11 @@ Units: bytes unless a name says otherwise.
 
 from __future__ import annotations
 
-from perflab.core.validate import positive_int
+from perflab.core.validate import number, positive_int
 from perflab.memory.model import BlockStackConfig
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "param_count", "static_bytes", "activation_bytes",
-           "block_tensor_bytes"]
+           "backward_peak_bytes", "block_tensor_bytes"]
 
 
 # float32 training with Adam: the weight, its gradient, and Adam's exp_avg and exp_avg_sq
@@ -49,8 +51,8 @@ def static_bytes(n_params: int, bytes_per_param: dict[str, int] | None = None) -
     """
     positive_int("n_params", n_params)
     per = dict(ADAM_BYTES_PER_PARAM if bytes_per_param is None else bytes_per_param)
-    if any(v < 0 for v in per.values()):
-        raise ValueError(f"bytes_per_param must be >= 0, got {per}")
+    for part, v in per.items():
+        number(f"bytes_per_param[{part!r}]", v, minimum=0)
     out = {k: n_params * v for k, v in per.items()}
     out["total"] = sum(out.values())
     return out
@@ -90,6 +92,35 @@ def activation_bytes(cfg: BlockStackConfig, batch: int, dtype_bytes: int = 4) ->
     total = L * per_layer - sbh + sbh          # minus the caller's input, plus the loss's saved output
     return {"per_layer": per_layer * dtype_bytes, "attention_scores_per_layer": scores * dtype_bytes,
             "total": total * dtype_bytes}
+
+
+def backward_peak_bytes(cfg: BlockStackConfig, batch: int, dtype_bytes: int = 4) -> dict[str, int]:
+    """How far a :class:`BlockStack`'s backward pass rises above the memory it starts from.
+
+    The peak comes in the last block's attention, the first attention differentiated, at its
+    softmax. Three tensors of the scores' size ``(b, a, s, s)`` are live there (chapter 7's
+    memory snapshot lists them): the gradient of the softmax's output (from the product with
+    ``v``), the gradient of its input, and a temporary of the softmax's backward, freed within
+    microseconds. By then the backward pass has written the gradients of the last block's MLP
+    and output projection (``9 h^2`` weights; the biases are negligible) and freed what the
+    last block's MLP saved (``10 sbh``, :func:`activation_bytes`). Smaller terms are left out:
+    the ``(b, s, h)`` gradients in flight and the saved tensors freed by then outside the MLP
+    (a few ``sbh`` each way, which nearly cancel).
+
+    Returns:
+        ``{"scores": 3 a s^2 b, "weight_grads": 9 h^2, "freed_mlp": 10 sbh, "total":
+        scores + weight_grads - freed_mlp}``, in bytes.
+
+    Raises:
+        ValueError: ``batch`` or ``dtype_bytes`` not a positive int.
+    """
+    positive_int("batch", batch)
+    positive_int("dtype_bytes", dtype_bytes)
+    b, s, h, a = batch, cfg.seq_len, cfg.d_model, cfg.n_heads
+    parts = {"scores": 3 * a * s * s * b * dtype_bytes, "weight_grads": 9 * h * h * dtype_bytes,
+             "freed_mlp": 10 * s * b * h * dtype_bytes}
+    parts["total"] = parts["scores"] + parts["weight_grads"] - parts["freed_mlp"]
+    return parts
 
 
 def block_tensor_bytes(cfg: BlockStackConfig, batch: int, dtype_bytes: int = 4) -> dict[str, int]:

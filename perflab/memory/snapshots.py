@@ -23,7 +23,7 @@ from perflab.memory.model import BlockStackConfig
 
 __all__ = ["record_snapshot", "save_snapshot_config", "load_snapshot_config", "save_snapshot",
            "load_snapshot", "cpu_memory_trace", "allocation_timeline", "largest_allocation",
-           "name_allocation", "MARK_BYTES", "mark", "phase_bounds", "live_at_peak"]
+           "name_allocation", "MARK_BYTES", "mark", "phase_bounds", "live_at_peak", "peak_blocks"]
 
 
 def record_snapshot(fn: Callable[[], Any], path: str | os.PathLike | None = None,
@@ -236,17 +236,40 @@ def live_at_peak(snapshot: dict, since_ms: float, device_index: int = 0) -> list
     Raises:
         ValueError: no trace for ``device_index``, or no event after ``since_ms``.
     """
+    return [b["size"] for b in peak_blocks(snapshot, since_ms, device_index)]
+
+
+def peak_blocks(snapshot: dict, since_ms: float, device_index: int = 0) -> list[dict]:
+    """The blocks of :func:`live_at_peak` with their lives: ``[{"size": bytes, "alloc_ms",
+    "free_ms": when each was freed (None if never, within the trace), "peak_ms": the peak's
+    time}]``, largest first (equal sizes: the earlier allocation first). Times on
+    :func:`allocation_timeline`'s clock (ms from the first event).
+
+    A block freed a few microseconds after it was allocated is a temporary of the operator
+    running at the peak; one that outlives the peak by milliseconds is a tensor the step keeps
+    for a while (a gradient in flight).
+
+    Raises:
+        ValueError: no trace for ``device_index``, or no event after ``since_ms``.
+    """
     trace = [e for e in _trace(snapshot, device_index) if e.get("action") in ("alloc", "free_completed")]
     times, levels = allocation_timeline(snapshot, device_index)
     after = [i for i, t in enumerate(times) if t >= since_ms]
     if not after:
         raise ValueError(f"no event after {since_ms} ms")
     peak = max(after, key=lambda i: (levels[i], -i))
-    live: dict[Any, int] = {}
-    for e in trace[after[0]:peak + 1]:
+    live: dict[Any, dict] = {}
+    for i in range(after[0], peak + 1):
+        e = trace[i]
         key = e.get("addr", id(e))
         if e["action"] == "alloc":
-            live[key] = e["size"]
+            live[key] = {"size": e["size"], "alloc_ms": times[i], "free_ms": None,
+                         "peak_ms": times[peak]}
         else:
             live.pop(key, None)
-    return sorted(live.values(), reverse=True)
+    for i in range(peak + 1, len(trace)):
+        e = trace[i]
+        block = live.get(e.get("addr", id(e)))
+        if e["action"] == "free_completed" and block is not None and block["free_ms"] is None:
+            block["free_ms"] = times[i]
+    return sorted(live.values(), key=lambda b: (-b["size"], b["alloc_ms"]))

@@ -5,7 +5,10 @@
 #   book/07_single_gpu_memory.md: Gradient accumulation, done right
 #   book/07_single_gpu_memory.md: Optimizer memory
 
-"""Code taught on book/07_single_gpu_memory.md, exported for the pages that reuse it.
+"""Chapter 7's training steps: the plain step, gradient accumulation, the
+optimizer in the backward.
+
+Code taught on book/07_single_gpu_memory.md, exported for the pages that reuse it.
 
 Each definition is shown and explained where it is taught; read it there.
 """

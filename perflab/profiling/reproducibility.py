@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from perflab.core.timing import benchmark
-from perflab.core.validate import integer, positive
+from perflab.core.validate import integer, number, positive
 
 __all__ = ["coefficient_of_variation", "deterministic", "repeated_medians", "seed_everything"]
 
@@ -85,8 +85,7 @@ def coefficient_of_variation(values: Sequence[float]) -> float:
     if not all(math.isfinite(v) for v in vals):
         raise ValueError("values must all be finite numbers")
     mean = statistics.fmean(vals)
-    if mean <= 0:
-        raise ValueError(f"the mean of values must be > 0, got {mean}")
+    number("the mean of values", mean, above=0)
     return statistics.stdev(vals) / mean
 
 
@@ -104,7 +103,6 @@ def repeated_medians(
     Raises:
         ValueError: ``repeats`` < 2 or ``min_run_time_s`` not positive.
     """
-    if repeats < 2:
-        raise ValueError(f"repeats must be >= 2 to measure a spread, got {repeats}")
+    integer("repeats", repeats, 2)             # a spread needs two
     positive("min_run_time_s", min_run_time_s)
     return [benchmark(fn, device, min_run_time_s=min_run_time_s) for _ in range(repeats)]

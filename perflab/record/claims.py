@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from perflab.core.rounds import Spread
+from perflab.core.validate import number, one_of
 from perflab.record.numbers import sig
 from perflab.record.provenance import glue, read_glued
 
@@ -124,16 +125,11 @@ class _Claimed:
 
 
 def _check_bound(bound: Any) -> str:
-    if bound not in BOUNDS:
-        raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}")
-    return bound
+    return one_of("bound", bound, BOUNDS)
 
 
 def _number(label: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
-            or not math.isfinite(v):
-        raise ValueError(f"{label} must be a finite number, got {v!r}")
-    return float(v)
+    return number(label, v)
 
 
 def _values(label: str, v: Any) -> tuple[float, float, float, Spread | None]:
@@ -232,10 +228,8 @@ def relation(a: float, b: float, quantity: str = "time", tolerance: float = 0.1)
     for label, v in (("a", a), ("b", b)):
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise ValueError(f"{label} must be a positive finite number, got {v!r}")
-    if quantity not in ("time", "rate", "size"):
-        raise ValueError(f"quantity must be 'time', 'rate' or 'size', got {quantity!r}")
-    if tolerance < 0:
-        raise ValueError(f"tolerance must be >= 0, got {tolerance}")
+    one_of("quantity", quantity, ("time", "rate", "size"))
+    number("tolerance", tolerance, minimum=0)
     ratio = a / b
     if abs(ratio - 1) <= tolerance:
         return "about the same as"
@@ -327,10 +321,8 @@ def compare(name: str, measured: float | Spread, predicted: float, tolerance: fl
     _check_bound(bound)
     med, lo, hi, spread = _values("measured", measured)
     predicted = _number("predicted", predicted)
-    if predicted <= 0:
-        raise ValueError(f"predicted must be positive, got {predicted!r}")
-    if not 0 < tolerance < 1:
-        raise ValueError(f"tolerance must be in (0, 1), got {tolerance}")
+    number("predicted", predicted, above=0)
+    number("tolerance", tolerance, above=0, below=1)
     _band_check(1 - tolerance, 1 + tolerance, reason, f"a ±{tolerance:.0%} band")
     record = {"measured": med, "lo": lo, "hi": hi, "predicted": predicted,
               "tolerance": tolerance, "rounds": spread.n if spread else 1}

@@ -79,11 +79,11 @@ def _round_sig(value: float, sig: int) -> float:
 def _scaled(value: float, table, sig: int) -> tuple[str, str]:
     """Mantissa and prefix from ``table`` (``(factor, prefix)``, largest first) such that the
     rounded mantissa lies in [1, 1000) (or the smallest prefix; zero takes the unprefixed one)."""
-    magnitude = abs(_round_sig(value, sig))
-    if magnitude == 0:
+    if _round_sig(value, sig) == 0:
         return "0", next(prefix for factor, prefix in table if factor == 1)
     for factor, prefix in table:
-        if magnitude >= factor:
+        # the mantissa as written decides (2**30 bytes is "1 GiB", not "1024 MiB")
+        if abs(_round_sig(value / factor, sig)) >= 1:
             return _mantissa(value / factor, sig), prefix
     factor, prefix = table[-1]
     return _mantissa(value / factor, sig), prefix

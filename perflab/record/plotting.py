@@ -29,6 +29,8 @@ import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.ticker import ScalarFormatter
 
+from perflab.core.validate import one_of
+
 __all__ = ["COLUMN_WIDTH_IN", "STYLE", "apply_style", "finish", "style"]
 
 # The book's text column is about 676 CSS px wide in a 1,280 px window (sphinx-book-theme); a
@@ -99,8 +101,7 @@ def style(fig, legend: str = "below"):
     Raises:
         ValueError: an unknown ``legend``.
     """
-    if legend not in ("below", "keep"):
-        raise ValueError(f"legend must be 'below' or 'keep', got {legend!r}")
+    one_of("legend", legend, ("below", "keep"))
     width, height = fig.get_size_inches()
     if width > COLUMN_WIDTH_IN * 1.01:
         k = COLUMN_WIDTH_IN / width

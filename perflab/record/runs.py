@@ -38,6 +38,7 @@ import yaml
 
 from perflab.core.validate import positive_int
 from perflab.record.provenance import environment, reference_run, short_devices
+from perflab.record.toc import is_myst_notebook, toc_files  # one reader of the toc
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -209,7 +210,7 @@ def referenced_names(tree: ast.AST, module: str | None = None, is_package: bool 
     of the tree's own module, a package when ``is_package``), attribute chains on an imported
     name (``perflab.machine.roofline.x``: the package loads submodules on first attribute
     access) and string constants that are exactly a module name (``["-m",
-    "perflab.distributed.collectives"]``). Names that are not modules (functions, classes) are
+    "perflab.machine.interconnect"]``). Names that are not modules (functions, classes) are
     included; callers keep the ones they can resolve. Used by :func:`perflab_modules` and by
     ``scripts/architecture.py`` (the module map's "used by").
 
@@ -334,18 +335,6 @@ def changed_modules(recorded: dict[str, str] | None, now: dict[str, str]) -> lis
     return sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
 
 
-def is_myst_notebook(path: str | os.PathLike) -> bool:
-    """True when ``path`` starts with a jupytext front matter in the ``myst`` format.
-
-    Unreadable or non-UTF-8 files are not notebooks (False, no error).
-    """
-    try:
-        head = Path(path).read_text(encoding="utf-8")[:2000]
-    except (OSError, UnicodeDecodeError):
-        return False
-    return head.startswith("---") and "format_name: myst" in head
-
-
 def source_code_sha256(source: str | os.PathLike) -> str:
     """:func:`code_sha256` of the code cells of a notebook source (jupytext ``md:myst`` ``.md``).
 
@@ -429,30 +418,6 @@ def status(source: str | os.PathLike, ipynb: str | os.PathLike | None = None) ->
             return RunStatus("stale", "stale: perflab changed since the run (" + ", ".join(changed)
                              + ")", run, cause="perflab", changed=tuple(changed))
     return RunStatus("current", "current", run)
-
-
-def toc_files(toc: str | os.PathLike) -> list[str]:
-    """Every ``root`` and ``file`` entry of a Jupyter Book ``_toc.yml``, in book order, as written.
-
-    Raises:
-        FileNotFoundError: no such file.
-    """
-    found: list[str] = []
-
-    def walk(node) -> None:
-        if isinstance(node, dict):
-            for key in ("root", "file"):
-                if key in node:
-                    found.append(str(node[key]))
-            for value in node.values():
-                if isinstance(value, (list, dict)):
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(yaml.safe_load(Path(toc).read_text()))
-    return found
 
 
 #: The folder, at the repository's root, of sources waiting for a machine kind that is not lent.

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perflab.core.validate import number
 from perflab.record.claims import EXPECT_PREFIX, read_verdicts
 from perflab.record.provenance import read_glued, reference_run
 
@@ -199,8 +200,7 @@ def compare(a: dict[str, Any], b: dict[str, Any],
     Raises:
         ValueError: a negative ``moved``.
     """
-    if moved < 0:
-        raise ValueError(f"moved must be >= 0, got {moved}")
+    number("moved", moved, minimum=0)
     pa, pb = a["pages"], b["pages"]
     both = [_compare_page(name, pa[name], pb[name], moved) for name in sorted(set(pa) & set(pb))]
     return both, sorted(set(pa) - set(pb)), sorted(set(pb) - set(pa))

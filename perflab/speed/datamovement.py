@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 import torch
+from perflab.core.validate import number
 from perflab.machine.costs import (  # the cost model's count and operator tables
     NORM_FLOPS_PER_ELEMENT, _POINTWISE, _operator_bytes)
 from torch.profiler import ProfilerActivity, profile
@@ -209,8 +210,7 @@ def shares(values: dict[str, float]) -> dict[str, float]:
     for k, v in values.items():
         if k not in CLASSES:
             raise ValueError(f"unknown class {k!r}; classes are {CLASSES}")
-        if v < 0:
-            raise ValueError(f"value for {k!r} must be >= 0, got {v}")
+        number(f"the value of {k}", v, minimum=0)
     total = float(sum(values.values()))
     if total <= 0:
         raise ValueError("values sum to 0: nothing was counted")
@@ -387,8 +387,8 @@ def time_by_class(step: Callable[[], object], steps: int = 3, warmup: int = 2,
 
     if not callable(step):
         raise TypeError(f"step must be callable, got {type(step).__name__}")
-    if steps < 1 or warmup < 0:
-        raise ValueError(f"steps must be >= 1 and warmup >= 0, got {steps}, {warmup}")
+    number("steps", steps, minimum=1)
+    number("warmup", warmup, minimum=0)
     gpu = torch.cuda.is_available()
     for _ in range(warmup):
         step()

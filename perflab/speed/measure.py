@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from perflab.core.profiler import overlap_fraction, trace_events, trace_intervals
 from perflab.core.timing import seconds_per_call
+from perflab.core.validate import number
 
 __all__ = ["op_count", "profile_overlap", "capture_logs",
            "graph_replay_semantics", "wall_time"]
@@ -166,8 +167,8 @@ def wall_time(fn: Callable[[], object], device: torch.device | str, reps: int = 
     Raises:
         ValueError: ``reps`` < 1, ``warmup`` < 0 or an unknown ``stat``.
     """
-    if reps < 1 or warmup < 0:
-        raise ValueError(f"reps must be >= 1 and warmup >= 0, got {reps}, {warmup}")
+    number("reps", reps, minimum=1)
+    number("warmup", warmup, minimum=0)
     if stat not in ("median", "min"):
         raise ValueError(f"stat must be 'median' or 'min', got {stat!r}")
     dev = torch.device(device)

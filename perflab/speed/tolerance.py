@@ -11,6 +11,8 @@ import math
 import statistics
 from typing import Sequence
 
+from perflab.core.validate import positive
+
 __all__ = ["final_loss", "loss_tolerance", "same_losses"]
 
 
@@ -44,8 +46,7 @@ def loss_tolerance(seed_losses: Sequence[float], k: float = 3.0) -> float:
     values = [float(v) for v in seed_losses]
     if len(values) < 2 or not all(math.isfinite(v) for v in values):
         raise ValueError("need at least two finite final losses from different seeds")
-    if not k > 0:
-        raise ValueError(f"k must be > 0, got {k}")
+    positive("k", k)
     return max(k * statistics.stdev(values), 1e-4 * abs(statistics.fmean(values)))
 
 
@@ -61,8 +62,7 @@ def same_losses(reference: Sequence[float], losses: Sequence[float], rtol: float
     Raises:
         ValueError: ``rtol`` not positive, or a loss that is not finite.
     """
-    if not rtol > 0:
-        raise ValueError(f"rtol must be > 0, got {rtol}")
+    positive("rtol", rtol)
     ref, got = [float(v) for v in reference], [float(v) for v in losses]
     if not all(math.isfinite(v) for v in ref + got):
         raise ValueError("losses must be finite")

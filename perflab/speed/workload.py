@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from perflab.core.validate import number
+
 __all__ = ["MEAN", "STD", "synthetic_images", "normalize", "SmallCNN"]
 
 
@@ -38,12 +40,10 @@ def synthetic_images(n: int, classes: int = 10, size: int = 32, noise: float = 6
     Raises:
         ValueError: ``n``, ``classes`` or ``size`` < 1 (``size`` < 4), or negative ``noise``.
     """
-    if n < 1 or classes < 2:
-        raise ValueError(f"n must be >= 1 and classes >= 2, got n={n}, classes={classes}")
-    if size < 4:
-        raise ValueError(f"size must be >= 4 pixels, got {size}")
-    if noise < 0:
-        raise ValueError(f"noise must be >= 0, got {noise}")
+    number("n", n, minimum=1)
+    number("classes", classes, minimum=2)
+    number("size", size, minimum=4)           # pixels
+    number("noise", noise, minimum=0)
     g = torch.Generator().manual_seed(seed)
     templates = torch.randn(classes, 3, 4, 4, generator=g)
     templates = F.interpolate(templates, size=(size, size), mode="bilinear", align_corners=False)
@@ -89,8 +89,8 @@ class SmallCNN(nn.Module):
 
     def __init__(self, width: int = 32, classes: int = 10):
         super().__init__()
-        if width < 1 or classes < 2:
-            raise ValueError(f"width must be >= 1 and classes >= 2, got {width}, {classes}")
+        number("width", width, minimum=1)
+        number("classes", classes, minimum=2)
         chans = (3, width, 2 * width, 4 * width)
         layers: list[nn.Module] = []
         for i in range(3):

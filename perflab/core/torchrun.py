@@ -11,9 +11,13 @@ launch that fails or outlives its timeout (then every process of it is killed) r
 :class:`LaunchError`, whose message names the command, the exit status, the error lines the ranks
 printed and the last lines of output.
 
-The workers are the modules that launch them (``perflab.distributed.collectives``,
-``perflab.distributed.training``): each parses its own arguments and writes its results as JSON
-where the launcher told it to.
+The workers are the modules that launch them (``perflab.machine.interconnect``,
+``perflab.distributed.worker``): each parses its own arguments, takes its device from
+:func:`worker_device` and writes its results as JSON where the launcher told it to. A gloo
+launch runs its ranks on the CPU and hides the GPUs from them (``CUDA_VISIBLE_DEVICES=""``): on a
+machine with one GPU, a gloo rank that reached for ``cuda:<local rank>`` (rank 1 asking for a
+second GPU) failed with "invalid device ordinal"; with the GPUs hidden, no library inside the
+rank (FSDP's default device mesh, a checkpoint planner) can reach for one.
 """
 
 from __future__ import annotations
@@ -31,11 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import torch
+
 from perflab.core.device import gpu_count
 from perflab.core.timing import Deadline
 from perflab.core.validate import integer, positive, positive_int
 
-__all__ = ["BACKENDS", "Launch", "LaunchError", "backend_for", "default_backend", "free_port", "run"]
+__all__ = ["BACKENDS", "Launch", "LaunchError", "backend_for", "default_backend", "free_port", "run",
+           "worker_device"]
 
 #: the process-group backends a launch may use: NCCL between GPUs, gloo between CPU processes
 BACKENDS = ("nccl", "gloo")
@@ -73,6 +80,27 @@ def backend_for(backend: str | None, world: int) -> str:
     return backend
 
 
+def worker_device(backend: str, local_rank: int) -> torch.device:
+    """The device a rank computes on, chosen from its backend alone: ``cpu`` for gloo (whatever
+    GPUs the machine has), ``cuda:<local_rank>`` for NCCL (one GPU per rank of a node).
+
+    Raises:
+        ValueError: an unknown backend, a negative ``local_rank``, or NCCL on a rank whose
+            ``local_rank`` names no GPU of this process (no CUDA, or fewer GPUs than ranks):
+            the message says so, instead of CUDA's "invalid device ordinal" later.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+    integer("local_rank", local_rank, 0)
+    if backend == "gloo":
+        return torch.device("cpu")
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if local_rank >= have:
+        raise ValueError(f"backend='nccl' puts local rank {local_rank} on cuda:{local_rank}, but this "
+                         f"process sees {have} GPU(s): launch at most {have} ranks per node, or gloo")
+    return torch.device("cuda", local_rank)
+
+
 def free_port() -> int:
     """A TCP port on localhost that was free a moment ago (the OS picks it: bind to port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -80,12 +108,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child_env(extra: dict | None = None, scratch: str | os.PathLike | None = None) -> dict:
-    """The environment of a ``torchrun`` launch: perflab importable, NVLink multicast off, and,
-    with ``scratch``, every temporary file of torchrun and its workers (torchrun's
-    ``torchelastic_*`` log folders, Inductor's precompiled headers, ``tempfile`` users) inside
-    ``scratch/tmp``, a folder of the launch's own scratch directory, removed with it."""
+def _child_env(extra: dict | None = None, scratch: str | os.PathLike | None = None,
+               backend: str | None = None) -> dict:
+    """The environment of a ``torchrun`` launch: perflab importable, NVLink multicast off, for a
+    gloo launch no GPU visible (its ranks compute on the CPU: module docstring), and, with
+    ``scratch``, every temporary file of torchrun and its workers (torchrun's ``torchelastic_*``
+    log folders, Inductor's precompiled headers, ``tempfile`` users) inside ``scratch/tmp``, a
+    folder of the launch's own scratch directory, removed with it. ``extra`` is applied last."""
     env = dict(os.environ)
+    if backend == "gloo":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     if scratch is not None:
         tmp = Path(scratch) / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
@@ -167,7 +199,7 @@ def run(worker: Sequence[str], scratch: str | os.PathLike, nproc: int = 2, nnode
     processes of this machine and wait for all of them.
 
     Args:
-        worker: what torchrun runs, e.g. ``["-m", "perflab.distributed.collectives", "--out",
+        worker: what torchrun runs, e.g. ``["-m", "perflab.machine.interconnect", "--out",
             path, ...]`` (the worker's own arguments included).
         scratch: an existing folder of the launch (the caller removes it): the processes' logs
             and temporary files go there.
@@ -215,7 +247,7 @@ def run(worker: Sequence[str], scratch: str | os.PathLike, nproc: int = 2, nnode
             rdzv.append("--rdzv-conf=last_call_timeout=2")
         cmds = [base + [elastic or f"--nnodes={nnodes}", *rdzv, *map(str, worker)]
                 for _ in range(nnodes)]
-    envs = [_child_env(env, scratch=scratch) for _ in cmds]
+    envs = [_child_env(env, scratch=scratch, backend=backend) for _ in cmds]
     if backend == "nccl" and nnodes > 1:  # each "node" sees its own GPUs, as on two machines
         visible = envs[0].get("CUDA_VISIBLE_DEVICES")
         gpus = visible.split(",") if visible else [str(i) for i in range(gpu_count())]

@@ -1,9 +1,11 @@
-"""Several processes, several GPUs: launching ``torchrun`` from a notebook, topology, all-reduce.
+"""Chapter 2's interconnect: how GPUs are linked, and how fast an all-reduce crosses the link.
 
-A notebook cannot itself be several processes, so :func:`launch` starts this module as the
-worker of ``torchrun`` through the course's one launcher, :func:`perflab.distributed.torchrun.run`.
+The topology (``nvidia-smi topo -m``), the bus bandwidth of a collective and its alpha-beta model,
+and an all-reduce sweep measured on several processes. A notebook cannot itself be several
+processes, so :func:`launch` starts this module as the
+worker of ``torchrun`` through the course's one launcher, :func:`perflab.core.torchrun.run`.
 Rank 0 writes its results as JSON to a file named by the launcher, which reads it back; when any
-worker fails, :class:`perflab.distributed.torchrun.LaunchError` carries the exit status and the
+worker fails, :class:`perflab.core.torchrun.LaunchError` carries the exit status and the
 tail of the workers' output.
 
 Bandwidth of an all-reduce is reported as in NVIDIA's nccl-tests (``doc/PERFORMANCE.md``):
@@ -14,7 +16,7 @@ Bandwidth of an all-reduce is reported as in NVIDIA's nccl-tests (``doc/PERFORMA
   is the per-rank link speed the collective achieved, comparable with a peer-copy bandwidth
   whatever ``n`` is.
 
-Run as a worker (by torchrun only): ``python -m perflab.distributed.collectives --out FILE allreduce
+Run as a worker (by torchrun only): ``python -m perflab.machine.interconnect --out FILE allreduce
 --sizes 1024,1048576 [--backend nccl|gloo] [--target-bytes B]``.
 """
 
@@ -40,16 +42,19 @@ from perflab.core.fits import fit_line
 from perflab.core.telemetry import Telemetry
 from perflab.core.timing import seconds_per_call
 from perflab.core.validate import integer, positive
-from perflab.distributed import torchrun
-from perflab.distributed.torchrun import default_backend
+from perflab.core import torchrun
+from perflab.core.torchrun import default_backend
 
 __all__ = [
+    "COLLECTIVES",
     "AlphaBeta",
     "AllReducePoint",
     "AllReduceResult",
     "algorithm_bandwidth",
+    "bus_factor",
     "allreduce_sweep",
     "alpha_beta",
+    "fit_alpha_beta",
     "allreduce_time",
     "bus_bandwidth",
     "gpu_link",
@@ -68,6 +73,28 @@ def algorithm_bandwidth(nbytes: float, seconds: float) -> float:
         raise ValueError(f"nbytes must be >= 0, got {nbytes}")
     positive("seconds", seconds)
     return nbytes / seconds
+
+
+#: the collectives of ``torch.distributed`` whose bus factor :func:`bus_factor` knows
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
+
+
+def bus_factor(op: str, world_size: int) -> float:
+    """nccl-tests' factor from algorithm bandwidth to bus bandwidth for ``op`` on ``world_size`` ranks.
+
+    ``all_reduce``: ``2 (n-1)/n``; ``all_gather``, ``reduce_scatter``, ``all_to_all``: ``(n-1)/n``;
+    ``broadcast``, ``reduce``: 1 (nccl-tests, doc/PERFORMANCE.md): the bytes each rank sends (and
+    receives) per byte of the buffer, so that the bus bandwidth compares with a link's speed
+    whatever the number of ranks.
+
+    Raises:
+        ValueError: unknown ``op`` or ``world_size`` < 2.
+    """
+    if op not in COLLECTIVES:
+        raise ValueError(f"op must be one of {COLLECTIVES}, got {op!r}")
+    integer("world_size", world_size, 2)
+    n = world_size
+    return {"all_reduce": 2 * (n - 1) / n, "broadcast": 1.0, "reduce": 1.0}.get(op, (n - 1) / n)
 
 
 def _check_world(world_size) -> None:
@@ -156,9 +183,9 @@ def launch(
 ) -> dict:
     """Run this module's worker on ``nproc`` processes under torchrun; return rank 0's JSON result.
 
-    The worker is ``-m perflab.distributed.collectives --backend <backend> --out <tmp.json>
-    <task_args...>``, started by :func:`perflab.distributed.torchrun.run` (``--standalone``).
-    ``backend`` defaults to :func:`~perflab.distributed.torchrun.default_backend`. ``env`` adds
+    The worker is ``-m perflab.machine.interconnect --backend <backend> --out <tmp.json>
+    <task_args...>``, started by :func:`perflab.core.torchrun.run` (``--standalone``).
+    ``backend`` defaults to :func:`~perflab.core.torchrun.default_backend`. ``env`` adds
     variables to the children's environment.
 
     Raises:
@@ -170,7 +197,7 @@ def launch(
     backend = torchrun.backend_for(backend, nproc)
     with tempfile.TemporaryDirectory(prefix="perflab-dist-") as tmp:
         out = Path(tmp) / "result.json"
-        worker = ["-m", "perflab.distributed.collectives", "--backend", backend, "--out", str(out),
+        worker = ["-m", "perflab.machine.interconnect", "--backend", backend, "--out", str(out),
                   *map(str, task_args)]
         done = torchrun.run(worker, tmp, nproc=nproc, backend=backend, timeout_s=timeout_s, env=env)
         if not out.exists():
@@ -287,20 +314,32 @@ class AlphaBeta:
         return self.alpha_s * self.busbw
 
 
+def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float], world_size: int,
+                   op: str = "all_reduce") -> AlphaBeta:
+    """Fit ``t = alpha + S x factor / busbw`` to a sweep of collective ``op`` (message sizes
+    ``nbytes``, times ``seconds``) on ``world_size`` ranks, ``factor`` its :func:`bus_factor`:
+    :func:`perflab.core.fits.fit_line` on relative residuals, so the small messages, which set
+    alpha, weigh as much as the large ones, which set the bandwidth.
+
+    Raises:
+        ValueError: fewer than 2 sizes, an unknown ``op``, ``world_size`` < 2, or times that do
+            not grow with size.
+    """
+    factor = bus_factor(op, world_size)
+    fit = fit_line([s * factor for s in nbytes], list(seconds), relative=True)
+    if fit.slope <= 0:
+        raise ValueError(f"{op} time does not grow with message size: no bandwidth to fit")
+    return AlphaBeta(fit.fixed, 1.0 / fit.slope, fit.rms_relative, fit.points)
+
+
 def alpha_beta(result: AllReduceResult) -> AlphaBeta:
-    """Fit the alpha-beta model to a whole sweep (:func:`perflab.core.fits.fit_line`, relative
-    residuals, so the small messages, which set alpha, weigh as much as the large ones, which set
-    the bandwidth).
+    """:func:`fit_alpha_beta` of an all-reduce sweep.
 
     Raises:
         ValueError: fewer than 2 sizes, or times that do not grow with size.
     """
-    n = result.world_size
-    x = [p.nbytes * 2 * (n - 1) / n for p in result.points]
-    fit = fit_line(x, [p.seconds for p in result.points], relative=True)
-    if fit.slope <= 0:
-        raise ValueError("all-reduce time does not grow with message size: no bandwidth to fit")
-    return AlphaBeta(fit.fixed, 1.0 / fit.slope, fit.rms_relative, fit.points)
+    return fit_alpha_beta([p.nbytes for p in result.points], [p.seconds for p in result.points],
+                          result.world_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,10 +348,7 @@ def alpha_beta(result: AllReduceResult) -> AlphaBeta:
 
 def _worker_allreduce(args, dist, torch) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
-    if args.backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-    else:
-        device = torch.device("cpu")
+    device = torchrun.worker_device(args.backend, int(os.environ.get("LOCAL_RANK", rank)))
 
     def sync():
         if device.type == "cuda":
@@ -373,7 +409,7 @@ def _worker_allreduce(args, dist, torch) -> dict:
 
 
 def _worker_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="perflab.distributed.collectives worker (launched by torchrun)")
+    parser = argparse.ArgumentParser(description="perflab.machine.interconnect worker (launched by torchrun)")
     parser.add_argument("--backend", choices=["nccl", "gloo"], required=True)
     parser.add_argument("--out", required=True, help="where rank 0 writes its JSON result")
     sub = parser.add_subparsers(dest="task", required=True)
@@ -382,11 +418,11 @@ def _worker_main(argv: list[str] | None = None) -> int:
     ar.add_argument("--target-bytes", type=int, default=2**28)
     args = parser.parse_args(argv)
     if "RANK" not in os.environ:
-        parser.error("this worker runs under torchrun; call perflab.distributed.collectives.launch() instead")
+        parser.error("this worker runs under torchrun; call perflab.machine.interconnect.launch() instead")
     if args.backend == "nccl":
-        local = int(os.environ["LOCAL_RANK"])
-        torch.cuda.set_device(local)
-        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        device = torchrun.worker_device("nccl", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
     else:
         dist.init_process_group("gloo")
     try:

@@ -1,0 +1,294 @@
+"""Data parallelism measured on every rank: by hand against DDP, its overlap, its buckets, ``no_sync``.
+
+Tasks (``task(ctx, **args) -> dict``, run by :mod:`perflab.distributed.worker`):
+
+* ``manual_vs_ddp``: the page's hand-written gradient all-reduce against DDP (float64:
+  parameters compared), then one rank alone, the hand-written version and DDP timed in
+  interleaved rounds (:func:`perflab.core.rounds.interleaved`), with the
+  backward's own time and DDP's buckets for the prediction;
+* ``overlap``: DDP steps profiled one by one on rank 0, each summarized by
+  :func:`perflab.distributed.traces.overlap_from_trace`;
+* ``buckets``: DDP step time against ``bucket_cap_mb`` in interleaved rounds, the buckets DDP
+  made, and the backward of the same model without DDP;
+* ``no_sync``: accumulation with the page's ``accumulate`` against one process on every
+  micro-batch (float64), then syncing every micro-step against ``no_sync``, interleaved;
+* ``user_allreduce``: a student's all-reduce (lab 8) against DDP;
+* ``user_sampler``: the indices a student's sampler (lab 8) deals each rank, epoch by epoch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+from typing import Callable, Sequence
+
+import torch
+import torch.profiler as tp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from perflab.core.timing import Stopwatch
+from perflab.core.rounds import interleaved
+from perflab.distributed.steps import accumulate, allreduce_gradients
+from perflab.distributed.traces import overlap_from_trace
+from perflab.distributed.workloads import (global_batch, make_blocks, make_mlp, max_param_diff, mse,
+                                           timing_batch)
+
+__all__ = ["TASKS", "bucket_bytes", "buckets", "ddp", "diff_from_ddp", "manual_vs_ddp", "no_sync",
+           "overlap", "rounds_of", "user_allreduce", "user_sampler"]
+
+
+def ddp(ctx, model, **kw) -> DDP:
+    """``model`` wrapped in DDP on this rank's device (``device_ids`` on a GPU only)."""
+    ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DDP(model, device_ids=ids, **kw)
+
+
+def bucket_bytes(model: DDP) -> list[int]:
+    """The bytes of each bucket DDP made, read from DDP itself (after its first steps it
+    rebuilds them in the order the gradients became ready)."""
+    info = model._get_ddp_logging_data()
+    found = str(info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or "")
+    return [int(v) for v in found.split(",") if v.strip()]
+
+
+def _median_over_ranks(ctx, values: Sequence[float]) -> float:
+    return ctx.max_over_ranks(statistics.median(values))
+
+
+def rounds_of(ctx, steps: dict, iters: int, rounds: int) -> dict[str, list[float]]:
+    """Every step of ``steps`` timed in ``rounds`` interleaved rounds
+    (:func:`perflab.core.rounds.interleaved`: the order rotates from round to round), each time
+    the slowest rank's mean of ``iters`` calls after one untimed: ``{name: [seconds per
+    round]}``. Every rank must pass the same names in the same order (the steps communicate)."""
+    spreads = interleaved({k: (lambda fn=fn: ctx.timed(fn, 1, iters)) for k, fn in steps.items()},
+                          rounds=rounds, warmup=0)
+    return {k: list(s.values) for k, s in spreads.items()}
+
+
+def diff_from_ddp(ctx, allreduce: Callable, width: int, depth: int, steps: int) -> float:
+    """Train two float64 copies of a model for ``steps`` SGD steps on every rank's slice, one
+    calling ``allreduce(model)`` after ``backward()``, one wrapped in DDP; the largest
+    parameter difference between them over all ranks."""
+    dev, f64 = ctx.device, torch.float64
+    man = make_mlp(width, depth, dev, dtype=f64)
+    wrapped = ddp(ctx, make_mlp(width, depth, dev, dtype=f64))
+    o1 = torch.optim.SGD(man.parameters(), lr=0.1)
+    o2 = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    for s in range(steps):
+        x, y = global_batch(ctx.world, s, 8, width, f64, ctx.rank, dev)
+        o1.zero_grad()
+        mse(man, x, y).backward()
+        allreduce(man)
+        o1.step()
+        o2.zero_grad()
+        mse(wrapped, x, y).backward()
+        o2.step()
+    return ctx.max_over_ranks(max_param_diff(man, wrapped.module))
+
+
+def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps: int = 3,
+                  width: int = 64, depth: int = 4, batch: int = 32, warmup: int = 2, iters: int = 5,
+                  rounds: int = 3, allow_tf32: bool = True) -> dict:
+    """(1) ``max_param_diff``: the page's ``allreduce_gradients`` against DDP (float64,
+    ``check_steps`` SGD steps). (2) A ``depth`` x ``width`` float32 stack with ``batch`` rows per
+    rank, three steps built side by side: ``single`` (each rank alone, no communication),
+    ``manual`` and ``ddp``, warmed up ``warmup`` times, then timed in ``rounds`` interleaved
+    rounds (each the slowest rank's mean of ``iters`` steps after one untimed).
+
+    Returns ``{kind}_rounds_s`` (seconds per round), ``{kind}_s`` (their median),
+    ``backward_s`` (the single step's backward alone, median of every timed
+    call, the slowest rank's), ``ddp_bucket_bytes`` (DDP's buckets), ``allreduce_s`` (one
+    all-reduce of every gradient as one buffer), ``params``, ``grad_bytes`` and
+    ``flops_per_step`` (``6 x params x batch``)."""
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    res = {"max_param_diff": diff_from_ddp(ctx, allreduce_gradients, check_width, check_depth, check_steps),
+           "check_steps": check_steps}
+    x, y = timing_batch(ctx.rank, batch, (width,), ctx.device)
+    backward: list[float] = []
+
+    def make(kind):
+        model = make_mlp(width, depth, ctx.device)
+        net = ddp(ctx, model) if kind == "ddp" else model
+        opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            loss = mse(net, x, y)
+            if kind == "single":
+                with Stopwatch(ctx.device) as sw:
+                    loss.backward()
+                backward.append(sw.seconds)
+            else:
+                loss.backward()
+            if kind == "manual":
+                allreduce_gradients(net)
+            opt.step()
+
+        return step, net
+
+    steps, nets = {}, {}
+    for kind in ("single", "manual", "ddp"):
+        steps[kind], nets[kind] = make(kind)
+        for _ in range(warmup):
+            steps[kind]()
+    backward.clear()
+    for kind, ts in rounds_of(ctx, steps, iters, rounds).items():
+        res[f"{kind}_rounds_s"] = ts
+        res[f"{kind}_s"] = statistics.median(ts)
+    res["backward_s"] = _median_over_ranks(ctx, backward)
+    res["ddp_bucket_bytes"] = bucket_bytes(nets["ddp"])
+    params = sum(p.numel() for p in nets["single"].parameters())
+    del steps, nets
+    flat = torch.zeros(params, device=ctx.device)
+    res["allreduce_s"] = ctx.timed(lambda: ctx.dist.all_reduce(flat), warmup, iters)
+    res.update(params=params, grad_bytes=4 * params, flops_per_step=6 * params * batch)
+    return res
+
+
+def overlap(ctx, width: int = 64, depth: int = 4, batch: int = 32, bucket_mb: float = 25.0,
+            steps: int = 5, warmup: int = 3, keep: int = 400) -> dict:
+    """``steps`` DDP steps profiled one by one on rank 0 (``torch.profiler``, forward and
+    backward only: the optimizer's step runs after each trace), each summarized by
+    :func:`perflab.distributed.traces.overlap_from_trace`, with ``backward_s`` added on CPU
+    ranks (the span of the backward's operators). Returns ``{"steps": [summaries],
+    "bucket_bytes": DDP's buckets}``; the intervals of each summary are cut to ``keep``."""
+    x, y = timing_batch(ctx.rank, batch, (width,), ctx.device)
+    model = ddp(ctx, make_mlp(width, depth, ctx.device), bucket_cap_mb=bucket_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for _ in range(warmup):
+        opt.zero_grad(set_to_none=False)
+        mse(model, x, y).backward()
+        opt.step()
+    acts = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
+    summaries = []
+    for k in range(steps):
+        opt.zero_grad(set_to_none=False)
+        ctx.barrier()
+        with tp.profile(activities=acts) if ctx.rank == 0 else contextlib.nullcontext() as prof:
+            mse(model, x, y).backward()
+            ctx.sync()
+        if ctx.rank == 0:
+            path = ctx.scratch / f"ddp_trace_{k}.json"
+            prof.export_chrome_trace(str(path))
+            trace = json.loads(path.read_text())
+            path.unlink()
+            s = overlap_from_trace(trace)
+            if s["source"] == "cpu ops" and s["compute"]:
+                s["backward_s"] = s["compute"][-1][1] - s["compute"][0][0]
+            s["comm"], s["compute"] = s["comm"][:keep], s["compute"][:keep]
+            summaries.append(s)
+        opt.step()
+    return {"steps": summaries, "bucket_bytes": bucket_bytes(model)}
+
+
+def buckets(ctx, bucket_mbs: Sequence[float], blocks: Sequence[int] = (2, 64, 16), batch: int = 2,
+            warmup: int = 2, iters: int = 2, rounds: int = 3) -> dict:
+    """DDP step seconds against ``bucket_cap_mb`` (MiB) on a stack of transformer blocks
+    (``blocks = (layers, width, sequence length)``, :func:`perflab.distributed.workloads.make_blocks`),
+    every cap a DDP model of its own built side by side from one seed, warmed up (DDP rebuilds its
+    buckets after the first step), then timed in ``rounds`` interleaved rounds.
+
+    Returns ``step_rounds_s`` (``{cap: [seconds per round]}``, caps as text), ``bucket_bytes``
+    (``{cap: [bytes of each bucket DDP made]}``), ``backward_s`` (the backward of the same model
+    without DDP, median of ``rounds x iters`` timings, the slowest rank's), ``tensor_bytes``
+    (every parameter's bytes, in reverse order of registration), ``grad_bytes``,
+    ``largest_param_bytes`` and ``params``."""
+    n_layer, width, seq = blocks
+    x, y = timing_batch(ctx.rank, batch, (seq, width), ctx.device)
+    steps, nets = {}, {}
+    for mb in bucket_mbs:
+        key = str(float(mb))
+        net = ddp(ctx, make_blocks(n_layer, width, ctx.device), bucket_cap_mb=float(mb))
+        opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+
+        def step(net=net, opt=opt):
+            opt.zero_grad(set_to_none=False)
+            mse(net, x, y).backward()
+            opt.step()
+
+        steps[key], nets[key] = step, net
+        for _ in range(max(warmup, 2)):
+            step()
+    times = rounds_of(ctx, steps, iters, rounds)
+    plain = make_blocks(n_layer, width, ctx.device)
+    backward = []
+    for _ in range(warmup + rounds * iters):
+        loss = mse(plain, x, y)
+        with Stopwatch(ctx.device) as sw:
+            loss.backward()
+        backward.append(sw.seconds)
+        plain.zero_grad(set_to_none=False)
+    tensors = [p.numel() * p.element_size() for p in plain.parameters()]
+    return {"step_rounds_s": times, "bucket_bytes": {k: bucket_bytes(n) for k, n in nets.items()},
+            "backward_s": _median_over_ranks(ctx, backward[warmup:]), "tensor_bytes": tensors[::-1],
+            "grad_bytes": sum(tensors), "largest_param_bytes": max(tensors),
+            "params": sum(p.numel() for p in plain.parameters())}
+
+
+def no_sync(ctx, width: int = 16, depth: int = 3, batch: int = 4, accum: int = 4, time_width: int = 0,
+            time_depth: int = 4, time_batch: int = 32, warmup: int = 1, iters: int = 2,
+            rounds: int = 3) -> dict:
+    """Accumulation over ``accum`` micro-batches with the page's ``accumulate`` (float64):
+    ``rank_spread`` (largest gradient difference between ranks), ``vs_single`` (against one
+    process on all ``world x accum`` micro-batches). With ``time_width`` > 0 also ``accum``
+    micro-steps of a float32 model synced after every micro-batch against ``no_sync``, timed
+    in interleaved rounds: ``sync_every_rounds_s``, ``no_sync_rounds_s``."""
+    dev, f64 = ctx.device, torch.float64
+    wrapped = ddp(ctx, make_mlp(width, depth, dev, dtype=f64))
+    micro = [global_batch(ctx.world, m, batch, width, f64, ctx.rank, dev) for m in range(accum)]
+    accumulate(wrapped, micro, mse)
+    g = torch.cat([p.grad.flatten() for p in wrapped.parameters()])
+    gathered = [torch.empty_like(g) for _ in range(ctx.world)]
+    ctx.dist.all_gather(gathered, g)
+    spread = max(float((a - g).abs().max()) for a in gathered)
+    single = make_mlp(width, depth, dev, dtype=f64)
+    total = sum(mse(single, *global_batch(ctx.world, m, batch, width, f64, None, dev)) for m in range(accum))
+    (total / accum).backward()
+    gs = torch.cat([p.grad.flatten() for p in single.parameters()])
+    res = {"rank_spread": ctx.max_over_ranks(spread), "vs_single": ctx.max_over_ranks(float((gs - g).abs().max())),
+           "accum": accum}
+    if time_width:
+        model = ddp(ctx, make_mlp(time_width, time_depth, dev))
+        batches = [timing_batch(ctx.rank, time_batch, (time_width,), dev)] * accum
+
+        def every():
+            for x, y in batches:
+                (mse(model, x, y) / accum).backward()
+
+        steps = {"sync_every": every, "no_sync": lambda: accumulate(model, batches, mse)}
+        for fn in steps.values():
+            for _ in range(warmup):
+                fn()
+        res.update({f"{k}_rounds_s": v for k, v in rounds_of(ctx, steps, iters, rounds).items()})
+    return res
+
+
+def user_allreduce(ctx, fns: Sequence[str], width: int = 16, depth: int = 3, steps: int = 3) -> dict:
+    """For each function name in ``fns`` (from the launch's ``user_code``), called as
+    ``fn(model)`` after ``backward()``: ``{name: largest parameter difference from DDP}`` after
+    ``steps`` SGD steps (float64). A function that raises fails the launch. ``ReduceOp.AVG``
+    works on NCCL and, from PyTorch 2.8, on gloo: nothing is patched."""
+    return {name: diff_from_ddp(ctx, getattr(ctx.user, name), width, depth, steps) for name in fns}
+
+
+def user_sampler(ctx, fns: Sequence[str], n: int = 64, epochs: int = 2) -> dict:
+    """For each function name in ``fns`` (lab 8's ``user_code``), called on every rank as
+    ``fn(n, rank, world, epoch)`` for the indices of a dataset of ``n`` samples that this rank
+    reads in ``epoch``: ``{name: {"per_rank": [[indices of rank r in epoch e for r] for e]}}``,
+    gathered from every rank (``all_gather_object``), so the check sees what each rank read."""
+    out = {}
+    for name in fns:
+        fn = getattr(ctx.user, name)
+        epochs_seen = []
+        for epoch in range(epochs):
+            mine = [int(i) for i in fn(n, ctx.rank, ctx.world, epoch)]
+            every = [None] * ctx.world
+            ctx.dist.all_gather_object(every, mine)
+            epochs_seen.append(every)
+        out[name] = {"per_rank": epochs_seen, "n": n}
+    return out
+
+
+TASKS = {"manual_vs_ddp": manual_vs_ddp, "overlap": overlap, "buckets": buckets, "no_sync": no_sync,
+         "user_allreduce": user_allreduce, "user_sampler": user_sampler}

@@ -1,0 +1,72 @@
+"""Overlap of communication with computation, read from a profiler trace as intervals of time.
+
+How much of a collective ran while the backward pass was computing is a question about *when*
+things ran, so it is answered from the trace of the step itself (``torch.profiler``'s Chrome
+trace), not from the difference of two timed steps: the intervals of the communication and those
+of the computation are merged into unions, and their intersection is the overlap (the one
+interval toolkit, :mod:`perflab.core.profiler`).
+
+* GPU traces: communication = kernels (``cat == "kernel"``) whose name contains ``nccl``;
+  computation = every other kernel.
+* CPU traces (gloo ranks): communication = gloo's ``gloo:<op>`` events, which gloo's own worker
+  threads record while they move the bytes; computation = the backward pass's
+  ``autograd::engine::evaluate_function`` ops on the rank's main thread.
+"""
+
+from __future__ import annotations
+
+from perflab.core.profiler import intersection_length, union
+
+__all__ = ["overlap_from_trace"]
+
+
+def overlap_from_trace(trace: dict) -> dict:
+    """How much communication ran while computation ran, in one Chrome trace
+    (``prof.export_chrome_trace``; module docstring for what counts as which).
+
+    Returns:
+        dict with ``source`` (``"gpu kernels"`` or ``"cpu ops"``); ``comm_s`` and ``compute_s``
+        (lengths of the unions, seconds); ``overlap_s`` (their intersection);
+        ``overlap_fraction`` (``overlap_s / comm_s``, None without communication);
+        ``comm_ops`` (how many events of each communication name: ``{"gloo:all_gather": 16}``);
+        ``compute_end_s`` and ``comm_end_s`` (when the last computation and the last
+        communication ended); ``exposed_s`` (``max(0, comm_end_s - compute_end_s)``: the
+        communication the step still waited for after its last computation); ``span_s``;
+        and ``comm`` / ``compute``: the merged intervals, seconds from the first event counted.
+
+    Raises:
+        ValueError: ``trace`` has no ``traceEvents`` list.
+    """
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        raise ValueError("trace must be a Chrome trace dict with a 'traceEvents' list")
+    timed = [e for e in events if isinstance(e, dict) and "ts" in e and "dur" in e]
+    kernels = [e for e in timed if e.get("cat") == "kernel"]
+    if kernels:
+        source = "gpu kernels"
+        comm = [e for e in kernels if "nccl" in e.get("name", "").lower()]
+        comp = [e for e in kernels if "nccl" not in e.get("name", "").lower()]
+    else:
+        source = "cpu ops"
+        comm = [e for e in timed if e.get("name", "").startswith("gloo:")]
+        comp = [e for e in timed if e.get("cat") == "cpu_op"
+                and e.get("name", "").startswith("autograd::engine::evaluate_function")]
+    t0 = min((float(e["ts"]) for e in comm + comp), default=0.0)
+
+    def merged(evs):
+        return [list(i) for i in union([((float(e["ts"]) - t0) * 1e-6,
+                                         (float(e["ts"]) + float(e["dur"]) - t0) * 1e-6) for e in evs])]
+
+    c, k = merged(comm), merged(comp)
+    comm_s, overlap = sum(b - a for a, b in c), intersection_length(c, k)
+    comm_end = c[-1][1] if c else 0.0
+    compute_end = k[-1][1] if k else 0.0
+    ops: dict[str, int] = {}
+    for e in comm:
+        ops[e.get("name", "")] = ops.get(e.get("name", ""), 0) + 1
+    return {"source": source, "comm_s": comm_s, "compute_s": sum(b - a for a, b in k), "overlap_s": overlap,
+            "comm_ops": ops,
+            "overlap_fraction": overlap / comm_s if comm_s > 0 else None,
+            "compute_end_s": compute_end, "comm_end_s": comm_end,
+            "exposed_s": max(0.0, comm_end - compute_end) if c else 0.0,
+            "span_s": max(comm_end, compute_end), "comm": c, "compute": k}

@@ -1,0 +1,173 @@
+"""The process side of a launch: what every rank runs under ``torchrun``.
+
+``python -m perflab.distributed.worker --backend gloo --out-dir DIR --spec SPEC`` is started by
+:func:`perflab.distributed.launch.launch` on every rank. The rank takes its device from its
+backend alone (:func:`perflab.core.torchrun.worker_device`: the CPU for gloo, ``cuda:<local
+rank>`` for NCCL), joins the process group, runs the tasks of the spec in order, writes its
+results as JSON (``rank<r>.json``) and always destroys its process group.
+
+A task is a function ``task(ctx, **args) -> dict`` of JSON values. Chapter 8's tasks are named
+by their short names (:data:`TASKS`); any other module's task by ``"package.module:function"``
+(chapter 10's GPT-2 tasks: ``"perflab.gpt2.multi_gpu:ddp_run"``), imported by the worker when a
+spec names it, so this package never imports a later chapter's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from perflab.core import torchrun
+from perflab.core.timing import Stopwatch, seconds_per_call, timestamp
+from perflab.distributed import bandwidth, checkpoints, data_parallel, failures, sharding
+
+__all__ = ["Ctx", "TASKS", "task_function"]
+
+#: chapter 8's tasks by short name (each module's ``TASKS``)
+TASKS: dict[str, Callable] = {**bandwidth.TASKS, **data_parallel.TASKS, **sharding.TASKS,
+                              **checkpoints.TASKS, **failures.TASKS}
+
+
+def task_function(name: str) -> Callable:
+    """The task called ``name``: a short name of :data:`TASKS`, or ``"package.module:function"``.
+
+    Raises:
+        ValueError: an unknown short name, a malformed dotted name, or a module without that
+            function (the module is imported to find out).
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"a task name must be a string, got {name!r}")
+    if ":" not in name:
+        if name not in TASKS:
+            raise ValueError(f"unknown task {name!r}; tasks are {sorted(TASKS)} or 'module:function'")
+        return TASKS[name]
+    module, _, fn = name.partition(":")
+    if not module or not fn.isidentifier():
+        raise ValueError(f"a task outside chapter 8 is named 'package.module:function', got {name!r}")
+    found = getattr(importlib.import_module(module), fn, None)
+    if not callable(found):
+        raise ValueError(f"unknown task {name!r}: {module} has no function {fn!r}")
+    return found
+
+
+class Ctx:
+    """What every task gets: ``torch``, ``dist``, its ``device``, ``rank``, ``world`` size, a
+    ``scratch`` folder shared by the ranks of the launch, and ``user`` (the module made of the
+    launch's ``user_code``, or None)."""
+
+    def __init__(self, device: torch.device, scratch: str | os.PathLike, user=None):
+        self.torch, self.dist, self.device = torch, dist, device
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.scratch, self.user = Path(scratch), user
+
+    def sync(self) -> None:
+        """Wait for this rank's device (a no-op on the CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def barrier(self) -> None:
+        """All ranks meet: an all-reduce of one element (works on every backend), then a sync."""
+        flag = torch.zeros(1, device=self.device)
+        dist.all_reduce(flag)
+        self.sync()
+
+    def max_over_ranks(self, value: float) -> float:
+        """The largest of every rank's ``value``."""
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def timed(self, step: Callable, warmup: int, iters: int) -> float:
+        """Mean seconds per call of ``step`` over ``iters`` calls after ``warmup`` calls and a
+        barrier: the slowest rank's (a step of data parallelism lasts as long as its slowest rank)."""
+        for _ in range(warmup):
+            step()
+        self.barrier()
+        return self.max_over_ranks(seconds_per_call(step, iters, self.device))
+
+
+_STARTED = timestamp()
+
+
+def _user_module(path: str | None):
+    if not path:
+        return None
+    spec = importlib.util.spec_from_file_location("perflab_user_code", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _store(timeout: datetime.timedelta):
+    """The rendezvous store of this attempt. torchrun keeps its key-value store across
+    ``--max-restarts``: a restarted group that used the same keys would read the dead attempt's
+    addresses (gloo: "connectFullMesh failed ... Connection refused"), so every attempt gets its
+    own key prefix. The store waits for late ranks (imports on a busy machine) at least 5 minutes,
+    whatever the collectives' timeout."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=rank == 0 and not agent_store,
+                          timeout=max(timeout, datetime.timedelta(minutes=5)))
+    return dist.PrefixStore(f"perflab-attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The worker's entry point (module docstring); 0 when every task ran."""
+    parser = argparse.ArgumentParser(description="perflab.distributed.worker (launched by torchrun)")
+    parser.add_argument("--backend", choices=list(torchrun.BACKENDS), required=True)
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--spec", required=True)
+    args = parser.parse_args(argv)
+    if "RANK" not in os.environ:
+        parser.error("this worker runs under torchrun; call perflab.distributed.launch.launch() instead")
+    spec = json.loads(Path(args.spec).read_text())
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    timeout = datetime.timedelta(seconds=float(spec.get("pg_timeout_s", 60)))
+    user = _user_module(spec.get("user_code"))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torchrun.worker_device(args.backend, int(os.environ["LOCAL_RANK"]))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", store=_store(timeout), rank=rank, world_size=world,
+                                device_id=device, timeout=timeout)
+    else:
+        dist.init_process_group("gloo", store=_store(timeout), rank=rank, world_size=world, timeout=timeout)
+    try:
+        ctx = Ctx(device, spec["scratch"], user)
+        results, task_s = {}, {}
+        for task in spec["tasks"]:
+            key = task.get("key", task["name"])
+            with Stopwatch() as clock:
+                results[key] = task_function(task["name"])(ctx, **task.get("args", {}))
+            task_s[key] = clock.seconds
+        record = {"rank": ctx.rank, "world_size": ctx.world, "local_rank": int(os.environ["LOCAL_RANK"]),
+                  "node": int(os.environ.get("GROUP_RANK", 0)),
+                  "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                  "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                  "threads": torch.get_num_threads(), "torch": torch.__version__,
+                  "results": results, "task_s": task_s, "started": _STARTED}
+        if device.type == "cuda":
+            v = torch.cuda.nccl.version()
+            record["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        tmp = Path(args.out_dir) / f"rank{ctx.rank}.partial"
+        tmp.write_text(json.dumps(record))
+        tmp.replace(Path(args.out_dir) / f"rank{ctx.rank}.json")
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""What one training step costs each side of the machine: the GPU's busy time and the host's waits.
+
+Chapter 6 predicts a step from its parts. The host's parts are times of host work (issue times,
+CPU operators, blocking copies), measured with :mod:`perflab.core.timing` and
+:func:`perflab.internals.overhead.issue_time`; the device's part and the waits are read here:
+
+* :func:`device_busy`: from torch.profiler (CUPTI), the time the GPU spends per call in kernels,
+  in copies, and in either (the union of the two, so a copy that runs under a kernel on another
+  stream counts once), with the number of kernels;
+* :func:`syncs_per_call`: how many times a call makes the host wait for the GPU, from PyTorch's
+  sync debug mode on a GPU (the ground truth) or from the Python-level calls on a CPU
+  (:func:`perflab.internals.hostsync.count_host_syncs`, a lower bound).
+
+Units: seconds; counts per call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from perflab.core.profiler import union
+from perflab.core.timing import synchronize
+from perflab.core.validate import positive_int
+from perflab.internals import hostsync
+
+__all__ = ["device_busy", "syncs_per_call"]
+
+
+def device_busy(fn: Callable[[], Any], calls: int = 3, warmup: int = 1) -> dict[str, float]:
+    """The GPU's work per call of ``fn()``, read from torch.profiler's device activity.
+
+    ``fn`` runs ``warmup`` times, then ``calls`` times under the profiler (the GPU synchronized
+    before and after). Kernels are the device events that are not memory copies or sets; copies
+    are the ``Memcpy`` events (host to device, device to host, device to device).
+
+    Returns:
+        per call: ``{"kernels_s": summed kernel durations, "copies_s": summed copy durations,
+        "busy_s": the union of both (a copy under a kernel counts once), "kernels": kernels,
+        "copies": copies}``.
+
+    Raises:
+        RuntimeError: no CUDA GPU, or the profiler saw no device activity.
+        ValueError: ``calls`` < 1 or ``warmup`` < 0.
+    """
+    positive_int("calls", calls)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("device_busy needs a CUDA GPU; this machine has none")
+    for _ in range(warmup):
+        fn()
+    synchronize("cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        synchronize("cuda")
+    kernels, copies = [], []
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        span = (e.time_range.start * 1e-6, e.time_range.end * 1e-6)
+        if e.name.startswith("Memcpy"):
+            copies.append(span)
+        elif not e.name.startswith(("Memset", "[memory]")):
+            kernels.append(span)
+    if not kernels and not copies:
+        raise RuntimeError("the profiler recorded no device activity for fn")
+    return {"kernels_s": sum(b - a for a, b in kernels) / calls,
+            "copies_s": sum(b - a for a, b in copies) / calls,
+            "busy_s": sum(b - a for a, b in union(kernels + copies)) / calls,
+            "kernels": len(kernels) / calls, "copies": len(copies) / calls}
+
+
+def syncs_per_call(fn: Callable[[], Any], device: torch.device | str, calls: int = 2) -> float:
+    """How many times one call of ``fn()`` makes the host wait for the device.
+
+    On a CUDA device: the warnings of ``torch.cuda.set_sync_debug_mode("warn")`` over ``calls``
+    calls (:func:`perflab.internals.hostsync.sync_debug_warnings`), which include the waits
+    inside PyTorch (a blocking copy from pageable memory, ``loss.backward()``'s own). Elsewhere:
+    the Python-level calls that would synchronize on a GPU
+    (:func:`perflab.internals.hostsync.count_host_syncs`), a lower bound.
+
+    Raises:
+        ValueError: ``calls`` < 1.
+    """
+    positive_int("calls", calls)
+
+    def run() -> None:
+        for _ in range(calls):
+            fn()
+
+    if torch.device(device).type == "cuda":
+        _, found = hostsync.sync_debug_warnings(run)
+        return len(found) / calls
+    _, counts = hostsync.count_host_syncs(run)
+    return sum(counts.values()) / calls

@@ -1,0 +1,29 @@
+"""perflab.speed.accounting on CPU: syncs counted per call; the GPU-only reader says so."""
+
+import pytest
+import torch
+
+from perflab.speed import accounting
+
+
+def test_syncs_per_call_on_a_cpu_counts_the_python_calls():
+    x = torch.randn(8)
+
+    def step():
+        x.sum().item()               # one sync a call
+        if x.sum() > 0:              # and a second
+            pass
+
+    assert accounting.syncs_per_call(step, "cpu", calls=3) == 2
+    assert accounting.syncs_per_call(lambda: x * 2, "cpu") == 0
+    with pytest.raises(ValueError, match="calls"):
+        accounting.syncs_per_call(step, "cpu", calls=0)
+
+
+def test_device_busy_needs_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("the CPU-only error path is what is tested here")
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        accounting.device_busy(lambda: None)
+    with pytest.raises(ValueError, match="calls"):
+        accounting.device_busy(lambda: None, calls=0)

@@ -1,0 +1,412 @@
+"""perflab.distributed (chapter 8): the cost models exported from the page, the trace summary,
+the launch and its worker, and real gloo launches of every task on 2 and 3 CPU processes.
+
+Every launch carries its own timeout (the launcher kills torchrun's whole session), so no test
+can hang; sizes are tiny and each world size is one launch that batches all the tasks.
+"""
+
+import socket
+import statistics
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from perflab.core import torchrun
+from perflab.core.device import gpu_count
+from perflab.core.torchrun import LaunchError, _failure
+from perflab.distributed import (checkpoints, costs, data_parallel, failures, launch as L, sharding,
+                                 traces, worker)
+from perflab.machine.interconnect import bus_factor
+
+pytestmark = pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU (gloo) path")
+
+TINY = {"width": 16, "depth": 2, "batch": 4, "warmup": 1, "iters": 1}
+BLOCKS = [1, 32, 8]   # one transformer block of width 32, sequences of 8
+
+
+def test_static_bytes_is_zeros_table():
+    p = 1000
+    assert costs.static_bytes(p, 4, "ddp") == 16_000
+    assert costs.static_bytes(p, 4, "zero1") == 8_000 + 2_000
+    assert costs.static_bytes(p, 4, "fsdp") == 4_000
+    with pytest.raises(KeyError):
+        costs.static_bytes(p, 2, "zero3")
+
+
+def test_ddp_buckets_close_at_the_cap_and_never_split_a_tensor():
+    assert costs.ddp_buckets([100, 100, 100, 100], 200) == [200, 200]
+    assert costs.ddp_buckets([100, 100, 100], 250) == [300]          # closes once it reaches the cap
+    assert costs.ddp_buckets([1000, 10, 10], 50) == [1000, 20]      # a large tensor: a bucket of its own
+    assert costs.ddp_buckets([10] * 5, 100, first_cap=20) == [20, 30]
+    assert sum(costs.ddp_buckets(list(range(1, 50)), 64)) == sum(range(1, 50))
+
+
+def test_exposed_time_is_the_last_bucket_behind_a_long_backward_and_everything_behind_none():
+    alpha, busbw, n = 1e-3, 1e9, 2
+    buckets = [1_000_000] * 4                      # each takes 1 ms + 1 ms on the link
+    one = costs.allreduce_seconds(1_000_000, n, alpha, busbw)
+    assert one == pytest.approx(2e-3)
+    assert costs.exposed_seconds(buckets, 1.0, n, alpha, busbw) == pytest.approx(one)   # long backward
+    assert costs.exposed_seconds(buckets, 0.0, n, alpha, busbw) == pytest.approx(4 * one)  # none
+    # a backward of 4 ms produces a bucket every ms: the link (2 ms a bucket) falls behind
+    assert costs.exposed_seconds(buckets, 4e-3, n, alpha, busbw) == pytest.approx(1e-3 + 4 * one - 4e-3)
+    # the start-ups of many small buckets are exposed only when the link cannot keep up
+    small = [10_000] * 400
+    assert costs.exposed_seconds(small, 1.0, n, alpha, busbw) == pytest.approx(
+        costs.allreduce_seconds(10_000, n, alpha, busbw))
+    assert costs.exposed_seconds(small, 0.1, n, alpha, busbw) > 0.3
+
+
+def test_overlap_from_trace_gpu_and_cpu():
+    gpu = {"traceEvents": [
+        {"cat": "kernel", "name": "gemm", "ts": 0, "dur": 100},
+        {"cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32", "ts": 50, "dur": 100},
+        {"cat": "kernel", "name": "gemm", "ts": 120, "dur": 10},
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 500},
+    ]}
+    s = traces.overlap_from_trace(gpu)
+    assert s["source"] == "gpu kernels"
+    assert s["comm_s"] == pytest.approx(100e-6)
+    assert s["overlap_s"] == pytest.approx(60e-6)
+    assert s["overlap_fraction"] == pytest.approx(0.6)
+    cpu = {"traceEvents": [
+        {"cat": "cpu_op", "name": "autograd::engine::evaluate_function: AddmmBackward0", "ts": 10, "dur": 10},
+        {"cat": "user_annotation", "name": "gloo:all_reduce", "ts": 15, "dur": 20},
+    ]}
+    s = traces.overlap_from_trace(cpu)
+    assert s["source"] == "cpu ops" and s["overlap_fraction"] == pytest.approx(0.25)
+    # the communication went on 15 us after the backward's last operator: exposed
+    assert s["exposed_s"] == pytest.approx(15e-6) and s["compute_end_s"] == pytest.approx(10e-6)
+    assert traces.overlap_from_trace({"traceEvents": []})["overlap_fraction"] is None
+    with pytest.raises(ValueError, match="traceEvents"):
+        traces.overlap_from_trace({})
+
+
+def test_host_ranks_give_each_gloo_rank_cores_of_its_own():
+    assert L.host_ranks("gloo", cores=16) == (4, 2)
+    assert L.host_ranks("gloo", cores=8) == (4, 1)
+    assert L.host_ranks("gloo", cores=2) == (2, 1)
+    assert L.host_ranks("nccl") == (gpu_count(), None)
+    with pytest.raises(ValueError, match="backend"):
+        L.host_ranks("mpi")
+    with pytest.raises(ValueError, match="cores"):
+        L.host_ranks("gloo", cores=0)
+
+
+def test_tasks_are_named_short_for_chapter_8_and_by_module_elsewhere():
+    assert worker.task_function("sweep") is worker.TASKS["sweep"]
+    assert worker.task_function("perflab.distributed.failures:die") is failures.die
+    for bad, word in (("nope", "unknown task"), ("perflab.distributed.failures:nope", "no function"),
+                      (":die", "package.module:function"), (3, "string")):
+        with pytest.raises(ValueError, match=word):
+            worker.task_function(bad)
+    # chapter 8 never imports a later chapter: GPT-2's tasks are found by name only
+    import perflab.distributed.worker as w
+    assert not any(m.startswith("perflab.gpt2") for m in vars(w) if isinstance(m, str))
+
+
+def test_pick_for_follows_the_workers_backend(monkeypatch):
+    monkeypatch.delenv("PERFLAB_FORCE_CPU_SIZES", raising=False)
+    assert L.pick_for("gloo", 1, 2) == 1 and L.pick_for("nccl", 1, 2) == 2
+    monkeypatch.setenv("PERFLAB_FORCE_CPU_SIZES", "1")
+    assert L.pick_for("nccl", 1, 2) == 1
+    with pytest.raises(ValueError, match="backend"):
+        L.pick_for("mpi", 1, 2)
+
+
+def test_launch_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="unknown task"):
+        L.launch([{"name": "nope"}], nproc=2, backend="gloo")
+    with pytest.raises(ValueError, match="nnodes"):
+        L.launch([], nproc=2, nnodes=3, backend="gloo")
+    with pytest.raises(ValueError, match="MIN:MAX"):
+        L.launch([], nproc=1, nnodes="2:1", backend="gloo")
+    with pytest.raises(ValueError, match="nccl"):
+        L.launch([], nproc=gpu_count() + 1, backend="nccl")
+    with pytest.raises(ValueError, match="source"):
+        L.source_of(len)
+    assert 0 < torchrun.free_port() < 65536
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One launch per world size 2 and 3; each starts by dying once and resuming (max_restarts=1),
+    then runs every chapter task; world 3 loads the checkpoint world 2 saved (a reshard onto a
+    world size that does not divide the first). Three ranks are already more processes than a
+    2-core CI machine has cores; a world of 4 added 11 s of 39 (locally) and nothing 3 lacks."""
+    out = {}
+    root = tmp_path_factory.mktemp("dcp")
+    for n in (2, 3):
+        tasks = [
+            {"name": "train_ckpt", "args": {"steps": 4, "every": 2, "fail_at": 3}},
+            {"name": "collectives"},
+            {"name": "sweep", "args": {"sizes": [4096, 65536], "max_iters": 3,
+                                       "ops": ["all_reduce", "all_gather", "reduce_scatter",
+                                               "broadcast", "all_to_all"]}},
+            {"name": "manual_vs_ddp", "args": dict(TINY, check_steps=2, rounds=3)},
+            {"name": "buckets", "args": {"bucket_mbs": [0.001, 1], "batch": 2, "blocks": BLOCKS,
+                                         "iters": 1, "rounds": 2}},
+            {"name": "overlap", "args": {"width": 16, "depth": 2, "batch": 4, "bucket_mb": 0.001,
+                                         "steps": 2}},
+            {"name": "no_sync", "args": {"accum": 3, "time_width": 16, "time_depth": 2, "time_batch": 4,
+                                         "rounds": 2}},
+            {"name": "sharding", "args": dict(TINY, rounds=2)},
+            {"name": "dcp_save", "args": {"path": str(root / f"w{n}")}},
+            {"name": "traps", "args": {"timeout_s": 1}},
+            {"name": "ring", "args": {"nbytes": 4096, "sizes": list(range(2, n + 1)), "rounds": 1,
+                                      "iters": 2}},
+        ]
+        if n > 2:
+            tasks.append({"name": "dcp_load", "args": {"path": str(root / f"w{n - 1}")}})
+        out[n] = L.launch(tasks, nproc=n, backend="gloo", max_restarts=1, timeout_s=150, pg_timeout_s=30)
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_task_on_world_size(runs, n):
+    ranks = runs[n]
+    assert [r["rank"] for r in ranks] == list(range(n))
+    assert all(r["world_size"] == n and r["restart_count"] == 1 for r in ranks)
+    res = [r["results"] for r in ranks]
+    # failure and restart: the job resumed from the checkpoint of step 2, as if never interrupted
+    for r in res:
+        assert r["train_ckpt"]["resumed_from"] == 2 and len(r["train_ckpt"]["losses"]) == 2
+        assert r["train_ckpt"]["vs_single"] < 1e-12
+    # collective semantics: rank r holds [10r, 10r+1, ...]
+    m = len(res[0]["collectives"]["all_reduce"]["input"])
+    total = [sum(10 * r + i for r in range(n)) for i in range(m)]
+    for r, rr in enumerate(res):
+        c = rr["collectives"]
+        assert c["broadcast"]["output"] == list(map(float, range(m)))
+        assert c["all_reduce"]["output"] == total
+        assert c["reduce_scatter"]["output"] == total[r * (m // n):(r + 1) * (m // n)]
+        assert c["all_gather"]["output"] == [10.0 * q + i for q in range(n) for i in range(m)]
+        assert c["all_to_all"]["output"] == [10.0 * q + r * (m // n) + i for q in range(n) for i in range(m // n)]
+        assert (c["reduce"]["output"] == total) if r == 0 else c["reduce"]["output"] is None
+    sweep = res[0]["sweep"]
+    assert set(sweep) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"}
+    for op, points in sweep.items():
+        for p in points:
+            assert p["busbw"] == pytest.approx(p["algbw"] * bus_factor(op, n))
+    # manual data parallelism = DDP, exactly in float64
+    mv = res[0]["manual_vs_ddp"]
+    assert mv["max_param_diff"] < 1e-12
+    assert all(mv[k] > 0 for k in ("single_s", "manual_s", "ddp_s", "allreduce_s"))
+    # the three steps were timed in three interleaved rounds, each reported as its median
+    for k in ("single", "manual", "ddp"):
+        assert len(mv[k + "_rounds_s"]) == 3
+        assert mv[k + "_s"] == statistics.median(mv[k + "_rounds_s"])
+    # the prediction's inputs: the backward alone, and DDP's own buckets holding every gradient
+    assert 0 < mv["backward_s"] < mv["single_s"]
+    assert sum(mv["ddp_bucket_bytes"]) == mv["grad_bytes"] == 4 * mv["params"]
+    assert set(res[0]["buckets"]["step_rounds_s"]) == {"0.001", "1.0"}
+    assert all(len(v) == 2 for v in res[0]["buckets"]["step_rounds_s"].values())
+    steps = res[0]["overlap"]["steps"]
+    assert len(steps) == 2 and res[1]["overlap"]["steps"] == []      # rank 0 profiles
+    for s in steps:
+        assert s["source"] == "cpu ops" and s["comm_s"] > 0 and 0 <= s["overlap_fraction"] <= 1
+        assert 0 < s["backward_s"] and s["exposed_s"] >= 0
+    # no_sync: equal gradients on every rank, equal to one process on all micro-batches
+    assert res[0]["no_sync"]["rank_spread"] == 0.0
+    assert res[0]["no_sync"]["vs_single"] < 1e-12
+    assert len(res[0]["no_sync"]["no_sync_rounds_s"]) == len(res[0]["no_sync"]["sync_every_rounds_s"]) == 2
+    # sharding: counted bytes per rank follow the ZeRO formulas
+    sh = res[0]["sharding"]
+    p = sh["params"]
+    for name, formula in (("ddp", "ddp"), ("zero1", "zero1"), ("fsdp", "fsdp"), ("fsdp_keep", "fsdp")):
+        counted = sum(r["sharding"]["strategies"][name]["static_bytes"] for r in res) / n
+        assert counted == pytest.approx(costs.static_bytes(p, n, formula), rel=0.02), name
+        assert sh["strategies"][name]["allocated_bytes"] is None  # CUDA allocator only
+        assert len(sh["step_rounds_s"][name]) == 2
+    assert sh["adam_full_s"] > 0 and sh["adam_shard_s"] > 0
+    # one DDP and one FSDP step traced on rank 0: FSDP's gathers and reductions are in it
+    ops = sh["traces"]["fsdp"]["comm_ops"]
+    assert ops.get("gloo:all_gather", 0) >= 2 and sh["traces"]["ddp"]["comm_s"] > 0
+    assert res[1]["sharding"]["traces"]["fsdp"] == {}
+    # the bus factor's launch: a subgroup of the first 2 (and 3) ranks each
+    ring = res[0]["ring"]
+    assert set(ring) == {str(k) for k in range(2, n + 1)}
+    for k, p in ring.items():
+        assert p["busbw"] == pytest.approx(p["algbw"] * bus_factor("all_reduce", int(k)))
+    assert res[0]["dcp_save"]["files"]
+    # the traps: the same bytes pass unchecked, DETAIL names the mismatch, the late rank is named
+    tr = res[0]["traps"]
+    assert tr["same_bytes"]["error"] is None and tr["same_bytes"]["shape"] == [2, 2]
+    assert res[1]["traps"]["same_bytes"]["shape"] == [4]
+    assert tr["same_bytes"]["output"] == [1.0 + (n - 1) * i for i in range(4)]
+    assert "Detected mismatch between collectives" in tr["detail"]["error"]
+    assert all(r["traps"]["detail"]["error"] for r in res)            # every rank learns it
+    assert f"Ranks {n - 1} failed to pass monitoredBarrier" in tr["monitored"]["error"]
+    if n > 2:
+        assert res[0]["dcp_load"]["max_diff"] == 0.0
+        # the weight (32 x 32) was saved in n-1 shards and is now split n ways: 32/n rows, rounded up
+        assert res[0]["dcp_load"]["shards"]["0.0.weight"][0] == -(-32 // n)
+
+
+def test_two_nodes_on_one_machine():
+    ranks = L.launch([{"name": "collectives"}, {"name": "no_sync", "args": {"accum": 2}}],
+                     nproc=1, nnodes=2, backend="gloo", timeout_s=120, pg_timeout_s=30)
+    assert sorted((r["node"], r["local_rank"]) for r in ranks) == [(0, 0), (1, 0)]
+    assert ranks[1]["results"]["collectives"]["all_reduce"]["output"] == [10.0, 12.0, 14.0, 16.0]
+    assert ranks[0]["results"]["no_sync"]["vs_single"] < 1e-12
+
+
+def test_a_hung_rank_ends_in_the_process_group_timeout():
+    f = L.expect_failure([{"name": "hang", "args": {"sleep_s": 300, "timeout_s": 2}}], nproc=2,
+                         backend="gloo", timeout_s=90)
+    assert "Timed out" in f.message or "timed out" in f.message
+    assert "torchrun timed out" not in f.message     # the ranks' 2 s timeout ended it, not the launcher
+    assert "timed out" in f.first_error.lower() and "torch.distributed.run" not in f.first_error
+    # the flight records single out the rank that never called: one collective behind on that group
+    assert f.flight_records[1]["seq"] == f.flight_records[0]["seq"] - 1
+    assert f.flight_records[0]["op"] == "gloo:all_reduce"
+    # the job ended after the 2 s timeout (a timeout never fires early), counted from the
+    # moment a rank started to wait
+    assert f.after_wait_s >= 2
+    # the waiting rank ran with the fail-fast settings, NCCL's heartbeat monitor off among them
+    assert f.rank_env == failures.FAIL_FAST_ENV
+    assert f.rank_env["TORCH_NCCL_ENABLE_MONITORING"] == "0"
+
+
+NCCL_TIMEOUT_OUTPUT = """\
+perflab-hang-wait-starts 0 1700000000.250
+[rank0]:[E1130 23:46:25.123456 2629 ProcessGroupNCCL.cpp:685] [PG ID 1 PG GUID 1 Rank 0] \
+Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE, \
+Timeout(ms)=10000) ran for 10087 milliseconds before timing out.
+[rank0]:[E1130 23:46:25.123999 2629 ProcessGroupNCCL.cpp:2110] [PG ID 1 PG GUID 1 Rank 0] \
+To avoid data inconsistency, we are taking the entire process down.
+terminate called after throwing an instance of 'c10::DistBackendError'
+  what():  [PG ID 1 PG GUID 1 Rank 0] Process group watchdog thread terminated with exception
+W1130 23:46:26.000000 2620 torch/distributed/elastic/multiprocessing/api.py:900] Sending \
+process 2630 closing signal SIGTERM
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+  exitcode  : -6 (pid: 2629)
+"""
+
+
+def test_an_nccl_timeout_is_reported_by_the_ranks_own_watchdog_line():
+    err = _failure("torchrun exited with status 1", ["python", "-m", "torch.distributed.run"],
+                   NCCL_TIMEOUT_OUTPUT)
+    f = L.Failure(11.0, str(err), err.output)
+    assert f.first_error.startswith("[rank0]:[PG ID 1 PG GUID 1 Rank 0] Watchdog caught")
+    assert "ran for 10087 milliseconds" in f.first_error
+    errors = str(err).split("--- worker errors ---\n")[1].split("\n--- last")[0].splitlines()
+    assert errors[1] == "terminate called after throwing an instance of 'c10::DistBackendError'"
+    assert not any("ChildFailedError" in e or "SIGTERM" in e for e in errors)
+    assert L.wait_start(NCCL_TIMEOUT_OUTPUT + "perflab-hang-wait-starts 1 1700000001\n") \
+        == 1700000000.25
+    assert L.wait_start("no marker") is None
+
+
+def test_the_ranks_environment_line_is_read_and_never_taken_for_the_error():
+    out = ('[rank1]:perflab-hang-env {"TORCH_NCCL_ENABLE_MONITORING": "0", '
+           '"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}\n'
+           "[rank1]: the collective hit its timeout after 3 s\n")
+    err = _failure("torchrun exited with status 1", ["torchrun"], out)
+    f = L.Failure(4.0, str(err), out)
+    assert f.first_error == "[rank1]: the collective hit its timeout after 3 s"
+    assert L.rank_env(out) == {"TORCH_NCCL_ENABLE_MONITORING": "0",
+                                "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}
+    assert L.rank_env("no marker") is None
+
+
+def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
+    seen = {}
+
+    def fake_launch(tasks, env=None, **kw):
+        seen.update(env)
+        raise LaunchError("torchrun exited with status 1: x", "perflab-hang-wait-starts 0 1.0\n")
+
+    monkeypatch.setattr(L, "launch", fake_launch)
+    f = L.expect_failure([{"name": "hang"}], env={"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"})
+    assert seen["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert seen["TORCH_NCCL_ENABLE_MONITORING"] == "0"   # no heartbeat monitor's wait
+    assert seen["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"   # the caller's env wins
+    assert f.after_wait_s > 0 and f.output.startswith("perflab-hang")
+
+
+def test_the_launcher_kills_a_job_that_outlives_its_timeout():
+    f = L.expect_failure([{"name": "hang", "args": {"sleep_s": 300}}], nproc=2, backend="gloo",
+                         pg_timeout_s=300, timeout_s=10)
+    assert "torchrun timed out after 10 s" in f.message
+
+
+def test_expect_failure_refuses_a_job_that_succeeds(monkeypatch):
+    monkeypatch.setattr(L, "launch", lambda tasks, **kw: [])
+    with pytest.raises(RuntimeError, match="expected to fail"):
+        L.expect_failure([{"name": "collectives"}], nproc=2)
+
+
+def test_settled_reading_waits_until_the_reading_stops_changing():
+    # memory_allocated as the watchdog releases stashed tensors: 300, 200, then 100 for good
+    values = iter([300, 200, 100, 100, 100, 100])
+    prepared, slept = [], []
+    got = sharding.settled_reading(lambda: next(values), lambda: prepared.append(1),
+                            repeats=3, interval_s=0.5, sleep=slept.append)
+    assert got == 100 and len(prepared) == 5 and slept == [0.5] * 4
+
+
+def test_settled_reading_gives_up_after_its_timeout():
+    counter = iter(range(1000))
+    slept = []
+    got = sharding.settled_reading(lambda: next(counter), repeats=2, interval_s=1.0, timeout_s=3.0,
+                            sleep=slept.append)
+    assert got == 3 and slept == [1.0] * 3
+    with pytest.raises(ValueError, match="repeats"):
+        sharding.settled_reading(lambda: 0, repeats=0)
+
+
+def test_bucket_counts_come_from_ddp_and_the_model_counts_them_alike(runs):
+    """A transformer block: a cap below the large tensors gives several buckets, never more than
+    the tensors (DDP never splits one), a cap above them all one bucket; the buckets are DDP's
+    own and hold every gradient byte; the page's model of DDP's buckets, fed the tensors in
+    reverse order of registration (DDP rebuilds them in the order their gradients became ready,
+    which differs a little), counts as many within one."""
+    for n in (2, 3):
+        bk = runs[n][0]["results"]["buckets"]
+        tensors = 12                              # one block: 2 norms x2, 4 linears x2
+        small, large = bk["bucket_bytes"]["0.001"], bk["bucket_bytes"]["1.0"]
+        assert 1 < len(small) <= tensors and len(large) == 1
+        assert sum(small) == sum(large) == bk["grad_bytes"] == sum(bk["tensor_bytes"])
+        assert abs(len(costs.ddp_buckets(bk["tensor_bytes"], 0.001 * 2**20)) - len(small)) <= 1
+        assert costs.ddp_buckets(bk["tensor_bytes"], 2**20) == large
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_worker_tasks_never_reach_for_a_gpu_on_a_gloo_rank(monkeypatch, tmp_path):
+    """The tasks a gloo rank runs (DDP, ZeRO-1, FSDP2 with its device mesh), in this process as a
+    world of one, on a machine that pretends to have a GPU: any call that picks a CUDA device
+    (FSDP's default mesh does: 'invalid device ordinal' on rank 1 of a one-GPU machine) fails
+    here, where torch has no CUDA at all. torch's own checkpoint writer still asks for a CUDA
+    stream whenever a GPU is visible (``_OverlappingCpuLoader``): that is why a gloo launch
+    hides the GPUs from its ranks (tests/test_interconnect.py), and DCP runs here un-faked."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    device = torchrun.worker_device("gloo", 0)
+    assert device.type == "cpu"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        ctx = worker.Ctx(device, tmp_path)
+        assert data_parallel.manual_vs_ddp(ctx, **TINY, check_steps=1, rounds=1)["max_param_diff"] == 0
+        sh = sharding.sharding(ctx, **TINY, rounds=1)
+        assert set(sh["strategies"]) == set(sharding.STRATEGIES)
+        # FSDP2 built while torch names CUDA the machine's accelerator, as on a GPU machine:
+        # its default device mesh would be a CUDA one; the page's mesh is the rank's device's
+        cuda = torch.device("cuda")
+        with monkeypatch.context() as m:
+            m.setattr(torch._C, "_get_accelerator", lambda check=False: cuda)
+            m.setattr(torch.accelerator, "current_accelerator", lambda check_available=False: cuda)
+            for name in ("fsdp", "fsdp_keep"):
+                model, _ = sharding.build(ctx, name, 16, 2)
+                assert all(p.device.type == "cpu" for p in model.parameters())
+        monkeypatch.undo()
+        saved = checkpoints.dcp_save(ctx, path=str(tmp_path / "ck"))
+        assert checkpoints.dcp_load(ctx, saved["path"])["max_diff"] == 0.0
+    finally:
+        dist.destroy_process_group()
