@@ -253,7 +253,7 @@ def lab_run(lab: Path) -> LabRun:
             prefix_ok = prefix_ok and (err is None or i >= shared)
         if run.broken is None and not any(run.results.values()):
             index = grade_index(cells)
-            for k, (sol_id, old, new, _) in enumerate(WRONG.get(lab.stem, [])):
+            for k, (sol_id, old, new, *_) in enumerate(WRONG.get(lab.stem, [])):
                 start = index.get(sol_id)
                 if start is None or old not in cells[start].source:
                     continue                   # the test reports it

@@ -40,8 +40,6 @@ VISIBLE_BOOKKEEPING: set[str] = {
     "book/05_data_loading.html",
     "book/06_single_gpu_speed.html",
     "book/07_single_gpu_memory.html",
-    "book/09_advanced_optimizations.html",
-    "book/10_gpt2_case_study.html",
     "labs/06_speed.html",
     "labs/07_memory.html",
 }
@@ -52,8 +50,6 @@ TELEMETRY_IN_PROSE: set[str] = {
     "book/05_data_loading.html",
     "book/06_single_gpu_speed.html",
     "book/07_single_gpu_memory.html",
-    "book/09_advanced_optimizations.html",
-    "book/10_gpt2_case_study.html",
 }
 
 # Over 6,000 words of prose or 500 lines of visible code on one page: split into section pages.
