@@ -217,7 +217,7 @@ def test_cpu_saving_requirement_bounds():
     assert lab03.required_cpu_saving(1.0, 1.1) is None
     assert lab03.required_cpu_saving(1.0, 2.0) == pytest.approx(1.5)
     assert lab03.required_cpu_saving(1.0, 1.4) == pytest.approx(1.2)
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="> 0"):
         lab03.required_cpu_saving(0, 1)
 
 
