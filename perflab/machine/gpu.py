@@ -167,7 +167,8 @@ def burst_and_sustained(
     ``sustained_s`` seconds in chunks of 20 event-timed calls; the sustained time is the median
     over the chunks of the window's second half, when the clock has settled. Each part runs
     under a :class:`perflab.core.telemetry.Telemetry` sampler, whose summaries say at which SM clock,
-    power and throttle reasons. Nothing here changes a clock or a limit. On a CPU the same runs
+    power and throttle reasons; the sustained summary describes the whole sustained window (one
+    timed window around the chunks), so it lasts at least ``sustained_s``. Nothing here changes a clock or a limit. On a CPU the same runs
     with ``time.perf_counter`` (for tests).
 
     Raises:
@@ -189,7 +190,10 @@ def burst_and_sustained(
     with Telemetry(index=index, interval_s=0.005) as tel_burst:
         burst = event_timer(fn, dev, warmup=2, reps=burst_reps).median_s
     chunks = []
-    with Telemetry(index=index) as tel_sus:
+    # the whole sustained run is one timed window (the chunks' own windows nest inside it and
+    # count once): its telemetry describes the sustained_s seconds the products ran back to
+    # back, not only the 20-call chunks without the moments between them
+    with Telemetry(index=index) as tel_sus, tel_sus.window():
         clock = Stopwatch().start()
         while clock.elapsed() < sustained_s or len(chunks) < 2:
             chunks.append((clock.elapsed(), event_timer(fn, dev, warmup=0, reps=20)))
