@@ -25,7 +25,7 @@ REQUIRED = {
                     "disk_rand_cold_iops", "cpu_copy_clock", "cpu_cache_clock", "cpu_matmul_clock", "disk_clock"],
     "02_hardware_gpu": ["gpu_copy_bandwidth_TBps", "gpu_copy_clock", "l2_bandwidth_ratio", "gpu_l2_from_curve_MiB",
                         "l2_clock", "l2_ratio_at_32MiB", "l2_startup_us", "l2_probe_cause", "matmul_tflops_fp32", "matmul_tflops_bf16", "matmul_fp32_clock", "matmul_bf16_clock",
-                            "ridge_bf16_flop_per_byte", "ridge_bf16_achieved_flop_per_byte", "elementwise_clock",
+                            "ridge_bf16_flop_per_byte", "ridge_bf16_achieved_flop_per_byte",
                             "wave_clock", "wave_sentence", "burst_tflops", "sustained_tflops", "burst_clock",
                             "sustained_clock"],
     "02_hardware_links": ["h2d_pinned_GBps", "h2d_pageable_GBps", "d2h_pinned_GBps", "d2h_pageable_GBps",

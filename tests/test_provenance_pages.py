@@ -152,7 +152,10 @@ def test_status_page_lists_each_notebook_with_its_state(book):
     assert "2× NVIDIA H200" in html and "580.159.04" in html and "41.2 s" in html
     assert 'href="gpu.html"' in html and "<code" in html and "later" in html
     warnings = [line for line in log.splitlines() if "WARNING" in line]
-    assert len(warnings) == 1 and "nonexisting document 'later'" in warnings[0], warnings   # nothing else
+    # 'later' awaits its first run: out of the site map (no toctree warning, no page), still
+    # listed on the status page as not executed yet
+    assert not warnings, warnings
+    assert not (out / "later.html").exists()
 
 
 def test_an_edited_source_makes_page_and_status_stale_on_the_next_build(book, tmp_path):
