@@ -62,15 +62,6 @@ OVER_BUDGET: dict[str, dict[str, int | list[int]]] = {
         'glue("stage_timing_augment_share", stage_share["augment"])': 27,
         'if on_gpu:': 28,
     },
-    'book/07_single_gpu_memory.md': {
-        'import copy': 37,
-        'def exact(n):': 16,
-        'snap_params = param_count(snap_cfg)': 19,
-        'glue("snapshot_activation_predicted_mib", snap_act["total"] / MiB)': 20,
-        'del hx, h4': 17,
-        'if on_gpu:': 23,
-        'glue("ladder_batch", ladder_batch)': 21,
-    },
     'book/08_distributed_training.md': {
         'where = describe()': 19,
         'W, D = sized(cpu=512, gpu=8192), 8  # width and depth of the Linear st': 41,
