@@ -220,6 +220,12 @@ def test_cpu_rate_and_training_ladder_run_on_the_cpu(folder, files, tmp_path):
     assert measure.cpu_rate(blobs, "pipeline", num_workers=0, batch=2)["images_per_s"] > 0
     with pytest.raises(ValueError, match="collate"):
         measure.cpu_rate(blobs, "decode", collate="tuple")
+    # more workers than a pass of full batches holds rounds for (16 cores, 1,024 images, batches
+    # of 32 would leave nothing between the rounds skipped at each end): the batch shrinks
+    many = measure.cpu_rate(blobs, "decode", num_workers=2, batch=64)
+    assert many["batch"] == 1 and many["images"] == 8 - 2 * 2
+    with pytest.raises(ValueError, match="batch"):
+        measure.cpu_rate(blobs, "decode", num_workers=0, batch=0)
     # the chapter's rungs: per-image CPU work, and stored squares cropped as a batch
     jpeg = storage.JpegFolder(files=files, transform=transforms.decode_augment)
     x, _ = jpeg[0]

@@ -347,6 +347,11 @@ def _pipeline_224(data: bytes) -> torch.Tensor:
     return pil_pipeline(data, 224)
 
 
+#: rounds of batches (one batch per worker) that one pass of :func:`cpu_rate` holds at least:
+#: one left out at each end by :func:`loader_rate`, two timed
+MIN_ROUNDS = 4
+
+
 def cpu_rate(blobs: Sequence[bytes], what: str = "decode", num_workers: int | None = None,
              batch: int = 64, multiprocessing_context: str | None = None,
              collate: str = "list") -> dict:
@@ -356,7 +361,12 @@ def cpu_rate(blobs: Sequence[bytes], what: str = "decode", num_workers: int | No
     (default: every usable core; 0 = this process). Decoded images differ in size: ``collate``
     ``"list"`` sends them as one tensor each (:func:`collate_list`), ``"packed"`` as one tensor
     per batch (:func:`collate_packed`). Returns :func:`loader_rate`'s dict over one pass of
-    ``blobs`` (steady state).
+    ``blobs`` (steady state), with ``"batch"``, the batch size used.
+
+    :func:`loader_rate` leaves out a round of batches (one per worker) at each end, so one pass
+    must hold at least :data:`MIN_ROUNDS` rounds: with many workers (a 16- or 64-core host) the
+    batch shrinks below ``batch`` to ``len(blobs) // (MIN_ROUNDS * workers)`` (at least 1), so
+    the pass still times two rounds whatever the cores.
 
     Raises:
         ValueError: ``what`` not "decode" or "pipeline", or ``collate`` not "list" or "packed".
@@ -364,13 +374,16 @@ def cpu_rate(blobs: Sequence[bytes], what: str = "decode", num_workers: int | No
     one_of("what", what, ("decode", "pipeline"))
     one_of("collate", collate, ("list", "packed"))
     workers = usable_cores() if num_workers is None else num_workers
+    positive_int("batch", batch)
+    batch = max(1, min(batch, len(blobs) // (MIN_ROUNDS * max(1, workers))))
     fn = decode_pil if what == "decode" else _pipeline_224
     collate_fn = None if what == "pipeline" else collate_list if collate == "list" else collate_packed
     loader = DataLoader(_BytesDataset(blobs, fn), batch_size=batch, num_workers=workers,
                         collate_fn=collate_fn, worker_init_fn=seed_worker if workers else None,
                         multiprocessing_context=multiprocessing_context if workers else None)
     packed = what == "decode" and collate == "packed"
-    return loader_rate(loader, count=(lambda b: len(b[0])) if packed else None)
+    r = loader_rate(loader, count=(lambda b: len(b[0])) if packed else None)
+    return {**r, "batch": batch}
 
 
 def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
