@@ -4,6 +4,8 @@ every start method. Tiny data and two workers, so the whole file runs in seconds
 
 import json
 import pickle
+import threading
+import time
 from collections import Counter
 
 import numpy as np
@@ -291,6 +293,29 @@ def test_loader_rate_times_the_steady_state():
                        multiprocessing_context="fork")
     with pytest.raises(ValueError, match="too few"):
         measure.loader_rate(short)                     # 4 batches: nothing left between the rounds
+
+
+class _Sleepy(torch.utils.data.Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        time.sleep(0.002)                             # waits, burns no CPU
+        return torch.zeros(2)
+
+
+def test_loader_rate_tells_the_receiving_threads_cpu_from_the_processs():
+    """main_thread_cpu_s is the calling thread's alone: another thread of the process that
+    burns CPU meanwhile (a pin_memory thread, here a spinning one) is in main_cpu_s only."""
+    stop = threading.Event()
+    spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
+    spinner.start()
+    try:
+        r = measure.loader_rate(DataLoader(_Sleepy(), batch_size=2))
+    finally:
+        stop.set()
+        spinner.join()
+    assert 0 <= r["main_thread_cpu_s"] < 0.5 * r["main_cpu_s"]
 
 
 def test_raw_reads_and_a_fresh_interpreter(files):

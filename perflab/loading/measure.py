@@ -211,8 +211,11 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
     their whole lives, start and teardown included, read when they have exited; None without
     workers or where the OS does not say), ``worker_window_cpu_s`` (CPU seconds the workers used
     during the timed batches only, read from ``/proc/<pid>/stat`` at the window's two ends:
-    the workers' cost of what was timed; None where /proc cannot say) and ``main_cpu_s`` (CPU
-    seconds of this process over the timed batches).
+    the workers' cost of what was timed; None where /proc cannot say), ``main_cpu_s`` (CPU
+    seconds of this whole process over the timed batches, every thread: a ``pin_memory`` thread
+    included) and ``main_thread_cpu_s`` (CPU seconds of the calling thread alone over the timed
+    batches, ``time.thread_time``: the thread that receives the batches unless a ``pin_memory``
+    thread does).
 
     A batch is counted with ``count(batch)`` when given; else it is a tensor, or a tuple/list
     whose first element is one (its first dimension counts the images) or a list of images
@@ -250,13 +253,14 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
             first = sw.elapsed()
         if n_batches == warmup:
             timed, main0 = Stopwatch().start(), process_seconds()
+            thread0 = time.thread_time()
             workers0 = _workers_cpu_s(it)
         elif n_batches > warmup:
             count_ += k
         if batches is not None and n_batches >= batches + warmup:
             break
     elapsed = timed.elapsed() if timed is not None else None
-    main1 = process_seconds()
+    main1, thread1 = process_seconds(), time.thread_time()
     workers1 = _workers_cpu_s(it)
     del it                                   # the workers exit (and are reaped) here
     cpu1 = _children_cpu_s()
@@ -266,7 +270,7 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
             "worker_cpu_s": (cpu1 - cpu0) if loader.num_workers and cpu0 is not None else None,
             "worker_window_cpu_s": (workers1 - workers0) if timed is not None
             and workers0 is not None and workers1 is not None else None,
-            "main_cpu_s": main1 - main0}
+            "main_cpu_s": main1 - main0, "main_thread_cpu_s": thread1 - thread0}
 
 
 def raw_read_rate(files: Sequence[str | os.PathLike]) -> float:
