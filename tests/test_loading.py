@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
+from perflab.core.timing import window_listener
 from perflab.loading import datasets, loaders, measure, storage, training, transforms
 
 METHODS = ["fork", "spawn", "forkserver"]
@@ -241,8 +242,15 @@ def test_cpu_rate_and_training_ladder_run_on_the_cpu(folder, files, tmp_path):
     torch.set_num_threads(1)  # tiny convolutions: threads would only contend on a busy machine
     try:
         for loader, tf in ((naive, None), (stored, lambda b: transforms.gpu_augment(b, 128))):
-            r = training.train_steps(loader, model, steps=2, device="cpu", gpu_transform=tf, warmup=1)
+            events = []                      # the timed steps are one window for the samplers
+            stop = window_listener(events.append)
+            try:
+                r = training.train_steps(loader, model, steps=2, device="cpu", gpu_transform=tf,
+                                         warmup=1)
+            finally:
+                stop()
             assert 0 < r["data_wait_fraction"] < 1 and r["images_per_s"] > 0
+            assert events == ["open", "close"]
     finally:
         torch.set_num_threads(threads)
     assert measure.small_cnn_flops(4, 32) > 0
