@@ -33,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from perflab.core.telemetry import Telemetry
-from perflab.core.timing import Stopwatch, process_seconds, timestamp
+from perflab.core.timing import Stopwatch, process_seconds, thread_seconds, timestamp
 from perflab.core.validate import one_of, positive_int
 from perflab.loading.loaders import collate_list, collate_packed, seed_worker, usable_cores
 from perflab.loading.storage import MemmapImages
@@ -253,14 +253,14 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
             first = sw.elapsed()
         if n_batches == warmup:
             timed, main0 = Stopwatch().start(), process_seconds()
-            thread0 = time.thread_time()
+            thread0 = thread_seconds()
             workers0 = _workers_cpu_s(it)
         elif n_batches > warmup:
             count_ += k
         if batches is not None and n_batches >= batches + warmup:
             break
     elapsed = timed.elapsed() if timed is not None else None
-    main1, thread1 = process_seconds(), time.thread_time()
+    main1, thread1 = process_seconds(), thread_seconds()
     workers1 = _workers_cpu_s(it)
     del it                                   # the workers exit (and are reaped) here
     cpu1 = _children_cpu_s()
