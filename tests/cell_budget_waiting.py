@@ -13,7 +13,6 @@ OVER_BUDGET: dict[str, dict[str, int | list[int]]] = {
         'short = lambda name: name.split()[1][:4]       # "NVIDIA H200" -> "H20': 23,
         'for kind, rate in matmul.items():': 17,
         'glue("roofline_knee_check_repeat", knee_r)': 18,
-        'if cuda_ops:': 38,
         'small = step_t[batches[1]] / step_t[batches[0]]': 24,
         'big_ln = of_copy["layer norm, 8x rows"] / ln_of_copy': 59,
         'from IPython.display import Markdown': 122,
@@ -45,7 +44,6 @@ OVER_BUDGET: dict[str, dict[str, int | list[int]]] = {
         'if requires_gpu(what="The sync-debug-mode survey"):': 37,
     },
     'book/04_measuring_and_profiling.md': {
-        'if interference:': 29,
         'if lock_ms is not None:': 26,
         'overhead_ms = (first["first_matmul_s"] - first["warm_matmul_s"]) * 1e3': 17,
         'l2_bytes = describe().get("l2_bytes")': 67,

@@ -51,6 +51,10 @@ def _silu_hiding(store: str, load: str) -> tuple[str, str, str, str]:
     return ("ex3-solution", _SILU_SPAN, new, r"save_for_backward")
 
 
+# lab 9, exercise 5: the reference's answer where Triton is not installed (its kernel follows)
+_NO_TRITON = ("row_loss_kernel = None   # without Triton: nothing to write (the check says "
+              "so)\nif triton is not None:\n")
+
 WRONG = {
     "01_roofline": [
         # bf16 counted at 4 bytes per element
@@ -379,9 +383,12 @@ WRONG = {
          'gain = seconds["fp32"] / seconds[choice]',
          r"interleaved rounds"),
         # the loss in torch operators: log-sum-exp, gather and subtract are three kernels
-        ("ex5-solution", "if triton is not None:\n",
+        ("ex5-solution", _NO_TRITON,
          "row_loss_kernel = lambda logits, targets: (torch.logsumexp(logits, 1)\n"
          "    - logits.gather(1, targets[:, None])[:, 0])\nif False:\n", r"one call ran 3 kernels"),
+        # Triton installed, the kernel not written: None is the answer only where Triton is not
+        ("ex5-solution", _NO_TRITON, "row_loss_kernel = None\nif False:\n", r"not done yet",
+         "triton"),
         # the tail's masked lanes left at the load's default (0, not -inf): they win the maximum
         # of a row of negative logits and add e^0 each to its sum
         ("ex5-solution", 'mask=cols < n_cols, other=-float("inf"))', "mask=cols < n_cols)",

@@ -18,7 +18,7 @@ from perflab.kernels import amp, compiler, precision  # noqa: E402
 from perflab.labs import lab09  # noqa: E402
 from perflab.core.rounds import spread  # noqa: E402
 from perflab.kernels.custom_ops import triton_modules  # noqa: E402
-from perflab.labs.exercises import ExerciseFailed  # noqa: E402
+from perflab.labs.exercises import ExerciseFailed, ExerciseNotDone  # noqa: E402
 
 
 from lab_cells import code_cells as _cells  # noqa: E402
@@ -132,6 +132,22 @@ def test_row_loss_check_without_triton_says_so(monkeypatch, capsys):
     monkeypatch.setattr(lab09, "triton_modules", lambda: (None, None))
     assert lab09.check_row_loss(None, "cpu") is None
     assert "not installed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("installed", [False, True])
+def test_row_loss_check_stops_at_the_stub_with_or_without_triton(monkeypatch, installed):
+    """The lab's stub (``...``) is no answer anywhere; None is one only where Triton is not
+    installed (the reference's answer there), never where it is."""
+    fake = (object(), object()) if installed else (None, None)
+    monkeypatch.setattr(lab09, "triton_modules", lambda: fake)
+    stub = lab09.row_loss_launcher(...)
+    assert stub is Ellipsis
+    with pytest.raises(ExerciseNotDone, match=r"^Exercise 5 is not done yet: [^\n]+\.$") as err:
+        lab09.check_row_loss(stub, "cpu")
+    assert ("pip install triton" in str(err.value)) is not installed
+    if installed:
+        with pytest.raises(ExerciseNotDone):
+            lab09.check_row_loss(None, "cpu")
 
 
 @pytest.mark.skipif(triton_modules()[0] is None, reason="Triton is not installed here")

@@ -114,6 +114,15 @@ def test_collapsed_stacks_keep_the_programs_frames_by_function():
         profilers.collapsed_stacks(raw, [])
     with pytest.raises(ValueError, match="collapsed"):
         profilers.collapsed_stacks("no count here", ["pipeline.py"])
+    with pytest.raises(ValueError, match="collapsed"):
+        profilers.collapsed_stacks("12", ["pipeline.py"])
+
+
+def test_collapsed_stacks_drop_a_sample_with_an_empty_stack():
+    """py-spy 0.4 writes a sample taken with no Python frame (the interpreter starting or
+    exiting) as a line holding only its count, ' 1': a sample with no kept frame, dropped."""
+    raw = " 1\n<module> (pipeline.py:40);run (pipeline.py:30) 4\n 2\n"
+    assert profilers.collapsed_stacks(raw, ["pipeline.py"]) == {("<module>", "run"): 4}
 
 
 def test_plot_flame_puts_the_root_at_the_bottom():

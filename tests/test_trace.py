@@ -224,3 +224,42 @@ def test_operator_rows_keep_the_host_rows_as_numbers():
         operator_rows([], sort_by="self_cpu_time_total")
     with pytest.raises(ValueError, match="limit"):
         operator_rows([], limit=0)
+
+
+def test_host_and_device_seconds_counts_the_gpu_time_once():
+    """An operator row's self device time is the time of the kernel it launched, and the kernel
+    has a row of its own: the device time must be the kernels' rows alone (and no device-side
+    record_function range), the host time every row's self CPU time."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    from perflab.profiling.trace import host_and_device_seconds
+
+    op = NS(key="aten::mm", device_type=DeviceType.CPU, self_cpu_time_total=30.0,
+            self_device_time_total=50.0)
+    launch = NS(key="cudaLaunchKernel", device_type=DeviceType.CPU, self_cpu_time_total=5.0,
+                self_device_time_total=0.0)
+    kernel = NS(key="gemm_kernel", device_type=DeviceType.CUDA, self_cpu_time_total=0,
+                self_device_time_total=50.0)
+    fill = NS(key="Memset (Device)", device_type=DeviceType.CUDA, self_cpu_time_total=0,
+              self_device_time_total=2.0)
+    annotation = NS(key="forward", device_type=DeviceType.CUDA, self_cpu_time_total=0,
+                    self_device_time_total=60.0, is_user_annotation=True)
+    host_s, device_s = host_and_device_seconds([op, launch, kernel, fill, annotation])
+    assert host_s == pytest.approx(35e-6)
+    assert device_s == pytest.approx(52e-6)
+    assert host_and_device_seconds([]) == (0, 0)
+    with pytest.raises(ValueError, match="events"):
+        host_and_device_seconds(3)
+
+
+def test_host_and_device_seconds_of_a_real_cpu_profile_has_no_device_time():
+    from torch.profiler import ProfilerActivity, profile
+
+    from perflab.profiling.trace import host_and_device_seconds
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.randn(64, 64) @ torch.randn(64, 64)
+    host_s, device_s = host_and_device_seconds(prof.key_averages())
+    assert 0 < host_s < 10 and device_s == 0

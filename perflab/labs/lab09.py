@@ -295,7 +295,7 @@ def row_loss_launcher(kernel, block: int = 4096, warps: int = 8):
     ``(M, V)`` float32 ``logits`` (contiguous), launched as ``kernel[(M,)](logits, targets, out,
     V, BLOCK=block, num_warps=warps)``, which writes the ``(M,)`` float32 losses into ``out``.
     A plain function (no Triton kernel) is returned as it is, so the check judges it; None
-    stays None.
+    and ``...`` (the lab's stub) stay as they are.
 
     Raises:
         ValueError: ``block`` or ``warps`` not positive.
@@ -343,8 +343,10 @@ def check_row_loss(row_loss: Callable | None, device, exercise: int = 5,
        of the logits at ``share`` (50 %) of the copy bandwidth or more: a second pass over them
        from memory, or a kernel that serializes its loads, falls below.
 
-    Where Triton is not installed and ``row_loss`` is None, it says so in one sentence and
-    returns None (CPU builds of torch ship without Triton: ``pip install triton``).
+    ``row_loss`` still ``...`` (the lab's stub) is not done, with or without Triton. ``None``
+    is the answer where Triton is not installed (CPU builds of torch ship without it: ``pip
+    install triton``): the check says in one sentence that it can verify nothing here and
+    returns None; where Triton is installed, None is not done either.
 
     Returns:
         the share of the copy bandwidth on a GPU, else None.
@@ -354,6 +356,11 @@ def check_row_loss(row_loss: Callable | None, device, exercise: int = 5,
             too slow on a GPU (one sentence each).
     """
     triton, _ = triton_modules()
+    if row_loss is Ellipsis:
+        not_done(exercise, "set `row_loss_kernel` to your @triton.jit kernel" + (
+            "" if triton is not None else " (Triton is not installed here: `pip install "
+            "triton` adds it and its interpreter; without it, set it to None and the check "
+            "says that it verified nothing)"))
     if row_loss is None:
         if triton is None:
             print(f"Exercise {exercise} needs Triton, which is not installed here (CPU builds of "

@@ -127,7 +127,8 @@ class BurstSustained:
         flops: FLOPs of one product (``2 n^3``).
         burst_s, sustained_s: median seconds of one product in each measurement.
         burst, sustained: the :class:`perflab.core.telemetry.TelemetrySummary` of each.
-        sustained_window_s: how long the products ran back to back.
+        sustained_window_s: how long the products ran back to back (>= ``sustained_s``; the
+            sustained summary covers its second half).
     """
 
     flops: float
@@ -165,9 +166,11 @@ def burst_and_sustained(
     milliseconds, to read the clock at least three times inside them (a 10-product burst of 14
     ms held no reading at all). Then products run back to back for
     ``sustained_s`` seconds in chunks of 20 event-timed calls; the sustained time is the median
-    over the chunks of the window's second half, when the clock has settled. Each part runs
-    under a :class:`perflab.core.telemetry.Telemetry` sampler, whose summaries say at which SM clock,
-    power and throttle reasons. Nothing here changes a clock or a limit. On a CPU the same runs
+    over the chunks of the window's second half, when the clock has settled. The burst and the
+    second half each run under a :class:`perflab.core.telemetry.Telemetry` sampler, whose
+    summaries say at which SM clock, power and throttle reasons: the sustained summary describes
+    exactly the second half (one timed window around its chunks), the products its time comes
+    from, so a rate and its clock are read over the same seconds. Nothing here changes a clock or a limit. On a CPU the same runs
     with ``time.perf_counter`` (for tests).
 
     Raises:
@@ -188,14 +191,18 @@ def burst_and_sustained(
     time.sleep(rest_s)
     with Telemetry(index=index, interval_s=0.005) as tel_burst:
         burst = event_timer(fn, dev, warmup=2, reps=burst_reps).median_s
+    clock = Stopwatch().start()
+    while clock.elapsed() < sustained_s / 2:    # the first half: the clock settles, not kept
+        event_timer(fn, dev, warmup=0, reps=20)
+    # the second half is one timed window (the chunks' own windows nest inside it and count
+    # once), so its telemetry describes the very products the sustained time comes from
     chunks = []
-    with Telemetry(index=index) as tel_sus:
-        clock = Stopwatch().start()
-        while clock.elapsed() < sustained_s or len(chunks) < 2:
-            chunks.append((clock.elapsed(), event_timer(fn, dev, warmup=0, reps=20)))
-        window = clock.elapsed()
-    late = [t for start, t in chunks if start >= window / 2] or [chunks[-1][1]]
-    samples = sorted(x for t in late for x in t.samples_s)
+    with Telemetry(index=index) as tel_sus, tel_sus.window():
+        half = Stopwatch().start()             # its own clock: the sampler's start is not in it
+        while half.elapsed() < sustained_s / 2 or len(chunks) < 2:
+            chunks.append(event_timer(fn, dev, warmup=0, reps=20))
+    window = clock.elapsed()
+    samples = sorted(x for t in chunks for x in t.samples_s)
     sustained = samples[len(samples) // 2]
     return BurstSustained(2.0 * n**3, burst, sustained, tel_burst.summary(), tel_sus.summary(),
                           window)

@@ -352,7 +352,8 @@ def collapsed_stacks(text: str, files: Iterable[str]) -> dict[tuple[str, ...], i
     (the program's own code: no interpreter start-up, no library internals, no build paths), and
     each is named by its function alone, so the lines of one function add up; a library call
     made by a kept function counts as that function's own time. Stacks with no kept frame (the
-    interpreter starting, imports) are dropped.
+    interpreter starting, imports) are dropped, and so are samples with an empty stack (py-spy
+    writes them as a line holding only the count, `` 1``).
 
     Returns:
         ``{(outermost, ..., innermost): samples}``.
@@ -367,9 +368,11 @@ def collapsed_stacks(text: str, files: Iterable[str]) -> dict[tuple[str, ...], i
     for line in text.splitlines():
         if not line.strip():
             continue
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
+        stack, sep, count = line.rpartition(" ")
+        if not sep or not count.isdigit():
             raise ValueError(f"not a collapsed stack line: {line[:80]!r}")
+        if not stack.strip():       # a sample with no Python frame at all (py-spy writes
+            continue                # " 1" for one taken as the interpreter starts or exits)
         frames = []
         for frame in stack.split(";"):
             m = _FRAME.match(frame.strip())

@@ -38,7 +38,7 @@ from perflab.record.plotting import finish
 
 __all__ = ["count_cost", "TraceItem", "trace_items", "step_windows", "KernelStats", "TraceSummary",
            "summarize_trace", "short_name", "REGIMES", "regime", "device_activities", "kernels_by_call",
-           "kernel_summary", "OPERATOR_COLUMNS", "operator_rows", "plot_timeline"]
+           "kernel_summary", "OPERATOR_COLUMNS", "operator_rows", "host_and_device_seconds", "plot_timeline"]
 
 
 @dataclass(frozen=True)
@@ -408,6 +408,31 @@ def operator_rows(events, sort_by: str = "cpu_total_s", limit: int = 10) -> list
             rows.append(row)
     rows.sort(key=lambda r: -abs(r[sort_by]))
     return rows[:limit]
+
+
+def host_and_device_seconds(events) -> tuple[float, float]:
+    """The host time and the device time of everything ``prof.key_averages()`` recorded, in
+    seconds: ``(host_s, device_s)``, each time counted once.
+
+    ``host_s`` sums the self CPU time of every row (a kernel's row has none). ``device_s`` sums
+    the rows that ran on the device (kernels, copies and fills), leaving out the host rows,
+    whose self device time is the time of the kernels they launched (those kernels have rows
+    of their own: summing both counts the GPU's time twice), and the device-side ranges that
+    ``record_function`` adds around them (``is_user_annotation``). The same rule gives the
+    total that ``key_averages().table()`` prints under its device columns.
+
+    Raises:
+        ValueError: ``events`` is not iterable.
+    """
+    try:
+        rows = list(events)
+    except TypeError:
+        raise ValueError(f"events must be prof.key_averages(), got {type(events).__name__}") from None
+    host = sum(getattr(e, "self_cpu_time_total", 0) for e in rows)
+    device = sum(e.self_device_time_total for e in rows
+                 if getattr(e, "device_type", None) not in (None, torch.autograd.DeviceType.CPU)
+                 and not getattr(e, "is_user_annotation", False))
+    return host * 1e-6, device * 1e-6
 
 
 def plot_timeline(traces: dict, width_us: float | None = None):
