@@ -135,11 +135,12 @@ def test_ex3_rejects_a_curve_the_check_cannot_measure_again(lab):
     """A curve sketched from linear scaling (or timed with the start-up burst) is a self-
     consistent dict the rule accepts; the check's own measurement of two points does not."""
     curve, cores, files = lab["curve"], lab["cores"], lab["files"]
-    assert lab05.check_num_workers(curve, lab["best_workers"], cores, files=files)
+    files, batch = lab["ex3_files"], lab["ex3_batch"]
+    assert lab05.check_num_workers(curve, lab["best_workers"], cores, files=files, batch=batch)
     sketched = {n: curve[1] * max(n, 1) * 3 for n in curve}    # far above what was measured
     with pytest.raises(ExerciseFailed, match="measured again here"):
         lab05.check_num_workers(sketched, lab05.rule_of_thumb_workers(sketched), cores,
-                                files=files)
+                                files=files, batch=batch)
     with pytest.raises(ValueError, match="need at least"):
         lab05.remeasure(files[:4], 2)
 

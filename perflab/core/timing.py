@@ -35,7 +35,7 @@ from perflab.core.validate import number, positive, positive_int
 
 __all__ = ["CacheTiming", "Deadline", "Stopwatch", "Timing", "benchmark", "best_of", "event_timer",
            "flush_l2", "hot_and_cold", "order_effect", "paired_ratio", "process_seconds", "seconds_per_call",
-           "seconds_since", "synchronize", "timed_window", "timestamp", "window_listener"]
+           "seconds_since", "synchronize", "thread_seconds", "timed_window", "timestamp", "window_listener"]
 
 
 @dataclass(frozen=True)
@@ -258,6 +258,13 @@ def timestamp() -> float:
     """Now, in seconds since the epoch (``time.time()``): a moment other processes can compare
     with theirs. Not for measuring durations in one process (use :class:`Stopwatch`)."""
     return time.time()
+
+
+def thread_seconds() -> float:
+    """CPU seconds the calling thread has used so far (user + system, ``time.thread_time()``):
+    the work of one thread of the process, e.g. the one that receives a loader's batches, apart
+    from the process's other threads (:func:`process_seconds` counts them all)."""
+    return time.thread_time()
 
 
 def process_seconds() -> float:

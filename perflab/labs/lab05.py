@@ -246,27 +246,29 @@ CURVE_FACTOR = 1.5
 
 
 def remeasure(files: Sequence, workers: int, batch: int = 16) -> float:
-    """Exercise 3's loader (``JpegFolder`` of ``files``, batches of ``batch``, ``seed_worker``)
-    with ``workers`` workers, timed in its steady state
-    (:func:`perflab.loading.measure.loader_rate`): images/s. Uses just enough files for three
-    rounds of batches (a round is one batch per worker).
+    """Exercise 3's loader (``JpegFolder`` of all ``files``, as the exercise's ``make_loader``
+    reads them, batches of ``batch``, ``seed_worker``) with ``workers`` workers, timed in its
+    steady state (:func:`perflab.loading.measure.loader_rate`, which leaves out a round of
+    batches, one per worker, at each end): images/s.
 
     Raises:
-        ValueError: too few ``files`` for three rounds.
+        ValueError: too few ``files`` for a round at each end and two batches between.
     """
-    need = 3 * max(1, workers) * batch + batch
+    need = (2 * max(1, workers) + 2) * batch
     if len(files) < need:
         raise ValueError(f"need at least {need} files for {workers} workers, got {len(files)}")
-    loader = DataLoader(JpegFolder(files=list(files)[:need]), batch_size=batch,
+    loader = DataLoader(JpegFolder(files=list(files)), batch_size=batch,
                         num_workers=workers, worker_init_fn=seed_worker if workers else None)
     return loader_rate(loader)["images_per_s"]
 
 
-def check_num_workers(curve, choice, cores: int, files: Sequence | None = None) -> int:
+def check_num_workers(curve, choice, cores: int, files: Sequence | None = None,
+                      batch: int = 16) -> int:
     """Exercise 3: ``curve`` is a measured ``{num_workers: images/s}`` from 0 up to ``cores``
     (at least three points), and ``choice`` is the fewest workers within 10 % of its best rate.
     With ``files``, the check measures two of the curve's points again, twice each (one worker
-    and all cores, :func:`remeasure`), and each point must lie within :data:`CURVE_FACTOR` of
+    and all cores, in turn, :func:`remeasure` with batches of ``batch``, the curve's), and each
+    point must lie within :data:`CURVE_FACTOR` of
     the range of those two measurements: a curve timed with the start-up burst, or invented,
     fails.
 
@@ -290,8 +292,12 @@ def check_num_workers(curve, choice, cores: int, files: Sequence | None = None) 
     if any(not (isinstance(r, (int, float)) and r > 0) for r in curve.values()):
         raise ExerciseFailed("✗ every rate in curve must be a positive number (images/s).")
     if files is not None:
-        for n in sorted({1, cores}):
-            again = [remeasure(files, n) for _ in range(2)]
+        points = sorted({1, cores})
+        measured = {n: [] for n in points}
+        for _ in range(2):                  # the two points in turn: a busy spell hits both
+            for n in points:
+                measured[n].append(remeasure(files, n, batch))
+        for n, again in measured.items():
             lo, hi = min(again) / CURVE_FACTOR, max(again) * CURVE_FACTOR
             if not lo <= curve[n] <= hi:
                 raise ExerciseFailed(

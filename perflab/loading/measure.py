@@ -33,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from perflab.core.telemetry import Telemetry
-from perflab.core.timing import Stopwatch, process_seconds, timestamp
+from perflab.core.timing import Stopwatch, process_seconds, thread_seconds, timestamp
 from perflab.core.validate import one_of, positive_int
 from perflab.loading.loaders import collate_list, collate_packed, seed_worker, usable_cores
 from perflab.loading.storage import MemmapImages
@@ -211,8 +211,11 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
     their whole lives, start and teardown included, read when they have exited; None without
     workers or where the OS does not say), ``worker_window_cpu_s`` (CPU seconds the workers used
     during the timed batches only, read from ``/proc/<pid>/stat`` at the window's two ends:
-    the workers' cost of what was timed; None where /proc cannot say) and ``main_cpu_s`` (CPU
-    seconds of this process over the timed batches).
+    the workers' cost of what was timed; None where /proc cannot say), ``main_cpu_s`` (CPU
+    seconds of this whole process over the timed batches, every thread: a ``pin_memory`` thread
+    included) and ``main_thread_cpu_s`` (CPU seconds of the calling thread alone over the timed
+    batches, ``time.thread_time``: the thread that receives the batches unless a ``pin_memory``
+    thread does).
 
     A batch is counted with ``count(batch)`` when given; else it is a tensor, or a tuple/list
     whose first element is one (its first dimension counts the images) or a list of images
@@ -250,13 +253,14 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
             first = sw.elapsed()
         if n_batches == warmup:
             timed, main0 = Stopwatch().start(), process_seconds()
+            thread0 = thread_seconds()
             workers0 = _workers_cpu_s(it)
         elif n_batches > warmup:
             count_ += k
         if batches is not None and n_batches >= batches + warmup:
             break
     elapsed = timed.elapsed() if timed is not None else None
-    main1 = process_seconds()
+    main1, thread1 = process_seconds(), thread_seconds()
     workers1 = _workers_cpu_s(it)
     del it                                   # the workers exit (and are reaped) here
     cpu1 = _children_cpu_s()
@@ -266,7 +270,7 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
             "worker_cpu_s": (cpu1 - cpu0) if loader.num_workers and cpu0 is not None else None,
             "worker_window_cpu_s": (workers1 - workers0) if timed is not None
             and workers0 is not None and workers1 is not None else None,
-            "main_cpu_s": main1 - main0}
+            "main_cpu_s": main1 - main0, "main_thread_cpu_s": thread1 - thread0}
 
 
 def raw_read_rate(files: Sequence[str | os.PathLike]) -> float:
@@ -347,6 +351,11 @@ def _pipeline_224(data: bytes) -> torch.Tensor:
     return pil_pipeline(data, 224)
 
 
+#: rounds of batches (one batch per worker) that one pass of :func:`cpu_rate` holds at least:
+#: one left out at each end by :func:`loader_rate`, two timed
+MIN_ROUNDS = 4
+
+
 def cpu_rate(blobs: Sequence[bytes], what: str = "decode", num_workers: int | None = None,
              batch: int = 64, multiprocessing_context: str | None = None,
              collate: str = "list") -> dict:
@@ -356,7 +365,12 @@ def cpu_rate(blobs: Sequence[bytes], what: str = "decode", num_workers: int | No
     (default: every usable core; 0 = this process). Decoded images differ in size: ``collate``
     ``"list"`` sends them as one tensor each (:func:`collate_list`), ``"packed"`` as one tensor
     per batch (:func:`collate_packed`). Returns :func:`loader_rate`'s dict over one pass of
-    ``blobs`` (steady state).
+    ``blobs`` (steady state), with ``"batch"``, the batch size used.
+
+    :func:`loader_rate` leaves out a round of batches (one per worker) at each end, so one pass
+    must hold at least :data:`MIN_ROUNDS` rounds: with many workers (a 16- or 64-core host) the
+    batch shrinks below ``batch`` to ``len(blobs) // (MIN_ROUNDS * workers)`` (at least 1), so
+    the pass still times two rounds whatever the cores.
 
     Raises:
         ValueError: ``what`` not "decode" or "pipeline", or ``collate`` not "list" or "packed".
@@ -364,13 +378,16 @@ def cpu_rate(blobs: Sequence[bytes], what: str = "decode", num_workers: int | No
     one_of("what", what, ("decode", "pipeline"))
     one_of("collate", collate, ("list", "packed"))
     workers = usable_cores() if num_workers is None else num_workers
+    positive_int("batch", batch)
+    batch = max(1, min(batch, len(blobs) // (MIN_ROUNDS * max(1, workers))))
     fn = decode_pil if what == "decode" else _pipeline_224
     collate_fn = None if what == "pipeline" else collate_list if collate == "list" else collate_packed
     loader = DataLoader(_BytesDataset(blobs, fn), batch_size=batch, num_workers=workers,
                         collate_fn=collate_fn, worker_init_fn=seed_worker if workers else None,
                         multiprocessing_context=multiprocessing_context if workers else None)
     packed = what == "decode" and collate == "packed"
-    return loader_rate(loader, count=(lambda b: len(b[0])) if packed else None)
+    r = loader_rate(loader, count=(lambda b: len(b[0])) if packed else None)
+    return {**r, "batch": batch}
 
 
 def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
@@ -404,10 +421,11 @@ def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
     times, cpu = [], 0.0
     with Telemetry(device=device) as tel:
         for _ in range(repeats):
-            c0, sw = process_seconds(), Stopwatch(device).start()
-            one_pass()
-            times.append(sw.elapsed())
-            cpu += process_seconds() - c0
+            with tel.window():          # the telemetry describes the timed passes only
+                c0, sw = process_seconds(), Stopwatch(device).start()
+                one_pass()
+                times.append(sw.elapsed())
+                cpu += process_seconds() - c0
     return {"images_per_s": len(blobs) / min(times),
             "median_images_per_s": len(blobs) / sorted(times)[len(times) // 2],
             "host_cpu_fraction": cpu / sum(times), "threads": _thread_count(),

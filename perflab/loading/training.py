@@ -13,9 +13,10 @@ Each definition is shown and explained where it is taught; read it there.
 
 from __future__ import annotations
 
+import contextlib
 import torch
 import torch.nn.functional as F
-from perflab.core.timing import Stopwatch
+from perflab.core.timing import Stopwatch, timed_window
 
 
 def train_steps(loader, model, steps, device, gpu_transform=None, warmup=3,
@@ -25,30 +26,33 @@ def train_steps(loader, model, steps, device, gpu_transform=None, warmup=3,
     ``data_wait_fraction`` (host time inside ``next(loader)`` / total).
 
     The device is synchronized only where the timed steps begin and end, so
-    an asynchronous copy overlaps the previous step's work, as in training.
+    an asynchronous copy overlaps the previous step's work, as in training;
+    the timed steps are a timed window (a Telemetry around it describes them).
     """
     dev = torch.device(device)
     model = model.to(dev).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     batches, waited, images = iter(loader), 0.0, 0
-    for k in range(warmup + steps):
-        if k == warmup:
-            clock = Stopwatch(dev).start()           # synchronized
-        wait = Stopwatch().start()                    # the host's clock only
-        x, y = next(batches)
-        if k >= warmup:
-            waited, images = waited + wait.elapsed(), images + len(y)
-        # pinned *and* non_blocking: only a pinned copy can be asynchronous
-        x = x.to(dev, non_blocking=non_blocking and x.is_pinned())
-        y = y.to(dev, non_blocking=non_blocking and y.is_pinned())
-        if gpu_transform is not None:
-            x = gpu_transform(x)
-        elif x.dtype == torch.uint8:
-            x = x.float().div_(255)
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    total = clock.elapsed()                           # synchronized
+    with contextlib.ExitStack() as window:
+        for k in range(warmup + steps):
+            if k == warmup:
+                window.enter_context(timed_window(dev))
+                clock = Stopwatch(dev).start()       # synchronized
+            wait = Stopwatch().start()                # the host's clock only
+            x, y = next(batches)
+            if k >= warmup:
+                waited, images = waited + wait.elapsed(), images + len(y)
+            # pinned *and* non_blocking: only a pinned copy can be asynchronous
+            x = x.to(dev, non_blocking=non_blocking and x.is_pinned())
+            y = y.to(dev, non_blocking=non_blocking and y.is_pinned())
+            if gpu_transform is not None:
+                x = gpu_transform(x)
+            elif x.dtype == torch.uint8:
+                x = x.float().div_(255)
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        total = clock.elapsed()                       # synchronized
     return {"images_per_s": images / total, "step_ms": 1e3 * total / steps,
             "data_wait_fraction": waited / total}
