@@ -1,12 +1,17 @@
 """perflab.distributed (chapter 8): the cost models exported from the page, the trace summary,
 the launch and its worker, and real gloo launches of every task on 2 and 3 CPU processes.
 
-Every launch carries its own timeout (the launcher kills torchrun's whole session), so no test
-can hang; sizes are tiny and each world size is one launch that batches all the tasks.
+Every launch carries its own timeout (the launcher then stops torchrun and every worker it
+started), so no test can hang; sizes are tiny and each world size is one launch that batches all the tasks.
 """
 
+import re
+import signal
 import socket
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -326,10 +331,67 @@ def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
     assert f.after_wait_s > 0 and f.output.startswith("perflab-hang")
 
 
+def _alive(pid):
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+def _alive_with(text):
+    """The live processes whose command line holds ``text``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes()
+        except OSError:
+            continue
+        if text.encode() in args and _alive(int(cmdline.parent.name)):
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads processes from /proc")
 def test_the_launcher_kills_a_job_that_outlives_its_timeout():
+    """Rank 1 sleeps 300 s and rank 0 waits for it in an all-reduce under a 300 s process-group
+    timeout: at the launch's 10 s timeout no worker may survive (torch starts each worker in a
+    session of its own, so killing torchrun's process group alone left both running)."""
     f = L.expect_failure([{"name": "hang", "args": {"sleep_s": 300}}], nproc=2, backend="gloo",
                          pg_timeout_s=300, timeout_s=10)
     assert "torchrun timed out after 10 s" in f.message
+    spec = re.search(r"--spec (\S+)", f.message).group(1)   # the launch's own spec file
+    assert f.output.count(failures.RECORD_MARKER) == 2        # both workers had started
+    assert _alive_with(spec) == []
+
+
+TREE = """
+import os, signal, subprocess, sys, time
+if sys.argv[1] == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                         start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads processes from /proc")
+@pytest.mark.parametrize("parent", ["dies", "ignore"])
+def test_stop_ends_a_process_and_the_sessions_it_started(parent):
+    """A stand-in for torchrun (a session of its own) with a worker in another session: stop()
+    ends both, whether the parent dies on SIGTERM or ignores it and is killed after the grace."""
+    proc = subprocess.Popen([sys.executable, "-c", TREE, parent], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    child = int(proc.stdout.readline())
+    assert _alive(child) and child in [pid for pid, _ in torchrun.descendants(proc.pid)]
+    torchrun.stop([proc], grace_s=1.0)
+    proc.stdout.close()
+    assert proc.returncode == (-signal.SIGTERM if parent == "dies" else -signal.SIGKILL)
+    assert not _alive(child)
+    with pytest.raises(ValueError, match="grace_s"):
+        torchrun.stop([], grace_s=0)
 
 
 def test_expect_failure_refuses_a_job_that_succeeds(monkeypatch):
