@@ -20,8 +20,10 @@ import torch.distributed as dist
 from perflab.core import torchrun
 from perflab.core.device import gpu_count
 from perflab.core.torchrun import LaunchError, _failure
+from perflab.core.rounds import Spread
 from perflab.distributed import (checkpoints, costs, data_parallel, failures, launch as L, sharding,
-                                 traces, worker)
+                                 traces, verdicts, worker)
+from perflab.record import claims
 from perflab.machine.interconnect import bus_factor
 
 pytestmark = pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU (gloo) path")
@@ -50,17 +52,17 @@ def test_ddp_buckets_close_at_the_cap_and_never_split_a_tensor():
 def test_exposed_time_is_the_last_bucket_behind_a_long_backward_and_everything_behind_none():
     alpha, busbw, n = 1e-3, 1e9, 2
     buckets = [1_000_000] * 4                      # each takes 1 ms + 1 ms on the link
-    one = costs.allreduce_seconds(1_000_000, n, alpha, busbw)
+    one = costs.allreduce_seconds(1_000_000, busbw, n, alpha)
     assert one == pytest.approx(2e-3)
-    assert costs.exposed_seconds(buckets, 1.0, n, alpha, busbw) == pytest.approx(one)   # long backward
-    assert costs.exposed_seconds(buckets, 0.0, n, alpha, busbw) == pytest.approx(4 * one)  # none
+    assert costs.exposed_seconds(buckets, 1.0, busbw, n, alpha) == pytest.approx(one)   # long backward
+    assert costs.exposed_seconds(buckets, 0.0, busbw, n, alpha) == pytest.approx(4 * one)  # none
     # a backward of 4 ms produces a bucket every ms: the link (2 ms a bucket) falls behind
-    assert costs.exposed_seconds(buckets, 4e-3, n, alpha, busbw) == pytest.approx(1e-3 + 4 * one - 4e-3)
+    assert costs.exposed_seconds(buckets, 4e-3, busbw, n, alpha) == pytest.approx(1e-3 + 4 * one - 4e-3)
     # the start-ups of many small buckets are exposed only when the link cannot keep up
     small = [10_000] * 400
-    assert costs.exposed_seconds(small, 1.0, n, alpha, busbw) == pytest.approx(
-        costs.allreduce_seconds(10_000, n, alpha, busbw))
-    assert costs.exposed_seconds(small, 0.1, n, alpha, busbw) > 0.3
+    assert costs.exposed_seconds(small, 1.0, busbw, n, alpha) == pytest.approx(
+        costs.allreduce_seconds(10_000, busbw, n, alpha))
+    assert costs.exposed_seconds(small, 0.1, busbw, n, alpha) > 0.3
 
 
 def test_overlap_from_trace_gpu_and_cpu():
@@ -159,7 +161,7 @@ def runs(tmp_path_factory):
             {"name": "sharding", "args": dict(TINY, rounds=2)},
             {"name": "dcp_save", "args": {"path": str(root / f"w{n}")}},
             {"name": "traps", "args": {"timeout_s": 1}},
-            {"name": "ring", "args": {"nbytes": 4096, "sizes": list(range(2, n + 1)), "rounds": 1,
+            {"name": "ring", "args": {"nbytes": 4096, "sizes": list(range(2, n + 1)), "rounds": 2,
                                       "iters": 2}},
         ]
         if n > 2:
@@ -224,7 +226,7 @@ def test_every_task_on_world_size(runs, n):
         assert counted == pytest.approx(costs.static_bytes(p, n, formula), rel=0.02), name
         assert sh["strategies"][name]["allocated_bytes"] is None  # CUDA allocator only
         assert len(sh["step_rounds_s"][name]) == 2
-    assert sh["adam_full_s"] > 0 and sh["adam_shard_s"] > 0
+    assert sh["adam_full_s"] > 0 and sh["adam_shard_s"] > 0 and sh["copy_s"] > 0
     # one DDP and one FSDP step traced on rank 0: FSDP's gathers and reductions are in it
     ops = sh["traces"]["fsdp"]["comm_ops"]
     assert ops.get("gloo:all_gather", 0) >= 2 and sh["traces"]["ddp"]["comm_s"] > 0
@@ -234,6 +236,9 @@ def test_every_task_on_world_size(runs, n):
     assert set(ring) == {str(k) for k in range(2, n + 1)}
     for k, p in ring.items():
         assert p["busbw"] == pytest.approx(p["algbw"] * bus_factor("all_reduce", int(k)))
+        assert len(p["rounds_s"]) == 2 and p["seconds"] == statistics.median(p["rounds_s"])
+    if n > 2:   # the subgroups' ranks only: rank 2 is in the group of 3, not in that of 2
+        assert set(res[2]["ring"]) == {str(k) for k in range(3, n + 1)}
     assert res[0]["dcp_save"]["files"]
     # the traps: the same bytes pass unchecked, DETAIL names the mismatch, the late rank is named
     tr = res[0]["traps"]
@@ -472,3 +477,51 @@ def test_the_worker_tasks_never_reach_for_a_gpu_on_a_gloo_rank(monkeypatch, tmp_
         assert checkpoints.dcp_load(ctx, saved["path"])["max_diff"] == 0.0
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def glued(monkeypatch):
+    """What the claims glued, by name (the claims' own glue replaced)."""
+    seen = {}
+    monkeypatch.setattr(claims, "glue", lambda name, value: seen.__setitem__(name, value.text))
+    return seen
+
+
+def test_a_cost_is_judged_as_a_ratio_of_steps_where_a_band_of_seconds_crashed(glued):
+    """The chapter's first ZeRO-1 verdict judged ZeRO-1's step minus DDP's against the
+    broadcasts minus Adam's saving in seconds: with broadcasts of 6 ms and a saving of 2 ms its
+    band ran from 1 to 7 ms, wider than a factor of two, and judge() stopped the page. The ratio
+    of the steps, round by round, against 1 + 4 ms / DDP's step, is judged instead."""
+    bcast, saved = 6e-3, 2e-3
+    predicted, band = bcast - saved, 0.5 * max(bcast, saved)
+    with pytest.raises(ValueError, match="factor"):              # the old construction
+        claims.judge(Spread((3.5e-3, 4.1e-3, 4.4e-3)), predicted - band, predicted + band)
+    ddp = [20e-3, 22e-3, 19e-3]
+    zero = [d + predicted + e for d, e in zip(ddp, (0.5e-3, -0.4e-3, 0.2e-3))]
+    assert verdicts.cost_ratio(ddp, predicted) == pytest.approx(1.2)
+    assert verdicts.judge_cost("zero1", zero, ddp, predicted, 0.1, bound="host") == "within"
+    assert glued["zero1"].startswith("within 10 % of the prediction")
+    # a step that took no longer than DDP's: outside; one round each side of the edge: undecided
+    assert verdicts.judge_cost("same", ddp, ddp, predicted, 0.1, bound="host") == "outside"
+    edge = [d * r for d, r in zip(ddp, (1.04, 1.2, 1.3))]
+    assert verdicts.judge_cost("edge", edge, ddp, predicted, 0.1, bound="host") == "undecided"
+    assert "undecided" in glued["edge"]
+    with pytest.raises(ValueError, match="rounds"):
+        verdicts.judge_cost("short", zero[:2], ddp, predicted, 0.1, bound="host")
+    with pytest.raises(ValueError, match="no step"):
+        verdicts.cost_ratio(ddp, -1.0)
+
+
+def test_a_range_of_costs_and_what_a_band_can_resolve(glued):
+    ddp = [20e-3, 21e-3, 20e-3]
+    inside = [d + 3e-3 for d in ddp]
+    assert verdicts.judge_cost_range("r", inside, ddp, -2e-3, 8e-3, bound="host") is True
+    assert "inside the predicted range, 0.90x to 1.40x" in glued["r"]
+    assert verdicts.judge_cost_range("r", [d * 2 for d in ddp], ddp, -2e-3, 8e-3, bound="host") is False
+    mixed = [d * r for d, r in zip(ddp, (1.1, 1.5, 1.2))]
+    assert verdicts.judge_cost_range("r", mixed, ddp, -2e-3, 8e-3, bound="host") is None
+    assert glued["r"].startswith("undecided")
+    with pytest.raises(ValueError, match="low_s"):
+        verdicts.judge_cost_range("r", inside, ddp, 1e-3, -1e-3, bound="host")
+    assert "cannot tell" in verdicts.resolution(1.02, 0.1, "ZeRO-1", "DDP")
+    assert "can tell ZeRO-1 from DDP" in verdicts.resolution(1.2, 0.1, "ZeRO-1", "DDP")
