@@ -97,8 +97,10 @@ def indices_no_epoch(n, rank, world, epoch):  # set_epoch forgotten: one order f
 
 
 @pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU (gloo) path")
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 4])
 def test_code_checks_on_gloo_processes(n):
+    """Every wrong function of exercises 1, 4 and 5 fails its check on the ranks of CI (2) and
+    of the reference run (4 gloo ranks), all of them in one launch per world size."""
     solution = _cell("def allreduce_gradients")
     optimizer = _cell("def make_optimizer").split("\n\n\n### BEGIN SOLUTION")[0]
     sampler = _cell("def indices_for")
