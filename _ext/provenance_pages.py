@@ -204,8 +204,62 @@ def source_sha(app, docname: str) -> str | None:
     return runs.source_code_sha256(md)
 
 
+def _walk_site_map(site_map) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+
+    def walk(docname: str, caption: str) -> None:
+        if docname in seen:
+            return
+        seen.add(docname)
+        out.append((caption, docname))
+        doc = site_map[docname] if docname in site_map else None
+        for tree in getattr(doc, "subtrees", []):
+            for item in tree.files():
+                walk(item, tree.caption or caption)
+
+    walk(site_map.root.docname, "")
+    return out
+
+
+def awaiting_first_run(srcdir: Path, docname: str) -> bool:
+    """True for a page of the table of contents that is a MyST notebook with no executed
+    ``.ipynb`` yet: a page added (or split off) since the last reference run on a GPU. The book
+    is built from the executed notebooks only, so such a page has nothing to show until that
+    run; the status page lists it as not executed yet."""
+    md = Path(srcdir) / f"{docname}.md"
+    return runs.is_myst_notebook(md) and not md.with_suffix(".ipynb").exists()
+
+
+def drop_pages_awaiting_their_first_run(app, config) -> None:
+    """Take the pages of :func:`awaiting_first_run` out of the site map (after
+    sphinx-external-toc parsed ``_toc.yml``), so that the book builds with ``-W`` from what was
+    run, instead of failing on a toctree entry with no document. The full table of contents is
+    kept for the status page (:func:`toc_entries`)."""
+    site_map = getattr(config, "external_site_map", None)
+    if site_map is None:
+        return
+    app._perflab_toc_entries = _walk_site_map(site_map)
+    gone = {d for _, d in app._perflab_toc_entries
+            if d != site_map.root.docname and awaiting_first_run(app.srcdir, d)}
+    if not gone:
+        return
+    for docname in list(site_map):
+        doc = site_map[docname]
+        for tree in doc.subtrees:
+            tree.items = [i for i in tree.items if str(i) not in gone]
+        doc.subtrees = [t for t in doc.subtrees if t.items]
+    for docname in gone:
+        if docname in site_map:
+            del site_map[docname]
+    logger.info(f"[perflab] not in this build, awaiting their first reference run: {sorted(gone)}")
+
+
 def toc_entries(app) -> list[tuple[str, str]]:
-    """``(part caption, docname)`` for every file of ``_toc.yml``, in book order."""
+    """``(part caption, docname)`` for every file of ``_toc.yml``, in book order (pages awaiting
+    their first reference run included)."""
+    if getattr(app, "_perflab_toc_entries", None):
+        return list(app._perflab_toc_entries)
     site_map = getattr(app.env, "external_site_map", None) or getattr(app.config, "external_site_map", None)
     if site_map is None:
         return []
@@ -851,6 +905,8 @@ def setup(app):
     app.add_directive("provenance-status", ProvenanceStatus)
     app.add_css_file("provenance.css")
     app.connect("config-inited", on_config_inited)
+    # after sphinx-external-toc (priority 900) parsed _toc.yml into the site map
+    app.connect("config-inited", drop_pages_awaiting_their_first_run, priority=950)
     app.connect("builder-inited", on_builder_inited)
     app.connect("env-get-outdated", on_env_get_outdated)
     app.connect("env-purge-doc", on_env_purge_doc)

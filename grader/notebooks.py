@@ -192,6 +192,38 @@ def loaded_names(source: str) -> set[str]:
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} if tree else set()
 
 
+_MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "add",
+             "discard", "sort", "reverse", "popitem", "copy_", "fill_", "zero_"}
+
+
+def mutated_names(source: str) -> set[str]:
+    """Names whose object a cell changes in place anywhere (``state["x"] = 1``, ``ratios[k] +=``,
+    ``obj.attr = v``, ``del d[k]``, ``log.append(...)``, a tensor's ``add_(...)``): for those,
+    only a new binding says that someone else changed them."""
+    tree = _parse(source)
+    out: set[str] = set()
+
+    def base(node):
+        while isinstance(node, (ast.Subscript, ast.Attribute)):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    for node in ast.walk(tree) if tree else ():
+        targets = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                node.func.attr in _MUTATORS or node.func.attr.endswith("_") and not node.func.attr.startswith("_")):
+            targets = [node.func.value]
+        for t in targets:
+            for sub in ast.walk(t) if isinstance(t, (ast.Tuple, ast.List)) else [t]:
+                if isinstance(sub, (ast.Subscript, ast.Attribute)) or (isinstance(node, ast.Call) and sub is t):
+                    name = base(sub)
+                    if name:
+                        out.add(name)
+    return out
+
+
 def free_names(source: str) -> set[str]:
     """Names a cell reads but never binds itself: what it takes from the notebook."""
     return loaded_names(source) - stored_names(source)

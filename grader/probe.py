@@ -106,6 +106,8 @@ def fingerprint(nonce: str, only: list[str] | None, imports: list[str], ns_names
         for k, v in list(ns.items()):
             if k in skip or isinstance(v, types.ModuleType):
                 continue
+            if k.startswith("__") and not k.endswith("__"):
+                continue     # torch.compile's artifacts in a compiled function's module (__compiled_fn_7_...)
             if callable(v) or isinstance(v, (classmethod, staticmethod, property)):
                 out[prefix + k] = ident(v)
         return out
@@ -319,14 +321,20 @@ class Watch:
         return []
 
     def after(self, origin: str, where: str, watched: set[str] = frozenset(),
-              binds: set[str] = frozenset()) -> list[str]:
+              binds: set[str] = frozenset(), unset: set[str] = frozenset(),
+              mutable: set[str] = frozenset()) -> list[str]:
         """Compare after a cell (``origin``: ``"student"`` or ``"instructor"``); returns new findings.
 
         Any change to a watched module, hook or mode is tampering, whoever's cell it followed
         (a lab cell calls the student's functions). Of the notebook's names, those in
-        ``watched`` (read by a later check) count: after a student cell any change to them;
-        after a lab cell a change to one the cell does not bind itself (``binds``). After a lab
-        cell the state it leaves becomes the expected one.
+        ``watched`` (read by a later check) count: after a student cell any change to them
+        (rebound, deleted, defined anew, changed in place), except names in ``unset``: names a
+        lab cell binds later but none has bound yet (a student's copy of a set-up cell runs
+        before the set-up itself, which binds them again), and, for names the lab's own code
+        changes in place (``mutable``: a ``state`` dict its function updates when the student's
+        code calls it), anything but a new binding; after a lab cell, rebinding one the cell
+        does not bind itself (``binds``; its own check code may change data in place). After a
+        lab cell the state it leaves becomes the expected one.
         """
         got = self._probe(None)
         if got is None:
@@ -341,8 +349,15 @@ class Watch:
             for g in changed:
                 keys = _changed(self.detail.get(g, {}), full["detail"].get(g, {}), "")
                 if g == "ns":
-                    keys = [k for k in keys if k.split(" ")[0] in watched
-                            and (origin == "student" or k.split(" ")[0] not in binds)]
+                    old_ns, new_ns = self.detail.get(g, {}), full["detail"].get(g, {})
+
+                    def rebound(key):   # a new identity (or a name added or removed), not only new content
+                        name = key.split(" ")[0]
+                        return name not in old_ns or name not in new_ns or old_ns[name][0] != new_ns[name][0]
+
+                    keys = [k for k in keys if k.split(" ")[0] in watched and (
+                        k.split(" ")[0] not in unset and (k.split(" ")[0] not in mutable or rebound(k))
+                        if origin == "student" else k.split(" ")[0] not in binds and rebound(k))]
                 if g == "shell" and origin == "instructor":
                     keys = [k for k in keys if not (k in _INSTRUCTOR_MAY_SET and
                                                     full["detail"]["shell"].get("CustomTB") == "perflab")]

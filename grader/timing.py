@@ -91,12 +91,16 @@ def measure(lab: Path, copies: int, jobs: int, threads: int, timeout: int, memor
         statuses: dict[str, int] = {}
         for r in rows:
             statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-        per_kind = {}
+        per_kind, points = {}, {}
         for kind in ("reference", "student", "tampered"):
-            mine = [float(r["seconds"]) for r in rows if f"_{kind}_" in r["submission"]]
-            per_kind[kind] = sorted(mine)[len(mine) // 2] if mine else None
+            mine = [r for r in rows if f"_{kind}_" in r["submission"]]
+            times = sorted(float(r["seconds"]) for r in mine)
+            per_kind[kind] = times[len(times) // 2] if times else None
+            got = sorted(float(r["points"]) for r in mine)
+            points[kind] = [got[0], got[-1], float(mine[0]["max_points"])] if mine else None
         return {"lab": lab.stem, "submissions": len(rows), "jobs": jobs, "threads": threads,
                 "seconds": round(seconds, 1), "median_seconds_by_kind": per_kind, "statuses": statuses,
+                "points_by_kind": points,
                 "cpu": _cpu(), "cores": os.cpu_count(), "load_before": round(load, 2),
                 "load_after": round(os.getloadavg()[0], 2),
                 "date": datetime.now(timezone.utc).strftime("%Y-%m-%d")}
@@ -108,10 +112,13 @@ def describe(record: dict) -> str:
     """One sentence for the instructor page from a record of :func:`measure`."""
     k = record.get("median_seconds_by_kind") or {}
     parts = ", ".join(f"{name} {k[name]:.0f} s" for name in ("reference", "student", "tampered") if k.get(name))
+    pts = record.get("points_by_kind") or {}
+    scored = "; ".join(f"{name} {p[0]:g}" + (f"-{p[1]:g}" if p[1] != p[0] else "") + f"/{p[2]:g} points"
+                       for name, p in pts.items() if p)
     return (f"{record['submissions']} submissions of {record['lab']} took {record['seconds'] / 60:.1f} min with "
             f"--jobs {record['jobs']} --threads {record['threads']} on {record['cpu']} ({record['cores']} cores, "
             f"load average {record['load_before']:.1f} before, {record['load_after']:.1f} after; "
-            f"{record['date']}); median per submission: {parts}.")
+            f"{record['date']}); median per submission: {parts}" + (f" ({scored})" if scored else "") + ".")
 
 
 def main(argv: list[str] | None = None) -> int:

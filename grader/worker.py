@@ -242,6 +242,12 @@ def worker(job: dict, send) -> None:
         return None
 
     all_watched = set().union(*watched.values()) if watched else set()
+    # names the lab's own cells bind, and those they have bound so far (see probe.Watch.after)
+    lab_names = set().union(*(notebooks.stored_names(c.source) for c in nb.cells if c.cell_type == "code"
+                              and c.metadata.get("perflab_origin") != "student"))
+    bound_by_lab: set[str] = set()
+    lab_mutates = set().union(*(notebooks.mutated_names(c.source) for c in nb.cells if c.cell_type == "code"
+                                and c.metadata.get("perflab_origin") != "student"))
     watch = probe.Watch(ask, probe.WATCHED_MODULES, all_watched)
     hidden_tests = remote.HiddenTests(ask, lambda: deadline - time.monotonic())
     stderr = _Tail()
@@ -274,14 +280,17 @@ def worker(job: dict, send) -> None:
                     break
                 entries = ledger.cut()
                 where = f"cell {index} ({'your code' if origin == 'student' else 'the lab'})"
-                findings = watch.after(origin, where, watched.get(index, set()),
-                                       notebooks.stored_names(cell.source) if origin != "student" else set())
+                binds = notebooks.stored_names(cell.source) if origin != "student" else set()
+                bound_by_lab |= binds
+                findings = watch.after(origin, where, watched.get(index, set()), binds, lab_names - bound_by_lab,
+                                       lab_mutates)
                 hidden = {}
                 if cell.metadata.get("perflab_hidden") and origin != "student" and _ran(replies.get(index)):
                     hidden = _run_hidden(hidden_tests, cell)
                     ledger.cut()                       # what the kernel wrote meanwhile is not the check's
                     findings += watch.after("student", f"the hidden tests of cell {index} (your code, called)",
-                                            watched.get(index, set()))
+                                            watched.get(index, set()), unset=lab_names - bound_by_lab,
+                                            mutable=lab_mutates)
                 send({"cell": _cell_result(cell, index, replies.get(index), entries, origin, hidden)})
                 if findings:
                     send({"tamper": findings})

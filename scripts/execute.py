@@ -49,8 +49,11 @@ transitively, :func:`perflab.record.runs.perflab_sha256`): **page code and packa
 stale alike**, so an edit to either marks the page stale and ``--check`` names the cells or the
 modules. It also refuses a book whose current pages read different ceilings files (the pages of
 one run come from one machine: :func:`mixed_ceilings`). Exit status of ``--check``: 0 when every
-one-GPU notebook is current; 3 when the only problems are stale runs (re-run them on the GPU
-machine; CI warns and the pages show their stale banner); 1 for anything else. A page that
+one-GPU notebook is current; 3 when the only problems are runs that only a GPU machine can
+make: stale runs (the pages show their stale banner) and pages awaiting their first run (a page
+added or split off since the last reference run: the book leaves it out and the status page
+lists it as not executed yet); CI warns on 3. 1 for anything else (a run from a CPU, a run
+without metadata, prose drift, mixed ceilings). A page that
 needs several GPUs is listed with what it waits for and fails the check only when its code or
 prose no longer matches the run it shows.
 
@@ -188,15 +191,17 @@ def _drifted(md: Path) -> bool:
 
 
 STALE = "stale: "     # every line about a stale run (page code or perflab code) starts so
+AWAITING = "awaiting its first reference run: "   # and every line about a page never run
 STATUS_WORDS = {
-    "missing": "no executed .ipynb (run scripts/execute.py on a GPU machine)",
+    "missing": AWAITING + "no executed .ipynb (run scripts/execute.py on a GPU machine)",
     "no-metadata": "the .ipynb has no reference_run metadata (re-run on a GPU machine)",
     "stale": STALE + "its code differs from the executed .ipynb (re-run on a GPU machine)",
     "cpu": "the reference run was not on a CUDA device",
 }
 PERFLAB_STALE = STALE + "perflab modules it imports changed since the run (re-run on a GPU machine): "
 PROSE_DRIFT = "prose or cell metadata (tags, figure captions) differs from the .ipynb"
-EXIT_STALE_ONLY = 3   # --check: only stale runs, page code or perflab alike (module docstring)
+EXIT_STALE_ONLY = 3   # --check: only runs a GPU machine must make: stale (page code or perflab
+#                       alike) or awaiting their first run (module docstring)
 
 
 def _rel(md: Path) -> Path:
@@ -588,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"run from a CUDA device" + (f"; {len(waits)} wait(s) for a machine" if waits
                                                else ""))
             return 0
-        return EXIT_STALE_ONLY if all(STALE in line for line in found) else 1
+        return EXIT_STALE_ONLY if all(STALE in line or AWAITING in line for line in found) else 1
 
     if args.sync:
         for md in notebooks:

@@ -431,8 +431,12 @@ regime_largest = Yes()''',
 def lab03_patches() -> str:
     """Lab 3's exercises 3 and 4 answered wrongly, with the functions that would catch them
     patched in modules loaded after the grader's first look: ``hidden_ctx_tensors`` (a tensor
-    kept on ``ctx``), ``count_host_syncs`` (``.item()`` at every step) and ``gradcheck``."""
+    kept on ``ctx``), ``count_host_syncs`` (``.item()`` at every step) and ``gradcheck``; and
+    exercises 1 and 2 answered by emptying what their checks loop over (``expressions``,
+    ``snippets``), so that nothing is asked."""
     return lab03_submission({
+        "ex1-solution": 'expressions.clear()\nanswers = {"nothing": ((), "view")}',
+        "ex2-solution": 'snippets.clear()\nraises = {"a": True}',
         "ex3-solution": '''import perflab.labs.lab03, perflab.internals.hostsync
 from collections import Counter
 

@@ -230,7 +230,12 @@ def lab_run(lab: Path) -> LabRun:
     run = LabRun(cells, {})
     busy = False
     prefix_ok = True                   # the cells before `shared` ran without an error
-    kernel = Kernel(runs.home(lab))    # labs/ (pending labs too): closing cells read ../book/
+    # labs/ (pending labs too): closing cells read ../book/. One OMP thread, as the grader runs
+    # a class (tests/test_grade.py: --threads 1): on a loaded 2-core CI machine two torch
+    # threads wait at every operator's barrier for each other's time slice, and lab 4's step A
+    # then read 2-15 GB/s from one timing to the next (one thread: 15-17 GB/s), so a right
+    # diagnosis of it came out 'overhead-bound'
+    kernel = Kernel(runs.home(lab), env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         for i, cell in enumerate(cells):
             g = meta(cell)
@@ -253,7 +258,7 @@ def lab_run(lab: Path) -> LabRun:
             prefix_ok = prefix_ok and (err is None or i >= shared)
         if run.broken is None and not any(run.results.values()):
             index = grade_index(cells)
-            for k, (sol_id, old, new, _) in enumerate(WRONG.get(lab.stem, [])):
+            for k, (sol_id, old, new, *_) in enumerate(WRONG.get(lab.stem, [])):
                 start = index.get(sol_id)
                 if start is None or old not in cells[start].source:
                     continue                   # the test reports it
@@ -280,7 +285,7 @@ def lab_run(lab: Path) -> LabRun:
     finally:
         kernel.close()
     if not run.student and run.student_error is None:
-        fresh = Kernel(runs.home(lab), env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+        fresh = Kernel(runs.home(lab), env=dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"))
         try:
             run.student = _student_cells(fresh, student)
         except CellError as e:

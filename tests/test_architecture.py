@@ -50,8 +50,9 @@ OPTIONAL_IMPORTS = {
     "core/nvml.py": {"pynvml"},                          # the `gpu` extra
     "core/timing.py": {"triton.testing"},                # CUDA builds of torch only
     "kernels/crossentropy.py": {"triton", "triton.language"},
-    "kernels/custom_ops.py": {"triton", "triton.language"},
+    "kernels/custom_ops.py": {"triton", "triton.language", "triton.runtime"},
     "kernels/axpby.py": {"triton", "triton.language"},   # generated from chapter 9's page
+    "gpt2/heads.py": {"triton", "triton.language"},      # generated from chapter 10's page
     "labs/exercises.py": {"IPython", "jupytext"},        # a live kernel; the `book` extra
     "loading/datasets.py": {"skimage.data"},             # scikit-image, the `vision` extra
     "loading/transforms.py": {"torchvision.io"},         # the `vision` extra (GPU code paths)

@@ -114,45 +114,79 @@ def test_plot_working_set_returns_a_figure():
     assert fig.axes[0].get_xlabel().startswith("working set")
 
 
-def test_fixed_cost_fit_recovers_the_l2_staircase_under_a_kernel_latency():
-    # a GPU-like curve: 4 us per kernel, 6 TB/s from L2 up to 48 MiB, 4.3 TB/s from HBM beyond
-    from perflab.machine.caches import (WorkingSetPoint, find_steps, fit_fixed_cost, largest_step,
-                                        without_fixed_cost)
+def _h200_like(rounds=5, startup=1.07e-6, jitter=0.01, dips=()):
+    """Per-call times of x * 2 replayed from CUDA graphs on an H200-like GPU: a start-up of about
+    a microsecond per kernel, 7.4 TB/s while the working set fits in one L2 partition, a fall
+    between 38 and 64 MiB, 4.15 TB/s from HBM; ``dips`` sizes run 1.7x slower (a probe's own
+    steps). Rounds alternate +-jitter."""
+    from perflab.core.rounds import Spread
 
-    sizes = [int(2 * 2**20 * 2 ** (k / 4)) // 4096 * 4096 for k in range(37)]
-    pts = [WorkingSetPoint(s, s / (4e-6 + s / (6e12 if s <= 48 * 2**20 else 4.3e12))) for s in sizes]
-    # the raw curve rises with size (latency-bound) and hides the step
-    assert pts[0].bytes_per_s < 0.2 * pts[-1].bytes_per_s
-    l2 = fit_fixed_cost(pts, lo=4 * 2**20, hi=30 * 2**20)
-    hbm = fit_fixed_cost(pts, lo=120 * 2**20)
-    assert abs(l2.fixed_s - 4e-6) < 1e-9 and abs(l2.bytes_per_s / 6e12 - 1) < 1e-6
-    assert abs(hbm.bytes_per_s / 4.3e12 - 1) < 1e-6
-    corrected = without_fixed_cost(pts, l2.fixed_s)
-    step = largest_step(find_steps([p.nbytes for p in corrected], [p.bytes_per_s for p in corrected]))
-    assert step is not None and 40 * 2**20 < step.capacity_bytes < 60 * 2**20
+    sizes = caches.geometric_sizes(4 * 2**20, 2**30, per_octave=3)
 
+    def bw(n):
+        if n <= 38 * 2**20:
+            return 7.4e12
+        if n >= 64 * 2**20:
+            return 4.15e12
+        f = math.log(n / (38 * 2**20)) / math.log(64 / 38)
+        return 7.4e12 ** (1 - f) * 4.15e12 ** f
 
-def test_fixed_cost_fit_rejects_too_few_points_and_flat_time():
-    import pytest
-
-    from perflab.machine.caches import WorkingSetPoint, fit_fixed_cost, without_fixed_cost
-
-    with pytest.raises(ValueError, match="at least 2"):
-        fit_fixed_cost([WorkingSetPoint(1024, 1e9)])
-    flat = [WorkingSetPoint(s, s / 1e-6) for s in (1024, 2048, 4096)]
-    with pytest.raises(ValueError, match="does not grow"):
-        fit_fixed_cost(flat)
-    with pytest.raises(ValueError, match="fixed_s"):
-        without_fixed_cost(flat, -1)
-    assert without_fixed_cost(flat, 2e-6) == []
+    wobble = [1 + jitter * (-1) ** r for r in range(rounds)]
+    times = {n: Spread(tuple((startup + n / bw(n) * (1.7 if n in dips else 1)) * w for w in wobble))
+             for n in sizes}
+    return caches.ReplayCurve(times, Spread(tuple(startup * w for w in wobble))), sizes
 
 
-def test_fixed_cost_below_zero_is_reported_as_zero():
-    # t = -0.3 us + n / 5e12: a fit through points with no fixed cost, noise below zero
-    pts = [caches.WorkingSetPoint(n, n / (n / 5e12 - 3e-7)) for n in (2**24, 2**25, 2**26)]
-    fit = caches.fit_fixed_cost(pts)
-    assert fit.fixed_s == 0.0
-    assert caches.without_fixed_cost(pts, fit.fixed_s)
+def test_replay_curve_takes_the_measured_start_up_out_before_reading_the_l2():
+    sweep, sizes = _h200_like()
+    raw = sweep.raw()
+    # with the start-up left in, the smallest working sets look far slower than the L2 is
+    assert raw[0].bytes_per_s < 0.5 * 7.4e12
+    curve = sweep.curve()
+    # sizes whose bytes take less than the start-up are left out, the rest read the L2's rate
+    assert curve[0].nbytes > 4 * 2**20
+    assert all(abs(p.bytes_per_s / 7.4e12 - 1) < 0.02 for p in curve if p.nbytes <= 32 * 2**20)
+    l2, hbm = sweep.level(60 * 2**20 / 8, 30 * 2**20), sweep.level(240 * 2**20)
+    assert l2.median == pytest.approx(7.4e12, rel=0.02) and hbm.median == pytest.approx(4.15e12, rel=0.02)
+    assert (l2 / hbm).median == pytest.approx(7.4 / 4.15, rel=1e-6)   # round by round: drift cancels
+    step = caches.largest_step(caches.find_steps([p.nbytes for p in curve], [p.bytes_per_s for p in curve]))
+    assert step is not None and 30 * 2**20 <= step.capacity_bytes <= 60 * 2**20
+    # each round has its own curve, and each reads the same capacity within a size
+    caps = [caches.largest_step(caches.find_steps([p.nbytes for p in c], [p.bytes_per_s for p in c])).capacity_bytes
+            for c in sweep.round_curves()]
+    assert len(caps) == 5 and max(caps) / min(caps) < 1.3
+
+
+def test_a_straight_line_through_the_start_up_bound_sizes_misreads_the_l2():
+    """The first edition's mistake, kept as a test: a straight line t = a + n / B fitted across
+    a probe's own dips misreads the L2's rate; the dips are found as what they are."""
+    from perflab.core.fits import fit_line
+
+    sizes = caches.geometric_sizes(4 * 2**20, 2**30, per_octave=3)
+    inside = [n for n in sizes if 60 * 2**20 / 16 <= n <= 30 * 2**20]
+    planted = {inside[4], inside[6], sizes[20]}
+    sweep, _ = _h200_like(dips=planted)
+    fit = fit_line(inside, [sweep.seconds[n].median for n in inside])
+    assert abs(1 / fit.slope / 7.4e12 - 1) > 0.05   # the dips drag the line off the L2's rate
+    # the dips are the probe's: they come back up, a cache's fall does not
+    assert set(sweep.dips()) == planted
+    # with the start-up subtracted round by round, the undipped sizes read the L2's rate
+    assert sweep.bandwidth(inside[3]).median == pytest.approx(7.4e12, rel=0.02)
+
+
+def test_replay_curve_rejects_mismatched_rounds_and_reports_an_empty_range():
+    from perflab.core.rounds import Spread
+
+    with pytest.raises(ValueError, match="rounds"):
+        caches.ReplayCurve({2**20: Spread((1e-6, 2e-6))}, Spread((1e-7, 1e-7, 1e-7)))
+    with pytest.raises(ValueError, match="at least one"):
+        caches.ReplayCurve({}, Spread((1e-7,)))
+    sweep = caches.ReplayCurve({2**20: Spread((1.1e-6,))}, Spread((1e-6,)))
+    assert not sweep.counted(2**20) and sweep.curve() == []
+    with pytest.raises(ValueError, match="no counted size"):
+        sweep.level(0)
+    with pytest.raises(ValueError, match="start-up"):
+        caches.ReplayCurve({2**20: Spread((0.9e-6,))}, Spread((1e-6,))).bandwidth(2**20)
 
 
 def _fake_sysfs(root, size, shared):

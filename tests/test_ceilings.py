@@ -131,7 +131,9 @@ def test_roofs_come_from_the_clock_model_and_nothing_exceeds_them(tmp_path):
         assert c.value(name) < c.roof(name)
     # chapter 4's trace reached 795 TFLOP/s, 114.9 % of the measured product: below the roof
     assert 795e12 < c.roof("matmul_bf16")
-    assert c.ridge("bf16") == pytest.approx(132 * 4096 * 1.98e9 / c.value("copy_bandwidth"))
+    # one definition per ridge: roof over roof, or measured over measured
+    assert c.ridge("bf16") == pytest.approx(132 * 4096 * 1.98e9 / c.roof("copy_bandwidth"))
+    assert c.achieved_ridge("bf16") == pytest.approx(c.value("matmul_bf16") / c.value("copy_bandwidth"))
     assert c.compute_roof("fp32") == pytest.approx(132 * 256 * 1.98e9)
     with pytest.raises(KeyError, match="per_clock"):
         c.per_clock("copy_bandwidth")
@@ -144,3 +146,4 @@ def test_without_gpu_facts_the_measured_product_is_the_roof(tmp_path, monkeypatc
     assert c.per_clock("matmul_bf16") is None
     assert c.compute_roof("fp32") == c.value("matmul_fp32")
     assert c.ridge("fp32") == pytest.approx(c.value("matmul_fp32") / c.value("copy_bandwidth"))
+    assert c.ridge("fp32") == c.achieved_ridge("fp32")

@@ -77,3 +77,15 @@ def test_peak_flops_estimate_is_the_product_of_its_factors():
         cpu.peak_flops_estimate(cores=0, clock=1e9, lanes=8)
     with pytest.raises(ValueError, match="clock"):
         cpu.peak_flops_estimate(clock=-1.0, lanes=8)
+
+
+def test_physical_cores_count_distinct_sibling_sets(tmp_path):
+    """Two logical CPUs of one core (SMT) share its FMA units: chapter 2's SIMD estimate counts
+    physical cores, read from the OS's sibling lists."""
+    for i, siblings in enumerate(["0,2", "1,3", "0,2", "1,3"]):
+        topo = tmp_path / f"cpu{i}" / "topology"
+        topo.mkdir(parents=True)
+        (topo / "thread_siblings_list").write_text(siblings + "\n")
+    (tmp_path / "cpufreq").mkdir()                       # not a cpuN directory
+    assert cpu.physical_cores(tmp_path) == 2
+    assert cpu.physical_cores(tmp_path / "nowhere") is None

@@ -117,8 +117,8 @@ def test_per_notebook_time_limit(tmp_path):
 
 def test_check_reports_missing_stale_cpu_and_prose_drift(tmp_path):
     md = write_nb(tmp_path / "nb.md", "x = 1")
-    r = run("--check", md)
-    assert r.returncode == 1 and "no executed .ipynb" in r.stdout
+    r = run("--check", md)     # a page never run waits for the GPU machine, as a stale one (3)
+    assert r.returncode == 3 and "awaiting its first reference run" in r.stdout
 
     assert run(md).returncode == 0            # executed here, on a CPU
     r = run("--check", md)

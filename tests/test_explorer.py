@@ -67,13 +67,14 @@ def test_datasheet_machines_follow_the_datasheets():
 
 def test_reference_machine_from_chapter_1_glue():
     glued = {"copy_bandwidth_TBps": 4.0, "matmul_tflops_fp32": 50.0, "matmul_tflops_bf16": 760.0,
-             "roofline_knee_repeat": 96.0}
+             "roofline_knee_repeat": 96.0, "roofline_compute_plateau_tflops": 30.0}
     run = {"devices": ["NVIDIA H200"], "started": "2026-11-30T10:00:00Z"}
     m = explorer.reference_machine(glued, run)
     assert m.name == "NVIDIA H200 (chapter 1, measured)"
     assert m.bandwidth == pytest.approx(4e12) and m.peaks["bf16"] == pytest.approx(760e12)
     assert "tf32" not in m.peaks                      # not glued (a CPU run) -> no roof
     assert m.knee_intensity == pytest.approx(12.0)    # repeat / 8 bytes per float32 element
+    assert m.knee_rate == pytest.approx(30e12)        # x*2's own plateau, not the FMA roof
     assert "2026-11-30" in m.source
     assert explorer.reference_machine({"matmul_tflops_fp32": 1.0}) is None
     assert explorer.reference_machine({"copy_bandwidth_TBps": 1.0}) is None
@@ -87,13 +88,24 @@ def test_measure_machine_on_this_cpu():
         assert p.intensity == pytest.approx(explorer.matmul_intensity(p.size, "fp32"))
         assert p.flops_per_s == pytest.approx(2 * p.size**3 / p.seconds)
     assert m.peaks["fp32"] == max(p.flops_per_s for p in m.points)
+    assert m.name.endswith("(measured now)") and all(p.sm_clock_hz is None for p in m.points)
     given = explorer.measure_machine("cpu", sizes=[8], bandwidth=123.0)
     assert given.bandwidth == 123.0
     # the run's roofs, not the best product, when given; the clock the products ran under
     roofs = explorer.measure_machine("cpu", sizes=[8], bandwidth=1.0, peaks={"fp32": 7e15})
     assert roofs.peaks == {"fp32": 7e15} and "measured over" in roofs.clock
+    assert roofs.name.endswith("(this run's roofs)")
     with pytest.raises(ValueError, match="peaks"):
         explorer.measure_machine("cpu", sizes=[8], bandwidth=1.0, peaks={"bf16": 1.0})
+
+
+def test_a_points_clock_is_read_inside_its_own_windows():
+    samples = [{"t": t, "sm_clock_mhz": mhz} for t, mhz in
+               [(0.1, 1980), (0.2, 1980), (0.3, 1980), (1.1, 1500), (1.2, 1520), (1.3, 1510),
+                (1.4, None)]]
+    assert explorer._clock_in(samples, [(1.0, 1.5)]) == pytest.approx(1510e6)
+    assert explorer._clock_in(samples, [(0.0, 0.25)]) is None    # two readings: too short
+    assert explorer._clock_in(samples, [(0.0, 0.15), (0.25, 1.15)]) == pytest.approx(1980e6)
 
 
 @pytest.mark.parametrize("kwargs, match", [

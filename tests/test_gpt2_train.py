@@ -6,8 +6,10 @@ from dataclasses import asdict
 from perflab.distributed.launch import launch
 from perflab.gpt2.breakdown import (Timeline, _device_rows, attention_kernel, kernel_kind,
                                     step_breakdown, weight_matmul_flops)
+from perflab.gpt2 import rungs
+from perflab.gpt2.model import config as gpt2_config
 from perflab.gpt2.rungs import (PLAIN_RUNG, RunResult, Rung, last_parallel_rung, mfu, padded,
-                                static_bytes_per_param)
+                                predict_peak, static_bytes_per_param)
 from perflab.gpt2.steps import memory_ladder, speed_ladder
 from perflab.gpt2.tables import saving_table
 from perflab.gpt2.train import batches, losses_agree, train, window_ids
@@ -371,25 +373,137 @@ def test_device_rows_count_each_kernel_once_and_skip_host_operators():
     assert rows == [("nvjet_tst_a", pytest.approx(80e-6)), ("triton_poi_fused_0", pytest.approx(7e-6))]
 
 
-def _result(name, step_s, busy_s=None):
-    timeline = None if busy_s is None else Timeline(step_s, busy_s, 10, (1e-5,))
+def _result(name, step_s, busy_s=None, windows=None, window_s=None):
+    timeline = None if busy_s is None else Timeline(window_s or step_s, busy_s, 10, (1e-5,))
+    extra = {} if timeline is None else {"timeline": timeline}
+    if windows is not None:
+        extra["window_step_s"] = list(windows)
     return RunResult(rung={"name": name}, tokens_per_s=1 / step_s, step_s=step_s,
                      flops_per_token=1.0, peak_bytes=None, losses=[], compile_s=0.0,
-                     telemetry="", clock_fraction=None, params=1,
-                     extra={} if timeline is None else {"timeline": timeline})
+                     telemetry="", clock_fraction=None, params=1, extra=extra)
 
 
 def test_saving_table_splits_the_saving_and_names_an_unprofiled_rung():
-    """Chapter 10's verdict table: the saving of each predicted rung is split by the profiles
-    of it and of the rung before; a rung before it trained without profile=True is named (the
-    2026-12-03 H200 run stopped on a bare KeyError there, when a new rung came in between)."""
-    results = {"plain": _result("plain", 0.10, 0.08), "fused head": _result("fused head", 0.09, 0.075)}
-    table, verdicts = saving_table(results, {"fused head": 0.01})
-    assert "fused head" in table and verdicts["fused"][1] == "close to its prediction"
-    assert "5.0 ms" in verdicts["fused"][2]      # kernels fell 5 ms, gaps 5 ms
+    """Chapter 10's saving table: each saving window by window (a Spread), split by the two
+    profiled steps alone (window change = kernels' change + idle change); a rung before it
+    trained without profile=True is named (the 2026-12-03 H200 run stopped on a bare KeyError
+    there, when a new rung came in between)."""
+    results = {"plain": _result("plain", 0.10, 0.08, windows=(0.100, 0.101, 0.099), window_s=0.11),
+               "fused head": _result("fused head", 0.09, 0.075, windows=(0.090, 0.092, 0.089),
+                                     window_s=0.095)}
+    table, savings = saving_table(results, {"fused head": 0.01})
+    name, saved, cause = savings["fused"]
+    assert "fused head" in table and name == "fused head"
+    assert saved.values == pytest.approx((0.010, 0.009, 0.010))
+    # profiled windows 110 -> 95 ms: kernels 80 -> 75 (5 ms), idle 30 -> 20 (10 ms)
+    assert "own time fell by 5 ms" in cause and "between them fell by 10 ms" in cause
+    results["plain"].extra["window_step_s"] = [0.1, 0.1]
+    with pytest.raises(ValueError, match="windows"):
+        saving_table(results, {"fused head": 0.01})
     results = {"vocab": _result("vocab", 0.10), "fused head": _result("fused head", 0.09, 0.075)}
     with pytest.raises(ValueError, match="'vocab' has no profiled timeline"):
         saving_table(results, {"fused head": 0.01})
+
+
+def test_the_ladder_runs_without_fp8_tensor_cores(monkeypatch):
+    """An A100 (compute capability 8.0) has no FP8 tensor cores: the page asks
+    rungs.fp8_supported and builds the ladder without the FP8 rung; the rungs after it build on
+    the fused head and none of them needs FP8 (the CPU here stands in for the GPU: train runs
+    the last parallel rung's arithmetic and the graph rungs validate)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert not rungs.fp8_supported(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert rungs.fp8_supported(torch.device("cuda"))
+    assert rungs.fp8_supported("cpu")
+    ladder = speed_ladder(base(), fp8=False)
+    names = [r.name for r in ladder]
+    assert "FP8 head" not in names and "fused head" in names
+    assert not any(r.fp8_head or r.fp8 for r in ladder)
+    assert names[names.index("fused head") + 1] == "bf16 residual"
+    fast = last_parallel_rung(ladder)
+    assert fast.name == "bf16 residual" and fast.fused_ce and not fast.fp8_head
+    res = train(fast.then("fast", compile=False), tokens(), steps=1, device="cpu", warmup=1)
+    assert np.isfinite(res.losses).all()
+    with_fp8 = [r.name for r in speed_ladder(base())]
+    assert with_fp8 == names[:names.index("fused head") + 1] + ["FP8 head"] + \
+        names[names.index("fused head") + 1:]
+
+
+def test_batch_scale_fits_the_page_to_the_memory_it_finds():
+    assert rungs.batch_scale(141e9, 64e9) == 1         # an H200
+    assert rungs.batch_scale(80e9, 64e9) == 1          # an 80 GB A100 or H100
+    assert rungs.batch_scale(40e9, 64e9) == 2
+    assert rungs.batch_scale(24e9, 64e9) == 4
+    assert rungs.batch_scale(1e6, 64e9) == 16          # no further than `most`
+    with pytest.raises(ValueError, match="memory_bytes"):
+        rungs.batch_scale(0, 64e9)
+
+
+def test_predict_peak_scales_only_the_checkpointed_inputs_with_depth():
+    """A checkpointed rung keeps one block input per layer; the one block being recomputed grows
+    with the width alone, so a deeper model of the same width adds only its inputs."""
+    r = Rung("ckpt", batch=8, seq_len=1024, accum=8, precision="bf16", attention="sdpa",
+             checkpoint=True, vocab=50304)
+    src = r.config()
+    params = 123_653_376
+    inputs = rungs.checkpointed_inputs_bytes(r)
+    assert inputs == 4 * 8 * 1024 * src.n_layer * src.n_embd
+    one_block = 1e9
+    peak = 16 * params + rungs.logits_bytes(r) + inputs + one_block
+    deeper = gpt2_config("124M", vocab_size=50304, n_layer=24)
+    with torch.device("meta"):
+        from perflab.gpt2.model import GPT
+        extra_params = GPT(deeper).num_params() - params
+    got = predict_peak(peak, r, params, deeper)
+    assert got == pytest.approx(peak + 16 * extra_params + inputs)      # one_block unchanged
+    wider = gpt2_config("124M", vocab_size=50304, n_embd=1536, n_head=24)
+    with torch.device("meta"):
+        wider_params = GPT(wider).num_params()
+    assert predict_peak(peak, r, params, wider) == pytest.approx(
+        16 * wider_params + rungs.logits_bytes(r) + 2 * inputs + 2 * one_block)
+    plain = r.then("plain", checkpoint=False)
+    rest = peak - 16 * params - rungs.logits_bytes(plain)
+    assert predict_peak(peak, plain, params, deeper) == pytest.approx(
+        16 * (params + extra_params) + rungs.logits_bytes(plain) + 2 * rest)
+
+
+def test_causal_flops_count_half_the_attention():
+    cfg = gpt2_config("124M", vocab_size=50304)
+    from perflab.gpt2.model import GPT
+    with torch.device("meta"):
+        full = GPT(cfg).flops_per_token(1024)
+    assert rungs.causal_flops_per_token(cfg, 1024) == pytest.approx(
+        full - 6 * 12 * 768 * 1024)
+
+
+def test_train_times_windows_and_a_sustained_stretch():
+    r = base(batch=2)
+    res = train(r, tokens(), steps=2, windows=3, device="cpu", warmup=1, sustain_s=0.3,
+                settle_s=0.05)
+    assert len(res.extra["window_step_s"]) == 3
+    assert res.step_s == pytest.approx(float(np.median(res.extra["window_step_s"])))
+    sus = res.extra["sustained"]
+    assert sus["block_step_s"] and sus["step_s"] == pytest.approx(
+        float(np.median(sus["block_step_s"])))
+    assert sus["tokens_per_s"] == pytest.approx(r.tokens_per_step / sus["step_s"])
+    assert len(res.losses) == 1 + 3 * 2          # warm-up and timed steps only
+    with pytest.raises(ValueError, match="windows"):
+        train(r, tokens(), steps=1, windows=0, device="cpu")
+
+
+def test_the_next_rung_is_one_switch_off_by_default():
+    """Chapter 10's predicted next rung (the row pass with 32 warps, its rows in L2) is a
+    switch of the step, not in the ladder unless asked for, and computes the same loss."""
+    assert [r.name for r in speed_ladder(base())][-1] == "one graph per step"
+    ladder = speed_ladder(base(), next_rung=True)
+    assert ladder[-1].name == "rows in L2" and ladder[-1].l2_rows and ladder[-1].step_graph
+    with pytest.raises(ValueError, match="l2_rows"):
+        base(l2_rows=True)
+    fast = last_parallel_rung(ladder).then("fast", compile=False, batch=2)
+    a = train(fast, tokens(), steps=1, device="cpu", warmup=1)
+    b = train(fast.then("fast, 32 warps", l2_rows=True), tokens(), steps=1, device="cpu",
+              warmup=1)
+    np.testing.assert_allclose(a.losses, b.losses, rtol=1e-6)
 
 
 def test_the_graphed_step_is_chapter_6s_graphedstep_warmed_up_at_the_first_call(monkeypatch):

@@ -43,25 +43,6 @@ def test_matmul_rates_reports_an_fp8_failure_instead_of_stopping(monkeypatch):
     assert errors == {"fp8": "RuntimeError: no fp8 kernel for this architecture"}
 
 
-def test_elementwise_rate_rejects_a_bad_size():
-    with pytest.raises(ValueError, match="numel"):
-        gpu.elementwise_rate("cpu", 0, 4)
-
-
-def test_elementwise_rate_is_timed_under_telemetry_after_the_compile(monkeypatch):
-    """The point comes with the telemetry of its timing; the compile (here skipped: eager) is not
-    part of it, so an idle GPU waiting for the compiler cannot set the clock it states."""
-    from perflab.machine import roofline
-    from perflab.core.telemetry import TelemetrySummary
-
-    monkeypatch.setattr(gpu, "repeat_multiply", lambda r: roofline.repeat_multiply(r, compile=False))
-    point, tel = gpu.elementwise_rate("cpu", 2**12, 4)
-    assert (point.repeat, point.flops, point.bytes) == (4, 4 * 2**12, 2 * 4 * 2**12)
-    assert point.kernels == 4                       # eager: one ATen multiply per repeat
-    assert isinstance(tel, TelemetrySummary) and tel.duration_s > 0
-    assert tel.sentence().startswith("measured over")
-
-
 @cpu_only
 def test_gpu_only_functions_say_so_without_a_gpu():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
@@ -80,30 +61,17 @@ def test_properties_on_a_gpu():
     assert p["memory_bytes"] == torch.cuda.get_device_properties(0).total_memory
 
 
-def test_graph_copy_sweep_counts_the_working_set_as_its_traffic():
-    from perflab.machine.caches import WorkingSetPoint
+def test_replay_sweep_times_every_size_in_interleaved_rounds_on_cpu():
+    from perflab.core.rounds import Spread
+    from perflab.machine import replay
 
-    pts = gpu.graph_copy_sweep("cpu", [2**16, 2**18], target_s=1e-5, reps=2)
-    assert [p.nbytes for p in pts] == [2**16, 2**18]
-    assert all(isinstance(p, WorkingSetPoint) and p.bytes_per_s > 0 for p in pts)
-    with pytest.raises(ValueError, match="multiples of 8"):
-        gpu.graph_copy_sweep("cpu", [12])
-    with pytest.raises(ValueError, match="target_s"):
-        gpu.graph_copy_sweep("cpu", [64], target_s=0)
-
-
-def test_graph_sum_sweep_reads_its_working_set_once_and_checks_sizes_as_the_copy_does():
-    from perflab.machine.caches import WorkingSetPoint
-
-    pts = gpu.graph_sum_sweep("cpu", [2**16, 2**18], target_s=1e-5, reps=2)
-    assert [p.nbytes for p in pts] == [2**16, 2**18]
-    assert all(isinstance(p, WorkingSetPoint) and p.bytes_per_s > 0 for p in pts)
-    call = gpu._sum_call(2**16, torch.device("cpu"))
-    assert float(call()) == 2**16 / 4          # sums 16,384 ones: the whole buffer, once
-    with pytest.raises(ValueError, match="multiples of 8"):
-        gpu.graph_sum_sweep("cpu", [12])
-    with pytest.raises(ValueError, match="reps"):
-        gpu.graph_sum_sweep("cpu", [64], reps=0)
+    times = replay.replay_sweep([2**16, 2**18], "cpu", rounds=3, target_s=1e-6)
+    assert list(times) == [8192, 2**16, 2**18]           # the tiny working set first
+    assert all(isinstance(t, Spread) and t.n == 3 and t.median > 0 for t in times.values())
+    run = replay.replayed(replay.copy_probe(2**16, "cpu"), 4, "cpu")
+    assert len(run()) == 4                              # on a CPU: a loop of the calls
+    probe = replay.copy_probe(2**16, "cpu")
+    assert probe().numel() == 2**16 // 8 and float(probe()[0]) == 2.0   # half the set, x 2
 
 
 def test_burst_and_sustained_times_both_under_telemetry_on_cpu():
@@ -112,7 +80,10 @@ def test_burst_and_sustained_times_both_under_telemetry_on_cpu():
     assert r.flops == 2 * 64**3
     assert r.burst_rate > 0 and r.sustained_rate > 0
     assert r.sustained_window_s >= 0.05
-    assert r.burst.duration_s > 0 and r.sustained.duration_s >= 0.05
+    # the telemetry of the sustained rate: one window, the second half the rate comes from
+    # (not the chunks' own windows without the moments between them, nor the settling half)
+    assert r.burst.duration_s > 0 and r.sustained.windows == 1
+    assert 0.025 <= r.sustained.duration_s <= r.sustained_window_s - 0.025
     with pytest.raises(ValueError, match="sustained_s"):
         gpu.burst_and_sustained("cpu", 8, sustained_s=0)
     with pytest.raises(ValueError, match="rest_s"):

@@ -446,6 +446,12 @@ def test_the_ledger_refuses_what_no_check_writes():
         assert worker.parse_entry(line) is None, line[:40]
 
 
+def test_names_the_lab_changes_in_place_are_known():
+    source = ("state = {}\ndef f():\n    state['initialised'] = True\nratios['sync'], _ = g()\n"
+              "log.append(1)\nx.add_(1)\ny = z\nobj.attr = 3\ndel d['k']\n")
+    assert notebooks.mutated_names(source) == {"state", "ratios", "log", "x", "obj", "d"}
+
+
 def test_feedback_folders_are_one_per_submission():
     names = ["pair a.ipynb", "pair_a.ipynb", ".hidden.ipynb", "hidden.ipynb", "A.ipynb", "a.ipynb", "é.ipynb",
              "_.ipynb", "x" * 300]
@@ -483,7 +489,7 @@ def test_the_names_a_later_check_reads_are_watched():
 # Issue 44: verdicts as strong as the sandbox
 # ---------------------------------------------------------------------------------------------
 
-EXPECTED_44 = {  # submission: (status, points, max points, marks' prefixes, words in the note)
+EXPECTED_44 = {  # submission: (status, points, max points, marks' prefixes, words in its note or feedback)
     "03_reference.ipynb": ("graded", 14, 14, ["pass"] * 5, []),
     "03_student.ipynb": ("graded", 0, 14, ["fail: ExerciseNotDone"] * 5, []),
     "03_no_right_answer.ipynb": ("graded", 0, 14, [
@@ -492,11 +498,14 @@ EXPECTED_44 = {  # submission: (status, points, max points, marks' prefixes, wor
         "fail: ExerciseFailed: ✗ SiLU must be a class deriving from torch.autograd.Function",
         "fail: ExerciseFailed: ✗ the losses differ",
         "fail: ExerciseFailed: ✗ your predicted crossover: got 1,"], []),
-    "03_patches.ipynb": ("tampering seen", 0, 14, [
-        "fail: ExerciseNotDone", "fail: ExerciseNotDone",
+    # exercise 2's check loops over the notebook's snippets, which the submission emptied: it
+    # passes, and the row says that snippets changed under the student's code
+    "03_patches.ipynb": ("tampering seen", 2, 14, [
+        "fail: ExerciseFailed: ✗ expressions is no longer the lab's list", "pass",
         "fail: ExerciseFailed: ✗ your Function keeps tensors for backward outside save_for_backward",
         "fail: ExerciseFailed: ✗ train_fast still synchronizes", "fail: ExerciseNotDone"],
-        ["perflab.internals.hostsync", "count_host_syncs", "perflab.labs.lab03", "torch.autograd"]),
+        ["expressions", "snippets", "perflab.internals.hostsync", "count_host_syncs", "perflab.labs.lab03",
+         "torch.autograd"]),
     "99_tiny-aa_ledger_bomb.ipynb": ("tampering seen", 4, 4, ["pass", "pass"], ["check ledger"]),
     "99_tiny-peeks_expected.ipynb": ("graded", 0, 4, ["fail: ExerciseFailed: ✗ double(21): got 1,",
                                                       "fail: ExerciseNotDone"], []),
@@ -541,8 +550,9 @@ def test_issue44_every_row_is_what_its_answers_deserve(graded44):
         assert float(r["points"]) == points and float(r["max_points"]) == most, (name, got)
         for i, prefix in enumerate(marks):
             assert r[f"ex{i + 1}"].startswith(prefix), (name, i + 1, got)
-        for word in words:
-            assert word in r["note"], (name, word, got)
+        feedback = (graded44["base"] / "results-feedback" / r["feedback"] / "feedback.txt").read_text()
+        for word in words:                                # the note names three, the feedback all
+            assert word in r["note"] or word in feedback, (name, word, got)
     assert "tampering" not in rows["03_reference.ipynb"]["note"] + rows["03_student.ipynb"]["note"]
 
 
@@ -658,3 +668,5 @@ def test_a_class_for_the_timing_run_and_its_sentence():
     sentence = timing.describe(record)
     assert sentence.startswith("30 submissions of 03_internals took 10.0 min with --jobs 2 --threads 1 on AMD EPYC")
     assert "reference 40 s, student 12 s, tampered 41 s" in sentence
+    record["points_by_kind"] = {"reference": [11.0, 14.0, 14.0], "student": [0.0, 0.0, 14.0]}
+    assert "(reference 11-14/14 points; student 0/14 points)" in timing.describe(record)

@@ -118,3 +118,13 @@ def test_graph_keeps_sees_every_way_of_keeping_a_tensor(lab_namespace):
         lab03.check_function_class(type("SiLU", (), {"apply": staticmethod(torch.nn.functional.silu)}))
     with pytest.raises(ExerciseFailed, match="overrides apply"):
         lab03.check_function_class(type("SiLU", (lab_namespace["SiLU"],), {"apply": staticmethod(torch.sigmoid)}))
+
+
+def test_the_stride_check_asks_about_the_labs_own_expressions():
+    """check_strides keeps its own list (a student's code could empty the notebook's): it must be
+    the page's list, in the page's order."""
+    from perflab.labs import lab03
+
+    ns: dict = {}
+    exec(compile(_cell(jupytext.read(LAB), 'expressions = ['), "<lab3 expressions>", "exec"), {"torch": torch}, ns)
+    assert tuple(ns["expressions"]) == lab03.STRIDE_EXPRESSIONS

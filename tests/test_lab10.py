@@ -94,9 +94,11 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
                   {"name": "fused AdamW", "tokens_per_s": 512_000.0, "mfu": 0.44}]
         nb = _glued_notebook({"gpt2_tokens_per_s": 536_000.0, "gpt2_mfu": 0.46,
                               "gpt2_speedup_vs_baseline": 12.0,
-                              "gpt2_memory_reduction": 5.0,
                               "gpt2_speed_ladder": json.dumps(ladder)})
         (tmp_path / "book" / "10_gpt2_case_study.ipynb").write_text(json.dumps(nb))
+        # the memory ladder is the chapter's section page
+        mem = _glued_notebook({"gpt2_memory_reduction": 5.0})
+        (tmp_path / "book" / "10_gpt2_memory_ladder.ipynb").write_text(json.dumps(mem))
     monkeypatch.chdir(tmp_path / "labs")
     run = SimpleNamespace(tokens_per_s=1000.0, rung={"name": "x"}, mfu=lambda c: 0.3)
     ref_path = Path("../book/10_gpt2_case_study.ipynb")
@@ -115,6 +117,7 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
     assert yours["peak memory reduction"][1] == 4.0
     if with_reference:
         assert len(ns["theirs"]) == 2 and yours["speedup over the baseline"][2] == 12.0
+        assert yours["peak memory reduction"][2] == 5.0
         assert 0.5 < yours["MFU against the measured matmul ceiling"][2] < 0.8
     else:
         assert ns["theirs"] == [] and yours["tokens/s of your fastest rung"][2] is None

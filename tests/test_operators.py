@@ -61,14 +61,13 @@ def test_fit_rejects_bad_input_and_flat_sweeps():
         operators.fit_call_cost([1, 10, 100], [3e-6, 2e-6, 1e-6])
 
 
-def test_call_cost_sweep_returns_one_positive_time_per_size():
-    pts = operators.call_cost_sweep("cpu", [1, 1024], element_budget=2**12, max_calls=50)
-    assert [n for n, _ in pts] == [1, 1024] and all(t > 0 for _, t in pts)
-    with pytest.raises(ValueError, match="numels"):
-        operators.call_cost_sweep("cpu", [])
-    with pytest.raises(ValueError, match="max_calls"):
-        operators.call_cost_sweep("cpu", [1], max_calls=1)
+def test_call_cost_sweep_times_every_size_in_interleaved_rounds():
+    from perflab.core.rounds import Spread
+    from perflab.internals.callcost import call_cost_sweep
 
+    pts = call_cost_sweep("cpu", [1, 1024], rounds=2, element_budget=2**12, max_calls=50)
+    assert list(pts) == [1, 1024]
+    assert all(isinstance(t, Spread) and t.n == 2 and t.median > 0 for t in pts.values())
 
 def linear_call(x, w, b):
     return torch.nn.functional.linear(x, w, b)

@@ -103,3 +103,55 @@ def test_issue_time_is_the_median_burst_per_call_and_counts_every_call(monkeypat
 def test_issue_time_rejects_bad_counts(kw):
     with pytest.raises(ValueError, match=next(iter(kw))):
         overhead.issue_time(lambda: None, "cpu", **kw)
+
+
+class _SlowDevice:
+    """A fake GPU and host clock: each launch costs the host `host_s`; the device runs each
+    kernel in `device_s`, in order, starting when it was issued or when the previous one ended;
+    synchronize waits until the device has run everything issued."""
+
+    def __init__(self, host_s, device_s):
+        self.t, self.done, self.host_s, self.device_s = 0.0, 0.0, host_s, device_s
+        self.launches = 0
+
+    def sleep(self, cycles):
+        self.t += self.host_s
+        self.done = max(self.done, self.t) + self.device_s
+        self.launches += 1
+
+    def synchronize(self, device=None):
+        self.t = max(self.t, self.done)
+
+
+def _fake_gpu(monkeypatch, fake):
+    import contextlib
+
+    from perflab.core import timing
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: fake.t)
+    monkeypatch.setattr(overhead, "synchronize", fake.synchronize)
+    monkeypatch.setattr(overhead.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(overhead.torch.cuda, "_sleep", fake.sleep, raising=False)
+    monkeypatch.setattr(overhead.torch.cuda, "device", lambda d: contextlib.nullcontext())
+
+
+def test_launch_rate_times_the_host_even_when_the_device_is_slower(monkeypatch):
+    """The empty kernels run 5x slower on the fake device than the host issues them: the rate
+    must still be the host's (one over 2 us), not the device's (one over 10 us), which a block
+    of launches synchronized at its end would report."""
+    fake = _SlowDevice(host_s=2e-6, device_s=10e-6)
+    _fake_gpu(monkeypatch, fake)
+    rate = overhead.launch_rate("cuda", calls=50, bursts=7)
+    assert rate == pytest.approx(1 / 2e-6, rel=1e-6)
+    assert fake.launches == 100 + 50 * 7       # the warm-up, then every burst's launches
+
+
+def test_launch_rate_needs_a_gpu_and_positive_counts(monkeypatch):
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA GPU"):
+            overhead.launch_rate("cpu")
+    _fake_gpu(monkeypatch, _SlowDevice(1e-6, 1e-6))
+    for kw in ({"calls": 0}, {"bursts": 0}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            overhead.launch_rate("cuda", **kw)

@@ -95,6 +95,47 @@ def test_flamegraph_samples_adds_boxes_of_one_function():
         profilers.flamegraph_samples("<svg></svg>")
 
 
+def test_collapsed_stacks_keep_the_programs_frames_by_function():
+    raw = ("_find_and_load (<frozen importlib._bootstrap>:1176);<module> (site.py:1) 7\n"
+           "<module> (/build/x/pipeline.py:40);run (pipeline.py:30);decode (pipeline.py:15);"
+           "JSONDecoder.decode (/usr/lib/json/decoder.py:337) 5\n"
+           "<module> (pipeline.py:40);run (pipeline.py:30);augment (pipeline.py:20) 8\n"
+           "<module> (pipeline.py:40);run (pipeline.py:31);augment (pipeline.py:21) 2\n"
+           "<module> (pipeline.py:40);make_records (pipeline.py:9) 5\n")
+    stacks = profilers.collapsed_stacks(raw, ["pipeline.py"])
+    assert stacks == {("<module>", "run", "decode"): 5, ("<module>", "run", "augment"): 10,
+                      ("<module>", "make_records"): 5}
+    shares = profilers.stack_shares(stacks, ["decode", "augment"], within="run")
+    assert shares == {"decode": 5 / 15, "augment": 10 / 15}
+    assert profilers.stack_shares(stacks, ["run"])["run"] == 15 / 20
+    with pytest.raises(ValueError, match="no samples"):
+        profilers.stack_shares(stacks, ["augment"], within="collate")
+    with pytest.raises(ValueError, match="files"):
+        profilers.collapsed_stacks(raw, [])
+    with pytest.raises(ValueError, match="collapsed"):
+        profilers.collapsed_stacks("no count here", ["pipeline.py"])
+    with pytest.raises(ValueError, match="collapsed"):
+        profilers.collapsed_stacks("12", ["pipeline.py"])
+
+
+def test_collapsed_stacks_drop_a_sample_with_an_empty_stack():
+    """py-spy 0.4 writes a sample taken with no Python frame (the interpreter starting or
+    exiting) as a line holding only its count, ' 1': a sample with no kept frame, dropped."""
+    raw = " 1\n<module> (pipeline.py:40);run (pipeline.py:30) 4\n 2\n"
+    assert profilers.collapsed_stacks(raw, ["pipeline.py"]) == {("<module>", "run"): 4}
+
+
+def test_plot_flame_puts_the_root_at_the_bottom():
+    import matplotlib
+    matplotlib.use("Agg")
+    ax = profilers.plot_flame({("main", "a"): 3, ("main", "b"): 1})
+    bars = sorted((p.get_y() + p.get_height() / 2, p.get_x(), p.get_width()) for p in ax.patches)
+    assert bars[0][1:] == (0.0, 1.0)                 # the root: level 0, the whole width
+    assert [round(b[2], 2) for b in bars if round(b[0]) == 2] == [0.75, 0.25]
+    with pytest.raises(ValueError, match="samples"):
+        profilers.plot_flame({})
+
+
 @pytest.mark.skipif(profilers.find_strace() is None, reason="strace is not installed on this machine")
 def test_strace_counts_the_reads_of_a_file_loop(tmp_path):
     data = tmp_path / "data.bin"
@@ -122,6 +163,13 @@ def test_py_spy_records_a_flame_graph(tmp_path):
         pytest.skip(str(err))
     counts = profilers.flamegraph_samples(svg.read_text())
     assert counts.get("spin", 0) > 0.5 * counts["all"]
+    raw = tmp_path / "out.txt"
+    profilers.py_spy_record(script, raw, profilers.find_py_spy(), duration_s=3, rate_hz=50,
+                            output_format="raw")
+    shares = profilers.stack_shares(profilers.collapsed_stacks(raw.read_text(), [script.name]), ["spin"])
+    assert shares["spin"] > 0.5
+    with pytest.raises(ValueError, match="output_format"):
+        profilers.py_spy_record(script, raw, profilers.find_py_spy(), output_format="svg")
     with pytest.raises(ValueError, match="duration_s"):
         profilers.py_spy_record(script, svg, profilers.find_py_spy(), duration_s=0)
 

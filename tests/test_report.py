@@ -140,32 +140,38 @@ def test_a_bad_json_path_is_one_line_and_exit_2_before_measuring(tmp_path, where
     assert not (tmp_path / "nope").exists()
 
 
-def test_l2_row_is_chapter_2s_graph_replayed_copy_fit(monkeypatch):
-    """The card's L2 / HBM ratio comes from perflab.machine.gpu.graph_copy_sweep and the fixed-cost fit
-    over chapter 2's sizes and ranges (a synthetic curve: 10 TB/s in L2, 4 TB/s from HBM, 1 us
-    fixed cost per copy), not from a second implementation."""
-    from perflab.machine.caches import WorkingSetPoint, geometric_sizes
+def test_l2_row_is_chapter_2s_replayed_probe_with_the_start_up_out(monkeypatch):
+    """The card's L2 / HBM ratio comes from perflab.machine.replay.replay_sweep, the code chapter 2
+    shows, with the start-up measured on the tiny working set taken out (a synthetic GPU: 1 us
+    start-up per kernel, 10 TB/s in L2, 4 TB/s from HBM), not from a second implementation."""
+    from perflab.core.rounds import Spread
+    from perflab.machine.caches import geometric_sizes
 
     l2, asked = 60 * 2**20, {}
 
-    def fake_sweep(device, sizes, **kwargs):
-        asked["device"], asked["sizes"] = device, list(sizes)
-        return [WorkingSetPoint(n, n / (1e-6 + n / (10e12 if n <= l2 / 2 else 4e12))) for n in sizes]
+    def fake_sweep(sizes, device, rounds=5, **kwargs):
+        asked["sizes"], asked["rounds"] = list(sizes), rounds
+        t = {8192: Spread((1e-6,) * rounds)}
+        t.update({n: Spread((1e-6 + n / (10e12 if n <= l2 / 2 else 4e12),) * rounds) for n in sizes})
+        return t
 
-    monkeypatch.setattr(report.gpu, "graph_copy_sweep", fake_sweep)
+    monkeypatch.setattr(report.replay, "replay_sweep", fake_sweep)
     card = report.Card()
     report._l2(card, report._sizes(quick=False), "cpu", l2)
-    assert asked["sizes"] == geometric_sizes(2 * 2**20, 2**30, per_octave=4)   # chapter 2's sweep
+    assert asked["sizes"] == geometric_sizes(4 * 2**20, 2**30, per_octave=3)   # chapter 2's sweep
+    assert asked["rounds"] == 5
     assert card.metrics["l2_bandwidth_ratio"].value == pytest.approx(2.5, rel=1e-6)
-    assert card.curves["gpu_l2"]["fixed_s"] == pytest.approx(1e-6, rel=1e-6)
-    # the stored curve has the fixed cost taken out: the in-L2 points read 10 TB/s
+    assert card.curves["gpu_l2"]["startup_s"] == pytest.approx(1e-6)
+    # the stored curve has the start-up taken out: the in-L2 points read 10 TB/s
     inside = [b for n, b in zip(card.curves["gpu_l2"]["nbytes"], card.curves["gpu_l2"]["bytes_per_s"])
               if n <= l2 / 2]
     assert inside and all(b == pytest.approx(10e12, rel=1e-6) for b in inside)
+    # ... and leaves out the sizes whose bytes take less than the start-up
+    assert min(card.curves["gpu_l2"]["nbytes"]) > 8 * 2**20
     step = card.metrics["gpu_l2_from_curve_MiB"]
     assert 15 <= step.value <= 60 and step.datasheet == 60
     assert len(card.metrics["l2_bandwidth_ratio"].label) <= 35
-    assert card.metrics["l2_bandwidth_ratio"].context == step.context == "CUDA-graph copies"
+    assert card.metrics["l2_bandwidth_ratio"].context == step.context == report.L2_METHOD
 
 
 def _sweep(alpha, busbw, sizes=(4096, 2**16, 2**20, 2**24)):

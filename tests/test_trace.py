@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from perflab.core.profiler import load_trace
-from perflab.profiling.trace import (REGIMES, clock_normalized, regime, short_name, step_windows,
+from perflab.profiling import trace
+from perflab.profiling.trace import (REGIMES, regime, short_name, step_windows,
                                      summarize_trace, trace_items)
 
 
@@ -125,17 +126,64 @@ def test_regime_rule():
         regime(-0.1, 0.5)
 
 
-def test_clock_normalized_scales_by_the_clock_ratio():
-    # a rate measured at 3/4 of the clock the ceiling saw is 4/3 as efficient per cycle
-    assert clock_normalized(0.6, 0.75, 1.0) == pytest.approx(0.8)
-    assert clock_normalized(0.6, 1.0, 1.0) == pytest.approx(0.6)
-    assert clock_normalized(0.6, 1.0, 0.8) == pytest.approx(0.48)
-    assert clock_normalized(0.6, None, 1.0) is None  # a CPU: no clock to correct by
-    assert clock_normalized(0.6, 0.9, None) is None
-    with pytest.raises(ValueError, match="efficiency"):
-        clock_normalized(-0.1, 1.0, 1.0)
-    with pytest.raises(ValueError, match="ceiling_clock_fraction"):
-        clock_normalized(0.5, 1.0, 0.0)
+def test_the_median_over_maximum_clock_scaling_is_gone():
+    """It took the wrong clock for a Hopper GPU's tensor cores (1.83 of 1.98 GHz): an efficiency
+    per clock is a rate over the clock model's peak at that clock (Ceilings.peak), nothing else."""
+    assert not hasattr(trace, "clock_normalized")
+
+
+def _annotation(name, ts, dur):
+    return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1,
+            "args": {}}
+
+
+def _launch(ts, corr, cat="cuda_runtime"):
+    return {"ph": "X", "cat": cat, "name": "cudaLaunchKernel", "ts": ts, "dur": 3, "pid": 1, "tid": 1,
+            "args": {"correlation": corr}}
+
+
+def test_kernels_by_call_assigns_each_kernel_to_the_call_that_launched_it(monkeypatch):
+    """Two calls, two passes, in one session: a kernel belongs to the range its launch lies in,
+    found by its correlation (runtime or driver launch), or by its External id (the ATen op)."""
+    events = []
+    for r in range(2):
+        for i in range(2):
+            t0 = 1000 * (2 * r + i)
+            events.append(_annotation(f"perflab_call_{r}_{i}", t0, 100))
+            corr = 10 * (2 * r + i) + 1
+            events.append(_launch(t0 + 10, corr, "cuda_driver" if i else "cuda_runtime"))
+            k = _kernel(f"gemm_{i}", t0 + 500, 40 + i, ext=0)
+            k["args"]["correlation"] = corr
+            events.append(k)
+        # a kernel with no launch event: placed by its ATen operator's External id
+        events.append(_op("aten::mm", 1000 * (2 * r + 1) + 20, 5, 900 + r, [], []))
+        extra = _kernel("reduce", 1000 * (2 * r + 1) + 600, 2, ext=900 + r)
+        extra["args"]["correlation"] = 5000 + r
+        events.append(extra)
+    monkeypatch.setattr(trace.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(trace, "_trace_of", lambda run: events)
+    got = trace.kernels_by_call([lambda: None, lambda: None], repeats=2)
+    assert [[[k.name for k in call] for call in rep] for rep in got] == \
+        [[["gemm_0"], ["gemm_1", "reduce"]], [["gemm_0"], ["gemm_1", "reduce"]]]
+    assert got[0][1][0].duration_us == 41 and got[0][1][0].grid is None
+    with pytest.raises(ValueError, match="repeats"):
+        trace.kernels_by_call([lambda: None], repeats=0)
+    with pytest.raises(ValueError, match="at least one"):
+        trace.kernels_by_call([])
+
+
+def test_device_activities_lists_kernels_and_copies_in_order(monkeypatch):
+    events = [
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 20, "dur": 7.5,
+         "args": {}},
+        _kernel("at::native::vectorized_elementwise_kernel", 5, 3.0, ext=1),
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 1, "dur": 2, "args": {}},
+    ]
+    monkeypatch.setattr(trace.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(trace, "_trace_of", lambda run: events)
+    got = trace.device_activities(lambda: None)
+    assert got == [("kernel", "at::native::vectorized_elementwise_kernel", 3.0),
+                   ("memcpy", "Memcpy DtoD (Device -> Device)", 7.5)]
 
 
 def test_short_name():
@@ -176,3 +224,42 @@ def test_operator_rows_keep_the_host_rows_as_numbers():
         operator_rows([], sort_by="self_cpu_time_total")
     with pytest.raises(ValueError, match="limit"):
         operator_rows([], limit=0)
+
+
+def test_host_and_device_seconds_counts_the_gpu_time_once():
+    """An operator row's self device time is the time of the kernel it launched, and the kernel
+    has a row of its own: the device time must be the kernels' rows alone (and no device-side
+    record_function range), the host time every row's self CPU time."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    from perflab.profiling.trace import host_and_device_seconds
+
+    op = NS(key="aten::mm", device_type=DeviceType.CPU, self_cpu_time_total=30.0,
+            self_device_time_total=50.0)
+    launch = NS(key="cudaLaunchKernel", device_type=DeviceType.CPU, self_cpu_time_total=5.0,
+                self_device_time_total=0.0)
+    kernel = NS(key="gemm_kernel", device_type=DeviceType.CUDA, self_cpu_time_total=0,
+                self_device_time_total=50.0)
+    fill = NS(key="Memset (Device)", device_type=DeviceType.CUDA, self_cpu_time_total=0,
+              self_device_time_total=2.0)
+    annotation = NS(key="forward", device_type=DeviceType.CUDA, self_cpu_time_total=0,
+                    self_device_time_total=60.0, is_user_annotation=True)
+    host_s, device_s = host_and_device_seconds([op, launch, kernel, fill, annotation])
+    assert host_s == pytest.approx(35e-6)
+    assert device_s == pytest.approx(52e-6)
+    assert host_and_device_seconds([]) == (0, 0)
+    with pytest.raises(ValueError, match="events"):
+        host_and_device_seconds(3)
+
+
+def test_host_and_device_seconds_of_a_real_cpu_profile_has_no_device_time():
+    from torch.profiler import ProfilerActivity, profile
+
+    from perflab.profiling.trace import host_and_device_seconds
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.randn(64, 64) @ torch.randn(64, 64)
+    host_s, device_s = host_and_device_seconds(prof.key_averages())
+    assert 0 < host_s < 10 and device_s == 0

@@ -34,32 +34,70 @@ def test_fit_waves_tells_a_staircase_from_a_line():
         waves.fit_waves(stairs[:3], m, sms)
 
 
-def test_fit_wave_width_finds_the_staircase_of_a_batch_sweep():
-    sms, m, n = 132, 256, 256                     # 128 x 256 tiles: 2 per product, 66 per wave
-    bs = list(range(8, 201))
-    stairs = [(b, 5e-6 + 8e-5 * math.ceil(b / 66)) for b in bs]
-    fit = waves.fit_wave_width(stairs, m, n, sms)
-    assert fit.items_per_wave == pytest.approx(66)
-    assert fit.staircase_rms < 1e-9 < fit.linear_rms
-    assert fit.seconds_per_wave == pytest.approx(8e-5)
-    assert fit.waves(66) == 1 and fit.waves(67) == 2
-    assert fit.predict(100) == pytest.approx(5e-6 + 1.6e-4)
-    line = [(b, 5e-6 + 1.2e-6 * b) for b in bs]   # no quantization: the line wins
-    lf = waves.fit_wave_width(line, m, n, sms)
-    assert lf.linear_rms < 1e-9 < lf.staircase_rms
-    with pytest.raises(ValueError, match="at least 4"):
-        waves.fit_wave_width(stairs[:3], m, n, sms)
-    with pytest.raises(ValueError, match="single wave"):
-        waves.fit_wave_width([(b, 1e-5) for b in range(1, 6)], m, n, sms)
+def test_kernel_tile_reads_the_tile_from_cublas_names():
+    assert waves.kernel_tile("nvjet_sm90_tst_128x96_64x7_2x1_v_bz_NNT") == (128, 96)
+    assert waves.kernel_tile("nvjet_sm90_tst_64x32_64x16_1x2_h_bz_splitK_TNT") == (64, 32)
+    assert waves.kernel_tile("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warp") \
+        == (128, 256)
+    assert waves.kernel_tile("cublasLt::splitKreduce_kernel") is None
+    assert waves.kernel_tile("void at::native::vectorized_elementwise_kernel<4>") is None
 
 
-def test_batch_wave_sweep_runs_on_cpu_and_checks_its_arguments():
-    pts = waves.batch_wave_sweep("cpu", 16, 16, 32, [1, 2, 3], dtype=torch.float32, reps=2)
-    assert [b for b, _ in pts] == [1, 2, 3] and all(t > 0 for _, t in pts)
-    with pytest.raises(ValueError, match="batches"):
-        waves.batch_wave_sweep("cpu", 16, 16, 32, [0])
-    with pytest.raises(ValueError, match="k must"):
-        waves.batch_wave_sweep("cpu", 16, 16, 0, [1])
+def _kernel(name, grid, us):
+    from perflab.profiling.trace import KernelRecord
+
+    return KernelRecord(name, grid, (384, 1, 1), None, us, 1.0)
+
+
+def _h200_bmm(repeats=3):
+    """What the profiler showed for torch.bmm([b, 256, 8192] @ [b, 8192, 256]) on the H200: a
+    split-K kernel plus its reduction at b = 1, 128 x 96 tiles where 128 x 128 tiles would leave
+    a round almost empty, 128 x 128 tiles elsewhere, all persistent on 132 blocks; one round of
+    128 x 128 tiles takes 72 us."""
+    batches = list(range(1, 199))
+    main = "nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT"
+    alt = "nvjet_sm90_tst_128x96_64x7_2x1_v_bz_NNT"
+    runs = []
+    for r in range(repeats):
+        calls = []
+        for b in batches:
+            if b == 1:
+                calls.append([_kernel("nvjet_sm90_tst_64x32_64x16_1x2_h_bz_splitK_TNT", (2, 64, 1), 6.1),
+                              _kernel("cublasLt::splitKreduce_kernel", (8, 16, 1), 1.7)])
+            elif b % 33 in range(1, 5) and b > 33:
+                calls.append([_kernel(alt, (2, 66, 1), 2 + 45 * math.ceil(b * 6 / 132) * (1 + 0.002 * r))])
+            else:
+                calls.append([_kernel(main, (2, 66, 1), 3 + 72 * math.ceil(b * 4 / 132) * (1 + 0.002 * r))])
+        runs.append(calls)
+    return runs, batches
+
+
+def test_wave_groups_fit_each_kernels_rounds_with_the_tile_in_its_name():
+    runs, batches = _h200_bmm()
+    groups = waves.wave_groups(runs, batches, 256, 256, 132)
+    main = groups[0]
+    assert main.tile == (128, 128) and main.ctas == 132
+    assert main.rounds[main.batches.index(33)] == 1 and main.rounds[main.batches.index(132)] == 4
+    assert main.round_s.median == pytest.approx(72e-6, rel=0.01)
+    assert main.round_s.n == 3                          # one fit per pass over the batches
+    assert main.staircase_rms < 0.01 < main.linear_rms
+    assert main.predict(2) == pytest.approx(3e-6 + 144e-6, rel=0.01)
+    alt = next(g for g in groups if g.tile == (128, 96))
+    assert alt.round_s.median == pytest.approx(45e-6, rel=0.01)
+    split = next(g for g in groups if g.batches == (1,))
+    assert split.round_s is None and split.predict(1) is None   # one batch count: nothing to fit
+    assert split.seconds[0].median == pytest.approx(7.8e-6)     # its two kernels together
+
+
+def test_wave_groups_check_their_input():
+    runs, batches = _h200_bmm(repeats=1)
+    with pytest.raises(ValueError, match="one entry per batch"):
+        waves.wave_groups(runs, batches[:-1], 256, 256, 132)
+    runs[0][5] = []
+    with pytest.raises(ValueError, match="ran no kernel"):
+        waves.wave_groups(runs, batches, 256, 256, 132)
+    with pytest.raises(ValueError, match="sms"):
+        waves.wave_groups(runs, batches, 256, 256, 0)
 
 
 def test_wave_model_dips_just_past_a_wave():

@@ -30,7 +30,8 @@ from perflab.gpt2.model import CONFIGS, GPT, GPT2_VOCAB, GPTConfig, config
 
 __all__ = ["PRECISIONS", "ATTENTIONS", "RESIDUALS", "OPTIMIZERS", "LOADERS", "Rung", "padded",
            "last_parallel_rung", "PLAIN_RUNG", "RunResult", "mfu", "rung_from_dict",
-           "static_bytes_per_param", "LOGIT_BYTES", "logits_bytes", "predict_peak"]
+           "static_bytes_per_param", "LOGIT_BYTES", "logits_bytes", "predict_peak",
+           "checkpointed_inputs_bytes", "fp8_supported", "batch_scale", "causal_flops_per_token"]
 
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -104,6 +105,12 @@ class Rung:
             the next batch is copied into its static inputs; needs ``compile``, bf16, the
             fused optimizer, one micro-batch, one process and no checkpointing. On a CPU the
             step runs uncaptured.
+        l2_rows: launch the fused head's row pass (:func:`perflab.gpt2.heads.loss_and_grad`)
+            with 32 warps per row instead of 8, so that no more than two rows run per SM and
+            the rows in flight (about 264 x 100 KB at GPT-2's vocabulary on an H200) fit in L2:
+            the pass's second read of each row should then come from L2, not from memory.
+            Needs ``fused_ce`` or ``fp8_head``; a hypothesis the next rung tests, off in the
+            ladder by default (chapter 10, "The next rung").
     """
 
     name: str
@@ -125,6 +132,7 @@ class Rung:
     residual: str = "fp32"
     graphs: bool = False
     step_graph: bool = False
+    l2_rows: bool = False
 
     def __post_init__(self):
         for name in ("batch", "seq_len", "accum", "vocab"):
@@ -137,6 +145,9 @@ class Rung:
         one_of("model", self.model, CONFIGS)
         if self.seq_len > self.config().block_size:
             raise ValueError(f"seq_len {self.seq_len} exceeds the model's block_size")
+        if self.l2_rows and not (self.fused_ce or self.fp8_head):
+            raise ValueError("l2_rows changes the fused head's row pass: it needs fused_ce or "
+                             "fp8_head")
         if self.fp8_head and (self.vocab % 16 or self.config().n_embd % 16):
             raise ValueError(f"fp8_head needs vocab and n_embd that are multiples of 16, got "
                              f"vocab={self.vocab}, n_embd={self.config().n_embd}")
@@ -249,6 +260,22 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float
     return tokens_per_s * flops_per_token / peak_flops
 
 
+def causal_flops_per_token(cfg: GPTConfig, seq_len: int) -> float:
+    """Training FLOPs per token counting the attention's causal half only: ``6N + 6 L d T``
+    (:meth:`perflab.gpt2.model.GPT.flops_per_token` counts the full ``T x T``: ``6N + 12 L d
+    T``). A causal kernel computes about half of the score matrix, so this is the FLOPs it
+    performs; MFU quoted either way must say which.
+
+    Raises:
+        ValueError: ``seq_len`` < 1.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    with torch.device("meta"):
+        model = GPT(cfg)
+    return model.flops_per_token(seq_len) - 6 * cfg.n_layer * cfg.n_embd * seq_len
+
+
 def rung_from_dict(rung: dict) -> Rung:
     """A :class:`Rung` from its ``asdict`` form (as it travels to ``torchrun`` workers: JSON
     turns the ``changes`` pairs into lists)."""
@@ -282,16 +309,31 @@ def logits_bytes(rung: Rung) -> float:
     return float(rung.batch * rung.seq_len * rung.vocab * LOGIT_BYTES)
 
 
+def checkpointed_inputs_bytes(rung: Rung, cfg: GPTConfig | None = None) -> float:
+    """Bytes of the block inputs a checkpointed rung keeps for one micro-batch: one residual
+    stream ``(batch, seq_len, n_embd)`` per block, float32 (4 bytes) or bf16 (2) as
+    ``rung.residual`` keeps it; 0 for a rung without checkpointing. ``cfg`` defaults to the
+    rung's model."""
+    if not rung.checkpoint:
+        return 0.0
+    cfg = cfg or rung.config()
+    per = 2 if rung.residual == "bf16" else 4
+    return float(per * rung.batch * rung.seq_len * cfg.n_layer * cfg.n_embd)
+
+
 def predict_peak(peak_bytes: float, rung: Rung, params: int, target: GPTConfig) -> float:
     """Predicted peak bytes of ``rung`` for the model ``target``, from its peak measured on the
     model of ``rung`` (``params`` parameters).
 
-    The measured peak is split into three parts that scale differently: static bytes
+    The measured peak is split into parts that scale differently: static bytes
     (:func:`static_bytes_per_param` x parameters), the logits (:func:`logits_bytes`: the same
-    micro-batch and vocabulary give the same logits whatever the model), and the rest
-    (activations, workspace), scaled by ``n_layer x n_embd``: at a fixed number of tokens, a
-    block's saved activations grow with the width (Korthikanti et al., 2023: 34·s·b·h bytes per
-    layer in 16-bit with a fused attention).
+    micro-batch and vocabulary give the same logits whatever the model), and the rest. Without
+    checkpointing the rest (every block's saved activations, workspace) scales with
+    ``n_layer x n_embd``: at a fixed number of tokens, a block's saved activations grow with the
+    width (Korthikanti et al., 2023: 34·s·b·h bytes per layer in 16-bit with a fused
+    attention). With checkpointing only the block inputs the rung keeps
+    (:func:`checkpointed_inputs_bytes`) grow with depth x width; the rest is the one block being
+    recomputed and its backward, which grows with the width alone.
 
     Raises:
         ValueError: a non-positive peak or parameter count, or a peak below the static bytes.
@@ -306,5 +348,38 @@ def predict_peak(peak_bytes: float, rung: Rung, params: int, target: GPTConfig) 
     src = rung.config()
     with torch.device("meta"):
         n_target = GPT(target).num_params()
+    if rung.checkpoint:
+        inputs = min(rest - logits, checkpointed_inputs_bytes(rung, src))
+        one_block = rest - logits - inputs
+        return (per * n_target + logits + checkpointed_inputs_bytes(rung, target)
+                + one_block * target.n_embd / src.n_embd)
     scale = (target.n_layer * target.n_embd) / (src.n_layer * src.n_embd)
     return per * n_target + logits + (rest - logits) * scale
+
+
+def fp8_supported(device: torch.device | str) -> bool:
+    """Whether ``device`` can run the FP8 rungs: a CPU (``torch._scaled_mm`` has a CPU kernel, for
+    the course's CPU runs) or a GPU with FP8 tensor cores (compute capability 8.9 or newer: Ada,
+    Hopper and later; an A100 is 8.0)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return True
+    return tuple(torch.cuda.get_device_capability(device)) >= (8, 9)
+
+
+def batch_scale(memory_bytes: float, needed_bytes: float, fraction: float = 0.9,
+                most: int = 16) -> int:
+    """The power of two to divide a page's batches by so that ``needed_bytes`` (the largest
+    peak at full size) fits in ``fraction`` of ``memory_bytes``: 1 where it fits, 2, 4 ... up to
+    ``most``.
+
+    Raises:
+        ValueError: a non-positive size or fraction outside (0, 1].
+    """
+    if memory_bytes <= 0 or needed_bytes <= 0 or not 0 < fraction <= 1:
+        raise ValueError(f"need memory_bytes, needed_bytes > 0 and 0 < fraction <= 1, got "
+                         f"{memory_bytes}, {needed_bytes}, {fraction}")
+    scale = 1
+    while needed_bytes / scale > fraction * memory_bytes and scale < most:
+        scale *= 2
+    return scale

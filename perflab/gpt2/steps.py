@@ -19,9 +19,11 @@ Each definition is shown and explained where it is taught; read it there.
 from __future__ import annotations
 
 import contextlib
+import functools
 import torch
 import torch.nn.functional as F
-from perflab.kernels import crossentropy, fp8
+from perflab.gpt2 import heads
+from perflab.kernels import fp8
 from perflab.speed.graphs import GraphedStep
 
 
@@ -37,9 +39,10 @@ class Forward(torch.nn.Module):
     def __init__(self, model, rung):
         super().__init__()
         self.model, self.rung = model, rung
-        self.head = (fp8.head_cross_entropy if rung.fp8_head else
-                     crossentropy.linear_cross_entropy if rung.fused_ce
-                     else plain_head)
+        fused = (heads.head_cross_entropy if rung.fp8_head else
+                 heads.linear_cross_entropy if rung.fused_ce else None)
+        self.head = plain_head if fused is None else functools.partial(
+            fused, warps=32 if rung.l2_rows else 8)   # 32: rows stay in L2
         if rung.fp8:                      # every block's linear layers in FP8
             fp8.convert(model)
         if rung.compile and not (rung.graphs or rung.step_graph):
@@ -164,8 +167,10 @@ def make_graphed_step(net, opt, rung, batches, device, warmup=2):
     return step
 
 
-def speed_ladder(base):
-    """Chapter 10's speed ladder from `base`: each rung one change."""
+def speed_ladder(base, fp8=True, next_rung=False):
+    """Chapter 10's speed ladder from `base`: each rung one change (without
+    the FP8 rung where `fp8` is False: a GPU without FP8 tensor cores;
+    with the predicted next rung where `next_rung` is True)."""
     ladder = [base]
 
     def rung(name, **change):
@@ -183,10 +188,13 @@ def speed_ladder(base):
     rung("fused AdamW", optimizer="fused")      # the plain compiled rung
     rung(f"vocab {padded:,}", vocab=padded)     # tile-friendly head
     rung("fused head", fused_ce=True)           # the logits read once
-    rung("FP8 head", fp8_head=True)             # the head's products in FP8
+    if fp8:
+        rung("FP8 head", fp8_head=True)         # the head's products in FP8
     rung("bf16 residual", residual="bf16")      # half the residual's bytes
     rung("CUDA graphs", graphs=True)            # replayed forward, backward
     rung("one graph per step", graphs=False, step_graph=True)  # + AdamW
+    if next_rung:
+        rung("rows in L2", l2_rows=True)        # the head's 2nd read from L2
     return ladder
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
+from perflab.core.rounds import Spread
+from perflab.record.numbers import fmt
 
 __all__ = ["previous", "ladder_table", "saving_table", "memory_table"]
 
@@ -36,10 +37,10 @@ def previous(names: Sequence[str], name: str) -> str:
 
 def ladder_table(results: dict, peak_sheet: float | None, peak_meas: float,
                  own: dict) -> str:
-    """Chapter 10's speed-ladder table (Markdown): tokens/s, MFU against the datasheet and the
-    measured bf16 ceiling, MFU against the ceiling of the rung's own matmul format (``own``:
-    ``{precision: FLOP/s}``), ratios to the previous rung and the baseline, peak GiB, the first
-    step's extra seconds (compilation) and the SM clock over its maximum."""
+    """Chapter 10's speed-ladder table (Markdown): tokens/s, MFU against the datasheet's bf16
+    peak (else the measured bf16 ceiling), MFU against the ceiling of the rung's own matmul
+    format (``own``: ``{precision: FLOP/s}``), ratios to the previous rung and the baseline,
+    peak memory and the median SM clock over its maximum (seven columns: the page's width)."""
     names = list(results)
     first = results[names[0]]
     rows, prev = [], None
@@ -47,35 +48,37 @@ def ladder_table(results: dict, peak_sheet: float | None, peak_meas: float,
         r = results[name]
         mine = own.get(r.rung["precision"]) or peak_meas
         rows.append([
-            name, f"{r.tokens_per_s:,.0f}",
-            f"{r.mfu(peak_sheet):.1%}" if peak_sheet else "-",
-            f"{r.mfu(peak_meas):.1%}", f"{r.mfu(mine):.0%}",
-            f"{r.tokens_per_s / (prev or r.tokens_per_s):.2f}x",
-            f"{r.tokens_per_s / first.tokens_per_s:.1f}x",
-            "-" if r.peak_bytes is None else f"{r.peak_bytes / 2**30:.1f}",
-            f"{r.compile_s:.1f}",
+            name, fmt(r.tokens_per_s, "tokens/s").replace(" tokens/s", ""),
+            fmt(r.mfu(peak_sheet or peak_meas), "%"), fmt(r.mfu(mine), "%", sig=2),
+            fmt(r.tokens_per_s / (prev or r.tokens_per_s), "x"),
+            fmt(r.tokens_per_s / first.tokens_per_s, "x"),
+            "-" if r.peak_bytes is None else fmt(r.peak_bytes, "iB"),
             "-" if r.clock_fraction is None else f"{r.clock_fraction:.2f}"])
         prev = r.tokens_per_s
-    return _md(["rung", "tokens/s", "MFU (datasheet)", "MFU (bf16 ceiling)",
-                "of own ceiling", "vs previous", "vs baseline", "peak GiB",
-                "first step +s", "SM clock / max"], rows)
+    return _md(["rung", "tokens/s", "MFU", "of own ceiling", "vs previous", "vs baseline",
+                "peak memory", "SM clock / max"], rows)
 
 
 def saving_table(results: dict, predicted: dict) -> tuple[str, dict]:
-    """Each predicted rung's saving against its prediction, split into kernels and gaps.
+    """Each predicted rung's saving against its prediction, with its spread, and where it came
+    from in the profiled steps.
 
     For every ``name`` in ``predicted`` (seconds saved per step, predicted from the profile of
-    the rung before), the measured saving is the previous rung's step time minus this one's;
-    its part in the kernels is the change of the profiled step's busy time (its
-    :class:`Timeline`), the rest is what the gaps between kernels gave. Returns the Markdown
-    table and ``{key: (name, verdict, cause)}``, ``key`` the first word of the name, lower
-    case (``"fused"``, ``"fp8"``, ``"bf16"``...; ``"bf16 residual"`` is ``"residual"``,
-    ``"one graph per step"`` ``"step"``, ``"CUDA graphs"`` ``"graphs"``), the verdict
-    ``"close to its prediction"`` within a factor 1.5 either way.
+    the rung before), the measured saving is the previous rung's seconds per step minus this
+    one's, window by window (both trained with the same ``windows``: a :class:`Spread` over
+    them). Where it came from is read from the two rungs' profiled steps alone (their
+    :class:`perflab.gpt2.breakdown.Timeline`): the change of the profiled step's window splits
+    exactly into the change of the kernels' busy time and the change of the idle time between
+    them. Returns the Markdown table and ``{key: (name, saved Spread, cause)}``, ``key`` the
+    first word of the name, lower case (``"fused"``, ``"fp8"``...; ``"bf16 residual"`` is
+    ``"residual"``, ``"one graph per step"`` ``"step"``, ``"CUDA graphs"`` ``"graphs"``). The
+    verdict against the prediction is the page's (:func:`perflab.record.claims.compare` on the
+    Spread).
 
     Raises:
         ValueError: a predicted rung, or the rung before it, was trained without
-            ``profile=True`` (no timeline to split the saving by).
+            ``profile=True`` (no timeline), or the two were timed in different numbers of
+            windows.
     """
     names = list(results)
     rows, out = [], {}
@@ -86,33 +89,33 @@ def saving_table(results: dict, predicted: dict) -> tuple[str, dict]:
             if r.extra.get("timeline") is None:
                 raise ValueError(f"results: rung {r.rung['name']!r} has no profiled timeline; "
                                  f"train it with profile=True (it is {name!r} or the rung before)")
-        saved = before.step_s - after.step_s
-        busy = before.extra["timeline"].busy_s - after.extra["timeline"].busy_s
-        gaps = saved - busy
-        ratio = saved / pred if pred > 0 else float("inf")
-        verdict = ("close to its prediction" if 2 / 3 <= ratio <= 1.5 else
-                   "more than predicted" if ratio > 1.5 else "less than predicted")
-        cause = (f"the kernels' own time {'fell' if busy >= 0 else 'rose'} by "
-                 f"{abs(busy) * 1e3:.1f} ms, the gaps between them "
-                 f"{'fell' if gaps >= 0 else 'rose'} by {abs(gaps) * 1e3:.1f} ms")
-        out[keys.get(name, name.split()[0].lower())] = (name, verdict, cause)
-        rows.append([name, f"{pred * 1e3:.1f}", f"{saved * 1e3:.1f}", f"{busy * 1e3:.1f}",
-                     f"{gaps * 1e3:.1f}",
-                     f"{after.tokens_per_s / before.tokens_per_s:.3f}x"])
-    return _md(["rung", "predicted saving (ms/step)", "measured saving", "in kernels",
-                "in gaps", "vs previous"], rows), out
+        wb = before.extra.get("window_step_s") or [before.step_s]
+        wa = after.extra.get("window_step_s") or [after.step_s]
+        if len(wb) != len(wa):
+            raise ValueError(f"results: {name!r} and the rung before were timed in {len(wa)} and "
+                             f"{len(wb)} windows; time them alike")
+        saved = Spread(tuple(b - a for b, a in zip(wb, wa)))
+        tb, ta = before.extra["timeline"], after.extra["timeline"]
+        window, busy, gaps = tb.window_s - ta.window_s, tb.busy_s - ta.busy_s, tb.idle_s - ta.idle_s
+        cause = (f"in the profiled steps the kernels' own time {'fell' if busy >= 0 else 'rose'} "
+                 f"by {fmt(abs(busy), 's')} and the idle time between them "
+                 f"{'fell' if gaps >= 0 else 'rose'} by {fmt(abs(gaps), 's')}")
+        out[keys.get(name, name.split()[0].lower())] = (name, saved, cause)
+        rows.append([name, fmt(pred, "s"),
+                     f"{fmt(saved.median, 's')} ({fmt(saved.lo, 's')} to {fmt(saved.hi, 's')})",
+                     fmt(window, "s"), fmt(busy, "s"), fmt(gaps, "s"),
+                     fmt(after.tokens_per_s / before.tokens_per_s, "x", sig=4)])
+    return _md(["rung", "predicted saving per step", f"measured ({len(wa)} windows)",
+                "profiled step", "in kernels", "in gaps", "vs previous"], rows), out
 
 
 def memory_table(results: dict) -> str:
-    """Chapter 10's memory-ladder table (Markdown): peak GiB, step ms, last loss, and whether
-    the losses equal the first rung's within 2 %."""
-    names = list(results)
-    first = results[names[0]]
+    """Chapter 10's memory-ladder table (Markdown): peak memory, step time and the loss after
+    the last step of each rung. (Whether the rungs train the same model is checked on their
+    gradients, not here: AdamW's first updates do not depend on the gradients' scale, so equal
+    losses after a step or two cannot catch an accumulation that mis-scales them.)"""
     rows = []
-    for name in names:
-        r = results[name]
-        same = np.allclose(r.losses, first.losses, rtol=2e-2)
-        rows.append([name, "-" if r.peak_bytes is None else f"{r.peak_bytes / 2**30:.2f}",
-                     f"{r.step_s * 1e3:.1f}", f"{r.losses[-1]:.4f}", "yes" if same else "no"])
-    return _md(["rung", "peak memory (GiB)", "step (ms)", "loss after the last step",
-                "same losses as baseline"], rows)
+    for name, r in results.items():
+        rows.append([name, "-" if r.peak_bytes is None else fmt(r.peak_bytes, "iB"),
+                     fmt(r.step_s, "s"), f"{r.losses[-1]:.4f}"])
+    return _md(["rung", "peak memory", "step", "loss after the last step"], rows)

@@ -134,8 +134,10 @@ def _counting(stream, read: list):
 def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str,
           warmup: int = 2, seed: int = 0, lr: float = 3e-4, ddp: Any = None,
           profile: bool = False, snapshot: str | None = None,
-          snapshot_events: int = _SNAPSHOT_EVENTS) -> RunResult:
-    """Train GPT-2 by ``rung`` for ``warmup + steps`` optimizer steps; time the last ``steps``.
+          snapshot_events: int = _SNAPSHOT_EVENTS, windows: int = 1,
+          sustain_s: float | None = None, settle_s: float = 5.0) -> RunResult:
+    """Train GPT-2 by ``rung`` for ``warmup + windows x steps`` optimizer steps; time the last
+    ``windows x steps`` in ``windows`` back-to-back windows of ``steps`` steps.
 
     Args:
         rung: the configuration.
@@ -144,6 +146,17 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         steps: timed optimizer steps (>= 1).
         device: where to train.
         warmup: untimed steps first (compilation happens in the first).
+        windows: timed windows of ``steps`` steps, back to back (>= 1): ``result.step_s`` is the
+            median of the windows' seconds per step, ``result.extra["window_step_s"]`` every
+            window's (their spread is the run's noise between windows a few steps apart).
+        sustain_s: after the timed windows (and any profiled or snapshot step), keep training
+            for ``settle_s`` untimed seconds (the power cap and the clock settle) and then
+            ``sustain_s`` timed seconds in blocks of ``steps`` steps (one synchronization per
+            block), under its own telemetry window: ``result.extra["sustained"]`` holds the
+            blocks' seconds per step (``"block_step_s"``), their median (``"step_s"``), the
+            tokens/s it gives, the clock sentence and the median SM clock of that window. None
+            (default): no sustained window.
+        settle_s: untimed seconds before the sustained window (>= 0).
         seed: initial weights (the same for every rung with the same seed and model on the
             same device: they are drawn on ``device``, so a GPU's differ from a CPU's).
         lr: AdamW learning rate (betas 0.9, 0.95, weight decay 0.1 on matrices).
@@ -172,6 +185,11 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     """
     positive_int("steps", steps)
     integer("warmup", warmup, 0)
+    positive_int("windows", windows)
+    if sustain_s is not None and not sustain_s > 0:
+        raise ValueError(f"sustain_s must be positive or None, got {sustain_s!r}")
+    if settle_s < 0:
+        raise ValueError(f"settle_s must be >= 0, got {settle_s!r}")
     if not isinstance(rung, Rung):
         raise TypeError(f"rung must be a Rung, got {type(rung).__name__}")
     device = torch.device(device)
@@ -223,19 +241,23 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         step()
         if i == 0:
             first = first_step.elapsed()
-    with Telemetry(index=device.index or 0 if device.type == "cuda" else 0) as tel:
-        with Stopwatch(device) as timed:
-            for _ in range(steps):
-                step()
+    index = device.index or 0 if device.type == "cuda" else 0
+    window_s = []
+    with Telemetry(index=index) as tel:
+        for _ in range(windows):
+            with Stopwatch(device) as timed:
+                for _ in range(steps):
+                    step()
+            window_s.append(timed.seconds / steps)
     summary = tel.summary()
-    step_s = timed.seconds / steps
+    step_s = float(np.median(window_s))
     # the losses of the warm-up and timed steps only: a profiled or snapshot step (CUDA only)
     # would give rungs different counts, and the memory table compares them element by element
     n_losses = len(losses)
     # the windows of the timed steps, so that a data-parallel run can count distinct tokens
-    timed_reads = read[len(read) - steps * rung.accum:]
+    timed_reads = read[len(read) - windows * steps * rung.accum:]
     extra = {"windows": sorted({w for k in timed_reads for w in window_ids(
-        k, rung.batch, n_windows, rank, world)})}
+        k, rung.batch, n_windows, rank, world)}), "window_step_s": window_s}
     if profile:
         extra.update(profile_step(step, device))
     if snapshot is not None:
@@ -249,6 +271,9 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
             extra["snapshot_complete"] = events < snapshot_events
             save_snapshot(snap, snapshot)
             extra["snapshot"] = str(snapshot)
+    if sustain_s is not None:
+        extra["sustained"] = _sustained(step, device, index, steps, rung.tokens_per_step,
+                                        sustain_s, settle_s)
     peak = torch.cuda.max_memory_allocated(device) - held if device.type == "cuda" else None
     result = RunResult(
         rung=asdict(rung), tokens_per_s=rung.tokens_per_step / step_s, step_s=step_s,
@@ -261,6 +286,30 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
+
+
+def _sustained(step, device: torch.device, index: int, block: int, tokens_per_step: int,
+               sustain_s: float, settle_s: float) -> dict:
+    """Train ``settle_s`` untimed seconds, then ``sustain_s`` timed seconds in blocks of
+    ``block`` steps under a telemetry window; the blocks' seconds per step and what they give."""
+    per_step = []
+    with Telemetry(index=index) as tel:
+        settle = Stopwatch(device).start()
+        while settle.elapsed() < settle_s:
+            step()
+        with tel.window():
+            total = Stopwatch(device).start()
+            while total.elapsed() < sustain_s:
+                with Stopwatch(device) as one:
+                    for _ in range(block):
+                        step()
+                per_step.append(one.seconds / block)
+    summary = tel.summary()
+    median = float(np.median(per_step))
+    return {"block_step_s": per_step, "step_s": median, "tokens_per_s": tokens_per_step / median,
+            "seconds": float(sum(per_step) * block), "telemetry": summary.sentence(),
+            "sm_clock_mhz": summary.sm_clock_mhz_median,
+            "power_w_max": getattr(summary, "power_w_max", None)}
 
 
 def losses_agree(a: Sequence[float], b: Sequence[float], rtol: float = 0.02,

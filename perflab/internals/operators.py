@@ -17,16 +17,14 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from perflab.core.fits import fit_line
-from perflab.core.progress import progress as show_progress
-from perflab.core.validate import number, positive_int
-from perflab.internals.overhead import op_rate
+from perflab.core.validate import positive_int
 
 try:  # POSIX only: page faults of this process (None on Windows)
     import resource
@@ -36,7 +34,6 @@ except ImportError:
 __all__ = [
     "CallCost",
     "CallPathRow",
-    "call_cost_sweep",
     "call_path",
     "fit_call_cost",
     "has_kernel",
@@ -185,38 +182,6 @@ def fit_call_cost(numels: Sequence[float], seconds: Sequence[float]) -> CallCost
         raise ValueError(f"the fit found no positive per-element cost ({per_element:.3g} s): "
                          "add larger sizes to the sweep")
     return CallCost(float(fixed), float(per_element))
-
-
-def call_cost_sweep(
-    device: torch.device | str,
-    numels: Iterable[int],
-    element_budget: int = 2**24,
-    max_calls: int = 2000,
-    progress: bool = False,
-) -> list[tuple[int, float]]:
-    """Time one small operator call (``y = x * 2`` on float32) at each size in ``numels``.
-
-    Each point is ``1 / perflab.internals.overhead.op_rate(device, numel, ops)``: the wall time of one call in
-    a long stream of calls, synchronized at the end, so on a GPU it is the larger of the CPU's
-    cost to issue the call and the GPU's time to run the kernel. ``ops`` (calls per timed run) is
-    ``element_budget // numel`` clipped to ``[10, max_calls]``, which keeps every point short.
-
-    Returns ``[(numel, seconds per call), ...]`` in the order given.
-
-    Raises:
-        ValueError: an empty ``numels``, a size < 1, or a non-positive budget.
-    """
-    sizes = [int(n) for n in numels]
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"numels must be a non-empty list of positive sizes, got {sizes}")
-    number("element_budget", element_budget, minimum=1)
-    number("max_calls", max_calls, minimum=10)
-    iterator = show_progress(sizes, f"call cost on {torch.device(device).type}", progress)
-    out = []
-    for n in iterator:
-        ops = max(10, min(max_calls, element_budget // n))
-        out.append((n, 1.0 / op_rate(device, numel=n, ops=ops)))
-    return out
 
 
 def page_faults_per_call(fn: Callable[[], object], calls: int = 20) -> float | None:

@@ -16,7 +16,7 @@ from perflab.core.validate import number, positive, positive_int
 from perflab.machine.caches import beyond_cache_numel
 from perflab.machine.roofline import copy_bandwidth
 
-__all__ = ["CallModel", "batch_scaling", "call_model", "issue_time",
+__all__ = ["CallModel", "batch_scaling", "call_model", "issue_time", "launch_rate",
            "cuda_graph_op_rate", "dram_copy_bandwidth", "op_rate", "python_adds_per_second"]
 
 
@@ -99,6 +99,52 @@ def op_rate(device: torch.device | str, numel: int = 1, ops: int = 5000) -> floa
             x * 2
 
     return ops / best_of(block, repeats=3, device=dev)
+
+
+def launch_rate(device: torch.device | str, calls: int = 200, bursts: int = 25) -> float:
+    """Bare kernel launches per second the **host** issues from Python: ``torch.cuda._sleep(0)``,
+    a kernel that does nothing, launched straight from its C++ binding (no dispatcher, no output
+    allocated, no tensor at all).
+
+    Timed as :func:`issue_time` times a call: each of ``bursts`` bursts starts from an empty
+    queue (synchronize), issues ``calls`` launches and reads the host clock *before*
+    synchronizing; the result is one over the median burst's time per launch. A burst much
+    shorter than the device's launch queue never waits for the GPU, so the figure is the host's
+    side of a launch even when the GPU runs the empty kernels more slowly than the host issues
+    them (a rate taken over thousands of launches with a synchronize at the end would then
+    measure the device instead).
+
+    Its inverse is what launching one kernel costs the host through the thinnest path PyTorch
+    has: set beside the difference between a CUDA-tensor and a CPU-tensor operator call, it says
+    how much of that difference is the launch itself, without the profiler (whose own
+    instrumentation of the launch API inflates what it reports there).
+
+    Args:
+        device: a CUDA device.
+        calls: launches per burst (>= 1; few enough that the device's launch queue never
+            fills, or the host would wait for the GPU).
+        bursts: bursts; the median is taken (>= 1).
+
+    Returns:
+        launches per second (host clock, :class:`perflab.core.timing.Stopwatch`).
+
+    Raises:
+        RuntimeError: no CUDA device, or a torch without ``torch.cuda._sleep``.
+        ValueError: ``calls`` or ``bursts`` below 1.
+    """
+    positive_int("calls", calls)
+    positive_int("bursts", bursts)
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError("launch_rate needs a CUDA GPU")
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        raise RuntimeError("this torch has no torch.cuda._sleep: no bare launch to time")
+    with torch.cuda.device(dev):
+        for _ in range(100):               # the kernel's module loaded, the queue warm
+            sleep(0)
+        synchronize(dev)
+        return 1.0 / issue_time(lambda: sleep(0), dev, calls=calls, bursts=bursts)
 
 
 def cuda_graph_op_rate(numel: int = 1, ops: int = 1000, replays: int = 20) -> float:
@@ -238,7 +284,7 @@ class CallModel:
 
     def stream_s(self, nbytes: float, flops: float = 0.0) -> float:
         """One call in a long stream of calls (seconds): what a sweep such as
-        :func:`perflab.internals.operators.call_cost_sweep` measures.
+        :func:`perflab.internals.callcost.call_cost_sweep` (taught on chapter 3's page) measures.
 
         ``max(host_issue_s, device_s)`` when host and device overlap, else their sum.
         """

@@ -17,10 +17,16 @@ build takes seconds, not a minute). The extension's name is derived from a hash 
 so a fixed source builds under a new name and can be loaded in the same Python process that
 loaded a broken one; builds are cached in ``TORCH_EXTENSIONS_DIR`` (default: the clone's
 ``.cache/torch_extensions``). Lab 9's checks live in :mod:`perflab.labs.lab09`.
+
+Triton is optional: :func:`triton_modules` imports it where it is installed (CUDA builds of
+torch ship it; on a CPU ``pip install triton`` adds it, and its interpreter, enabled by
+``TRITON_INTERPRET=1`` before a kernel is defined, runs kernels with NumPy), and
+:func:`triton_launches` counts the kernels a call launches, compiled or interpreted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from dataclasses import dataclass
@@ -32,7 +38,8 @@ from perflab.core.timing import Stopwatch
 
 from perflab.kernels.axpby import CPP_SOURCE, CUDA_SOURCE
 
-__all__ = ["axpby_eager", "Build", "build_extension", "extension_dir"]
+__all__ = ["axpby_eager", "Build", "build_extension", "extension_dir", "triton_launches",
+           "triton_modules"]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -129,3 +136,45 @@ def build_extension(cpp_source: str = CPP_SOURCE, cuda_source: str | None = None
 def axpby_eager(x: torch.Tensor, a: float, y: torch.Tensor, b: float) -> torch.Tensor:
     """``a * x + b * y`` as eager PyTorch composes it: three kernels, seven tensor passes."""
     return a * x + b * y
+
+
+def triton_modules():
+    """``(triton, triton.language)``, or ``(None, None)`` where Triton is not installed."""
+    try:
+        import triton  # optional: CUDA builds of torch ship it, CPU builds do not
+        import triton.language as tl  # optional, as above
+    except ImportError:
+        return None, None
+    return triton, tl
+
+
+@contextlib.contextmanager
+def triton_launches():
+    """Count the Triton kernels launched inside the ``with`` block.
+
+    Yields a list that gets the name of each kernel as it is launched (``kernel[grid](...)``
+    calls the kernel's ``run``), compiled for a GPU (``JITFunction``) or run by Triton's
+    interpreter (``InterpretedFunction``, ``TRITON_INTERPRET=1``). Where Triton is not
+    installed the list stays empty. The kernels' classes are restored on exit.
+    """
+    triton, _ = triton_modules()
+    seen: list[str] = []
+    if triton is None:
+        yield seen
+        return
+    from triton.runtime import interpreter, jit  # optional, as above
+    patched = []
+    for cls in (jit.JITFunction, interpreter.InterpretedFunction):
+        original = cls.run
+
+        def run(self, *args, _original=original, **kwargs):
+            seen.append(getattr(getattr(self, "fn", None), "__name__", "kernel"))
+            return _original(self, *args, **kwargs)
+
+        cls.run = run
+        patched.append((cls, original))
+    try:
+        yield seen
+    finally:
+        for cls, original in patched:
+            cls.run = original

@@ -62,8 +62,8 @@ from torch import nn
 from perflab.core.validate import one_of
 from perflab.kernels import crossentropy
 
-__all__ = ["Float8Linear", "convert", "fp8_matmul", "head_cross_entropy", "quantize",
-           "emulated_mm", "check_shape", "E4M3", "E5M2"]
+__all__ = ["Float8Linear", "convert", "fp8_matmul", "quantize", "scaled_mm", "emulated_mm",
+           "check_shape", "E4M3", "E5M2"]
 
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
@@ -117,9 +117,11 @@ def check_shape(in_features: int, out_features: int, where: str = "linear layer"
                          f"that are multiples of 16, got {', '.join(bad)}")
 
 
-def _scaled_mm(a, b, sa, sb, fast: bool) -> torch.Tensor:
-    """``(a * sa) @ (b * sb)`` in bf16: ``a`` row-major FP8 ``(m, k)``, ``b`` FP8 ``(k, n)``
-    made column-major here if it is not (a copy)."""
+def scaled_mm(a, b, sa, sb, fast: bool) -> torch.Tensor:
+    """``(a * sa) @ (b * sb)`` in bf16 by ``torch._scaled_mm``: ``a`` row-major FP8 ``(m, k)``,
+    ``b`` FP8 ``(k, n)`` made column-major here if it is not (a copy); ``sa``, ``sb`` 0-d
+    float32 scales; ``fast`` FP8 fast accumulation (the forward's choice, not the gradients').
+    Chapter 10's FP8 head (:mod:`perflab.gpt2.heads`) multiplies with it too."""
     if a.stride(-1) != 1:
         a = a.contiguous()
     if b.stride(0) != 1:
@@ -167,7 +169,7 @@ def _fp8_forward(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype, fp8_g
     ``grad_W``) or ``x`` in bf16."""
     qx, sx = quantize(x, E4M3)
     qw, sw = quantize(w, E4M3)
-    y = _scaled_mm(qx, qw.t(), sx, sw, fast=True).to(out_dtype)
+    y = scaled_mm(qx, qw.t(), sx, sw, fast=True).to(out_dtype)
     saved = qx if fp8_grad_weight else x.to(torch.bfloat16)
     return y, saved, sx, qw, sw
 
@@ -202,10 +204,10 @@ def _fp8_backward(ctx, g, *_unused):
     g = g.contiguous()
     qg, sg = quantize(g, E5M2)
     # g (M, N) @ W (N, K): W must be column-major, i.e. a row-major copy of W^T
-    grad_x = _scaled_mm(qg, qw.t().contiguous().t(), sg, sw, fast=False).to(ctx.x_dtype)
+    grad_x = scaled_mm(qg, qw.t().contiguous().t(), sg, sw, fast=False).to(ctx.x_dtype)
     if ctx.fp8_grad_weight:
         # g^T (N, M) row-major @ x (M, K) column-major (a (K, M) row-major copy, .t())
-        grad_w = _scaled_mm(qg.t().contiguous(), saved.t().contiguous().t(), sg, sx, fast=False)
+        grad_w = scaled_mm(qg.t().contiguous(), saved.t().contiguous().t(), sg, sx, fast=False)
     else:
         grad_w = g.to(torch.bfloat16).t() @ saved
     return grad_x, grad_w.to(ctx.w_dtype), None, None
@@ -237,97 +239,6 @@ def fp8_matmul(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype = torch.
                          f"{tuple(w.shape)}")
     one_of("grad_weight", grad_weight, GRAD_WEIGHT)
     return _fp8_matmul(x, w, out_dtype, grad_weight == "fp8")[0]
-
-
-# ---------------------------------------------------------------------------------------------
-# The language-model head in FP8, its cross-entropy fused
-# ---------------------------------------------------------------------------------------------
-
-@torch.library.custom_op("perflab::fp8_head_loss", mutates_args=())
-def _fp8_head_loss(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                              torch.Tensor, torch.Tensor]:
-    """``(loss, q_h, s_h, q_W, s_W, q_g)``: the FP8 logits, their mean cross-entropy and the
-    e5m2 gradient ``q_g = (softmax - one_hot) x 57344`` (scale ``1 / (M x 57344)``)."""
-    qh, sh = quantize(h, E4M3)
-    qw, sw = quantize(w, E4M3)
-    logits = _scaled_mm(qh, qw.t(), sh, sw, fast=True)          # (M, V) bf16
-    top = torch.finfo(E5M2).max
-    qg = torch.empty(logits.shape, dtype=E5M2, device=logits.device)
-    rows = crossentropy.loss_and_grad(logits, y, qg, grad_scale=top)
-    return rows.mean(), qh, sh, qw, sw, qg
-
-
-@_fp8_head_loss.register_fake
-def _(h, w, y):
-    m, v = h.shape[0], w.shape[0]
-    scalar = h.new_empty((), dtype=torch.float32)
-    return (scalar, h.new_empty(h.shape, dtype=E4M3), scalar.clone(),
-            w.new_empty(w.shape, dtype=E4M3), scalar.clone(),
-            h.new_empty((m, v), dtype=E5M2))
-
-
-def _head_setup(ctx, inputs, output):
-    h, w, _ = inputs
-    _, qh, sh, qw, sw, qg = output
-    ctx.save_for_backward(qh, sh, qw, sw, qg)
-    ctx.h_dtype, ctx.w_dtype = h.dtype, w.dtype
-    ctx.mark_non_differentiable(*output[1:])
-
-
-def _head_backward(ctx, go, *_unused):
-    qh, sh, qw, sw, qg = ctx.saved_tensors
-    # d loss / d logits = q_g * go / (M * 57344): the scale of q_g, on the device (no sync)
-    sg = go.float() / (qg.shape[0] * torch.finfo(E5M2).max)
-    grad_h = _scaled_mm(qg, qw.t().contiguous().t(), sg, sw, fast=False).to(ctx.h_dtype)
-    # g^T (V, M) row-major @ h (M, K) column-major: the one transposed copy of the gradient
-    grad_w = _scaled_mm(crossentropy.transpose(qg), qh.t().contiguous().t(), sg, sh,
-                        fast=False)
-    return grad_h, grad_w.to(ctx.w_dtype), None
-
-
-_fp8_head_loss.register_autograd(_head_backward, setup_context=_head_setup)
-
-
-def head_cross_entropy(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of a language-model head whose three products run in FP8.
-
-    ``logits = h @ w^T`` by ``torch._scaled_mm`` (e4m3 ``h`` and ``w``, dynamic per-tensor
-    scales), then :func:`perflab.kernels.crossentropy.loss_and_grad` computes the loss *and* the
-    gradient of the logits in one pass over them, in the forward. The gradient is stored in
-    e5m2 with a *static* scale: for a mean over ``M`` tokens, ``d loss / d logit[i, j] =
-    (p[i, j] - [j == y[i]]) / M`` lies in ``(-1/M, 1/M)`` whatever the logits (``p`` a softmax
-    row), so ``q = (p - one_hot) x 57344`` (e5m2's largest value) with the scale
-    ``1 / (M x 57344)`` never overflows, and no reduction over the ``M x V`` gradient is
-    needed. The bf16 logits live only inside the forward; the backward keeps the 1-byte
-    gradient instead and runs ``grad_h = g W`` and ``grad_W = g^T h`` in FP8, times the
-    incoming gradient of the loss (a loss divided later, e.g. by accumulation steps, scales
-    them). An FP8 head with a fixed gradient scale is also what the modded-nanogpt GPT-2
-    speedruns use (Jordan et al., 2024; ``jordan2024moddednanogpt`` in the bibliography).
-
-    Args:
-        h: features ``(B, T, d)`` or ``(M, d)``, any float dtype.
-        w: head weight ``(V, d)`` (the tied embedding); ``V`` and ``d`` multiples of 16.
-        y: int64 targets ``(B, T)`` or ``(M,)``, each in ``[0, V)``.
-
-    Returns:
-        The 0-d float32 mean loss, differentiable in ``h`` and ``w``.
-
-    Raises:
-        ValueError: shapes that do not match or that ``torch._scaled_mm`` cannot take
-            (``M`` must be a multiple of 16 too).
-    """
-    h2 = h.reshape(-1, h.shape[-1])
-    y2 = y.reshape(-1)
-    if w.dim() != 2 or w.shape[1] != h2.shape[1]:
-        raise ValueError(f"w must be (V, {h2.shape[1]}), got {tuple(w.shape)}")
-    if h2.shape[0] != y2.shape[0]:
-        raise ValueError(f"h holds {h2.shape[0]} tokens but y {y2.shape[0]} targets")
-    check_shape(w.shape[1], w.shape[0], "head")
-    if h2.shape[0] % 16:
-        raise ValueError(f"the FP8 head needs a token count that is a multiple of 16, got "
-                         f"{h2.shape[0]}")
-    return _fp8_head_loss(h2, w, y2)[0]
 
 
 class Float8Linear(nn.Linear):

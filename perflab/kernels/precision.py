@@ -88,20 +88,22 @@ def format_table(names: tuple[str, ...] = FORMATS) -> list[FormatInfo]:
     return rows
 
 
-def round_trip(values, dtype: torch.dtype) -> list[float]:
-    """Each value stored in ``dtype`` and read back as float64: shows rounding, overflow, underflow.
+def round_trip(values, dtype: torch.dtype, device="cpu") -> list[float]:
+    """Each value stored in ``dtype`` on ``device`` and read back as float64: shows rounding,
+    overflow, underflow.
 
-    float16 overflows to ``inf`` past 65504; float8_e4m3fn has no infinity and saturation is
-    not applied by a plain cast, so values past 448 become NaN; values below the smallest
-    subnormal flush to 0.
+    The cast runs on ``device`` (default the CPU), whose implementation decides what happens
+    beyond a format's range: float16 overflows to ``inf`` past 65504; float8_e4m3fn has no
+    infinity, and a plain cast of a value past 448 gives NaN on CUDA, while some CPU builds
+    saturate at 448; values below the smallest subnormal flush to 0.
 
     Raises:
         TypeError: ``dtype`` is not a floating-point torch dtype.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
-    t = torch.tensor(list(values), dtype=torch.float64)
-    return t.to(dtype).to(torch.float64).tolist()
+    t = torch.tensor(list(values), dtype=torch.float64, device=device)
+    return t.to(dtype).to(torch.float64).cpu().tolist()
 
 
 def lost_update_fraction(weights: torch.Tensor, updates: torch.Tensor, dtype: torch.dtype) -> float:

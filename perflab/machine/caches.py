@@ -15,16 +15,19 @@ flattened index together), so an element is read again only after all ``nbytes``
 the reuse distance is the working set, as the method requires. A per-row reduction
 (``sum(dim=1)``) would not do on a GPU: it reads all rows at the same time, so each row's bytes
 would hit in cache whatever ``nbytes`` is. On a GPU that stride-0 reduction is instruction-bound,
-so :func:`read_bandwidth` times a contiguous ``x.sum()`` by its kernel durations instead, and
-:func:`fit_fixed_cost` / :func:`without_fixed_cost` take out the fixed cost of each short kernel.
-:func:`beyond_cache_numel` sizes a host buffer that no cache holds (from the last-level cache the
-OS reports), for a copy that must stream from DRAM. Units: bytes and bytes/s.
+so :func:`read_bandwidth` times a contiguous ``x.sum()`` by its kernel durations instead.
+Chapter 2's GPU curve is a copy kernel replayed from CUDA graphs (:mod:`perflab.machine.replay`,
+taught on the page), whose per-call times :class:`ReplayCurve` turns into bandwidths with the
+kernel's measured start-up taken out. :func:`beyond_cache_numel` sizes a host buffer that no
+cache holds (from the last-level cache the OS reports), for a copy that must stream from DRAM.
+Units: bytes and bytes/s.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import statistics
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -32,7 +35,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.ticker import FuncFormatter
 
-from perflab.core.fits import fit_line
+from perflab.core.rounds import Spread
 from perflab.core.progress import progress as show_progress
 from perflab.core.timing import benchmark
 from perflab.core.profiler import device_seconds_per_call
@@ -42,18 +45,16 @@ from perflab.record.plotting import style
 
 __all__ = [
     "beyond_cache_numel",
-    "FixedCostFit",
     "Step",
     "WorkingSetPoint",
     "find_steps",
-    "fit_fixed_cost",
     "format_bytes",
     "geometric_sizes",
     "largest_step",
     "match_steps",
     "plot_working_set",
     "read_bandwidth",
-    "without_fixed_cost",
+    "ReplayCurve",
     "working_set_sweep",
 ]
 
@@ -197,60 +198,100 @@ def working_set_sweep(
 
 
 @dataclass(frozen=True)
-class FixedCostFit:
-    """``seconds = fixed_s + nbytes / bytes_per_s``, fitted by least squares to part of a curve.
+class ReplayCurve:
+    """Per-call times of a kernel replayed from CUDA graphs, at each working-set size, over
+    interleaved rounds, with the kernel's start-up measured the same way.
+
+    A kernel replayed back to back from a CUDA graph pays no launch from the host, but each one
+    still costs the GPU a start-up (filling the SMs with blocks, draining the last ones) of about
+    a microsecond, whatever its size: a 2 MiB copy that moves its bytes in a few hundred
+    nanoseconds takes over a microsecond. ``startup`` is that cost, measured as the time per
+    call of the same kernel on a working set too small to move any bytes worth counting, in the
+    same rounds as the others; the bytes' own time is ``t - startup``, round by round. (The
+    chapter's first edition fitted a straight line instead and clamped its negative intercept to
+    zero, which read the start-up-bound small sizes as a slow L2.)
 
     Attributes:
-        fixed_s: the time a kernel takes whatever its size (launch ramp, tail, final reduction),
-            in seconds: the intercept.
-        bytes_per_s: the marginal bandwidth, in bytes/s: the inverse of the slope.
-        points: how many points the fit used.
-    """
-
-    fixed_s: float
-    bytes_per_s: float
-    points: int
-
-
-def fit_fixed_cost(points: Sequence[WorkingSetPoint], lo: float = 0, hi: float = math.inf) -> FixedCostFit:
-    """Fit ``t = fixed + nbytes / bandwidth`` to the points with ``lo <= nbytes <= hi`` (bytes).
-
-    A GPU kernel that reads a few MiB lasts only microseconds, and a few of them are a fixed cost
-    (filling the machine with blocks, the last wave, the final step of a reduction), so
-    ``nbytes / time`` under-reads the bandwidth of small working sets. The slope of time against
-    size is the bandwidth without that cost; the intercept is the cost (:func:`perflab.core.fits.fit_line`).
-    Each point's time is ``nbytes / bytes_per_s``. An intercept below zero (kernels replayed
-    back to back in a CUDA graph can have no measurable fixed cost, and noise then puts the
-    intercept a fraction of a microsecond on either side of zero) is reported as 0.
+        seconds: ``{nbytes: Spread}`` seconds per call (working set in bytes, per round).
+        startup: seconds per call of the tiny working set (the start-up ``d0``), same rounds.
 
     Raises:
-        ValueError: fewer than 2 points in the range, or a fit whose slope is not positive.
+        ValueError: no sizes, a non-positive size, or spreads of different round counts.
     """
-    sel = [p for p in points if lo <= p.nbytes <= hi]
-    if len(sel) < 2:
-        raise ValueError(f"need at least 2 points between {lo:.4g} and {hi:.4g} bytes, got {len(sel)}")
-    fit = fit_line([float(p.nbytes) for p in sel], [p.nbytes / p.bytes_per_s for p in sel])
-    if fit.slope <= 0:
-        raise ValueError("time does not grow with size in this range: no bandwidth can be fitted")
-    return FixedCostFit(max(fit.fixed, 0.0), 1.0 / fit.slope, fit.points)
 
+    seconds: dict
+    startup: Spread
 
-def without_fixed_cost(points: Sequence[WorkingSetPoint], fixed_s: float) -> list[WorkingSetPoint]:
-    """The curve with a fixed per-kernel cost taken out: ``nbytes / (time - fixed_s)``.
+    def __post_init__(self) -> None:
+        if not self.seconds:
+            raise ValueError("seconds must hold at least one working-set size")
+        for nbytes, t in self.seconds.items():
+            integer("nbytes", nbytes, 1)
+            if not isinstance(t, Spread) or t.n != self.startup.n:
+                raise ValueError(f"the time of {nbytes} bytes must be a Spread over the "
+                                 f"{self.startup.n} rounds of the start-up")
+        object.__setattr__(self, "seconds", dict(sorted(self.seconds.items())))
 
-    Points whose time does not exceed ``fixed_s`` (their bytes took no measurable time) are
-    dropped.
+    @property
+    def sizes(self) -> list[int]:
+        """The working sets, increasing (bytes)."""
+        return list(self.seconds)
 
-    Raises:
-        ValueError: ``fixed_s`` negative.
-    """
-    number("fixed_s", fixed_s, minimum=0)    # seconds
-    out = []
-    for p in points:
-        left = p.nbytes / p.bytes_per_s - fixed_s
-        if left > 0:
-            out.append(WorkingSetPoint(p.nbytes, p.nbytes / left))
-    return out
+    def raw(self) -> list[WorkingSetPoint]:
+        """Bytes over the median time per call: the start-up left in."""
+        return [WorkingSetPoint(n, n / t.median) for n, t in self.seconds.items()]
+
+    def counted(self, nbytes: int, min_share: float = 1.0) -> bool:
+        """Whether the bytes' own time at ``nbytes`` is at least ``min_share`` times the
+        start-up in every round (the start-up then cannot dominate the rate read from it)."""
+        t = self.seconds[nbytes]
+        return all(a - d >= min_share * d for a, d in zip(t.values, self.startup.values))
+
+    def bandwidth(self, nbytes: int) -> Spread:
+        """``nbytes / (t - startup)`` round by round (bytes/s).
+
+        Raises:
+            KeyError: a size that was not measured.
+            ValueError: a round whose time does not exceed the start-up.
+        """
+        t = self.seconds[nbytes]
+        left = t - self.startup
+        if min(left.values) <= 0:
+            raise ValueError(f"at {nbytes} bytes a round took no longer than the start-up")
+        return nbytes / left
+
+    def curve(self, min_share: float = 1.0) -> list[WorkingSetPoint]:
+        """The start-up-free curve (median over rounds), sizes whose bytes count
+        (:meth:`counted`) only."""
+        return [WorkingSetPoint(n, self.bandwidth(n).median) for n in self.sizes
+                if self.counted(n, min_share)]
+
+    def round_curves(self, min_share: float = 1.0) -> list[list[WorkingSetPoint]]:
+        """The start-up-free curve of each round separately (same sizes as :meth:`curve`)."""
+        kept = [n for n in self.sizes if self.counted(n, min_share)]
+        return [[WorkingSetPoint(n, self.bandwidth(n).values[r]) for n in kept]
+                for r in range(self.startup.n)]
+
+    def level(self, lo: float = 0, hi: float = math.inf, min_share: float = 1.0) -> Spread:
+        """The bandwidth of a level of the hierarchy: round by round, the median start-up-free
+        bandwidth over the counted sizes between ``lo`` and ``hi`` bytes.
+
+        Raises:
+            ValueError: no counted size in the range.
+        """
+        kept = [n for n in self.sizes if lo <= n <= hi and self.counted(n, min_share)]
+        if not kept:
+            raise ValueError(f"no counted size between {lo:.4g} and {hi:.4g} bytes")
+        per_size = [self.bandwidth(n).values for n in kept]
+        return Spread(tuple(statistics.median(col) for col in zip(*per_size)))
+
+    def dips(self, depth: float = 0.15) -> list[int]:
+        """Sizes whose raw bandwidth lies more than ``depth`` below both neighbours': a
+        deterministic dip is a property of the kernel or of the buffers at that size, not of
+        a cache level (a level's fall does not come back up)."""
+        raw = [p.bytes_per_s for p in self.raw()]
+        return [self.sizes[i] for i in range(1, len(raw) - 1)
+                if raw[i] < (1 - depth) * min(raw[i - 1], raw[i + 1])]
 
 
 def _median3(values: Sequence[float]) -> list[float]:
@@ -356,6 +397,7 @@ def plot_working_set(
     unit: float = 1e9,
     unit_label: str = "GB/s",
     title: str = "read bandwidth against working-set size",
+    ylabel: str = "read bandwidth",
 ):
     """Draw bandwidth-vs-working-set curves (log-log) with capacities marked.
 
@@ -363,7 +405,8 @@ def plot_working_set(
         curves: ``{label: points}``, one line each.
         reported: ``(label, bytes)`` capacities the OS or driver reports: dashed vertical lines.
         steps: capacities read back from the curve (:func:`find_steps`): dotted vertical lines.
-        unit, unit_label: the y axis is ``bytes_per_s / unit``, labelled ``unit_label``.
+        unit, unit_label: the y axis is ``bytes_per_s / unit``, in ``unit_label``.
+        ylabel: what the y axis measures (a copy counts bytes read plus bytes written).
 
     Returns the matplotlib Figure, in the book's style (:func:`perflab.record.plotting.style`); a
     page shows it with :func:`perflab.record.plotting.finish`.
@@ -384,7 +427,7 @@ def plot_working_set(
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
-    ax.set(xlabel="working set (bytes, log scale)", ylabel=f"read bandwidth ({unit_label})", title=title)
+    ax.set(xlabel="working set (bytes, log scale)", ylabel=f"{ylabel} ({unit_label})", title=title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
     return style(fig)

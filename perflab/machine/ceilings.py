@@ -27,9 +27,11 @@ exceed are the **roofs** of the clock model, recorded beside the measurements fr
 facts (SMs, compute capability, maximum SM clock, memory clock and bus width):
 :meth:`Ceilings.peak` (FLOP per clock per SM x SMs x a clock, :func:`perflab.machine.datasheets.peak_at`;
 at the maximum clock by default) and :meth:`Ceilings.roof` (that peak for a matrix product; the
-DRAM peak for the copy). :meth:`Ceilings.compute_roof` and :meth:`Ceilings.ridge` give every page
-the same compute roof and ridge point: the peak at the maximum clock where the clock model knows
-the device, else (a CPU) the measured FP32 product.
+DRAM peak for the copy). :meth:`Ceilings.compute_roof` gives every page the same compute roof:
+the peak at the maximum clock where the clock model knows the device, else (a CPU) the measured
+FP32 product. :meth:`Ceilings.ridge` is the roofs' ridge (peak over DRAM peak) and
+:meth:`Ceilings.achieved_ridge` the ridge of the rates reached (measured product over measured
+copy): each compares like with like.
 
 Beside the ceilings, the file holds the run's **host costs**: the host's per-call cost ``h`` of
 a tiny operator on a CPU tensor and on a CUDA tensor, each over interleaved rounds with its
@@ -219,10 +221,24 @@ class Ceilings:
         return self.value(f"matmul_{fmt}") if f"matmul_{fmt}" in NAMES else None
 
     def ridge(self, fmt: str = "bf16") -> float | None:
-        """The ridge point of ``fmt`` in FLOP/byte: :meth:`compute_roof` over the measured copy
-        bandwidth. One number per format and machine, quoted by every page."""
-        roof, bw = self.compute_roof(fmt), self.value("copy_bandwidth")
-        return roof / bw if roof and bw else None
+        """The ridge point of ``fmt`` in FLOP/byte, one definition on both sides: on a GPU
+        the **roofs'** ridge, the clock model's peak at the maximum SM clock over the DRAM peak
+        (what no kernel can exceed on either side); where the machine's facts give no roofs (a
+        CPU), the **achieved** ridge, :meth:`achieved_ridge`. One number per format and
+        machine, quoted by every page. (A ridge of a peak over a measured bandwidth mixes two
+        definitions: the course once quoted such a hybrid, neither of the two.)"""
+        roof = self.peak(fmt)
+        dram = self.roof("copy_bandwidth")
+        if roof and dram:
+            return roof / dram
+        return self.achieved_ridge(fmt)
+
+    def achieved_ridge(self, fmt: str = "bf16") -> float | None:
+        """The ridge point of the rates this run reached: the measured ``matmul_<fmt>`` over
+        the measured copy bandwidth (FLOP/byte), None where either was not measured."""
+        rate = self.value(f"matmul_{fmt}") if f"matmul_{fmt}" in NAMES else None
+        bw = self.value("copy_bandwidth")
+        return rate / bw if rate and bw else None
 
     def value(self, name: str) -> float | None:
         """The ceiling ``name`` (unit in :data:`NAMES`), None where this machine has none.

@@ -31,6 +31,7 @@ __all__ = [
     "matmul_thread_scaling",
     "memory_bandwidth",
     "peak_flops_estimate",
+    "physical_cores",
     "simd_fp32_lanes",
     "threads",
 ]
@@ -130,6 +131,23 @@ def threads(count: int | None) -> Iterator[int]:
         yield count
     finally:
         torch.set_num_threads(before)
+
+
+def physical_cores(sysfs: str | os.PathLike | None = None) -> int | None:
+    """Physical cores among the logical CPUs the OS lists: distinct ``thread_siblings_list``
+    sets under ``/sys/devices/system/cpu/cpu*/topology`` (two logical CPUs of one core share
+    its FMA units under simultaneous multithreading); None where the OS does not say.
+
+    Args:
+        sysfs: the ``cpu`` directory (default ``/sys/devices/system/cpu``; for tests).
+    """
+    root = Path(sysfs) if sysfs is not None else Path("/sys/devices/system/cpu")
+    sets = set()
+    for cpu_dir in root.glob("cpu[0-9]*"):
+        f = cpu_dir / "topology" / "thread_siblings_list"
+        if f.exists():
+            sets.add(f.read_text().strip())
+    return len(sets) or None
 
 
 def default_thread_counts(maximum: int | None = None) -> list[int]:

@@ -212,9 +212,11 @@ def datasheet_clock_hz(name: str, fmt: str) -> float | None:
 
 def memory_peak_bandwidth(index: int = 0) -> float | None:
     """GPU ``index``'s DRAM peak in bytes/s from NVML: two transfers per memory clock (DDR) x the
-    bus width; None without NVML. An H200 reads 3,201 MHz x 2 x 6,144 bits / 8 = 4.92 TB/s
-    (its datasheet: 4.8 TB/s). The copy bandwidth of the run's ceilings is what a kernel reaches;
-    this is the roof no DRAM traffic can pass.
+    bus width; None without NVML. On the course's H200, NVML reports a 3,201 MHz memory clock
+    and a 6,016-bit bus (chapter 2's GPU page prints both readings; the reference run of
+    3 December 2026 read those values): 3,201 MHz x 2 x 6,016 bits / 8 = 4.81 TB/s, the
+    datasheet's 4.8 TB/s (``nvidia2024h200`` in ``bib/``). The copy bandwidth of the run's
+    ceilings is what a kernel reaches; this is the roof no DRAM traffic can pass.
     """
     r = nvml.readings(index, links=False)
     if not r or not r.get("mem_clock_max_hz") or not r.get("memory_bus_width_bits"):

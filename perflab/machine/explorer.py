@@ -35,7 +35,7 @@ from perflab.core.progress import progress as show_progress
 from perflab.core.validate import integers, positive, positive_int
 from perflab.machine import roofline
 from perflab.machine.datasheets import DATASHEETS
-from perflab.core.telemetry import Telemetry
+from perflab.core.telemetry import MIN_SAMPLES, Telemetry
 from perflab.record.numbers import fmt
 from perflab.record.plotting import style
 
@@ -72,6 +72,8 @@ class MeasuredPoint:
         flops_per_s: achieved FLOP/s.
         seconds: measured time of one call (median), or None when only the rate is known.
         size: the problem size (``n`` of an ``n x n`` product), or None.
+        sm_clock_hz: the median SM clock read inside this point's own timed window (Hz), or
+            None (no GPU, or too few readings to read a clock).
     """
 
     label: str
@@ -80,6 +82,7 @@ class MeasuredPoint:
     flops_per_s: float
     seconds: float | None = None
     size: int | None = None
+    sm_clock_hz: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,8 @@ class Machine:
         points: kernels measured on this device.
         knee_intensity: where a measured sweep turned compute-bound (FLOP/byte), if known.
         clock: the telemetry sentence the points were measured under (clock, power), or "".
+        knee_rate: that sweep's measured compute plateau (FLOP/s), if known: chapter 1's
+            ``x*2`` multiplies without adding, so its plateau is not the FMA roof of ``peaks``.
 
     Raises:
         ValueError: a non-positive bandwidth or peak, an unknown precision, or no peaks at all.
@@ -128,6 +133,7 @@ class Machine:
     points: tuple[MeasuredPoint, ...] = ()
     knee_intensity: float | None = None
     clock: str = ""
+    knee_rate: float | None = None
 
     def __post_init__(self):
         positive("bandwidth", self.bandwidth)
@@ -203,7 +209,8 @@ def reference_machine(glued: Mapping[str, Any], run: Mapping[str, Any] | None = 
         glued: values glued by chapter 1 (:func:`perflab.record.provenance.read_glued`):
             ``copy_bandwidth_TBps`` (the memory roof) and ``matmul_tflops_<precision>`` for
             ``fp32``/``tf32``/``bf16`` (compute roofs); ``roofline_knee_repeat`` (optional) places
-            the measured knee of the ``x*2`` sweep at ``repeat / 8`` FLOP/byte.
+            the measured knee of the ``x*2`` sweep at ``repeat / 8`` FLOP/byte, and
+            ``roofline_compute_plateau_tflops`` (optional) is that sweep's compute plateau.
         run: that notebook's ``reference_run`` metadata, for the device name.
 
     Returns None when ``copy_bandwidth_TBps`` or every matmul rate is missing.
@@ -218,10 +225,22 @@ def reference_machine(glued: Mapping[str, Any], run: Mapping[str, Any] | None = 
     when = ((run or {}).get("started") or "")[:10]
     knee = glued.get("roofline_knee_repeat")
     knee_intensity = knee / 8.0 if isinstance(knee, (int, float)) and knee > 0 else None
+    plateau = glued.get("roofline_compute_plateau_tflops")
+    knee_rate = plateau * 1e12 if isinstance(plateau, (int, float)) and plateau > 0 else None
     return Machine(f"{device} (chapter 1, measured)", bw * 1e12, peaks,
                    f"chapter 1's reference run{' of ' + when if when else ''}: copy bandwidth and "
                    f"matrix-product rates measured on {device}",
-                   knee_intensity=knee_intensity)
+                   knee_intensity=knee_intensity, knee_rate=knee_rate)
+
+
+def _clock_in(samples: Sequence[Mapping[str, Any]], windows: Sequence[tuple[float, float]]
+              ) -> float | None:
+    """The median SM clock (Hz) of the telemetry ``samples`` (each with ``t`` and
+    ``sm_clock_mhz``) that fall inside ``windows``; None with fewer than
+    :data:`perflab.core.telemetry.MIN_SAMPLES` of them (too short to read a clock)."""
+    clocks = [s["sm_clock_mhz"] for s in samples if s.get("sm_clock_mhz") is not None
+              and any(lo <= s["t"] <= hi for lo, hi in windows)]
+    return float(np.median(clocks)) * 1e6 if len(clocks) >= MIN_SAMPLES else None
 
 
 def measure_machine(
@@ -240,7 +259,10 @@ def measure_machine(
     size ``n``, :func:`perflab.machine.roofline.matmul_rate` times an ``n x n`` product (FLOPs
     ``2 n^3``); each becomes a :class:`MeasuredPoint` at :func:`matmul_intensity`. The products
     run under :class:`perflab.core.telemetry.Telemetry`, whose sentence (SM clock, power) becomes the
-    machine's ``clock``. A precision's compute roof is ``peaks[precision]`` when given (the run's
+    machine's ``clock``; on a GPU each point also keeps the median SM clock of its own timed
+    windows (``sm_clock_hz``), so a product's rate can be set against the peak at its clock.
+    The machine is named "(this run's roofs)" when ``peaks`` are given, "(measured now)"
+    otherwise. A precision's compute roof is ``peaks[precision]`` when given (the run's
     roofs: :meth:`perflab.machine.ceilings.Ceilings.compute_roof`, the clock model's peak at the maximum
     clock), else its best measured rate, a lower bound of the true peak.
 
@@ -279,21 +301,29 @@ def measure_machine(
             raise ValueError(f"peaks has no roof for {missing}")
     jobs = [(p, n) for p in precisions for n in sizes]
     jobs = show_progress(jobs, "matrix products", progress)
-    points = []
+    rates, spans = [], []
     with Telemetry(device=dev) as tel:
         for p, n in jobs:
-            rate = roofline.matmul_rate(dev, n, p)
-            points.append(MeasuredPoint(f"matmul n={n}", p, matmul_intensity(n, p), rate,
-                                        2.0 * n**3 / rate, n))
+            first = len(tel.windows)         # the timed windows this product opens
+            rates.append((p, n, roofline.matmul_rate(dev, n, p)))
+            spans.append((first, len(tel.windows)))
+    points = []
+    on_gpu = tel.summary().source == "NVML"
+    for (p, n, rate), (a, b) in zip(rates, spans):
+        clock = _clock_in(tel.samples, tel.windows[a:b]) if on_gpu else None
+        points.append(MeasuredPoint(f"matmul n={n}", p, matmul_intensity(n, p), rate,
+                                    2.0 * n**3 / rate, n, clock))
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu: {cpu_name()}"
     if peaks is None:
         roofs = {p: max(pt.flops_per_s for pt in points if pt.precision == p) for p in precisions}
         source = "measured in this session: copy bandwidth and the best matrix-product rate per precision"
+        label = f"{name} (measured now)"
     else:
         roofs = {p: float(peaks[p]) for p in precisions}
-        source = "the run's ceilings: copy bandwidth measured, compute roofs from the clock model"
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu: {cpu_name()}"
-    return Machine(f"this machine (measured): {name}", bandwidth, roofs, source,
-                   points=tuple(points), clock=tel.summary().sentence())
+        source = "the run's roofs, given: a memory roof and compute roofs per precision"
+        label = f"{name} (this run's roofs)"
+    return Machine(label, bandwidth, roofs, source, points=tuple(points),
+                   clock=tel.summary().sentence())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -443,7 +473,12 @@ class RooflineExplorer:
                     label=f"{ref.name}: measured ceilings")
             if ref.knee_intensity and precision == "fp32":
                 k = ref.knee_intensity
-                ax.plot([k], [k * ref.bandwidth / 1e12], "D", color="C2", ms=6,
+                if ref.knee_rate:   # x*2 multiplies without adding: its own measured plateau
+                    ax.plot(x, np.minimum(ref.knee_rate, x * ref.bandwidth) / 1e12, ":",
+                            color="C2", lw=1.3,
+                            label="chapter 1: x*2 measured (multiply, no FMA: its own plateau)")
+                top = min(k * ref.bandwidth, ref.knee_rate or math.inf)
+                ax.plot([k], [top / 1e12], "D", color="C2", ms=6,
                         label="chapter 1: measured knee of x*2 (FP32 multiply)")
         if show_selection and precision in self.machine.peaks:
             pred = self.machine.predict(self.intensity, precision)

@@ -34,7 +34,7 @@ from perflab.core import formats, nvml
 from perflab.core.device import cpu_name, gpu_count
 from perflab.core.timing import Stopwatch
 from perflab.machine import interconnect
-from perflab.machine import caches, cpu, datasheets, disk, gpu, roofline, transfer
+from perflab.machine import caches, cpu, datasheets, disk, gpu, replay, roofline, transfer
 from perflab.machine.caches import format_bytes
 from perflab.record.provenance import environment, short_devices
 
@@ -54,7 +54,7 @@ __all__ = [
 
 SCHEMA = "perflab-report/1"
 #: The methods of chapter 2 the card shares, named in the ``context`` of the metrics they give.
-L2_METHOD = "CUDA-graph copies"
+L2_METHOD = "CUDA-graph x * 2, start-up out"
 LATENCY_METHOD = "alpha-beta fit"
 #: Where the course keeps the reference run's card (written on the GPU machine).
 REFERENCE_PATH = Path(__file__).resolve().parent.parent / "data" / "reference_report.json"
@@ -119,14 +119,17 @@ class Card:
 # ---------------------------------------------------------------------------------------------
 
 def _sizes(quick: bool) -> dict:
-    # the full card's L2 sweep (from 2 MiB, 4 sizes per octave) and NCCL sweep (4 KiB .. 1 GiB,
-    # x4 apart) are chapter 2's, so that its rows compare with the chapter's glued values
+    # the full card's L2 sweep (from 4 MiB, 3 sizes per octave, 5 rounds), its matrix products
+    # (n = 8192) and NCCL sweep (4 KiB .. 1 GiB, x4 apart) are chapter 2's, so that its rows
+    # compare with the chapter's glued values
     if quick:
         return dict(cpu_copy=64 * 2**20, cpu_n=512, cache_hi=256 * 2**20, cache_per_octave=1, disk=32 * 2**20,
-                    disk_reads=500, gpu_copy=256 * 2**20, l2_hi=512 * 2**20, l2_per_octave=2, gpu_n=(4096,),
+                    disk_reads=500, gpu_copy=256 * 2**20, l2_hi=512 * 2**20, l2_per_octave=2, l2_rounds=3,
+                    gpu_n=(4096,),
                     hd=64 * 2**20, p2p=256 * 2**20, gloo=[4096, 2**20, 2**24], nccl=[4096, 2**20, 2**26])
     return dict(cpu_copy=512 * 2**20, cpu_n=2048, cache_hi=512 * 2**20, cache_per_octave=2, disk=256 * 2**20,
-                disk_reads=2000, gpu_copy=2**30, l2_hi=2**30, l2_per_octave=4, gpu_n=(8192, 16384), hd=256 * 2**20,
+                disk_reads=2000, gpu_copy=2**30, l2_hi=2**30, l2_per_octave=3, l2_rounds=5, gpu_n=(8192,),
+                hd=256 * 2**20,
                 p2p=2**30, gloo=[4096, 65536, 2**20, 2**24, 2**26], nccl=[2**k for k in range(12, 31, 2)])
 
 
@@ -223,24 +226,32 @@ def _gpu_memory(card: Card, s: dict) -> None:
 
 
 def _l2(card: Card, s: dict, dev: torch.device, l2_bytes: int) -> None:
-    """Chapter 2's L2 measurement: copies replayed from a CUDA graph (:func:`perflab.machine.gpu.graph_copy_sweep`),
-    time = fixed cost + bytes / bandwidth fitted inside one L2 partition and far beyond the L2
-    (:func:`perflab.machine.caches.fit_fixed_cost`), the same calls with the same ranges as the chapter.
-    The stored curve ``gpu_l2`` has the in-L2 fixed cost taken out; ``gpu_l2_raw`` is bytes / copy time."""
-    sizes = caches.geometric_sizes(2 * 2**20, max(s["l2_hi"], 8 * l2_bytes), per_octave=s["l2_per_octave"])
-    raw = gpu.graph_copy_sweep(dev, sizes)
-    in_l2 = caches.fit_fixed_cost(raw, lo=l2_bytes / 16, hi=l2_bytes / 2)
-    in_hbm = caches.fit_fixed_cost(raw, lo=2 * l2_bytes)
-    points = caches.without_fixed_cost(raw, in_l2.fixed_s)
+    """Chapter 2's L2 measurement (:mod:`perflab.machine.replay`, taught on its GPU page): ``x * 2``
+    from one buffer into another, replayed from CUDA graphs in interleaved rounds, with the
+    kernel's start-up measured on an 8 KiB working set and taken out
+    (:class:`perflab.machine.caches.ReplayCurve`). The L2's level is the median over the sizes
+    that fit in one L2 partition, HBM's over the sizes four times the L2 and more. The stored
+    curve ``gpu_l2`` has the start-up taken out (sizes whose bytes take less than the start-up
+    left out); ``gpu_l2_raw`` is bytes / time per call."""
+    sizes = caches.geometric_sizes(4 * 2**20, max(s["l2_hi"], 8 * l2_bytes), per_octave=s["l2_per_octave"])
+    times = replay.replay_sweep(sizes, dev, rounds=s["l2_rounds"])
+    sweep = caches.ReplayCurve({n: times[n] for n in sizes}, times[8192])
+    points = sweep.curve()
     card.curves["gpu_l2"] = {"nbytes": [p.nbytes for p in points], "bytes_per_s": [p.bytes_per_s for p in points],
-                             "method": "copies replayed from a CUDA graph, in-L2 fixed cost taken out",
-                             "fixed_s": in_l2.fixed_s}
+                             "method": "x * 2 replayed from CUDA graphs, the kernel's start-up taken out",
+                             "startup_s": sweep.startup.median}
+    raw = sweep.raw()
     card.curves["gpu_l2_raw"] = {"nbytes": [p.nbytes for p in raw], "bytes_per_s": [p.bytes_per_s for p in raw]}
-    # the context names the method: a card (or reference) that read the L2 with sum kernels
-    # measured something else, and is not compared with this one
-    card.add("l2_bandwidth_ratio", "GPU", "copy, in L2 / from HBM (graph)", in_l2.bytes_per_s / in_hbm.bytes_per_s,
-             "x", context=L2_METHOD)
-    step = caches.largest_step(caches.find_steps([p.nbytes for p in points], [p.bytes_per_s for p in points]))
+    try:
+        ratio = sweep.level(l2_bytes / 8, l2_bytes / 2) / sweep.level(4 * l2_bytes)
+    except ValueError as err:           # no counted size in a range: a sweep too short
+        card.note(f"no L2 / HBM ratio: {err}")
+    else:
+        # the context names the method: a card that read the L2 another way is not compared
+        card.add("l2_bandwidth_ratio", "GPU", "copy, in L2 / from HBM (graph)", ratio.median, "x",
+                 context=L2_METHOD)
+    step = caches.largest_step(caches.find_steps([p.nbytes for p in points],
+                                                 [p.bytes_per_s for p in points])) if len(points) >= 3 else None
     if step is None:
         card.note("the GPU bandwidth curve shows no clear step: no L2 size read back")
     else:
@@ -253,12 +264,9 @@ def _gpu_matmul(card: Card, s: dict) -> None:
     sheet = datasheets.datasheet() or {}
     n_main = s["gpu_n"][0]
     rates, errors = gpu.matmul_rates(dev, n_main)
-    for extra in s["gpu_n"][1:]:  # bf16 at larger sizes too: its headline is the best size measured
-        rates["bf16"] = max(rates["bf16"], roofline.matmul_rate(dev, extra, "bf16"))
-    for kind, rate in rates.items():
+    for kind, rate in rates.items():   # every format at one size: no "best of" a lucky clock
         ds = sheet.get(formats.datasheet_key(kind))
-        size = f"best of {'/'.join(map(str, s['gpu_n']))}" if kind == "bf16" and len(s["gpu_n"]) > 1 else f"{n_main}"
-        card.add(f"matmul_tflops_{kind}", "GPU", f"{kind} matmul, n = {size}", rate / 1e12, "TFLOP/s",
+        card.add(f"matmul_tflops_{kind}", "GPU", f"{kind} matmul, n = {n_main}", rate / 1e12, "TFLOP/s",
                  ds / 1e12 if ds else None, _sheet_name() if ds else None)
     for kind, message in errors.items():
         card.note(f"{kind} matmul failed on this GPU and torch build: {message}")

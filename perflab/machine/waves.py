@@ -4,8 +4,10 @@
 output tiles maps onto the SMs in *waves*, and why run time grows in steps (wave quantization;
 NVIDIA's "Matrix Multiplication Background" guide); :func:`wave_model` predicts a product's rate
 from its last wave's share (chapter 6), :func:`fit_waves` fits the steps,
-:func:`batch_wave_sweep` and :func:`fit_wave_width` do it with a batch of equal products, whose
-kernel choice does not change along the sweep.
+:func:`wave_groups` does it for a batch of equal products from the profiler's record of which
+kernel ran at each batch size (its tile in :func:`kernel_tile`, chapter 2): cuBLAS changes its
+kernel (tile shape, split of K) with the problem, so each kernel's calls get a staircase of
+their own.
 
 Units: seconds, FLOP/s.
 """
@@ -13,6 +15,8 @@ Units: seconds, FLOP/s.
 from __future__ import annotations
 
 import math
+import re
+import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -20,12 +24,13 @@ import torch
 
 from perflab.core.device import need_gpu
 from perflab.core.fits import fit_line
+from perflab.core.rounds import Spread
 from perflab.core.progress import progress as show_progress
 from perflab.core.timing import event_timer
 from perflab.core.validate import integers, number, positive_int
 
-__all__ = ["tile_count", "wave_count", "wave_model", "wave_sweep", "WaveFit", "fit_waves", "batch_wave_sweep",
-           "WaveWidthFit", "fit_wave_width"]
+__all__ = ["tile_count", "wave_count", "wave_model", "wave_sweep", "WaveFit", "fit_waves", "kernel_tile",
+           "WaveGroup", "wave_groups"]
 
 
 def tile_count(m: int, n: int, tile_m: int = 128, tile_n: int = 128) -> int:
@@ -166,127 +171,117 @@ def fit_waves(
     return WaveFit(best[0], best[1], linear_rms, best[2])
 
 
-def batch_wave_sweep(
-    device: torch.device | str,
-    m: int,
-    n: int,
-    k: int,
-    batches: Sequence[int],
-    dtype: torch.dtype = torch.bfloat16,
-    reps: int = 10,
-    progress: bool = False,
-) -> list[tuple[int, float]]:
-    """Time ``torch.bmm(A[b, m, k], B[b, k, n])`` for each batch count ``b``: ``[(b, seconds)]``.
+_TILE = re.compile(r"(?:_|tilesize)(\d+)x(\d+)")
 
-    Every product of the batch has the same shape, so the library's kernel (its tile shape) is
-    chosen for one ``m x n x k`` problem and only the number of thread blocks, ``b`` times the
-    tiles of one product, changes along the sweep: the time should climb one wave at a time.
-    Each point is the median of ``reps`` back-to-back calls timed with CUDA events after 3
-    warm-up calls (:func:`perflab.core.timing.event_timer`, no L2 flush: the host queues the calls
-    ahead, so launch overhead is hidden whenever a call lasts longer than a launch); on a CPU,
-    ``time.perf_counter`` (for tests).
 
-    Args:
-        device: where to run.
-        m, n, k: the shape of each product (positive).
-        batches: batch counts to time (positive).
-        dtype: operand dtype (bf16 runs on the tensor cores).
-        reps: timed calls per point (>= 1).
+def kernel_tile(name: str) -> tuple[int, int] | None:
+    """The output tile a matrix-product kernel's name carries, ``(tile_m, tile_n)``, or None.
 
-    Raises:
-        ValueError: empty ``batches`` or a non-positive size.
+    cuBLAS names its kernels after their tiles: ``nvjet_tst_128x96_64x4_...`` (Hopper's
+    ``nvjet`` kernels), ``sm90_xmma_gemm_..._tilesize128x128x64_...``, CUTLASS's
+    ``..._128x256_64x3_...``: the first pair of sizes of at least 32 is the output tile.
     """
-    batches = list(batches)
-    for name, v in (("m", m), ("n", n), ("k", k), ("reps", reps)):
-        positive_int(name, v)
-    integers("batches", batches)
-    dev = torch.device(device)
-    top = max(batches)
-    a_full = torch.randn(top, m, k, device=dev).to(dtype)
-    b_full = torch.randn(top, k, n, device=dev).to(dtype)
-    out = []
-    for b in show_progress(batches, "batch wave sweep", progress):
-        a, bb = a_full[:b], b_full[:b]
-        out.append((b, event_timer(lambda: torch.bmm(a, bb), dev, warmup=3, reps=reps).median_s))
-    return out
+    for a, b in _TILE.findall(name):
+        if int(a) >= 32 and int(b) >= 32:
+            return int(a), int(b)
+    return None
 
 
 @dataclass(frozen=True)
-class WaveWidthFit:
-    """The staircase that best explains a batch wave sweep, against a straight line.
+class WaveGroup:
+    """The calls of a batch sweep that ran one kernel, with the staircase fitted to them.
 
     Attributes:
-        items_per_wave: products of the batch that run at once (``sms x blocks per SM / tiles
-            per product``), the width of one step.
-        tile: ``(tile_m, tile_n)`` that width corresponds to.
-        blocks_per_sm: thread blocks resident per SM in that staircase.
-        staircase_rms: RMS relative residual of ``t = a + s * ceil(b / items_per_wave)``.
-        linear_rms: RMS relative residual of ``t = a + c * b`` (no quantization).
-        seconds_per_wave: the fitted ``s``.
-        fixed_s: the fitted ``a``.
+        kernel: the kernel's name (the longest kernel of each call).
+        tile: its output tile ``(tile_m, tile_n)`` from the name (None if the name has none).
+        ctas: thread blocks that run at once: the kernel's grid, at most one per SM.
+        batches: the batch counts ``b`` that ran it, increasing.
+        rounds: for each, ``ceil(b * tiles per product / ctas)``: how many times each running
+            block takes a new tile (a wave of a plain grid, a loop turn of a persistent one).
+        seconds: for each, the device time of one call (a Spread over the repeats).
+        round_s: the fitted time per round (a Spread: one fit per repeat), None when the group
+            spans a single round count.
+        fixed_s: the fitted intercept (median over the repeats), None likewise.
+        staircase_rms, linear_rms: RMS relative residuals of ``t = a + s * rounds`` and of the
+            straight line ``t = a + c * b`` (median over the repeats; None likewise).
     """
 
-    items_per_wave: float
-    tile: tuple[int, int]
-    blocks_per_sm: int
-    staircase_rms: float
-    linear_rms: float
-    seconds_per_wave: float
-    fixed_s: float
+    kernel: str
+    tile: tuple[int, int] | None
+    ctas: int
+    batches: tuple[int, ...]
+    rounds: tuple[int, ...]
+    seconds: tuple[Spread, ...]
+    round_s: Spread | None
+    fixed_s: float | None
+    staircase_rms: float | None
+    linear_rms: float | None
 
-    def waves(self, batch: int) -> int:
-        """``ceil(batch / items_per_wave)``."""
-        return math.ceil(batch / self.items_per_wave - 1e-9)
-
-    def predict(self, batch: int) -> float:
-        """The staircase's time for ``batch`` products, seconds."""
-        return self.fixed_s + self.seconds_per_wave * self.waves(batch)
+    def predict(self, rounds: int) -> float | None:
+        """The fitted staircase's time for ``rounds`` rounds (seconds), None without a fit."""
+        if self.round_s is None or self.fixed_s is None:
+            return None
+        return self.fixed_s + self.round_s.median * rounds
 
 
-def fit_wave_width(
-    points: Sequence[tuple[int, float]],
-    m: int,
-    n: int,
-    sms: int,
-    tiles: Sequence[tuple[int, int]] = ((128, 128), (128, 256), (256, 128), (64, 128), (128, 64)),
-    blocks_per_sm: Sequence[int] = (1, 2),
-) -> WaveWidthFit:
-    """Fit a batch wave sweep with a staircase for each candidate tile shape and occupancy.
+def wave_groups(calls: Sequence[Sequence], batches: Sequence[int], m: int, n: int,
+                sms: int) -> list[WaveGroup]:
+    """Group a batch sweep's calls by the kernel that ran, and fit each group's staircase.
 
-    A product of ``m x n`` cut into ``tile_m x tile_n`` tiles has ``tile_count(m, n, tile_m,
-    tile_n)`` thread blocks; ``sms x blocks_per_sm`` blocks run at once, so a wave holds
-    ``sms x blocks_per_sm / tiles`` products and ``b`` products need ``ceil(b / that)`` waves. The
-    staircase ``t = a + s x waves`` is fitted for each candidate (:func:`perflab.core.fits.fit_line`,
-    relative residuals), the best one wins, and a straight line ``t = a + c b`` is fitted for
-    comparison. A staircase residual well below the line's means the waves shape the times.
+    Args:
+        calls: for each repeat of the sweep, for each batch count, the kernels the call ran
+            (:class:`perflab.profiling.trace.KernelRecord`: name, grid, duration); a call's
+            time is the sum of its kernels' durations, its kernel the longest of them.
+        batches: the batch counts ``b``, in the order of each repeat's calls.
+        m, n: each product's output is ``m x n``.
+        sms: the GPU's SMs.
+
+    Returns:
+        One :class:`WaveGroup` per kernel, the group with the most batch counts first.
 
     Raises:
-        ValueError: fewer than 4 points, a non-positive time or size, empty candidates, or a
-            sweep that spans a single wave for every candidate.
+        ValueError: no repeat, repeats of different lengths, a call with no kernel, or
+            a non-positive size.
     """
-    if len(points) < 4:
-        raise ValueError(f"need at least 4 points, got {len(points)}")
-    if not tiles or not blocks_per_sm:
-        raise ValueError("tiles and blocks_per_sm must not be empty")
-    for name, v in (("m", m), ("n", n), ("sms", sms)):
-        positive_int(name, v)
-    bs = [b for b, _ in points]
-    ts = [t for _, t in points]
-    for t in ts:
-        number("every time", t, above=0)      # seconds
-    linear = fit_line(bs, ts, relative=True)
-    best = None
-    for tm, tn in tiles:
-        for occ in blocks_per_sm:
-            width = sms * occ / tile_count(m, n, tm, tn)
-            waves = [math.ceil(b / width - 1e-9) for b in bs]
-            if len(set(waves)) < 2:
-                continue
-            fit = fit_line(waves, ts, relative=True)
-            if fit.slope > 0 and (best is None or fit.rms_relative < best[0].rms_relative):
-                best = (fit, width, (tm, tn), occ)
-    if best is None:
-        raise ValueError("the sweep spans a single wave for every candidate: widen the batches")
-    fit, width, tile, occ = best
-    return WaveWidthFit(width, tile, occ, fit.rms_relative, linear.rms_relative, fit.slope,
-                        fit.fixed)
+    for label, v in (("m", m), ("n", n), ("sms", sms)):
+        positive_int(label, v)
+    batches = list(batches)
+    integers("batches", batches)
+    if not calls or any(len(rep) != len(batches) for rep in calls):
+        raise ValueError("calls must hold, for each repeat, one entry per batch count")
+    per_b: dict[int, list] = {}
+    for rep in calls:
+        for b, kernels in zip(batches, rep):
+            if not kernels:
+                raise ValueError(f"the call with b = {b} ran no kernel")
+            main = max(kernels, key=lambda k: k.duration_us)
+            total = sum(k.duration_us * k.launches for k in kernels) * 1e-6
+            per_b.setdefault(b, []).append((main, total))
+    groups: dict[str, list[int]] = {}
+    for b in batches:
+        names = [main.name for main, _ in per_b[b]]
+        groups.setdefault(max(set(names), key=names.count), []).append(b)
+    out = []
+    for name, bs in groups.items():
+        bs = sorted(set(bs))
+        main = per_b[bs[0]][0][0]
+        tile = kernel_tile(name)
+        grid = math.prod(main.grid) if main.grid else sms
+        ctas = max(1, min(grid, sms))
+        per_product = tile_count(m, n, *tile) if tile else 1
+        rounds = tuple(math.ceil(b * per_product / ctas) for b in bs)
+        reps = len(calls)
+        times = [[per_b[b][r][1] for b in bs] for r in range(reps)]
+        seconds = tuple(Spread(tuple(times[r][i] for r in range(reps))) for i in range(len(bs)))
+        round_s = fixed = stair = line = None
+        if len(set(rounds)) >= 2 and len(bs) >= 3:
+            fits = [fit_line(rounds, times[r], relative=True) for r in range(reps)]
+            lines = [fit_line(bs, times[r], relative=True) for r in range(reps)]
+            round_s = Spread(tuple(f.slope for f in fits))
+            fixed = statistics.median(f.fixed for f in fits)
+            stair = statistics.median(f.rms_relative for f in fits)
+            line = statistics.median(f.rms_relative for f in lines)
+        out.append(WaveGroup(name, tile, ctas, tuple(bs), rounds, seconds, round_s, fixed,
+                             stair, line))
+    out.sort(key=lambda g: -len(g.batches))
+    return out

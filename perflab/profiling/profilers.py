@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import matplotlib.pyplot as plt
+
 from perflab.core.validate import number
 
 __all__ = [
@@ -36,11 +38,14 @@ __all__ = [
     "find_py_spy",
     "find_strace",
     "find_tool",
+    "collapsed_stacks",
     "flamegraph_samples",
     "ncu_duration_s",
     "parse_ncu_csv",
     "parse_strace_summary",
+    "plot_flame",
     "py_spy_record",
+    "stack_shares",
     "run_ncu",
     "run_nsys",
     "strace_summary",
@@ -272,17 +277,19 @@ def run_ncu(script: str | os.PathLike, ncu: str, sections: Sequence[str] = ("Spe
 
 def py_spy_record(script: str | os.PathLike, svg: str | os.PathLike, py_spy: str, duration_s: int = 3,
                   rate_hz: int = 100, args: Sequence[str] = (), timeout_s: float = 120,
-                  python: str | None = None) -> str:
-    """Sample ``python script args...`` with ``py-spy record`` and write a flame graph to ``svg``.
+                  python: str | None = None, output_format: str = "flamegraph") -> str:
+    """Sample ``python script args...`` with ``py-spy record`` and write its samples to ``svg``.
 
     ``py-spy record -o SVG --duration N --rate R -- python script`` starts the program itself and
     reads its Python stacks from outside the process ``rate_hz`` times a second (it does not slow
-    the program down the way an in-process profiler does). Returns py-spy's own report (its
-    stdout and stderr).
+    the program down the way an in-process profiler does). ``output_format="flamegraph"`` writes
+    py-spy's interactive SVG; ``"raw"`` writes the collapsed stacks (one line per distinct stack:
+    ``frame;frame;... count``, read by :func:`collapsed_stacks`). Returns py-spy's own report
+    (its stdout and stderr).
 
     Raises:
         FileNotFoundError: ``script`` or ``py_spy`` does not exist.
-        ValueError: ``duration_s`` or ``rate_hz`` not positive.
+        ValueError: ``duration_s`` or ``rate_hz`` not positive, or an unknown ``output_format``.
         PermissionError: the system forbids reading another process's memory (ptrace; common in
             containers without ``CAP_SYS_PTRACE``); the message quotes py-spy.
         RuntimeError: any other failure, or no SVG written.
@@ -294,8 +301,10 @@ def py_spy_record(script: str | os.PathLike, svg: str | os.PathLike, py_spy: str
         raise FileNotFoundError(f"py-spy not found at {py_spy!r}")
     number("duration_s", duration_s, minimum=1)
     number("rate_hz", rate_hz, minimum=1)
+    if output_format not in ("flamegraph", "raw"):
+        raise ValueError(f"output_format must be 'flamegraph' or 'raw', got {output_format!r}")
     svg.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [py_spy, "record", "-o", str(svg), "--format", "flamegraph", "--duration", str(duration_s),
+    cmd = [py_spy, "record", "-o", str(svg), "--format", output_format, "--duration", str(duration_s),
            "--rate", str(rate_hz), "--", python or sys.executable, str(script), *args]
     proc = _run(cmd, timeout_s, "py-spy")
     report = (proc.stdout + proc.stderr).strip()
@@ -330,6 +339,115 @@ def flamegraph_samples(svg_text: str) -> dict[str, int]:
     if not found:
         raise ValueError("no py-spy flame-graph boxes found in the SVG text")
     return found
+
+
+_FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+
+
+def collapsed_stacks(text: str, files: Iterable[str]) -> dict[tuple[str, ...], int]:
+    """The samples of py-spy's collapsed stacks (``--format raw``), kept to the frames of ``files``.
+
+    Each line of ``text`` is ``frame;frame;... count`` from the outermost frame inwards, a frame
+    being ``function (path:line)``. Only frames whose file's base name is in ``files`` are kept
+    (the program's own code: no interpreter start-up, no library internals, no build paths), and
+    each is named by its function alone, so the lines of one function add up; a library call
+    made by a kept function counts as that function's own time. Stacks with no kept frame (the
+    interpreter starting, imports) are dropped, and so are samples with an empty stack (py-spy
+    writes them as a line holding only the count, `` 1``).
+
+    Returns:
+        ``{(outermost, ..., innermost): samples}``.
+
+    Raises:
+        ValueError: ``files`` is empty, or a line is not ``stack count``.
+    """
+    keep = {Path(f).name for f in files}
+    if not keep:
+        raise ValueError("files must name at least one source file")
+    stacks: dict[tuple[str, ...], int] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        stack, sep, count = line.rpartition(" ")
+        if not sep or not count.isdigit():
+            raise ValueError(f"not a collapsed stack line: {line[:80]!r}")
+        if not stack.strip():       # a sample with no Python frame at all (py-spy writes
+            continue                # " 1" for one taken as the interpreter starts or exits)
+        frames = []
+        for frame in stack.split(";"):
+            m = _FRAME.match(frame.strip())
+            if m and Path(m.group("file")).name in keep:
+                frames.append(m.group("func"))
+        if frames:
+            key = tuple(frames)
+            stacks[key] = stacks.get(key, 0) + int(count)
+    return stacks
+
+
+def stack_shares(stacks: dict[tuple[str, ...], int], functions: Iterable[str],
+                 within: str | None = None) -> dict[str, float]:
+    """The share of the samples in which each of ``functions`` was on the stack.
+
+    Shares are of the samples whose stack holds ``within`` (e.g. the program's main loop, so
+    that set-up does not count), or of all the samples when ``within`` is None. A function on a
+    stack twice (recursion) counts once per sample.
+
+    Raises:
+        ValueError: no sample holds ``within`` (or no samples at all).
+    """
+    pool = {k: v for k, v in stacks.items() if within is None or within in k}
+    total = sum(pool.values())
+    if total == 0:
+        raise ValueError(f"no samples{'' if within is None else f' inside {within!r}'}")
+    return {f: sum(v for k, v in pool.items() if f in k) / total for f in functions}
+
+
+def plot_flame(stacks: dict[tuple[str, ...], int], ax=None, root: str = "all samples",
+               min_label: float = 0.04):
+    """Draw ``stacks`` (from :func:`collapsed_stacks`) as a flame graph, the root at the bottom.
+
+    Each box is a function on a path from the root; its width is the share of the samples in
+    which that path was on the stack, its callers below it. Boxes narrower than ``min_label`` of
+    the whole are drawn without a label, and a label wider than its box is cut short (``…``);
+    ``.<locals>`` is left out of nested functions' names. Returns the axes.
+    """
+    total = sum(stacks.values())
+    if total == 0:
+        raise ValueError("no samples to draw")
+    if ax is None:
+        depth = max(len(k) for k in stacks) + 1
+        _, ax = plt.subplots(figsize=(12, 0.5 * depth + 0.8))
+    # about how many 8-point characters span the axes
+    chars = ax.get_position().width * ax.figure.get_figwidth() * 72 / 5.5
+
+    def draw(prefix: tuple[str, ...], x0: float, level: int) -> None:
+        children: dict[str, int] = {}
+        for k, v in sorted(stacks.items()):
+            if len(k) > len(prefix) and k[:len(prefix)] == prefix:
+                children[k[len(prefix)]] = children.get(k[len(prefix)], 0) + v
+        x = x0
+        for name, n in children.items():
+            w = n / total
+            ax.barh(level, w, left=x, height=0.9, color=plt.cm.YlOrRd(0.3 + 0.5 * ((level * 7 + len(name)) % 5) / 4),
+                    edgecolor="white")
+            if w >= min_label:
+                label = f"{name.replace('.<locals>', '')} ({w:.0%})"
+                room = int(w * chars)              # characters that fit in the box
+                if len(label) > room:
+                    label = label[:max(room - 1, 1)] + "…"
+                ax.text(x + w / 2, level, label, ha="center", va="center", fontsize=8, clip_on=True)
+            draw(prefix + (name,), x, level + 1)
+            x += w
+
+    ax.barh(0, 1.0, left=0.0, height=0.9, color="0.8", edgecolor="white")
+    ax.text(0.5, 0, f"{root} ({total:,})", ha="center", va="center", fontsize=8)
+    draw((), 0.0, 1)
+    ax.set_xlim(0, 1)
+    ax.set_yticks([])
+    ax.set_xlabel("share of the samples")
+    for side in ("left", "right", "top"):
+        ax.spines[side].set_visible(False)
+    return ax
 
 
 # ---------------------------------------------------------------------------------------------

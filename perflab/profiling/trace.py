@@ -6,8 +6,12 @@
   shapes).
 * :func:`operator_rows` takes the host's rows of ``prof.key_averages()`` as numbers, for a table
   that shows the columns that matter.
-* :func:`regime` names the bottleneck from that evidence; :func:`clock_normalized` corrects an
-  efficiency for the SM clock the work and its ceiling ran at.
+* :func:`regime` names the bottleneck from that evidence. (An efficiency per clock is a rate over
+  the clock model's peak at the clock the work ran at, :meth:`perflab.machine.ceilings.Ceilings.peak`,
+  never a datasheet scaled by the clock's share of the maximum.)
+* :func:`kernels_by_call` names the kernels each of many calls ran, from one profiling session
+  (chapter 2's wave sweep); :func:`device_activities` lists what one call ran on the device,
+  copies (``cudaMemcpy``) included (chapter 2's L2 probe check).
 
 What a computation *should* cost (FLOPs, bytes) is :mod:`perflab.machine.costs`; ``count_cost`` is
 re-exported here because chapter 4 and lab 4 teach it beside the profiler.
@@ -21,18 +25,20 @@ Times in traces are microseconds (the trace format's unit); rates are FLOP/s and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import matplotlib.pyplot as plt
 import torch
+from torch.profiler import ProfilerActivity, profile
 
-from perflab.core.profiler import NOT_COMPUTE, load_trace, union
+from perflab.core.profiler import NOT_COMPUTE, KernelRecord, load_trace, trace_events, union
 from perflab.core.validate import integer, number, one_of, positive_int
 from perflab.machine.costs import Cost, count_cost, op_cost
 from perflab.record.plotting import finish
 
 __all__ = ["count_cost", "TraceItem", "trace_items", "step_windows", "KernelStats", "TraceSummary",
-           "summarize_trace", "short_name", "REGIMES", "regime", "clock_normalized",
-           "kernel_summary", "OPERATOR_COLUMNS", "operator_rows", "plot_timeline"]
+           "summarize_trace", "short_name", "REGIMES", "regime", "device_activities", "kernels_by_call",
+           "kernel_summary", "OPERATOR_COLUMNS", "operator_rows", "host_and_device_seconds", "plot_timeline"]
 
 
 @dataclass(frozen=True)
@@ -333,39 +339,6 @@ def regime(flops_fraction: float, bandwidth_fraction: float, busy_fraction: floa
     return "compute-bound" if flops_fraction >= bandwidth_fraction else "bandwidth-bound"
 
 
-def clock_normalized(efficiency: float, clock_fraction: float | None,
-                     ceiling_clock_fraction: float | None) -> float | None:
-    """An efficiency (achieved rate / ceiling) corrected for the SM clock each ran at.
-
-    A GPU's FLOP/s scale with its SM clock, and the clock moves with power and temperature
-    (:mod:`perflab.core.telemetry`). When the achieved rate ran at ``clock_fraction`` of the chip's
-    maximum clock and the ceiling was measured at ``ceiling_clock_fraction``, the efficiency
-    per clock cycle is ``efficiency x ceiling_clock_fraction / clock_fraction``: the share of
-    the ceiling the work would reach had both run at the same clock. Use SM clocks for FLOP
-    rates; a bandwidth follows the memory clock instead.
-
-    Args:
-        efficiency: achieved rate / ceiling (>= 0).
-        clock_fraction: median SM clock / maximum while the work ran
-            (:attr:`~perflab.core.telemetry.TelemetrySummary.clock_fraction`), or None.
-        ceiling_clock_fraction: the same for the ceiling's measurement (a ceilings file's
-            ``telemetry["clock_fraction"]``), or None.
-
-    Returns:
-        The clock-normalized efficiency, or None when either clock is unknown (a CPU).
-
-    Raises:
-        ValueError: a negative efficiency, or a clock fraction that is not positive.
-    """
-    number("efficiency", efficiency, minimum=0)
-    if clock_fraction is None or ceiling_clock_fraction is None:
-        return None
-    for label, v in (("clock_fraction", clock_fraction),
-                     ("ceiling_clock_fraction", ceiling_clock_fraction)):
-        number(label, v, above=0)
-    return efficiency * ceiling_clock_fraction / clock_fraction
-
-
 def kernel_summary(source) -> list[dict]:
     """Per-kernel totals of a ``torch.profiler`` trace in the layout of Nsight Systems'
     ``nsys stats --report cuda_gpu_kern_sum``: one row per kernel name, sorted by total time,
@@ -437,6 +410,31 @@ def operator_rows(events, sort_by: str = "cpu_total_s", limit: int = 10) -> list
     return rows[:limit]
 
 
+def host_and_device_seconds(events) -> tuple[float, float]:
+    """The host time and the device time of everything ``prof.key_averages()`` recorded, in
+    seconds: ``(host_s, device_s)``, each time counted once.
+
+    ``host_s`` sums the self CPU time of every row (a kernel's row has none). ``device_s`` sums
+    the rows that ran on the device (kernels, copies and fills), leaving out the host rows,
+    whose self device time is the time of the kernels they launched (those kernels have rows
+    of their own: summing both counts the GPU's time twice), and the device-side ranges that
+    ``record_function`` adds around them (``is_user_annotation``). The same rule gives the
+    total that ``key_averages().table()`` prints under its device columns.
+
+    Raises:
+        ValueError: ``events`` is not iterable.
+    """
+    try:
+        rows = list(events)
+    except TypeError:
+        raise ValueError(f"events must be prof.key_averages(), got {type(events).__name__}") from None
+    host = sum(getattr(e, "self_cpu_time_total", 0) for e in rows)
+    device = sum(e.self_device_time_total for e in rows
+                 if getattr(e, "device_type", None) not in (None, torch.autograd.DeviceType.CPU)
+                 and not getattr(e, "is_user_annotation", False))
+    return host * 1e-6, device * 1e-6
+
+
 def plot_timeline(traces: dict, width_us: float | None = None):
     """A timeline of each ``torch.profiler`` trace, one panel per trace, as Perfetto draws it:
     a row of the host's outermost ATen operators and a row of the GPU's kernels (a CPU trace has
@@ -491,3 +489,123 @@ def plot_timeline(traces: dict, width_us: float | None = None):
         ax.grid(True, axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("time from the first recorded step (µs)")
     return finish(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which kernels many calls ran, from one session; what one call ran on the device
+# ---------------------------------------------------------------------------------------------
+
+def _records(kernels: list[dict], calls: int = 1) -> list[KernelRecord]:
+    """Kernel events grouped by name in launch order (mean duration, launches per call)."""
+    order, groups = [], {}
+    for e in sorted(kernels, key=lambda e: float(e["ts"])):
+        if e["name"] not in groups:
+            order.append(e["name"])
+        groups.setdefault(e["name"], []).append(e)
+    dims = lambda v: tuple(int(x) for x in v) if isinstance(v, list) else None  # noqa: E731
+    out = []
+    for name in order:
+        g = groups[name]
+        a = g[0].get("args", {})
+        bps = a.get("blocks per SM")
+        out.append(KernelRecord(name, dims(a.get("grid")), dims(a.get("block")),
+                                float(bps) if bps is not None else None,
+                                sum(float(e["dur"]) for e in g) / len(g), len(g) / calls))
+    return out
+
+
+def _trace_of(run: Callable[[], None]) -> list[dict]:
+    """The Chrome-trace events of ``run()`` under torch.profiler (CPU and CUDA activities)."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return trace_events(prof)
+
+
+_ACTIVITY = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+
+
+def device_activities(fn: Callable, *args, **kwargs) -> list[tuple[str, str, float]]:
+    """What one call of ``fn(*args, **kwargs)`` ran on the GPU, in order: ``(kind, name,
+    microseconds)`` with ``kind`` ``"kernel"``, ``"memcpy"`` or ``"memset"``.
+
+    A same-dtype copy between two contiguous tensors (``dst.copy_(src)``) is no kernel of
+    PyTorch's: it is a ``cudaMemcpyAsync``, which the profiler records as a memcpy activity
+    ("Memcpy DtoD"), carried out the driver's way. Call ``fn`` once before (warm-up).
+
+    Returns an empty list when the profiler recorded nothing on the device.
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("device_activities needs a CUDA GPU; this machine has none")
+    events = _trace_of(lambda: fn(*args, **kwargs))
+    found = sorted((e for e in events if e.get("cat") in _ACTIVITY and "dur" in e),
+                   key=lambda e: float(e["ts"]))
+    return [(_ACTIVITY[e["cat"]], e["name"], float(e["dur"])) for e in found]
+
+
+_LAUNCHES = ("cuda_runtime", "cuda_driver", "runtime", "driver")
+
+
+def kernels_by_call(calls, repeats: int = 1) -> list[list[list[KernelRecord]]]:
+    """The kernels each of many calls ran, from one profiler session: ``[repeat][call]`` ->
+    the call's :class:`perflab.core.profiler.KernelRecord` list (grid, block, device duration).
+
+    Every call runs ``repeats`` times (all calls, then all again), each inside a
+    ``record_function`` range; a kernel belongs to the range in which the host launched it
+    (linked by the trace's ``correlation`` to its launch, or else by ``External id`` to the
+    ATen operator that issued it). One session for hundreds of calls costs a fraction of the
+    time :func:`perflab.core.profiler.kernels_of` would per call. Run each call once before
+    (compilation, library heuristics and warm-up stay out).
+
+    Args:
+        calls: callables of no argument (a sequence).
+        repeats: passes over ``calls`` (>= 1).
+
+    Raises:
+        RuntimeError: no CUDA device.
+        ValueError: no calls, or ``repeats`` < 1.
+    """
+    calls = list(calls)
+    if not calls:
+        raise ValueError("calls must hold at least one callable")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("kernels_by_call needs a CUDA GPU; this machine has none")
+
+    def run():
+        for r in range(repeats):
+            for i, fn in enumerate(calls):
+                with torch.profiler.record_function(f"perflab_call_{r}_{i}"):
+                    fn()
+
+    events = _trace_of(run)
+    ranges = []
+    for e in events:
+        name = str(e.get("name", ""))
+        if name.startswith("perflab_call_") and e.get("cat") == "user_annotation" and "dur" in e:
+            r, i = (int(x) for x in name[len("perflab_call_"):].split("_"))
+            ranges.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), r, i))
+    ranges.sort()
+    launch_ts = {e["args"]["correlation"]: float(e["ts"]) for e in events
+                 if e.get("cat") in _LAUNCHES and "correlation" in e.get("args", {})}
+    op_ts = {}
+    for e in events:
+        ext = _ext_id(e.get("args", {}))
+        if e.get("cat") == "cpu_op" and ext is not None:
+            op_ts[ext] = float(e["ts"])
+    owned: dict[tuple[int, int], list[dict]] = {}
+    for k in (e for e in events if e.get("cat") == "kernel" and "dur" in e):
+        a = k.get("args", {})
+        ts = launch_ts.get(a.get("correlation"), op_ts.get(_ext_id(a)))
+        if ts is None:
+            continue
+        for lo, hi, r, i in ranges:
+            if lo <= ts <= hi:
+                owned.setdefault((r, i), []).append(k)
+                break
+    return [[_records(owned.get((r, i), [])) for i in range(len(calls))] for r in range(repeats)]
