@@ -272,7 +272,7 @@ WRONG = {
                                    lr=1e-3)""", "    return torch.optim.Adam(params, lr=1e-3)",
          r"not sharded"),
         # the whole state predicted for every rank
-        ("ex4-solution", "predicted_state_bytes = 8 * P_opt / nproc", "predicted_state_bytes = 8 * P_opt",
+        ("ex4-prediction", "predicted_state_bytes = 8 * P_opt / nproc", "predicted_state_bytes = 8 * P_opt",
          r"you predicted"),
         # an Adam over this rank's half of the parameters, never broadcast: the right bytes,
         # and the ranks train different models
