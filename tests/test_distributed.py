@@ -138,15 +138,17 @@ def test_launch_rejects_bad_arguments():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One launch per world size 2 and 3; each starts by dying once and resuming (max_restarts=1),
-    then runs every chapter task; world 3 loads the checkpoint world 2 saved (a reshard onto a
-    world size that does not divide the first). Three ranks are already more processes than a
+    """One launch per world size 2 and 3, each running every chapter task; world 2 starts by
+    dying once and resuming (max_restarts=1: the restart of every worker, which world 3 would only
+    repeat at the price of three more worker starts on CI's two cores), world 3 trains straight
+    through and loads the checkpoint world 2 saved (a reshard onto a world size that does not
+    divide the first). Three ranks are already more processes than a
     2-core CI machine has cores; a world of 4 added 11 s of 39 (locally) and nothing 3 lacks."""
     out = {}
     root = tmp_path_factory.mktemp("dcp")
     for n in (2, 3):
         tasks = [
-            {"name": "train_ckpt", "args": {"steps": 4, "every": 2, "fail_at": 3}},
+            {"name": "train_ckpt", "args": {"steps": 4, "every": 2, "fail_at": 3 if n == 2 else -1}},
             {"name": "collectives"},
             {"name": "sweep", "args": {"sizes": [4096, 65536], "max_iters": 3,
                                        "ops": ["all_reduce", "all_gather", "reduce_scatter",
@@ -174,11 +176,13 @@ def runs(tmp_path_factory):
 def test_every_task_on_world_size(runs, n):
     ranks = runs[n]
     assert [r["rank"] for r in ranks] == list(range(n))
-    assert all(r["world_size"] == n and r["restart_count"] == 1 for r in ranks)
+    restarts = 1 if n == 2 else 0
+    assert all(r["world_size"] == n and r["restart_count"] == restarts for r in ranks)
     res = [r["results"] for r in ranks]
     # failure and restart: the job resumed from the checkpoint of step 2, as if never interrupted
     for r in res:
-        assert r["train_ckpt"]["resumed_from"] == 2 and len(r["train_ckpt"]["losses"]) == 2
+        assert r["train_ckpt"]["resumed_from"] == 2 * restarts
+        assert len(r["train_ckpt"]["losses"]) == 4 - 2 * restarts
         assert r["train_ckpt"]["vs_single"] < 1e-12
     # collective semantics: rank r holds [10r, 10r+1, ...]
     m = len(res[0]["collectives"]["all_reduce"]["input"])
