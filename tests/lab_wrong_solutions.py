@@ -251,14 +251,14 @@ WRONG = {
         # bits instead of bytes: 32 per float32 gradient
         ("ex2-solution", "S = 4 * P_model", "S = 32 * P_model", r"count bytes"),
         # the bus factor left out (or the algorithm bandwidth used): right on 2 ranks only
-        ("ex2-solution", "return alpha + nbytes * 2 * (world_size - 1) / world_size / busbw",
+        ("ex2-solution", "return alpha + nbytes * 2 * (world - 1) / world / busbw",
          "return alpha + nbytes / busbw", r"bus factor"),
         # all-gather's factor (n-1)/n instead of the all-reduce's 2 (n-1)/n
-        ("ex2-solution", "return alpha + nbytes * 2 * (world_size - 1) / world_size / busbw",
-         "return alpha + nbytes * (world_size - 1) / world_size / busbw", r"on 2 ranks"),
+        ("ex2-solution", "return alpha + nbytes * 2 * (world - 1) / world / busbw",
+         "return alpha + nbytes * (world - 1) / world / busbw", r"on 2 ranks"),
         # chapter 8's first bucket model: every bucket's start-up exposed, and the last bucket
         ("ex3-solution", "    return max(0.0, free - backward_s)",
-         "    return len(bucket_bytes) * alpha + bucket_bytes[-1] * 2 * (world_size - 1) / world_size / busbw",
+         "    return len(bucket_bytes) * alpha + bucket_bytes[-1] * 2 * (world - 1) / world / busbw",
          r"long backward"),
         # no overlap: every bucket ready only when the backward ends
         ("ex3-solution", "        ready = backward_s * done / total", "        ready = backward_s", r"long backward"),
@@ -273,7 +273,7 @@ WRONG = {
                                    lr=1e-3)""", "    return torch.optim.Adam(params, lr=1e-3)",
          r"not sharded"),
         # the whole state predicted for every rank
-        ("ex4-solution", "predicted_state_bytes = 8 * P_opt / nproc", "predicted_state_bytes = 8 * P_opt",
+        ("ex4-prediction", "predicted_state_bytes = 8 * P_opt / nproc", "predicted_state_bytes = 8 * P_opt",
          r"you predicted"),
         # an Adam over this rank's half of the parameters, never broadcast: the right bytes,
         # and the ranks train different models
@@ -307,9 +307,9 @@ WRONG = {
         # exercise 6, GPT-2 medium's gradients (it was lab 2's exercise 4): the final LayerNorm forgotten
         ("ex6-solution", "+ layers * (12 * width**2 + 13 * width) + 2 * width)", "+ layers * (12 * width**2 + 13 * width))",
          r"parameter count"),
-        # algorithm bandwidth used as bus bandwidth: no 2(n-1)/n (equal on 2 ranks; the 8-rank case fails it)
-        ("ex6-solution", "return 2 * (world_size - 1) / world_size * nbytes / busbw", "return nbytes / busbw",
-         r"all-reduce time"),
+        # parameters all-reduced instead of bytes: a quarter of the time
+        ("ex6-solution", "medium_predicted_s = allreduce_seconds(medium * 4, busbw, nproc)",
+         "medium_predicted_s = allreduce_seconds(medium, busbw, nproc)", r"all-reduce time"),
     ],
     "07_memory": [
         # Adam's two moments forgotten: weights and gradients only

@@ -2,7 +2,11 @@
 (perflab.core.torchrun): bandwidth formulas, the alpha-beta fit, topology, a rank's device, and
 real gloo launches on 2 CPU processes."""
 
+import json
 import os
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -188,3 +192,29 @@ def test_a_gloo_launch_hides_the_gpus_from_its_ranks(monkeypatch):
     assert torchrun._child_env(backend="nccl")["CUDA_VISIBLE_DEVICES"] == "0"
     # the caller may still decide
     assert torchrun._child_env({"CUDA_VISIBLE_DEVICES": "0"}, backend="gloo")["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_the_two_gpu_figures_are_the_run_records_own(tmp_path):
+    """Chapter 8's inputs for GPUs are the 30 November run's numbers as its run record keeps them,
+    not figures typed in."""
+    run = D.two_gpu_run()
+    record = json.loads((Path(__file__).resolve().parent.parent / "runs" / "2026-12-03-15861cf.json")
+                        .read_text())["pages"]["book/08_distributed_training"]
+    n = record["numbers"]
+    assert run["measured"] == record["run"]["started"] and run["devices"] == record["run"]["devices"]
+    assert run["smallest_s"] == pytest.approx(n["allreduce_small_us"] * 1e-6, rel=1e-12)
+    assert run["largest_busbw"] == pytest.approx(n["allreduce_busbw_GBps"] * 1e9, rel=1e-12)
+    assert run["largest_bytes"] == n["allreduce_largest_MiB"] * 2**20
+    assert run["largest_busbw"] / run["link_one_way"] == pytest.approx(n["allreduce_fraction_of_peak"])
+    assert run["known_defects"] and "03e60ca" in run["source"]
+    # the all-gather and reduce-scatter figures, as that notebook printed them (where git has it)
+    shown = subprocess.run(["git", "show", "03e60ca:book/08_distributed_training.ipynb"],
+                           capture_output=True, text=True, cwd=Path(__file__).resolve().parent)
+    if shown.returncode == 0:
+        out = "".join("".join(o.get("text", "")) for o in json.loads(shown.stdout)["cells"][11]["outputs"])
+        for op in ("all_gather", "reduce_scatter"):
+            printed = re.search(op + r" +S = 1024.00 MiB: .* busbw +([\d.]+) GB/s", out).group(1)
+            assert run[f"{op}_busbw"] == pytest.approx(float(printed) * 1e9, rel=1e-12)
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(ValueError, match="schema"):
+        D.two_gpu_run(tmp_path / "x.json")

@@ -10,6 +10,7 @@ from pathlib import Path
 import jupytext
 import pytest
 
+from perflab.distributed import costs
 from perflab.distributed.launch import launch
 from perflab.labs import lab08
 from perflab.labs.exercises import ExerciseFailed
@@ -96,8 +97,10 @@ def indices_no_epoch(n, rank, world, epoch):  # set_epoch forgotten: one order f
 
 
 @pytest.mark.skipif(gpu_count() >= 2, reason="checks the CPU (gloo) path")
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 4])
 def test_code_checks_on_gloo_processes(n):
+    """Every wrong function of exercises 1, 4 and 5 fails its check on the ranks of CI (2) and
+    of the reference run (4 gloo ranks), all of them in one launch per world size."""
     solution = _cell("def allreduce_gradients")
     optimizer = _cell("def make_optimizer").split("\n\n\n### BEGIN SOLUTION")[0]
     sampler = _cell("def indices_for")
@@ -149,14 +152,17 @@ def test_code_checks_on_gloo_processes(n):
 
 def test_allreduce_model_check_holds_for_every_world_size():
     ns = {}
-    exec(_cell("def allreduce_model").split("\n\n\n### BEGIN SOLUTION")[0], ns)
-    assert lab08.check_allreduce_model(ns["allreduce_model"])
+    exec(_cell("def allreduce_seconds").split("\n\n\n### BEGIN SOLUTION")[0], ns)
+    assert lab08.check_allreduce_seconds(ns["allreduce_seconds"])
+    assert lab08.check_allreduce_seconds(costs.allreduce_seconds)      # the chapter's own
     with pytest.raises(ExerciseFailed, match="bus factor"):    # right on 2 ranks only
-        lab08.check_allreduce_model(lambda s, bw, n, a: a + s / bw)
+        lab08.check_allreduce_seconds(lambda s, bw, n, a=0.0: a + s / bw)
     with pytest.raises(ExerciseFailed, match="on 2 ranks"):    # all-gather's factor
-        lab08.check_allreduce_model(lambda s, bw, n, a: a + s * (n - 1) / n / bw)
+        lab08.check_allreduce_seconds(lambda s, bw, n, a=0.0: a + s * (n - 1) / n / bw)
+    with pytest.raises(ExerciseFailed, match="alpha=0.0"):     # no default: exercise 6 needs one
+        lab08.check_allreduce_seconds(lambda s, bw, n, a: a + s * 2 * (n - 1) / n / bw)
     with pytest.raises(ExerciseFailed, match="not done yet"):
-        lab08.check_allreduce_model(None)
+        lab08.check_allreduce_seconds(None)
 
 
 def test_comm_prediction_check():
@@ -176,18 +182,19 @@ def test_comm_prediction_check():
 
 
 def test_exposed_model_check_rejects_the_start_up_of_every_bucket():
-    ns = {}
+    ns = {"allreduce_seconds": costs.allreduce_seconds}    # exercise 2's, which it calls
     exec(_cell("def exposed").split("\n\n\n### BEGIN SOLUTION")[0], ns)
     assert lab08.check_exposed_model(ns["exposed"])
-    # chapter 8's first model: every bucket's start-up exposed, and the last bucket's transfer
+    assert lab08.check_exposed_model(costs.exposed_seconds)            # the chapter's own
+    # every bucket's start-up exposed, and the last bucket's transfer
     with pytest.raises(ExerciseFailed, match="long backward"):
-        lab08.check_exposed_model(lambda b, t, n, a, bw: len(b) * a + b[-1] * 2 * (n - 1) / n / bw)
+        lab08.check_exposed_model(lambda b, t, bw, n, a: len(b) * a + b[-1] * 2 * (n - 1) / n / bw)
     # no overlap at all
     with pytest.raises(ExerciseFailed, match="long backward"):
-        lab08.check_exposed_model(lambda b, t, n, a, bw: sum(a + x * 2 * (n - 1) / n / bw for x in b))
+        lab08.check_exposed_model(lambda b, t, bw, n, a: sum(a + x * 2 * (n - 1) / n / bw for x in b))
     # every bucket ready at once when the backward ends: a queue, but no overlap
     with pytest.raises(ExerciseFailed):
-        lab08.check_exposed_model(lambda b, t, n, a, bw: lab08.exposed_reference(b, 0.0, n, a, bw))
+        lab08.check_exposed_model(lambda b, t, bw, n, a: lab08.exposed_reference(b, 0.0, bw, n, a))
     with pytest.raises(ExerciseFailed, match="not done yet"):
         lab08.check_exposed_model(None)
 
@@ -201,10 +208,10 @@ def test_bucket_choice_check_reads_the_rounds():
                            "16.0": [3 * 2**20]},
           "backward_s": 0.004, "grad_bytes": 3 * 2**20}
     ns = {"rounds_by_mb": rounds, "bk": bk, "nproc": 2, "alpha": 50e-6, "busbw_max": 1.2e9,
-          "statistics": statistics}
+          "statistics": statistics, "allreduce_seconds": costs.allreduce_seconds}
     exec(_cell("def exposed"), ns)
-    want = min(rounds, key=lambda mb: lab08.exposed_reference(bk["bucket_bytes"][str(mb)], 0.004, 2,
-                                                              50e-6, 1.2e9))
+    want = min(rounds, key=lambda mb: lab08.exposed_reference(bk["bucket_bytes"][str(mb)], 0.004, 1.2e9,
+                                                              2, 50e-6))
     assert ns["predicted_best_mb"] == want
     assert lab08.check_bucket_choice(ns["bucket_choice_mb"], rounds, predicted_mb=ns["predicted_best_mb"],
                                      expected_mb=want)
@@ -231,3 +238,41 @@ def test_sampler_check_on_numbers():
         lab08.check_sampler({"n": 8, "per_rank": [right["per_rank"][0]] * 2})
     with pytest.raises(ExerciseFailed, match="not done yet"):
         lab08.check_sampler(None)
+
+
+DONE = """
+def done_fn(params):
+    return params
+"""
+
+STUB = """
+def stub_fn(params):
+    # YOUR CODE HERE
+    perflab.labs.exercises.not_done(5)
+"""
+
+
+def test_one_launch_runs_what_is_finished_and_each_check_names_what_is_not(monkeypatch, capsys):
+    """Lab 8 runs exercises 4 and 5 (and exercise 6's all-reduce) in one launch: an unfinished
+    function drops only the tasks that call it, a finished one still runs, and the check of
+    the unfinished one stops with one sentence."""
+    seen = []
+    monkeypatch.setattr(lab08, "launch", lambda tasks, user_code=(), **kw: seen.append(
+        (tasks, list(user_code))) or [{"results": {t["name"]: {"done_fn": 1} for t in tasks}}])
+    tasks = [{"name": "user_optimizer", "args": {"fns": ["done_fn"]}},
+             {"name": "user_sampler", "args": {"fns": ["stub_fn"]}},
+             {"name": "sweep", "args": {"sizes": [4096]}}]
+    ranks = lab08.lab_launch({"done_fn": 4, "stub_fn": 5}, tasks, user_code=[DONE, STUB],
+                             skip_unfinished=True)
+    assert [t["name"] for t in seen[0][0]] == ["user_optimizer", "sweep"] and seen[0][1] == [DONE]
+    assert "Exercise 5 is not done yet: write the body of stub_fn()" in capsys.readouterr().out
+    assert lab08.task_result(ranks, "user_optimizer", 4, "x", fn="done_fn") == 1
+    with pytest.raises(ExerciseFailed, match="^Exercise 5 is not done yet: write indices_for"):
+        lab08.task_result(ranks, "user_sampler", 5, "write indices_for", fn="stub_fn")
+    # nothing left to run: no launch at all, and every check says which exercise waits
+    assert lab08.lab_launch({"stub_fn": 5}, tasks[1:2], user_code=[STUB], skip_unfinished=True) == []
+    assert len(seen) == 1
+    with pytest.raises(ExerciseFailed, match="^Exercise 4 is not done yet"):
+        lab08.task_result([], "user_optimizer", 4, "write make_optimizer", fn="make_optimizer")
+    with pytest.raises(ExerciseFailed, match="^Exercise 5 is not done yet"):
+        lab08.lab_launch({"stub_fn": 5}, tasks[1:2], user_code=[STUB])

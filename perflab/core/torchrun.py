@@ -7,9 +7,17 @@ DDP) starts ``python -m torch.distributed.run ... <worker>`` through :func:`run`
 localhost port: two nodes that find each other as two machines would). The children's
 environment keeps this package importable, ``NCCL_NVLS_ENABLE=0`` (NVLink SHARP multicast stays
 off on the course's machines) and every temporary file inside the launch's scratch folder. A
-launch that fails or outlives its timeout (then every process of it is killed) raises
-:class:`LaunchError`, whose message names the command, the exit status, the error lines the ranks
-printed and the last lines of output.
+launch that fails or outlives its timeout raises :class:`LaunchError`, whose message names the
+command, the exit status, the error lines the ranks printed and the last lines of output.
+
+Whatever ends a launch early (its timeout, a failed node, an exception or an interrupt in the
+notebook while it waits), no process of it survives: :func:`stop` sends SIGTERM to each
+``torchrun`` still running, which stops its workers and exits (within about a second), gives
+it :data:`GRACE_S` seconds, then sends SIGKILL to it and to every process it had started. The
+workers need that last step: torch's ``SubprocessHandler`` starts each worker in a session of
+its own (``start_new_session=True``), so a signal to ``torchrun``'s process group never reaches
+them, and a worker that sleeps or waits out its process group's timeout would outlive a
+``torchrun`` killed alone.
 
 The workers are the modules that launch them (``perflab.machine.interconnect``,
 ``perflab.distributed.worker``): each parses its own arguments, takes its device from
@@ -41,11 +49,14 @@ from perflab.core.device import gpu_count
 from perflab.core.timing import Deadline
 from perflab.core.validate import integer, positive, positive_int
 
-__all__ = ["BACKENDS", "Launch", "LaunchError", "backend_for", "default_backend", "free_port", "run",
-           "worker_device"]
+__all__ = ["BACKENDS", "GRACE_S", "Launch", "LaunchError", "backend_for", "default_backend", "descendants",
+           "free_port", "run", "stop", "worker_device"]
 
 #: the process-group backends a launch may use: NCCL between GPUs, gloo between CPU processes
 BACKENDS = ("nccl", "gloo")
+
+#: seconds a ``torchrun`` has, after SIGTERM, to stop its workers before everything is killed
+GRACE_S = 10.0
 
 
 class LaunchError(RuntimeError):
@@ -99,6 +110,78 @@ def worker_device(backend: str, local_rank: int) -> torch.device:
         raise ValueError(f"backend='nccl' puts local rank {local_rank} on cuda:{local_rank}, but this "
                          f"process sees {have} GPU(s): launch at most {have} ranks per node, or gloo")
     return torch.device("cuda", local_rank)
+
+
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, field 22 of ``/proc/<pid>/stat``),
+    or None when it is gone or there is no ``/proc``: with its pid, a process's identity."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    fields = text[text.rfind(")") + 2:].split()   # the name in parentheses may hold spaces
+    return int(fields[19]) if len(fields) > 19 and fields[0] != "Z" else None
+
+
+def descendants(pid: int) -> list[tuple[int, int]]:
+    """Every process under ``pid`` (its children, their children...) as ``(pid, start time)``
+    pairs read from ``/proc`` (:func:`_started`); ``[]`` where there is no ``/proc`` (not Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rfind(")") + 2:].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            started = _started(child)
+            if started is not None:
+                found.append((child, started))
+            todo.append(child)
+    return found
+
+
+def stop(procs: Sequence[subprocess.Popen], grace_s: float = GRACE_S) -> None:
+    """End every ``torchrun`` of ``procs`` still running, and every process it started.
+
+    Each was started in a session of its own (:func:`run`). The processes under it are noted,
+    then its process group gets SIGTERM: ``torchrun`` forwards it to its workers and exits.
+    Whatever is still running after ``grace_s`` seconds gets SIGKILL: the ``torchrun`` (its
+    group), then every noted process that is still the same process (same pid and start time,
+    so a pid the system has since reused is left alone), each a session leader or not; it
+    returns once they are gone (at most 2 s more). Processes that already ended are left as
+    they are (their exit status is kept for the caller).
+
+    Raises:
+        ValueError: ``grace_s`` is not a positive number.
+    """
+    positive("grace_s", grace_s)
+    running = [p for p in procs if p.poll() is None]
+    noted = [d for p in running for d in descendants(p.pid)]
+    for p in running:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = Deadline(grace_s)
+    for p in running:
+        try:
+            p.wait(timeout=max(deadline.left_s(), 0.01))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    left = [(pid, started) for pid, started in noted if _started(pid) == started]
+    for pid, _ in left:          # workers torchrun did not stop: each in a session of its own
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for _ in range(100):         # SIGKILL takes effect at once, the process's end a moment later
+        left = [(pid, started) for pid, started in left if _started(pid) == started]
+        if not left:
+            break
+        time.sleep(0.02)
 
 
 def free_port() -> int:
@@ -211,7 +294,8 @@ def run(worker: Sequence[str], scratch: str | os.PathLike, nproc: int = 2, nnode
             replaced leaves a smaller world, not a hung one).
         backend: checked by :func:`backend_for` (the worker is told which one to use by its
             own arguments).
-        timeout_s: seconds before every process is killed (> 0).
+        timeout_s: seconds before the launch is stopped (> 0): :func:`stop`, then no process
+            of it is left.
         max_restarts: torchrun's ``--max-restarts`` (>= 0).
         env: variables added to the children's environment.
 
@@ -268,12 +352,8 @@ def run(worker: Sequence[str], scratch: str | os.PathLike, nproc: int = 2, nnode
                 failed = f"torchrun exited with status {bad[0].returncode}"
                 break
             time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)  # torchrun and its workers share the session
-                p.wait()
+    finally:  # a timeout, a failed node, an exception or an interrupt: nothing survives
+        stop(procs)
         output = ""
         for i, f in enumerate(logs):
             f.seek(0)

@@ -5,15 +5,17 @@
 * ``sweep``: the time of each collective at each message size, nccl-tests' way: ``S`` is the
   buffer all-reduced or broadcast, the all-gather's output, the reduce-scatter's input; the bus
   bandwidth is ``S / t`` times :func:`perflab.machine.interconnect.bus_factor`;
-* ``ring``: one all-reduce timed on the first 2, 3, 4... ranks of the launch (subgroups), so
-  that the bus factor shows in one launch.
+* ``ring``: one all-reduce timed on the first 2, 3, 4... ranks of the launch (subgroups) in
+  interleaved rounds, so that the bus factor shows in one launch, with its spread.
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Sequence
 
 from perflab.core.timing import seconds_per_call
+from perflab.core.validate import integer
 from perflab.machine.interconnect import bus_factor
 
 __all__ = ["TASKS", "collectives", "ring", "sweep"]
@@ -89,38 +91,48 @@ def sweep(ctx, sizes: Sequence[int], ops: Sequence[str] = ("all_reduce", "all_ga
     return out
 
 
-def ring(ctx, nbytes: int = 2**22, sizes: Sequence[int] = (2, 3, 4), rounds: int = 3,
+def ring(ctx, nbytes: int = 2**22, sizes: Sequence[int] = (2, 3, 4), rounds: int = 5,
          iters: int = 10) -> dict:
     """The same all-reduce of ``nbytes`` on the first ``n`` ranks of the launch, for each ``n`` in
-    ``sizes`` (a subgroup each; the other ranks wait on the default group meanwhile): ``{str(n):
-    {"nbytes", "seconds" (the fastest of ``rounds``, each the slowest rank's mean of ``iters``
-    calls after two untimed), "algbw", "busbw"}}`` on rank 0.
+    ``sizes`` (a subgroup each; the other ranks wait on the default group meanwhile), timed in
+    ``rounds`` interleaved rounds: every round times every ``n`` once, in an order that rotates
+    from round to round (:func:`perflab.core.rounds.interleaved`'s rule), so that a drift of the
+    host slows every ``n`` alike. Each timing is the slowest rank's mean of ``iters`` calls after
+    two untimed. Returns on rank 0 ``{str(n): {"nbytes", "rounds_s" (one time per round, in
+    round order), "seconds" (their median), "algbw", "busbw" (of the median)}}``.
 
     Raises:
-        ValueError: a size above the launch's world size or below 2.
+        ValueError: a size above the launch's world size or below 2, or ``rounds`` below 1.
     """
     torch, dist = ctx.torch, ctx.dist
+    sizes = [int(n) for n in sizes]
     if not all(2 <= n <= ctx.world for n in sizes):
-        raise ValueError(f"sizes must lie between 2 and the world size {ctx.world}, got {list(sizes)}")
-    out = {}
-    for n in sizes:
-        group = dist.new_group(list(range(n)))        # every rank takes part in making it
-        if ctx.rank < n:
-            x = torch.ones(int(nbytes) // 4, device=ctx.device)
-            flag = torch.zeros(1, device=ctx.device)
-            best = float("inf")
-            for _ in range(rounds):
+        raise ValueError(f"sizes must lie between 2 and the world size {ctx.world}, got {sizes}")
+    integer("rounds", rounds, 1)
+    groups = {n: dist.new_group(list(range(n))) for n in sizes}   # every rank makes every group
+    x = torch.ones(int(nbytes) // 4, device=ctx.device)
+    flag = torch.zeros(1, device=ctx.device)
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for r in range(rounds):
+        for n in sizes[r % len(sizes):] + sizes[:r % len(sizes)]:
+            if ctx.rank < n:
+                group = groups[n]
                 for _ in range(2):
                     dist.all_reduce(x, group=group)
                 dist.all_reduce(flag, group=group)
                 ctx.sync()
-                t = torch.tensor([seconds_per_call(lambda: dist.all_reduce(x, group=group), iters, ctx.device)],
-                                 dtype=torch.float64, device=ctx.device)
+                t = torch.tensor([seconds_per_call(lambda: dist.all_reduce(x, group=group), iters,
+                                                   ctx.device)], dtype=torch.float64, device=ctx.device)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-                best = min(best, float(t.item()))
-            out[str(n)] = {"nbytes": x.numel() * 4, "seconds": best, "algbw": x.numel() * 4 / best,
-                           "busbw": x.numel() * 4 / best * bus_factor("all_reduce", n)}
-        ctx.barrier()
+                times[n].append(float(t.item()))
+            ctx.barrier()
+    out = {}
+    for n, ts in times.items():
+        if ctx.rank < n:
+            med = statistics.median(ts)
+            out[str(n)] = {"nbytes": x.numel() * 4, "rounds_s": ts, "seconds": med,
+                           "algbw": x.numel() * 4 / med,
+                           "busbw": x.numel() * 4 / med * bus_factor("all_reduce", n)}
     return out
 
 

@@ -4,6 +4,7 @@
 #   book/08_distributed_training.md: Bandwidth against message size
 #   book/08_distributed_training.md: Data parallelism by hand, then DDP
 #   book/08_distributed_training.md: Sharding: ZeRO-1 and FSDP2
+#   book/08_distributed_training.md: Two and eight GPUs: the predictions
 
 """Code taught on book/08_distributed_training.md, exported for the pages that reuse it.
 
@@ -13,15 +14,11 @@ Each definition is shown and explained where it is taught; read it there.
 from __future__ import annotations
 
 
-def allreduce_seconds(nbytes, world, alpha, busbw):
+def allreduce_seconds(nbytes, busbw, world, alpha=0.0):
     """alpha-beta model of a ring all-reduce of `nbytes` on `world` ranks:
     a start-up `alpha` (s) plus 2(n-1)/n x nbytes at the bus bandwidth
     `busbw` (bytes/s)."""
     return alpha + nbytes * 2 * (world - 1) / world / busbw
-
-
-NVLINK_EFFICIENCY = 0.8   # assumed share of the one-way NVLink peak
-NVLINK_ALPHA_S = 10e-6    # assumed start-up of one NCCL all-reduce
 
 
 def ddp_buckets(tensor_bytes, cap, first_cap=None):
@@ -37,7 +34,7 @@ def ddp_buckets(tensor_bytes, cap, first_cap=None):
     return buckets + ([size] if size else [])
 
 
-def exposed_seconds(bucket_bytes, backward_s, world, alpha, busbw):
+def exposed_seconds(bucket_bytes, backward_s, busbw, world, alpha=0.0):
     """Communication left after a backward of `backward_s` seconds: bucket
     k is ready when the backward has produced its bytes (at an even rate),
     starts when the link is free, and takes allreduce_seconds."""
@@ -45,7 +42,7 @@ def exposed_seconds(bucket_bytes, backward_s, world, alpha, busbw):
     for b in bucket_bytes:
         done += b
         ready = backward_s * done / total
-        free = max(free, ready) + allreduce_seconds(b, world, alpha, busbw)
+        free = max(free, ready) + allreduce_seconds(b, busbw, world, alpha)
     return max(0.0, free - backward_s)
 
 
@@ -54,3 +51,29 @@ def static_bytes(params, world, strategy):
     DDP 16 P, ZeRO-1 8 P + 8 P / N, FSDP (ZeRO-3) 16 P / N."""
     return {"ddp": 16 * params, "zero1": 8 * params + 8 * params / world,
             "fsdp": 16 * params / world}[strategy]
+
+
+def fsdp_step_seconds(depth, fwd, bwd, gather, scatter):
+    """One FSDP step of `depth` equal blocks (`fwd`, `bwd`: seconds of
+    computation each) whose all-gathers (`gather` s) and reduce-scatters
+    (`scatter` s) queue on one link. Forward: every gather starts once
+    the link is free (prefetch), a block computes once it is gathered and
+    the block before it is done. Backward, last block first: the blocks
+    are gathered again (the first two as the backward starts, then each
+    one two blocks ahead), and each block's gradients are reduce-scattered
+    after its backward. Returns when the last of all of it ends."""
+    link = t = 0.0
+    for _ in range(depth):
+        link += gather
+        t = max(t, link) + fwd
+    link, ready = max(link, t), []
+    for _ in range(min(2, depth)):
+        link += gather
+        ready.append(link)
+    for k in range(depth):
+        t = max(t, ready[k]) + bwd
+        link = max(link, t) + scatter
+        if k + 2 < depth:
+            link += gather
+            ready.append(link)
+    return max(t, link)

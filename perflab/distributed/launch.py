@@ -3,8 +3,9 @@
 A notebook is one process, so :func:`launch` starts ``torchrun`` (one or two "nodes" on this
 machine, through :func:`perflab.core.torchrun.run`) running :mod:`perflab.distributed.worker` with
 a list of *tasks*; every rank writes its results as JSON into a temporary folder and the launcher
-returns them, one dict per rank. A launch that outlives ``timeout_s`` is killed (the whole process
-group of every ``torchrun``) and raises :class:`perflab.core.torchrun.LaunchError`.
+returns them, one dict per rank. A launch that outlives ``timeout_s`` is stopped, every
+``torchrun`` and every worker of it (:func:`perflab.core.torchrun.stop`), and raises
+:class:`perflab.core.torchrun.LaunchError`.
 :func:`expect_failure` runs a job that must fail (a hung rank) and says how long the failure
 took and what the ranks printed on the way.
 
@@ -125,7 +126,7 @@ def launch(tasks: Sequence[dict], nproc: int = 2, backend: str | None = None, ti
     Raises:
         ValueError: bad ``nproc``/``nnodes``/``threads``/backend/task name; ``nccl`` without
             enough GPUs.
-        LaunchError: a worker failed, the launch timed out (all processes are killed), or a rank
+        LaunchError: a worker failed, the launch timed out (no process of it survives), or a rank
             wrote no result; the message holds the command, status and the workers' last lines.
     """
     positive_int("nproc", nproc)

@@ -106,6 +106,14 @@ def _adam_seconds(ctx, params: int, width: int, iters: int) -> float:
     return ctx.timed(opt.step, 2, iters)
 
 
+def _copy_seconds(ctx, params: int, iters: int) -> float:
+    """One copy of ``params`` float32 values into another buffer (``4 params`` bytes read and
+    as many written), the slowest rank's mean of ``iters``."""
+    src = torch.randn(params, device=ctx.device)
+    dst = torch.empty_like(src)
+    return ctx.timed(lambda: dst.copy_(src), 2, iters)
+
+
 def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int = 2, iters: int = 4,
              rounds: int = 4, strategies: Sequence[str] = STRATEGIES, allow_tf32: bool = True) -> dict:
     """Bytes per rank after one Adam step, and step seconds in interleaved rounds, per strategy.
@@ -115,6 +123,7 @@ def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int 
     (CUDA allocator, None on a CPU)``}}``; ``step_rounds_s``: ``{name: [seconds per round]}``
     (each the slowest rank's mean of ``iters`` steps); ``adam_full_s`` and
     ``adam_shard_s`` (Adam's step over every parameter and over ``1/world`` of them);
+    ``copy_s`` (one copy of every parameter's 4 bytes: the unit of DDP's and FSDP's copies);
     ``ddp_bucket_bytes``; ``traces``: one DDP and one FSDP step profiled on rank 0
     (:func:`_traced_step`: how long their collectives took inside the step); ``params``.
 
@@ -174,6 +183,7 @@ def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int 
     return {"strategies": out, "step_rounds_s": times, "params": params,
             "adam_full_s": _adam_seconds(ctx, params, width, iters),
             "adam_shard_s": _adam_seconds(ctx, params // ctx.world, width, iters),
+            "copy_s": _copy_seconds(ctx, params, iters),
             "ddp_bucket_bytes": buckets_, "traces": traced}
 
 

@@ -1,48 +1,84 @@
 """Lab 8's checks: a manual all-reduce, a communication prediction, the exposed time of DDP's
 buckets and a bucket size, a sharded optimizer that trains the right model, a sampler that deals
 every rank its own data; and the launch that runs the student's functions inside torchrun's
-workers."""
+workers. The reference models are chapter 8's own (:mod:`perflab.distributed.costs`):
+``allreduce_seconds(nbytes, busbw, world, alpha=0.0)`` and ``exposed_seconds(bucket_bytes,
+backward_s, busbw, world, alpha=0.0)``, whose argument order the lab's functions share."""
 
 from __future__ import annotations
 
 import math
 import random
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
+from perflab.distributed.costs import allreduce_seconds, exposed_seconds
 from perflab.distributed.launch import launch, source_of
 from perflab.labs.exercises import ExerciseFailed, ExerciseNotDone, _number
 from perflab.record.numbers import fmt, fmt_small
 
-__all__ = ["check_allreduce_model", "check_bucket_choice", "check_comm_prediction", "check_exposed_model",
+__all__ = ["check_allreduce_seconds", "check_bucket_choice", "check_comm_prediction", "check_exposed_model",
            "check_manual_allreduce", "check_sampler", "check_sharded_optimizer", "exposed_reference",
-           "lab_launch"]
+           "lab_launch", "task_result"]
 
 
-def lab_launch(exercise: int, tasks: Sequence[dict], user_code: Sequence = (),
+def _names(task: dict) -> list[str]:
+    """The student functions a task calls (its ``fns``)."""
+    return [str(f) for f in task.get("args", {}).get("fns", [])]
+
+
+def lab_launch(exercise: int | Mapping[str, int], tasks: Sequence[dict], user_code: Sequence = (),
                skip_unfinished: bool = False, **kwargs) -> list[dict]:
-    """:func:`perflab.distributed.launch.launch` for a lab exercise: the student's functions
-    (``user_code``) run inside the workers. When one of them is still the student edition's
-    stub (``not_done(...)`` or ``raise NotImplementedError``), it refuses at once with one
-    sentence; with ``skip_unfinished``, it says so in one printed line instead and runs the
-    tasks that need no student code (names not starting with ``user_``), so that later
-    exercises get their measurements.
+    """:func:`perflab.distributed.launch.launch` for lab exercises: the student's functions
+    (``user_code``) run inside the workers.
+
+    ``exercise`` is the exercise of every function, or ``{function name: exercise}`` when one
+    launch runs several exercises' functions. A function that is still the student edition's
+    stub (``not_done(...)`` or ``raise NotImplementedError``) makes it refuse at once with one
+    sentence; with ``skip_unfinished``, it says so in one printed line per such function
+    instead, drops the tasks that call one (the tasks' ``fns``), and runs the others (the
+    measurements that need no student code, the finished functions' tasks), so that the other
+    exercises get their results. When no task is left it launches nothing and returns ``[]``.
 
     Raises:
         ExerciseNotDone: "Exercise N is not done yet: ..." for an unfinished function (unless
-            ``skip_unfinished`` and some task needs no student code).
+            ``skip_unfinished``).
         LaunchError: see :func:`perflab.distributed.launch.launch`.
     """
+    def number(name: str) -> int:
+        return exercise.get(name, min(exercise.values())) if isinstance(exercise, Mapping) else exercise
+
+    kept, unfinished = [], set()
     for fn in user_code:
         src = source_of(fn)
+        name = getattr(fn, "__name__", None) or src.split("def ", 1)[-1].split("(", 1)[0].strip()
         if "raise NotImplementedError" in src or "not_done(" in src:
-            name = getattr(fn, "__name__", "your function")
-            what = f"write the body of {name}() in the cell above and run it again"
-            others = [t for t in tasks if not str(t.get("name", "")).startswith("user_")]
-            if not (skip_unfinished and others):
-                raise ExerciseNotDone(exercise, what)
-            print(f"Exercise {exercise} is not done yet: {what}; the other measurements run.")
-            return launch(others, user_code=(), **kwargs)
-    return launch(tasks, user_code=user_code, **kwargs)
+            what = f"write the body of {name}() in its cell above and run it again"
+            if not skip_unfinished:
+                raise ExerciseNotDone(number(name), what)
+            print(f"Exercise {number(name)} is not done yet: {what}; the other measurements run.")
+            unfinished.add(name)
+        else:
+            kept.append(fn)
+    runnable = [t for t in tasks if not set(_names(t)) & unfinished]
+    if not runnable:
+        return []
+    return launch(runnable, user_code=kept, **kwargs)
+
+
+def task_result(ranks: Sequence[dict], task: str, exercise: int, what: str, fn: str | None = None):
+    """Rank 0's result of ``task`` (for the function ``fn`` of a ``user_*`` task) in a
+    :func:`lab_launch`, or "Exercise N is not done yet: ``what``" when that launch did not run
+    it (the function was unfinished, or nothing ran).
+
+    Raises:
+        ExerciseNotDone: the result is missing.
+    """
+    found = ranks[0]["results"].get(task) if ranks else None
+    if found is not None and fn is not None:
+        found = found.get(fn)
+    if found is None:
+        raise ExerciseNotDone(exercise, what)
+    return found
 
 
 def check_manual_allreduce(max_param_diff, tol: float = 1e-9) -> bool:
@@ -62,9 +98,10 @@ def check_manual_allreduce(max_param_diff, tol: float = 1e-9) -> bool:
                          "averages the gradients (sum over ranks divided by the world size).")
 
 
-def check_allreduce_model(fn: Callable | None, exercise: int = 2) -> bool:
-    """Exercise 2: ``fn(nbytes, busbw, world_size, alpha)`` is the alpha-beta model of a ring
-    all-reduce, ``alpha + nbytes * 2 (n-1)/n / busbw``, for 2, 3, 4 and 8 ranks.
+def check_allreduce_seconds(fn: Callable | None, exercise: int = 2) -> bool:
+    """Exercise 2: ``fn(nbytes, busbw, world, alpha=0.0)`` is chapter 8's alpha-beta model of a
+    ring all-reduce (:func:`perflab.distributed.costs.allreduce_seconds`), ``alpha + nbytes x
+    2 (n-1)/n / busbw``, for 2, 3, 4 and 8 ranks, with and without ``alpha``.
 
     Testing the function at several world sizes is what tells the model from its slips: on two
     ranks the bus factor 2 (n-1)/n is 1, so leaving it out, or dividing by the algorithm
@@ -75,19 +112,26 @@ def check_allreduce_model(fn: Callable | None, exercise: int = 2) -> bool:
         ExerciseFailed: ``fn`` is missing or wrong at some world size (the sentence names it).
     """
     if fn is None:
-        raise ExerciseNotDone(exercise, "write allreduce_model(nbytes, busbw, world_size, alpha)")
+        raise ExerciseNotDone(exercise, "write allreduce_seconds(nbytes, busbw, world, alpha=0.0)")
     nbytes, busbw, alpha = 1e8, 100e9, 20e-6
     for n in (2, 3, 4, 8):
-        got = _number(f"Exercise {exercise} (allreduce_model at {n} ranks)",
-                      fn(nbytes, busbw, n, alpha))      # the answer first, as plain data
-        want = alpha + nbytes * 2 * (n - 1) / n / busbw
-        if not math.isclose(got, want, rel_tol=1e-6):
-            hint = (" On two ranks the bus factor 2 (n-1)/n is 1: leaving it out shows only from "
-                    "three ranks on." if n > 2 and math.isclose(got, alpha + nbytes / busbw,
-                                                                 rel_tol=1e-6) else "")
-            raise ExerciseFailed(f"✗ Exercise {exercise}: on {n} ranks your model gives "
-                                 f"{fmt(got, 's', 4)} for {fmt(nbytes, 'B')} at {fmt(busbw, 'B/s')} "
-                                 f"bus bandwidth, the ring needs {fmt(want, 's', 4)}.{hint}")
+        for a in (alpha, None):
+            try:
+                answer = fn(nbytes, busbw, n) if a is None else fn(nbytes, busbw, n, a)
+            except TypeError as e:
+                raise ExerciseFailed(f"✗ Exercise {exercise}: allreduce_seconds({fmt(nbytes, 'B')}, "
+                                     f"busbw, {n}) failed ({e}): keep the signature "
+                                     "allreduce_seconds(nbytes, busbw, world, alpha=0.0).") from None
+            got = _number(f"Exercise {exercise} (allreduce_seconds at {n} ranks)", answer)
+            want = allreduce_seconds(nbytes, busbw, n, a or 0.0)
+            if not math.isclose(got, want, rel_tol=1e-6):
+                hint = (" On two ranks the bus factor 2 (n-1)/n is 1: leaving it out shows only from "
+                        "three ranks on." if n > 2 and math.isclose(got, (a or 0.0) + nbytes / busbw,
+                                                                     rel_tol=1e-6) else "")
+                given = "without alpha" if a is None else f"with alpha {fmt(a, 's')}"
+                raise ExerciseFailed(f"✗ Exercise {exercise}: on {n} ranks, {given}, your model gives "
+                                     f"{fmt(got, 's', 4)} for {fmt(nbytes, 'B')} at {fmt(busbw, 'B/s')} "
+                                     f"bus bandwidth, the ring needs {fmt(want, 's', 4)}.{hint}")
     print(f"✓ Exercise {exercise}: your model is the ring's alpha + bytes x 2 (n-1)/n / busbw on "
           "2, 3, 4 and 8 ranks.")
     return True
@@ -112,29 +156,26 @@ def check_comm_prediction(predicted_s, measured_s, factor: float = 2.0) -> bool:
                          "t = alpha + bytes * 2 (n-1)/n / busbw.")
 
 
-def exposed_reference(bucket_bytes: Sequence[float], backward_s: float, world_size: int, alpha: float,
-                      busbw: float) -> float:
-    """The communication a DDP step still waits for after its backward (chapter 8's model):
-    bucket k is ready when the backward, producing gradient bytes at an even rate, has produced
-    it; it starts when the link is free of the buckets before it and takes
-    ``alpha + bytes x 2 (n-1)/n / busbw``; whatever ends after ``backward_s`` is exposed.
+def exposed_reference(bucket_bytes: Sequence[float], backward_s: float, busbw: float, world: int,
+                      alpha: float = 0.0) -> float:
+    """The communication a DDP step still waits for after its backward: chapter 8's model
+    (:func:`perflab.distributed.costs.exposed_seconds`), with its inputs checked. Bucket k is
+    ready when the backward, producing gradient bytes at an even rate, has produced it; it starts
+    when the link is free of the buckets before it and takes ``alpha + bytes x 2 (n-1)/n /
+    busbw``; whatever ends after ``backward_s`` is exposed.
 
     Raises:
         ValueError: no buckets, a negative ``backward_s``, a non-positive ``busbw`` or
-            ``world_size`` below 2.
+            ``world`` below 2.
     """
-    if not bucket_bytes or backward_s < 0 or busbw <= 0 or world_size < 2:
-        raise ValueError(f"need buckets, backward_s >= 0, busbw > 0 and world_size >= 2, got "
-                         f"{len(bucket_bytes)} bucket(s), {backward_s}, {busbw}, {world_size}")
-    total, done, free = sum(bucket_bytes), 0.0, 0.0
-    for b in bucket_bytes:
-        done += b
-        free = max(free, backward_s * done / total) + alpha + b * 2 * (world_size - 1) / world_size / busbw
-    return max(0.0, free - backward_s)
+    if not bucket_bytes or backward_s < 0 or busbw <= 0 or world < 2:
+        raise ValueError(f"need buckets, backward_s >= 0, busbw > 0 and world >= 2, got "
+                         f"{len(bucket_bytes)} bucket(s), {backward_s}, {busbw}, {world}")
+    return exposed_seconds(list(bucket_bytes), backward_s, busbw, world, alpha)
 
 
 def check_exposed_model(fn: Callable | None, exercise: int = 3) -> bool:
-    """Exercise 3: ``fn(bucket_bytes, backward_s, world_size, alpha, busbw)`` is the exposed
+    """Exercise 3: ``fn(bucket_bytes, backward_s, busbw, world, alpha)`` is the exposed
     time of DDP's buckets (:func:`exposed_reference`), tried where the model's regimes differ:
     a backward long enough to hide all but the last bucket, no backward at all (everything
     exposed), and backwards in between, on 2, 3, 4 and 8 ranks. A model that counts every
@@ -144,7 +185,7 @@ def check_exposed_model(fn: Callable | None, exercise: int = 3) -> bool:
         ExerciseFailed: ``fn`` missing or wrong in some case (the sentence names it).
     """
     if fn is None:
-        raise ExerciseNotDone(exercise, "write exposed(bucket_bytes, backward_s, world_size, alpha, busbw)")
+        raise ExerciseNotDone(exercise, "write exposed(bucket_bytes, backward_s, busbw, world, alpha)")
     rng = random.Random(8)
     cases = [("a long backward", [4e6] * 8, 1.0), ("no backward", [4e6] * 8, 0.0),
              ("one bucket", [3e7], 0.05)]
@@ -152,8 +193,8 @@ def check_exposed_model(fn: Callable | None, exercise: int = 3) -> bool:
                rng.uniform(0.01, 0.1)) for _ in range(4)]
     for what, buckets, backward in cases:
         for n in (2, 3, 4, 8):
-            want = exposed_reference(buckets, backward, n, 50e-6, 1e9)
-            got = _number(f"Exercise {exercise} (exposed, {what})", fn(list(buckets), backward, n, 50e-6, 1e9))
+            want = exposed_reference(buckets, backward, 1e9, n, 50e-6)
+            got = _number(f"Exercise {exercise} (exposed, {what})", fn(list(buckets), backward, 1e9, n, 50e-6))
             if not math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12):
                 raise ExerciseFailed(f"✗ Exercise {exercise}: with {what} ({len(buckets)} buckets, backward "
                                      f"{fmt(backward, 's')}, {n} ranks) your model exposes "

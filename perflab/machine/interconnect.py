@@ -60,6 +60,8 @@ __all__ = [
     "gpu_link",
     "launch",
     "topology_text",
+    "TWO_GPU_RUN",
+    "two_gpu_run",
 ]
 
 
@@ -125,6 +127,32 @@ def allreduce_time(nbytes: float, busbw: float, world_size: int, latency_s: floa
     if nbytes < 0 or latency_s < 0:
         raise ValueError(f"nbytes and latency_s must be >= 0, got {nbytes}, {latency_s}")
     return latency_s + nbytes * 2 * (world_size - 1) / world_size / busbw
+
+
+#: The course's one measurement of an all-reduce between two H200s over NVLink so far (30 November
+#: 2026, chapter 8's first edition): the inputs of chapter 8's predictions for GPUs.
+TWO_GPU_RUN = Path(__file__).resolve().parent.parent / "data" / "allreduce_2xh200_2026-11-30.json"
+
+
+def two_gpu_run(path: str | os.PathLike = TWO_GPU_RUN) -> dict:
+    """The two-GPU all-reduce figures kept in ``path`` (default :data:`TWO_GPU_RUN`).
+
+    Keys: ``measured`` (UTC start of the run), ``devices``, ``torch``, ``source`` (the notebook
+    and commit they come from, and the run record that keeps them, ``runs/*.json``), ``method``
+    (how each size was timed), ``smallest_bytes`` and ``smallest_s`` (the smallest message and
+    the time of one all-reduce of it, seconds: the start-up alpha and a little), ``largest_bytes``
+    and ``largest_busbw`` (the largest message and its all-reduce bus bandwidth, bytes/s),
+    ``all_gather_busbw`` and ``reduce_scatter_busbw`` (the same message's, bytes/s),
+    ``link_one_way`` (the datasheet's NVLink bandwidth each way, bytes/s) and ``known_defects``
+    (what a review found wrong in the page that measured them).
+
+    Raises:
+        ValueError: the file is not such a record (its ``schema``).
+    """
+    data = json.loads(Path(path).read_text())
+    if data.get("schema") != "perflab-allreduce-run/1":
+        raise ValueError(f"{path} is not an all-reduce run record (schema {data.get('schema')!r})")
+    return data
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,116 @@
+"""Chapter 8's verdicts on one step against another, judged round by round as a ratio of the two.
+
+Chapter 8 predicts ZeRO-1's and FSDP's steps as DDP's step plus a cost (broadcasts, collectives,
+copies) minus the Adam time they save. The cost is a few milliseconds of either sign beside
+steps of tens of milliseconds, so it cannot be judged as a difference of two noisy steps in
+seconds: a band of seconds around a prediction near zero has no relative meaning (around +4 ms
+with a half-width of 3 ms it spans 1 to 7 ms, "a factor of 7", and
+:func:`perflab.record.claims.judge` refuses it), and the difference of two steps carries the
+noise of both. Here the steps, timed in the same interleaved rounds
+(:func:`perflab.core.rounds.interleaved`), are divided **round by round** (a drift of the machine
+slows both and cancels), and the per-round ratio is compared with the predicted ratio
+``1 + cost / base step`` (the base step's median), with a relative band of the step's time
+(:func:`perflab.record.claims.compare`: "undecided" when a band's edge lies inside the rounds'
+spread). :func:`resolution` says whether that band can tell the step from the base step at all
+(it cannot when it holds the ratio 1).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+from perflab.core.rounds import Spread, spread
+from perflab.core.validate import number
+from perflab.record.claims import Verdict, claim, compare, judge
+from perflab.record.numbers import fmt
+
+__all__ = ["cost_ratio", "judge_cost", "judge_cost_range", "resolution", "step_ratio"]
+
+
+def step_ratio(steps: Sequence[float], base: Sequence[float]) -> Spread:
+    """``steps[k] / base[k]`` for every round ``k``: a :class:`~perflab.core.rounds.Spread`.
+
+    Raises:
+        ValueError: the two hold different numbers of rounds, or a value that is not finite or a
+            base step that is not positive.
+    """
+    if any(b <= 0 for b in base):
+        raise ValueError(f"base steps must be positive seconds, got {list(base)}")
+    return spread(steps) / spread(base)
+
+
+def cost_ratio(base: Sequence[float], cost_s: float) -> float:
+    """The ratio of a step predicted as the base step plus ``cost_s`` seconds (of either sign)
+    to the base step: ``1 + cost_s / median(base)``.
+
+    Raises:
+        ValueError: an empty or non-positive ``base``, a ``cost_s`` that is not finite, or a
+            cost that would make the predicted step last no time at all.
+    """
+    if not base or any(b <= 0 for b in base):
+        raise ValueError(f"base must hold positive step times, got {list(base)}")
+    number("cost_s", cost_s)
+    ratio = 1 + cost_s / statistics.median(base)
+    if ratio <= 0:
+        raise ValueError(f"a cost of {cost_s} s leaves no step of the base's "
+                         f"{statistics.median(base)} s: the prediction is not a time")
+    return ratio
+
+
+def resolution(predicted: float, tolerance: float, what: str, base: str) -> str:
+    """Whether a band of ``tolerance`` around the ``predicted`` ratio can tell the step
+    (``what``) from the ``base`` step: a sentence naming the band.
+
+    Raises:
+        ValueError: a ``predicted`` ratio that is not positive or a tolerance outside (0, 1).
+    """
+    number("predicted", predicted, above=0)
+    number("tolerance", tolerance, above=0, below=1)
+    lo, hi = predicted * (1 - tolerance), predicted * (1 + tolerance)
+    band = f"{lo:.2f}x to {hi:.2f}x {base}'s step"
+    if lo <= 1 <= hi:
+        return (f"the band ({band}) holds {base}'s own step: this run cannot tell {what}'s cost "
+                "from none, only a miss of the prediction")
+    return f"the band ({band}) leaves out {base}'s own step: this run can tell {what} from {base}"
+
+
+def judge_cost(name: str, steps: Sequence[float], base: Sequence[float], cost_s: float,
+               tolerance: float, *, bound: str, reason: str | None = None) -> Verdict:
+    """Glue, under ``name``, how the per-round ratio of ``steps`` to ``base`` (seconds, same
+    interleaved rounds) compares with :func:`cost_ratio` of ``cost_s``, within ``tolerance``
+    of the predicted step (:func:`perflab.record.claims.compare`); return the verdict.
+
+    Raises:
+        ValueError: see :func:`step_ratio`, :func:`cost_ratio` and ``compare`` (a bad name,
+            bound or tolerance, a band wider than a factor of two without ``reason``).
+    """
+    return compare(name, step_ratio(steps, base), cost_ratio(base, cost_s), tolerance,
+                   bound=bound, reason=reason)
+
+
+def judge_cost_range(name: str, steps: Sequence[float], base: Sequence[float], low_s: float,
+                     high_s: float, *, bound: str, reason: str | None = None) -> bool | None:
+    """Glue, under ``name``, whether the per-round ratio of ``steps`` to ``base`` lies between
+    the ratios of a cost of ``low_s`` and of ``high_s`` seconds (:func:`cost_ratio`): a range
+    prediction ("between every collective hidden and none hidden"). True when every round lies
+    inside, False when none does, None (undecided) when an edge lies inside the rounds' spread;
+    the sentence states the range and the rounds.
+
+    Raises:
+        ValueError: ``low_s > high_s``, see :func:`cost_ratio`, or a range wider than a factor of
+            two without ``reason`` (:func:`perflab.record.claims.judge`).
+    """
+    if low_s > high_s:
+        raise ValueError(f"low_s must be <= high_s, got {low_s} > {high_s}")
+    ratio = step_ratio(steps, base)
+    lo, hi = cost_ratio(base, low_s), cost_ratio(base, high_s)
+    holds = judge(ratio, lo, hi, reason=reason)
+    rounds = f"{ratio.lo:.2f}x to {ratio.hi:.2f}x, {ratio.kind}"
+    span = (f"{lo:.2f}x to {hi:.2f}x the base step ({fmt(low_s, 's', signed=True)} to "
+            f"{fmt(high_s, 's', signed=True)})")
+    claim(name, holds, f"inside the predicted range, {span}, in every round ({rounds})",
+          f"outside the predicted range, {span}, in every round ({rounds})", bound=bound,
+          if_undecided=f"undecided: the rounds ({rounds}) reach across an edge of the predicted "
+          f"range, {span}")
+    return holds
