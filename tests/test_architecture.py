@@ -23,6 +23,8 @@
 7. A perflab module is imported under its own name, in the package, the pages, the tests and
    the scripts (``from perflab.gpt2 import model as gpt2`` keeps a vocabulary the package no
    longer has), but for the files listed in :data:`RENAMED_MODULES_WAITING`, which only shrinks.
+8. No perflab module is longer than :data:`MAX_MODULE_LINES` lines: a module that grows past it
+   holds more than one idea and is split along one (not squeezed by deleting blank lines).
 """
 
 import ast
@@ -422,3 +424,32 @@ def test_the_renaming_rule_tells_modules_from_functions():
             "import perflab.core.device as device\nfrom perflab.gpt2 import model\n")
     assert renamed_modules(ast.parse(code), names) == {
         "perflab.gpt2.model as gpt2", "perflab.core.device as hardware", "perflab.core as c"}
+
+
+# 8. modules small enough to hold one idea -------------------------------------------------------------
+
+#: The longest a perflab module may be, in lines (as ``wc -l`` counts them).
+MAX_MODULE_LINES = 600
+
+
+def long_modules(paths, limit: int = MAX_MODULE_LINES) -> list[tuple[str, int]]:
+    """``(path, lines)`` for every file of ``paths`` longer than ``limit`` lines, longest first."""
+    lengths = [(p, len(Path(p).read_text(encoding="utf-8").splitlines())) for p in paths]
+    return sorted(((Path(p).as_posix(), n) for p, n in lengths if n > limit), key=lambda t: -t[1])
+
+
+def test_no_module_is_longer_than_600_lines():
+    found = long_modules(SOURCES)
+    assert not found, (f"perflab modules over {MAX_MODULE_LINES} lines (split each along one of its "
+                       "ideas into a module of its own):\n"
+                       + "\n".join(f"perflab/{Path(p).relative_to(PKG).as_posix()}: {n} lines"
+                                    for p, n in found))
+
+
+def test_the_length_rule_catches_a_long_module(tmp_path):
+    short, edge, long = tmp_path / "short.py", tmp_path / "edge.py", tmp_path / "long.py"
+    short.write_text("x = 1\n" * 10)
+    edge.write_text("x = 1\n" * MAX_MODULE_LINES)
+    long.write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert long_modules([short, edge, long]) == [(long.as_posix(), MAX_MODULE_LINES + 1)]
+    assert long_modules([short], limit=9) == [(short.as_posix(), 10)]
