@@ -25,7 +25,7 @@ from PIL import Image
 import torch
 from torch.utils.data import DataLoader
 
-from perflab.core.timing import paired_ratio
+from perflab.core.paired import paired_ratio
 from perflab.core.validate import number
 from perflab.labs.exercises import (ExerciseFailed, NotPlain, as_tensor, check_ratio_at_least, not_done,
                                     plain)
@@ -147,7 +147,7 @@ def check_loader_speedup(slow: DataLoader, make_fast: Callable | None, files: Se
     (``num_workers=0``).
 
     The rate is the median ratio of paired blocks (one batch of each, alternating, one torch
-    thread, :func:`perflab.core.timing.paired_ratio`). Returns ``{"speedup", "fast_loader"}``.
+    thread, :func:`perflab.core.paired.paired_ratio`). Returns ``{"speedup", "fast_loader"}``.
 
     Raises:
         ExerciseFailed: not written, workers, other batches, or too slow.

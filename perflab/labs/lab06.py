@@ -28,7 +28,7 @@ def check_same_and_faster(what: str, slow_losses: Sequence[float], fast_losses: 
       of the given loop's at the same step. Reordered arithmetic passes (about 1e-6); a loop that
       trains on other batches, with another loss or another optimizer fails within a few steps.
     * Speed: ``ratio`` (slow time / fast time, measured in the same run with paired, interleaved
-      blocks: :func:`perflab.core.timing.paired_ratio`) at least ``min_ratio``. Checked on a CUDA
+      blocks: :func:`perflab.core.paired.paired_ratio`) at least ``min_ratio``. Checked on a CUDA
       device always, on a CPU only when ``ratio_on_cpu`` (for effects that exist there, such as
       per-call overhead); otherwise the check says that the speed part needs a GPU.
 

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from perflab.core.rounds import Spread
-from perflab.core.timing import benchmark, paired_ratio
+from perflab.core.paired import paired_ratio
+from perflab.core.timing import benchmark
 from perflab.core.validate import number
 from perflab.kernels.compiler import graph_breaks
 from perflab.core.profiler import kernels_per_call
