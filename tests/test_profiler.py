@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from perflab.core import profiler
 from perflab.core.profiler import (covered, intersection_length, kernels_per_call, load_trace,
                                    overlap_fraction, trace_events, trace_intervals, union)
 
@@ -74,3 +75,95 @@ def test_trace_events_reads_back_a_real_cpu_profile():
     events = trace_events(prof)
     assert any(e.get("name") == "aten::mm" for e in events)
     assert events == load_trace({"traceEvents": events})
+
+
+def _kernel(name, ts, dur, ext, bps=2.0):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7,
+            "args": {"External id": ext, "correlation": ext + 1000, "stream": 7, "blocks per SM": bps}}
+
+
+def _op(name, ts, dur, ext, dims, types):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1,
+            "args": {"External id": ext, "Input Dims": dims, "Input type": types}}
+
+
+def _annotation(name, ts, dur):
+    return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1,
+            "args": {}}
+
+
+def _launch(ts, corr, cat="cuda_runtime"):
+    return {"ph": "X", "cat": cat, "name": "cudaLaunchKernel", "ts": ts, "dur": 3, "pid": 1, "tid": 1,
+            "args": {"correlation": corr}}
+
+
+def test_kernels_by_call_assigns_each_kernel_to_the_call_that_launched_it(monkeypatch):
+    """Two calls, two passes, in one session: a kernel belongs to the range its launch lies in,
+    found by its correlation (runtime or driver launch), or by its External id (the ATen op)."""
+    events = []
+    for r in range(2):
+        for i in range(2):
+            t0 = 1000 * (2 * r + i)
+            events.append(_annotation(f"perflab_call_{r}_{i}", t0, 100))
+            corr = 10 * (2 * r + i) + 1
+            events.append(_launch(t0 + 10, corr, "cuda_driver" if i else "cuda_runtime"))
+            k = _kernel(f"gemm_{i}", t0 + 500, 40 + i, ext=0)
+            k["args"]["correlation"] = corr
+            events.append(k)
+        # a kernel with no launch event: placed by its ATen operator's External id
+        events.append(_op("aten::mm", 1000 * (2 * r + 1) + 20, 5, 900 + r, [], []))
+        extra = _kernel("reduce", 1000 * (2 * r + 1) + 600, 2, ext=900 + r)
+        extra["args"]["correlation"] = 5000 + r
+        events.append(extra)
+    monkeypatch.setattr(profiler.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(profiler, "_trace_of", lambda run: events)
+    got = profiler.kernels_by_call([lambda: None, lambda: None], repeats=2)
+    assert [[[k.name for k in call] for call in rep] for rep in got] == \
+        [[["gemm_0"], ["gemm_1", "reduce"]], [["gemm_0"], ["gemm_1", "reduce"]]]
+    assert got[0][1][0].duration_us == 41 and got[0][1][0].grid is None
+    with pytest.raises(ValueError, match="repeats"):
+        profiler.kernels_by_call([lambda: None], repeats=0)
+    with pytest.raises(ValueError, match="at least one"):
+        profiler.kernels_by_call([])
+
+
+def test_device_activities_lists_kernels_and_copies_in_order(monkeypatch):
+    events = [
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 20, "dur": 7.5,
+         "args": {}},
+        _kernel("at::native::vectorized_elementwise_kernel", 5, 3.0, ext=1),
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 1, "dur": 2, "args": {}},
+    ]
+    monkeypatch.setattr(profiler.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(profiler, "_trace_of", lambda run: events)
+    got = profiler.device_activities(lambda: None)
+    assert got == [("kernel", "at::native::vectorized_elementwise_kernel", 3.0),
+                   ("memcpy", "Memcpy DtoD (Device -> Device)", 7.5)]
+
+
+def test_kernels_of_groups_one_calls_kernels_by_name_in_launch_order(monkeypatch):
+    """Three profiled calls: each kernel once per call, in launch order, with its grid, block and
+    mean device time; the calls ran inside the one profiled region."""
+    ran = []
+    events = []
+    for c in range(3):
+        t0 = 100 * c
+        k = _kernel("gemm", t0 + 10, 30 + c, ext=c)
+        k["args"].update({"grid": [4, 2, 1], "block": [128, 1, 1]})
+        events += [_kernel("fill", t0 + 50, 2, ext=c), k]
+    monkeypatch.setattr(profiler.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(profiler, "_trace_of", lambda run: (run(), events)[1])
+    got = profiler.kernels_of(lambda: ran.append(1), calls=3)
+    assert len(ran) == 3
+    assert [k.name for k in got] == ["gemm", "fill"]
+    assert got[0].grid == (4, 2, 1) and got[0].block == (128, 1, 1) and got[0].blocks_per_sm == 2.0
+    assert got[0].duration_us == pytest.approx(31.0) and got[0].launches == 1.0
+    monkeypatch.setattr(profiler, "_trace_of", lambda run: [])
+    with pytest.raises(RuntimeError, match="no CUDA kernel"):
+        profiler.kernels_of(lambda: None)
+
+
+def test_external_id_reads_either_spelling():
+    assert profiler.external_id({"External id": 3}) == 3
+    assert profiler.external_id({"external id": 4}) == 4
+    assert profiler.external_id({}) is None

@@ -132,60 +132,6 @@ def test_the_median_over_maximum_clock_scaling_is_gone():
     assert not hasattr(trace, "clock_normalized")
 
 
-def _annotation(name, ts, dur):
-    return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1,
-            "args": {}}
-
-
-def _launch(ts, corr, cat="cuda_runtime"):
-    return {"ph": "X", "cat": cat, "name": "cudaLaunchKernel", "ts": ts, "dur": 3, "pid": 1, "tid": 1,
-            "args": {"correlation": corr}}
-
-
-def test_kernels_by_call_assigns_each_kernel_to_the_call_that_launched_it(monkeypatch):
-    """Two calls, two passes, in one session: a kernel belongs to the range its launch lies in,
-    found by its correlation (runtime or driver launch), or by its External id (the ATen op)."""
-    events = []
-    for r in range(2):
-        for i in range(2):
-            t0 = 1000 * (2 * r + i)
-            events.append(_annotation(f"perflab_call_{r}_{i}", t0, 100))
-            corr = 10 * (2 * r + i) + 1
-            events.append(_launch(t0 + 10, corr, "cuda_driver" if i else "cuda_runtime"))
-            k = _kernel(f"gemm_{i}", t0 + 500, 40 + i, ext=0)
-            k["args"]["correlation"] = corr
-            events.append(k)
-        # a kernel with no launch event: placed by its ATen operator's External id
-        events.append(_op("aten::mm", 1000 * (2 * r + 1) + 20, 5, 900 + r, [], []))
-        extra = _kernel("reduce", 1000 * (2 * r + 1) + 600, 2, ext=900 + r)
-        extra["args"]["correlation"] = 5000 + r
-        events.append(extra)
-    monkeypatch.setattr(trace.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(trace, "_trace_of", lambda run: events)
-    got = trace.kernels_by_call([lambda: None, lambda: None], repeats=2)
-    assert [[[k.name for k in call] for call in rep] for rep in got] == \
-        [[["gemm_0"], ["gemm_1", "reduce"]], [["gemm_0"], ["gemm_1", "reduce"]]]
-    assert got[0][1][0].duration_us == 41 and got[0][1][0].grid is None
-    with pytest.raises(ValueError, match="repeats"):
-        trace.kernels_by_call([lambda: None], repeats=0)
-    with pytest.raises(ValueError, match="at least one"):
-        trace.kernels_by_call([])
-
-
-def test_device_activities_lists_kernels_and_copies_in_order(monkeypatch):
-    events = [
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 20, "dur": 7.5,
-         "args": {}},
-        _kernel("at::native::vectorized_elementwise_kernel", 5, 3.0, ext=1),
-        {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 1, "dur": 2, "args": {}},
-    ]
-    monkeypatch.setattr(trace.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(trace, "_trace_of", lambda run: events)
-    got = trace.device_activities(lambda: None)
-    assert got == [("kernel", "at::native::vectorized_elementwise_kernel", 3.0),
-                   ("memcpy", "Memcpy DtoD (Device -> Device)", 7.5)]
-
-
 def test_short_name():
     assert short_name("void at::native::vectorized_elementwise_kernel<4, at::native::MulFunctor<float>>") == \
         "at::native::vectorized_elementwise_kernel"

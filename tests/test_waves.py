@@ -44,7 +44,7 @@ def test_kernel_tile_reads_the_tile_from_cublas_names():
 
 
 def _kernel(name, grid, us):
-    from perflab.profiling.trace import KernelRecord
+    from perflab.core.profiler import KernelRecord
 
     return KernelRecord(name, grid, (384, 1, 1), None, us, 1.0)
 

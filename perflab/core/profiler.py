@@ -4,6 +4,9 @@
   :func:`device_seconds_per_call` sums their device time; :func:`kernels_of` names them, with
   their grids and blocks (which kernel ran, with which tiles); :func:`launch_api_seconds` is the
   host time one call spends in the CUDA launch API.
+* :func:`kernels_by_call` names the kernels each of many calls ran, from one profiling session
+  (chapter 2's wave sweep); :func:`device_activities` lists what one call ran on the device,
+  copies (``cudaMemcpy``) included (chapter 2's L2 probe check).
 * :func:`load_trace` reads the Chrome/Perfetto trace that ``prof.export_chrome_trace`` writes,
   :func:`trace_events` exports and reads a finished profiler's, :func:`trace_intervals` takes the
   host-to-device copies and the kernels out of one.
@@ -31,8 +34,9 @@ from torch.profiler import ProfilerActivity, profile
 from perflab.core.validate import number
 
 __all__ = ["kernels_per_call", "device_seconds_per_call", "KernelRecord", "kernels_of",
-           "launch_api_seconds", "load_trace", "trace_events", "trace_intervals", "union",
-           "covered", "intersection_length", "overlap_fraction"]
+           "external_id", "device_activities", "kernels_by_call", "launch_api_seconds", "load_trace",
+           "trace_events", "trace_intervals", "union", "covered", "intersection_length",
+           "overlap_fraction"]
 
 
 # ATen calls that allocate, view or reshape metadata without touching every element.
@@ -150,18 +154,28 @@ def kernels_of(fn: Callable, *args, calls: int = 3, **kwargs) -> list[KernelReco
     if not torch.cuda.is_available():
         raise RuntimeError("kernels_of needs a CUDA GPU; this machine has none")
     number("calls", calls, minimum=1)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn(*args, **kwargs)
-        torch.cuda.synchronize()
-    events = trace_events(prof)
-    kernels = sorted((e for e in events if e.get("cat") == "kernel" and "dur" in e),
-                     key=lambda e: float(e["ts"]))
+    events = _trace_of(lambda: [fn(*args, **kwargs) for _ in range(calls)])
+    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
     if not kernels:
         raise RuntimeError("the profiler recorded no CUDA kernel for fn")
+    return _records(kernels, calls)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which kernels calls ran: many calls' from one session (and kernels_of's, above); what one call
+# ran on the device
+# ---------------------------------------------------------------------------------------------
+
+def external_id(args: dict):
+    """The ``External id`` of a trace event's ``args`` (either spelling), which links a kernel to
+    the ATen operator that issued it; None when absent."""
+    return args.get("External id", args.get("external id"))
+
+
+def _records(kernels: list[dict], calls: int = 1) -> list[KernelRecord]:
+    """Kernel events grouped by name in launch order (mean duration, launches per call)."""
     order, groups = [], {}
-    for e in kernels:
+    for e in sorted(kernels, key=lambda e: float(e["ts"])):
         if e["name"] not in groups:
             order.append(e["name"])
         groups.setdefault(e["name"], []).append(e)
@@ -175,6 +189,103 @@ def kernels_of(fn: Callable, *args, calls: int = 3, **kwargs) -> list[KernelReco
                                 float(bps) if bps is not None else None,
                                 sum(float(e["dur"]) for e in g) / len(g), len(g) / calls))
     return out
+
+
+def _trace_of(run: Callable[[], None]) -> list[dict]:
+    """The Chrome-trace events of ``run()`` under torch.profiler (CPU and CUDA activities)."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return trace_events(prof)
+
+
+_ACTIVITY = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+
+
+def device_activities(fn: Callable, *args, **kwargs) -> list[tuple[str, str, float]]:
+    """What one call of ``fn(*args, **kwargs)`` ran on the GPU, in order: ``(kind, name,
+    microseconds)`` with ``kind`` ``"kernel"``, ``"memcpy"`` or ``"memset"``.
+
+    A same-dtype copy between two contiguous tensors (``dst.copy_(src)``) is no kernel of
+    PyTorch's: it is a ``cudaMemcpyAsync``, which the profiler records as a memcpy activity
+    ("Memcpy DtoD"), carried out the driver's way. Call ``fn`` once before (warm-up).
+
+    Returns an empty list when the profiler recorded nothing on the device.
+
+    Raises:
+        RuntimeError: no CUDA device.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("device_activities needs a CUDA GPU; this machine has none")
+    events = _trace_of(lambda: fn(*args, **kwargs))
+    found = sorted((e for e in events if e.get("cat") in _ACTIVITY and "dur" in e),
+                   key=lambda e: float(e["ts"]))
+    return [(_ACTIVITY[e["cat"]], e["name"], float(e["dur"])) for e in found]
+
+
+_LAUNCHES = ("cuda_runtime", "cuda_driver", "runtime", "driver")
+
+
+def kernels_by_call(calls, repeats: int = 1) -> list[list[list[KernelRecord]]]:
+    """The kernels each of many calls ran, from one profiler session: ``[repeat][call]`` ->
+    the call's :class:`KernelRecord` list (grid, block, device duration).
+
+    Every call runs ``repeats`` times (all calls, then all again), each inside a
+    ``record_function`` range; a kernel belongs to the range in which the host launched it
+    (linked by the trace's ``correlation`` to its launch, or else by ``External id`` to the
+    ATen operator that issued it). One session for hundreds of calls costs a fraction of the
+    time :func:`kernels_of` would per call. Run each call once before
+    (compilation, library heuristics and warm-up stay out).
+
+    Args:
+        calls: callables of no argument (a sequence).
+        repeats: passes over ``calls`` (>= 1).
+
+    Raises:
+        RuntimeError: no CUDA device.
+        ValueError: no calls, or ``repeats`` < 1.
+    """
+    calls = list(calls)
+    if not calls:
+        raise ValueError("calls must hold at least one callable")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("kernels_by_call needs a CUDA GPU; this machine has none")
+
+    def run():
+        for r in range(repeats):
+            for i, fn in enumerate(calls):
+                with torch.profiler.record_function(f"perflab_call_{r}_{i}"):
+                    fn()
+
+    events = _trace_of(run)
+    ranges = []
+    for e in events:
+        name = str(e.get("name", ""))
+        if name.startswith("perflab_call_") and e.get("cat") == "user_annotation" and "dur" in e:
+            r, i = (int(x) for x in name[len("perflab_call_"):].split("_"))
+            ranges.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), r, i))
+    ranges.sort()
+    launch_ts = {e["args"]["correlation"]: float(e["ts"]) for e in events
+                 if e.get("cat") in _LAUNCHES and "correlation" in e.get("args", {})}
+    op_ts = {}
+    for e in events:
+        ext = external_id(e.get("args", {}))
+        if e.get("cat") == "cpu_op" and ext is not None:
+            op_ts[ext] = float(e["ts"])
+    owned: dict[tuple[int, int], list[dict]] = {}
+    for k in (e for e in events if e.get("cat") == "kernel" and "dur" in e):
+        a = k.get("args", {})
+        ts = launch_ts.get(a.get("correlation"), op_ts.get(external_id(a)))
+        if ts is None:
+            continue
+        for lo, hi, r, i in ranges:
+            if lo <= ts <= hi:
+                owned.setdefault((r, i), []).append(k)
+                break
+    return [[_records(owned.get((r, i), [])) for i in range(len(calls))] for r in range(repeats)]
 
 
 def launch_api_seconds(fn: Callable, *args, calls: int = 200, **kwargs) -> tuple[float, float]:

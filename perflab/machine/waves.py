@@ -230,7 +230,7 @@ def wave_groups(calls: Sequence[Sequence], batches: Sequence[int], m: int, n: in
 
     Args:
         calls: for each repeat of the sweep, for each batch count, the kernels the call ran
-            (:class:`perflab.profiling.trace.KernelRecord`: name, grid, duration); a call's
+            (:class:`perflab.core.profiler.KernelRecord`: name, grid, duration); a call's
             time is the sum of its kernels' durations, its kernel the longest of them.
         batches: the batch counts ``b``, in the order of each repeat's calls.
         m, n: each product's output is ``m x n``.

@@ -9,15 +9,13 @@
 * :func:`regime` names the bottleneck from that evidence. (An efficiency per clock is a rate over
   the clock model's peak at the clock the work ran at, :meth:`perflab.machine.ceilings.Ceilings.peak`,
   never a datasheet scaled by the clock's share of the maximum.)
-* :func:`kernels_by_call` names the kernels each of many calls ran, from one profiling session
-  (chapter 2's wave sweep); :func:`device_activities` lists what one call ran on the device,
-  copies (``cudaMemcpy``) included (chapter 2's L2 probe check).
 
 What a computation *should* cost (FLOPs, bytes) is :mod:`perflab.machine.costs`; ``count_cost`` is
 re-exported here because chapter 4 and lab 4 teach it beside the profiler.
 
-Counting a call's kernels, its device time and its launch cost is :mod:`perflab.core.profiler`
-(the one profiler reader, which chapters 1 and 2 use before this chapter explains it).
+Counting a call's kernels, its device time and its launch cost, naming the kernels each of many
+calls ran and listing what one call ran on the device is :mod:`perflab.core.profiler` (the one
+profiler reader, which chapters 1 and 2 use before this chapter explains it).
 
 Times in traces are microseconds (the trace format's unit); rates are FLOP/s and bytes/s.
 """
@@ -25,20 +23,18 @@ Times in traces are microseconds (the trace format's unit); rates are FLOP/s and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import matplotlib.pyplot as plt
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-from perflab.core.profiler import NOT_COMPUTE, KernelRecord, load_trace, trace_events, union
+from perflab.core.profiler import NOT_COMPUTE, external_id, load_trace, union
 from perflab.core.validate import integer, number, one_of, positive_int
 from perflab.machine.costs import Cost, count_cost, op_cost
 from perflab.record.plotting import finish
 
 __all__ = ["count_cost", "TraceItem", "trace_items", "step_windows", "KernelStats", "TraceSummary",
-           "summarize_trace", "short_name", "REGIMES", "regime", "device_activities", "kernels_by_call",
-           "kernel_summary", "OPERATOR_COLUMNS", "operator_rows", "host_and_device_seconds", "plot_timeline"]
+           "summarize_trace", "short_name", "REGIMES", "regime", "kernel_summary", "OPERATOR_COLUMNS",
+           "operator_rows", "host_and_device_seconds", "plot_timeline"]
 
 
 @dataclass(frozen=True)
@@ -67,10 +63,6 @@ class TraceItem:
         return self.ts_us + self.dur_us
 
 
-def _ext_id(args: dict):
-    return args.get("External id", args.get("external id"))
-
-
 def trace_items(events: list[dict]) -> list[TraceItem]:
     """The work in a trace, sorted by start time.
 
@@ -93,13 +85,13 @@ def trace_items(events: list[dict]) -> list[TraceItem]:
     if kernels:
         by_id = {}
         for e in ops:
-            ext = _ext_id(e.get("args", {}))
+            ext = external_id(e.get("args", {}))
             if ext is not None:
                 by_id[ext] = e
         costed = set()
         for k in sorted(kernels, key=lambda e: float(e["ts"])):
             args = k.get("args", {})
-            ext = _ext_id(args)
+            ext = external_id(args)
             op = by_id.get(ext)
             cost = None
             if op is not None:
@@ -489,123 +481,3 @@ def plot_timeline(traces: dict, width_us: float | None = None):
         ax.grid(True, axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("time from the first recorded step (µs)")
     return finish(fig)
-
-
-# ---------------------------------------------------------------------------------------------
-# Which kernels many calls ran, from one session; what one call ran on the device
-# ---------------------------------------------------------------------------------------------
-
-def _records(kernels: list[dict], calls: int = 1) -> list[KernelRecord]:
-    """Kernel events grouped by name in launch order (mean duration, launches per call)."""
-    order, groups = [], {}
-    for e in sorted(kernels, key=lambda e: float(e["ts"])):
-        if e["name"] not in groups:
-            order.append(e["name"])
-        groups.setdefault(e["name"], []).append(e)
-    dims = lambda v: tuple(int(x) for x in v) if isinstance(v, list) else None  # noqa: E731
-    out = []
-    for name in order:
-        g = groups[name]
-        a = g[0].get("args", {})
-        bps = a.get("blocks per SM")
-        out.append(KernelRecord(name, dims(a.get("grid")), dims(a.get("block")),
-                                float(bps) if bps is not None else None,
-                                sum(float(e["dur"]) for e in g) / len(g), len(g) / calls))
-    return out
-
-
-def _trace_of(run: Callable[[], None]) -> list[dict]:
-    """The Chrome-trace events of ``run()`` under torch.profiler (CPU and CUDA activities)."""
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        run()
-        torch.cuda.synchronize()
-    return trace_events(prof)
-
-
-_ACTIVITY = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
-
-
-def device_activities(fn: Callable, *args, **kwargs) -> list[tuple[str, str, float]]:
-    """What one call of ``fn(*args, **kwargs)`` ran on the GPU, in order: ``(kind, name,
-    microseconds)`` with ``kind`` ``"kernel"``, ``"memcpy"`` or ``"memset"``.
-
-    A same-dtype copy between two contiguous tensors (``dst.copy_(src)``) is no kernel of
-    PyTorch's: it is a ``cudaMemcpyAsync``, which the profiler records as a memcpy activity
-    ("Memcpy DtoD"), carried out the driver's way. Call ``fn`` once before (warm-up).
-
-    Returns an empty list when the profiler recorded nothing on the device.
-
-    Raises:
-        RuntimeError: no CUDA device.
-    """
-    if not torch.cuda.is_available():
-        raise RuntimeError("device_activities needs a CUDA GPU; this machine has none")
-    events = _trace_of(lambda: fn(*args, **kwargs))
-    found = sorted((e for e in events if e.get("cat") in _ACTIVITY and "dur" in e),
-                   key=lambda e: float(e["ts"]))
-    return [(_ACTIVITY[e["cat"]], e["name"], float(e["dur"])) for e in found]
-
-
-_LAUNCHES = ("cuda_runtime", "cuda_driver", "runtime", "driver")
-
-
-def kernels_by_call(calls, repeats: int = 1) -> list[list[list[KernelRecord]]]:
-    """The kernels each of many calls ran, from one profiler session: ``[repeat][call]`` ->
-    the call's :class:`perflab.core.profiler.KernelRecord` list (grid, block, device duration).
-
-    Every call runs ``repeats`` times (all calls, then all again), each inside a
-    ``record_function`` range; a kernel belongs to the range in which the host launched it
-    (linked by the trace's ``correlation`` to its launch, or else by ``External id`` to the
-    ATen operator that issued it). One session for hundreds of calls costs a fraction of the
-    time :func:`perflab.core.profiler.kernels_of` would per call. Run each call once before
-    (compilation, library heuristics and warm-up stay out).
-
-    Args:
-        calls: callables of no argument (a sequence).
-        repeats: passes over ``calls`` (>= 1).
-
-    Raises:
-        RuntimeError: no CUDA device.
-        ValueError: no calls, or ``repeats`` < 1.
-    """
-    calls = list(calls)
-    if not calls:
-        raise ValueError("calls must hold at least one callable")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
-    if not torch.cuda.is_available():
-        raise RuntimeError("kernels_by_call needs a CUDA GPU; this machine has none")
-
-    def run():
-        for r in range(repeats):
-            for i, fn in enumerate(calls):
-                with torch.profiler.record_function(f"perflab_call_{r}_{i}"):
-                    fn()
-
-    events = _trace_of(run)
-    ranges = []
-    for e in events:
-        name = str(e.get("name", ""))
-        if name.startswith("perflab_call_") and e.get("cat") == "user_annotation" and "dur" in e:
-            r, i = (int(x) for x in name[len("perflab_call_"):].split("_"))
-            ranges.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), r, i))
-    ranges.sort()
-    launch_ts = {e["args"]["correlation"]: float(e["ts"]) for e in events
-                 if e.get("cat") in _LAUNCHES and "correlation" in e.get("args", {})}
-    op_ts = {}
-    for e in events:
-        ext = _ext_id(e.get("args", {}))
-        if e.get("cat") == "cpu_op" and ext is not None:
-            op_ts[ext] = float(e["ts"])
-    owned: dict[tuple[int, int], list[dict]] = {}
-    for k in (e for e in events if e.get("cat") == "kernel" and "dur" in e):
-        a = k.get("args", {})
-        ts = launch_ts.get(a.get("correlation"), op_ts.get(_ext_id(a)))
-        if ts is None:
-            continue
-        for lo, hi, r, i in ranges:
-            if lo <= ts <= hi:
-                owned.setdefault((r, i), []).append(k)
-                break
-    return [[_records(owned.get((r, i), [])) for i in range(len(calls))] for r in range(repeats)]
