@@ -1,4 +1,5 @@
-"""perflab.machine.explorer: roofline machines, predictions, measured points, figures and the widget (CPU)."""
+"""perflab.machine.explorer and perflab.machine.roofs: roofline machines and where they come from,
+predictions, measured points, figures and the widget (CPU)."""
 
 import math
 
@@ -9,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from perflab.machine import explorer  # noqa: E402
+from perflab.machine import explorer, roofs  # noqa: E402
 from perflab.machine.datasheets import DATASHEETS  # noqa: E402
 
 
@@ -57,7 +58,7 @@ def test_roofline_prediction_on_both_sides_of_the_ridge():
 
 
 def test_datasheet_machines_follow_the_datasheets():
-    machines = {m.name: m for m in explorer.datasheet_machines()}
+    machines = {m.name: m for m in roofs.datasheet_machines()}
     assert len(machines) == len(DATASHEETS)
     h200 = machines["NVIDIA H200 (datasheet)"]
     sheet = DATASHEETS["NVIDIA H200"]
@@ -69,19 +70,19 @@ def test_reference_machine_from_chapter_1_glue():
     glued = {"copy_bandwidth_TBps": 4.0, "matmul_tflops_fp32": 50.0, "matmul_tflops_bf16": 760.0,
              "roofline_knee_repeat": 96.0, "roofline_compute_plateau_tflops": 30.0}
     run = {"devices": ["NVIDIA H200"], "started": "2026-11-30T10:00:00Z"}
-    m = explorer.reference_machine(glued, run)
+    m = roofs.reference_machine(glued, run)
     assert m.name == "NVIDIA H200 (chapter 1, measured)"
     assert m.bandwidth == pytest.approx(4e12) and m.peaks["bf16"] == pytest.approx(760e12)
     assert "tf32" not in m.peaks                      # not glued (a CPU run) -> no roof
     assert m.knee_intensity == pytest.approx(12.0)    # repeat / 8 bytes per float32 element
     assert m.knee_rate == pytest.approx(30e12)        # x*2's own plateau, not the FMA roof
     assert "2026-11-30" in m.source
-    assert explorer.reference_machine({"matmul_tflops_fp32": 1.0}) is None
-    assert explorer.reference_machine({"copy_bandwidth_TBps": 1.0}) is None
+    assert roofs.reference_machine({"matmul_tflops_fp32": 1.0}) is None
+    assert roofs.reference_machine({"copy_bandwidth_TBps": 1.0}) is None
 
 
 def test_measure_machine_on_this_cpu():
-    m = explorer.measure_machine("cpu", sizes=[8, 32], copy_numel=2**12)
+    m = roofs.measure_machine("cpu", sizes=[8, 32], copy_numel=2**12)
     assert m.precisions == ["fp32"] and m.bandwidth > 0
     assert [p.size for p in m.points] == [8, 32]
     for p in m.points:
@@ -89,23 +90,23 @@ def test_measure_machine_on_this_cpu():
         assert p.flops_per_s == pytest.approx(2 * p.size**3 / p.seconds)
     assert m.peaks["fp32"] == max(p.flops_per_s for p in m.points)
     assert m.name.endswith("(measured now)") and all(p.sm_clock_hz is None for p in m.points)
-    given = explorer.measure_machine("cpu", sizes=[8], bandwidth=123.0)
+    given = roofs.measure_machine("cpu", sizes=[8], bandwidth=123.0)
     assert given.bandwidth == 123.0
     # the run's roofs, not the best product, when given; the clock the products ran under
-    roofs = explorer.measure_machine("cpu", sizes=[8], bandwidth=1.0, peaks={"fp32": 7e15})
-    assert roofs.peaks == {"fp32": 7e15} and "measured over" in roofs.clock
-    assert roofs.name.endswith("(this run's roofs)")
+    run_roofs = roofs.measure_machine("cpu", sizes=[8], bandwidth=1.0, peaks={"fp32": 7e15})
+    assert run_roofs.peaks == {"fp32": 7e15} and "measured over" in run_roofs.clock
+    assert run_roofs.name.endswith("(this run's roofs)")
     with pytest.raises(ValueError, match="peaks"):
-        explorer.measure_machine("cpu", sizes=[8], bandwidth=1.0, peaks={"bf16": 1.0})
+        roofs.measure_machine("cpu", sizes=[8], bandwidth=1.0, peaks={"bf16": 1.0})
 
 
 def test_a_points_clock_is_read_inside_its_own_windows():
     samples = [{"t": t, "sm_clock_mhz": mhz} for t, mhz in
                [(0.1, 1980), (0.2, 1980), (0.3, 1980), (1.1, 1500), (1.2, 1520), (1.3, 1510),
                 (1.4, None)]]
-    assert explorer._clock_in(samples, [(1.0, 1.5)]) == pytest.approx(1510e6)
-    assert explorer._clock_in(samples, [(0.0, 0.25)]) is None    # two readings: too short
-    assert explorer._clock_in(samples, [(0.0, 0.15), (0.25, 1.15)]) == pytest.approx(1980e6)
+    assert roofs._clock_in(samples, [(1.0, 1.5)]) == pytest.approx(1510e6)
+    assert roofs._clock_in(samples, [(0.0, 0.25)]) is None    # two readings: too short
+    assert roofs._clock_in(samples, [(0.0, 0.15), (0.25, 1.15)]) == pytest.approx(1980e6)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -118,7 +119,7 @@ def test_a_points_clock_is_read_inside_its_own_windows():
 ])
 def test_measure_machine_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        explorer.measure_machine("cpu", **{"sizes": [8], **kwargs})
+        roofs.measure_machine("cpu", **{"sizes": [8], **kwargs})
 
 
 def test_readout_writes_rates_and_fractions_as_a_person_would():
@@ -132,7 +133,7 @@ def test_readout_writes_rates_and_fractions_as_a_person_would():
 def test_explorer_selection_and_readout():
     point = explorer.MeasuredPoint("matmul n=30", "fp32", 20.0, 4e12, None, 30)
     m = toy(points=(point,))
-    ex = explorer.RooflineExplorer([m, *explorer.datasheet_machines()], intensity=5)
+    ex = explorer.RooflineExplorer([m, *roofs.datasheet_machines()], intensity=5)
     assert ex.precision == "bf16"                     # the default when the device has it
     pred = ex.select(precision="fp32")
     assert pred.regime == "bandwidth-bound"
@@ -159,15 +160,15 @@ def test_explorer_selection_and_readout():
 
 
 def test_switching_to_a_device_without_the_precision_falls_back():
-    ex = explorer.RooflineExplorer(explorer.datasheet_machines(), device="NVIDIA H200 (datasheet)", precision="bf16")
+    ex = explorer.RooflineExplorer(roofs.datasheet_machines(), device="NVIDIA H200 (datasheet)", precision="bf16")
     ex.select(device="Tesla V100-SXM2-32GB (datasheet)")
     assert ex.precision == "fp32"                     # no bf16 on a V100: FP32 is the fallback
 
 
 def test_figures_draw_roofs_points_and_the_prediction():
-    ref = explorer.reference_machine({"copy_bandwidth_TBps": 2.0, "matmul_tflops_fp32": 5.0, "roofline_knee_repeat": 40})
+    ref = roofs.reference_machine({"copy_bandwidth_TBps": 2.0, "matmul_tflops_fp32": 5.0, "roofline_knee_repeat": 40})
     point = explorer.MeasuredPoint("matmul n=30", "fp32", 20.0, 4e12, None, 30)
-    ex = explorer.RooflineExplorer([toy(points=(point,)), *explorer.datasheet_machines()], precision="fp32", reference=ref)
+    ex = explorer.RooflineExplorer([toy(points=(point,)), *roofs.datasheet_machines()], precision="fp32", reference=ref)
     fig = ex.figure(precisions=["fp32", "bf16"])
     try:
         assert len(fig.axes) == 2
@@ -192,7 +193,7 @@ def test_figures_draw_roofs_points_and_the_prediction():
 
 def test_widget_responds_to_its_sliders():
     pytest.importorskip("ipywidgets")
-    ex = explorer.RooflineExplorer([toy(), *explorer.datasheet_machines()], precision="fp32", intensity=5)
+    ex = explorer.RooflineExplorer([toy(), *roofs.datasheet_machines()], precision="fp32", intensity=5)
     box = ex.widget()
     controls = box.controls
     assert "bandwidth-bound" in controls["text"].value
