@@ -205,6 +205,7 @@ def source_sha(app, docname: str) -> str | None:
 
 
 def _walk_site_map(site_map) -> list[tuple[str, str]]:
+    """``(part caption, docname)`` for every document of ``site_map``, root first, in book order."""
     out: list[tuple[str, str]] = []
     seen: set[str] = set()
 
@@ -261,23 +262,7 @@ def toc_entries(app) -> list[tuple[str, str]]:
     if getattr(app, "_perflab_toc_entries", None):
         return list(app._perflab_toc_entries)
     site_map = getattr(app.env, "external_site_map", None) or getattr(app.config, "external_site_map", None)
-    if site_map is None:
-        return []
-    out: list[tuple[str, str]] = []
-    seen: set[str] = set()
-
-    def walk(docname: str, caption: str) -> None:
-        if docname in seen:
-            return
-        seen.add(docname)
-        out.append((caption, docname))
-        doc = site_map[docname] if docname in site_map else None
-        for tree in getattr(doc, "subtrees", []):
-            for item in tree.files():
-                walk(item, tree.caption or caption)
-
-    walk(site_map.root.docname, "")
-    return out
+    return [] if site_map is None else _walk_site_map(site_map)
 
 
 def notebook_status(app, docname: str) -> dict | None:

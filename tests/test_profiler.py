@@ -7,6 +7,7 @@ from torch.profiler import ProfilerActivity, profile
 from perflab.core import profiler
 from perflab.core.profiler import (covered, intersection_length, kernels_per_call, load_trace,
                                    overlap_fraction, trace_events, trace_intervals, union)
+from fake_trace import kernel_event as _kernel, op_event as _op  # noqa: E402
 
 
 def test_eager_chain_counts_one_aten_call_per_operator():
@@ -77,14 +78,6 @@ def test_trace_events_reads_back_a_real_cpu_profile():
     assert events == load_trace({"traceEvents": events})
 
 
-def _kernel(name, ts, dur, ext, bps=2.0):
-    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7,
-            "args": {"External id": ext, "correlation": ext + 1000, "stream": 7, "blocks per SM": bps}}
-
-
-def _op(name, ts, dur, ext, dims, types):
-    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1,
-            "args": {"External id": ext, "Input Dims": dims, "Input type": types}}
 
 
 def _annotation(name, ts, dur):

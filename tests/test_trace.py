@@ -10,16 +10,9 @@ from perflab.core.profiler import load_trace
 from perflab.profiling import trace
 from perflab.profiling.trace import (REGIMES, regime, short_name, step_windows,
                                      summarize_trace, trace_items)
+from fake_trace import kernel_event as _kernel, op_event as _op  # noqa: E402
 
 
-def _kernel(name, ts, dur, ext, bps=2.0):
-    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7,
-            "args": {"External id": ext, "correlation": ext + 1000, "stream": 7, "blocks per SM": bps}}
-
-
-def _op(name, ts, dur, ext, dims, types):
-    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1,
-            "args": {"External id": ext, "Input Dims": dims, "Input type": types}}
 
 
 def _gpu_trace():
