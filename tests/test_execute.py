@@ -83,6 +83,11 @@ def test_a_failing_cell_stops_its_notebook_but_not_the_others(tmp_path):
     assert "code cell 2" in r.stdout
     assert not bad.with_suffix(".ipynb").exists()
     assert good.with_suffix(".ipynb").exists()
+    # the log carries the traceback's end, and the notebook as it stopped is kept for reading
+    assert "raise ValueError" in r.stdout and "as it stopped" in r.stdout
+    kept = execute.ROOT / r.stdout.split("as it stopped: ")[1].split(")")[0]
+    outputs = json.loads(kept.read_text())["cells"][2]["outputs"]
+    assert outputs[0]["output_type"] == "error"
 
 
 def test_pack_holds_every_file_written_since_the_start_and_is_rewritten_after_each_notebook(tmp_path):
@@ -404,6 +409,45 @@ def test_pages_of_one_book_must_read_one_ceilings_file(tmp_path):
     _gpu_run(b, tmp_path / "o", other)
     r = run("--check", a, b)
     assert r.returncode == 1 and "different ceilings" in r.stdout and "host bbb" in r.stdout
+    again = {**same, "measured": "2026-12-05T10:20:00Z", "copy_bandwidth": 4.3e12}
+    _gpu_run(b, tmp_path / "o", again)   # one run, one host: each call measured them again
+    r = run("--check", a, b)
+    assert r.returncode == 3 and "several ceilings files" in r.stdout, r.stdout
+
+
+def test_a_later_call_of_a_run_reads_the_file_its_machine_kept(tmp_path, monkeypatch, capsys):
+    """Each call gets a fresh copy of the tree (the committed ceilings file): the run's own file,
+    kept on the machine by the first call, is put back instead of measuring again."""
+    monkeypatch.setenv(execute.RUN_COPIES_ENV, str(tmp_path / "kept"))
+    tree = tmp_path / "reference_ceilings.json"
+    monkeypatch.setattr(execute.ceilings, "REFERENCE_PATH", tree)
+    monkeypatch.setattr(execute.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(execute, "read_ceilings",
+                        lambda p: json.loads(Path(p).read_text()) if Path(p).is_file() else None)
+    monkeypatch.setattr(execute.ceilings, "stale_reason",
+                        lambda doc, run: None if doc and doc.get("run") == run else "other run")
+    calls = []
+
+    class Fake:
+        machine_id = {"host_id": "h"}
+        measured, items, host = "t", {}, {}
+
+    def load(path, fresh, run):
+        calls.append(fresh)
+        if fresh:
+            Path(path).write_text(json.dumps({"run": run, "measured": len(calls)}))
+        return Fake()
+
+    monkeypatch.setattr(execute.ceilings, "load", load)
+    tree.write_text(json.dumps({"run": "committed"}))
+    execute.prepare_ceilings(False, "r1")               # first call: measured, kept
+    assert calls == [True] and execute.machine_copy("r1").is_file()
+    tree.write_text(json.dumps({"run": "committed"}))   # the next call's fresh tree
+    execute.prepare_ceilings(False, "r1")
+    assert calls == [True, False] and "reused" in capsys.readouterr().out
+    assert json.loads(tree.read_text()) == {"run": "r1", "measured": 1}
+    execute.prepare_ceilings(False, "r2")               # another run measures its own
+    assert calls[-1] is True
 
 
 def test_a_run_s_ceilings_are_reused_only_on_its_own_machine(tmp_path, monkeypatch, capsys):
