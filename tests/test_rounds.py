@@ -2,7 +2,7 @@
 
 import pytest
 
-from perflab.core.rounds import IQR_FROM, Spread, interleaved, spread
+from perflab.core.rounds import IQR_FROM, Spread, interleaved, leader, spread
 
 
 def test_spread_is_the_range_then_the_iqr():
@@ -55,3 +55,23 @@ def test_bad_values_are_errors():
     for bad in [(), (1.0, float("inf")), (True,)]:
         with pytest.raises(ValueError):
             Spread(bad)
+
+
+def test_leader_must_lead_in_every_round():
+    # b has the highest median and leads in every round
+    assert leader({"a": spread([1, 2, 3]), "b": spread([1.5, 2.5, 3.5])}) == ("b", True)
+    # b leads on the median, but a beats it in round 0: undecided
+    assert leader({"a": spread([3, 1, 1]), "b": spread([2, 2, 2])}) == ("b", False)
+    # a drift that lifts every variant alike does not decide it: round by round
+    assert leader({"a": spread([1, 10, 100]), "b": spread([1.1, 11, 110]),
+                   "c": spread([0.9, 9, 90])}) == ("b", True)
+    assert leader({"only": spread([1.0])}) == ("only", True)
+
+
+def test_leader_rejects_bad_input():
+    with pytest.raises(ValueError, match="spreads"):
+        leader({})
+    with pytest.raises(ValueError, match="spreads"):
+        leader({"a": 1.0})
+    with pytest.raises(ValueError, match="same number of rounds"):
+        leader({"a": spread([1, 2]), "b": spread([1, 2, 3])})
