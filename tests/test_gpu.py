@@ -74,6 +74,50 @@ def test_replay_sweep_times_every_size_in_interleaved_rounds_on_cpu():
     assert probe().numel() == 2**16 // 8 and float(probe()[0]) == 2.0   # half the set, x 2
 
 
+def test_a_replayed_graph_keeps_the_buffers_it_was_captured_on(monkeypatch):
+    """A CUDA graph records addresses, not tensors: the callable `replayed` returns must hold the
+    captured function (and the buffers it closes over) for as long as it lives. Without that the
+    5 December H200 run's L2 sweep freed each size's buffers after its capture and replayed into
+    reused memory ("an illegal memory access"). The graph machinery is faked on this CPU."""
+    import gc
+    import weakref
+    from perflab.machine import replay
+
+    class Graph:
+        def replay(self):
+            pass
+
+    class Ctx:
+        def __init__(self, *a):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", Ctx)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", Ctx)
+    probe = replay.copy_probe(64, "cpu")        # its buffers live in its closure
+    alive = weakref.ref(probe.__closure__[0].cell_contents)
+    run = replay.replayed(probe, 3, "cuda")
+    del probe
+    gc.collect()
+    assert alive() is not None, "the replay no longer holds the tensors its graph writes"
+    run()
+    del run
+    gc.collect()
+    assert alive() is None
+
+
 def test_burst_and_sustained_times_both_under_telemetry_on_cpu():
     r = gpu.burst_and_sustained("cpu", 64, dtype=torch.float32, burst_reps=3,
                                 sustained_s=0.05, rest_s=0)

@@ -36,7 +36,9 @@ def replayed(fn, calls, device):
     with torch.cuda.graph(graph):          # recorded, not run
         for _ in range(calls):
             fn()
-    return graph.replay
+    # the graph keeps the kernels' addresses, not their tensors: the
+    # callable holds fn (and the buffers it closes over) while it lives
+    return lambda fn=fn: graph.replay()
 
 
 def copy_probe(nbytes, device):
