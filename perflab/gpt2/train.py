@@ -131,6 +131,55 @@ def _counting(stream, read: list):
         yield item
 
 
+class _Prepared:
+    """A rung ready to step: its model, optimizer, step function and the batches it read."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _prepare(rung: Rung, tokens: np.ndarray, device: torch.device, seed: int, lr: float,
+             ddp: Any = None) -> _Prepared:
+    """Build ``rung``'s model (weights from ``seed``), optimizer, batch stream and step, as
+    :func:`train` and :func:`train_rounds` time them; ``held`` is the memory allocated on a
+    GPU before the model was made (earlier tensors, not this rung's)."""
+    top = int(np.max(tokens[: 1 << 20])) if len(tokens) else 0
+    if top >= rung.vocab:
+        raise ValueError(f"tokens hold id {top}, outside the vocabulary of {rung.vocab}")
+    cfg = rung.config()
+    held = 0
+    if device.type == "cuda":
+        gc.collect()                     # earlier runs' models in reference cycles
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        held = torch.cuda.memory_allocated(device)   # not this run's: left out
+    torch.manual_seed(seed)
+    with device:        # the weights are made where they train: no host init, no copy
+        model = GPT(cfg)
+    # the page's step (chapter 10, perflab.gpt2.steps): this module only measures it
+    net = make_net(model, rung, ddp)
+    opt = make_optimizer(model, rung, lr)
+    rank, world = 0, 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    # one stream of windows dealt to the ranks (window_ids): no two ranks, and no two
+    # micro-steps, read the same tokens
+    if rung.loader == "pinned":
+        stream = _pinned_batches(tokens, rung.batch, rung.seq_len, rank, world)
+    else:
+        stream = batches(tokens, rung.batch, rung.seq_len, rank=rank, world=world)
+    n_windows = (len(tokens) - 1) // rung.seq_len
+    read: list[int] = []      # micro-steps read so far (their windows: window_ids)
+    stream = _counting(stream, read)
+    if rung.step_graph and device.type == "cuda":
+        # two eager warm-up steps, then the capture: time only replays
+        one_step = make_graphed_step(net, opt, rung, stream, device, warmup=2)
+    else:
+        one_step = make_step(net, opt, rung, stream, device)
+    return _Prepared(model=model, net=net, opt=opt, one_step=one_step, held=held, read=read,
+                     n_windows=n_windows, rank=rank, world=world)
+
+
 def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str,
           warmup: int = 2, seed: int = 0, lr: float = 3e-4, ddp: Any = None,
           profile: bool = False, snapshot: str | None = None,
@@ -193,43 +242,14 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     if not isinstance(rung, Rung):
         raise TypeError(f"rung must be a Rung, got {type(rung).__name__}")
     device = torch.device(device)
-    top = int(np.max(tokens[: 1 << 20])) if len(tokens) else 0
-    if top >= rung.vocab:
-        raise ValueError(f"tokens hold id {top}, outside the vocabulary of {rung.vocab}")
-    cfg = rung.config()
     if (rung.graphs or rung.step_graph) and ddp is not None:
         raise ValueError("a graphs or step_graph rung runs in one process: train it without ddp")
     torch.compiler.reset()
-    held = 0
-    if device.type == "cuda":
-        gc.collect()                     # earlier runs' models in reference cycles
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        held = torch.cuda.memory_allocated(device)   # not this run's: left out
-    torch.manual_seed(seed)
-    with device:        # the weights are made where they train: no host init, no copy
-        model = GPT(cfg)
-    # the page's step (chapter 10, perflab.gpt2.steps): this function only measures it
-    net = make_net(model, rung, ddp)
-    opt = make_optimizer(model, rung, lr)
-    rank, world = 0, 1
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    # one stream of windows dealt to the ranks (window_ids): no two ranks, and no two
-    # micro-steps, read the same tokens
-    if rung.loader == "pinned":
-        stream = _pinned_batches(tokens, rung.batch, rung.seq_len, rank, world)
-    else:
-        stream = batches(tokens, rung.batch, rung.seq_len, rank=rank, world=world)
-    n_windows = (len(tokens) - 1) // rung.seq_len
-    read: list[int] = []      # micro-steps read so far (their windows: window_ids)
-    stream = _counting(stream, read)
+    run = _prepare(rung, tokens, device, seed, lr, ddp)
+    model, net, opt, one_step = run.model, run.net, run.opt, run.one_step
+    held, read, n_windows, rank, world = run.held, run.read, run.n_windows, run.rank, run.world
     if rung.step_graph and device.type == "cuda":
-        # two eager warm-up steps, then the capture: time only replays
-        warmup = max(warmup, 3)
-        one_step = make_graphed_step(net, opt, rung, stream, device, warmup=2)
-    else:
-        one_step = make_step(net, opt, rung, stream, device)
+        warmup = max(warmup, 3)          # two eager warm-up steps, then the capture
     losses: list[torch.Tensor] = []
 
     def step():
@@ -282,7 +302,7 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         compile_s=max(0.0, (first if first is not None else step_s) - step_s),
         telemetry=summary.sentence(), clock_fraction=summary.clock_fraction,
         params=model.num_params(), extra=extra)
-    del net, model, opt, one_step
+    del net, model, opt, one_step, run
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
