@@ -82,15 +82,14 @@ def test_train_measures_and_every_rung_starts_from_the_same_weights():
 
 
 def test_train_rounds_interleaves_rungs_that_train_as_train_does(monkeypatch):
-    import perflab.gpt2.train as tr
+    from perflab.core.rounds import interleaved
     order = []
-    real = tr.interleaved
 
     def spy(work, rounds, warmup):          # record the order the rounds run in
         wrapped = {n: (lambda n=n, f=f: (order.append(n), f())[1]) for n, f in work.items()}
-        return real(wrapped, rounds=rounds, warmup=warmup)
+        return interleaved(wrapped, rounds=rounds, warmup=warmup)
 
-    monkeypatch.setattr(tr, "interleaved", spy)
+    monkeypatch.setattr("perflab.gpt2.train.interleaved", spy)
     a = base(batch=2)
     three = [a, a.then("x2", batch=4), a.then("pinned", batch=4, loader="pinned")]
     res = train_rounds(three, tokens(), "cpu", rounds=3, steps=1, warmup=1)
