@@ -101,6 +101,12 @@ def test_train_rounds_interleaves_rungs_that_train_as_train_does(monkeypatch):
         assert r.step_s == pytest.approx(np.median(r.extra["window_step_s"]))
         assert r.tokens_per_s == pytest.approx(r.rung["batch"] * 32 / r.step_s)
         assert "3 timed windows" in r.telemetry     # its own rounds only
+    # each rung's clock is read over its own steps: nine distinct windows, and
+    # in round k every rung's window ends before round k + 1 begins
+    spans = [r.extra["telemetry_windows"] for r in res.values()]
+    assert len({w for s in spans for w in s}) == 9
+    for k in range(2):
+        assert max(s[k][1] for s in spans) <= min(s[k + 1][0] for s in spans)
     # the same weights and tokens as train(); the pinned loader reads the same batches
     alone = train(a, tokens(), steps=3, device="cpu", warmup=1)
     assert res["base"].losses == pytest.approx(alone.losses, rel=1e-5)

@@ -361,7 +361,8 @@ def train_rounds(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device
         of seconds per step, ``tokens_per_s`` what that gives, ``extra["window_step_s"]`` the
         seconds per step of every round (a :class:`perflab.core.rounds.Spread`'s values, round
         by round in the same order for every rung), ``telemetry`` the clock over this rung's
-        timed steps only, ``losses`` the warm-up and timed steps'.
+        timed steps only (``extra["telemetry_windows"]``: their ``(start, end)`` on the
+        sampler's clock), ``losses`` the warm-up and timed steps'.
 
     Raises:
         ValueError: no rungs, a compiled rung, repeated names, ``rounds`` or ``steps`` < 1,
@@ -417,7 +418,8 @@ def train_rounds(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device
             losses=[float(v) for v in torch.stack(losses[r.name]).cpu()] if losses[r.name]
             else [], compile_s=0.0, telemetry=summary.sentence(),
             clock_fraction=summary.clock_fraction, params=run.model.num_params(),
-            extra={"window_step_s": list(per_round.values), "rounds": per_round.n})
+            extra={"window_step_s": list(per_round.values), "rounds": per_round.n,
+                   "telemetry_windows": list(own.windows)})
     del runs, run
     if device.type == "cuda":
         gc.collect()
