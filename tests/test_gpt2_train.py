@@ -12,7 +12,7 @@ from perflab.gpt2.rungs import (PLAIN_RUNG, RunResult, Rung, last_parallel_rung,
                                 predict_peak, static_bytes_per_param)
 from perflab.gpt2.steps import memory_ladder, speed_ladder
 from perflab.gpt2.tables import saving_table
-from perflab.gpt2.train import batches, losses_agree, train, window_ids
+from perflab.gpt2.train import batches, losses_agree, train, train_rounds, window_ids
 
 TINY = (("n_layer", 2), ("n_embd", 32), ("n_head", 2), ("block_size", 32))
 
@@ -79,6 +79,49 @@ def test_train_measures_and_every_rung_starts_from_the_same_weights():
     assert 0 < a.mfu(1e12) < 1
     assert a.losses[-1] < a.losses[0]       # it learns
 
+
+
+def test_train_rounds_interleaves_rungs_that_train_as_train_does(monkeypatch):
+    from perflab.core.rounds import interleaved
+    order = []
+
+    def spy(work, rounds, warmup):          # record the order the rounds run in
+        wrapped = {n: (lambda n=n, f=f: (order.append(n), f())[1]) for n, f in work.items()}
+        return interleaved(wrapped, rounds=rounds, warmup=warmup)
+
+    monkeypatch.setattr("perflab.gpt2.train.interleaved", spy)
+    a = base(batch=2)
+    three = [a, a.then("x2", batch=4), a.then("pinned", batch=4, loader="pinned")]
+    res = train_rounds(three, tokens(), "cpu", rounds=3, steps=1, warmup=1)
+    assert list(res) == ["base", "x2", "pinned"]
+    assert order == ["base", "x2", "pinned", "x2", "pinned", "base",
+                     "pinned", "base", "x2"]           # rotated, all rungs per round
+    for r in res.values():
+        assert len(r.extra["window_step_s"]) == 3 and len(r.losses) == 4
+        assert r.step_s == pytest.approx(np.median(r.extra["window_step_s"]))
+        assert r.tokens_per_s == pytest.approx(r.rung["batch"] * 32 / r.step_s)
+        assert "3 timed windows" in r.telemetry     # its own rounds only
+    # each rung's clock is read over its own steps: nine distinct windows, and
+    # in round k every rung's window ends before round k + 1 begins
+    spans = [r.extra["telemetry_windows"] for r in res.values()]
+    assert len({w for s in spans for w in s}) == 9
+    for k in range(2):
+        assert max(s[k][1] for s in spans) <= min(s[k + 1][0] for s in spans)
+    # the same weights and tokens as train(); the pinned loader reads the same batches
+    alone = train(a, tokens(), steps=3, device="cpu", warmup=1)
+    assert res["base"].losses == pytest.approx(alone.losses, rel=1e-5)
+    assert res["pinned"].losses == pytest.approx(res["x2"].losses, rel=1e-5)
+
+
+def test_train_rounds_refuses_what_it_cannot_interleave():
+    with pytest.raises(ValueError, match="rungs"):
+        train_rounds([], tokens(), "cpu")
+    with pytest.raises(ValueError, match="eager"):
+        train_rounds([base(precision="bf16", compile=True)], tokens(), "cpu")
+    with pytest.raises(ValueError, match="distinct"):
+        train_rounds([base(), base(batch=2)], tokens(), "cpu")
+    with pytest.raises(ValueError, match="rounds"):
+        train_rounds([base()], tokens(), "cpu", rounds=0)
 
 def test_fp8_head_and_graphs_rungs_validate_their_shapes():
     with pytest.raises(ValueError, match="fp8_head"):

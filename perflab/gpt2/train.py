@@ -17,6 +17,7 @@ snapshot.
 
 from __future__ import annotations
 
+import copy
 import gc
 from dataclasses import asdict
 from typing import Any, Sequence
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from perflab.core.rounds import interleaved
 from perflab.core.telemetry import Telemetry
 from perflab.core.timing import Stopwatch
 from perflab.core.validate import integer, positive_int
@@ -39,7 +41,8 @@ try:
 except ImportError:  # torch 2.4-2.5 kept FSDP2 under its composable-API name
     from torch.distributed._composable.fsdp import fully_shard
 
-__all__ = ["window_ids", "batches", "train", "losses_agree", "token_ids", "distributed_task"]
+__all__ = ["window_ids", "batches", "train", "train_rounds", "losses_agree", "token_ids",
+           "distributed_task"]
 
 
 def window_ids(step: int, batch: int, n_windows: int, rank: int = 0, world: int = 1,
@@ -131,6 +134,55 @@ def _counting(stream, read: list):
         yield item
 
 
+class _Prepared:
+    """A rung ready to step: its model, optimizer, step function and the batches it read."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _prepare(rung: Rung, tokens: np.ndarray, device: torch.device, seed: int, lr: float,
+             ddp: Any = None) -> _Prepared:
+    """Build ``rung``'s model (weights from ``seed``), optimizer, batch stream and step, as
+    :func:`train` and :func:`train_rounds` time them; ``held`` is the memory allocated on a
+    GPU before the model was made (earlier tensors, not this rung's)."""
+    top = int(np.max(tokens[: 1 << 20])) if len(tokens) else 0
+    if top >= rung.vocab:
+        raise ValueError(f"tokens hold id {top}, outside the vocabulary of {rung.vocab}")
+    cfg = rung.config()
+    held = 0
+    if device.type == "cuda":
+        gc.collect()                     # earlier runs' models in reference cycles
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        held = torch.cuda.memory_allocated(device)   # not this run's: left out
+    torch.manual_seed(seed)
+    with device:        # the weights are made where they train: no host init, no copy
+        model = GPT(cfg)
+    # the page's step (chapter 10, perflab.gpt2.steps): this module only measures it
+    net = make_net(model, rung, ddp)
+    opt = make_optimizer(model, rung, lr)
+    rank, world = 0, 1
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    # one stream of windows dealt to the ranks (window_ids): no two ranks, and no two
+    # micro-steps, read the same tokens
+    if rung.loader == "pinned":
+        stream = _pinned_batches(tokens, rung.batch, rung.seq_len, rank, world)
+    else:
+        stream = batches(tokens, rung.batch, rung.seq_len, rank=rank, world=world)
+    n_windows = (len(tokens) - 1) // rung.seq_len
+    read: list[int] = []      # micro-steps read so far (their windows: window_ids)
+    stream = _counting(stream, read)
+    if rung.step_graph and device.type == "cuda":
+        # two eager warm-up steps, then the capture: time only replays
+        one_step = make_graphed_step(net, opt, rung, stream, device, warmup=2)
+    else:
+        one_step = make_step(net, opt, rung, stream, device)
+    return _Prepared(model=model, net=net, opt=opt, one_step=one_step, held=held, read=read,
+                     n_windows=n_windows, rank=rank, world=world)
+
+
 def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str,
           warmup: int = 2, seed: int = 0, lr: float = 3e-4, ddp: Any = None,
           profile: bool = False, snapshot: str | None = None,
@@ -193,43 +245,14 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     if not isinstance(rung, Rung):
         raise TypeError(f"rung must be a Rung, got {type(rung).__name__}")
     device = torch.device(device)
-    top = int(np.max(tokens[: 1 << 20])) if len(tokens) else 0
-    if top >= rung.vocab:
-        raise ValueError(f"tokens hold id {top}, outside the vocabulary of {rung.vocab}")
-    cfg = rung.config()
     if (rung.graphs or rung.step_graph) and ddp is not None:
         raise ValueError("a graphs or step_graph rung runs in one process: train it without ddp")
     torch.compiler.reset()
-    held = 0
-    if device.type == "cuda":
-        gc.collect()                     # earlier runs' models in reference cycles
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-        held = torch.cuda.memory_allocated(device)   # not this run's: left out
-    torch.manual_seed(seed)
-    with device:        # the weights are made where they train: no host init, no copy
-        model = GPT(cfg)
-    # the page's step (chapter 10, perflab.gpt2.steps): this function only measures it
-    net = make_net(model, rung, ddp)
-    opt = make_optimizer(model, rung, lr)
-    rank, world = 0, 1
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    # one stream of windows dealt to the ranks (window_ids): no two ranks, and no two
-    # micro-steps, read the same tokens
-    if rung.loader == "pinned":
-        stream = _pinned_batches(tokens, rung.batch, rung.seq_len, rank, world)
-    else:
-        stream = batches(tokens, rung.batch, rung.seq_len, rank=rank, world=world)
-    n_windows = (len(tokens) - 1) // rung.seq_len
-    read: list[int] = []      # micro-steps read so far (their windows: window_ids)
-    stream = _counting(stream, read)
+    run = _prepare(rung, tokens, device, seed, lr, ddp)
+    model, net, opt, one_step = run.model, run.net, run.opt, run.one_step
+    held, read, n_windows, rank, world = run.held, run.read, run.n_windows, run.rank, run.world
     if rung.step_graph and device.type == "cuda":
-        # two eager warm-up steps, then the capture: time only replays
-        warmup = max(warmup, 3)
-        one_step = make_graphed_step(net, opt, rung, stream, device, warmup=2)
-    else:
-        one_step = make_step(net, opt, rung, stream, device)
+        warmup = max(warmup, 3)          # two eager warm-up steps, then the capture
     losses: list[torch.Tensor] = []
 
     def step():
@@ -282,7 +305,7 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         compile_s=max(0.0, (first if first is not None else step_s) - step_s),
         telemetry=summary.sentence(), clock_fraction=summary.clock_fraction,
         params=model.num_params(), extra=extra)
-    del net, model, opt, one_step
+    del net, model, opt, one_step, run
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result
@@ -310,6 +333,98 @@ def _sustained(step, device: torch.device, index: int, block: int, tokens_per_st
             "seconds": float(sum(per_step) * block), "telemetry": summary.sentence(),
             "sm_clock_mhz": summary.sm_clock_mhz_median,
             "power_w_max": getattr(summary, "power_w_max", None)}
+
+
+def train_rounds(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device | str,
+                 rounds: int = 5, steps: int = 1, warmup: int = 1, seed: int = 0,
+                 lr: float = 3e-4) -> dict[str, RunResult]:
+    """Train eager ``rungs`` side by side and time them in interleaved rounds.
+
+    Every rung is built as :func:`train` builds it (same weights, same tokens in the same
+    order) and warmed up with ``warmup`` steps, one rung after the other (its peak memory is
+    measured then, above what the rungs before it hold: as :func:`train` measures it). Then
+    :func:`perflab.core.rounds.interleaved` times ``steps`` steps of every rung per round, the
+    order rotating (A, B, C; B, C, A; ...), so that a drift of the clock or of the host slows
+    every rung alike and a ratio taken round by round cancels it.
+
+    Args:
+        rungs: eager rungs (no ``compile``) with distinct names, at least one.
+        tokens: as for :func:`train`.
+        device: where to train.
+        rounds: timed rounds (>= 1; 5 gives a min-max spread).
+        steps: optimizer steps per rung per round (>= 1).
+        warmup: untimed steps of each rung before the rounds (>= 0).
+        seed, lr: as for :func:`train`.
+
+    Returns:
+        ``{name: RunResult}`` in the order of ``rungs``: ``step_s`` the median over the rounds
+        of seconds per step, ``tokens_per_s`` what that gives, ``extra["window_step_s"]`` the
+        seconds per step of every round (a :class:`perflab.core.rounds.Spread`'s values, round
+        by round in the same order for every rung), ``telemetry`` the clock over this rung's
+        timed steps only (``extra["telemetry_windows"]``: their ``(start, end)`` on the
+        sampler's clock), ``losses`` the warm-up and timed steps'.
+
+    Raises:
+        ValueError: no rungs, a compiled rung, repeated names, ``rounds`` or ``steps`` < 1,
+            ``warmup`` < 0, or token ids outside a rung's vocabulary.
+    """
+    rungs = list(rungs)
+    if not rungs:
+        raise ValueError("rungs must hold at least one rung")
+    for r in rungs:
+        if not isinstance(r, Rung):
+            raise TypeError(f"rungs must hold Rungs, got {type(r).__name__}")
+    if any(r.compile for r in rungs):
+        raise ValueError("rungs must be eager (compile=False): train compiled rungs with train()")
+    names = [r.name for r in rungs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"rungs must have distinct names, got {names}")
+    positive_int("rounds", rounds)
+    positive_int("steps", steps)
+    integer("warmup", warmup, 0)
+    device = torch.device(device)
+    index = device.index or 0 if device.type == "cuda" else 0
+    torch.compiler.reset()
+    runs, losses, peaks = {}, {}, {}
+    for r in rungs:                      # one after the other: each its own peak
+        run = runs[r.name] = _prepare(r, tokens, device, seed, lr)
+        losses[r.name] = [run.one_step() for _ in range(warmup)]
+        peaks[r.name] = (torch.cuda.max_memory_allocated(device) - run.held
+                         if device.type == "cuda" else None)
+    mine: dict[str, list[int]] = {n: [] for n in names}   # each rung's timed windows
+
+    def timed(name):
+        def one_round():
+            run = runs[name]
+            with tel.window(), Stopwatch(device) as watch:
+                for _ in range(steps):
+                    losses[name].append(run.one_step())
+            mine[name].append(len(tel.windows) - 1)     # the window just closed
+            return watch.seconds / steps
+        return one_round
+
+    with Telemetry(index=index) as tel:
+        spreads = interleaved({n: timed(n) for n in names}, rounds=rounds, warmup=0)
+    out = {}
+    for r in rungs:
+        run, per_round = runs[r.name], spreads[r.name]
+        own = copy.copy(tel)             # the same readings, this rung's windows only
+        own.windows = [tel.windows[i] for i in mine[r.name] if 0 <= i < len(tel.windows)]
+        summary = own.summary()
+        out[r.name] = RunResult(
+            rung=asdict(r), tokens_per_s=r.tokens_per_step / per_round.median,
+            step_s=per_round.median, flops_per_token=run.model.flops_per_token(r.seq_len),
+            peak_bytes=peaks[r.name],
+            losses=[float(v) for v in torch.stack(losses[r.name]).cpu()] if losses[r.name]
+            else [], compile_s=0.0, telemetry=summary.sentence(),
+            clock_fraction=summary.clock_fraction, params=run.model.num_params(),
+            extra={"window_step_s": list(per_round.values), "rounds": per_round.n,
+                   "telemetry_windows": list(own.windows)})
+    del runs, run
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+    return out
 
 
 def losses_agree(a: Sequence[float], b: Sequence[float], rtol: float = 0.02,
