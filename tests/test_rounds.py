@@ -2,7 +2,8 @@
 
 import pytest
 
-from perflab.core.rounds import IQR_FROM, Spread, interleaved, leader, spread
+from perflab.core.ranking import leader
+from perflab.core.rounds import IQR_FROM, Spread, interleaved, spread
 
 
 def test_spread_is_the_range_then_the_iqr():
