@@ -25,6 +25,14 @@ else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 [ -d .tools/bin ] && export PATH=$PWD/.tools/bin:$PATH
+# Preflight: what every page imports from the Jupyter stack, before any ceilings are measured (the
+# first call of 5 December measured them, then all ten pages stopped at their first glue: myst_nb
+# needs docutils, and .whl/ lacked it).
+if ! python3 -c "import nbclient, jupytext, ipykernel, docutils; from myst_nb import glue"; then
+  echo "reference_run.sh: the Jupyter stack does not import here (above); add the missing wheels" \
+       "to .whl/ (pip download NAME --no-deps -d .whl) and call again" >&2
+  exit 2
+fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv 2>/dev/null
 # The log survives a run stopped at a time limit: python writes unbuffered, grep passes each line

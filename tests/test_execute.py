@@ -231,7 +231,8 @@ def test_reference_run_sh_keeps_its_log_when_stopped_at_a_time_limit(tmp_path):
     """A run killed by `timeout` still leaves every line it printed in $OUT/reference_run.log."""
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "python3").write_text("#!/bin/sh\nfor i in $(seq 1 200); do echo \"line $i\"; sleep 0.05; done\n")
+    (fake / "python3").write_text("#!/bin/sh\n[ \"$1\" = -c ] && exit 0   # the preflight's imports\n"
+                                  "for i in $(seq 1 200); do echo \"line $i\"; sleep 0.05; done\n")
     (fake / "python3").chmod(0o755)
     out = tmp_path / "out"
     out.mkdir()
@@ -246,6 +247,22 @@ def test_reference_run_sh_keeps_its_log_when_stopped_at_a_time_limit(tmp_path):
     assert r.returncode == 124
     lines = (out / "reference_run.log").read_text().splitlines()
     assert len(lines) >= 5 and lines[0] == "line 1"
+
+
+def test_reference_run_sh_stops_before_the_ceilings_when_the_jupyter_stack_is_missing(tmp_path):
+    """The preflight: a machine where the pages' imports fail is told so at once (the first call
+    of 5 December measured the ceilings, then ran ten pages into a missing docutils)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\n[ \"$1\" = -c ] && { echo 'No module named docutils' >&2;"
+                                  " exit 1; }\necho 'executed pages'\n")
+    (fake / "python3").chmod(0o755)
+    (tmp_path / "clone" / "scripts").mkdir(parents=True)
+    script = tmp_path / "clone" / "scripts" / "reference_run.sh"
+    script.write_text((ROOT / "scripts" / "reference_run.sh").read_text())
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                       env={"PATH": f"{fake}:/usr/bin:/bin"})
+    assert r.returncode == 2 and "docutils" in r.stderr and "executed pages" not in r.stdout
 
 
 def _package(root: Path) -> Path:
