@@ -73,7 +73,7 @@ if str(ROOT) not in sys.path:  # perflab, without requiring an install
 from docutils import nodes
 from docutils.parsers.rst import directives
 from sphinx import addnodes
-from sphinx.util import logging
+from sphinx.util import docname_join, logging
 from sphinx.util.docutils import SphinxDirective
 
 from perflab.record import runs, verdicts
@@ -243,6 +243,7 @@ def drop_pages_awaiting_their_first_run(app, config) -> None:
     app._perflab_toc_entries = _walk_site_map(site_map)
     gone = {d for _, d in app._perflab_toc_entries
             if d != site_map.root.docname and awaiting_first_run(app.srcdir, d)}
+    app._perflab_awaiting = gone
     if not gone:
         return
     for docname in list(site_map):
@@ -254,6 +255,25 @@ def drop_pages_awaiting_their_first_run(app, config) -> None:
         if docname in site_map:
             del site_map[docname]
     logger.info(f"[perflab] not in this build, awaiting their first reference run: {sorted(gone)}")
+
+
+def link_to_a_page_awaiting_its_run(app, env, node, contnode):
+    """A ``{doc}`` link to a page that :func:`drop_pages_awaiting_their_first_run` left out of
+    this build: its title as plain text, marked as awaiting its first run, instead of a broken
+    link (and a ``-W`` failure). Pages run earlier link to pages split off since then."""
+    if node.get("reftype") != "doc":
+        return None
+    target = docname_join(node.get("refdoc", ""), node.get("reftarget", ""))
+    if target not in getattr(app, "_perflab_awaiting", ()):
+        return None
+    text = contnode.astext()
+    if text == node.get("reftarget"):     # no title given: the page's own heading
+        md = Path(app.srcdir) / f"{target}.md"
+        heading = next((line[2:].strip() for line in md.read_text().splitlines()
+                        if line.startswith("# ")), text)
+        text = heading
+    return nodes.inline(text, f"{text} (awaiting its first reference run)",
+                        classes=["perflab-awaiting-link"])
 
 
 def toc_entries(app) -> list[tuple[str, str]]:
@@ -892,6 +912,7 @@ def setup(app):
     app.connect("config-inited", on_config_inited)
     # after sphinx-external-toc (priority 900) parsed _toc.yml into the site map
     app.connect("config-inited", drop_pages_awaiting_their_first_run, priority=950)
+    app.connect("missing-reference", link_to_a_page_awaiting_its_run)
     app.connect("builder-inited", on_builder_inited)
     app.connect("env-get-outdated", on_env_get_outdated)
     app.connect("env-purge-doc", on_env_purge_doc)

@@ -296,3 +296,24 @@ def test_the_status_column_counts_the_verdicts_two_runs_agree_on(tmp_path, monke
     assert PP._agreement(row) == "8 of 10; ✗ 1 changed; 1 host-bound changed"
     row.docname = "book/99_other"
     assert PP._agreement(row) == "—"
+
+
+def test_a_link_to_a_page_awaiting_its_first_run_becomes_its_title_not_a_broken_link(tmp_path):
+    """Pages run before a split link to the pages split off; while those await their first run
+    (left out of the build), a link to them is their heading, marked, not an -W failure."""
+    from types import SimpleNamespace
+
+    from docutils import nodes
+
+    (tmp_path / "book").mkdir()
+    (tmp_path / "book" / "02_gpu.md").write_text("---\nx: 1\n---\n\n# The GPU\n\ntext\n")
+    app = SimpleNamespace(srcdir=str(tmp_path), _perflab_awaiting={"book/02_gpu"})
+    node = {"reftype": "doc", "refdoc": "book/02_hardware", "reftarget": "02_gpu"}
+    out = PP.link_to_a_page_awaiting_its_run(app, None, node, nodes.inline("02_gpu", "02_gpu"))
+    assert out.astext() == "The GPU (awaiting its first reference run)"
+    titled = PP.link_to_a_page_awaiting_its_run(app, None, node, nodes.inline("", "the L2"))
+    assert titled.astext() == "the L2 (awaiting its first reference run)"
+    other = {"reftype": "doc", "refdoc": "book/02_hardware", "reftarget": "03_x"}
+    assert PP.link_to_a_page_awaiting_its_run(app, None, other, nodes.inline("", "x")) is None
+    assert PP.link_to_a_page_awaiting_its_run(
+        app, None, {**node, "reftype": "ref"}, nodes.inline("", "x")) is None
