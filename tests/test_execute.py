@@ -265,6 +265,43 @@ def test_reference_run_sh_stops_before_the_ceilings_when_the_jupyter_stack_is_mi
     assert r.returncode == 2 and "docutils" in r.stderr and "executed pages" not in r.stdout
 
 
+def test_a_later_call_of_a_run_finds_what_the_earlier_calls_wrote(tmp_path):
+    """Each call of the device tool gets a fresh tree: the second call of one run (same
+    PERFLAB_RUN_ID, same machine) gets back the notebooks the first call wrote (lab 9 reads
+    chapter 9's), kept outside the tree; another run does not."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    # the fake execute.py: the first call "executes" chapter 9 and packs it; any call reports
+    # whether chapter 9's new notebook is in its tree
+    (fake / "python3").write_text(
+        "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\n"
+        "grep -q new book/09.ipynb 2>/dev/null && echo 'chapter 9: new' || echo 'chapter 9: old'\n"
+        "if [ \"$FIRST\" = 1 ]; then echo new > book/09.ipynb;"
+        " tar czf \"$OUT/executed.tgz\" book/09.ipynb; fi\n")
+    (fake / "python3").chmod(0o755)
+
+    def call(first, run_id):
+        clone = tmp_path / f"clone-{first}-{run_id}"
+        (clone / "scripts").mkdir(parents=True)
+        (clone / "book").mkdir()
+        (clone / "book" / "09.ipynb").write_text("old\n")     # the committed notebook
+        script = clone / "scripts" / "reference_run.sh"
+        script.write_text((ROOT / "scripts" / "reference_run.sh").read_text())
+        out = tmp_path / f"out-{first}-{run_id}"
+        out.mkdir()
+        env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out), "FIRST": str(first),
+               "PERFLAB_RUN_ID": run_id, "PERFLAB_RUN_COPIES": str(tmp_path / "kept")}
+        r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                           env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert "chapter 9: old" in call(1, "r1")
+    later = call(0, "r1")
+    assert "chapter 9: new" in later and "restored" in later
+    assert "chapter 9: old" in call(0, "r2")
+
+
 def _package(root: Path) -> Path:
     pkg = root / "pkg"
     (pkg / "sub").mkdir(parents=True)
