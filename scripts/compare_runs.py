@@ -72,10 +72,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.runs:
                 print("compare_runs.py: --record takes no runs to compare", file=sys.stderr)
                 return 2
-            doc = verdicts.snapshot(args.root, run=args.run or args.record.stem)
+            # with --run, the pages of that run only (a page that failed in it keeps an
+            # older notebook in the tree, which is not this run's)
+            doc = verdicts.snapshot(args.root, run=args.run or args.record.stem,
+                                    only_run=args.run is not None)
             args.record.parent.mkdir(parents=True, exist_ok=True)
             args.record.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-            print(f"{args.record}: {len(doc['pages'])} pages")
+            gone = doc.get("left_out", {})
+            print(f"{args.record}: {len(doc['pages'])} pages"
+                  + (f"; left out, from other runs: {', '.join(sorted(gone))}" if gone else ""))
             return 0
         if len(args.runs) != 2:
             print("compare_runs.py: give two runs to compare (A B), or --record FILE",

@@ -116,3 +116,20 @@ def test_the_committed_records_are_run_records():
     assert pair is not None, "runs/ must hold the records of the last two runs"
     for record in pair:
         assert record["pages"] and record["schema"] == verdicts.SCHEMA
+
+
+def test_a_run_s_record_leaves_out_the_older_notebooks_of_pages_that_failed_in_it(tmp_path):
+    """A page that failed in a run keeps its older notebook in the tree; the record of the run
+    (--record with --run) holds the run's own pages only and names the others."""
+    root = _run(tmp_path / "tree", extra_page=True)
+    for page, run in (("book/06_speed", "r5"), ("labs/06_speed", "r3")):
+        path = root / f"{page}.ipynb"
+        nb = json.loads(path.read_text())
+        nb["metadata"]["reference_run"]["ceilings"] = {"run": run}
+        path.write_text(json.dumps(nb))
+    doc = verdicts.snapshot(root, run="r5", only_run=True)
+    assert list(doc["pages"]) == ["book/06_speed"] and doc["left_out"] == {"labs/06_speed": "r3"}
+    assert set(verdicts.snapshot(root, run="folder")["pages"]) == {"book/06_speed",
+                                                                   "labs/06_speed"}
+    with pytest.raises(ValueError, match="run"):
+        verdicts.snapshot(root, only_run=True)

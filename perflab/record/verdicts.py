@@ -68,23 +68,40 @@ def _page(ipynb: Path) -> dict[str, Any]:
             "sentences": sentences}
 
 
-def snapshot(root: str | Path, run: str | None = None) -> dict[str, Any]:
+def snapshot(root: str | Path, run: str | None = None,
+             only_run: bool = False) -> dict[str, Any]:
     """The run record of the executed notebooks under ``root`` (``book/*.ipynb``,
-    ``labs/*.ipynb``): ``{"schema", "run", "pages": {"book/01_x": {...}}}``.
+    ``labs/*.ipynb``): ``{"schema", "run", "pages": {"book/01_x": {...}}, "left_out": {...}}``.
+
+    With ``only_run``, a notebook whose ceilings name another reference run than ``run`` (a page
+    that failed in this run keeps an older notebook in the tree) is left out of ``pages`` and
+    listed in ``left_out`` with the run it came from, so the record holds this run only.
 
     Raises:
         FileNotFoundError: ``root`` holds no executed notebook.
+        ValueError: ``only_run`` without ``run``.
     """
+    if only_run and not run:
+        raise ValueError("only_run needs the run's name (run=...)")
     root = Path(root)
-    pages = {}
+    pages, left_out = {}, {}
     for folder in _FOLDERS:
         for ipynb in sorted((root / folder).glob("*.ipynb")):
-            pages[f"{folder}/{ipynb.stem}"] = _page(ipynb)
+            name = f"{folder}/{ipynb.stem}"
+            came_from = ((reference_run(ipynb) or {}).get("ceilings") or {}).get("run")
+            if only_run and came_from != run:
+                left_out[name] = came_from or "no run named"
+                continue
+            pages[name] = _page(ipynb)
     if not pages:
-        raise FileNotFoundError(f"no executed notebook under {root}/book or {root}/labs")
+        raise FileNotFoundError(f"no executed notebook under {root}/book or {root}/labs"
+                                + (f" from run {run!r}" if only_run else ""))
     started = sorted(p["run"]["started"] for p in pages.values() if p["run"].get("started"))
-    return {"schema": SCHEMA, "run": run, "started": started[0] if started else None,
-            "pages": pages}
+    doc = {"schema": SCHEMA, "run": run, "started": started[0] if started else None,
+           "pages": pages}
+    if left_out:
+        doc["left_out"] = left_out
+    return doc
 
 
 def load(source: str | Path) -> dict[str, Any]:
