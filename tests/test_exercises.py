@@ -306,3 +306,9 @@ def test_in_kernel_is_the_call_itself_outside_the_grader(monkeypatch):
     assert E.in_kernel(max, 2, 5) == 5
     monkeypatch.setattr(E, "_IN_KERNEL", lambda fn, *a, **k: ("sent", fn.__name__, a))
     assert E.in_kernel(max, 2, 5) == ("sent", "max", (2, 5))
+
+
+def test_overlay_table_names_the_reference_run_it_read():
+    run = {"devices": ["NVIDIA H200"], "git": "b8037d704a66", "started": "2026-12-05T04:16:59Z"}
+    head = E.overlay_table([("x", 1.0, 2.0, "s")], reference_run=run).splitlines()[0]
+    assert head == "reference: NVIDIA H200, run of b8037d7 started 2026-12-05"

@@ -77,7 +77,8 @@ def _glued_notebook(values):
 
 
 @pytest.mark.parametrize("with_reference", [False, True])
-def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch, with_reference):
+def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch, capsys,
+                                                          with_reference):
     import json
 
     import matplotlib
@@ -98,6 +99,8 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
         (tmp_path / "book" / "10_gpt2_case_study.ipynb").write_text(json.dumps(nb))
         # the memory ladder is the chapter's section page
         mem = _glued_notebook({"gpt2_memory_reduction": 5.0})
+        mem["metadata"]["reference_run"] = {"devices": ["NVIDIA H200"], "git": "abc1234def",
+                                            "started": "2026-12-05T04:00:00Z"}
         (tmp_path / "book" / "10_gpt2_memory_ladder.ipynb").write_text(json.dumps(mem))
     monkeypatch.chdir(tmp_path / "labs")
     run = SimpleNamespace(tokens_per_s=1000.0, rung={"name": "x"}, mfu=lambda c: 0.3)
@@ -114,11 +117,13 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
     src = code_cell(lab, "theirs = [")               # the figure, a cell of its own
     exec(compile(src, "<lab10 figure>", "exec"), ns)
     yours = {r[0]: r for r in ns["rows"]}
-    assert yours["peak memory reduction"][1] == 4.0
+    assert yours["peak reduction (ch.: 64-seq. ladder)"][1] == 4.0
     if with_reference:
-        assert len(ns["theirs"]) == 2 and yours["speedup over the baseline"][2] == 12.0
-        assert yours["peak memory reduction"][2] == 5.0
-        assert 0.5 < yours["MFU against the measured matmul ceiling"][2] < 0.8
+        assert len(ns["theirs"]) == 2 and yours["speedup over each one's own baseline"][2] == 12.0
+        assert yours["peak reduction (ch.: 64-seq. ladder)"][2] == 5.0
+        # the memory row's notebook is named with its own run
+        assert "run of abc1234 started 2026-12-05" in capsys.readouterr().out
+        assert 0.5 < yours["MFU of the fastest rung, own ceiling"][2] < 0.8
     else:
-        assert ns["theirs"] == [] and yours["tokens/s of your fastest rung"][2] is None
+        assert ns["theirs"] == [] and yours["tokens/s, fastest rung (ch.: its own)"][2] is None
     plt.close("all")

@@ -556,11 +556,18 @@ def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]],
         rows: ``(quantity, yours, reference, unit)`` tuples.
         reference_run: when given (a :func:`perflab.record.provenance.reference_run` dict, or None
             when there is no reference run), the table starts with one header line naming the
-            reference devices once, counted (``"reference: 2x NVIDIA H200"``), then a blank line.
+            reference devices once, counted (``"reference: 2x NVIDIA H200"``), and, where the
+            metadata holds them, the run's commit and start date (``", run of b8037d7 started
+            2026-12-05"``: a reference read from an older notebook says so), then a blank line.
     """
     lines = []
     if reference_run is not _NO_HEADER:
-        lines += [f"reference: {reference_devices(reference_run)}", ""]
+        head = f"reference: {reference_devices(reference_run)}"
+        if reference_run and reference_run.get("git"):
+            head += f", run of {str(reference_run['git'])[:7]}"
+            if reference_run.get("started"):
+                head += f" started {str(reference_run['started'])[:10]}"
+        lines += [head, ""]
     lines.append(f"{'quantity':38s} {'yours':>12s} {'reference':>12s} {'ratio':>8s}  unit")
     for name, mine, ref, unit in rows:
         m = "—" if mine is None else fmt(mine, sig=4)
