@@ -38,23 +38,17 @@ NUMBER_SHAPES: set[str] = set()
 # claim, expect, compare or a table helper.
 VISIBLE_BOOKKEEPING: set[str] = {
     "book/05_data_loading.html",
-    "book/06_single_gpu_speed.html",
-    "book/07_single_gpu_memory.html",
     "labs/06_speed.html",
-    "labs/07_memory.html",
 }
 
 # The sampler's sentence ("measured over 0.80 s on NVIDIA H200: SM clock median ...") in the
 # running prose, outside a {measured} note (book/roofline_explorer.md shows the idiom).
 TELEMETRY_IN_PROSE: set[str] = {
     "book/05_data_loading.html",
-    "book/06_single_gpu_speed.html",
-    "book/07_single_gpu_memory.html",
 }
 
 # Over 6,000 words of prose or 500 lines of visible code on one page: split into section pages.
 TOO_LONG: set[str] = {
-    "book/06_single_gpu_speed.html",
     "book/09_advanced_optimizations.html",
 }
 

@@ -401,14 +401,14 @@ def test_persistent_workers_keep_their_copy_of_the_dataset_and_their_seed():
 def test_python_lists_are_copied_into_forked_workers_as_they_read_them():
     """Copy-on-read: reading a Python object writes its reference count, so a worker copies the
     pages of a list's objects it reads; an array's pages stay shared."""
-    # Twice each, the least telling run kept: on a loaded machine a worker's private memory
+    # Three times each, the least telling run kept: on a loaded machine a worker's private memory
     # also grows now and then for reasons of its own (its allocator's arenas, a huge page
     # collapsed, a collection of the heap it inherited), and a run that meets one of those must
     # not decide. A list that is not copied on read fails the first assert in both runs; an
     # array whose pages are copied fails the second in both.
     runs = [(measure.worker_memory_growth(loaders.IndexList(300_000), num_workers=2),
              measure.worker_memory_growth(loaders.IndexArray(300_000), num_workers=2))
-            for _ in range(2)]
+            for _ in range(3)]   # three: the 5 Dec loaded run met noise (10 MB) in two
     if any(v is None for run in runs for v in run):
         pytest.skip("no fork start method or no /proc here")
     listed = max(min(lst) for lst, _ in runs)     # the list's least growth, its better run
