@@ -12,8 +12,7 @@ from torch.overrides import TorchFunctionMode
 from perflab.labs.exercises import ExerciseFailed, as_float, check_ratio_at_least, not_done
 from perflab.speed.tolerance import same_losses
 
-__all__ = ["blocking_copies", "check_async_copies", "check_same_and_faster", "multi_tensor",
-           "sync_gain_threshold"]
+__all__ = ["blocking_copies", "check_async_copies", "check_same_and_faster", "multi_tensor"]
 
 
 def check_same_and_faster(what: str, slow_losses: Sequence[float], fast_losses: Sequence[float],
@@ -136,21 +135,3 @@ def check_async_copies(fn: Callable[..., Any], *args, **kwargs) -> bool:
                              "so the host still stops at every batch.")
     print("✓ Exercise 2: every copy in your loop is asynchronous (non_blocking=True).")
     return True
-
-
-def sync_gain_threshold(host_s: float, gpu_s: float, share: float = 1 / 3,
-                        small: float = 1.2) -> float:
-    """The speedup exercise 1 requires on this machine: ``share`` of the gain removing every
-    sync predicts, ``(host + gpu) / max(host, gpu)`` (chapter 6), or, where the prediction is
-    below ``small`` (one side far the slower: little to gain), 0.97 (not slower, within timing
-    noise).
-
-    Raises:
-        ValueError: a time that is not positive.
-    """
-    if not (host_s > 0 and gpu_s > 0):
-        raise ValueError(f"host_s and gpu_s must be positive, got {host_s}, {gpu_s}")
-    predicted = (host_s + gpu_s) / max(host_s, gpu_s)
-    if predicted < small:
-        return 0.97
-    return 1 + share * (predicted - 1)
