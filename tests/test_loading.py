@@ -315,7 +315,7 @@ def test_loader_rate_times_whole_rounds_only():
         measure.loader_rate(short)
 
 
-_LATE_S, _ITEM_S = 0.2, 0.02
+_LATE_S, _ITEM_S = 0.5, 0.05
 
 
 class _Sleepy1(torch.utils.data.Dataset):
@@ -345,7 +345,8 @@ def test_loader_rate_never_reads_batches_built_ahead_as_a_rate():
     batches; the timed window was half a round, batches the early workers had built while a
     late worker held up the first round, read in a millisecond (82k images/s against 6k). Now
     such a loader is refused, and one with whole rounds to time reports at most what the
-    workers can build (8 workers x 1 / _ITEM_S), whichever worker is late."""
+    workers can build (8 workers x 1 / _ITEM_S, less the delay of receiving a batch),
+    whichever worker is late."""
     def loader(batches):
         return DataLoader(_Sleepy1(batches), batch_size=1, num_workers=8,
                           worker_init_fn=_late_half, multiprocessing_context="fork")
@@ -353,7 +354,9 @@ def test_loader_rate_never_reads_batches_built_ahead_as_a_rate():
         measure.loader_rate(loader(20))               # 8 skipped, 4 left, 8 skipped
     r = measure.loader_rate(loader(8 * 5))            # 3 whole rounds timed
     assert r["images"] == 3 * 8
-    assert r["images_per_s"] <= 1.02 * 8 / _ITEM_S
+    # a quarter of margin: the clock starts when the batch is received, which a loaded machine
+    # delays by milliseconds (the fault was 10x and more)
+    assert r["images_per_s"] <= 1.25 * 8 / _ITEM_S
 
 
 class _Sleepy(torch.utils.data.Dataset):
