@@ -134,15 +134,34 @@ def test_ex3_solution_follows_the_rule(lab):
 def test_ex3_rejects_a_curve_the_check_cannot_measure_again(lab):
     """A curve sketched from linear scaling (or timed with the start-up burst) is a self-
     consistent dict the rule accepts; the check's own measurement of two points does not."""
-    curve, cores, files = lab["curve"], lab["cores"], lab["files"]
-    files, batch = lab["ex3_files"], lab["ex3_batch"]
+    curve, cores, files, batch = lab["curve"], lab["cores"], lab["files"], lab["ex3_batch"]
     assert lab05.check_num_workers(curve, lab["best_workers"], cores, files=files, batch=batch)
     sketched = {n: curve[1] * max(n, 1) * 3 for n in curve}    # far above what was measured
     with pytest.raises(ExerciseFailed, match="measured again here"):
         lab05.check_num_workers(sketched, lab05.rule_of_thumb_workers(sketched), cores,
                                 files=files, batch=batch)
-    with pytest.raises(ValueError, match="need at least"):
-        lab05.remeasure(files[:4], 2)
+    # the 5 Dec H200 curve's shape: the all-cores point timed over batches built ahead, 82,216
+    # images/s where the loader reaches about 6,000 (13.6x), the rest measured
+    queued = {**curve, cores: curve[cores] * 82216 / 6044}
+    with pytest.raises(ExerciseFailed, match=f"with {cores} worker"):
+        lab05.check_num_workers(queued, lab05.rule_of_thumb_workers(queued), cores,
+                                files=files, batch=batch)
+    with pytest.raises(ValueError, match="files is empty"):
+        lab05.remeasure([], 2)
+
+
+def test_ex3_loaders_time_the_same_whole_rounds_at_every_count(lab):
+    """make_loader(n) and the check's loader read the same files: a round skipped at each end
+    and EX3_ROUNDS whole rounds timed, whatever n (the files repeat where they run out)."""
+    files, batch = lab["files"], lab["ex3_batch"]
+    for n in (0, 1, 2, 16):
+        loader = lab["make_loader"](n)
+        want = lab05.ex3_files(files, n, batch)
+        assert loader.dataset.files == want and loader.batch_size == batch
+        assert len(loader) == max(1, n) * (lab05.EX3_ROUNDS + 2)
+    assert len(set(lab05.ex3_files(files, 16, batch))) == len(files)   # repeated
+    with pytest.raises(ValueError, match="workers"):
+        lab05.ex3_files(files, -1, batch)
 
 
 def test_ex4_rejects_a_channels_first_file_and_a_short_one(lab, tmp_path):

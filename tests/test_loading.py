@@ -303,6 +303,62 @@ def test_loader_rate_times_the_steady_state():
         measure.loader_rate(short)                     # 4 batches: nothing left between the rounds
 
 
+def test_loader_rate_times_whole_rounds_only():
+    """3 workers, 16 batches: a round skipped at each end leaves 10, of which 9 (three whole
+    rounds) are timed; 6 batches leave no whole round, which is refused."""
+    loader = DataLoader(loaders.ZeroImages(64, (2,)), batch_size=4, num_workers=3,
+                        multiprocessing_context="fork")
+    assert measure.loader_rate(loader)["images"] == 9 * 4
+    short = DataLoader(loaders.ZeroImages(24, (2,)), batch_size=4, num_workers=3,
+                       multiprocessing_context="fork")
+    with pytest.raises(ValueError, match="one whole round"):
+        measure.loader_rate(short)
+
+
+_LATE_S, _ITEM_S = 0.5, 0.05
+
+
+class _Sleepy1(torch.utils.data.Dataset):
+    """Items that take _ITEM_S each to build, waiting (no CPU): a worker builds at most
+    1 / _ITEM_S items per second, however loaded the machine is."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(_ITEM_S)
+        return torch.zeros(2)
+
+
+def _late_half(worker_id):
+    """The upper half of 8 workers starts _LATE_S late (ten batches' time): meanwhile the lower
+    half builds its prefetched batches of the next round, which wait in the queue."""
+    if worker_id >= 4:
+        time.sleep(_LATE_S)
+
+
+def test_loader_rate_never_reads_batches_built_ahead_as_a_rate():
+    """Lab 5's 5 Dec failure, with sleeps instead of decoding: 8 workers, 2.5 rounds of
+    batches; the timed window was half a round, batches the early workers had built while a
+    late worker held up the first round, read in a millisecond (82k images/s against 6k). Now
+    such a loader is refused, and one with whole rounds to time reports at most what the
+    workers can build (8 workers x 1 / _ITEM_S, less the delay of receiving a batch),
+    whichever worker is late."""
+    def loader(batches):
+        return DataLoader(_Sleepy1(batches), batch_size=1, num_workers=8,
+                          worker_init_fn=_late_half, multiprocessing_context="fork")
+    with pytest.raises(ValueError, match="one whole round"):
+        measure.loader_rate(loader(20))               # 8 skipped, 4 left, 8 skipped
+    r = measure.loader_rate(loader(8 * 5))            # 3 whole rounds timed
+    assert r["images"] == 3 * 8
+    # a quarter of margin: the clock starts when the batch is received, which a loaded machine
+    # delays by milliseconds (the fault was 10x and more)
+    assert r["images_per_s"] <= 1.25 * 8 / _ITEM_S
+
+
 class _Sleepy(torch.utils.data.Dataset):
     def __len__(self):
         return 40

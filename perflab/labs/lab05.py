@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from perflab.core.paired import paired_ratio
-from perflab.core.validate import number
+from perflab.core.validate import integer, number, positive_int
 from perflab.labs.exercises import (ExerciseFailed, NotPlain, as_tensor, check_ratio_at_least, not_done,
                                     plain)
 from perflab.loading.loaders import seed_worker, worker_thread_counts
@@ -35,7 +35,7 @@ from perflab.loading.storage import JpegFolder, MemmapImages
 from perflab.loading.transforms import decode_resized
 
 __all__ = ["PROBE_IMAGES", "check_loader_speedup", "check_num_workers", "check_oversubscription",
-           "check_storage_conversion", "make_probe_folder", "probe_properties",
+           "check_storage_conversion", "ex3_files", "make_probe_folder", "probe_properties",
            "rule_of_thumb_workers", "tuned_init"]
 
 #: images in the probe folder of exercise 1 (two batches of 32)
@@ -244,20 +244,42 @@ def rule_of_thumb_workers(curve: dict, fraction: float = 0.9) -> int:
 #: timed with the workers' start-up, or extrapolated instead of measured, lies farther out.
 CURVE_FACTOR = 1.5
 
+#: Whole rounds of batches (one batch per worker) that :func:`loader_rate` times at each point
+#: of exercise 3's curve, besides the round it skips at each end. With ``prefetch_factor`` 2
+#: a worker can be at most two batches ahead of the others, so six timed rounds read at least
+#: 6 / 8 of the steady rate and, being whole rounds, never more than the workers build.
+EX3_ROUNDS = 6
 
-def remeasure(files: Sequence, workers: int, batch: int = 16) -> float:
-    """Exercise 3's loader (``JpegFolder`` of all ``files``, as the exercise's ``make_loader``
-    reads them, batches of ``batch``, ``seed_worker``) with ``workers`` workers, timed in its
-    steady state (:func:`perflab.loading.measure.loader_rate`, which leaves out a round of
-    batches, one per worker, at each end): images/s.
+
+def ex3_files(files: Sequence, workers: int, batch: int) -> list:
+    """The files exercise 3's loader with ``workers`` workers reads: ``batch`` x ``workers`` x
+    (``EX3_ROUNDS`` + 2) of them (one worker's worth without workers), so that
+    :func:`loader_rate` skips a round of batches at each end and times :data:`EX3_ROUNDS` whole
+    rounds. The time of a point is then about the same at every worker count. Where ``files``
+    is shorter the list repeats (the page cache holds the files, so a repeat costs a decode like
+    the first read of a cached file).
 
     Raises:
-        ValueError: too few ``files`` for a round at each end and two batches between.
+        ValueError: ``files`` empty, ``workers`` negative, or ``batch`` not a positive int.
     """
-    need = (2 * max(1, workers) + 2) * batch
-    if len(files) < need:
-        raise ValueError(f"need at least {need} files for {workers} workers, got {len(files)}")
-    loader = DataLoader(JpegFolder(files=list(files)), batch_size=batch,
+    if not files:
+        raise ValueError("files is empty")
+    integer("workers", workers, 0)
+    positive_int("batch", batch)
+    need = batch * max(1, workers) * (EX3_ROUNDS + 2)
+    return [files[i % len(files)] for i in range(need)]
+
+
+def remeasure(files: Sequence, workers: int, batch: int = 16) -> float:
+    """Exercise 3's loader (``JpegFolder`` of :func:`ex3_files`, as the exercise's
+    ``make_loader`` reads them, batches of ``batch``, ``seed_worker``) with ``workers`` workers,
+    timed in its steady state (:func:`perflab.loading.measure.loader_rate`, which leaves out a
+    round of batches, one per worker, at each end and times the whole rounds between): images/s.
+
+    Raises:
+        ValueError: ``files`` empty, ``workers`` negative, or ``batch`` not a positive int.
+    """
+    loader = DataLoader(JpegFolder(files=ex3_files(files, workers, batch)), batch_size=batch,
                         num_workers=workers, worker_init_fn=seed_worker if workers else None)
     return loader_rate(loader)["images_per_s"]
 
@@ -267,10 +289,10 @@ def check_num_workers(curve, choice, cores: int, files: Sequence | None = None,
     """Exercise 3: ``curve`` is a measured ``{num_workers: images/s}`` from 0 up to ``cores``
     (at least three points), and ``choice`` is the fewest workers within 10 % of its best rate.
     With ``files``, the check measures two of the curve's points again, twice each (one worker
-    and all cores, in turn, :func:`remeasure` with batches of ``batch``, the curve's), and each
-    point must lie within :data:`CURVE_FACTOR` of
-    the range of those two measurements: a curve timed with the start-up burst, or invented,
-    fails.
+    and all cores, in turn, :func:`remeasure` with batches of ``batch``, the curve's, on
+    :func:`ex3_files` of ``files``), and each point must lie within :data:`CURVE_FACTOR` of the
+    range of those two measurements: a curve timed with the start-up burst, over a window of
+    batches the workers had built ahead (less than whole rounds), or invented, fails.
 
     Raises:
         ExerciseFailed: missing or malformed curve, a point the check's own measurement does not

@@ -204,9 +204,17 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
     Loader workers start together, so their first batches arrive in one burst (one per worker,
     built from scratch), and at the end of an epoch they run out of batches one by one: neither
     is what a long epoch sees. By default the clock starts after the first *round* (``warmup`` =
-    one batch per worker, or one batch without workers) and stops one round before the end
-    (``batches`` = the whole rounds in between: the workers keep the order they were started in,
-    the early ones ahead, so a part of a round would time batches that were already waiting). Returns a dict with ``images_per_s`` (over the timed
+    one batch per worker, or one batch without workers) and times the *whole rounds* that fit
+    before the last round (``batches`` = a multiple of the workers). Whole rounds matter: batch
+    ``i`` comes from worker ``i % num_workers``, and each worker has ``prefetch_factor`` batches
+    in hand, so when the clock starts the early workers may already hold finished batches of the
+    next round. A window that ends inside a round can consist of such batches only and reads a
+    queue, not a rate (16 workers, 8 batches timed: anything from half the steady rate to
+    unbounded). A window of whole rounds starts at a batch some worker had to finish (none
+    later is delivered before it), and that worker builds ``R`` more batches, one at a time,
+    before the window ends, so the rate cannot exceed ``num_workers`` times one worker's; with ``R`` rounds timed it can fall short by at most about
+    ``prefetch_factor / (R + prefetch_factor)``, the most a worker can be ahead of the others.
+    Returns a dict with ``images_per_s`` (over the timed
     batches), ``first_batch_s`` (creating the iterator, starting workers, first batch),
     ``images`` (timed), ``worker_cpu_s`` (CPU seconds the loader's worker processes used over
     their whole lives, start and teardown included, read when they have exited; None without
@@ -223,7 +231,8 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
     (:func:`collate_list`).
 
     Raises:
-        ValueError: a loader too short for ``warmup`` plus one timed batch.
+        ValueError: a loader too short for ``warmup`` plus one timed batch, or (by default) for a
+            round skipped at each end and one whole round timed.
     """
     rounds = max(1, loader.num_workers)
     if warmup is None:
@@ -233,16 +242,12 @@ def loader_rate(loader: DataLoader, batches: int | None = None, warmup: int | No
             total = len(loader)
         except TypeError:       # an iterable dataset without a length: time it to the end
             total = None
-        batches = None if total is None else total - warmup - (rounds if loader.num_workers else 0)
-        if batches is not None and loader.num_workers:
-            # whole rounds only: workers forked one after another keep that order, the early
-            # ones ahead (their next batches built and waiting), so part of a round times the
-            # waiting batches for free (lab 5's reference read 82k images/s over half a round
-            # of 16 workers on an H200 host whose loader makes ~6k)
-            batches -= batches % rounds
-        if batches is not None and batches < 1:
-            raise ValueError(f"the loader gives {total} batches: too few to skip a round of "
-                             f"{rounds} at each end and time one whole round")
+        if total is not None:   # whole rounds between the skipped ones
+            left = total - warmup - (rounds if loader.num_workers else 0)
+            batches = left // rounds * rounds
+            if batches < 1:
+                raise ValueError(f"the loader gives {total} batches: too few to skip a round of "
+                                 f"{rounds} at each end and time one whole round")
     cpu0 = _children_cpu_s()
     workers0 = None
     sw = Stopwatch().start()
