@@ -482,10 +482,26 @@ def test_startup_probe_reports_a_workers_phases_on_the_parents_clock():
                         worker_init_fn=loaders.startup_init, multiprocessing_context="fork")
     t0 = timestamp()
     *_, phases = next(iter(loader))
-    age, init, fetch, kernel, modules = phases[0].tolist()
+    age, init, fetch, kernel, modules, imported, worker = phases[0].tolist()
     assert t0 - 1.0 <= init <= fetch <= timestamp()
     assert modules > 10 and kernel in (0.0, 1.0)
     assert not np.isfinite(age) or 0 <= age <= timestamp() - t0 + 0.02   # 10 ms ticks
+    assert np.isnan(imported) and worker == 0      # forked: imported nothing itself
+
+
+def test_startup_probe_stamps_a_spawned_workers_imports():
+    from perflab.core.timing import timestamp
+
+    loader = DataLoader(loaders.StartupProbe(_Pairs()), batch_size=2, num_workers=2,
+                        worker_init_fn=loaders.startup_init, multiprocessing_context="spawn")
+    t0 = timestamp()
+    it = iter(loader)
+    batches = [next(it)[-1][0].tolist(), next(it)[-1][0].tolist()]
+    del it
+    for w, (age, init, fetch, _, _, imported, worker) in enumerate(batches):
+        assert worker == w
+        assert t0 <= imported <= init <= fetch <= timestamp()     # imports end before init
+        assert not np.isfinite(age) or init - age <= imported + 0.02
 
 
 class _Pairs(torch.utils.data.Dataset):

@@ -240,7 +240,11 @@ class StartupProbe(Dataset):
     seconds since the epoch, comparable with :func:`perflab.core.timing.timestamp` in the
     parent. Use it with :func:`startup_init` to split a spawned worker's start-up: launch (the
     parent's call until the process existed), start to init (interpreter, the parent's main
-    module prepared, imports, the dataset unpickled: the age), init to fetch, fetch to batch."""
+    module prepared, imports, the dataset unpickled: the age), init to fetch, fetch to batch.
+    Two more entries split start to init: ``[5]`` the moment this module finished importing in
+    the worker's own process (torch and this package imported: a spawned worker imports it
+    while it unpickles the dataset), NaN in a forked worker (it inherited the module from the
+    parent and imported nothing); ``[6]`` the worker's id (-1 outside a worker)."""
 
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
@@ -251,8 +255,16 @@ class StartupProbe(Dataset):
     def __getitem__(self, i):
         began = timestamp()
         x, y = self.dataset[i]
+        info = get_worker_info()
         phases = torch.tensor([_STARTED.get("age", float("nan")),
                                _STARTED.get("init", float("nan")), began,
-                               float("ipykernel" in sys.modules), float(len(sys.modules))],
+                               float("ipykernel" in sys.modules), float(len(sys.modules)),
+                               _IMPORTED[1] if _IMPORTED[0] == os.getpid() else float("nan"),
+                               float(info.id if info is not None else -1)],
                               dtype=torch.float64)
         return x, y, phases
+
+
+#: (process id, moment) this module finished importing: in a spawned worker, the end of its
+#: imports (:class:`StartupProbe` reports it); last in the module, so that it follows them all
+_IMPORTED = (os.getpid(), timestamp())
