@@ -62,7 +62,10 @@ call belongs to; a run split over several calls passes the same id to each. The 
 (and the host's per-call costs, :mod:`perflab.machine.ceilings`) are measured fresh at the
 start of every run and reused by a later call only on the same host and GPU (host id and GPU
 UUID); when a call lands on another machine they are measured again and the line printed says
-that the host changed.
+that the host changed. A call gets the file an earlier call of its run measured only if the
+tree still holds it: on the device machine, whose every call brings a fresh tree,
+``scripts/reference_run.sh`` puts back what the run's earlier calls wrote. One run on one host
+whose pages read several ceilings files is stale (exit 3), not another machine.
 """
 
 from __future__ import annotations
@@ -72,7 +75,6 @@ import datetime as dt
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -472,18 +474,6 @@ def run_id(given: str | None = None) -> str:
             or dt.datetime.now(dt.timezone.utc).strftime("run-%Y%m%dT%H%M%SZ"))
 
 
-RUN_COPIES_ENV = "PERFLAB_RUN_COPIES"
-
-
-def machine_copy(run: str) -> Path:
-    """Where this machine keeps run ``run``'s ceilings file between calls, outside the working
-    tree (``$PERFLAB_RUN_COPIES``, default ``/tmp/perflab-runs``): the device tool sends a fresh
-    copy of the tree with every call, which replaced the file an earlier call had measured (the
-    run of 5 December read three ceilings files on one host)."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", run)
-    return Path(os.environ.get(RUN_COPIES_ENV, "/tmp/perflab-runs")) / f"{safe}.json"
-
-
 def prepare_ceilings(fresh: bool, run: str) -> None:
     """One set of ceilings per reference run and machine, measured before the first notebook.
 
@@ -499,21 +489,10 @@ def prepare_ceilings(fresh: bool, run: str) -> None:
         return
     doc = read_ceilings(ceilings.REFERENCE_PATH)
     why = "--fresh-ceilings" if fresh else ceilings.stale_reason(doc, run)
-    kept = machine_copy(run)
-    if why is not None and not fresh and kept.is_file():
-        # each call of a run gets a fresh copy of the working tree, whose ceilings file is the
-        # committed one: the run's own file, measured by an earlier call, waits on the machine
-        mine = read_ceilings(kept)
-        if ceilings.stale_reason(mine, run) is None:
-            shutil.copyfile(kept, ceilings.REFERENCE_PATH)
-            doc, why = mine, None
     if why is not None and doc is not None and doc.get("run") == run:
         why = f"THE HOST CHANGED between calls of run {run!r}: {why}; measured again"
     c = ceilings.load(ceilings.REFERENCE_PATH, fresh=why is not None, run=run)
     os.environ[ceilings.CEILINGS_ENV] = str(ceilings.REFERENCE_PATH)
-    if why is not None and ceilings.REFERENCE_PATH.is_file():
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ceilings.REFERENCE_PATH, kept)
     state = f"measured now ({why})" if why else "this run's, reused (same run, host and GPU)"
     print(f"ceilings of run {run!r}, host {c.machine_id.get('host_id')}: {state}; "
           f"{c.measured}, {ceilings.REFERENCE_PATH.relative_to(ROOT)}", flush=True)

@@ -46,8 +46,9 @@ mkdir -p "$(dirname "$log")"
 pack=(); [ -n "${OUT:-}" ] && pack=(--pack "$OUT/executed.tgz")
 # One run in several calls: the device tool sends a fresh copy of the working tree with every
 # call, so what an earlier call of the run wrote (chapter 9's notebook, which lab 9 reads; the
-# run's ceilings file) is gone from the tree. The machine keeps it, by run id, outside the tree
-# ($PERFLAB_RUN_COPIES, as execute.py does), and a later call of the same run puts it back first.
+# run's ceilings file, which execute.py then reuses instead of measuring again) is gone from the
+# tree. The machine keeps it, by run id ($PERFLAB_RUN_ID), outside the tree ($PERFLAB_RUN_COPIES,
+# default /tmp/perflab-runs), and a later call of the same run puts it back first.
 keep=""
 if [ -n "${PERFLAB_RUN_ID:-}" ]; then
   keep="${PERFLAB_RUN_COPIES:-/tmp/perflab-runs}/$(printf %s "$PERFLAB_RUN_ID" | tr -c 'A-Za-z0-9._-' _)-tree"

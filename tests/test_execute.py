@@ -469,41 +469,6 @@ def test_pages_of_one_book_must_read_one_ceilings_file(tmp_path):
     assert r.returncode == 3 and "several ceilings files" in r.stdout, r.stdout
 
 
-def test_a_later_call_of_a_run_reads_the_file_its_machine_kept(tmp_path, monkeypatch, capsys):
-    """Each call gets a fresh copy of the tree (the committed ceilings file): the run's own file,
-    kept on the machine by the first call, is put back instead of measuring again."""
-    monkeypatch.setenv(execute.RUN_COPIES_ENV, str(tmp_path / "kept"))
-    tree = tmp_path / "reference_ceilings.json"
-    monkeypatch.setattr(execute.ceilings, "REFERENCE_PATH", tree)
-    monkeypatch.setattr(execute.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(execute, "read_ceilings",
-                        lambda p: json.loads(Path(p).read_text()) if Path(p).is_file() else None)
-    monkeypatch.setattr(execute.ceilings, "stale_reason",
-                        lambda doc, run: None if doc and doc.get("run") == run else "other run")
-    calls = []
-
-    class Fake:
-        machine_id = {"host_id": "h"}
-        measured, items, host = "t", {}, {}
-
-    def load(path, fresh, run):
-        calls.append(fresh)
-        if fresh:
-            Path(path).write_text(json.dumps({"run": run, "measured": len(calls)}))
-        return Fake()
-
-    monkeypatch.setattr(execute.ceilings, "load", load)
-    tree.write_text(json.dumps({"run": "committed"}))
-    execute.prepare_ceilings(False, "r1")               # first call: measured, kept
-    assert calls == [True] and execute.machine_copy("r1").is_file()
-    tree.write_text(json.dumps({"run": "committed"}))   # the next call's fresh tree
-    execute.prepare_ceilings(False, "r1")
-    assert calls == [True, False] and "reused" in capsys.readouterr().out
-    assert json.loads(tree.read_text()) == {"run": "r1", "measured": 1}
-    execute.prepare_ceilings(False, "r2")               # another run measures its own
-    assert calls[-1] is True
-
-
 def test_a_run_s_ceilings_are_reused_only_on_its_own_machine(tmp_path, monkeypatch, capsys):
     """A later call of one run reuses the run's ceilings on the same host and GPU, and measures
     them again, saying the host changed, on another machine."""
