@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import gc
+from types import SimpleNamespace
 from dataclasses import asdict
 from typing import Any, Sequence
 
@@ -134,15 +135,8 @@ def _counting(stream, read: list):
         yield item
 
 
-class _Prepared:
-    """A rung ready to step: its model, optimizer, step function and the batches it read."""
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
 def _prepare(rung: Rung, tokens: np.ndarray, device: torch.device, seed: int, lr: float,
-             ddp: Any = None) -> _Prepared:
+             ddp: Any = None) -> SimpleNamespace:
     """Build ``rung``'s model (weights from ``seed``), optimizer, batch stream and step, as
     :func:`train` and :func:`train_rounds` time them; ``held`` is the memory allocated on a
     GPU before the model was made (earlier tensors, not this rung's)."""
@@ -179,8 +173,8 @@ def _prepare(rung: Rung, tokens: np.ndarray, device: torch.device, seed: int, lr
         one_step = make_graphed_step(net, opt, rung, stream, device, warmup=2)
     else:
         one_step = make_step(net, opt, rung, stream, device)
-    return _Prepared(model=model, net=net, opt=opt, one_step=one_step, held=held, read=read,
-                     n_windows=n_windows, rank=rank, world=world)
+    return SimpleNamespace(model=model, net=net, opt=opt, one_step=one_step, held=held,
+                           read=read, n_windows=n_windows, rank=rank, world=world)
 
 
 def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str,
