@@ -42,20 +42,18 @@ def _globals_read(fn: ast.FunctionDef) -> set[str]:
 
 
 def _module_level_stores(tree: ast.Module):
-    """(name, node) for every name a statement outside any function or class binds, except
-    imports and the course's ``triton_modules()`` helper, which bind the modules themselves."""
-    def visit(stmts):
-        for s in stmts:
-            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
-                              ast.Import, ast.ImportFrom)):
-                continue
-            if (isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
-                    and "triton_modules" in ast.unparse(s.value.func)):
-                continue
-            for n in ast.walk(s):   # nested statements too (the `if` and `for` of chapter 10)
-                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-                    yield n.id, n
-    yield from visit(tree.body)
+    """Every name a statement outside any function or class binds, except imports and the
+    course's ``triton_modules()`` helper, which bind the modules themselves."""
+    for s in tree.body:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                          ast.Import, ast.ImportFrom)):
+            continue
+        if (isinstance(s, ast.Assign) and isinstance(s.value, ast.Call)
+                and "triton_modules" in ast.unparse(s.value.func)):
+            continue
+        for n in ast.walk(s):   # nested statements too (the `if` and `for` of chapter 10)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                yield n.id
 
 
 def _kernel_globals(md: Path) -> set[str]:
@@ -78,7 +76,7 @@ def test_the_rule_catches_chapter_10s_timeline(tmp_path):
 
 def _offences(md: Path) -> list[str]:
     kernel = _kernel_globals(md)
-    return sorted({name for tree in _trees(md) for name, _ in _module_level_stores(tree)
+    return sorted({name for tree in _trees(md) for name in _module_level_stores(tree)
                    if name in kernel})
 
 
