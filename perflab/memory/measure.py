@@ -20,8 +20,6 @@ and :mod:`perflab.memory.checkpointing`. Units: bytes unless a name says otherwi
 from __future__ import annotations
 
 import json
-import os
-import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -35,6 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 # the memory timeline export's column order (a private table of torch.profiler)
 from torch.profiler._memory_profiler import _CATEGORY_TO_INDEX
 
+from perflab.core.native import NativeStderr
 from perflab.core.profiler import trace_events
 from perflab.core.timing import Stopwatch
 from perflab.core.validate import number
@@ -107,31 +106,8 @@ def packed_bytes(fn: Callable[..., Any], *args, **kwargs) -> dict[str, int]:
             "calls": len(rec.tensors)}
 
 
-class _NativeStderrSilenced:
-    """Send file descriptor 2 to /dev/null while the profiler runs on a CPU.
-
-    The profiler's C++ side writes log lines there (start/stop lines, and a note when a block
-    allocated before profiling is freed) that would land in a notebook's output as stderr.
-    Python's own ``sys.stderr`` (warnings, tracebacks in Jupyter) is a different stream and is
-    not affected; the descriptor is restored on exit, also when the code raises.
-    """
-
-    def __enter__(self):
-        sys.stderr.flush()
-        self.saved = os.dup(2)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 2)
-        os.close(devnull)
-        return self
-
-    def __exit__(self, *exc):
-        os.dup2(self.saved, 2)
-        os.close(self.saved)
-        return False
-
-
 def _chrome_trace(fn: Callable[[], Any]) -> tuple[list[dict], Any]:
-    with _NativeStderrSilenced(), profile(activities=[ProfilerActivity.CPU],
+    with NativeStderr(), profile(activities=[ProfilerActivity.CPU],
                                           profile_memory=True) as prof:
         out = fn()
     return trace_events(prof), out
@@ -241,7 +217,7 @@ def memory_timeline(fn: Callable[[], Any], device: torch.device | str
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with _NativeStderrSilenced(), profile(activities=activities, profile_memory=True,
+    with NativeStderr(), profile(activities=activities, profile_memory=True,
                                           record_shapes=True, with_stack=True) as prof:
         fn()
         if dev.type == "cuda":
