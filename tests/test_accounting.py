@@ -27,3 +27,9 @@ def test_device_busy_needs_a_gpu():
         accounting.device_busy(lambda: None)
     with pytest.raises(ValueError, match="calls"):
         accounting.device_busy(lambda: None, calls=0)
+
+
+def test_drain_cost_is_zero_where_the_kernels_run_on_the_host():
+    assert accounting.drain_cost("cpu") == 0.0
+    with pytest.raises(ValueError, match="calls"):
+        accounting.drain_cost("cpu", calls=0)
