@@ -29,8 +29,9 @@ from perflab.core.timing import seconds_per_call, synchronize
 from perflab.core.validate import positive_int
 from perflab.internals import hostsync
 from perflab.internals.overhead import issue_time
+from perflab.record.numbers import fmt
 
-__all__ = ["device_busy", "drain_cost", "syncs_per_call"]
+__all__ = ["device_busy", "drain_cost", "residual", "syncs_per_call"]
 
 
 def device_busy(fn: Callable[[], Any], calls: int = 3, warmup: int = 1) -> dict[str, float]:
@@ -136,3 +137,21 @@ def drain_cost(device: torch.device | str, calls: int = 20) -> float:
     waited = seconds_per_call(tick_and_wait, calls, dev)
     issued = issue_time(tick, dev, calls=calls, bursts=1)
     return max(waited - issued, 0.0)
+
+
+def residual(name: str, verdict: str, extra_s: float, host_s: float, gpu_s: float,
+             syncs: float | None, drain_s: float) -> str:
+    """One clause saying what a step-time model left over for one rung.
+
+    ``extra_s`` is measured minus predicted seconds a step; ``host_s`` and ``gpu_s`` the model's
+    two sides; ``syncs`` the rung's counted syncs a step (None where not counted) and ``drain_s``
+    one drain (:func:`drain_cost`). Where the rung synchronizes, the residual is also given in
+    drains per sync: many drains per sync is a sync that found a queue of GPU work behind it,
+    which a constant drain does not model.
+    """
+    said = (f"{name}, {verdict}: {fmt(abs(extra_s), 's')} a step "
+            f"{'more' if extra_s > 0 else 'less'} than predicted, its "
+            f"{'host' if host_s >= gpu_s else 'GPU'} time the larger")
+    if syncs and drain_s > 0:
+        said += f", {abs(extra_s) / syncs / drain_s:.1f} drains per sync of its {syncs:.0f}"
+    return said
