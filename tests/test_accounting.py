@@ -27,3 +27,18 @@ def test_device_busy_needs_a_gpu():
         accounting.device_busy(lambda: None)
     with pytest.raises(ValueError, match="calls"):
         accounting.device_busy(lambda: None, calls=0)
+
+
+def test_drain_cost_is_zero_where_the_kernels_run_on_the_host():
+    assert accounting.drain_cost("cpu") == 0.0
+    with pytest.raises(ValueError, match="calls"):
+        accounting.drain_cost("cpu", calls=0)
+
+
+def test_residual_names_the_side_and_counts_drains_only_where_the_rung_syncs():
+    said = accounting.residual("naive", "outside", 3e-4, 4e-3, 1e-3, 3, 5e-5)
+    assert said.startswith("naive, outside: 300 µs a step more than predicted")
+    assert "its host time the larger" in said and "2.0 drains per sync of its 3" in said
+    quiet = accounting.residual("graph", "undecided", -1e-4, 1e-4, 6e-4, 0, 5e-5)
+    assert "less than predicted" in quiet and "GPU time" in quiet and "drains" not in quiet
+    assert "drains" not in accounting.residual("cpu", "outside", 1e-3, 1, 0, None, 0.0)

@@ -9,7 +9,10 @@ CPU operators, blocking copies), measured with :mod:`perflab.core.timing` and
   stream counts once), with the number of kernels;
 * :func:`syncs_per_call`: how many times a call makes the host wait for the GPU, from PyTorch's
   sync debug mode on a GPU (the ground truth) or from the Python-level calls on a CPU
-  (:func:`perflab.internals.hostsync.count_host_syncs`, a lower bound).
+  (:func:`perflab.internals.hostsync.count_host_syncs`, a lower bound);
+* :func:`drain_cost`: what one of those waits adds to a step whose GPU has kept up with the host
+  (a tiny kernel issued and waited for, less the host's cost to issue it): the round trip of a
+  synchronization, which a step pays once per sync on top of the larger of its host and GPU time.
 
 Units: seconds; counts per call.
 """
@@ -22,11 +25,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from perflab.core.profiler import union
-from perflab.core.timing import synchronize
+from perflab.core.timing import seconds_per_call, synchronize
 from perflab.core.validate import positive_int
 from perflab.internals import hostsync
+from perflab.internals.overhead import issue_time
+from perflab.record.numbers import fmt
 
-__all__ = ["device_busy", "syncs_per_call"]
+__all__ = ["device_busy", "drain_cost", "residual", "syncs_per_call"]
 
 
 def device_busy(fn: Callable[[], Any], calls: int = 3, warmup: int = 1) -> dict[str, float]:
@@ -97,3 +102,56 @@ def syncs_per_call(fn: Callable[[], Any], device: torch.device | str, calls: int
         return len(found) / calls
     _, counts = hostsync.count_host_syncs(run)
     return sum(counts.values()) / calls
+
+
+def drain_cost(device: torch.device | str, calls: int = 20) -> float:
+    """Seconds one synchronization adds to a step whose GPU has kept up with its host.
+
+    On a CUDA device: ``calls`` times, one tiny kernel is issued and waited for
+    (``torch.cuda.synchronize``); from the time per call, the host's cost to issue the same kernel
+    without waiting (:func:`perflab.internals.overhead.issue_time`) is taken away. What is left is
+    the round trip of a drain: the kernel's launch latency and run, the completion reaching the
+    host, the host resuming. A host-bound step that synchronizes ``n`` times a step pays about
+    ``n`` of these on top of the larger of its host and GPU times (the GPU's backlog at a sync is
+    then about one kernel). Measure it in the same rounds as the steps it predicts: it moves with
+    the host's load. Elsewhere 0.0: a CPU runs its kernels on the calling thread, so there is
+    nothing to wait for.
+
+    Raises:
+        ValueError: ``calls`` < 1.
+    """
+    positive_int("calls", calls)
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return 0.0
+    z = torch.zeros(1, device=dev)
+
+    def tick() -> None:
+        z.add_(1)
+
+    def tick_and_wait() -> None:
+        z.add_(1)
+        synchronize(dev)
+
+    tick_and_wait()
+    waited = seconds_per_call(tick_and_wait, calls, dev)
+    issued = issue_time(tick, dev, calls=calls, bursts=1)
+    return max(waited - issued, 0.0)
+
+
+def residual(name: str, verdict: str, extra_s: float, host_s: float, gpu_s: float,
+             syncs: float | None, drain_s: float) -> str:
+    """One clause saying what a step-time model left over for one rung.
+
+    ``extra_s`` is measured minus predicted seconds a step; ``host_s`` and ``gpu_s`` the model's
+    two sides; ``syncs`` the rung's counted syncs a step (None where not counted) and ``drain_s``
+    one drain (:func:`drain_cost`). Where the rung synchronizes, the residual is also given in
+    drains per sync: many drains per sync is a sync that found a queue of GPU work behind it,
+    which a constant drain does not model.
+    """
+    said = (f"{name}, {verdict}: {fmt(abs(extra_s), 's')} a step "
+            f"{'more' if extra_s > 0 else 'less'} than predicted, its "
+            f"{'host' if host_s >= gpu_s else 'GPU'} time the larger")
+    if syncs and drain_s > 0:
+        said += f", {abs(extra_s) / syncs / drain_s:.1f} drains per sync of its {syncs:.0f}"
+    return said
