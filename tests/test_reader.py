@@ -439,7 +439,9 @@ def test_search_finds_the_field_s_spellings(build, server):
 # missed six pages that "all-reduce" found, the pages that say "all" and "reduce" apart)
 SPELLING_PAIRS = (("allreduce", "all-reduce"), ("all reduce", "AllReduce"), ("dataloader", "data loader"),
                   ("torch.compile", "torch compile"), ("bf16", "bfloat16"), ("reduce-scatter", "reducescatter"),
-                  ("activation checkpointing", "recomputation"), ("warm-up", "warmup"))
+                  ("activation checkpointing", "recomputation"), ("warm-up", "warmup"),
+                  ("all-gather", "allgather"), ("torchcompile", "torch.compile"), ("fp16", "float16"),
+                  ("CUDA graphs", "cudagraphs"), ("micro-batch", "microbatch"), ("py-spy", "pyspy"))
 
 
 def test_search_finds_the_same_pages_for_every_spelling(build, server):
