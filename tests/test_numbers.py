@@ -66,14 +66,16 @@ def test_fmt_refuses_what_is_not_a_finite_number(bad):
 
 
 @pytest.mark.parametrize("text", ["+0.00 %", "0.0e+00 of difference", "2.05e+03 MiB", "734,577,152 bytes",
-                                  "5.105e+05 tokens/s", "3.1415926 ms", "1/1.32e+03 of the matrix rate"])
+                                  "5.105e+05 tokens/s", "3.1415926 ms", "1/1.32e+03 of the matrix rate",
+                                  "losses agree within 1.2e-05.", "a ratio of 3.1415926.", "1/1.32e+03."])
 def test_the_bad_shapes_catch_the_issue_s_examples(text):
     assert any(rx.search(text) for rx in BAD), text
 
 
 @pytest.mark.parametrize("text", ["1.42 GB", "+0.3 %", "510k tokens/s", "arXiv:1604.06174", "v2.11.0",
                                   "2026-12-01", "driver 580.159.04", "1e-3 tolerance",
-                                  "https://x.org/a/1e+05", "1/1,320 of the matrix rate"])
+                                  "https://x.org/a/1e+05", "1/1,320 of the matrix rate",
+                                  "torch 2.11.0.", "see arXiv:1604.06174."])
 def test_the_bad_shapes_leave_what_a_person_writes(text):
     assert not any(rx.search(text) for rx in BAD), text
 

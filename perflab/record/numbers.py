@@ -39,14 +39,15 @@ import re
 __all__ = ["BAD_SHAPES", "fmt", "fmt_small", "format_spec", "nbytes", "power10", "sig"]
 
 # Shapes of numbers a person would not write, as regular expressions over the text a reader
-# reads (the look-behinds keep identifiers out: "arXiv:1604.06174", versions, URLs).
+# reads (the look-behinds keep identifiers out: "arXiv:1604.06174", versions, URLs; a number
+# may end a sentence: "within 1.2e-05." is caught, "1.2e-05.3" is not a number).
 BAD_SHAPES = {
     "a zero that pretends to precision": r"(?<![\w.:/])[+\-−]?0\.0+\s?%",
-    "scientific notation": r"(?<![\w.:/])[+\-−]?\d+(?:\.\d+)?e[+\-−]\d{2,}(?![\w.])",
+    "scientific notation": r"(?<![\w.:/])[+\-−]?\d+(?:\.\d+)?e[+\-−]\d{2,}(?!\w|\.\w)",
     "a byte count in digits": r"(?<![\w.,:/])(?:\d{1,3}(?:,\d{3}){2,}|\d{7,})\s?(?:bytes|B)\b",
-    "more digits than a measurement has": r"(?<![\w.:/])\d+\.\d{5,}(?![\w.])",
+    "more digits than a measurement has": r"(?<![\w.:/])\d+\.\d{5,}(?!\w|\.\w)",
     # "1/1.32e+03 of the matrix rate": the shape above leaves a number after "/" alone (URLs)
-    "scientific notation in a fraction": r"(?<=\d/)[+\-−]?\d+(?:\.\d+)?e[+\-−]\d{2,}(?![\w.])",
+    "scientific notation in a fraction": r"(?<=\d/)[+\-−]?\d+(?:\.\d+)?e[+\-−]\d{2,}(?!\w|\.\w)",
 }
 
 _SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "µ"),
