@@ -14,6 +14,9 @@
   page's ``<meta name="keywords">``, which Sphinx's search index reads
   (``sphinx.search.IndexBuilder``); nothing is added to what a reader sees.
 * **One search box**: the theme's top bar repeated the sidebar's search field; it is removed.
+* **Glued numbers as a person writes them**: ``{glue:text}`key:.3g``` formats through
+  :func:`perflab.record.numbers.format_spec` instead of Python's ``format``, so a page's
+  ``.3g`` of 1,320 reads "1,320", never "1.32e+03" (:func:`install_number_format`).
 * **Wide blocks say that they scroll**: a table, code cell or output wider than the text column
   scrolls inside its own box, and ``static/reader.js`` puts a visible hint above it ("scroll
   sideways") and a shadow on its right edge; ``tests/test_reader.py`` measures every page in
@@ -33,7 +36,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 import zipfile
+from ast import literal_eval
 from pathlib import Path
 
 from docutils import nodes
@@ -45,6 +50,10 @@ logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
+if str(ROOT) not in sys.path:  # perflab, without requiring an install
+    sys.path.insert(0, str(ROOT))
+
+from perflab.record.numbers import format_spec  # noqa: E402
 BUNDLE_NAME = "pytorch-performance-course.zip"
 PDF_NAME = "pytorch-performance-course.pdf"
 BUNDLE_README = HERE / "bundle" / "README.md"
@@ -177,6 +186,31 @@ def add_search_keywords(app, doctree, docname) -> None:
     meta["name"] = "keywords"
     meta["content"] = ", ".join(words)
     doctree.insert(0, meta)
+
+
+def glued_text(text: str, fmt_spec: str) -> str:
+    """myst-nb's ``format_plain_text`` (a glued value's ``text/plain`` under a role's format
+    spec), with a number written by :func:`perflab.record.numbers.format_spec`: never an
+    exponent, a zero percentage with false precision or more than four decimals."""
+    try:
+        value = literal_eval(text)
+    except (SyntaxError, ValueError):
+        value = text
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not (
+            fmt_spec.endswith("s")):
+        return format_spec(value, fmt_spec)
+    from myst_nb.core.variables import format_plain_text
+    return format_plain_text(text, fmt_spec)
+
+
+def install_number_format() -> None:
+    """The ``{glue:text}`` roles (on the page, and resolved across pages) format through
+    :func:`glued_text`: myst-nb imports ``format_plain_text`` by name into both modules."""
+    from myst_nb.ext.glue import crossref, roles
+
+    for module in (roles, crossref):
+        if hasattr(module, "format_plain_text"):
+            module.format_plain_text = glued_text
 
 
 STUDENT_NOTE = ("Student edition: each exercise's solution is replaced by the place for your code "
@@ -480,6 +514,7 @@ def on_config_inited(app, config) -> None:
 
 
 def setup(app):
+    install_number_format()
     app.add_config_value("reader_edition", "full", "env")
     app.add_config_value("reader_bundle", True, "html")
     app.add_config_value("reader_student_sources", "", "env")

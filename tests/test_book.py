@@ -233,6 +233,33 @@ def test_glossary_entries_have_a_chinese_term(build, rendered):
         assert any(t.startswith(needed) for t in english), f"the glossary lacks {needed!r}"
 
 
+SOURCE_BOOK = "不止量化及LORA：原生PyTorch性能及記憶體優化精解"
+SOURCE_AUTHORS = ("張愛玲", "Ailing Zhang", "楊占略", "Zhanlue Yang")
+
+
+def test_the_source_book_is_credited_on_the_front_page_and_in_the_bibliography(build):
+    """Issue 43: the front page and the bibliography name the source book and its authors and
+    cite it; the front page says which of its chapters each of our ten follows."""
+    front = (build.html / "index.html").read_text(encoding="utf-8")
+    biblio = (build.html / "bibliography.html").read_text(encoding="utf-8")
+    for name, page in (("front page", front), ("bibliography", biblio)):
+        assert SOURCE_BOOK in page, f"the {name} does not name the source book"
+        assert all(a in page for a in SOURCE_AUTHORS[1::2]), f"the {name} does not name its authors"
+        assert "ZY24" in page, f"the {name} does not cite the source book (its label, ZY24a)"
+        assert "ailzhang/EfficientPyTorch" in page, f"the {name} does not name the companion code"
+    assert all(a in front for a in SOURCE_AUTHORS[0::2]), "the front page lacks the authors' Chinese names"
+    table = front[front.index("authors-and-credits"):]
+    rows = re.findall(r"<tr[^>]*>\s*<td[^>]*>(?:<p>)?(\d+), ", table)
+    assert rows[:10] == [str(n) for n in range(1, 11)], f"the credit table lists our chapters {rows}"
+
+
+def test_bibliography_keys_are_unique():
+    keys = [m.group(1) for f in sorted((ROOT / "bib").glob("*.bib"))
+            for m in re.finditer(r"^@\w+\{([^,\s]+),", f.read_text(encoding="utf-8"), re.M)]
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    assert keys and not dupes, f"keys in more than one entry of bib/*.bib: {dupes}"
+
+
 def test_search_finds_the_glossary_and_a_chapter(build, server):
     binary = require_chromium()
     proc = chromium(binary, f"{server}/search.html?q=roofline", "--dump-dom")

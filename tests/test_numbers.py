@@ -1,5 +1,5 @@
 """perflab.record.numbers: numbers as a person writes them (CONTRIBUTING.md, "Numbers"): fmt,
-and sig, nbytes, fmt_small, power10."""
+and sig, nbytes, fmt_small, power10, format_spec (the book's glue:text formats through it)."""
 
 import math
 import re
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from perflab.record.numbers import BAD_SHAPES, fmt, fmt_small, nbytes, power10, sig
+from perflab.record.numbers import BAD_SHAPES, fmt, fmt_small, format_spec, nbytes, power10, sig
 
 BAD = [re.compile(rx) for rx in BAD_SHAPES.values()]
 
@@ -66,13 +66,16 @@ def test_fmt_refuses_what_is_not_a_finite_number(bad):
 
 
 @pytest.mark.parametrize("text", ["+0.00 %", "0.0e+00 of difference", "2.05e+03 MiB", "734,577,152 bytes",
-                                  "5.105e+05 tokens/s", "3.1415926 ms"])
+                                  "5.105e+05 tokens/s", "3.1415926 ms", "1/1.32e+03 of the matrix rate",
+                                  "losses agree within 1.2e-05.", "a ratio of 3.1415926.", "1/1.32e+03."])
 def test_the_bad_shapes_catch_the_issue_s_examples(text):
     assert any(rx.search(text) for rx in BAD), text
 
 
 @pytest.mark.parametrize("text", ["1.42 GB", "+0.3 %", "510k tokens/s", "arXiv:1604.06174", "v2.11.0",
-                                  "2026-12-01", "driver 580.159.04", "1e-3 tolerance"])
+                                  "2026-12-01", "driver 580.159.04", "1e-3 tolerance",
+                                  "https://x.org/a/1e+05", "1/1,320 of the matrix rate",
+                                  "torch 2.11.0.", "see arXiv:1604.06174."])
 def test_the_bad_shapes_leave_what_a_person_writes(text):
     assert not any(rx.search(text) for rx in BAD), text
 
@@ -112,3 +115,52 @@ def test_power10_writes_any_size_with_a_power_of_ten():
             power10(bad)
     with pytest.raises(ValueError):
         power10(1.0, 0)
+
+
+@pytest.mark.parametrize("value, spec, text", [
+    (1320.4, ".3g", "1,320"),                 # Python: 1.32e+03 (chapter 1's "1/1.32e+03")
+    (2.05e3, ".3g", "2,050"),                 # Python: 2.05e+03
+    (5.105e5, ",.4g", "510,500"),             # Python: 5.105e+05
+    (1000, ".3g", "1,000"),                   # an int through a float spec, as Python does
+    (1.32e-5, ".2g", "1.3 × 10⁻⁵"),
+    (1.32e-5, "", "1.32 × 10⁻⁵"),             # a bare float's repr: 1.32e-05
+    (0.0123, ".2e", "0.0123"),
+    (3.15e23, ".3e", "3.15 × 10²³"),
+    (0.0, ".1e", "0"),                        # Python: 0.0e+00
+    (0.0, "+.2%", "0%"),                      # Python: +0.00%
+    (-0.0, ".1%", "0%"),
+    (4.2e3, "+.2g", "+4,200"),
+    (-4.5e3, "+.2g", "-4,500"),
+    (1e20, ".3g", "1 × 10²⁰"),
+    # what Python writes without an exponent is Python's
+    (989.4, ".3g", "989"), (12.5, ".3g", "12.5"), (0.127, ".1%", "12.7%"), (0.003, "+.1%", "+0.3%"),
+    (1234.5, ",.0f", "1,234"), (1234.0, "", "1234.0"), (3, "d", "3"), (7, ".3g", "7"),
+    ("text", "s", "text"), ("1.32e+03", "", "1.32e+03"), (True, "", "True"),
+])
+def test_format_spec_writes_python_s_formats_as_a_person_would(value, spec, text):
+    assert format_spec(value, spec) == text
+
+
+@pytest.mark.parametrize("value", [0.0, 1e-30, 3.3e-9, 4.2e-4, 0.5, 7.77, 1320.4, 5.105e5, 2.05e3 * 2**20,
+                                   734_577_152.0, 1e13, 9.999e11, 6.02e23, -1.32e3])
+@pytest.mark.parametrize("spec", ["", ".3g", ".2g", ",.4g", "g", ".1e", ".3E", "+.2g", ".2%", "+.2%", ".0%", "n"])
+def test_format_spec_never_writes_a_shape_the_book_rejects(value, spec):
+    text = format_spec(value, spec)
+    assert not any(rx.search(t) for rx in BAD for t in (text, f"1/{text}")), text
+    assert not re.search(r"\d[eE][+-]?\d", text), text
+
+
+def test_format_spec_raises_what_format_raises():
+    with pytest.raises(ValueError):
+        format_spec(1.5, ".3q")
+
+
+@pytest.mark.parametrize("value, spec, text", [
+    (3.1415926, ".7f", "3.1416"),             # more decimals than a measurement has
+    (4.2e-4, "", "4.2 × 10⁻⁴"),               # Python: 0.00042
+    (1.23e-3, ".3g", "1.23 × 10⁻³"),          # Python: 0.00123
+    (2e-7, ".6f", "2 × 10⁻⁷"),                # four decimals would read 0.0000
+    (0.1234567, ".5%", "12.3457%"),
+])
+def test_format_spec_keeps_to_four_decimals(value, spec, text):
+    assert format_spec(value, spec) == text

@@ -124,3 +124,11 @@ def test_glue_table_glues_the_text_table_once(shown):
     table = tables.glue_table("ladder_table", ["rung", "tokens/s"], [["eager", "44.5k"]])
     assert list(glued) == ["ladder_table"] and glued["ladder_table"] is table
     assert table.data == "| rung | tokens/s |\n|:---|---:|\n| eager | 44.5k |"
+
+
+def test_a_number_without_a_unit_is_never_written_as_a_person_would_not():
+    col = Column("v", "value")
+    assert col.text(3) == "3" and col.text(12.5) == "12.5" and col.text("1.32e-05") == "1.32e-05"
+    assert col.text(1.32e-05) == "1.32 × 10⁻⁵"           # str(): 1.32e-05
+    assert col.text(0.123456789) == "0.123"              # str(): more digits than measured
+    assert col.text(1e16) == "1 × 10¹⁶"                  # str(): 1e+16

@@ -24,22 +24,30 @@ Beside ``fmt``: :func:`sig` keeps a fixed count of significant digits with thous
 :func:`fmt_small` writes a number that may be tiny (a rounding difference, a tolerance) with a
 power of ten below 0.001 ("4.5 × 10⁻⁷"), and :func:`power10` any number beyond a unit prefix
 ("3.15 × 10²³").
+
+:func:`format_spec` is Python's ``format(value, spec)`` that never writes a shape of
+:data:`BAD_SHAPES`: the book's ``{glue:text}`` roles format through it (``_ext/reader_pages.py``),
+so a page's ``:.3g`` of 1,320 reads "1,320", never "1.32e+03".
 """
 
 from __future__ import annotations
 
 import math
 import numbers as _numbers
+import re
 
-__all__ = ["BAD_SHAPES", "fmt", "fmt_small", "nbytes", "power10", "sig"]
+__all__ = ["BAD_SHAPES", "fmt", "fmt_small", "format_spec", "nbytes", "power10", "sig"]
 
 # Shapes of numbers a person would not write, as regular expressions over the text a reader
-# reads (the look-behinds keep identifiers out: "arXiv:1604.06174", versions, URLs).
+# reads (the look-behinds keep identifiers out: "arXiv:1604.06174", versions, URLs; a number
+# may end a sentence: "within 1.2e-05." is caught, "1.2e-05.3" is not a number).
 BAD_SHAPES = {
     "a zero that pretends to precision": r"(?<![\w.:/])[+\-−]?0\.0+\s?%",
-    "scientific notation": r"(?<![\w.:/])[+\-−]?\d+(?:\.\d+)?e[+\-−]\d{2,}(?![\w.])",
+    "scientific notation": r"(?<![\w.:/])[+\-−]?\d+(?:\.\d+)?e[+\-−]\d{2,}(?!\w|\.\w)",
     "a byte count in digits": r"(?<![\w.,:/])(?:\d{1,3}(?:,\d{3}){2,}|\d{7,})\s?(?:bytes|B)\b",
-    "more digits than a measurement has": r"(?<![\w.:/])\d+\.\d{5,}(?![\w.])",
+    "more digits than a measurement has": r"(?<![\w.:/])\d+\.\d{5,}(?!\w|\.\w)",
+    # "1/1.32e+03 of the matrix rate": the shape above leaves a number after "/" alone (URLs)
+    "scientific notation in a fraction": r"(?<=\d/)[+\-−]?\d+(?:\.\d+)?e[+\-−]\d{2,}(?!\w|\.\w)",
 }
 
 _SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m"), (1e-6, "µ"),
@@ -228,3 +236,82 @@ def nbytes(n: float, digits: int = 3) -> str:
         if mag >= size:
             return sig(n / size, digits, unit)
     return sig(n, digits, "B")
+
+
+# ---------------------------------------------------------------------------------------------
+# Python's format specifications, as a person writes the number
+
+_SPEC = re.compile(r"^(?:.?[<>=^])?(?P<sign>[+\- ]?)z?#?0?\d*[,_]?(?:\.(?P<precision>\d+))?"
+                   r"(?P<type>[bcdeEfFgGnosxX%]?)$")
+_EXPONENT = re.compile(r"\d[eE][+\-]?\d")
+_ZERO_PERCENT = re.compile(r"^\s*[+\- ]?0(?:\.0+)?%\s*$")
+_BAD = [re.compile(rx) for rx in BAD_SHAPES.values()]
+
+
+def _unwritten(text: str) -> bool:
+    """True when a person would not write ``text`` (an exponent, or a shape of
+    :data:`BAD_SHAPES`, alone or after "1/")."""
+    return bool(_EXPONENT.search(text)) or any(rx.search(t) for rx in _BAD for t in (text, f"1/{text}"))
+
+
+def format_spec(value, spec: str = "") -> str:
+    """``format(value, spec)`` as a person writes the number: what Python would write in a
+    shape of :data:`BAD_SHAPES` (an exponent, more than four decimals, a zero percentage with
+    false precision) is written otherwise; everything else is Python's.
+
+    ``format_spec(1320.4, ".3g") == "1,320"`` (Python: ``1.32e+03``);
+    ``format_spec(1.32e-5, ".2g") == "1.3 × 10⁻⁵"``; ``format_spec(0.0123, ".2e") == "0.0123"``;
+    ``format_spec(0.0, "+.2%") == "0%"`` (Python: ``+0.00%``); ``format_spec(3.1415926,
+    ".7f") == "3.1416"``; ``format_spec(0.127, ".1%") == "12.7%"`` as Python writes it.
+
+    The significant digits are the spec's (``.3g``: 3; ``.2e``: 3; no precision: 6 for ``g``,
+    3 for a bare float's repr); a fixed-point spec (``f``, ``%``) keeps at most
+    :data:`MAX_DECIMALS` decimals. A number is then written in digits with thousands separators
+    (:func:`sig`, trailing zeros dropped as ``g`` does) where that has at most four decimals
+    and no exponent, else with a power of ten (:func:`power10`). Width and alignment are dropped
+    from a number so rewritten (it is read inline, not in a column). Values that are not real
+    numbers (strings, booleans) are formatted by Python unchanged.
+
+    Raises:
+        ValueError: what ``format(value, spec)`` raises.
+    """
+    m = _SPEC.match(spec)
+    kind = m.group("type") if m else ""
+    if isinstance(value, bool) or not isinstance(value, _numbers.Real):
+        return format(value, spec)
+    if kind in ("e", "E", "f", "F", "g", "G", "n", "%"):
+        value = float(value)
+    elif kind in ("b", "c", "d", "o", "x", "X"):
+        value = int(value)
+    text = format(value, spec)
+    if m is None or not math.isfinite(value):
+        return text
+    if kind == "%" and _ZERO_PERCENT.match(text):
+        return "0%"
+    if not _unwritten(text):
+        return text
+    precision = m.group("precision")
+    if kind in ("f", "F", "%") and precision is not None and int(precision) > MAX_DECIMALS:
+        at = m.start("precision")
+        fixed = format(value, spec[:at] + str(MAX_DECIMALS) + spec[m.end("precision"):])
+        if not _unwritten(fixed) and (value == 0 or re.search(r"[1-9]", fixed)):
+            return fixed
+    if kind in ("e", "E"):
+        digits = int(precision if precision is not None else 6) + 1
+    elif kind in ("g", "G", "n"):
+        digits = max(1, int(precision)) if precision is not None else 6
+    else:
+        digits = 3
+    if kind == "%":
+        value *= 100
+    unit = "%" if kind == "%" else ""
+    sign = "+" if m.group("sign") == "+" and value > 0 else ""
+    if value == 0:
+        return "0" + unit
+    if abs(value) < 1e15:
+        written = sig(value, digits)
+        if "." in written:
+            written = written.rstrip("0").rstrip(".")
+        if not _unwritten(written):
+            return sign + written + unit
+    return sign + power10(value, digits) + unit

@@ -34,7 +34,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from perflab.record.numbers import fmt
+from perflab.record.numbers import fmt, format_spec
 from perflab.record.provenance import glue
 
 __all__ = ["Column", "glue_many", "glue_table", "markdown", "show", "text_table"]
@@ -44,7 +44,9 @@ __all__ = ["Column", "glue_many", "glue_table", "markdown", "show", "text_table"
 class Column:
     """One column of a table: ``key`` in each row (a dict key, or an index for tuple rows),
     its ``header``, and how its numbers are written (``unit``, ``sig``, ``signed``: see
-    :func:`perflab.record.numbers.fmt`; ``unit=None`` writes the value as text)."""
+    :func:`perflab.record.numbers.fmt`; ``unit=None`` writes the value as text, a number as
+    Python writes it unless that is a shape a person would not write:
+    :func:`perflab.record.numbers.format_spec`)."""
 
     key: str | int
     header: str
@@ -60,6 +62,8 @@ class Column:
             return "yes" if value else "no"
         if self.unit is not None and not isinstance(value, str):
             return fmt(value, self.unit, self.sig, self.signed)
+        if isinstance(value, numbers.Real):   # no unit: as Python writes it, never 1.32e-05
+            return format_spec(value)
         return str(value)
 
 
