@@ -69,10 +69,19 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def _has_bf16() -> bool:
+    """A GPU, or a CPU whose instructions multiply bf16 (AVX512-BF16, AMX)."""
+    import torch
+    return torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+_NEEDS = {"cuda": _has_cuda, "bf16": _has_bf16}
+
+
 @pytest.mark.parametrize("lab, k", CASES, ids=[f"{lab.stem}-{WRONG[lab.stem][k][0]}-{k}" for lab, k in CASES])
 def test_wrong_solution_fails_its_check(lab, k):
     sol_id, old, new, pattern, *needs = WRONG[lab.stem][k]
-    missing = [m for m in needs if (not _has_cuda() if m == "cuda"
+    missing = [m for m in needs if (not _NEEDS[m]() if m in _NEEDS
                                     else importlib.util.find_spec(m) is None)]
     if missing:
         pytest.skip(f"this wrong solution is wrong only with {', '.join(missing)}, not here")
