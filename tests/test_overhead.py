@@ -167,6 +167,10 @@ def test_miss_sentence_blames_the_per_call_cost_only_when_the_one_element_call_s
     text = overhead.miss_sentence(m, 1.80, 1.77 * 8e-6, 5.38e12, 4.2e12, here_s=1.7 * 8e-6)
     assert "per-call cost" in text and "1.77x" in text and "1.70x" in text
     assert "unexplained" in text and "moves the crossover out" in text
+    assert "this process pays more per call" in text
+    # the recipe gives h again in this process: the sweep's calls, not the process, cost more
+    text = overhead.miss_sentence(m, 1.80, 1.77 * 8e-6, 5.38e12, 4.2e12, here_s=1.05 * 8e-6)
+    assert "does not isolate" in text and "this process pays more" not in text
     # t0 off, but the one-element call at h: the page cannot say what moved t0
     text = overhead.miss_sentence(m, 1.80, 8e-6, 4.2e12, 4.2e12)
     assert "not measured on this page" in text and "bandwidth agrees" in text
