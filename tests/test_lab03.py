@@ -1,6 +1,8 @@
 """Lab 3: its student version is valid Python, and its checks can fail (they reject the baseline)."""
 
 import ast
+import multiprocessing
+import subprocess
 import sys
 from pathlib import Path
 
@@ -104,6 +106,9 @@ def test_graph_keeps_sees_every_way_of_keeping_a_tensor(lab_namespace):
                 backward(ctx)))})
 
     ways = {"ctx dict": (lambda c, x: setattr(c, "d", {"x": x}), lambda c: c.d["x"]),
+            "ctx attribute": (lambda c, x: setattr(c, "x", x), lambda c: c.x),
+            "ctx list": (lambda c, x: setattr(c, "l", [x]), lambda c: c.l[0]),
+            "closure": (lambda c, x: setattr(c, "get", lambda: x), lambda c: c.get()),
             "global": (lambda c, x: store.__setitem__("x", x), lambda c: store["x"]),
             "clone in a module": (lambda c, x: setattr(torch, "_kept_for_test", x.detach().clone()),
                                   lambda c: torch._kept_for_test),
@@ -128,3 +133,45 @@ def test_the_stride_check_asks_about_the_labs_own_expressions():
     ns: dict = {}
     exec(compile(_cell(jupytext.read(LAB), 'expressions = ['), "<lab3 expressions>", "exec"), {"torch": torch}, ns)
     assert tuple(ns["expressions"]) == lab03.STRIDE_EXPRESSIONS
+
+
+_REFERENCE = """
+import torch
+
+
+class SiLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * torch.sigmoid(x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(x)
+        return grad_out * s * (1 + x * (1 - s))
+
+
+def verdict(n):
+    from perflab.labs import lab03
+    kept = lab03.graph_keeps(SiLU, torch.randn(n), seed=3)
+    return lab03.hidden_keeps(kept), kept["saved_bytes"]
+"""
+
+
+@pytest.mark.parametrize("method", [m for m in ("spawn", "forkserver")
+                                    if m in multiprocessing.get_all_start_methods()])
+def test_graph_keeps_passes_the_reference_in_a_fresh_process(method, tmp_path):
+    """A grader's kernel is a fresh process: the reference must pass there too (the first use of
+    the dispatch mode and of autograd imports modules, which must not count as kept memory),
+    in a worker started with spawn or forkserver, on CPU."""
+    (tmp_path / "ref_silu.py").write_text(_REFERENCE)
+    code = (f"import multiprocessing, sys\nsys.path[:0] = [{str(tmp_path)!r}, {str(ROOT)!r}]\n"
+            "import ref_silu\n"
+            "if __name__ == '__main__':\n"
+            f"    with multiprocessing.get_context({method!r}).Pool(1) as pool:\n"
+            "        print(pool.apply(ref_silu.verdict, (2**16,)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == f"([], {4 * 2**16})"
