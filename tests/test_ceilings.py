@@ -113,11 +113,40 @@ def _h200_file(tmp_path, gpu=True):
     # the 2026-12-01 run's bf16 product, fixed here: a new reference run changes the file
     bf16 = ref["ceilings"]["matmul_bf16"]
     bf16["value"], bf16["telemetry"]["sm_clock_mhz_median"] = 691.8e12, 1590.0
+    bf16["telemetry"].pop("sm_clock_mhz", None)     # a file from before the weighted clock
     ref["gpu"] = ({"sm_count": 132, "compute_capability": [9, 0], "max_sm_clock_hz": 1.98e9,
                    "memory_peak_bandwidth": 4.917e12} if gpu else None)
     path = tmp_path / "c.json"
     path.write_text(json.dumps(ref))
     return C._from_doc(json.loads(path.read_text()), path)
+
+
+def test_per_clock_takes_the_time_weighted_clock_where_the_file_has_it(tmp_path):
+    """A median of readings that the warm-up crowded (1,590 MHz) is not the clock the SMs ran
+    at; the time-weighted clock over the timed window (1,500 MHz) is, and per_clock uses it."""
+    c = _h200_file(tmp_path)
+    c["matmul_bf16"].telemetry["sm_clock_mhz"] = 1500.0
+    assert c["matmul_bf16"].sm_clock_hz == pytest.approx(1.5e9)
+    assert c.per_clock("matmul_bf16") == pytest.approx(691.8e12 / (132 * 4096 * 1.5e9))
+    c["matmul_bf16"].telemetry["sm_clock_mhz"] = None           # too short to read a clock
+    c["matmul_bf16"].telemetry["sm_clock_mhz_median"] = None
+    assert c["matmul_bf16"].sm_clock_hz is None and c.per_clock("matmul_bf16") is None
+
+
+def test_headline_ceilings_time_half_a_second_on_a_gpu(monkeypatch):
+    """The copy and the products, whose clocks the pages quote, get >= 0.5 s of repetitions."""
+    seen = {}
+
+    def fake(fn, device, min_run_time_s, work):
+        seen[work, len(seen)] = min_run_time_s
+        summary = type("S", (), {"as_dict": lambda self: {}})()
+        return type("M", (), {"seconds": 1.0, "telemetry": summary,
+                              "rate": lambda self, w: w})()
+
+    monkeypatch.setattr(C, "_measure", fake)
+    c = C._one("copy_bandwidth", lambda: None, 8.0, "8 B", C.torch.device("cpu"),
+               C.HEADLINE_RUN_S)
+    assert c.value == 8.0 and list(seen.values()) == [0.5] and C.HEADLINE_RUN_S >= 0.5
 
 
 def test_roofs_come_from_the_clock_model_and_nothing_exceeds_them(tmp_path):

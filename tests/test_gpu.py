@@ -37,9 +37,15 @@ def test_matmul_rates_reports_an_fp8_failure_instead_of_stopping(monkeypatch):
     def broken(device, n):
         raise RuntimeError("no fp8 kernel for this architecture\nsecond line")
 
-    monkeypatch.setattr(gpu, "matmul_rate", lambda d, n, k: broken(d, n) if k == "fp8" else 1.0)
-    rates, errors = gpu.matmul_rates("cpu", 64, ["fp32", "fp8"])
-    assert rates == {"fp32": 1.0}
+    runs = []
+
+    def rate(d, n, k, min_run_time_s):
+        runs.append(min_run_time_s)
+        return broken(d, n) if k == "fp8" else 1.0
+
+    monkeypatch.setattr(gpu, "matmul_rate", rate)
+    rates, errors = gpu.matmul_rates("cpu", 64, ["fp32", "fp8"], min_run_time_s=0.5)
+    assert rates == {"fp32": 1.0} and runs == [0.5, 0.5]
     assert errors == {"fp8": "RuntimeError: no fp8 kernel for this architecture"}
 
 

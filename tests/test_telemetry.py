@@ -76,7 +76,8 @@ def test_only_readings_inside_the_timed_window_count(monkeypatch):
     s = tel.summary()
     assert s.scope == "timed window" and s.windows == 1
     assert s.sm_clock_mhz_median == s.sm_clock_mhz_highest == 1500.0
-    assert s.power_w_max == 690.0 and s.reasons == ("software power cap",)
+    assert s.reasons == ("software power cap",)
+    assert s.power_w_max is None and s.power_short   # 0.05 s: shorter than power's 1 s
     assert 0.04 < s.duration_s < 0.1                 # the window, not the 0.15 s block
     assert "timed window" in s.sentence() and "1,980" in s.sentence()   # chip max only
     assert "1,500 MHz" in s.sentence()
@@ -120,8 +121,9 @@ def test_clock_range_and_median_are_stated(monkeypatch):
             _busy(0.05)
     s = tel.summary()
     assert s.sm_clock_mhz_min == 1575.0 and s.sm_clock_mhz_highest == 1980.0
-    assert "SM clock 1,575–1,980 MHz, median" in s.sentence()
-    assert s.sm_clock_hz == pytest.approx(s.sm_clock_mhz_median * 1e6)
+    assert "time-weighted over the window, readings 1,575–1,980 MHz" in s.sentence()
+    assert s.sm_clock_hz == pytest.approx(s.sm_clock_mhz_weighted * 1e6)
+    assert 1575.0 < s.sm_clock_mhz_weighted < 1980.0
 
 
 def test_measure_returns_seconds_and_telemetry_of_its_window():
@@ -165,17 +167,16 @@ def test_work_on_the_cpu_samples_the_cpu_even_beside_a_gpu(monkeypatch):
 
 
 @pytest.mark.parametrize("instant, kind, words", [
-    (None, "1 s average", "one-second average"), (612.0, "instantaneous", "(instantaneous)"),
+    (None, "1 s average", "one-second average"), (612.0, "instantaneous", ", instantaneous)"),
     (745.0, "instantaneous", "one may exceed the 700 W limit")])
 def test_power_is_stated_as_what_nvml_gives(monkeypatch, instant, kind, words):
     """The instantaneous field where the driver has it, else the one-second average, named; an
     instantaneous reading above the limit is explained, not left as a contradiction."""
-    _steady(monkeypatch, instant=instant)
-    with T.Telemetry(interval_s=0.002) as tel:
-        with tel.window():
-            _busy(0.02)
-    s = tel.summary()
-    assert s.power_kind == kind and words in s.sentence()
+    trace = [{**T._gpu_reading_from(_reading(instant=instant)), "t": 0.1 * i}
+             for i in range(16)]
+    s = T.summarize(trace, [(0.05, 1.45)], source="NVML", interval_s=0.1, block_s=1.6,
+                    device="NVIDIA H200")
+    assert s.power_kind == kind and words in s.sentence() and not s.power_short
     assert s.power_w_max == (instant if instant is not None else 197.0)
 
 
@@ -207,3 +208,81 @@ def test_a_constant_cpuinfo_clock_is_said_to_be_unreadable(monkeypatch, source, 
     s = tel.summary()
     assert s.cpu_clock_readable is readable
     assert ("cannot be read" in s.sentence()) is (not readable)
+
+
+# ---- a fake sampler trace: the summary describes the timed window, time-weighted ----------
+
+def _trace(points):
+    """Readings as Telemetry keeps them, from ``(t, sm_mhz, power_w)``."""
+    return [{"t": t, "sm_clock_mhz": mhz, "max_sm_clock_mhz": 1980.0,
+             "memory_clock_mhz": 3201.0, "power_w": w, "power_kind": "1 s average",
+             "power_limit_w": 700.0, "temperature_c": 60,
+             "clock_event_reasons": ["software power cap"] if mhz < 1980 else []}
+            for t, mhz, w in points]
+
+
+def test_a_warm_up_at_a_high_clock_does_not_set_the_window_clock():
+    """Warm-up read often at 1,980 MHz, then a 1.2 s window at ~1,500 MHz read unevenly: the
+    old summary (median of every reading in the block, warm-up included) said 1,980 MHz; the
+    clock is the window's, time-weighted, not the median of its readings."""
+    warm = [(0.01 * i, 1980.0, 300.0) for i in range(50)]        # 0.00-0.49 s, 50 readings
+    # inside the window [0.5, 1.7]: 1,600 MHz read 5 times in its first 0.1 s, then 1,500 MHz
+    # read every 0.2 s for the remaining 1.1 s
+    burst = [(0.5 + 0.02 * i, 1600.0, 650.0) for i in range(5)]
+    held = [(0.7 + 0.2 * i, 1500.0, 690.0) for i in range(6)]     # 0.7 ... 1.7
+    after = [(1.8 + 0.05 * i, 1980.0, 200.0) for i in range(4)]
+    s = T.summarize(_trace(warm + burst + held + after), [(0.5, 1.7)], source="NVML",
+                    interval_s=0.02, block_s=2.0, device="NVIDIA H200")
+    assert s.samples == 11 and not s.too_short
+    assert s.sm_clock_mhz_highest == 1600.0 and s.sm_clock_mhz_min == 1500.0
+    # the 1,600 MHz readings stand for 0.50-0.64 s (the last of them, at 0.58 s, up to the
+    # midpoint with the first 1,500 MHz reading at 0.70 s), 1,500 MHz for the other 1.06 s
+    expected = (1600.0 * 0.14 + 1500.0 * 1.06) / 1.2
+    assert s.sm_clock_mhz_weighted == pytest.approx(expected)
+    assert s.sm_clock_hz == pytest.approx(expected * 1e6)
+    assert s.sm_clock_mhz_median == 1500.0     # 6 readings of 1,500 against 5 of 1,600
+    assert f"SM clock {expected:,.0f} MHz time-weighted" in s.sentence()
+    assert "1,500–1,600 MHz" in s.sentence()
+    # power: only readings 1 s or more into the window (1.5, 1.7 s), not the warm-up's 300 W
+    assert s.power_w_max == 690.0 and not s.power_short and "690 W" in s.sentence()
+
+
+def test_time_weighted_counts_each_reading_by_the_time_it_stands_for():
+    assert T.time_weighted([(0.0, 1.0), (1.0, 3.0)], [(0.0, 1.0)]) == pytest.approx(2.0)
+    # a reading at 0.1 s stands for 0.0-0.5, one at 0.9 s for 0.5-1.0 ... of [0, 1]
+    assert T.time_weighted([(0.1, 1.0), (0.9, 3.0)], [(0.0, 1.0)]) == pytest.approx(2.0)
+    # three crowded readings at 1,000 against one long one at 2,000: weight, not count
+    got = T.time_weighted([(0.0, 1e3), (0.01, 1e3), (0.02, 1e3), (0.5, 2e3)], [(0.0, 1.0)])
+    assert got == pytest.approx((1e3 * 0.26 + 2e3 * 0.74) / 1.0)
+    # readings outside every window do not count; two windows add up
+    assert T.time_weighted([(5.0, 9.0)], [(0.0, 1.0)]) is None
+    assert T.time_weighted([(0.5, 1.0), (2.5, 3.0)], [(0.0, 1.0), (2.0, 5.0)]) == \
+        pytest.approx((1.0 * 1 + 3.0 * 3) / 4)
+
+
+def test_a_window_shorter_than_the_power_averaging_interval_quotes_no_power():
+    """A 0.2 s copy read at 121 W (the idle board the power reading still averages) must not
+    be captioned "at 121 W": the sentence says the window is too short for power."""
+    points = [(0.5 + 0.02 * i, 1980.0, 121.0) for i in range(11)]       # 0.50-0.70 s
+    s = T.summarize(_trace(points), [(0.5, 0.7)], source="NVML", interval_s=0.02,
+                    block_s=1.0, work="memory", device="NVIDIA H200")
+    assert not s.too_short and s.power_w_max is None and s.power_short
+    assert "121 W" not in s.sentence()
+    assert "shorter than the 1 s" in s.sentence() and "one-second average" in s.sentence()
+
+
+def test_fewer_than_min_samples_readings_are_too_short():
+    points = [(0.0, 1980.0, 120.0)] + [(0.5 + 0.02 * i, 1500.0, 690.0)
+                                        for i in range(T.MIN_SAMPLES - 1)]
+    s = T.summarize(_trace(points), [(0.49, 0.55)], source="NVML", interval_s=0.02,
+                    block_s=1.0, device="NVIDIA H200")
+    assert s.samples == T.MIN_SAMPLES - 1 and s.too_short
+    assert s.sm_clock_hz is None and s.sm_clock_mhz_weighted is None
+    assert s.power_w_max is None
+    assert "too short to read a clock" in s.sentence() and "MHz" not in s.sentence().replace(
+        "chip max 1,980 MHz", "")
+    # enough readings crowded into less than MIN_SAMPLES intervals: too short as well
+    crowded = [(0.5 + 0.001 * i, 1500.0, 690.0) for i in range(10)]
+    s = T.summarize(_trace(crowded), [(0.5, 0.51)], source="NVML", interval_s=0.02,
+                    block_s=1.0, device="NVIDIA H200")
+    assert s.samples == 10 and s.too_short and s.sm_clock_hz is None

@@ -1,3 +1,5 @@
+import contextlib
+
 import pytest
 import torch
 
@@ -55,6 +57,38 @@ def test_benchmark_on_cpu_is_torch_utils_benchmarks_median_after_one_warm_up(mon
     assert seen["min_run_time"] == 0.05 and seen["threads"] == torch.get_num_threads()
     with pytest.raises(ValueError, match="min_run_time_s"):
         timing.benchmark(lambda: None, "cpu", min_run_time_s=0)
+
+
+def test_benchmark_on_cuda_runs_do_bench_until_the_window_is_long_enough(monkeypatch):
+    """A do_bench whose repetitions overshoot (here each run lasts 0.1 s of a requested 0.3 s)
+    left a window too short to read a clock: benchmark runs it again until the timed window has
+    lasted min_run_time_s and returns the median of its medians. The clock is faked."""
+    import sys
+    import types
+    now = [0.0]
+    medians = iter([2.0, 4.0, 3.0, 9.0, 9.0])
+    reps = []
+
+    def do_bench(fn, warmup, rep, return_mode):
+        reps.append(rep)
+        now[0] += 0.1
+        return next(medians)
+
+    fake = types.ModuleType("triton.testing")
+    fake.do_bench = do_bench
+    monkeypatch.setitem(sys.modules, "triton", types.ModuleType("triton"))
+    monkeypatch.setitem(sys.modules, "triton.testing", fake)
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    monkeypatch.setattr(timing, "synchronize", lambda dev=None: None)
+    opened = []
+    stop = timing.window_listener(opened.append)
+    try:
+        got = timing.benchmark(lambda: None, "cuda", min_run_time_s=0.3)
+    finally:
+        stop()
+    assert len(reps) == 3 and got == pytest.approx(3.0e-3)      # median of 2, 4, 3 ms
+    assert reps[0] == 300 and opened == ["open", "close"]       # one window around all three
 
 
 def test_flush_and_synchronize_are_noops_on_cpu(monkeypatch):

@@ -17,6 +17,14 @@ timing primitive of :mod:`perflab.core.timing` ran its timed repetitions (they a
 short to read a clock from, and the sentence says so instead of quoting the idle readings before
 or after it. A block in which nothing marked a window is summarized whole, and says so.
 
+**The clock of a window is time-weighted.** The sampler's readings are not evenly spaced (a
+reading of NVML takes milliseconds, and the sampler's thread waits for the interpreter), so a
+median of readings counts a stretch read often more than one read rarely. The clock a sentence
+states, and the one :attr:`TelemetrySummary.sm_clock_hz` gives the clock model, is the mean of
+the readings inside the window, each weighted by the part of the window it stands for (from the
+midpoint with the reading before it to the midpoint with the one after, the first from the
+window's start, the last to its end): :func:`time_weighted`. Its range is stated beside it.
+
 What a sentence states depends on the work (``work=``): an SM clock belongs only to work the SMs
 do (``"sm"``: arithmetic); a memory-bound kernel's rate follows the memory clock (``"memory"``);
 a transfer between host and GPU (``"link"``) follows no GPU clock at all. The SM clock is given
@@ -24,7 +32,12 @@ as its range over the window with the median.
 
 **Power.** Where the driver has it, NVML's instantaneous field (``NVML_FI_DEV_POWER_INSTANT``) is
 read; else ``nvmlDeviceGetPowerUsage``, which on Ampere and newer GPUs (GA100 aside) is a
-one-second average. An instantaneous reading may exceed the board's power limit (700 W on an
+one-second average. A reading that averages over the last second describes the window only
+once the window is a second old, and on an H200 the "instantaneous" field, too, read idle
+levels (121 W, 126 W) through copies of 0.09 s and 0.7 s at 4.2 TB/s. So a power figure is
+quoted only from readings taken at least :data:`POWER_AVERAGING_S` after their window opened;
+a shorter window says that it is shorter than the power reading's averaging interval, and
+which field was read. An instantaneous reading may exceed the board's power limit (700 W on an
 H200 SXM): the limit is enforced on an average over a longer interval, so the power controller
 lets a spike through and lowers the clock if the average stays high. The sentence says so when
 it happens. Without a GPU the CPU's clock is read (:func:`perflab.core.device.cpu_clock_readings`),
@@ -51,7 +64,8 @@ from perflab.core.sampler import Sampler, cpu_clock_readable, cpu_state
 from perflab.core.timing import benchmark, timed_window, window_listener
 from perflab.core.validate import integer, number, one_of, positive
 
-__all__ = ["MIN_SAMPLES", "WORK", "Measurement", "Telemetry", "TelemetrySummary", "measure"]
+__all__ = ["MIN_SAMPLES", "POWER_AVERAGING_S", "WORK", "Measurement", "Telemetry",
+           "TelemetrySummary", "measure", "summarize", "time_weighted"]
 
 _IDLE = "idle"  # perflab.core.nvml.CLOCK_EVENT_REASONS[0x1]: not a slowdown
 
@@ -59,6 +73,10 @@ _IDLE = "idle"  # perflab.core.nvml.CLOCK_EVENT_REASONS[0x1]: not a slowdown
 #: says the window was too short (a 20 ms burst sampled every 20 ms holds one reading, which
 #: may have been taken as the clock was still rising).
 MIN_SAMPLES = 3
+
+#: Seconds over which NVML's power reading averages (``nvmlDeviceGetPowerUsage`` on Ampere and
+#: newer): a power reading describes a timed window only once the window is this old.
+POWER_AVERAGING_S = 1.0
 
 #: What kind of work a measurement times, and so which clock its sentence states.
 WORK = {
@@ -70,6 +88,31 @@ WORK = {
 
 def _fmt_int(x: float | None) -> str:
     return "?" if x is None else f"{x:,.0f}"
+
+
+def time_weighted(readings: list[tuple[float, float]],
+                  windows: list[tuple[float, float]]) -> float | None:
+    """The mean of ``readings`` (``(t, value)``) over ``windows`` (``(start, end)``, seconds on
+    the readings' clock), each reading weighted by the part of its window it stands for.
+
+    Only readings inside a window count. Inside one window a reading stands for the stretch
+    from the midpoint with the reading before it to the midpoint with the one after; the first
+    from the window's start, the last to its end. None when no reading falls inside a window.
+    Readings at one instant (zero weight in all) count equally.
+    """
+    total = weight = 0.0
+    plain: list[float] = []
+    for a, b in windows:
+        inside = sorted((t, v) for t, v in readings if a <= t <= b)
+        for i, (t, v) in enumerate(inside):
+            lo = a if i == 0 else (inside[i - 1][0] + t) / 2
+            hi = b if i == len(inside) - 1 else (t + inside[i + 1][0]) / 2
+            total += v * (hi - lo)
+            weight += hi - lo
+            plain.append(v)
+    if not plain:
+        return None
+    return total / weight if weight > 0 else statistics.fmean(plain)
 
 
 @dataclass(frozen=True)
@@ -100,8 +143,13 @@ class TelemetrySummary:
             ``"whole block"`` (nothing marked a window: set-up and warm-up included).
         windows: number of timed windows in the block (0 for ``"whole block"``).
         interval_s: seconds between readings.
-        too_short: True when the span held fewer than :data:`MIN_SAMPLES` readings: no clock,
-            power or reason is quoted from it.
+        too_short: True when the span held fewer than :data:`MIN_SAMPLES` readings or lasted
+            less than :data:`MIN_SAMPLES` sampling intervals: no clock, power or reason is
+            quoted from it.
+        sm_clock_mhz_weighted: the SM clock averaged over the window, each reading weighted by
+            the time it stands for (:func:`time_weighted`): the clock the work ran at.
+        power_short: True when no power reading was taken :data:`POWER_AVERAGING_S` or more
+            after its window opened: no power figure is quoted (``power_w_max`` is None).
     """
 
     duration_s: float
@@ -125,41 +173,61 @@ class TelemetrySummary:
     windows: int = 1
     interval_s: float = 0.02
     too_short: bool = False
+    sm_clock_mhz_weighted: float | None = None
+    power_short: bool = False
+
+    @property
+    def sm_clock_mhz(self) -> float | None:
+        """The SM clock (or CPU core clock) the work ran at, MHz: time-weighted over the window
+        (the median where no weighted figure was recorded); None when too short to read."""
+        return (self.sm_clock_mhz_weighted if self.sm_clock_mhz_weighted is not None
+                else self.sm_clock_mhz_median)
 
     @property
     def sm_clock_hz(self) -> float | None:
-        """The median SM clock in Hz (GPU only), the clock the clock model's peak takes:
-        :func:`perflab.machine.datasheets.peak_flops` ``(fmt, summary.sm_clock_hz)``; None when
-        the window was too short to read one."""
-        if self.source != "NVML" or not self.sm_clock_mhz_median:
+        """The time-weighted SM clock in Hz over the timed window (GPU only), the clock the
+        clock model's peak takes: :func:`perflab.machine.datasheets.peak_flops`
+        ``(fmt, summary.sm_clock_hz)``; None when the window was too short to read one."""
+        if self.source != "NVML" or not self.sm_clock_mhz:
             return None
-        return self.sm_clock_mhz_median * 1e6
+        return self.sm_clock_mhz * 1e6
 
     @property
     def clock_fraction(self) -> float | None:
-        """Median SM clock / maximum SM clock (GPU only; None when either is unknown).
+        """Time-weighted SM clock / maximum SM clock (GPU only; None when either is unknown).
 
         Not a normalization of a datasheet peak: datasheet tensor-core peaks assume a clock
         below the maximum (1.83 of 1.98 GHz on an H100/H200 SXM). The clock-normalized peak is
         :func:`perflab.machine.datasheets.peak_flops` at :attr:`sm_clock_hz`.
         """
-        if not self.sm_clock_mhz_median or not self.sm_clock_mhz_max:
+        if not self.sm_clock_mhz or not self.sm_clock_mhz_max:
             return None
-        return self.sm_clock_mhz_median / self.sm_clock_mhz_max
+        return self.sm_clock_mhz / self.sm_clock_mhz_max
 
     def _power(self) -> str:
+        if self.power_short:
+            field = {"instantaneous": "NVML's instantaneous field",
+                     "1 s average": "NVML's one-second average"}.get(self.power_kind or "",
+                                                                     "NVML's power reading")
+            which = "the window is" if self.windows <= 1 else "each window is"
+            return (f"; no power figure: {which} shorter than the "
+                    f"{POWER_AVERAGING_S:.0f} s over which the power reading ({field}) "
+                    "catches up with the work")
         if self.power_w_max is None:
             return ""
-        text = f", board power up to {_fmt_int(self.power_w_max)} W"
+        text = (f", board power up to {_fmt_int(self.power_w_max)} W (read from "
+                f"{POWER_AVERAGING_S:.0f} s into the window")
         limit = self.power_limit_w
         if self.power_kind == "instantaneous":
             if limit is not None and self.power_w_max > limit:
-                text += (f" (instantaneous readings: one may exceed the {_fmt_int(limit)} W "
-                         "limit, which the board enforces on an average)")
-                return text
-            text += " (instantaneous)"
+                return text + (f"; instantaneous readings: one may exceed the "
+                               f"{_fmt_int(limit)} W limit, which the board enforces on an "
+                               "average)")
+            text += ", instantaneous)"
         elif self.power_kind == "1 s average":
-            text += " (NVML's one-second average)"
+            text += ", NVML's one-second average)"
+        else:
+            text += ")"
         if limit is not None:
             text += f" of a {_fmt_int(limit)} W limit"
         return text
@@ -174,11 +242,12 @@ class TelemetrySummary:
         return f"measured over {span} on {self.device} ({n})"
 
     def _clock(self) -> str:
-        lo, hi, med = self.sm_clock_mhz_min, self.sm_clock_mhz_highest, self.sm_clock_mhz_median
+        lo, hi, mean = self.sm_clock_mhz_min, self.sm_clock_mhz_highest, self.sm_clock_mhz
         if lo is not None and hi is not None and round(lo) != round(hi):
-            return (f"SM clock {_fmt_int(lo)}–{_fmt_int(hi)} MHz, median {_fmt_int(med)} "
+            return (f"SM clock {_fmt_int(mean)} MHz time-weighted over the window, readings "
+                    f"{_fmt_int(lo)}–{_fmt_int(hi)} MHz "
                     f"(chip max {_fmt_int(self.sm_clock_mhz_max)})")
-        return f"SM clock {_fmt_int(med)} MHz (chip max {_fmt_int(self.sm_clock_mhz_max)})"
+        return f"SM clock {_fmt_int(mean)} MHz (chip max {_fmt_int(self.sm_clock_mhz_max)})"
 
     def sentence(self) -> str:
         """One sentence stating the span the readings cover, the clock that sets the work's
@@ -186,7 +255,8 @@ class TelemetrySummary:
         head = self._head()
         if self.too_short:
             return (f"{head}: too short to read a clock (readings every "
-                    f"{self.interval_s * 1e3:.0f} ms, at least {MIN_SAMPLES} needed)")
+                    f"{self.interval_s * 1e3:.0f} ms, at least {MIN_SAMPLES} needed over "
+                    f"at least {MIN_SAMPLES} intervals), or power")
         if self.source == "NVML":
             reasons = ("; clock-event reasons seen: " + ", ".join(self.reasons)
                        if self.reasons else "; no clock-event reason seen")
@@ -198,8 +268,8 @@ class TelemetrySummary:
                 return (f"{head}: a transfer between host and GPU, whose rate no GPU clock "
                         f"sets{self._power()}")
             return f"{head}: {self._clock()}{self._power()}{reasons}"
-        if self.sm_clock_mhz_median is not None and self.cpu_clock_readable:
-            return (f"{head}: core clock median {_fmt_int(self.sm_clock_mhz_median)} MHz as "
+        if self.sm_clock_mhz is not None and self.cpu_clock_readable:
+            return (f"{head}: core clock {_fmt_int(self.sm_clock_mhz)} MHz (time-weighted) as "
                     "the OS reports it; power and throttle reasons are not exposed here")
         if self.sm_clock_mhz_median is not None:
             return (f"{head}; the CPU clock cannot be read here (no cpufreq, and "
@@ -213,6 +283,7 @@ class TelemetrySummary:
         d["reasons"] = list(self.reasons)
         d["unavailable"] = list(self.unavailable)
         d["clock_fraction"] = self.clock_fraction
+        d["sm_clock_mhz"] = self.sm_clock_mhz
         d["sentence"] = self.sentence()
         return d
 
@@ -220,8 +291,11 @@ class TelemetrySummary:
 def _gpu_reading(index: int = 0) -> dict[str, Any] | None:
     """One NVML reading of GPU ``index`` in the sampler's units (MHz), or None without NVML."""
     r = nvml.readings(index, links=False)
-    if r is None:
-        return None
+    return None if r is None else _gpu_reading_from(r)
+
+
+def _gpu_reading_from(r: dict[str, Any]) -> dict[str, Any]:
+    """:func:`perflab.core.nvml.readings`' dict (Hz, W) in the sampler's units (MHz, W)."""
     mhz = lambda v: None if v is None else v / 1e6  # noqa: E731
     instant = r.get("power_instant_w")
     return {"sm_clock_mhz": mhz(r["sm_clock_hz"]), "max_sm_clock_mhz": mhz(r["sm_clock_max_hz"]),
@@ -351,68 +425,102 @@ class Telemetry:
         self._sampler.__exit__(*exc)
         self.samples[:] = [{**reading, "t": t} for t, reading in self._sampler.samples]
 
-    def _in_scope(self) -> tuple[list[dict[str, Any]], str, float]:
-        """The readings the summary describes, its scope and the seconds it spans."""
-        if not self.windows:
-            return list(self.samples), "whole block", self._sampler.duration_s
-        inside = [s for s in self.samples
-                  if any(a <= s["t"] <= b for a, b in self.windows)]
-        return inside, "timed window", sum(b - a for a, b in self.windows)
-
     def summary(self) -> TelemetrySummary:
         """What was seen inside the timed windows (or the whole block when none was marked),
-        as a :class:`TelemetrySummary`.
+        as a :class:`TelemetrySummary` (:func:`summarize`).
 
         Raises:
             RuntimeError: called before the ``with`` block has finished.
         """
         if self._sampler is None or self._sampler.duration_s is None:
             raise RuntimeError("summary() is available after the with-block has finished")
-        readings, scope, span = self._in_scope()
-        too_short = len(readings) < MIN_SAMPLES
-        values = lambda key: [s[key] for s in readings if s.get(key) is not None]  # noqa: E731
-        every = lambda key: [s[key] for s in self.samples if s.get(key) is not None]  # noqa: E731
-        clocks = [] if too_short else values("sm_clock_mhz")
-        common = dict(duration_s=span, samples=len(readings), source=self._source,
-                      scope=scope, windows=len(self.windows), interval_s=self.interval_s,
-                      too_short=too_short,
-                      sm_clock_mhz_median=statistics.median(clocks) if clocks else None,
-                      sm_clock_mhz_min=min(clocks) if clocks else None,
-                      sm_clock_mhz_highest=max(clocks) if clocks else None)
-        if self._source == "NVML":
-            reasons: list[str] = []
-            for s in ([] if too_short else readings):
-                for r in s.get("clock_event_reasons") or ():
-                    if r != _IDLE and r not in reasons:
-                        reasons.append(r)
-            power = [] if too_short else values("power_w")
-            maxima, limits = every("max_sm_clock_mhz"), every("power_limit_w")
-            mem = [] if too_short else values("memory_clock_mhz")
-            temps = [] if too_short else values("temperature_c")
-            unavailable = [name for name, key in (("power", "power_w"),
-                                                  ("temperature", "temperature_c"),
-                                                  ("throttle reasons", "clock_event_reasons"))
-                           if not every(key)]
-            return TelemetrySummary(
-                **common, device=torch.cuda.get_device_name(self.index),
-                sm_clock_mhz_max=max(maxima) if maxima else None,
-                mem_clock_mhz_median=statistics.median(mem) if mem else None,
-                power_w_max=max(power) if power else None,
-                power_kind=next((x["power_kind"] for x in self.samples
-                                 if x.get("power_kind")), None),
-                work=self.work, power_limit_w=max(limits) if limits else None,
-                temperature_c_max=max(temps) if temps else None,
-                reasons=tuple(reasons), unavailable=tuple(unavailable))
-        all_mhz = [m for x in self.samples for m in x.get("cpu_mhz", ())]
-        sources = {x.get("clock_source") for x in self.samples if x.get("clock_source")}
-        readable = bool(every("sm_clock_mhz")) and cpu_clock_readable(
-            sources.pop() if len(sources) == 1 else "cpufreq" if sources else None,
-            all_mhz or every("sm_clock_mhz"))
+        device = (torch.cuda.get_device_name(self.index) if self._source == "NVML"
+                  else cpu_name())
+        return summarize(self.samples, self.windows, source=self._source,
+                         interval_s=self.interval_s, block_s=self._sampler.duration_s,
+                         work=self.work, device=device)
+
+
+def summarize(samples: list[dict[str, Any]], windows: list[tuple[float, float]], *,
+              source: str, interval_s: float, block_s: float, work: str = "sm",
+              device: str = "?") -> TelemetrySummary:
+    """Summarize a sampler's trace: the readings inside ``windows`` (all of them when
+    ``windows`` is empty: the whole block, ``block_s`` seconds).
+
+    Args:
+        samples: readings as :class:`Telemetry` keeps them, each a dict with ``"t"`` (seconds
+            since the block started) and the reading's keys (``sm_clock_mhz``, ``power_w``,
+            ``power_kind``, ``clock_event_reasons`` ...).
+        windows: ``(start, end)`` of each timed window, on the readings' clock.
+        source: ``"NVML"``, ``"/proc/cpuinfo"`` or ``"none"``.
+        interval_s: the sampler's interval (a span shorter than :data:`MIN_SAMPLES` intervals
+            is too short to read a clock).
+        block_s: the whole block's length (the span when no window was marked).
+        work: :data:`WORK` key (GPU), for the sentence.
+        device: the device's name, for the sentence.
+
+    The clock is :func:`time_weighted` over the windows, with the range of the readings inside
+    them and their median. Power comes only from readings taken :data:`POWER_AVERAGING_S` or
+    more after their window opened (``power_short`` otherwise).
+    """
+    ordered = sorted(samples, key=lambda x: x["t"])
+    if windows:
+        spans, scope = list(windows), "timed window"
+    else:
+        spans, scope = [(0.0, block_s)], "whole block"
+    readings = [x for x in ordered if any(a <= x["t"] <= b for a, b in spans)]
+    span = sum(b - a for a, b in spans)
+    too_short = len(readings) < MIN_SAMPLES or span < MIN_SAMPLES * interval_s
+    values = lambda key: [x[key] for x in readings if x.get(key) is not None]  # noqa: E731
+    every = lambda key: [x[key] for x in ordered if x.get(key) is not None]  # noqa: E731
+    clocks = [] if too_short else values("sm_clock_mhz")
+    weighted = None if too_short else time_weighted(
+        [(x["t"], x["sm_clock_mhz"]) for x in readings if x.get("sm_clock_mhz") is not None],
+        spans)
+    common = dict(duration_s=span, samples=len(readings), source=source,
+                  scope=scope, windows=len(windows), interval_s=interval_s,
+                  too_short=too_short,
+                  sm_clock_mhz_median=statistics.median(clocks) if clocks else None,
+                  sm_clock_mhz_min=min(clocks) if clocks else None,
+                  sm_clock_mhz_highest=max(clocks) if clocks else None,
+                  sm_clock_mhz_weighted=weighted)
+    if source == "NVML":
+        reasons: list[str] = []
+        for x in ([] if too_short else readings):
+            for r in x.get("clock_event_reasons") or ():
+                if r != _IDLE and r not in reasons:
+                    reasons.append(r)
+        # a power reading describes the window only once the window is a second old
+        settled = [x["power_w"] for x in readings if x.get("power_w") is not None
+                   and any(a + POWER_AVERAGING_S <= x["t"] <= b for a, b in spans)]
+        power = [] if too_short else settled
+        maxima, limits = every("max_sm_clock_mhz"), every("power_limit_w")
+        mem = [] if too_short else values("memory_clock_mhz")
+        temps = [] if too_short else values("temperature_c")
+        unavailable = [name for name, key in (("power", "power_w"),
+                                              ("temperature", "temperature_c"),
+                                              ("throttle reasons", "clock_event_reasons"))
+                       if not every(key)]
         return TelemetrySummary(
-            **common, device=cpu_name(),
-            unavailable=("power", "temperature", "throttle reasons")
-            + (() if readable else ("clock",)),
-            work="cpu", cpu_clock_readable=readable)
+            **common, device=device,
+            sm_clock_mhz_max=max(maxima) if maxima else None,
+            mem_clock_mhz_median=statistics.median(mem) if mem else None,
+            power_w_max=max(power) if power else None,
+            power_short=not too_short and bool(every("power_w")) and not power,
+            power_kind=next((x["power_kind"] for x in ordered if x.get("power_kind")), None),
+            work=work, power_limit_w=max(limits) if limits else None,
+            temperature_c_max=max(temps) if temps else None,
+            reasons=tuple(reasons), unavailable=tuple(unavailable))
+    all_mhz = [m for x in ordered for m in x.get("cpu_mhz", ())]
+    sources = {x.get("clock_source") for x in ordered if x.get("clock_source")}
+    readable = bool(every("sm_clock_mhz")) and cpu_clock_readable(
+        sources.pop() if len(sources) == 1 else "cpufreq" if sources else None,
+        all_mhz or every("sm_clock_mhz"))
+    return TelemetrySummary(
+        **common, device=device,
+        unavailable=("power", "temperature", "throttle reasons")
+        + (() if readable else ("clock",)),
+        work="cpu", cpu_clock_readable=readable)
 
 
 @dataclass(frozen=True)

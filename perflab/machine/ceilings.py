@@ -19,7 +19,11 @@ every notebook reads that file with :func:`load`.
 * ``h2d_pinned``, ``h2d_pageable``: bytes/s of a 256 MiB host-to-device copy from pinned and from
   pageable host memory (GPU only).
 
-Each was measured at some clock, which its telemetry states: the matrix products at the SM clock
+The copy and the matrix products on a GPU repeat for at least :data:`HEADLINE_RUN_S` (0.5 s) of
+timed repetitions, so their telemetry holds a dozen readings and states the SM clock they ran at,
+time-weighted over those repetitions (:attr:`Ceiling.sm_clock_hz`, which :meth:`Ceilings.per_clock`
+feeds to the clock model); a window under a second quotes no power (the power reading averages
+over a second). Each was measured at some clock, which its telemetry states: the matrix products at the SM clock
 they ran at (a sustained run of products reaches the power limit and the clock falls), the copy
 at the memory clock, the host-to-device copies at no GPU clock. So a rate that a page measures
 in a short burst, at a higher SM clock, can exceed a product's measured rate. What nothing can
@@ -117,8 +121,10 @@ class Ceiling:
 
     @property
     def sm_clock_hz(self) -> float | None:
-        """The median SM clock while it was measured (Hz), None without GPU telemetry."""
-        mhz = self.telemetry.get("sm_clock_mhz_median")
+        """The SM clock it ran at (Hz): time-weighted over its timed window
+        (:attr:`perflab.core.telemetry.TelemetrySummary.sm_clock_mhz`; the median in a file
+        written before the weighting); None without GPU telemetry or in a window too short."""
+        mhz = self.telemetry.get("sm_clock_mhz") or self.telemetry.get("sm_clock_mhz_median")
         return mhz * 1e6 if mhz and self.telemetry.get("source") == "NVML" else None
 
     def sentence(self) -> str:
@@ -351,8 +357,15 @@ def stale_reason(doc: dict[str, Any] | None, run: str | None = None) -> str | No
     return None
 
 
-def _one(name: str, fn, work: float, size: str, device: torch.device) -> Ceiling:
-    m = _measure(fn, device, work=WORK[name])
+#: Seconds of timed repetitions for a ceiling whose clock its pages quote (the copy and the
+#: matrix products): several sampling intervals, so the telemetry reads the clock the work ran
+#: at, time-weighted, not a reading or two at its edges (a 0.09 s copy once read "121 W").
+HEADLINE_RUN_S = 0.5
+
+
+def _one(name: str, fn, work: float, size: str, device: torch.device,
+         min_run_time_s: float = 0.2) -> Ceiling:
+    m = _measure(fn, device, min_run_time_s=min_run_time_s, work=WORK[name])
     return Ceiling(name=name, value=m.rate(work), size=size, seconds=m.seconds,
                    telemetry=m.telemetry.as_dict())
 
@@ -363,7 +376,8 @@ def _matmul(name: str, n: int, dtype: torch.dtype, tf32: bool, dev: torch.device
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
     try:
-        return _one(name, lambda: a @ b, matmul_cost(n, n, n, dtype).flops, f"{n}^3", dev)
+        return _one(name, lambda: a @ b, matmul_cost(n, n, n, dtype).flops, f"{n}^3", dev,
+                    HEADLINE_RUN_S if dev.type == "cuda" else 0.2)
     finally:
         torch.set_float32_matmul_precision(before)
 
@@ -390,7 +404,8 @@ def measure_all(device: torch.device | str | None = None, quick: bool = False) -
     dst = torch.empty_like(src)
     nbytes = 2 * src.numel() * src.element_size()
     out["copy_bandwidth"] = _one("copy_bandwidth", lambda: dst.copy_(src), nbytes,
-                                 f"{src.numel() * 4 / 1e9:.2f} GB float32", dev)
+                                 f"{src.numel() * 4 / 1e9:.2f} GB float32", dev,
+                                 HEADLINE_RUN_S if gpu else 0.2)
     del src, dst
     if gpu:
         n = 8192 if not quick else 4096

@@ -98,24 +98,26 @@ def available_matmul_kinds(device: torch.device | str) -> list[str]:
     return kinds
 
 
-def matmul_rates(device: torch.device | str, n: int, kinds: Iterable[str] | None = None) -> tuple[dict, dict]:
+def matmul_rates(device: torch.device | str, n: int, kinds: Iterable[str] | None = None,
+                 min_run_time_s: float = 0.2) -> tuple[dict, dict]:
     """:func:`perflab.machine.roofline.matmul_rate` for each format key: returns ``(rates, errors)``.
 
     ``rates`` maps kind -> FLOP/s. An fp8 product that fails (no fp8 kernel in this build, an
     unsupported layout) does not stop the others: ``errors["fp8"]`` holds ``"<ErrorClass>:
     <first line of the message>"`` for the caller to print. Failures of any other kind raise.
-    Default ``kinds``: :func:`available_matmul_kinds`.
+    Default ``kinds``: :func:`available_matmul_kinds`. ``min_run_time_s``: the timed window of
+    each product (:func:`perflab.core.timing.benchmark`).
     """
     kinds = list(kinds) if kinds is not None else available_matmul_kinds(device)
     rates, errors = {}, {}
     for kind in kinds:
         if kind == "fp8":
             try:
-                rates[kind] = matmul_rate(device, n, kind)
+                rates[kind] = matmul_rate(device, n, kind, min_run_time_s=min_run_time_s)
             except Exception as err:  # reported to the caller, never swallowed
                 errors[kind] = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
         else:
-            rates[kind] = matmul_rate(device, n, kind)
+            rates[kind] = matmul_rate(device, n, kind, min_run_time_s=min_run_time_s)
     return rates, errors
 
 

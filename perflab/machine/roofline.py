@@ -154,7 +154,7 @@ def copy_bandwidth(device: torch.device | str, numel: int, dtype: torch.dtype = 
     return 2 * src.numel() * src.element_size() / seconds
 
 
-def fp8_matmul_rate(device: torch.device | str, n: int) -> float:
+def fp8_matmul_rate(device: torch.device | str, n: int, min_run_time_s: float = 0.2) -> float:
     """FLOP/s of an ``n x n @ n x n`` fp8 (e4m3) product with ``torch._scaled_mm``, bf16 output.
 
     Both operands are ``float8_e4m3fn``; cuBLASLt wants the first row-major and the second
@@ -180,11 +180,11 @@ def fp8_matmul_rate(device: torch.device | str, n: int) -> float:
         return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
     fn()  # a missing kernel raises here, before any timing
-    return 2.0 * n**3 / benchmark(fn, dev)
+    return 2.0 * n**3 / benchmark(fn, dev, min_run_time_s=min_run_time_s)
 
 
 def matmul_rate(device: torch.device | str, n: int, dtype: torch.dtype | str = torch.float32,
-                tf32: bool = False) -> float:
+                tf32: bool = False, min_run_time_s: float = 0.2) -> float:
     """Achieved FLOP/s of an ``n x n @ n x n`` matrix product on random data: the one
     matrix-product rate of the course.
 
@@ -193,7 +193,9 @@ def matmul_rate(device: torch.device | str, n: int, dtype: torch.dtype | str = t
     ``"bf16"``/``"fp16"`` are stored and multiplied in 16 bits (float32 accumulation); ``"fp8"``
     is :func:`fp8_matmul_rate`. ``tf32=True`` with ``torch.float32`` is the same as ``"tf32"``
     (``torch.set_float32_matmul_precision("high")``); the previous precision setting is restored
-    afterwards. FLOPs counted: ``2 n^3``.
+    afterwards. FLOPs counted: ``2 n^3``. ``min_run_time_s``: how long the timed repetitions
+    last at least (:func:`perflab.core.timing.benchmark`); a rate whose clock is read under
+    telemetry needs >= 0.5 s, several sampling intervals.
 
     Raises:
         ValueError: ``n`` not a positive integer, ``tf32`` with a dtype other than float32, an
@@ -205,7 +207,7 @@ def matmul_rate(device: torch.device | str, n: int, dtype: torch.dtype | str = t
         if torch.device(device).type != "cuda" and dtype in ("tf32", "fp8"):
             raise ValueError(f"dtype={dtype!r} is a GPU tensor-core format; the device is {device}")
         if dtype == "fp8":
-            return fp8_matmul_rate(device, n)
+            return fp8_matmul_rate(device, n, min_run_time_s)
         dtype, tf32 = formats.dtype(dtype), tf32 or fmt.tf32
     if tf32 and dtype != torch.float32:
         raise ValueError(f"tf32=True applies to float32 only, got dtype={dtype}")
@@ -214,7 +216,7 @@ def matmul_rate(device: torch.device | str, n: int, dtype: torch.dtype | str = t
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
     try:
-        seconds = benchmark(lambda: a @ b, device)
+        seconds = benchmark(lambda: a @ b, device, min_run_time_s=min_run_time_s)
     finally:
         torch.set_float32_matmul_precision(before)
     return 2.0 * n**3 / seconds
