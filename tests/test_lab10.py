@@ -13,6 +13,7 @@ import pytest
 from perflab.gpt2.model import GPT, GPT2_VOCAB, PADDED_VOCAB, config
 from perflab.gpt2.rungs import Rung, padded
 from perflab.labs import lab10
+from perflab.record.numbers import sig
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "10_gpt2_speedrun.md"
@@ -27,7 +28,7 @@ def _gpu_namespace(gib):
 
     ns = {"pick": lambda cpu, gpu: gpu, "on_gpu": True, "gib": gib, "Rung": Rung, "padded": padded,
           "GPT": GPT, "GPT2_VOCAB": GPT2_VOCAB, "PADDED_VOCAB": PADDED_VOCAB, "config": config,
-          "Path": Path, "perflab": perflab, "lab10": lab10,
+          "Path": Path, "perflab": perflab, "lab10": lab10, "sig": sig,
           "corpus": SimpleNamespace(vocab_size=8192),
           "ceilings": SimpleNamespace(load=lambda: SimpleNamespace(
               value=lambda name: {"matmul_fp32": 5e13}.get(name, 7e14)))}

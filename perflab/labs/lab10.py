@@ -38,6 +38,7 @@ from perflab.gpt2.model import GPT, PADDED_VOCAB, GPTConfig, config
 from perflab.gpt2.rungs import RunResult, Rung
 from perflab.gpt2.steps import Forward
 from perflab.gpt2.train import batches, train
+from perflab.record.numbers import fmt_small
 from perflab.labs.exercises import ExerciseFailed, NotPlain, as_float, plain, record, require
 
 __all__ = ["ADAMW_FP32_BYTES", "PeakEstimate", "check_flops_per_token", "check_memory_cut",
@@ -427,7 +428,7 @@ def check_memory_cut(base: Rung, lean: Rung | None, tokens: np.ndarray, device,
                              f"baseline's ({mp / 2**20:,.1f} MiB against {bp / 2**20:,.1f} "
                              f"MiB); the target is at most {max_ratio:.2f}x.")
     print(f"✓ your lean rung: {what.split(' (')[0]} {mp / 2**20:,.1f} MiB, {ratio:.2f}x the "
-          f"baseline's {bp / 2**20:,.1f} MiB; losses agree within {worst:.1e}.")
+          f"baseline's {bp / 2**20:,.1f} MiB; losses agree within {fmt_small(worst)}.")
     return out
 
 
