@@ -204,8 +204,9 @@ def test_every_task_on_world_size(runs, n):
     mv = res[0]["manual_vs_ddp"]
     assert mv["max_param_diff"] < 1e-12
     assert all(mv[k] > 0 for k in ("single_s", "manual_s", "ddp_s", "allreduce_s"))
-    # the three steps were timed in three interleaved rounds, each reported as its median
-    for k in ("single", "manual", "ddp"):
+    # the four Adam steps were timed in three interleaved rounds, each reported as its median;
+    # DDP on a group of its rank alone is DDP's own cost, with no peer to wait for
+    for k in ("single", "manual", "ddp", "ddp_alone"):
         assert len(mv[k + "_rounds_s"]) == 3
         assert mv[k + "_s"] == statistics.median(mv[k + "_rounds_s"])
     # the prediction's inputs: the backward alone, and DDP's own buckets holding every gradient
@@ -481,6 +482,20 @@ def test_the_worker_tasks_never_reach_for_a_gpu_on_a_gloo_rank(monkeypatch, tmp_
         assert checkpoints.dcp_load(ctx, saved["path"])["max_diff"] == 0.0
     finally:
         dist.destroy_process_group()
+
+
+def test_one_process_group_lets_ddp_do_its_own_work_and_leaves_no_group():
+    """DDP inside a group of this one process runs its hooks, fills its buckets and calls its
+    collective (gloo here, NCCL on a GPU): its step is a plain step plus DDP's own cost."""
+    assert not dist.is_initialized()
+    with data_parallel.one_process_group(torch.device("cpu")):
+        assert dist.get_world_size() == 1
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+        net = torch.nn.parallel.DistributedDataParallel(model)
+        net(torch.randn(4, 8)).sum().backward()
+        assert all(p.grad is not None for p in model.parameters())
+        assert sum(data_parallel.bucket_bytes(net)) == 4 * sum(p.numel() for p in model.parameters())
+    assert not dist.is_initialized()
 
 
 @pytest.fixture

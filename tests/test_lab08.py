@@ -83,6 +83,12 @@ def make_half_adam_synced(params):  # this rank's share stepped, then rank 0's c
     return Synced()
 '''
 
+PART_ADAM = '''
+def make_part_adam(params):  # Adam over half of the parameters, the same half on every rank
+    params = list(params)
+    return torch.optim.Adam(params[:len(params) // 2], lr=1e-3)
+'''
+
 SAME_BATCH = '''
 def indices_same(n, rank, world, epoch):  # ignores the rank: every rank reads one slice
     g = torch.Generator().manual_seed(1000 + epoch)
@@ -108,12 +114,12 @@ def test_code_checks_on_gloo_processes(n):
                         "fns": ["allreduce_gradients", "allreduce_sum", "allreduce_avg"]}},
                     {"name": "user_optimizer", "args": {
                         "fns": ["make_optimizer", "make_plain_adam", "make_half_adam",
-                                "make_half_adam_synced"]}},
+                                "make_half_adam_synced", "make_part_adam"]}},
                     {"name": "user_sampler", "args": {
                         "fns": ["indices_for", "indices_same", "indices_no_epoch"], "n": 60}}],
                    nproc=n, backend="gloo", timeout_s=200, pg_timeout_s=30,
                    user_code=[solution, WRONG_ALLREDUCE, AVERAGE_OP, optimizer, WRONG_OPTIMIZER,
-                              UNSENT_SHARDS, FROZEN_HALF, sampler, SAME_BATCH, NO_EPOCH])
+                              UNSENT_SHARDS, FROZEN_HALF, PART_ADAM, sampler, SAME_BATCH, NO_EPOCH])
     ar = ranks[0]["results"]["user_allreduce"]
     assert lab08.check_manual_allreduce(ar["allreduce_gradients"])
     assert lab08.check_manual_allreduce(ar["allreduce_avg"])
@@ -142,6 +148,12 @@ def test_code_checks_on_gloo_processes(n):
     assert opt[0]["make_half_adam_synced"]["rank_spread"] == 0.0
     with pytest.raises(ExerciseFailed, match="wrong model"):
         check("make_half_adam_synced", synced)
+    # Adam over half the parameters on every rank: the ranks agree, and on 2 ranks the bytes add
+    # up to 8 P as a sharded optimizer's do; only the model it trains tells it from one
+    part = sum(r["make_part_adam"]["state_bytes"] for r in opt) / n
+    assert opt[0]["make_part_adam"]["rank_spread"] == 0.0
+    with pytest.raises(ExerciseFailed, match="wrong model" if n == 2 else "in all"):
+        check("make_part_adam", part)
     dealt = ranks[0]["results"]["user_sampler"]
     assert lab08.check_sampler(dealt["indices_for"])
     with pytest.raises(ExerciseFailed, match="both read"):

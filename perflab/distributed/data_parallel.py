@@ -3,9 +3,11 @@
 Tasks (``task(ctx, **args) -> dict``, run by :mod:`perflab.distributed.worker`):
 
 * ``manual_vs_ddp``: the page's hand-written gradient all-reduce against DDP (float64:
-  parameters compared), then one rank alone, the hand-written version and DDP timed in
-  interleaved rounds (:func:`perflab.core.rounds.interleaved`), with the
-  backward's own time and DDP's buckets for the prediction;
+  parameters compared), then four Adam steps timed in interleaved rounds
+  (:func:`perflab.core.rounds.interleaved`): one rank alone, the hand-written version, DDP,
+  and DDP on a group of this rank alone (DDP's own cost over the plain step: its hooks, its
+  copies into the buckets and back, a collective with no peer), with the backward's own time
+  and DDP's buckets for the prediction;
 * ``overlap``: DDP steps profiled one by one on rank 0, each summarized by
   :func:`perflab.distributed.traces.overlap_from_trace`;
 * ``buckets``: DDP step time against ``bucket_cap_mb`` in interleaved rounds, the buckets DDP
@@ -24,6 +26,7 @@ import statistics
 from typing import Callable, Sequence
 
 import torch
+import torch.distributed as dist
 import torch.profiler as tp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -35,13 +38,35 @@ from perflab.distributed.workloads import (global_batch, make_blocks, make_mlp, 
                                            timing_batch)
 
 __all__ = ["TASKS", "bucket_bytes", "buckets", "ddp", "diff_from_ddp", "manual_vs_ddp", "no_sync",
-           "overlap", "rounds_of", "user_allreduce", "user_sampler"]
+           "one_process_group", "overlap", "rounds_of", "user_allreduce", "user_sampler"]
 
 
 def ddp(ctx, model, **kw) -> DDP:
     """``model`` wrapped in DDP on this rank's device (``device_ids`` on a GPU only)."""
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     return DDP(model, device_ids=ids, **kw)
+
+
+@contextlib.contextmanager
+def one_process_group(device: torch.device):
+    """A process group of this one process (NCCL on a GPU, gloo on the CPU; an in-memory
+    store, no port), destroyed on leaving: DDP inside it does all its own work (hooks, copies
+    into its buckets and back, a collective) with no peer to wait for, which is DDP's own cost
+    over a plain step. A notebook that already has a process group keeps it (nothing made).
+
+    Raises:
+        RuntimeError: the backend cannot start a group here.
+    """
+    if dist.is_initialized():
+        yield dist.group.WORLD
+        return
+    kw = {"device_id": device} if device.type == "cuda" else {}
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(),
+                            rank=0, world_size=1, **kw)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
 
 
 def bucket_bytes(model: DDP) -> list[int]:
@@ -92,9 +117,11 @@ def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps:
                   rounds: int = 3, allow_tf32: bool = True) -> dict:
     """(1) ``max_param_diff``: the page's ``allreduce_gradients`` against DDP (float64,
     ``check_steps`` SGD steps). (2) A ``depth`` x ``width`` float32 stack with ``batch`` rows per
-    rank, three steps built side by side: ``single`` (each rank alone, no communication),
-    ``manual`` and ``ddp``, warmed up ``warmup`` times, then timed in ``rounds`` interleaved
-    rounds (each the slowest rank's mean of ``iters`` steps after one untimed).
+    rank, four Adam steps (forward, backward, ``optimizer.step()``) built side by side:
+    ``single`` (each rank alone, no communication), ``manual``, ``ddp``, and ``ddp_alone``
+    (DDP on a group of this rank alone, ``dist.new_subgroups(1)``: DDP's own cost with nobody
+    to wait for), warmed up ``warmup`` times, then timed in ``rounds`` interleaved rounds (each
+    the slowest rank's mean of ``iters`` steps after one untimed).
 
     Returns ``{kind}_rounds_s`` (seconds per round), ``{kind}_s`` (their median),
     ``backward_s`` (the single step's backward alone, median of every timed
@@ -106,11 +133,13 @@ def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps:
            "check_steps": check_steps}
     x, y = timing_batch(ctx.rank, batch, (width,), ctx.device)
     backward: list[float] = []
+    alone, _ = ctx.dist.new_subgroups(1)   # every rank a group of its own
 
     def make(kind):
         model = make_mlp(width, depth, ctx.device)
-        net = ddp(ctx, model) if kind == "ddp" else model
-        opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+        net = {"ddp": lambda: ddp(ctx, model), "ddp_alone": lambda: ddp(ctx, model, process_group=alone)
+               }.get(kind, lambda: model)()
+        opt = torch.optim.Adam(net.parameters(), lr=1e-4)
 
         def step():
             opt.zero_grad(set_to_none=False)
@@ -128,7 +157,7 @@ def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps:
         return step, net
 
     steps, nets = {}, {}
-    for kind in ("single", "manual", "ddp"):
+    for kind in ("single", "manual", "ddp", "ddp_alone"):
         steps[kind], nets[kind] = make(kind)
         for _ in range(warmup):
             steps[kind]()
