@@ -455,6 +455,20 @@ def test_search_finds_the_same_pages_for_every_spelling(build, server):
     assert not problems, "\n".join(problems)
 
 
+def _build_tiny_book(folder, pages):
+    """Build a book of ``pages`` (already written in ``folder``) with the course's extension,
+    as the course's build does (-W -n)."""
+    (folder / "index.md").write_text(f"# Tiny\n\n{len(pages)} page(s).\n")
+    toc = "".join(f"  - file: {p}\n" for p in pages)
+    (folder / "_toc.yml").write_text(f"format: jb-book\nroot: index\nchapters:\n{toc}")
+    (folder / "_config.yml").write_text(
+        "title: t\nexecute:\n  execute_notebooks: 'off'\nsphinx:\n  local_extensions:\n"
+        f"    reader_pages: {ROOT / '_ext'}\n  config:\n    reader_bundle: false\n")
+    proc = subprocess.run([*_jupyter_book(), "build", str(folder), "-W", "-n", "--keep-going"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+
 def test_search_spellings_both_ways_in_a_small_book(tmp_path):
     """The proof: in a book where one page says "all-reduce", one "AllReduce" and one only "all"
     and "reduce" apart, every spelling finds the first two and not the third (Sphinx alone finds
@@ -465,14 +479,7 @@ def test_search_spellings_both_ways_in_a_small_book(tmp_path):
              "b": "# Page b\n\nWe reduce the batch size to fit all of it.\n"}
     for name, text in pages.items():
         (tmp_path / f"{name}.md").write_text(text)
-    (tmp_path / "index.md").write_text("# Tiny\n\nThree pages.\n")
-    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: index\nchapters:\n  - file: a\n  - file: b\n  - file: c\n")
-    (tmp_path / "_config.yml").write_text(
-        "title: t\nexecute:\n  execute_notebooks: 'off'\nsphinx:\n  local_extensions:\n"
-        f"    reader_pages: {ROOT / '_ext'}\n  config:\n    reader_bundle: false\n")
-    proc = subprocess.run([*_jupyter_book(), "build", str(tmp_path), "-W", "-n", "--keep-going"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    _build_tiny_book(tmp_path, ["a", "b", "c"])
     url, stop = serve(tmp_path / "_build" / "html")
     try:
         found = {q: sorted({h.split(".html")[0] for h in _search_hits(binary, url, q)})
@@ -948,14 +955,7 @@ def test_glued_numbers_in_a_small_book(tmp_path):
                     for k, v in (("rate", 1320.4), ("change", 0.0))]
     nb.cells.append(cell)
     nbformat.write(nb, tmp_path / "page.ipynb")
-    (tmp_path / "index.md").write_text("# Tiny\n\nOne page.\n")
-    (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: index\nchapters:\n  - file: page\n")
-    (tmp_path / "_config.yml").write_text(
-        "title: t\nexecute:\n  execute_notebooks: 'off'\nsphinx:\n  local_extensions:\n"
-        f"    reader_pages: {ROOT / '_ext'}\n  config:\n    reader_bundle: false\n")
-    proc = subprocess.run([*_jupyter_book(), "build", str(tmp_path), "-W", "-n", "--keep-going"],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    _build_tiny_book(tmp_path, ["page"])
     text = reader_text((tmp_path / "_build" / "html" / "page.html").read_text(encoding="utf-8"))
     assert "Rate 1,320 , change 0% ." in text and "1.32e" not in text and "+0.00" not in text, text
     assert not number_shapes((tmp_path / "_build" / "html" / "page.html").read_text(encoding="utf-8"))
