@@ -663,14 +663,19 @@ def test_textbook_rules_catch_what_they_claim():
     assert textbook_rules.visible_bookkeeping(folded) == []
     assert textbook_rules.visible_bookkeeping(visible.replace("glue(", "f(").replace("claim(", "g(")) == []
 
-    sentence = ("measured over 0.80 s on NVIDIA H200: SM clock median 1,980 MHz (min 1,980, chip max "
-                "1,980), board power up to 244 W")
-    prose = f'<article class="bd-article"><p>The copy took 3 ms (<span class="pasted-text">{sentence}</span>).</p></article>'
-    assert len(textbook_rules.telemetry_in_prose(prose)) == 1
-    noted = ('<article class="bd-article"><p>The copy took 3 ms.</p><details class="measured-note">'
-             f'<summary>How this was measured</summary><div class="measured-body"><p>{sentence}</p></div>'
-             f'</details><div class="cell_output"><pre>{sentence}</pre></div></article>')
-    assert textbook_rules.telemetry_in_prose(noted) == []
+    # the sampler's wording before and since 5 December (perflab.core.telemetry._head)
+    for sentence in ("measured over 0.80 s on NVIDIA H200: SM clock median 1,980 MHz (min 1,980, "
+                     "chip max 1,980), board power up to 244 W",
+                     "measured over the 0.52 s timed window on NVIDIA H200 (26 readings): SM clock "
+                     "1,560 MHz time-weighted over the window",
+                     "measured over 3 timed windows, 1.50 s in all on NVIDIA H200 (75 readings)"):
+        prose = ('<article class="bd-article"><p>The copy took 3 ms (<span class="pasted-text">'
+                 f'{sentence}</span>).</p></article>')
+        assert len(textbook_rules.telemetry_in_prose(prose)) == 1, sentence
+        noted = ('<article class="bd-article"><p>The copy took 3 ms.</p><details class="measured-note">'
+                 f'<summary>How this was measured</summary><div class="measured-body"><p>{sentence}</p>'
+                 f'</div></details><div class="cell_output"><pre>{sentence}</pre></div></article>')
+        assert textbook_rules.telemetry_in_prose(noted) == []
 
     words = " ".join(["word"] * (textbook_rules.MAX_WORDS + 1))
     assert textbook_rules.too_long(f'<article class="bd-article"><p>{words}</p></article>')

@@ -39,7 +39,10 @@ _CALL = re.compile(r"(?<![\w.])(" + "|".join(BOOKKEEPING) + r")\s*\("
 
 # The sentence perflab.core.sampler.Summary.sentence() writes ("measured over 0.80 s on NVIDIA
 # H200: SM clock median ..."), and the same for the host ("... on cpu; the CPU clock cannot ...").
-TELEMETRY = re.compile(r"measured over [\d.,]+\s*(?:[µun]s|ms|s|min) on ")
+# "measured over 0.80 s on", and the sampler's wording since 5 December: "measured over the
+# 0.26 s timed window on", "measured over 3 timed windows, 1.20 s in all on"
+TELEMETRY = re.compile(r"measured over (?:the )?(?:\d+ timed windows, )?[\d.,]+\s*"
+                       r"(?:[µun]s|ms|s|min)(?: timed window| in all)? on ")
 
 _VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
