@@ -138,3 +138,29 @@ def test_burst_and_sustained_times_both_under_telemetry_on_cpu():
         gpu.burst_and_sustained("cpu", 8, sustained_s=0)
     with pytest.raises(ValueError, match="rest_s"):
         gpu.burst_and_sustained("cpu", 8, rest_s=-1)
+
+
+def test_sustained_chunks_read_their_events_only_after_a_synchronize(monkeypatch):
+    # inside burst_and_sustained's sustained window event_timer's own window is nested and
+    # does not synchronize; reading an event the GPU has not reached raises (the H100 run of
+    # 5 December stopped so). A fake event that raises like CUDA's proves _chunk synchronizes.
+    state = {"synced": True}
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self):
+            state["synced"] = False
+
+        def elapsed_time(self, other):
+            if not state["synced"]:
+                raise RuntimeError("Both events must be completed before calculating "
+                                   "elapsed time.")
+            return 2.0
+
+    monkeypatch.setattr(gpu.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(gpu, "synchronize", lambda dev: state.update(synced=True))
+    calls = []
+    out = gpu._chunk(lambda: calls.append(1), torch.device("cuda"), 3)
+    assert out == [0.002] * 3 and len(calls) == 3

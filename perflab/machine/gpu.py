@@ -151,6 +151,26 @@ class BurstSustained:
         return self.flops / self.sustained_s
 
 
+def _chunk(fn, dev: torch.device, reps: int) -> list[float]:
+    """Seconds of each of ``reps`` back-to-back calls of ``fn``, bracketed by CUDA events.
+
+    The events are read after a synchronize of its own: inside an enclosing timed window
+    (the sustained half below), :func:`perflab.core.timing.event_timer`'s window is nested and
+    does not synchronize, and reading an event the GPU has not reached raises ("Both events
+    must be completed", the H100 run of 5 December). On a CPU: ``event_timer``'s clock.
+    """
+    if dev.type != "cuda":
+        return list(event_timer(fn, dev, warmup=0, reps=reps).samples_s)
+    marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(reps)]
+    for start, end in marks:
+        start.record()
+        fn()
+        end.record()
+    synchronize(dev)
+    return [start.elapsed_time(end) / 1e3 for start, end in marks]
+
+
 def burst_and_sustained(
     device: torch.device | str,
     n: int,
@@ -202,9 +222,9 @@ def burst_and_sustained(
     with Telemetry(index=index) as tel_sus, tel_sus.window():
         half = Stopwatch().start()             # its own clock: the sampler's start is not in it
         while half.elapsed() < sustained_s / 2 or len(chunks) < 2:
-            chunks.append(event_timer(fn, dev, warmup=0, reps=20))
+            chunks.append(_chunk(fn, dev, 20))
     window = clock.elapsed()
-    samples = sorted(x for t in chunks for x in t.samples_s)
+    samples = sorted(x for t in chunks for x in t)
     sustained = samples[len(samples) // 2]
     return BurstSustained(2.0 * n**3, burst, sustained, tel_burst.summary(), tel_sus.summary(),
                           window)
