@@ -575,25 +575,28 @@ _AGREEMENT: dict[str, Any] = {}
 
 
 def run_agreement(srcdir: str) -> dict[str, Any]:
-    """The last two run records of the book (``runs/*.json``) compared page by page
-    (:func:`perflab.record.verdicts.compare`): ``{"runs": (older, newer) names, "pages":
-    {docname: PageComparison}}``, empty when the repository holds fewer than two records.
-    Computed once per build."""
+    """Each page of the newest run record of the book (``runs/*.json``) compared with the
+    latest earlier record that ran the same source on the same device
+    (:func:`perflab.record.verdicts.latest_comparable`): ``{"newest": its name, "pages":
+    {docname: PageComparison}, "against": {docname: the earlier run's name}}``, empty when the
+    repository holds no record. Computed once per build."""
     if srcdir not in _AGREEMENT:
-        pair = verdicts.last_two(srcdir)
-        if pair is None:
+        newest, found = verdicts.latest_comparable(srcdir)
+        if newest is None:
             _AGREEMENT[srcdir] = {}
         else:
-            pages, _, _ = verdicts.compare(*pair)
-            _AGREEMENT[srcdir] = {"runs": (pair[0].get("run"), pair[1].get("run")),
-                                  "pages": {p.page: p for p in pages}}
+            _AGREEMENT[srcdir] = {"newest": newest,
+                                  "pages": {page: p for page, (_, p) in found.items()},
+                                  "against": {page: run for page, (run, _) in found.items()}}
     return _AGREEMENT[srcdir]
 
 
 def _agreement(row: StatusRow) -> str:
-    found = run_agreement(row.env.srcdir).get("pages", {}).get(row.docname)
+    agreement = run_agreement(row.env.srcdir)
+    found = agreement.get("pages", {}).get(row.docname)
     if found is None:
-        return "—"
+        return ("no earlier run of this source on this device" if agreement
+                and row.status.get("state") == "current" else "—")
     if not found.verdicts:
         return "no verdicts"
     text = f"{found.agreeing} of {found.verdicts}"
@@ -616,7 +619,7 @@ STATUS_COLUMNS: list[StatusColumn] = [
     StatusColumn("torch", 11, _torch),
     StatusColumn("started (UTC)", 11, _started),
     StatusColumn("duration", 10, _duration),
-    StatusColumn("verdicts agreeing, last two runs", 14, _agreement),
+    StatusColumn("verdicts agreeing with an earlier run", 14, _agreement),
 ]
 
 
@@ -722,22 +725,29 @@ class ProvenanceStatus(SphinxDirective):
         return [summary, *tables, legend, *self._changed(app), *waiting]
 
     def _changed(self, app) -> list[nodes.Node]:
-        """The verdicts that changed between the last two runs, each with both values: a
-        changed host-bound verdict is a fact about two hosts; any other is a defect of its page
+        """The verdicts that changed between each page's newest run and its latest earlier run
+        of the same source on the same device, each with both values: a changed host-bound verdict is a fact about two hosts; any other is a defect of its page
         (its measurement needs rounds)."""
         found = run_agreement(app.srcdir)
         if not found:
             return [nodes.paragraph(text=(
-                "The last column compares the two most recent run records in runs/ "
-                "(scripts/compare_runs.py); fewer than two are recorded."))]
-        older, newer = found["runs"]
+                "The last column compares each page's newest run with an earlier run of the "
+                "same source on the same device (scripts/compare_runs.py); runs/ holds no "
+                "run record."))]
+        against = sorted(set(found["against"].values()))
         changes = [(page, c) for page, p in found["pages"].items() for c in p.changes]
         intro = nodes.paragraph(text=(
-            f"The last column counts the claims and expectations on which the two most recent "
-            f"runs agree (run records in runs/: {older}; {newer}; scripts/compare_runs.py "
-            "compares any two). A changed verdict of a claim declared host-bound is a fact "
-            "about two hosts, shown below with both values; any other changed verdict is a "
-            "defect of its page, marked ✗." + ("" if changes else " No verdict changed.")))
+            f"The last column compares each page's newest run ({found['newest']}) with the "
+            "latest earlier run of the same source (its code and the perflab modules it "
+            "imports) on the same device, from the run records in runs/"
+            + (f" ({'; '.join(map(str, against))})" if against else "")
+            + "; scripts/compare_runs.py compares any two. A page without one says so: until "
+            "its source has run twice on one device, its verdicts are not yet shown to survive "
+            "a second run. A changed verdict of a claim declared host-bound is a fact about "
+            "two hosts, shown below with both values; any other changed verdict is a defect "
+            "of its page, marked ✗."
+            + ("" if changes else " No verdict changed." if found["pages"] else
+               " No page has an earlier run of its source on its device yet.")))
         if not changes:
             return [intro]
         items = nodes.bullet_list(classes=["provenance-changed-verdicts"])

@@ -9,7 +9,9 @@ A and B are run records (``runs/*.json``, written by ``--record``) or folders ho
 verdicts the runs agree on, every verdict that changed (within / outside / undecided, true /
 false, an expectation) with what bounds it, and the numbers that moved by more than
 ``--moved``; then the pages present in only one run. A changed verdict is a **defect** unless its
-claim is declared host-bound (see :mod:`perflab.record.verdicts`).
+claim is declared host-bound (see :mod:`perflab.record.verdicts`), or the page's two runs differ
+in device or in source (the page's code or a perflab module it imports): then its changes are
+listed but not counted.
 
 Exit status: 0 when no verdict changed except declared host-bound ones, 1 when one did (a
 defect of the page: its measurement needs rounds), 2 for bad arguments or unreadable input.
@@ -35,27 +37,32 @@ def _short(v) -> str:
 
 def report(a, b, moved: float) -> int:
     pages, only_a, only_b = verdicts.compare(a, b, moved)
-    defects = host = 0
+    defects = host = apart = 0
     for p in pages:
         print(f"\n{p.page}: {p.agreeing} of {p.verdicts} verdicts agree; "
               f"{len(p.moved)} of {p.numbers} numbers moved > {moved:.0%}")
+        if p.not_comparable:
+            print(f"   not two runs of one source on one device: {p.not_comparable}; "
+                  "its changed verdicts are listed, not counted as defects")
         for change, key, xa, xb in p.moved[:5]:
             print(f"   {key:44s} {xa:>12.5g} -> {xb:<12.5g} x{xb / xa:.3f}")
         for c in p.changes:
-            tag = "host-bound" if not c.defect else (
+            tag = "host-bound" if not c.defect else "runs differ" if p.not_comparable else (
                 "DEFECT" if c.bound else "DEFECT (bound not declared)")
             vals = (f" (measured {c.values[0]:.4g} -> {c.values[1]:.4g})"
                     if c.values and None not in c.values else "")
             print(f"   CHANGED [{tag}] {c.name}{vals}:\n      A: {_short(c.a)}\n"
                   f"      B: {_short(c.b)}")
-            defects += c.defect
+            defects += c.defect and not p.not_comparable
             host += not c.defect
+            apart += c.defect and bool(p.not_comparable)
     for name in only_a:
         print(f"\n{name}: only in A")
     for name in only_b:
         print(f"\n{name}: only in B")
     print(f"\n{defects} verdict(s) changed that are not declared host-bound; {host} host-bound "
-          f"verdict(s) changed; {len(only_a) + len(only_b)} page(s) in one run only")
+          f"verdict(s) changed; {apart} other(s) changed on pages whose runs differ in device "
+          f"or source; {len(only_a) + len(only_b)} page(s) in one run only")
     return 1 if defects else 0
 
 

@@ -28,22 +28,28 @@ def _claim(name, verdict, bound, text, measured=None):
     return _glue(name, claims._Claimed(text, record))
 
 
-def _notebook(folder: Path, page: str, outputs, started="2026-12-05T10:00:00Z"):
+def _notebook(folder: Path, page: str, outputs, started="2026-12-05T10:00:00Z",
+              device=None, source=None):
     path = folder / f"{page}.ipynb"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"metadata": {"reference_run": {"started": started,
-                                                               "git": "abc"}},
+    run = {"started": started, "git": "abc"}
+    if device:
+        run["devices"] = [device]
+    if source:
+        run.update(source_sha256=source, perflab_sha256={"perflab/x.py": "1"})
+    path.write_text(json.dumps({"metadata": {"reference_run": run},
                                 "cells": [{"cell_type": "code", "outputs": outputs}]}))
 
 
 def _run(folder: Path, *, rung_verdict="true", host_verdict="true", knee=True, ratio=1.0,
-         extra_page=False, started="2026-12-05T10:00:00Z"):
+         extra_page=False, started="2026-12-05T10:00:00Z", device=None, source=None):
     _notebook(folder, "book/06_speed", [
         _claim("rung_vs_prediction", rung_verdict, "device", "within 25 %", 1.1),
         _claim("loader_vs_prediction", host_verdict, "host", "within 25 %", 0.9),
         _glue("expect_knee", knee), _glue("speedup", 10.0 * ratio),
         _glue("old_style_sentence", "the run was faster" if ratio < 2 else "the run was slower"),
-        _glue("clock", "measured over 0.5 s on X: SM clock 1,980 MHz")], started)
+        _glue("clock", "measured over 0.5 s on X: SM clock 1,980 MHz")], started, device,
+        source)
     if extra_page:
         _notebook(folder, "labs/06_speed", [_glue("x", 1)], started)
     return folder
@@ -74,6 +80,55 @@ def test_a_device_bound_flip_is_a_defect_and_a_host_bound_one_is_not(tmp_path):
     r = subprocess.run([sys.executable, "scripts/compare_runs.py", str(a), str(only_host)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "1 host-bound verdict(s) changed" in r.stdout
+
+
+def test_runs_on_two_devices_or_of_two_sources_list_their_changes_but_count_no_defect(
+        tmp_path):
+    """A verdict that changes between an H200 and an H100, or after the page's code changed,
+    says nothing about the noise of one measurement: listed, not a defect (the status page
+    then looks further back for a run of the same source on the same device)."""
+    a = _run(tmp_path / "a", device="H200", source="s1")
+    b = _run(tmp_path / "b", rung_verdict="false", device="H100", source="s1")
+    (page,), _, _ = verdicts.compare(verdicts.load(a), verdicts.load(b))
+    assert page.changes and page.defects == [] and "different devices" in page.not_comparable
+    r = subprocess.run([sys.executable, "scripts/compare_runs.py", str(a), str(b)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "CHANGED [runs differ] rung_vs_prediction" in r.stdout
+    c = _run(tmp_path / "c", rung_verdict="false", device="H200", source="s2")
+    (page,), _, _ = verdicts.compare(verdicts.load(a), verdicts.load(c))
+    assert page.defects == [] and "different source" in page.not_comparable
+    d = _run(tmp_path / "d", rung_verdict="false", device="H200", source="s1")
+    (page,), _, _ = verdicts.compare(verdicts.load(a), verdicts.load(d))
+    assert page.not_comparable is None and [x.name for x in page.defects] == [
+        "rung_vs_prediction"]
+
+
+def test_the_status_compares_each_page_with_its_latest_run_of_one_source_on_one_device(
+        tmp_path):
+    root = tmp_path / "repo"
+    _run(root / "x", started="2026-12-01T00:00:00Z", device="H200", source="s1")
+    _run(root / "y", started="2026-12-02T00:00:00Z", rung_verdict="false", device="H200",
+         source="s2")
+    _run(root / "z", started="2026-12-03T00:00:00Z", rung_verdict="false", device="H100",
+         source="s1")
+    for name in ("x", "y", "z"):
+        r = subprocess.run([sys.executable, "scripts/compare_runs.py", "--record",
+                            str(root / "runs" / f"{name}.json"), "--root", str(root / name)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    newest, found = verdicts.latest_comparable(root)
+    assert newest == "z" and found == {}          # no earlier run on an H100
+    _run(root / "w", started="2026-12-04T00:00:00Z", device="H200", source="s1")
+    r = subprocess.run([sys.executable, "scripts/compare_runs.py", "--record",
+                        str(root / "runs" / "w.json"), "--root", str(root / "w")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    newest, found = verdicts.latest_comparable(root)
+    (against, page), = found.values()
+    assert newest == "w" and against == "x"       # skips y (other source) and z (other device)
+    assert page.agreeing == page.verdicts
+    assert verdicts.latest_comparable(tmp_path / "nowhere") == (None, {})
 
 
 def test_expectations_old_sentences_and_pages_in_one_run_only(tmp_path):

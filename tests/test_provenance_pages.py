@@ -291,11 +291,21 @@ def test_the_status_column_counts_the_verdicts_two_runs_agree_on(tmp_path, monke
     page = verdicts.PageComparison("book/06_x", verdicts=10, changes=[
         verdicts.Change("a", "true", "false", "host"), verdicts.Change("b", "true", "undecided",
                                                                        "device")])
-    PP._AGREEMENT[str(tmp_path)] = {"runs": ("r1", "r2"), "pages": {"book/06_x": page}}
-    row = SimpleNamespace(docname="book/06_x", env=SimpleNamespace(srcdir=str(tmp_path)))
+    PP._AGREEMENT[str(tmp_path)] = {"newest": "r2", "pages": {"book/06_x": page},
+                                    "against": {"book/06_x": "r1"}}
+    row = SimpleNamespace(docname="book/06_x", env=SimpleNamespace(srcdir=str(tmp_path)),
+                          status={"state": "current"})
     assert PP._agreement(row) == "8 of 10; ✗ 1 changed; 1 host-bound changed"
+    # a current page whose source never ran twice on one device says so, not "all agree"
     row.docname = "book/99_other"
+    assert PP._agreement(row) == "no earlier run of this source on this device"
+    row.status = {"state": "missing"}
     assert PP._agreement(row) == "—"
+    # two runs on different devices are listed but are no defect of the page
+    apart = verdicts.PageComparison("book/06_x", verdicts=10, changes=[
+        verdicts.Change("b", "true", "undecided", "device")],
+        not_comparable="different devices (A; B)")
+    assert apart.defects == []
 
 
 def test_a_link_to_a_page_awaiting_its_first_run_becomes_its_title_not_a_broken_link(tmp_path):

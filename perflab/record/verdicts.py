@@ -22,6 +22,7 @@ Command line: ``python scripts/compare_runs.py A B`` (A and B: run records or fo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -32,8 +33,8 @@ from perflab.core.validate import number
 from perflab.record.claims import EXPECT_PREFIX, read_verdicts
 from perflab.record.provenance import read_glued, reference_run
 
-__all__ = ["RUNS_FOLDER", "SCHEMA", "Change", "PageComparison", "compare", "last_two", "load",
-           "snapshot"]
+__all__ = ["RUNS_FOLDER", "SCHEMA", "Change", "PageComparison", "compare", "last_two",
+           "latest_comparable", "load", "snapshot", "source_key"]
 
 #: Where the repository keeps its run records (one JSON file per reference run).
 RUNS_FOLDER = "runs"
@@ -45,6 +46,18 @@ _TELEMETRY = "measured over"      # a telemetry sentence states readings, not a 
 
 def _masked(text: str) -> str:
     return re.sub(r"[\d.,]+", "#", text)
+
+
+def source_key(run: dict[str, Any]) -> str | None:
+    """One SHA-256 (hex) of what a page's run executed: its code cells' hash and the hashes of
+    the perflab modules they import (``source_sha256``, ``perflab_sha256`` of the notebook's
+    reference-run metadata); None for a run that recorded no source hash. Two runs of a page
+    with the same key ran the same source."""
+    if not run.get("source_sha256"):
+        return None
+    body = json.dumps({"source": run.get("source_sha256"),
+                       "perflab": run.get("perflab_sha256") or {}}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()
 
 
 def _page(ipynb: Path) -> dict[str, Any]:
@@ -59,7 +72,8 @@ def _page(ipynb: Path) -> dict[str, Any]:
         elif name not in verdicts and isinstance(value, str) and _TELEMETRY not in value:
             sentences[name] = value
     run = reference_run(ipynb) or {}
-    return {"run": {k: run.get(k) for k in ("git", "started", "devices", "torch")},
+    return {"run": {**{k: run.get(k) for k in ("git", "started", "devices", "torch")},
+                    "source": source_key(run)},
             "numbers": numbers, "expectations": expectations,
             "verdicts": {k: {"verdict": v.get("verdict"), "bound": v.get("bound"),
                              **({"measured": v["measured"]} if "measured" in v else {}),
@@ -152,6 +166,9 @@ class PageComparison:
     changes: list[Change] = field(default_factory=list)
     moved: list[tuple[float, str, float, float]] = field(default_factory=list)
     numbers: int = 0
+    #: why the two runs are not two runs of one source on one device (None: they are, or the
+    #: records cannot tell): then a changed verdict is no defect of the page's measurement
+    not_comparable: str | None = None
 
     @property
     def agreeing(self) -> int:
@@ -160,13 +177,29 @@ class PageComparison:
 
     @property
     def defects(self) -> list[Change]:
-        """Changes that are not declared host-bound."""
-        return [c for c in self.changes if c.defect]
+        """Changes that are not declared host-bound, between two runs of one source on one
+        device (none when :attr:`not_comparable` says the runs differ in either)."""
+        return [] if self.not_comparable else [c for c in self.changes if c.defect]
+
+
+def _devices_text(devices: Any) -> str:
+    return " + ".join(devices) if isinstance(devices, list) else str(devices)
+
+
+def _not_comparable(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    ra, rb = a.get("run") or {}, b.get("run") or {}
+    da, db = ra.get("devices"), rb.get("devices")
+    if da and db and da != db:
+        return f"different devices ({_devices_text(da)}; {_devices_text(db)})"
+    sa, sb = ra.get("source"), rb.get("source")
+    if sa and sb and sa != sb:
+        return "different source (the page's code or a perflab module it imports changed)"
+    return None
 
 
 def _compare_page(name: str, a: dict[str, Any], b: dict[str, Any],
                   moved: float) -> PageComparison:
-    out = PageComparison(name)
+    out = PageComparison(name, not_comparable=_not_comparable(a, b))
     for key in sorted(set(a["expectations"]) & set(b["expectations"])):
         out.verdicts += 1
         if a["expectations"][key] != b["expectations"][key]:
@@ -235,3 +268,32 @@ def last_two(root: str | Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
             continue
     records = sorted((r for r in records if r.get("started")), key=lambda r: r["started"])
     return (records[-2], records[-1]) if len(records) >= 2 else None
+
+
+def latest_comparable(root: str | Path) -> tuple[str | None, dict[str, tuple[str, PageComparison]]]:
+    """Each page of the newest run record in ``root/runs/``, compared with the latest earlier
+    record that ran the same source on the same device (:func:`source_key`; a record without
+    source hashes counts as the same source when its device matches).
+
+    Returns:
+        ``(newest run's name, {page: (earlier run's name, PageComparison)})``; a page with no
+        such earlier run is absent; ``(None, {})`` when ``runs/`` holds no record.
+    """
+    folder = Path(root) / RUNS_FOLDER
+    records = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            records.append(load(path))
+        except (OSError, ValueError):
+            continue
+    records = sorted((r for r in records if r.get("started")), key=lambda r: r["started"])
+    if not records:
+        return None, {}
+    newest, found = records[-1], {}
+    for name, page in newest["pages"].items():
+        for older in reversed(records[:-1]):
+            other = older["pages"].get(name)
+            if other is not None and _not_comparable(other, page) is None:
+                found[name] = (older.get("run"), _compare_page(name, other, page, 0.10))
+                break
+    return newest.get("run"), found
