@@ -22,13 +22,9 @@ FIGURES_WITHOUT_NUMBER_OR_DEVICE: set[str] = set()
 FIGURES_SHOWN_TWICE: set[str] = set()
 
 # Numbers a person would not write (``tests/test_reader.py::NUMBER_SHAPES``), on every page of
-# the table of contents (chapter 1's "1/1.32e+03 of the matrix rate" is written "1/1,320" in
-# its third edition). Lab 10's check prints "losses agree within 1.2e-05." (perflab/labs/lab10.py,
-# lab10 check's last print: ``{worst:.1e}``, to be written with perflab.record.numbers.fmt_small);
-# the shape was missed until BAD_SHAPES let a number end a sentence. It leaves with the next run.
-NUMBER_SHAPES: set[str] = {
-    "labs/10_gpt2_speedrun.html",
-}
+# the table of contents. Empty: lab 10's "losses agree within 1.2e-05." left with the run of
+# 5 December (gpu-2026-12-05-fca871c), which prints it through perflab.record.numbers.fmt_small.
+NUMBER_SHAPES: set[str] = set()
 
 # ---------------------------------------------------------------------------------------------
 # A textbook, not a lab notebook (issue 43; tests/textbook_rules.py says what each rule reads).
