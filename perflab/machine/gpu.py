@@ -151,24 +151,19 @@ class BurstSustained:
         return self.flops / self.sustained_s
 
 
-def _chunk(fn, dev: torch.device, reps: int) -> list[float]:
-    """Seconds of each of ``reps`` back-to-back calls of ``fn``, bracketed by CUDA events.
+def _chunk(fn, dev: torch.device, reps: int) -> float:
+    """Mean seconds per call of ``reps`` back-to-back calls of ``fn``, the device synchronized
+    before and after (a :class:`perflab.core.timing.Stopwatch` on ``dev``).
 
-    The events are read after a synchronize of its own: inside an enclosing timed window
-    (the sustained half below), :func:`perflab.core.timing.event_timer`'s window is nested and
-    does not synchronize, and reading an event the GPU has not reached raises ("Both events
-    must be completed", the H100 run of 5 December). On a CPU: ``event_timer``'s clock.
+    Not :func:`perflab.core.timing.event_timer`: inside an enclosing timed window (the
+    sustained half below) its own window is nested and does not synchronize, and reading a CUDA
+    event the GPU has not reached raises ("Both events must be completed", the H100 run of
+    5 December). The host clock adds one launch (~10 us) to a chunk of 20 products of ~1.5 ms.
     """
-    if dev.type != "cuda":
-        return list(event_timer(fn, dev, warmup=0, reps=reps).samples_s)
-    marks = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-             for _ in range(reps)]
-    for start, end in marks:
-        start.record()
-        fn()
-        end.record()
-    synchronize(dev)
-    return [start.elapsed_time(end) / 1e3 for start, end in marks]
+    with Stopwatch(dev) as sw:
+        for _ in range(reps):
+            fn()
+    return sw.seconds / reps
 
 
 def burst_and_sustained(
@@ -187,13 +182,14 @@ def burst_and_sustained(
     controller lowers the clock and long enough for the sampler, which reads NVML every few
     milliseconds, to read the clock at least three times inside them (a 10-product burst of 14
     ms held no reading at all). Then products run back to back for
-    ``sustained_s`` seconds in chunks of 20 event-timed calls; the sustained time is the median
-    over the chunks of the window's second half, when the clock has settled. The burst and the
+    ``sustained_s`` seconds in chunks of 20 calls; the sustained time is the median per-call
+    time of the chunks of the window's second half, when the clock has settled (each chunk
+    timed between two synchronizations: :func:`_chunk`). The burst and the
     second half each run under a :class:`perflab.core.telemetry.Telemetry` sampler, whose
     summaries say at which SM clock, power and throttle reasons: the sustained summary describes
     exactly the second half (one timed window around its chunks), the products its time comes
-    from, so a rate and its clock are read over the same seconds. Nothing here changes a clock or a limit. On a CPU the same runs
-    with ``time.perf_counter`` (for tests).
+    from, so a rate and its clock are read over the same seconds. Nothing here changes a clock
+    or a limit. On a CPU the same runs with ``time.perf_counter`` (for tests).
 
     Raises:
         ValueError: a non-positive ``n``, ``burst_reps`` or ``sustained_s``, or a negative
@@ -216,15 +212,15 @@ def burst_and_sustained(
     clock = Stopwatch().start()
     while clock.elapsed() < sustained_s / 2:    # the first half: the clock settles, not kept
         event_timer(fn, dev, warmup=0, reps=20)
-    # the second half is one timed window (the chunks' own windows nest inside it and count
-    # once), so its telemetry describes the very products the sustained time comes from
+    # the second half is one timed window, so its telemetry describes the very products the
+    # sustained time comes from; each chunk synchronizes on its own (_chunk)
     chunks = []
     with Telemetry(index=index) as tel_sus, tel_sus.window():
         half = Stopwatch().start()             # its own clock: the sampler's start is not in it
         while half.elapsed() < sustained_s / 2 or len(chunks) < 2:
             chunks.append(_chunk(fn, dev, 20))
     window = clock.elapsed()
-    samples = sorted(x for t in chunks for x in t)
-    sustained = samples[len(samples) // 2]
+    chunks.sort()
+    sustained = chunks[len(chunks) // 2]
     return BurstSustained(2.0 * n**3, burst, sustained, tel_burst.summary(), tel_sus.summary(),
                           window)
