@@ -188,3 +188,32 @@ def test_deadline_and_timestamps(monkeypatch):
         timing.Deadline(0)
     with pytest.raises(ValueError, match="moment"):
         timing.seconds_since(float("nan"))
+
+
+def test_event_timer_inside_a_callers_window_reads_its_events_after_a_synchronize(
+        monkeypatch):
+    # a window nested in a caller's window does not synchronize as it closes; reading a CUDA
+    # event the GPU has not reached raises (burst_and_sustained on the H100, 5 December).
+    # Fake events that raise like CUDA's prove event_timer synchronizes itself.
+    from perflab.core import timing
+
+    state = {"synced": True}
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self):
+            state["synced"] = False
+
+        def elapsed_time(self, other):
+            if not state["synced"]:
+                raise RuntimeError("Both events must be completed before calculating "
+                                   "elapsed time.")
+            return 3.0
+
+    monkeypatch.setattr(timing.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(timing, "synchronize", lambda dev=None: state.update(synced=True))
+    with timing.timed_window():
+        t = timing.event_timer(lambda: None, "cuda", warmup=0, reps=2)
+    assert t.samples_s == (0.003, 0.003)

@@ -316,7 +316,7 @@ def event_timer(
 
     On CUDA each call is bracketed by two ``torch.cuda.Event(enable_timing=True)`` recorded on
     the current stream, so only device time between them counts and the host may run ahead;
-    all events are read after one final synchronize. On CPU a ``time.perf_counter`` pair brackets
+    all events are read after one final synchronize (also inside a caller's timed window). On CPU a ``time.perf_counter`` pair brackets
     each call. ``flush=True`` evicts the L2 before each call (outside the timed region).
 
     Raises:
@@ -337,6 +337,9 @@ def event_timer(
                 s.record()
                 fn()
                 e.record()
+        # the window synchronizes as it closes only when it is the outermost one; inside a
+        # caller's window the events may not be reached yet, and reading them raises
+        synchronize(dev)
         samples = tuple(s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends))
         return Timing(samples, "cuda events")
     samples = []
