@@ -396,6 +396,12 @@ WRONG = {
         # of a row of negative logits and add e^0 each to its sum
         ("ex5-solution", 'mask=cols < n_cols, other=-float("inf"))', "mask=cols < n_cols)",
          r"wrong losses", "triton"),
+        # the speedup predicted from the kernel count (three kernels become one), not from
+        # the bytes moved (seven tensors' worth become three)
+        ("ex1-solution", "predicted_speedup = 7 / 3", "predicted_speedup = 3.0",
+         r"your predicted speedup"),
+        # the prediction left unset: the check says so before it times anything
+        ("ex1-solution", "predicted_speedup = 7 / 3", "pass", r"set predicted_speedup"),
         # a partial fusion: one pass saved, still two kernels (and ~1.4x on a GPU)
         ("ex1-solution", "return torch.ops.perflab_ext.axpby(x, a, y, b)",
          "return torch.add(a * x, y, alpha=b)", r"one call ran 2"),

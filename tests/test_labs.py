@@ -108,3 +108,30 @@ def test_lab_needs_reads_the_records(tmp_path):
     assert n["gpus"] == 2 and n["reference_minutes"] == 1.5 and n["gpu_memory_gib"] == 3
     assert n["reference_devices"] == "2x NVIDIA H200" and n["cpu_minutes"] == 2 and n["cpu_current"] is False
     assert lab_needs(LABS[0], cpu_runs={})["cpu_minutes"] is None
+
+
+# labs whose student edition is checked for cells that would show a check's bare return value;
+# labs 3, 4, 5 and 8 still have such cells (a trailing ';' fixes each)
+QUIET = ("01_roofline", "02_hardware", "07_memory", "09_advanced", "06_speed", "10_gpt2_speedrun")
+_SHOWS_NOTHING = ("print", "not_done", "finish", "display", "glue")
+
+
+@pytest.mark.parametrize("lab", [p for p in LABS if p.stem in QUIET],
+                         ids=[p.stem for p in LABS if p.stem in QUIET])
+def test_student_cells_do_not_end_in_a_checks_return_value(lab):
+    """A check returns True; a cell whose last line calls one shows a bare ``True`` under its
+    ticks (in the student edition the hidden tests that followed it are gone). Such a line ends
+    in ';', which tells IPython to show nothing."""
+    for cell in make_student.student_notebook(lab).cells:
+        if cell.cell_type != "code" or not cell.source.strip():
+            continue
+        code = "\n".join(line for line in cell.source.splitlines()
+                         if not line.lstrip().startswith(("%", "!")))
+        last_stmt = ast.parse(code).body[-1]
+        last_line = code.rstrip().splitlines()[-1].split("#")[0].rstrip()
+        if isinstance(last_stmt, ast.Expr) and isinstance(last_stmt.value, ast.Call):
+            func = last_stmt.value.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            assert name in _SHOWS_NOTHING or last_line.endswith(";"), (
+                f"{lab.name}: a cell ends in {name}(...), whose value the notebook shows:\n"
+                f"{cell.source[-200:]}")
