@@ -36,6 +36,7 @@ __all__ = [
     "peer_access",
     "peer_copy_bandwidth",
     "peer_copy_sweep",
+    "staging_copy_bandwidth",
 ]
 
 #: Per-lane signalling rate (GT/s) and line-code efficiency by PCIe generation, from the PCI-SIG
@@ -79,6 +80,44 @@ def pageable_prediction(pinned_Bps: float, host_copy_Bps: float) -> tuple[float,
     positive("host_copy_Bps", host_copy_Bps)
     staging = host_copy_Bps / 2
     return 1 / (1 / pinned_Bps + 1 / staging), min(pinned_Bps, staging)
+
+
+def staging_copy_bandwidth(nbytes: int, chunk: int = 2**21, reps: int = 5) -> float:
+    """One thread's host copy of ``nbytes`` in the staging pattern, bytes/s (read + written).
+
+    A pageable copy's staging memcpy does not write ``nbytes`` of fresh memory: the driver copies
+    the buffer chunk by chunk into a pinned staging buffer of its own, which it reuses, so the
+    writes may stay in the CPU's caches while only the reads stream from DRAM. This copies a
+    pageable ``nbytes`` source into one reused ``chunk``-byte buffer (pinned when a GPU is
+    present), chunk after chunk, on one intra-op thread, and counts bytes read plus bytes
+    written as :func:`perflab.machine.cpu.memory_bandwidth` does, so the figure drops into
+    :func:`pageable_prediction` in its place. The driver's own chunk size is not documented;
+    ``chunk`` is a guess (2 MiB), and the result tests one candidate cause, not the driver.
+    Best of ``reps`` passes (after one untimed pass).
+
+    Raises:
+        ValueError: ``nbytes`` or ``chunk`` not a positive multiple of 4, ``reps`` below 1.
+    """
+    integer("nbytes", nbytes, 4, multiple_of=4)
+    integer("chunk", chunk, 4, multiple_of=4)
+    positive_int("reps", reps)
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    n = min(chunk, nbytes) // 4
+    buf = torch.empty(n, dtype=torch.float32, pin_memory=has_gpu())
+    pieces = [src[i:i + n] for i in range(0, src.numel(), n)]
+    best = float("inf")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)            # one thread, as the driver's staging
+    try:
+        for rep in range(reps + 1):
+            with Stopwatch() as watch:  # host time; no GPU work to wait for
+                for piece in pieces:
+                    buf[:piece.numel()].copy_(piece)
+            if rep:                     # the first pass warms the pages
+                best = min(best, watch.seconds)
+    finally:
+        torch.set_num_threads(before)
+    return 2 * nbytes / best
 
 
 def _cuda_device(device) -> torch.device:
