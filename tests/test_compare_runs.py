@@ -188,3 +188,15 @@ def test_a_run_s_record_leaves_out_the_older_notebooks_of_pages_that_failed_in_i
                                                                    "labs/06_speed"}
     with pytest.raises(ValueError, match="run"):
         verdicts.snapshot(root, only_run=True)
+
+
+def test_a_record_keeps_the_band_apart_from_the_measured_spread(tmp_path):
+    """lo/hi are the spread of the rounds; a reader of the record (the status page, a review)
+    who takes them for the band reads a verdict 'outside' while the median sits in lo..hi."""
+    rec = {"verdict": "false", "bound": "host", "measured": 1.2, "lo": 1.18, "hi": 1.24,
+           "predicted": 1.0, "tolerance": 0.1}
+    _notebook(tmp_path, "book/06_speed", [_glue("sync_vs_prediction",
+                                                claims._Claimed("1.2x, outside", rec))])
+    v = verdicts.load(tmp_path)["pages"]["book/06_speed"]["verdicts"]["sync_vs_prediction"]
+    assert (v["lo"], v["hi"]) == (1.18, 1.24)
+    assert v["band_lo"] == pytest.approx(0.9) and v["band_hi"] == pytest.approx(1.1)

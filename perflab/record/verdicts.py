@@ -77,7 +77,12 @@ def _page(ipynb: Path) -> dict[str, Any]:
             "numbers": numbers, "expectations": expectations,
             "verdicts": {k: {"verdict": v.get("verdict"), "bound": v.get("bound"),
                              **({"measured": v["measured"]} if "measured" in v else {}),
-                             **({"lo": v["lo"], "hi": v["hi"]} if "lo" in v else {})}
+                             # lo, hi: the measured spread's edges, NOT the band's; the
+                             # band is predicted x (1 -/+ tolerance) where a claim has one
+                             **({"lo": v["lo"], "hi": v["hi"]} if "lo" in v else {}),
+                             **({"band_lo": v["predicted"] * (1 - v["tolerance"]),
+                                 "band_hi": v["predicted"] * (1 + v["tolerance"])}
+                                if "predicted" in v and "tolerance" in v else {})}
                          for k, v in verdicts.items()},
             "sentences": sentences}
 
