@@ -55,6 +55,14 @@ def _run(folder: Path, *, rung_verdict="true", host_verdict="true", knee=True, r
     return folder
 
 
+def _record(root: Path, name: str) -> None:
+    """``compare_runs.py --record root/runs/NAME.json --root root/NAME``, which must succeed."""
+    r = subprocess.run([sys.executable, "scripts/compare_runs.py", "--record",
+                        str(root / "runs" / f"{name}.json"), "--root", str(root / name)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 def test_identical_runs_agree(tmp_path):
     a, b = _run(tmp_path / "a"), _run(tmp_path / "b")
     pages, only_a, only_b = verdicts.compare(verdicts.load(a), verdicts.load(b))
@@ -113,17 +121,11 @@ def test_the_status_compares_each_page_with_its_latest_run_of_one_source_on_one_
     _run(root / "z", started="2026-12-03T00:00:00Z", rung_verdict="false", device="H100",
          source="s1")
     for name in ("x", "y", "z"):
-        r = subprocess.run([sys.executable, "scripts/compare_runs.py", "--record",
-                            str(root / "runs" / f"{name}.json"), "--root", str(root / name)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
+        _record(root, name)
     newest, found = verdicts.latest_comparable(root)
     assert newest == "z" and found == {}          # no earlier run on an H100
     _run(root / "w", started="2026-12-04T00:00:00Z", device="H200", source="s1")
-    r = subprocess.run([sys.executable, "scripts/compare_runs.py", "--record",
-                        str(root / "runs" / "w.json"), "--root", str(root / "w")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    _record(root, "w")
     newest, found = verdicts.latest_comparable(root)
     (against, page), = found.values()
     assert newest == "w" and against == "x"       # skips y (other source) and z (other device)
@@ -148,10 +150,7 @@ def test_a_record_round_trips_and_the_last_two_are_found(tmp_path):
     _run(root / "y", started="2026-12-03T00:00:00Z")
     _run(root / "z", started="2026-12-02T00:00:00Z")
     for name in ("x", "y", "z"):
-        r = subprocess.run([sys.executable, "scripts/compare_runs.py", "--record",
-                            str(root / "runs" / f"{name}.json"), "--root", str(root / name)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
+        _record(root, name)
     older, newer = verdicts.last_two(root)
     assert (older["run"], newer["run"]) == ("z", "y")
     assert newer == verdicts.load(root / "runs" / "y.json")

@@ -261,17 +261,21 @@ def compare(a: dict[str, Any], b: dict[str, Any],
     return both, sorted(set(pa) - set(pb)), sorted(set(pb) - set(pa))
 
 
-def last_two(root: str | Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """The two most recent run records in ``root/runs/`` (by the time their first page
-    started), older first; None when there are fewer than two."""
-    folder = Path(root) / RUNS_FOLDER
+def _records(root: str | Path) -> list[dict[str, Any]]:
+    """The readable run records in ``root/runs/`` that name a start, oldest first."""
     records = []
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted((Path(root) / RUNS_FOLDER).glob("*.json")):
         try:
             records.append(load(path))
         except (OSError, ValueError):
             continue
-    records = sorted((r for r in records if r.get("started")), key=lambda r: r["started"])
+    return sorted((r for r in records if r.get("started")), key=lambda r: r["started"])
+
+
+def last_two(root: str | Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The two most recent run records in ``root/runs/`` (by the time their first page
+    started), older first; None when there are fewer than two."""
+    records = _records(root)
     return (records[-2], records[-1]) if len(records) >= 2 else None
 
 
@@ -284,14 +288,7 @@ def latest_comparable(root: str | Path) -> tuple[str | None, dict[str, tuple[str
         ``(newest run's name, {page: (earlier run's name, PageComparison)})``; a page with no
         such earlier run is absent; ``(None, {})`` when ``runs/`` holds no record.
     """
-    folder = Path(root) / RUNS_FOLDER
-    records = []
-    for path in sorted(folder.glob("*.json")):
-        try:
-            records.append(load(path))
-        except (OSError, ValueError):
-            continue
-    records = sorted((r for r in records if r.get("started")), key=lambda r: r["started"])
+    records = _records(root)
     if not records:
         return None, {}
     newest, found = records[-1], {}
