@@ -57,6 +57,31 @@ if [ -n "${PERFLAB_RUN_ID:-}" ]; then
     echo "restored what earlier calls of run $PERFLAB_RUN_ID wrote ($(find "$keep" -type f | wc -l) files)"
   fi
 fi
+# Labs read the chapters' notebooks (lab 1 its reference table, lab 9 chapter 9's run): in one
+# run they must be this run's. On 5 December the labs' call came to a fresh machine, which had
+# not kept the earlier calls' notebooks, and the labs quoted the previous run's H200 beside the
+# H100 they ran on. Unpack the chapters' executed.tgz into the tree before such a call.
+# PERFLAB_LABS_ANY_CHAPTERS=1 runs them anyway (a chapter that failed keeps an older notebook).
+if [ -n "${PERFLAB_RUN_ID:-}" ] && [ -z "${PERFLAB_LABS_ANY_CHAPTERS:-}" ] \
+   && printf '%s\n' "$@" | grep -q '^labs/'; then
+  if ! python3 - "$PERFLAB_RUN_ID" <<'PY'
+import glob, json, sys
+run = sys.argv[1]
+other = []
+for f in sorted(glob.glob("book/*.ipynb")):
+    meta = json.load(open(f)).get("metadata", {}).get("reference_run") or {}
+    if ((meta.get("ceilings") or {}).get("run")) != run:
+        other.append(f)
+if other:
+    print(f"reference_run.sh: {len(other)} chapter notebook(s) in the tree are not from run "
+          f"{run} (e.g. {other[0]}); the labs would quote another run. Run the chapters first "
+          "on this machine, or unpack their executed.tgz into the tree.", file=sys.stderr)
+    sys.exit(1)
+PY
+  then
+    exit 2
+  fi
+fi
 python3 scripts/execute.py "${pack[@]}" "$@" 2>&1 | grep --line-buffered -v "running over TCP without encryption" | tee "$log"
 rc=${PIPESTATUS[0]}
 if [ -n "$keep" ] && [ -n "${OUT:-}" ]; then

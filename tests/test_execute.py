@@ -510,3 +510,38 @@ def test_pack_splits_what_would_not_come_back_in_one_file(tmp_path):
     assert [p.name for p in parts] == ["executed-2.tgz", "executed-3.tgz", "executed.tgz"]
     names = [n for p in parts for n in tarfile.open(p).getnames()]
     assert sorted(names) == [f"book/f{k}.bin" for k in range(5)]
+
+
+def test_reference_run_sh_refuses_labs_beside_chapters_of_another_run(tmp_path):
+    """Labs quote the chapters' notebooks: a labs call on a machine that lost the run's chapters
+    (5 December: the labs quoted the previous run's H200 beside their own H100) stops at once,
+    unless told that any chapters will do."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text(
+        "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\n"
+        f"[ \"$1\" = - ] && exec {sys.executable} \"$@\"\necho 'executed pages'\n")
+    (fake / "python3").chmod(0o755)
+    clone = tmp_path / "clone"
+    (clone / "scripts").mkdir(parents=True)
+    (clone / "book").mkdir()
+    script = clone / "scripts" / "reference_run.sh"
+    script.write_text((ROOT / "scripts" / "reference_run.sh").read_text())
+
+    def chapter(run):
+        (clone / "book" / "01.ipynb").write_text(json.dumps(
+            {"metadata": {"reference_run": {"ceilings": {"run": run}}}}))
+
+    def call(*pages, **extra):
+        env = {"PATH": f"{fake}:/usr/bin:/bin", "PERFLAB_RUN_ID": "r2", **extra}
+        return subprocess.run(["bash", str(script), *pages], capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    chapter("r1")
+    r = call("labs/01.md")
+    assert r.returncode == 2 and "not from run r2" in r.stderr
+    assert "executed pages" not in r.stdout
+    assert "executed pages" in call("book/01.md").stdout          # chapters are not refused
+    assert "executed pages" in call("labs/01.md", PERFLAB_LABS_ANY_CHAPTERS="1").stdout
+    chapter("r2")
+    assert "executed pages" in call("labs/01.md").stdout
