@@ -36,16 +36,11 @@ NUMBER_SHAPES: set[str] = set()
 
 # A visible code cell (not remove-cell/remove-input, not folded by hide-input) that calls glue,
 # claim, expect, compare or a table helper.
-VISIBLE_BOOKKEEPING: set[str] = {
-    "book/05_data_loading.html",
-    "labs/06_speed.html",
-}
+VISIBLE_BOOKKEEPING: set[str] = set()
 
 # The sampler's sentence ("measured over 0.80 s on NVIDIA H200: SM clock median ...") in the
 # running prose, outside a {measured} note (book/roofline_explorer.md shows the idiom).
-TELEMETRY_IN_PROSE: set[str] = {
-    "book/05_data_loading.html",
-}
+TELEMETRY_IN_PROSE: set[str] = set()
 
 # Over 6,000 words of prose or 500 lines of visible code on one page: split into section pages.
 TOO_LONG: set[str] = {
