@@ -139,6 +139,12 @@ def test_knee_check_bound_is_the_larger_roof_term_and_verdicts_follow_the_ratio(
     assert "1.20x" in k.sentence(63.7) and "formula gives 63.7" in k.sentence(63.7)
     assert roofline.KneeCheck(64, 0.51e-3, 0.5e-3, 0.45e-3).verdict == "at bound"
     assert roofline.KneeCheck(64, 2e-3, 0.5e-3, 0.45e-3).verdict == "other"
+    # a CPU's peak is a measured rate, not the clock model's at a maximum clock
+    assert "at the maximum clock" in k.sentence()
+    cpu = roofline.KneeCheck(64, 0.6e-3, 0.5e-3, 0.45e-3, on_gpu=False)
+    assert "maximum clock" not in cpu.sentence() and "at the peak given" in cpu.sentence()
+    x = torch.ones(1024)
+    assert roofline.knee_check(x, 4, 1e9, 1e9, compile=False).on_gpu is False
 
 
 def test_knee_check_accounts_for_a_lowered_clock():

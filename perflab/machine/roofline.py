@@ -328,6 +328,8 @@ class KneeCheck:
         memory_s: ``bytes / bandwidth`` (s).
         compute_s: ``FLOPs / peak`` at the peak's (maximum) clock (s).
         telemetry: the :class:`~perflab.core.telemetry.TelemetrySummary` of the timed calls.
+        on_gpu: the kernel ran on a GPU, whose peak is the clock model's at the maximum SM
+            clock; on a CPU the peak is the one given (a measured rate), at no stated clock.
     """
 
     repeat: int
@@ -335,6 +337,7 @@ class KneeCheck:
     memory_s: float
     compute_s: float
     telemetry: object = None
+    on_gpu: bool = True
 
     @property
     def clock_fraction(self) -> float:
@@ -401,8 +404,9 @@ class KneeCheck:
                    if predicted_repeat is not None else "")
         return (f"At repeat {self.repeat}{formula} the kernel took {self.seconds * 1e3:.3f} ms "
                 f"against a roofline bound of {self.bound_s * 1e3:.3f} ms (memory "
-                f"{self.memory_s * 1e3:.3f} ms, compute {self.compute_s * 1e3:.3f} ms at the "
-                f"maximum clock): {self.ratio:.2f}x, " + gap)
+                f"{self.memory_s * 1e3:.3f} ms, compute {self.compute_s * 1e3:.3f} ms "
+                + ("at the maximum clock" if self.on_gpu else "at the peak given")
+                + f"): {self.ratio:.2f}x, " + gap)
 
 
 def knee_check(x: torch.Tensor, repeat: int, peak_flops: float, bandwidth: float,
@@ -438,7 +442,8 @@ def knee_check(x: torch.Tensor, repeat: int, peak_flops: float, bandwidth: float
     m = measure(lambda: fn(x), x.device)
     cost = elementwise_cost(x.numel(), repeat, x.dtype)
     return KneeCheck(repeat=repeat, seconds=m.seconds, memory_s=cost.bytes / bandwidth,
-                     compute_s=cost.flops / peak_flops, telemetry=m.telemetry)
+                     compute_s=cost.flops / peak_flops, telemetry=m.telemetry,
+                     on_gpu=x.device.type == "cuda")
 
 
 # ---------------------------------------------------------------------------------------------
