@@ -530,6 +530,9 @@ def test_train_times_windows_and_a_sustained_stretch():
         float(np.median(sus["block_step_s"])))
     assert sus["tokens_per_s"] == pytest.approx(r.tokens_per_step / sus["step_s"])
     assert len(res.losses) == 1 + 3 * 2          # warm-up and timed steps only
+    # a headline rate's clock is read over its own timed windows, never the whole block
+    assert "no timed window" not in res.telemetry
+    assert "no timed window" not in sus["telemetry"]
     with pytest.raises(ValueError, match="windows"):
         train(r, tokens(), steps=1, windows=0, device="cpu")
 
