@@ -11,7 +11,7 @@ from perflab.gpt2.model import config as gpt2_config
 from perflab.gpt2.rungs import (PLAIN_RUNG, RunResult, Rung, last_parallel_rung, mfu, padded,
                                 predict_peak, static_bytes_per_param)
 from perflab.gpt2.steps import memory_ladder, speed_ladder
-from perflab.gpt2.tables import saving_table
+from perflab.gpt2.tables import saving_table, saving_verdict
 from perflab.gpt2.train import batches, losses_agree, train, train_rounds, window_ids
 
 TINY = (("n_layer", 2), ("n_embd", 32), ("n_head", 2), ("block_size", 32))
@@ -530,6 +530,9 @@ def test_train_times_windows_and_a_sustained_stretch():
         float(np.median(sus["block_step_s"])))
     assert sus["tokens_per_s"] == pytest.approx(r.tokens_per_step / sus["step_s"])
     assert len(res.losses) == 1 + 3 * 2          # warm-up and timed steps only
+    # a headline rate's clock is read over its own timed windows, never the whole block
+    assert "no timed window" not in res.telemetry
+    assert "no timed window" not in sus["telemetry"]
     with pytest.raises(ValueError, match="windows"):
         train(r, tokens(), steps=1, windows=0, device="cpu")
 
@@ -580,3 +583,22 @@ def test_the_graphed_step_is_chapter_6s_graphedstep_warmed_up_at_the_first_call(
     assert out[:2] == [0.0, 2.0] and made[0][2].replayed == [2, 3]
     assert next(stream)[0][0, 0] == 4                # one batch per step, none skipped
     assert out[2:] == [-1.0, -1.0]
+
+
+def test_saving_verdict_grades_an_upper_bound_one_sided_and_gives_no_ratio_across_zero():
+    from perflab.core.rounds import Spread
+    # an upper bound: a saving well below it holds, one above it fails, one across it is open
+    assert saving_verdict(Spread((-1e-4, 5e-4, 9e-4)), 2e-3, 0.33, at_most=True)[0] is True
+    assert saving_verdict(Spread((3e-3, 4e-3, 5e-3)), 2e-3, 0.33, at_most=True)[0] is False
+    undecided = saving_verdict(Spread((-4e-4, 5e-3, 6.6e-3)), 2.4e-3, 0.33, at_most=True)
+    assert undecided[0] is None
+    # the same small saving graded two-sided is a miss, not a pass
+    assert saving_verdict(Spread((1e-4, 2e-4, 3e-4)), 2e-3, 0.33, at_most=False)[0] is False
+    assert saving_verdict(Spread((1.9e-3, 2e-3, 2.1e-3)), 2e-3, 0.33, at_most=False)[0] is True
+    assert saving_verdict(Spread((1e-3, 2e-3, 3e-3)), 2e-3, 0.33, at_most=False)[0] is None
+    # a spread that crosses zero gets no ratio (a range of ratios from below zero says nothing)
+    assert all("x the prediction" not in text for text in undecided[1:])
+    positive = saving_verdict(Spread((1.9e-3, 2e-3, 2.1e-3)), 2e-3, 0.33, at_most=False)
+    assert "1x the prediction" in positive[1] or "x the prediction" in positive[1]
+    with pytest.raises(ValueError):
+        saving_verdict(Spread((1e-3, 2e-3)), 0.0, 0.33, at_most=True)

@@ -12,7 +12,7 @@ from typing import Sequence
 from perflab.core.rounds import Spread
 from perflab.record.numbers import fmt
 
-__all__ = ["previous", "ladder_table", "saving_table", "memory_table"]
+__all__ = ["previous", "ladder_table", "saving_table", "saving_verdict", "memory_table"]
 
 
 def _md(header: Sequence[str], rows: Sequence[Sequence[str]], right: int = 1) -> str:
@@ -107,6 +107,47 @@ def saving_table(results: dict, predicted: dict) -> tuple[str, dict]:
                      fmt(after.tokens_per_s / before.tokens_per_s, "x", sig=4)])
     return _md(["rung", "predicted saving per step", f"measured ({len(wa)} windows)",
                 "profiled step", "in kernels", "in gaps", "vs previous"], rows), out
+
+
+def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
+                   at_most: bool) -> tuple[bool | None, str, str, str]:
+    """How a measured saving (seconds per step, a :class:`Spread`) compares with its prediction,
+    in seconds: ``(holds, if_true, if_false, if_undecided)`` for
+    :func:`perflab.record.claims.claim`.
+
+    A two-sided prediction's band is ``predicted x (1 ± tolerance)``; an ``at_most`` prediction
+    (an upper bound) holds when the whole spread lies at or below ``predicted x (1 +
+    tolerance)``, fails when all of it lies above, and is undecided otherwise. The sentences give
+    the band and the spread in seconds; a ratio to the prediction is given only when the whole
+    spread is positive (a ratio range that crosses zero says nothing).
+
+    Raises:
+        ValueError: a prediction that is not positive, or a tolerance outside (0, 1).
+    """
+    if not predicted > 0:
+        raise ValueError(f"predicted must be > 0 seconds, got {predicted}")
+    if not 0 < tolerance < 1:
+        raise ValueError(f"tolerance must lie in (0, 1), got {tolerance}")
+    high = predicted * (1 + tolerance)
+    low = None if at_most else predicted * (1 - tolerance)
+    inside_lo = low is None or saved.lo >= low
+    if inside_lo and saved.hi <= high:
+        holds = True
+    elif saved.lo > high or (low is not None and saved.hi < low):
+        holds = False
+    else:
+        holds = None
+    band = (f"at most {fmt(high, 's')}, the bound plus {tolerance:.0%}" if at_most else
+            f"{fmt(low, 's')} to {fmt(high, 's')}").replace("%", " %")
+    spread = f"{fmt(saved.lo, 's')} to {fmt(saved.hi, 's')}"
+    if saved.n > 1:
+        spread += f", {saved.kind}"
+    ratio = (f"; {fmt(saved.median / predicted, 'x')} the prediction"
+             if saved.lo > 0 else "")
+    return (holds, f"within its band ({band}; measured {spread}{ratio})",
+            f"outside its band ({band}; measured {spread}{ratio})",
+            f"undecided against its band ({band}): the measured saving ranges "
+            f"{spread}, across an edge{ratio}")
 
 
 def memory_table(results: dict) -> str:

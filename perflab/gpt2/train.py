@@ -262,7 +262,8 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     window_s = []
     with Telemetry(index=index) as tel:
         for _ in range(windows):
-            with Stopwatch(device) as timed:
+            # each timed window is marked, so the rate's clock is read over its own steps
+            with tel.window(), Stopwatch(device) as timed:
                 for _ in range(steps):
                     step()
             window_s.append(timed.seconds / steps)
