@@ -196,3 +196,10 @@ def test_verdicts_are_read_back_from_an_executed_notebook(tmp_path):
     assert claims.read_verdicts(path) == {"c": {"verdict": "true", "bound": "device"}}
     from perflab.record.provenance import read_glued
     assert read_glued(path) == {"c": "within"}
+
+
+def test_a_spread_across_zero_reads_as_a_range_not_a_dashed_negative(glued):
+    """Chapter 10's saving read "-0.17–2.74x": a minus then a dash. Across zero: "x to y"."""
+    across_zero = Spread((-0.17, 0.8, 1.4, 2.74, 1.1))
+    assert claims.compare("z", across_zero, 1.0, 0.25, bound="device") == "undecided"
+    assert "-0.17x to 2.74x" in glued["z"] and "-0.17–" not in glued["z"]

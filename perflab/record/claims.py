@@ -332,8 +332,11 @@ def compare(name: str, measured: float | Spread, predicted: float, tolerance: fl
               record={**record, "verdict_word": "outside"})
         return Verdict("outside")
     ratio, r_lo, r_hi = med / predicted, lo / predicted, hi / predicted
-    rounds = (f"{_ratio_words(r_lo)}–{_ratio_words(r_hi)}x, {spread.kind}"
-              if spread is not None and spread.n > 1 else "")
+    rounds = ""
+    if spread is not None and spread.n > 1:
+        # a spread that crosses zero reads "-0.17x to 2.74x" (a dash after a minus misleads)
+        rounds = (f"{_ratio_words(r_lo)}x to {_ratio_words(r_hi)}x" if r_lo < 0 else
+                  f"{_ratio_words(r_lo)}–{_ratio_words(r_hi)}x") + f", {spread.kind}"
     low, high = 1 - tolerance, 1 + tolerance
     holds = (True if low <= r_lo and r_hi <= high else
              False if r_hi < low or r_lo > high else None)
