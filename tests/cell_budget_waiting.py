@@ -66,7 +66,7 @@ OVER_BUDGET: dict[str, dict[str, int | list[int]]] = {
         'blocks_bwd = 2 / 3 * block_flops / rate': 17,
         'on_nccl = backend == "nccl"': 24,
     },
-    'book/09_advanced_optimizations.md': {
+    'book/09_1_torch_compile.md': {
         'import cProfile': 68,
     },
     'book/10_gpt2_case_study.md': {

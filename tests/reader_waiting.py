@@ -43,9 +43,7 @@ VISIBLE_BOOKKEEPING: set[str] = set()
 TELEMETRY_IN_PROSE: set[str] = set()
 
 # Over 6,000 words of prose or 500 lines of visible code on one page: split into section pages.
-TOO_LONG: set[str] = {
-    "book/09_advanced_optimizations.html",
-}
+TOO_LONG: set[str] = set()
 
 # An output that prints a Markdown table as text (the table is then shown twice, or as pipes).
 TABLES_PRINTED_AS_TEXT: set[str] = set()
