@@ -42,3 +42,19 @@ def test_residual_names_the_side_and_counts_drains_only_where_the_rung_syncs():
     quiet = accounting.residual("graph", "undecided", -1e-4, 1e-4, 6e-4, 0, 5e-5)
     assert "less than predicted" in quiet and "GPU time" in quiet and "drains" not in quiet
     assert "drains" not in accounting.residual("cpu", "outside", 1e-3, 1, 0, None, 0.0)
+
+
+def test_residual_charges_syncs_only_with_the_excess_over_the_sync_free_rungs():
+    said = accounting.residual("naive", "outside", 3e-4, 4e-3, 1e-3, 3, 5e-5, common_s=1.5e-4)
+    assert "150 µs more than the sync-free rungs' common residual" in said
+    assert "1.0 drains per sync of its 3" in said
+    same = accounting.residual("no .item()", "outside", 3e-4, 4e-3, 1e-3, 2, 5e-5, common_s=3.2e-4)
+    assert "less than the sync-free rungs' common residual" in same
+    assert "drains per sync" not in same and "nothing left for its 2 syncs" in same
+
+
+def test_sync_point_cost_on_a_cpu_is_the_lines_own_dispatch():
+    cost = accounting.sync_point_cost("cpu", calls=5)
+    assert cost > 0.0
+    with pytest.raises(ValueError, match="calls"):
+        accounting.sync_point_cost("cpu", calls=0)

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from perflab.speed.measure import capture_logs, graph_replay_semantics, op_count, wall_time
+from perflab.speed.measure import (capture_logs, graph_replay_semantics, kernel_names, op_count,
+                                   wall_time)
 from perflab.speed.tolerance import final_loss, loss_tolerance, same_losses
 from perflab.speed.workload import SmallCNN, normalize, synthetic_images
 
@@ -50,6 +51,10 @@ def test_gpu_only_helpers_raise_on_cpu():
         pytest.skip("a GPU is present")
     with pytest.raises(RuntimeError, match="CUDA"):
         graph_replay_semantics()
+    with pytest.raises(RuntimeError, match="CUDA"):
+        kernel_names(lambda: None)
+    with pytest.raises(ValueError, match="calls"):
+        kernel_names(lambda: None, calls=0)
 
 
 def test_wall_time_counts_calls_and_checks_arguments(monkeypatch):

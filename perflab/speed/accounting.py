@@ -12,7 +12,10 @@ CPU operators, blocking copies), measured with :mod:`perflab.core.timing` and
   (:func:`perflab.internals.hostsync.count_host_syncs`, a lower bound);
 * :func:`drain_cost`: what one of those waits adds to a step whose GPU has kept up with the host
   (a tiny kernel issued and waited for, less the host's cost to issue it): the round trip of a
-  synchronization, which a step pays once per sync on top of the larger of its host and GPU time.
+  synchronization, which a step pays once per sync on top of the larger of its host and GPU time;
+* :func:`sync_point_cost`: what one sync point as a loop writes it adds to a step (a short kernel
+  whose one-element result is read on the host, ``bool(torch.isnan(loss).any())``): its issue, the
+  wait and the device-to-host read, the mechanism of ``.item()`` and ``if tensor:``.
 
 Units: seconds; counts per call.
 """
@@ -31,7 +34,7 @@ from perflab.internals import hostsync
 from perflab.internals.overhead import issue_time
 from perflab.record.numbers import fmt
 
-__all__ = ["device_busy", "drain_cost", "residual", "syncs_per_call"]
+__all__ = ["device_busy", "drain_cost", "residual", "sync_point_cost", "syncs_per_call"]
 
 
 def device_busy(fn: Callable[[], Any], calls: int = 3, warmup: int = 1) -> dict[str, float]:
@@ -139,19 +142,55 @@ def drain_cost(device: torch.device | str, calls: int = 20) -> float:
     return max(waited - issued, 0.0)
 
 
+def sync_point_cost(device: torch.device | str, calls: int = 20) -> float:
+    """Seconds one sync point adds to a step whose GPU has kept up with its host.
+
+    A sync point as a training loop writes it: a short check on a small tensor whose one-element
+    result the host then reads (``bool(torch.isnan(loss).any())``: the kernels are issued, the
+    host waits for them, the value is copied device to host, ``_local_scalar_dense`` as in
+    ``.item()`` and ``if tensor:``). Timed ``calls`` times as a whole, synchronized, so it is the issue, the wait
+    and the read together: what a step that adds this line pays, as long as the GPU has no
+    queue of earlier work left when the host reaches it (a host-bound step). On a CPU the same
+    line costs its operators' dispatch and nothing waits; that is what it returns there.
+
+    Raises:
+        ValueError: ``calls`` < 1.
+    """
+    positive_int("calls", calls)
+    dev = torch.device(device)
+    z = torch.zeros((), device=dev)
+
+    def check() -> bool:
+        return bool(torch.isnan(z).any())
+
+    check()
+    return seconds_per_call(check, calls, dev)
+
+
 def residual(name: str, verdict: str, extra_s: float, host_s: float, gpu_s: float,
-             syncs: float | None, drain_s: float) -> str:
+             syncs: float | None, drain_s: float, common_s: float = 0.0) -> str:
     """One clause saying what a step-time model left over for one rung.
 
     ``extra_s`` is measured minus predicted seconds a step; ``host_s`` and ``gpu_s`` the model's
     two sides; ``syncs`` the rung's counted syncs a step (None where not counted) and ``drain_s``
-    one drain (:func:`drain_cost`). Where the rung synchronizes, the residual is also given in
-    drains per sync: many drains per sync is a sync that found a queue of GPU work behind it,
-    which a constant drain does not model.
+    one drain (:func:`drain_cost`). ``common_s`` is the part of ``extra_s`` that rungs without
+    syncs also show (their measured-over-predicted ratio applied to this rung's prediction): a
+    bias of the model on this host, which no sync explains. Where the rung synchronizes, only
+    the excess over it (``extra_s - common_s``) is given in drains per sync: many drains per
+    sync is a sync that found a queue of GPU work behind it, which a constant drain does not
+    model; an excess at or below zero says the syncs cost no more than the rest of the step's
+    model misses.
     """
     said = (f"{name}, {verdict}: {fmt(abs(extra_s), 's')} a step "
             f"{'more' if extra_s > 0 else 'less'} than predicted, its "
             f"{'host' if host_s >= gpu_s else 'GPU'} time the larger")
     if syncs and drain_s > 0:
-        said += f", {abs(extra_s) / syncs / drain_s:.1f} drains per sync of its {syncs:.0f}"
+        excess = extra_s - common_s
+        if common_s:
+            said += (f", {fmt(abs(excess), 's')} {'more' if excess > 0 else 'less'} than the "
+                     "sync-free rungs' common residual")
+        if excess > 0:
+            said += f", {excess / syncs / drain_s:.1f} drains per sync of its {syncs:.0f}"
+        else:
+            said += f", nothing left for its {syncs:.0f} syncs"
     return said

@@ -1,6 +1,7 @@
 """What chapter 6 measures a step with, each usable on a CPU: operators, loop time, copy overlap, logs.
 
 * :func:`op_count`: the operators a step dispatches (the unit of its host cost);
+* :func:`kernel_names`: the GPU kernels one call runs, by name, from the profiler;
 * :func:`wall_time`: synchronized wall-clock time of a loop, as a training loop runs it;
 * :func:`profile_overlap`: how much of the host-to-device copy time a profiler trace shows
   running under a kernel (the interval arithmetic is :mod:`perflab.core.profiler`'s);
@@ -28,7 +29,7 @@ from perflab.core.profiler import overlap_fraction, trace_events, trace_interval
 from perflab.core.timing import seconds_per_call
 from perflab.core.validate import number
 
-__all__ = ["op_count", "profile_overlap", "capture_logs",
+__all__ = ["op_count", "kernel_names", "profile_overlap", "capture_logs",
            "graph_replay_semantics", "wall_time"]
 
 
@@ -58,6 +59,35 @@ def op_count(fn: Callable[[], object]) -> int:
     with _OpCounter() as counter:
         fn()
     return counter.count
+
+
+def kernel_names(fn: Callable[[], object], calls: int = 2) -> dict[str, float]:
+    """The GPU kernels one call of ``fn()`` runs: ``{kernel name: launches per call}``.
+
+    ``fn`` runs once unprofiled (cuDNN's and cuBLAS's choices, lazy initialisation), then
+    ``calls`` times under torch.profiler; the device events that are not memory copies or sets
+    are the kernels, in the order first seen. What a count of kernels cannot say, the names
+    do: which of them is the convolution, a layout conversion, a bias addition.
+
+    Raises:
+        RuntimeError: no CUDA GPU.
+        ValueError: ``calls`` < 1.
+    """
+    number("calls", calls, minimum=1)
+    if not torch.cuda.is_available():
+        raise RuntimeError("kernel_names needs a CUDA GPU; this machine has none")
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    names: dict[str, float] = {}
+    for e in prof.events():
+        if (e.device_type == torch.autograd.DeviceType.CUDA
+                and not e.name.startswith(("Memcpy", "Memset", "[memory]"))):
+            names[e.name] = names.get(e.name, 0.0) + 1 / calls
+    return names
 
 
 def profile_overlap(fn: Callable[[], object]) -> tuple[float, int, int]:
