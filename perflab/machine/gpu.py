@@ -151,21 +151,6 @@ class BurstSustained:
         return self.flops / self.sustained_s
 
 
-def _chunk(fn, dev: torch.device, reps: int) -> float:
-    """Mean seconds per call of ``reps`` back-to-back calls of ``fn``, the device synchronized
-    before and after (a :class:`perflab.core.timing.Stopwatch` on ``dev``).
-
-    Not :func:`perflab.core.timing.event_timer`: inside an enclosing timed window (the
-    sustained half below) its own window is nested and does not synchronize, and reading a CUDA
-    event the GPU has not reached raises ("Both events must be completed", the H100 run of
-    5 December). The host clock adds one launch (~10 us) to a chunk of 20 products of ~1.5 ms.
-    """
-    with Stopwatch(dev) as sw:
-        for _ in range(reps):
-            fn()
-    return sw.seconds / reps
-
-
 def burst_and_sustained(
     device: torch.device | str,
     n: int,
@@ -182,9 +167,8 @@ def burst_and_sustained(
     controller lowers the clock and long enough for the sampler, which reads NVML every few
     milliseconds, to read the clock at least three times inside them (a 10-product burst of 14
     ms held no reading at all). Then products run back to back for
-    ``sustained_s`` seconds in chunks of 20 calls; the sustained time is the median per-call
-    time of the chunks of the window's second half, when the clock has settled (each chunk
-    timed between two synchronizations: :func:`_chunk`). The burst and the
+    ``sustained_s`` seconds in chunks of 20 event-timed calls; the sustained time is the median
+    over the chunks of the window's second half, when the clock has settled. The burst and the
     second half each run under a :class:`perflab.core.telemetry.Telemetry` sampler, whose
     summaries say at which SM clock, power and throttle reasons: the sustained summary describes
     exactly the second half (one timed window around its chunks), the products its time comes
@@ -212,15 +196,16 @@ def burst_and_sustained(
     clock = Stopwatch().start()
     while clock.elapsed() < sustained_s / 2:    # the first half: the clock settles, not kept
         event_timer(fn, dev, warmup=0, reps=20)
-    # the second half is one timed window, so its telemetry describes the very products the
-    # sustained time comes from; each chunk synchronizes on its own (_chunk)
+    # the second half is one timed window (the chunks' own windows nest inside it and count
+    # once; event_timer synchronizes before reading its events), so its telemetry describes
+    # the very products the sustained time comes from
     chunks = []
     with Telemetry(index=index) as tel_sus, tel_sus.window():
         half = Stopwatch().start()             # its own clock: the sampler's start is not in it
         while half.elapsed() < sustained_s / 2 or len(chunks) < 2:
-            chunks.append(_chunk(fn, dev, 20))
+            chunks.append(event_timer(fn, dev, warmup=0, reps=20))
     window = clock.elapsed()
-    chunks.sort()
-    sustained = chunks[len(chunks) // 2]
+    samples = sorted(x for t in chunks for x in t.samples_s)
+    sustained = samples[len(samples) // 2]
     return BurstSustained(2.0 * n**3, burst, sustained, tel_burst.summary(), tel_sus.summary(),
                           window)
