@@ -317,7 +317,8 @@ def event_timer(
     On CUDA each call is bracketed by two ``torch.cuda.Event(enable_timing=True)`` recorded on
     the current stream, so only device time between them counts and the host may run ahead;
     all events are read after one final synchronize (also inside a caller's timed window). On
-    CPU a ``time.perf_counter`` pair brackets each call. ``flush=True`` evicts the L2 before each call (outside the timed region).
+    CPU a ``time.perf_counter`` pair brackets each call. ``flush=True`` evicts the L2 before
+    each call (outside the timed region).
 
     Raises:
         ValueError: ``warmup < 0`` or ``reps < 1``.
