@@ -274,6 +274,7 @@ def _grade_in_sandbox(row: dict, data: bytes, lab: Path, run: Run, scratch: Path
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
     tracker.kill_all()                                  # the worker too, and anything left
+    tracker.close()
     proc.wait()
     inbox.close()
     use = limits.usage()

@@ -444,17 +444,23 @@ def _trial(box: Sandbox, hide: list[Path] | None, scratch: Path | None) -> None:
 # Processes of one sandbox
 # ---------------------------------------------------------------------------------------------
 
-def processes() -> dict[int, int]:
-    """{pid: parent pid} of every process (Linux /proc)."""
+def _table() -> dict[int, tuple[int, int]]:
+    """{pid: (parent pid, start time in clock ticks since boot)} of every process (Linux /proc).
+    A pid and its start time name one process: pids are reused (``pid_max`` may be 32768)."""
     table = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                table[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                table[int(entry)] = (int(fields[1]), int(fields[19]))
             except (OSError, IndexError, ValueError):
                 pass
     return table
+
+
+def processes() -> dict[int, int]:
+    """{pid: parent pid} of every process (Linux /proc)."""
+    return {pid: ppid for pid, (ppid, _) in _table().items()}
 
 
 def has_token(pid: int, token: bytes) -> bool:
@@ -474,23 +480,45 @@ def _pidns(pid: int) -> str | None:
 
 class Tracker:
     """The processes of one submission: its worker's descendants, those in the sandbox's PID
-    namespace (which none can leave), and any carrying its environment token."""
+    namespace (which none can leave), and any carrying its environment token.
+
+    Nothing of another submission may count as this one's (its processes would be killed with
+    this one's, its tasks counted against this one's limits): a process is known by its pid
+    *and* start time, since a pid is reused once its process is gone (a sandbox that forks and
+    exits in a loop turns 32768 pids over in seconds), and each PID namespace found is held open
+    (:meth:`close` lets go), since the kernel reuses a dead namespace's inode number, the name
+    it is known by, for the next namespace made: the next sandbox's.
+    """
 
     def __init__(self, root_pid: int, token: str):
         self.root = root_pid
         self.token = f"PERFLAB_GRADE_TOKEN={token}".encode()
-        self.known: set[int] = {root_pid}
+        start = _table().get(root_pid)
+        self.known: dict[int, int] = {root_pid: start[1]} if start else {}
         self.namespaces: set[str] = set()
+        self._ns_fds: list[int] = []
         self.own_ns = _pidns(os.getpid())
+
+    def _hold(self, pid: int, ns: str) -> None:
+        """Hold ``pid``'s PID namespace ``ns`` open, so that its name stays its own."""
+        try:
+            fd = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        if os.readlink(f"/proc/self/fd/{fd}") == ns:      # still that process's namespace
+            self._ns_fds.append(fd)
+            self.namespaces.add(ns)
+        else:
+            os.close(fd)
 
     def scan(self) -> set[int]:
         """The submission's live processes (the worker included)."""
-        table = processes()
-        alive = {p for p in self.known if p in table}
+        table = _table()
+        alive = {p for p, start in self.known.items() if p in table and table[p][1] == start}
         changed = True
         while changed:
             changed = False
-            for pid, ppid in table.items():
+            for pid, (ppid, _) in table.items():
                 if pid not in alive and (ppid in alive or _pidns(pid) in self.namespaces
                                          or has_token(pid, self.token)):
                     alive.add(pid)
@@ -498,9 +526,17 @@ class Tracker:
         for pid in alive:
             ns = _pidns(pid)
             if ns and ns != self.own_ns and ns not in self.namespaces:
-                self.namespaces.add(ns)
-        self.known |= alive
+                self._hold(pid, ns)
+        for pid in alive:
+            self.known[pid] = table[pid][1]
         return alive
+
+    def close(self) -> None:
+        """Let go of the PID namespaces held (after :meth:`kill_all`)."""
+        for fd in self._ns_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._ns_fds = []
 
     def sandboxed(self) -> set[int]:
         """The live processes inside the sandbox's PID namespace."""
