@@ -371,6 +371,52 @@ def test_claimed_uids_are_unused_and_given_back(tmp_path):
         os.close(fd)
 
 
+def _in_new_pid_namespace() -> tuple[subprocess.Popen, int]:
+    """``sleep`` in a PID namespace of its own (as a sandbox's kernel is): (unshare, sleep's pid)."""
+    unshare = ["unshare", "--pid", "--fork"] if os.geteuid() == 0 else ["unshare", "-Urpf"]
+    proc = subprocess.Popen(unshare + ["sleep", "60"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        kids = [p for p, parent in grade_sandbox.processes().items() if parent == proc.pid]
+        if kids and grade_sandbox._pidns(kids[0]) != grade_sandbox._pidns(proc.pid):
+            return proc, kids[0]
+        time.sleep(0.05)
+    proc.kill()
+    pytest.skip("unshare cannot make a PID namespace here")
+
+
+def test_a_submission_never_takes_its_neighbours_processes():
+    """The kernel reuses a dead PID namespace's inode number (its name in /proc) for the next
+    namespace made, often at once, and a pid once its process is gone: the tracker of a
+    submission whose sandbox just died took the next sandbox's processes for its own, to count
+    and to kill. It holds its namespace open and knows processes by pid and start time."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    first, inner = _in_new_pid_namespace()
+    tracker = grade_sandbox.Tracker(first.pid, "t")
+    assert tracker.sandboxed() == {inner}
+    held = set(tracker.namespaces)
+    tracker.kill_all()
+    first.wait()
+    second, neighbour = _in_new_pid_namespace()          # the next submission's sandbox
+    try:
+        assert grade_sandbox._pidns(neighbour) not in held
+        assert tracker.scan() == set() and tracker.sandboxed() == set()
+    finally:
+        tracker.close()
+        second.kill()
+        second.wait()
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        tracker = grade_sandbox.Tracker(other.pid, "t")
+        assert tracker.scan() == {other.pid}
+        tracker.known[other.pid] -= 1            # as if the pid had been a process gone since
+        assert tracker.scan() == set()
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_a_stopped_grader_keeps_the_rows_it_finished(tmp_path):
     _sandbox_or_skip(tmp_path)
     folder = tmp_path / "submissions"
