@@ -1,7 +1,7 @@
 """One grading run: the student tree every sandbox sees, and each submission graded by a worker
 of its own in a sandbox of its own, under its limits, as its job slot's uid (one uid per
 submission graded at once, :func:`grader.sandbox.claim_uids`; a slot's uid passes to the next
-submission only once nothing of the previous one is left).
+submission once no process runs as it any more, :func:`grader.sandbox.reclaim`).
 """
 
 from __future__ import annotations
@@ -213,6 +213,8 @@ def grade_one(name: str, data: bytes | None, lab: Path | None, run: Run, kind: s
     try:
         return _grade_in_sandbox(row, data, lab, run, scratch, number, uid)
     finally:
+        if run.sandbox.privileged:
+            sandboxing.reclaim(uid)
         run.slots.put(uid)
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -557,6 +557,22 @@ class Tracker:
             time.sleep(0.05)
 
 
+def reclaim(uid: int, tries: int = 40) -> bool:
+    """SIGKILL every process whose real uid is the slot uid ``uid`` (as root: only the sandboxes
+    of its slot run as it) until none is left; True when none is. Called before the slot's uid
+    passes to the next submission."""
+    for _ in range(tries):
+        left = [pid for pid in processes() if _owner(pid) == uid]
+        if not left:
+            return True
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        _reap()
+        time.sleep(0.05)
+    return False
+
+
 def _reap() -> None:
     while True:
         try:

@@ -371,6 +371,27 @@ def test_claimed_uids_are_unused_and_given_back(tmp_path):
         os.close(fd)
 
 
+def test_a_slot_uid_passes_on_only_once_nothing_runs_as_it(tmp_path):
+    """What a sandbox left running as its slot's uid (as root) is killed before the next
+    submission of the slot starts (its tasks would count against the newcomer's limit)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("slot uids are the root grader's")
+    uids, fds = grade_sandbox.claim_uids(1, locks=tmp_path)
+    try:
+        left = subprocess.Popen(["setpriv", f"--reuid={uids[0]}", f"--regid={uids[0]}", "--clear-groups",
+                                 "sh", "-c", "sleep 60 & sleep 60 & wait"])
+        deadline = time.monotonic() + 30
+        while sum(grade_sandbox._owner(p) == uids[0] for p in grade_sandbox.processes()) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert grade_sandbox.reclaim(uids[0])
+        assert not [p for p in grade_sandbox.processes() if grade_sandbox._owner(p) == uids[0]]
+        left.wait(timeout=10)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _in_new_pid_namespace() -> tuple[subprocess.Popen, int]:
     """``sleep`` in a PID namespace of its own (as a sandbox's kernel is): (unshare, sleep's pid)."""
     unshare = ["unshare", "--pid", "--fork"] if os.geteuid() == 0 else ["unshare", "-Urpf"]
