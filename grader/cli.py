@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     staging = Path(tempfile.mkdtemp(prefix="perflab-grade-", dir=scratch_root))
     os.chmod(staging, 0o700)
     try:
-        sandbox = sandboxing.detect(args.limits, hide=[ROOT], scratch=staging / "trial")
+        sandbox = sandboxing.detect(args.limits, hide=[ROOT], scratch=staging / "trial", jobs=args.jobs)
     except sandboxing.SandboxUnavailable as err:
         shutil.rmtree(staging, ignore_errors=True)
         return _fail(f"cannot grade untrusted code: {err}")

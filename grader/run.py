@@ -1,5 +1,7 @@
 """One grading run: the student tree every sandbox sees, and each submission graded by a worker
-of its own in a sandbox of its own, under its limits.
+of its own in a sandbox of its own, under its limits, as its job slot's uid (one uid per
+submission graded at once, :func:`grader.sandbox.claim_uids`; a slot's uid passes to the next
+submission once no process runs as it any more, :func:`grader.sandbox.reclaim`).
 """
 
 from __future__ import annotations
@@ -7,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -81,6 +84,9 @@ class Run:
         self.stopping = threading.Event()
         self.count = 0
         self.lock = threading.Lock()
+        self.slots: queue.Queue[int] = queue.Queue()      # the job slots' uids not in use now
+        for uid in sandbox.uids:
+            self.slots.put(uid)
 
     def extra_ro(self) -> list[list[str]]:
         """Read-only binds beside the tree: the clone's tools, when it has them."""
@@ -129,11 +135,12 @@ def startup_check(run: Run, timeout: float = 300) -> str | None:
     scratch = run.staging / "startup"
     ipc = scratch / "ipc"
     ipc.mkdir(parents=True, mode=0o700)
+    uid = run.sandbox.uids[0]
     if os.geteuid() == 0:
-        os.chown(ipc, sandboxing.UID, sandboxing.UID)
+        os.chown(ipc, uid, uid)
     try:
         argv = sandboxing.command(run.sandbox, tree=run.tree, ipc=ipc, env=sandbox_env(run, uuid.uuid4().hex),
-                                  argv=[sys.executable, "-c", STARTUP_IMPORTS], size_bytes=2**30,
+                                  argv=[sys.executable, "-c", STARTUP_IMPORTS], size_bytes=2**30, uid=uid,
                                   hide=[ROOT], extra_ro=[tuple(p) for p in run.extra_ro()])
         got = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
     except sandboxing.SandboxUnavailable as err:
@@ -202,31 +209,36 @@ def grade_one(name: str, data: bytes | None, lab: Path | None, run: Run, kind: s
         number = run.count
     scratch = run.staging / f"sub-{number}"
     scratch.mkdir(mode=0o700)
+    uid = run.slots.get()           # at most --jobs submissions run at once: one is always free
     try:
-        return _grade_in_sandbox(row, data, lab, run, scratch, number)
+        return _grade_in_sandbox(row, data, lab, run, scratch, number, uid)
     finally:
+        if run.sandbox.privileged:
+            sandboxing.reclaim(uid)
+        run.slots.put(uid)
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _grade_in_sandbox(row: dict, data: bytes, lab: Path, run: Run, scratch: Path, number: int) -> dict:
+def _grade_in_sandbox(row: dict, data: bytes, lab: Path, run: Run, scratch: Path, number: int, uid: int) -> dict:
     args = run.args
     ipc = scratch / "ipc"
     ipc.mkdir(mode=0o700)
     if os.geteuid() == 0:
-        os.chown(ipc, sandboxing.UID, sandboxing.UID)
+        os.chown(ipc, uid, uid)
     (scratch / "submission.ipynb").write_bytes(data)
     token = uuid.uuid4().hex
     memory = int(args.memory_gb * 2**30)
     limits = sandboxing.Limits(run.sandbox, f"sub-{number}", memory, args.max_procs,
-                               int(args.timeout * 1.5) + 30, jobs=args.jobs)
+                               int(args.timeout * 1.5) + 30, uid=uid)
     box = run.sandbox
     job = {"submission": str(scratch / "submission.ipynb"), "lab": str(lab), "ipc": str(ipc),
            "executed": str(scratch / "executed.ipynb"), "tree": str(run.tree), "timeout": args.timeout,
            "env": sandbox_env(run, token), "procs_files": limits.procs_files(), "rlimits": limits.rlimits(),
+           "uid": uid, "nproc_inside": limits.nproc_inside,
            "tmpfs_bytes": memory or 8 * 2**30, "hide": [str(ROOT)], "parent": os.getpid(),
            "extra_ro": run.extra_ro(),
            "sandbox": {"bwrap": box.bwrap, "privileged": box.privileged, "limits": box.limits,
-                       "setpriv": box.setpriv}}
+                       "setpriv": box.setpriv, "prlimit": box.prlimit, "uids": [uid]}}
     read_fd, write_fd = os.pipe()
     t0 = time.monotonic()
     with open(scratch / "worker.log", "wb") as log:
@@ -264,6 +276,7 @@ def _grade_in_sandbox(row: dict, data: bytes, lab: Path, run: Run, scratch: Path
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
     tracker.kill_all()                                  # the worker too, and anything left
+    tracker.close()
     proc.wait()
     inbox.close()
     use = limits.usage()

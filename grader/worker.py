@@ -202,13 +202,14 @@ def worker(job: dict, send) -> None:
     nb = notebooks.graded_notebook(instructor, submission)
     watched = notebooks.watched_names(nb, instructor)
     ledger = Ledger()
-    if os.geteuid() == 0:      # the kernel (another uid) reopens the pipe as /dev/fd/N: give it the pipe
-        os.fchown(ledger.write_fd, sandboxing.UID, sandboxing.UID)
+    if os.geteuid() == 0:      # the kernel (its slot's uid) reopens the pipe as /dev/fd/N: give it the pipe
+        os.fchown(ledger.write_fd, job["uid"], job["uid"])
     env = dict(job["env"], PERFLAB_GRADE_LOG=f"/dev/fd/{ledger.write_fd}")
     box = sandboxing.Sandbox(**{k: v for k, v in job["sandbox"].items() if k != "cgroups"})
     argv = sandboxing.command(box, tree=Path(job["tree"]), ipc=Path(job["ipc"]), env=env, argv=[],
                               size_bytes=job["tmpfs_bytes"], hide=[Path(p) for p in job["hide"]],
-                              extra_ro=[tuple(p) for p in job["extra_ro"]])
+                              extra_ro=[tuple(p) for p in job["extra_ro"]], uid=job["uid"],
+                              nproc=job["nproc_inside"])
     client = _client_class()(nb, timeout=job["timeout"], allow_errors=True, kernel_name="python3",
                              startup_timeout=STARTUP_S, shutdown_kernel="immediate",
                              kernel_manager_class=_kernel_manager_class())

@@ -247,6 +247,29 @@ def fork_bomb() -> str:
     return "import os, time\nfor _ in range(24):\n    if os.fork() == 0:\n        while True:\n            pass\ntime.sleep(60)"
 
 
+def thread_bomb() -> str:
+    """Start threads until one is refused, then hold them all: one process (the polled count of
+    processes does not see it), as many tasks as its uid may have. Where every sandbox shared
+    one uid, they were the tasks its neighbour's kernel needed to start."""
+    return """import threading, time
+threading.stack_size(65536)               # the memory limit is not what stops it
+held = []
+try:
+    while len(held) < 100000:
+        t = threading.Thread(target=time.sleep, args=(600,), daemon=True)
+        t.start()
+        held.append(t)
+except RuntimeError:                      # can't start new thread
+    pass
+print("ATTACK threads held:", len(held), flush=True)
+time.sleep(600)"""
+
+
+def prints_uid(solution: str) -> str:
+    """``solution``, then print the kernel's uid (to compare the uids of concurrent sandboxes)."""
+    return solution + "\nimport os\nprint('ATTACK uid', os.getuid(), os.getgid())"
+
+
 def batch(clone: Path, lab_copy: Path, folder: Path, out: Path, marker: Path, port: int, token: str) -> dict[str, str]:
     """Every submission of the test batch, by file name (see ``EXPECTED`` in ``tests/test_grade.py``)."""
     vandal = (f"import shutil\nshutil.rmtree({str(folder)!r}, ignore_errors=True)\n"

@@ -77,7 +77,7 @@ def _tmp_leftovers() -> set[str]:
         except OSError:
             continue
         name = entry.name
-        if st.st_uid == grade_sandbox.UID or name.startswith(("perflab-grade", "torchelastic_")) \
+        if st.st_uid in (grade_sandbox.UID, *grade_sandbox.SLOT_UIDS) or name.startswith(("perflab-grade", "torchelastic_")) \
                 or name.startswith("torchinductor_") and name != f"torchinductor_{os.environ.get('USER', 'root')}":
             out.add(name)
         elif name.startswith("tmp") and name.endswith(".json"):
@@ -297,6 +297,145 @@ def test_polled_limits_hold_where_there_is_no_cgroup(tmp_path):
     got = {n: (r["status"], float(r["points"])) for n, r in rows.items()}
     assert got == {"b_full.ipynb": ("graded", 4), "h_fork_bomb.ipynb": ("process limit", 2),
                    "m_memory_children.ipynb": ("memory limit", 2)}, got
+
+
+def test_a_bomb_costs_its_neighbours_nothing_where_there_is_no_cgroup(tmp_path):
+    """A thread bomb beside correct submissions, two at a time, polled limits: the bomb is
+    stopped as a process limit, both neighbours are graded in full (``c`` starts while the bomb
+    runs). When every sandbox ran as uid 65534, RLIMIT_NPROC counted the tasks of all of them
+    together: the bomb held them, nothing counted it (one process) and it ran into the time
+    limit, while its neighbour's kernel could not start ("crashed"). Each sandbox of the two
+    runs as a uid of its own (where the grader is root)."""
+    _sandbox_or_skip(tmp_path)
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    subs = {"a_thread_bomb.ipynb": {"ex1-solution": attacks.prints_uid(GOOD["ex1-solution"]),
+                                    "ex2-solution": attacks.thread_bomb()},
+            "b_full.ipynb": dict(GOOD, **{"ex1-solution": attacks.prints_uid(GOOD["ex1-solution"])}),
+            "c_full.ipynb": GOOD}
+    for name, cells in subs.items():
+        (folder / name).write_text(attacks.submission(cells))
+    out = tmp_path / "results.csv"
+    rc = cli.main([str(folder), "--out", str(out), "--lab", str(TINY), "--timeout", "60", "--limits", "polled",
+                   "--memory-gb", "2", "--max-procs", "12", "--no-progress", "--threads", "1", "--jobs", "2"])
+    assert rc == 0
+    with open(out) as f:
+        rows = {r["submission"]: r for r in csv.DictReader(f)}
+    got = {n: (r["status"], float(r["points"])) for n, r in rows.items()}
+    assert got == {"a_thread_bomb.ipynb": ("process limit", 2), "b_full.ipynb": ("graded", 4),
+                   "c_full.ipynb": ("graded", 4)}, (got, {n: r["note"] for n, r in rows.items()})
+    assert "12-process limit" in rows["a_thread_bomb.ipynb"]["note"]
+    uids = {}
+    for name in ("a_thread_bomb.ipynb", "b_full.ipynb"):
+        line = next(x for x in _feedback_text(tmp_path, name).splitlines() if x.startswith("ATTACK uid"))
+        uids[name] = tuple(int(v) for v in line.split()[2:])
+    if os.geteuid() == 0:            # a uid (and gid) of its own; else uid 65534 in a namespace of its own
+        assert uids["a_thread_bomb.ipynb"][0] != uids["b_full.ipynb"][0], uids
+        assert {u for pair in uids.values() for u in pair} <= set(grade_sandbox.SLOT_UIDS), uids
+        assert all(u == g for u, g in uids.values()), uids
+
+
+def test_each_job_slot_claims_a_uid_of_its_own(tmp_path):
+    """As root: ``--jobs 2`` claims two slot uids (never 65534, never an account's), and a second
+    grading run on the same machine claims two others while the first holds its."""
+    _sandbox_or_skip(tmp_path)
+    first = grade_sandbox.detect("polled", hide=[ROOT], scratch=tmp_path / "trial1", jobs=2)
+    try:
+        if os.geteuid() != 0:
+            assert first.uids == [grade_sandbox.UID] * 2 and first.prlimit
+            return
+        second = grade_sandbox.detect("polled", hide=[ROOT], scratch=tmp_path / "trial2", jobs=2)
+        try:
+            assert len(set(first.uids)) == 2 and not set(first.uids) & set(second.uids), (first.uids, second.uids)
+            assert set(first.uids + second.uids) <= set(grade_sandbox.SLOT_UIDS)
+            assert "65534" not in first.describe()
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
+def test_claimed_uids_are_unused_and_given_back(tmp_path):
+    free = [u for u in range(65520, 65534) if grade_sandbox._uid_in_use(u) is None][:2]
+    assert len(free) == 2
+    candidates = [0, *free]                                   # 0: root's account, never a sandbox's
+    uids, fds = grade_sandbox.claim_uids(2, candidates, locks=tmp_path)
+    assert uids == free
+    with pytest.raises(grade_sandbox.SandboxUnavailable, match="--jobs 1 needs 1 unused uids"):
+        grade_sandbox.claim_uids(1, candidates, locks=tmp_path)   # another run holds both
+    for fd in fds:
+        os.close(fd)
+    again, fds = grade_sandbox.claim_uids(1, candidates, locks=tmp_path)
+    assert again == free[:1]
+    for fd in fds:
+        os.close(fd)
+
+
+def test_a_slot_uid_passes_on_only_once_nothing_runs_as_it(tmp_path):
+    """What a sandbox left running as its slot's uid (as root) is killed before the next
+    submission of the slot starts (its tasks would count against the newcomer's limit)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("slot uids are the root grader's")
+    uids, fds = grade_sandbox.claim_uids(1, locks=tmp_path)
+    try:
+        left = subprocess.Popen(["setpriv", f"--reuid={uids[0]}", f"--regid={uids[0]}", "--clear-groups",
+                                 "sh", "-c", "sleep 60 & sleep 60 & wait"])
+        deadline = time.monotonic() + 30
+        while sum(grade_sandbox._owner(p) == uids[0] for p in grade_sandbox.processes()) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert grade_sandbox.reclaim(uids[0])
+        assert not [p for p in grade_sandbox.processes() if grade_sandbox._owner(p) == uids[0]]
+        left.wait(timeout=10)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _in_new_pid_namespace() -> tuple[subprocess.Popen, int]:
+    """``sleep`` in a PID namespace of its own (as a sandbox's kernel is): (unshare, sleep's pid)."""
+    unshare = ["unshare", "--pid", "--fork"] if os.geteuid() == 0 else ["unshare", "-Urpf"]
+    proc = subprocess.Popen(unshare + ["sleep", "60"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        kids = [p for p, parent in grade_sandbox.processes().items() if parent == proc.pid]
+        if kids and grade_sandbox._pidns(kids[0]) != grade_sandbox._pidns(proc.pid):
+            return proc, kids[0]
+        time.sleep(0.05)
+    proc.kill()
+    pytest.skip("unshare cannot make a PID namespace here")
+
+
+def test_a_submission_never_takes_its_neighbours_processes():
+    """The kernel reuses a dead PID namespace's inode number (its name in /proc) for the next
+    namespace made, often at once, and a pid once its process is gone: the tracker of a
+    submission whose sandbox just died took the next sandbox's processes for its own, to count
+    and to kill. It holds its namespace open and knows processes by pid and start time."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    first, inner = _in_new_pid_namespace()
+    tracker = grade_sandbox.Tracker(first.pid, "t")
+    assert tracker.sandboxed() == {inner}
+    held = set(tracker.namespaces)
+    tracker.kill_all()
+    first.wait()
+    second, neighbour = _in_new_pid_namespace()          # the next submission's sandbox
+    try:
+        assert grade_sandbox._pidns(neighbour) not in held
+        assert tracker.scan() == set() and tracker.sandboxed() == set()
+    finally:
+        tracker.close()
+        second.kill()
+        second.wait()
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        tracker = grade_sandbox.Tracker(other.pid, "t")
+        assert tracker.scan() == {other.pid}
+        tracker.known[other.pid] -= 1            # as if the pid had been a process gone since
+        assert tracker.scan() == set()
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_a_stopped_grader_keeps_the_rows_it_finished(tmp_path):
