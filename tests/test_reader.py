@@ -1125,3 +1125,132 @@ def test_book_pdf_prints_a_page_offline(tmp_path):
         "<html><body><h1>A book</h1>" + "<p>Prose. </p>" * 200 + "</body></html>")
     out = book_pdf.print_pdf(book_pdf.find_chromium(), tmp_path / "html", tmp_path / "book.pdf", budget_ms=2000)
     assert out.read_bytes()[:5] == b"%PDF-"
+
+
+# ---------------------------------------------------------------------------------------------
+# The PDF shows every table whole (issue 43)
+# ---------------------------------------------------------------------------------------------
+
+def require_pdftotext() -> str:
+    """poppler's pdftotext (scripts/install_browser.sh installs it beside Chromium)."""
+    import shutil
+
+    path = shutil.which("pdftotext")
+    if path:
+        return path
+    reason = "pdftotext is not installed (run scripts/install_browser.sh: poppler-utils)"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set but {reason}: the PDF's tables must be checked in CI")
+    pytest.skip(reason)
+
+
+# The book's widest tables, in shape: chapter 10's speed ladder (a rung, then columns of a number
+# and its unit under a header of words or a short one like "MFU", one column more than the book's
+# eight) and the status tables (eight columns of
+# long words, in a cell output). Every value is unique, so each cell can be found in the PDF.
+_LADDER = [["rung"] + [f"M{c}" if c % 4 == 1 else f"head{c} of the column" for c in range(1, 10)]] + [
+    [rung] + [f"{r}{c}.5" + ("k", " %", "x", " GiB")[c % 4] for c in range(1, 10)]
+    for r, rung in enumerate(("fp32 eager", "pinned loader", "TF32 matmuls", "one graph per step"))]
+_STATUS = [["page", "needs", "current with its source", "device(s)", "torch", "started (UTC)", "duration",
+            "verdicts agreeing with an earlier run"]] + [
+    [f"Chapter{i} why training is slow: compute, bandwidth and overhead", "1 GPU", "current",
+     "NVIDIA H100 80GB HBM3", f"2.11.0+cu13{i}", f"2026-12-0{i} 18:3{i}", f"3{i}.6 s",
+     f"no earlier run{i} of this source on this device"] for i in range(1, 4)]
+
+
+def _table_html(rows: list[list[str]], numbers_from: int) -> str:
+    """A table as MyST writes one (columns from ``numbers_from`` on are right-aligned numbers),
+    in the theme's scrolling box."""
+    def cell(tag, k, v, head):
+        align = "text-right" if k >= numbers_from else "text-left"
+        return f'<{tag} class="{"head " if head else ""}{align}"><p>{v}</p></{tag}>'
+    head = "".join(cell("th", k, v, True) for k, v in enumerate(rows[0]))
+    body = "".join("<tr>" + "".join(cell("td", k, v, False) for k, v in enumerate(r)) + "</tr>" for r in rows[1:])
+    return (f'<div class="pst-scrollable-table-container"><table class="table"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
+
+
+def print_wide_tables(folder: Path, ours: bool) -> tuple[float, list[tuple[float, float, float, str]]]:
+    """Print a page holding :data:`_LADDER` and :data:`_STATUS` with the book's theme (and, with
+    ``ours``, reader.css and reader.js) by ``scripts/book_pdf.py``; returns the PDF's page width
+    and its words as ``(xMin, xMax, yMin, word)`` (pdftotext -bbox)."""
+    import shutil
+
+    import book_pdf
+    import pydata_sphinx_theme
+    import sphinx_book_theme
+
+    html = folder / "html"
+    html.mkdir(parents=True)
+    links = ""
+    for k, (package, rel) in enumerate(((pydata_sphinx_theme, "pydata_sphinx_theme/static/styles/pydata-sphinx-theme.css"),
+                                        (sphinx_book_theme, "sphinx_book_theme/static/styles/sphinx-book-theme.css"))):
+        shutil.copy(Path(package.__file__).parent / "theme" / rel, html / f"theme{k}.css")
+        links += f'<link rel="stylesheet" href="theme{k}.css">'
+    script = ""
+    if ours:
+        for asset in ("reader.css", "reader.js"):
+            shutil.copy(ROOT / "_ext" / "static" / asset, html / asset)
+        links += '<link rel="stylesheet" href="reader.css">'
+        script = '<script src="reader.js"></script>'
+    tables = (_table_html(_LADDER, 1) + '<div class="cell_output docutils container"><div class="output text_html">'
+              + _table_html(_STATUS, 99) + "</div></div>")
+    (html / "index.html").write_text(
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{links}</head><body>'
+        '<div class="bd-container"><div class="bd-main"><div class="bd-content"><div class="bd-article-container">'
+        f'<article class="bd-article"><h1>Wide tables</h1>{tables}</article></div></div></div></div>{script}'
+        "</body></html>", encoding="utf-8")
+    pdf = book_pdf.print_pdf(book_pdf.find_chromium(), html, folder / "tables.pdf", budget_ms=2000)
+    bbox = subprocess.run([require_pdftotext(), "-bbox", str(pdf), "-"], capture_output=True, text=True,
+                          check=True).stdout
+    width = float(re.search(r'<page width="([\d.]+)"', bbox).group(1))
+    words = [(float(a), float(b), float(y), html_lib.unescape(w)) for a, y, b, w in re.findall(
+        r'<word xMin="([\d.]+)" yMin="([\d.]+)" xMax="([\d.]+)" yMax="[\d.]+">([^<]*)</word>', bbox)]
+    return width, words
+
+
+def clipped_cells(width: float, words: list[tuple[float, float, float, str]]) -> list[str]:
+    """Cells of the two tables that the PDF does not show whole: a word missing, or past the
+    page's edge; a number printed on another line than its unit."""
+    found = {t for _, _, _, w in words for t in re.findall(r"\w+", w)}
+    out = [f"past the page's edge ({x1:.0f} of {width:.0f} pt): {w!r}" for _, x1, _, w in words if x1 > width]
+    for row in _LADDER + _STATUS:
+        for value in row:
+            lost = [t for t in re.findall(r"\w+", value) if t not in found]
+            if lost:
+                out.append(f"cell {value!r}: {lost} not in the PDF")
+    at = {w: k for k, (_, _, _, w) in enumerate(words)}     # the numbers are unique
+    for row in _LADDER[1:]:
+        for value in row[1:]:
+            number, _, unit = value.partition(" ")
+            k = at.get(number)
+            if unit and k is not None and not (k + 1 < len(words) and words[k + 1][3] == unit
+                                               and abs(words[k + 1][2] - words[k][2]) < 1):
+                out.append(f"{value!r}: the number and its unit on two lines")
+    return out
+
+
+def test_book_pdf_prints_wide_tables_whole(tmp_path):
+    """reader.css's print rules on tables of the book's widest shapes, in the theme's scrolling
+    boxes, printed as scripts/book_pdf.py prints the book: every cell is in the PDF and inside
+    the page, every number on one line with its unit. Without reader.css the same page loses its
+    last columns (what the PDF did before the print rules), so the check sees clipping."""
+    require_chromium()
+    fitted = clipped_cells(*print_wide_tables(tmp_path / "ours", ours=True))
+    assert fitted == [], "\n".join(fitted)
+    raw = clipped_cells(*print_wide_tables(tmp_path / "theme-only", ours=False))
+    assert any("not in the PDF" in p for p in raw), "the theme alone should clip a table this wide"
+
+
+def test_book_pdf_finds_a_table_whose_last_column_is_not_printed():
+    """scripts/book_pdf.py's check of the whole book's PDF (make pdf fails on a clipped table):
+    a table whose last column's words are missing from the PDF's text is named, a whole one
+    (maths in a cell left aside) is not."""
+    import book_pdf
+
+    page = ("<table><tr><th>rung</th><th>tokens/s</th></tr><tr><td>eager</td><td>41.7k</td></tr></table>"
+            "<table><tr><th>forward</th><th>derivative</th></tr>"
+            r"<tr><td>relu</td><td>\(1[\text{out}&gt;0]\) of it</td></tr></table>")
+    assert book_pdf.clipped_tables(page, "rung tokens/s eager 41.7k forward derivative relu 1 of it") == []
+    clipped = book_pdf.clipped_tables(page, "rung eager forward derivative relu 1 of it")
+    assert len(clipped) == 1 and "'tokens', 's', '41', '7k'" in clipped[0], clipped
