@@ -43,7 +43,7 @@ import pytest
 import reader_waiting
 import textbook_rules
 from perflab.record.numbers import BAD_SHAPES
-from book_site import (_jupyter_book, _toc_docnames, chromium, classify_warnings, internal_target,
+from book_site import (_jupyter_book, _toc_docnames, chromium, classify_warnings, html_pages, internal_target,
                        notebook_pages, probe, require_chromium, serve)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -594,6 +594,76 @@ def test_figure_numbering_check_catches_book_wide_numbers():
     titled = '<h1><span class="section-number">8. </span>Advanced</h1>'   # the number it shows
     assert figure_numbering_problems("book/09_advanced.html", titled + page("8.1")) == []
     assert figure_numbering_problems("book/09_advanced.html", titled + page("9.1"))
+
+
+_PAGE_NUMBER = re.compile(r'<h1[^>]*>\s*<span class="section-number">([\d.]+?)\.?\s*</span>')
+_SECTION_FILE = re.compile(r"(?:^|/)(\d+)_(\d+)_[^/]*\.html$")
+_SECTION_REF = re.compile(r"\bsections? (\d+\.\d+)\b")
+
+
+def page_numbers(html_root: Path) -> dict[str, str]:
+    """The section number of each numbered page of a build (``{"book/06_1_host_and_bus.html":
+    "6.1"}``), read from its title."""
+    out = {}
+    for path in html_pages(html_root):
+        found = _PAGE_NUMBER.search(path.read_text(encoding="utf-8"))
+        if found:
+            out[path.relative_to(html_root).as_posix()] = found.group(1)
+    return out
+
+
+def section_number_problems(html_root: Path) -> list[str]:
+    """A section page numbered otherwise than its file (``book/06_1_...`` is 6.1), and a
+    "section N.M" in the prose that is no page's number."""
+    numbers = page_numbers(html_root)
+    out = [f"{page} is numbered {n}, its file says {int(m.group(1))}.{int(m.group(2))}"
+           for page, n in sorted(numbers.items())
+           if (m := _SECTION_FILE.search(page)) and n != f"{int(m.group(1))}.{int(m.group(2))}"]
+    pages = set(numbers.values())
+    for path in html_pages(html_root):
+        for ref in _SECTION_REF.findall(reader_text(path.read_text(encoding="utf-8"))):
+            if ref not in pages:
+                out.append(f"{path.relative_to(html_root).as_posix()}: 'section {ref}' is no page's number")
+    return out
+
+
+def test_section_pages_are_numbered_as_the_prose_names_them(build):
+    """Chapter 6's prose says "section 6.1" for book/06_1_host_and_bus; Sphinx numbered that
+    page 6.2, after the landing page's own "Summary" (6.1). _ext/reader_pages.py numbers a
+    chapter's section pages N.1, N.2 ... and leaves the landing page's headings unnumbered."""
+    numbers = page_numbers(build.html)
+    assert numbers.get("book/06_1_host_and_bus.html") == "6.1", numbers
+    problems = section_number_problems(build.html)
+    assert not problems, "\n".join(problems)
+
+
+def test_section_pages_in_a_small_book(tmp_path):
+    """A landing page with headings of its own and two section pages: the pages are 1.1 and
+    1.2, the landing page's headings carry no number (not even the chapter's), the sidebar
+    says the same; a prose "section 1.1" is then a page's number."""
+    (tmp_path / "_toc.yml").write_text(
+        "format: jb-book\nroot: index\nparts:\n  - caption: Chapters\n    numbered: true\n    chapters:\n"
+        "      - file: ch1\n        sections:\n          - file: ch1_1_first\n          - file: ch1_2_second\n")
+    (tmp_path / "index.md").write_text("# Book\n\nThe front page.\n")
+    (tmp_path / "ch1.md").write_text("# Chapter one\n\nIntro.\n\n## Own heading\n\nText.\n\n### Deeper\n\n"
+                                     "More.\n\n## Summary\n\nAs section 1.2 shows.\n")
+    (tmp_path / "ch1_1_first.md").write_text("# First section\n\nText.\n\n## A part\n\nX.\n")
+    (tmp_path / "ch1_2_second.md").write_text("# Second section\n\nSection 1.1 measured it.\n")
+    (tmp_path / "_config.yml").write_text(
+        "title: t\nexecute:\n  execute_notebooks: 'off'\nsphinx:\n  local_extensions:\n"
+        f"    reader_pages: {ROOT / '_ext'}\n  config:\n    reader_bundle: false\n")
+    proc = subprocess.run([*_jupyter_book(), "build", str(tmp_path), "-W", "-n", "--keep-going"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    html = tmp_path / "_build" / "html"
+    assert page_numbers(html) == {"ch1.html": "1", "ch1_1_first.html": "1.1", "ch1_2_second.html": "1.2"}
+    assert section_number_problems(html) == []
+    landing = (html / "ch1.html").read_text(encoding="utf-8")
+    for heading in ("Own heading", "Deeper", "Summary"):
+        assert re.search(rf"<h[23]>{heading}<", landing), f"{heading!r} is numbered"
+    first = (html / "ch1_1_first.html").read_text(encoding="utf-8")
+    assert '<span class="section-number">1.1.1. </span>A part' in first
+    assert ">1.2. Second section<" in first, "the sidebar numbers the section pages otherwise"
 
 
 def test_pages_outside_a_numbered_part_get_their_own_prefix():
