@@ -21,6 +21,10 @@
   scrolls inside its own box, and ``static/reader.js`` puts a visible hint above it ("scroll
   sideways") and a shadow on its right edge; ``tests/test_reader.py`` measures every page in
   Chromium and fails on a block that sticks out of the column or scrolls without the hint.
+* **Section pages numbered as the prose names them**: a chapter's landing page with section
+  pages leaves its own headings unnumbered, so its section pages are N.1, N.2 ... (chapter 6's
+  "section 6.1" is ``book/06_1_host_and_bus``), not numbered after the landing page's headings
+  (:func:`number_section_pages`).
 * **The whole book as a PDF**: ``make pdf`` prints the single-page build with headless
   Chromium (``scripts/book_pdf.py``) into ``_build/pdf/``; when that file exists, the HTML build
   copies it to its root (:data:`PDF_NAME`), the download menus offer it and the role
@@ -359,6 +363,64 @@ def number_per_page(app, env) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Section pages numbered as their files and the prose name them
+# ---------------------------------------------------------------------------------------------
+
+def _section_pages(toc) -> list[str]:
+    """The section pages of a chapter's landing page: the entries of the toctrees among its own
+    headings (its table of contents ``toc``, as Sphinx records it), in order."""
+    title = toc.children[0] if toc is not None and toc.children else None
+    if not isinstance(title, nodes.list_item):
+        return []
+    return [ref for headings in title.children if isinstance(headings, nodes.bullet_list)
+            for tree in headings.findall(addnodes.toctree) for _, ref in tree.get("entries", [])]
+
+
+def number_section_pages(app, env) -> list[str]:
+    """env-get-updated, after Sphinx numbered the sections (TocTreeCollector, priority 500): on
+    a chapter's landing page that has section pages, the page's own headings take no number and
+    its section pages are numbered N.1, N.2 ... in order, as their files
+    (``book/06_1_host_and_bus``) and the prose ("section 6.1 measured that one") name them.
+    Sphinx numbered the landing page's headings first and its section pages after them (chapter
+    6's "Summary" was 6.1, so the page the prose calls section 6.1 was 6.2; chapter 9's first
+    section page was 9.6). Figures keep their chapter's numbers (Fig. 6.k: they count by
+    chapter). Returns the pages whose numbers changed (to be written again)."""
+    numbers = env.toc_secnumbers
+    moved: dict[tuple, tuple] = {}           # a section page's old number -> its new one
+    changed = set()
+    for landing in list(numbers):
+        pages = [p for p in _section_pages(env.tocs.get(landing)) if numbers.get(p, {}).get("")]
+        chapter = numbers[landing].get("")
+        if not pages or not chapter:
+            continue
+        for anchor, number in numbers[landing].items():
+            if anchor and number:
+                numbers[landing][anchor] = ()         # recorded, with no number: no "6." either
+                changed.add(landing)
+        for k, page in enumerate(pages, start=1):
+            old = numbers[page][""]
+            if old != chapter + (k,):
+                moved[old] = chapter + (k,)
+    for docname, secnums in numbers.items():
+        for anchor, number in secnums.items():
+            for old, new in moved.items():
+                if number and number[:len(old)] == old:
+                    secnums[anchor] = new + number[len(old):]
+                    changed.add(docname)
+                    break
+    for docname in changed:                    # the tables of contents show the numbers too
+        for ref in env.tocs[docname].findall(nodes.reference):
+            number = numbers[docname].get(ref.get("anchorname"))
+            if number:
+                ref["secnumber"] = list(number)
+            elif "secnumber" in ref:
+                del ref["secnumber"]
+        if docname in env.titles and numbers[docname].get(""):
+            env.titles[docname]["secnumber"] = list(numbers[docname][""])
+    return sorted(changed)
+
+
+# ---------------------------------------------------------------------------------------------
 # The course as one runnable download
 # ---------------------------------------------------------------------------------------------
 
@@ -537,6 +599,7 @@ def setup(app):
     app.connect("doctree-read", mark_student_edition)
     # after Sphinx's own numbering (TocTreeCollector, priority 500)
     app.connect("env-get-updated", number_per_page, priority=900)
+    app.connect("env-get-updated", number_section_pages, priority=800)
     app.connect("html-page-context", add_download_entries, priority=510)
     app.connect("html-page-context", add_search_synonyms)
     app.connect("build-finished", on_build_finished)

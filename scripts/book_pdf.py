@@ -10,16 +10,22 @@ serves it on 127.0.0.1 and prints it with Chromium's ``--print-to-pdf`` (no netw
 the vendored copy). ``make pdf`` runs this, then rebuilds the HTML book, which publishes the PDF
 at its root and links it from the front page and every download menu (``_ext/reader_pages.py``).
 
+After printing, every table of the book is looked for in the PDF (with poppler's ``pdftotext``,
+when installed): a table whose last column's words are not all in the PDF was clipped at the
+page's edge (issue 43), and the script says which and fails.
+
 Exit status: 0 with the PDF written; 2 when Chromium or jupyter-book is missing (one line);
-1 when the build or the print fails (its last lines are printed).
+1 when the build or the print fails (its last lines are printed), or a table is clipped.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import html as html_lib
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -92,6 +98,40 @@ def print_pdf(chromium: str, html: Path, out: Path, budget_ms: int = 30000) -> P
     return out
 
 
+_WORD = re.compile(r"\w+")
+
+
+def _words(text: str) -> list[str]:
+    """The words of a piece of HTML, without its maths (MathJax prints glyphs, not its source)."""
+    text = html_lib.unescape(re.sub(r"<[^>]+>", " ", text))
+    return _WORD.findall(re.sub(r"\\\(.*?\\\)|\\\[.*?\\\]", " ", text, flags=re.S))
+
+
+def clipped_tables(page_html: str, pdf_text: str) -> list[str]:
+    """Tables of the single page ``page_html`` whose last column the PDF's text does not show:
+    one line per table, with the first missing words (empty when every table is whole)."""
+    printed = set(_WORD.findall(pdf_text))
+    out = []
+    for k, table in enumerate(re.findall(r"<table\b.*?</table>", page_html, re.S), start=1):
+        head = " ".join(_words(table.split("</tr>", 1)[0]))[:60]
+        lost = []
+        for row in re.findall(r"<tr\b.*?</tr>", table, re.S):
+            cells = re.findall(r"<t[hd](?:\s[^>]*)?>(.*?)</t[hd]>", row, re.S)
+            lost += [w for w in _words(cells[-1]) if w not in printed] if cells else []
+        if lost:
+            out.append(f"table {k} ({head!r}...): its last column lacks {lost[:5]} in the PDF")
+    return out
+
+
+def check_tables(html: Path, pdf: Path) -> list[str] | None:
+    """:func:`clipped_tables` of the printed book; None when pdftotext is not installed."""
+    pdftotext = shutil.which("pdftotext")
+    if pdftotext is None:
+        return None
+    text = subprocess.run([pdftotext, str(pdf), "-"], capture_output=True, text=True, check=True).stdout
+    return clipped_tables((html / "index.html").read_text(encoding="utf-8"), text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Print the whole book to one PDF.")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the PDF (default {DEFAULT_OUT.relative_to(ROOT)})")
@@ -112,6 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"book_pdf.py: {err}", file=sys.stderr)
         return 1
     print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB)")
+    clipped = check_tables(html, out)
+    if clipped is None:
+        print("book_pdf.py: pdftotext is not installed: the tables were not checked (poppler-utils)")
+    elif clipped:
+        print("book_pdf.py: tables clipped in the PDF:\n  " + "\n  ".join(clipped), file=sys.stderr)
+        return 1
+    else:
+        print("every table's last column is in the PDF")
     return 0
 
 

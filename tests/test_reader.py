@@ -43,7 +43,7 @@ import pytest
 import reader_waiting
 import textbook_rules
 from perflab.record.numbers import BAD_SHAPES
-from book_site import (_jupyter_book, _toc_docnames, chromium, classify_warnings, internal_target,
+from book_site import (_jupyter_book, _toc_docnames, chromium, classify_warnings, html_pages, internal_target,
                        notebook_pages, probe, require_chromium, serve)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -596,6 +596,76 @@ def test_figure_numbering_check_catches_book_wide_numbers():
     assert figure_numbering_problems("book/09_advanced.html", titled + page("9.1"))
 
 
+_PAGE_NUMBER = re.compile(r'<h1[^>]*>\s*<span class="section-number">([\d.]+?)\.?\s*</span>')
+_SECTION_FILE = re.compile(r"(?:^|/)(\d+)_(\d+)_[^/]*\.html$")
+_SECTION_REF = re.compile(r"\bsections? (\d+\.\d+)\b")
+
+
+def page_numbers(html_root: Path) -> dict[str, str]:
+    """The section number of each numbered page of a build (``{"book/06_1_host_and_bus.html":
+    "6.1"}``), read from its title."""
+    out = {}
+    for path in html_pages(html_root):
+        found = _PAGE_NUMBER.search(path.read_text(encoding="utf-8"))
+        if found:
+            out[path.relative_to(html_root).as_posix()] = found.group(1)
+    return out
+
+
+def section_number_problems(html_root: Path) -> list[str]:
+    """A section page numbered otherwise than its file (``book/06_1_...`` is 6.1), and a
+    "section N.M" in the prose that is no page's number."""
+    numbers = page_numbers(html_root)
+    out = [f"{page} is numbered {n}, its file says {int(m.group(1))}.{int(m.group(2))}"
+           for page, n in sorted(numbers.items())
+           if (m := _SECTION_FILE.search(page)) and n != f"{int(m.group(1))}.{int(m.group(2))}"]
+    pages = set(numbers.values())
+    for path in html_pages(html_root):
+        for ref in _SECTION_REF.findall(reader_text(path.read_text(encoding="utf-8"))):
+            if ref not in pages:
+                out.append(f"{path.relative_to(html_root).as_posix()}: 'section {ref}' is no page's number")
+    return out
+
+
+def test_section_pages_are_numbered_as_the_prose_names_them(build):
+    """Chapter 6's prose says "section 6.1" for book/06_1_host_and_bus; Sphinx numbered that
+    page 6.2, after the landing page's own "Summary" (6.1). _ext/reader_pages.py numbers a
+    chapter's section pages N.1, N.2 ... and leaves the landing page's headings unnumbered."""
+    numbers = page_numbers(build.html)
+    assert numbers.get("book/06_1_host_and_bus.html") == "6.1", numbers
+    problems = section_number_problems(build.html)
+    assert not problems, "\n".join(problems)
+
+
+def test_section_pages_in_a_small_book(tmp_path):
+    """A landing page with headings of its own and two section pages: the pages are 1.1 and
+    1.2, the landing page's headings carry no number (not even the chapter's), the sidebar
+    says the same; a prose "section 1.1" is then a page's number."""
+    (tmp_path / "_toc.yml").write_text(
+        "format: jb-book\nroot: index\nparts:\n  - caption: Chapters\n    numbered: true\n    chapters:\n"
+        "      - file: ch1\n        sections:\n          - file: ch1_1_first\n          - file: ch1_2_second\n")
+    (tmp_path / "index.md").write_text("# Book\n\nThe front page.\n")
+    (tmp_path / "ch1.md").write_text("# Chapter one\n\nIntro.\n\n## Own heading\n\nText.\n\n### Deeper\n\n"
+                                     "More.\n\n## Summary\n\nAs section 1.2 shows.\n")
+    (tmp_path / "ch1_1_first.md").write_text("# First section\n\nText.\n\n## A part\n\nX.\n")
+    (tmp_path / "ch1_2_second.md").write_text("# Second section\n\nSection 1.1 measured it.\n")
+    (tmp_path / "_config.yml").write_text(
+        "title: t\nexecute:\n  execute_notebooks: 'off'\nsphinx:\n  local_extensions:\n"
+        f"    reader_pages: {ROOT / '_ext'}\n  config:\n    reader_bundle: false\n")
+    proc = subprocess.run([*_jupyter_book(), "build", str(tmp_path), "-W", "-n", "--keep-going"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    html = tmp_path / "_build" / "html"
+    assert page_numbers(html) == {"ch1.html": "1", "ch1_1_first.html": "1.1", "ch1_2_second.html": "1.2"}
+    assert section_number_problems(html) == []
+    landing = (html / "ch1.html").read_text(encoding="utf-8")
+    for heading in ("Own heading", "Deeper", "Summary"):
+        assert re.search(rf"<h[23]>{heading}<", landing), f"{heading!r} is numbered"
+    first = (html / "ch1_1_first.html").read_text(encoding="utf-8")
+    assert '<span class="section-number">1.1.1. </span>A part' in first
+    assert ">1.2. Second section<" in first, "the sidebar numbers the section pages otherwise"
+
+
 def test_pages_outside_a_numbered_part_get_their_own_prefix():
     pages = ["labs/01_roofline", "book/roofline_explorer", "labs/10_gpt2_speedrun", "status"]
     assert reader_pages.page_prefixes(pages) == {"labs/01_roofline": "L1", "book/roofline_explorer": "A",
@@ -1125,3 +1195,132 @@ def test_book_pdf_prints_a_page_offline(tmp_path):
         "<html><body><h1>A book</h1>" + "<p>Prose. </p>" * 200 + "</body></html>")
     out = book_pdf.print_pdf(book_pdf.find_chromium(), tmp_path / "html", tmp_path / "book.pdf", budget_ms=2000)
     assert out.read_bytes()[:5] == b"%PDF-"
+
+
+# ---------------------------------------------------------------------------------------------
+# The PDF shows every table whole (issue 43)
+# ---------------------------------------------------------------------------------------------
+
+def require_pdftotext() -> str:
+    """poppler's pdftotext (scripts/install_browser.sh installs it beside Chromium)."""
+    import shutil
+
+    path = shutil.which("pdftotext")
+    if path:
+        return path
+    reason = "pdftotext is not installed (run scripts/install_browser.sh: poppler-utils)"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set but {reason}: the PDF's tables must be checked in CI")
+    pytest.skip(reason)
+
+
+# The book's widest tables, in shape: chapter 10's speed ladder (a rung, then columns of a number
+# and its unit under a header of words or a short one like "MFU", one column more than the book's
+# eight) and the status tables (eight columns of
+# long words, in a cell output). Every value is unique, so each cell can be found in the PDF.
+_LADDER = [["rung"] + [f"M{c}" if c % 4 == 1 else f"head{c} of the column" for c in range(1, 10)]] + [
+    [rung] + [f"{r}{c}.5" + ("k", " %", "x", " GiB")[c % 4] for c in range(1, 10)]
+    for r, rung in enumerate(("fp32 eager", "pinned loader", "TF32 matmuls", "one graph per step"))]
+_STATUS = [["page", "needs", "current with its source", "device(s)", "torch", "started (UTC)", "duration",
+            "verdicts agreeing with an earlier run"]] + [
+    [f"Chapter{i} why training is slow: compute, bandwidth and overhead", "1 GPU", "current",
+     "NVIDIA H100 80GB HBM3", f"2.11.0+cu13{i}", f"2026-12-0{i} 18:3{i}", f"3{i}.6 s",
+     f"no earlier run{i} of this source on this device"] for i in range(1, 4)]
+
+
+def _table_html(rows: list[list[str]], numbers_from: int) -> str:
+    """A table as MyST writes one (columns from ``numbers_from`` on are right-aligned numbers),
+    in the theme's scrolling box."""
+    def cell(tag, k, v, head):
+        align = "text-right" if k >= numbers_from else "text-left"
+        return f'<{tag} class="{"head " if head else ""}{align}"><p>{v}</p></{tag}>'
+    head = "".join(cell("th", k, v, True) for k, v in enumerate(rows[0]))
+    body = "".join("<tr>" + "".join(cell("td", k, v, False) for k, v in enumerate(r)) + "</tr>" for r in rows[1:])
+    return (f'<div class="pst-scrollable-table-container"><table class="table"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
+
+
+def print_wide_tables(folder: Path, ours: bool) -> tuple[float, list[tuple[float, float, float, str]]]:
+    """Print a page holding :data:`_LADDER` and :data:`_STATUS` with the book's theme (and, with
+    ``ours``, reader.css and reader.js) by ``scripts/book_pdf.py``; returns the PDF's page width
+    and its words as ``(xMin, xMax, yMin, word)`` (pdftotext -bbox)."""
+    import shutil
+
+    import book_pdf
+    import pydata_sphinx_theme
+    import sphinx_book_theme
+
+    html = folder / "html"
+    html.mkdir(parents=True)
+    links = ""
+    for k, (package, rel) in enumerate(((pydata_sphinx_theme, "pydata_sphinx_theme/static/styles/pydata-sphinx-theme.css"),
+                                        (sphinx_book_theme, "sphinx_book_theme/static/styles/sphinx-book-theme.css"))):
+        shutil.copy(Path(package.__file__).parent / "theme" / rel, html / f"theme{k}.css")
+        links += f'<link rel="stylesheet" href="theme{k}.css">'
+    script = ""
+    if ours:
+        for asset in ("reader.css", "reader.js"):
+            shutil.copy(ROOT / "_ext" / "static" / asset, html / asset)
+        links += '<link rel="stylesheet" href="reader.css">'
+        script = '<script src="reader.js"></script>'
+    tables = (_table_html(_LADDER, 1) + '<div class="cell_output docutils container"><div class="output text_html">'
+              + _table_html(_STATUS, 99) + "</div></div>")
+    (html / "index.html").write_text(
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{links}</head><body>'
+        '<div class="bd-container"><div class="bd-main"><div class="bd-content"><div class="bd-article-container">'
+        f'<article class="bd-article"><h1>Wide tables</h1>{tables}</article></div></div></div></div>{script}'
+        "</body></html>", encoding="utf-8")
+    pdf = book_pdf.print_pdf(book_pdf.find_chromium(), html, folder / "tables.pdf", budget_ms=2000)
+    bbox = subprocess.run([require_pdftotext(), "-bbox", str(pdf), "-"], capture_output=True, text=True,
+                          check=True).stdout
+    width = float(re.search(r'<page width="([\d.]+)"', bbox).group(1))
+    words = [(float(a), float(b), float(y), html_lib.unescape(w)) for a, y, b, w in re.findall(
+        r'<word xMin="([\d.]+)" yMin="([\d.]+)" xMax="([\d.]+)" yMax="[\d.]+">([^<]*)</word>', bbox)]
+    return width, words
+
+
+def clipped_cells(width: float, words: list[tuple[float, float, float, str]]) -> list[str]:
+    """Cells of the two tables that the PDF does not show whole: a word missing, or past the
+    page's edge; a number printed on another line than its unit."""
+    found = {t for _, _, _, w in words for t in re.findall(r"\w+", w)}
+    out = [f"past the page's edge ({x1:.0f} of {width:.0f} pt): {w!r}" for _, x1, _, w in words if x1 > width]
+    for row in _LADDER + _STATUS:
+        for value in row:
+            lost = [t for t in re.findall(r"\w+", value) if t not in found]
+            if lost:
+                out.append(f"cell {value!r}: {lost} not in the PDF")
+    at = {w: k for k, (_, _, _, w) in enumerate(words)}     # the numbers are unique
+    for row in _LADDER[1:]:
+        for value in row[1:]:
+            number, _, unit = value.partition(" ")
+            k = at.get(number)
+            if unit and k is not None and not (k + 1 < len(words) and words[k + 1][3] == unit
+                                               and abs(words[k + 1][2] - words[k][2]) < 1):
+                out.append(f"{value!r}: the number and its unit on two lines")
+    return out
+
+
+def test_book_pdf_prints_wide_tables_whole(tmp_path):
+    """reader.css's print rules on tables of the book's widest shapes, in the theme's scrolling
+    boxes, printed as scripts/book_pdf.py prints the book: every cell is in the PDF and inside
+    the page, every number on one line with its unit. Without reader.css the same page loses its
+    last columns (what the PDF did before the print rules), so the check sees clipping."""
+    require_chromium()
+    fitted = clipped_cells(*print_wide_tables(tmp_path / "ours", ours=True))
+    assert fitted == [], "\n".join(fitted)
+    raw = clipped_cells(*print_wide_tables(tmp_path / "theme-only", ours=False))
+    assert any("not in the PDF" in p for p in raw), "the theme alone should clip a table this wide"
+
+
+def test_book_pdf_finds_a_table_whose_last_column_is_not_printed():
+    """scripts/book_pdf.py's check of the whole book's PDF (make pdf fails on a clipped table):
+    a table whose last column's words are missing from the PDF's text is named, a whole one
+    (maths in a cell left aside) is not."""
+    import book_pdf
+
+    page = ("<table><tr><th>rung</th><th>tokens/s</th></tr><tr><td>eager</td><td>41.7k</td></tr></table>"
+            "<table><tr><th>forward</th><th>derivative</th></tr>"
+            r"<tr><td>relu</td><td>\(1[\text{out}&gt;0]\) of it</td></tr></table>")
+    assert book_pdf.clipped_tables(page, "rung tokens/s eager 41.7k forward derivative relu 1 of it") == []
+    clipped = book_pdf.clipped_tables(page, "rung eager forward derivative relu 1 of it")
+    assert len(clipped) == 1 and "'tokens', 's', '41', '7k'" in clipped[0], clipped
