@@ -478,6 +478,10 @@ def test_a_run_s_ceilings_are_reused_only_on_its_own_machine(tmp_path, monkeypat
         machine_id = {"host_id": "h"}
         measured, items, host = "t", {}, {}
 
+    # prepare_ceilings points $PERFLAB_CEILINGS at the committed reference file: undone after
+    # the test (left set, every later kernel of the session measured this CPU's ceilings into
+    # perflab/data/reference_ceilings.json)
+    monkeypatch.setenv(execute.ceilings.CEILINGS_ENV, str(tmp_path / "ceilings.json"))
     monkeypatch.setattr(execute.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(execute, "read_ceilings", lambda p: {"run": "r1"})
     monkeypatch.setattr(execute.ceilings, "load",
