@@ -12,6 +12,7 @@ only to tests/).
 """
 
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -59,7 +60,27 @@ def _tmp_entries() -> set[str]:
 _TMP_BEFORE = _tmp_entries()
 
 
+# Nor may a test change a committed file: the tests once pointed every later kernel at
+# perflab/data/reference_ceilings.json, and lab 1 wrote this CPU's ceilings into it.
+def _modified() -> set[str]:
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return set(out.stdout.splitlines()) if out.returncode == 0 else set()
+
+
+_MODIFIED_BEFORE = _modified()
+
+
 def pytest_sessionfinish(session, exitstatus):
+    changed = sorted(_modified() - _MODIFIED_BEFORE)
+    if changed:
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            f"FAILED: the test run changed {len(changed)} committed file(s): {', '.join(changed[:10])}",
+            red=True)
+        session.exitstatus = 1
     new = sorted(n for n in _tmp_entries() - _TMP_BEFORE if n.startswith(_OURS))
     if new:
         session.config.pluginmanager.get_plugin("terminalreporter").write_line(
