@@ -281,6 +281,18 @@ def test_grading_leaves_nothing_behind(graded):
         assert not list(mount.rglob(f"perflab-grade-{os.getpid()}")), mount
 
 
+def _grade_polled(folder, out, timeout):
+    """Grade ``folder`` two at a time under polled limits (no cgroup): the CSV's rows by
+    submission, and each one's (status, points)."""
+    rc = cli.main([str(folder), "--out", str(out), "--lab", str(TINY), "--timeout", str(timeout),
+                   "--limits", "polled", "--memory-gb", "2", "--max-procs", "12", "--no-progress",
+                   "--threads", "1", "--jobs", "2"])
+    assert rc == 0
+    with open(out) as f:
+        rows = {r["submission"]: r for r in csv.DictReader(f)}
+    return rows, {n: (r["status"], float(r["points"])) for n, r in rows.items()}
+
+
 def test_polled_limits_hold_where_there_is_no_cgroup(tmp_path):
     _sandbox_or_skip(tmp_path)
     folder = tmp_path / "submissions"
@@ -288,13 +300,7 @@ def test_polled_limits_hold_where_there_is_no_cgroup(tmp_path):
     for name in ("b_full.ipynb", "h_fork_bomb.ipynb", "m_memory_children.ipynb"):
         text = attacks.batch(ROOT, TINY, folder, tmp_path / "r.csv", tmp_path / "m", 9, "t")[name]
         (folder / name).write_text(text)
-    out = tmp_path / "results.csv"
-    rc = cli.main([str(folder), "--out", str(out), "--lab", str(TINY), "--timeout", "30", "--limits", "polled",
-                     "--memory-gb", "2", "--max-procs", "12", "--no-progress", "--threads", "1", "--jobs", "2"])
-    assert rc == 0
-    with open(out) as f:
-        rows = {r["submission"]: r for r in csv.DictReader(f)}
-    got = {n: (r["status"], float(r["points"])) for n, r in rows.items()}
+    _, got = _grade_polled(folder, tmp_path / "results.csv", timeout=30)
     assert got == {"b_full.ipynb": ("graded", 4), "h_fork_bomb.ipynb": ("process limit", 2),
                    "m_memory_children.ipynb": ("memory limit", 2)}, got
 
@@ -315,13 +321,7 @@ def test_a_bomb_costs_its_neighbours_nothing_where_there_is_no_cgroup(tmp_path):
             "c_full.ipynb": GOOD}
     for name, cells in subs.items():
         (folder / name).write_text(attacks.submission(cells))
-    out = tmp_path / "results.csv"
-    rc = cli.main([str(folder), "--out", str(out), "--lab", str(TINY), "--timeout", "60", "--limits", "polled",
-                   "--memory-gb", "2", "--max-procs", "12", "--no-progress", "--threads", "1", "--jobs", "2"])
-    assert rc == 0
-    with open(out) as f:
-        rows = {r["submission"]: r for r in csv.DictReader(f)}
-    got = {n: (r["status"], float(r["points"])) for n, r in rows.items()}
+    rows, got = _grade_polled(folder, tmp_path / "results.csv", timeout=60)
     assert got == {"a_thread_bomb.ipynb": ("process limit", 2), "b_full.ipynb": ("graded", 4),
                    "c_full.ipynb": ("graded", 4)}, (got, {n: r["note"] for n, r in rows.items()})
     assert "12-process limit" in rows["a_thread_bomb.ipynb"]["note"]
