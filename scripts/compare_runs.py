@@ -11,7 +11,8 @@ false, an expectation) with what bounds it, and the numbers that moved by more t
 ``--moved``; then the pages present in only one run. A changed verdict is a **defect** unless its
 claim is declared host-bound (see :mod:`perflab.record.verdicts`), or the page's two runs differ
 in device or in source (the page's code or a perflab module it imports): then its changes are
-listed but not counted.
+listed but not counted. A glued text that is no claim (a cause sentence, a formatted list) and
+whose words changed, numbers and units masked, is listed as a changed text, not counted.
 
 Exit status: 0 when no verdict changed except declared host-bound ones, 1 when one did (a
 defect of the page: its measurement needs rounds), 2 for bad arguments or unreadable input.
@@ -56,6 +57,9 @@ def report(a, b, moved: float) -> int:
             defects += c.defect and not p.not_comparable
             host += not c.defect
             apart += c.defect and bool(p.not_comparable)
+        for c in p.texts:
+            print(f"   text changed (no claim, not counted) {c.name}:\n      A: {_short(c.a)}\n"
+                  f"      B: {_short(c.b)}")
     for name in only_a:
         print(f"\n{name}: only in A")
     for name in only_b:

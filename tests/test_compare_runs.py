@@ -67,7 +67,8 @@ def test_identical_runs_agree(tmp_path):
     a, b = _run(tmp_path / "a"), _run(tmp_path / "b")
     pages, only_a, only_b = verdicts.compare(verdicts.load(a), verdicts.load(b))
     (page,) = pages
-    assert page.verdicts == 4 and page.agreeing == 4 and not page.changes
+    # two claims and one expectation; the plain sentence is a text, not a verdict
+    assert page.verdicts == 3 and page.agreeing == 3 and not page.changes
     assert only_a == only_b == []
 
 
@@ -139,9 +140,38 @@ def test_expectations_old_sentences_and_pages_in_one_run_only(tmp_path):
     pages, only_a, only_b = verdicts.compare(verdicts.load(a), verdicts.load(b))
     names = {c.name: c for c in pages[0].changes}
     assert "expect_knee" in names and names["expect_knee"].defect
-    assert "old_style_sentence" in names and names["old_style_sentence"].bound is None
+    # both runs store their claims' verdicts: a text that is no claim is listed, not counted
+    assert "old_style_sentence" not in names
+    assert [c.name for c in pages[0].texts] == ["old_style_sentence"]
     assert "clock" not in names                     # telemetry states readings, not verdicts
     assert only_a == ["labs/06_speed"] and only_b == []
+
+
+def test_an_older_run_without_stored_verdicts_compares_its_sentences(tmp_path):
+    for name, ratio in (("a", 1.0), ("b", 3.0)):
+        _notebook(tmp_path / name, "book/06_speed", [
+            _glue("old_style_sentence",
+                  "the run was faster" if ratio < 2 else "the run was slower"),
+            _glue("same_words", f"{ratio:.1f} ms, {100 * ratio:.0f} µs")])
+    pages, _, _ = verdicts.compare(verdicts.load(tmp_path / "a"),
+                                   verdicts.load(tmp_path / "b"))
+    names = {c.name: c for c in pages[0].changes}
+    assert set(names) == {"old_style_sentence"} and names["old_style_sentence"].bound is None
+    assert pages[0].verdicts == 2 and pages[0].texts == []
+
+
+@pytest.mark.parametrize("a, b", [("took 25.6 µs to 1.37 ms", "took -3.11 ms to 2.11 s"),
+                                  ("588.4k tokens/s, 50.9 %", "41,726 tokens/s, 7 %"),
+                                  ("1.85x at 1,551 MHz", "0.5x at 1,980 MHz"),
+                                  ("691.3 TFLOP/s, 3.0 GB/s", "51 TFLOP/s, 54 GB/s")])
+def test_a_text_masks_numbers_with_their_units(a, b):
+    assert verdicts._masked(a) == verdicts._masked(b)
+
+
+@pytest.mark.parametrize("a, b", [("the idle time rose by 3 ms", "the idle time fell by 3 ms"),
+                                  ("agrees with the model (1.1x)", "is 0.5x the model's")])
+def test_a_text_whose_words_changed_is_a_changed_text(a, b):
+    assert verdicts._masked(a) != verdicts._masked(b)
 
 
 def test_a_record_round_trips_and_the_last_two_are_found(tmp_path):

@@ -14,7 +14,10 @@ executed notebooks) side by side:
 * any change of a verdict counts (within / outside / undecided), and is a **defect** of the
   page unless the claim declared itself host-bound (``bound="host"``): a host-bound claim may
   change between hosts, and the status page shows both values;
-* pages present in only one of the runs are reported.
+* pages present in only one of the runs are reported;
+* a glued text that is no claim (a cause sentence, a list of numbers) is no verdict when the
+  page's runs store verdicts: a change of its words, numbers and their units masked, is listed
+  as a changed text (:attr:`PageComparison.texts`), not counted.
 
 Command line: ``python scripts/compare_runs.py A B`` (A and B: run records or folders holding
 ``book/`` and ``labs/``); ``--record FILE`` writes a record of the current tree.
@@ -44,8 +47,15 @@ _FOLDERS = ("book", "labs")
 _TELEMETRY = "measured over"      # a telemetry sentence states readings, not a verdict
 
 
+# a number with its sign, exponent, SI prefix and unit ("-3.11 ms", "588.4k", "1,551 MHz",
+# "91.3 %", "1.85x"): two runs that print one value in other units say the same thing
+_NUMBER = re.compile(r"[-\u2212]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
+                     r"(?:\s?(?:[kMGTPnuµm]?(?:FLOP/s|B/s|iB|Hz|B|W|s)\b|%|x\b|[kMGT]\b))?")
+
+
 def _masked(text: str) -> str:
-    return re.sub(r"[\d.,]+", "#", text)
+    """``text`` with every number (and its unit) replaced by ``#``."""
+    return _NUMBER.sub("#", text)
 
 
 def source_key(run: dict[str, Any]) -> str | None:
@@ -174,6 +184,9 @@ class PageComparison:
     #: why the two runs are not two runs of one source on one device (None: they are, or the
     #: records cannot tell): then a changed verdict is no defect of the page's measurement
     not_comparable: str | None = None
+    #: glued texts that are no claim and whose words changed (numbers masked), when both runs
+    #: store verdicts: shown, never counted (a cause sentence's branch, a formatted list)
+    texts: list[Change] = field(default_factory=list)
 
     @property
     def agreeing(self) -> int:
@@ -220,14 +233,22 @@ def _compare_page(name: str, a: dict[str, Any], b: dict[str, Any],
             out.changes.append(Change(key, va[key]["verdict"], vb[key]["verdict"], bound,
                                       (va[key].get("measured"), vb[key].get("measured"))))
     sa, sb = a.get("sentences", {}), b.get("sentences", {})
-    # a claim recorded in one run only as a sentence (an older run): compare its words
+    # a claim recorded in one run only as a sentence (an older run, which stored no verdicts):
+    # compare its words; where both runs store verdicts, a text that is no claim in either is
+    # no verdict, and a change of its words is listed apart
     for key in sorted((set(sa) | set(va)) & (set(sb) | set(vb)) - (set(va) & set(vb))):
         ta = sa.get(key) if key in sa else None
         tb = sb.get(key) if key in sb else None
         if ta is None or tb is None or not isinstance(ta, str) or not isinstance(tb, str):
             continue
-        out.verdicts += 1
-        if _masked(ta) != _masked(tb):
+        if _masked(ta) == _masked(tb):
+            if not (va and vb):
+                out.verdicts += 1
+            continue
+        if va and vb:
+            out.texts.append(Change(key, ta, tb, None))
+        else:
+            out.verdicts += 1
             out.changes.append(Change(key, ta, tb, None))
     na, nb = a["numbers"], b["numbers"]
     for key in sorted(set(na) & set(nb)):
