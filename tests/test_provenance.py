@@ -104,3 +104,18 @@ def test_lab_reference_reads_the_labs_own_run_or_nothing():
     glued, run = provenance.lab_reference("01_roofline")     # committed with the repository
     assert isinstance(glued, dict) and (run is None or "devices" in run)
     assert glued or run is not None                   # found through the package's location
+
+
+def test_the_host_id_tells_two_containers_of_one_image_on_two_hosts_apart(tmp_path, monkeypatch):
+    """Same /etc/machine-id (one image), another kernel boot id (another host): another host id;
+    the same two files: the same id."""
+    machine = tmp_path / "machine-id"
+    machine.write_text("5bce98f73f3e0000\n")
+    ids = []
+    for boot in ("1111-aaaa", "2222-bbbb", "1111-aaaa"):
+        (tmp_path / "boot_id").write_text(boot + "\n")
+        monkeypatch.setattr(provenance, "HOST_ID_FILES", (str(machine), str(tmp_path / "boot_id")))
+        ids.append(provenance.machine_id()["host_id"])
+    assert ids[0] != ids[1] and ids[0] == ids[2] and len(ids[0]) == 12
+    monkeypatch.setattr(provenance, "HOST_ID_FILES", (str(tmp_path / "none"),))
+    assert provenance.machine_id()["host_id"]           # the hostname stands in

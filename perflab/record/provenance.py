@@ -100,20 +100,31 @@ def _short_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+#: What ``host_id`` hashes: the OS's machine id, which every container of one image shares,
+#: and the kernel's boot id, which every container on one host shares and no two hosts (or
+#: two boots of one host) do. Two lent machines of 5 December printed the same host id from
+#: the machine id alone.
+HOST_ID_FILES = ("/etc/machine-id", "/proc/sys/kernel/random/boot_id")
+
+
 def machine_id() -> dict[str, Any]:
     """Which machine this is, without naming it: ``host_id`` (12 hex digits of a SHA-256 of
-    ``/etc/machine-id``, else of the hostname) and ``gpu_ids`` (the same of each GPU's NVML
-    UUID, in NVML's order; empty without a GPU).
+    the files of :data:`HOST_ID_FILES`, ``/etc/machine-id`` and the kernel's boot id; the
+    hostname where neither is readable) and ``gpu_ids`` (the same of each GPU's NVML UUID, in
+    NVML's order; empty without a GPU).
 
     Two H200 hosts have the same device name, torch and CPU model string; these tell them
     apart, so a run's pages can be proven to come from one machine (the ceilings file records
-    them, :mod:`perflab.machine.ceilings`).
+    them, :mod:`perflab.machine.ceilings`). A reboot gives the same host another id: its
+    ceilings are measured again, which a rebooted machine needs anyway.
     """
-    try:
-        ident = Path("/etc/machine-id").read_text().strip()
-    except OSError:
-        ident = ""
-    ident = ident or platform.node() or "unknown"
+    parts = []
+    for path in HOST_ID_FILES:
+        try:
+            parts.append(Path(path).read_text().strip())
+        except OSError:
+            parts.append("")
+    ident = ":".join(parts) if any(parts) else (platform.node() or "unknown")
     gpus = [nvml.uuid(i) for i in range(nvml.device_count())]
     return {"host_id": _short_hash(ident),
             "gpu_ids": [_short_hash(u) for u in gpus if u]}
