@@ -58,3 +58,26 @@ def test_sync_point_cost_on_a_cpu_is_the_lines_own_dispatch():
     assert cost > 0.0
     with pytest.raises(ValueError, match="calls"):
         accounting.sync_point_cost("cpu", calls=0)
+
+
+def test_graph_gap_checks_its_arguments_and_needs_a_gpu(monkeypatch):
+    with pytest.raises(ValueError, match="ops"):
+        accounting.graph_gap(ops=0)
+    with pytest.raises(ValueError, match="calls"):
+        accounting.graph_gap(calls=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        accounting.graph_gap()
+
+
+def test_graph_gap_is_the_period_less_the_kernels_own_run(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: torch.zeros(1))
+    monkeypatch.setattr(accounting, "cuda_graph_op_rate",
+                        lambda ops: 1 / 1.2e-6)
+    monkeypatch.setattr(accounting, "device_busy",
+                        lambda fn, calls: {"kernels_s": 0.9e-6})
+    assert accounting.graph_gap() == pytest.approx(0.3e-6)
+    monkeypatch.setattr(accounting, "device_busy",
+                        lambda fn, calls: {"kernels_s": 2e-6})
+    assert accounting.graph_gap() == 0.0          # never below zero
