@@ -47,8 +47,9 @@ def device_busy(fn: Callable[[], Any], calls: int = 3, warmup: int = 1) -> dict[
 
     Returns:
         per call: ``{"kernels_s": summed kernel durations, "copies_s": summed copy durations,
-        "busy_s": the union of both (a copy under a kernel counts once), "kernels": kernels,
-        "copies": copies}``.
+        "busy_s": the union of both (a copy under a kernel counts once), "span_s": from the
+        first device event's start to the last one's end (the GPU's time with its idle gaps,
+        for calls that run back to back on the device), "kernels": kernels, "copies": copies}``.
 
     Raises:
         RuntimeError: no CUDA GPU, or the profiler saw no device activity.
@@ -77,9 +78,11 @@ def device_busy(fn: Callable[[], Any], calls: int = 3, warmup: int = 1) -> dict[
             kernels.append(span)
     if not kernels and not copies:
         raise RuntimeError("the profiler recorded no device activity for fn")
+    spans = kernels + copies
     return {"kernels_s": sum(b - a for a, b in kernels) / calls,
             "copies_s": sum(b - a for a, b in copies) / calls,
-            "busy_s": sum(b - a for a, b in union(kernels + copies)) / calls,
+            "busy_s": sum(b - a for a, b in union(spans)) / calls,
+            "span_s": (max(b for _, b in spans) - min(a for a, _ in spans)) / calls,
             "kernels": len(kernels) / calls, "copies": len(copies) / calls}
 
 
