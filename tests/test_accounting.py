@@ -58,3 +58,58 @@ def test_sync_point_cost_on_a_cpu_is_the_lines_own_dispatch():
     assert cost > 0.0
     with pytest.raises(ValueError, match="calls"):
         accounting.sync_point_cost("cpu", calls=0)
+
+
+def test_graph_gap_checks_its_arguments_and_needs_a_gpu(monkeypatch):
+    with pytest.raises(ValueError, match="ops"):
+        accounting.graph_gap(ops=0)
+    with pytest.raises(ValueError, match="calls"):
+        accounting.graph_gap(calls=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        accounting.graph_gap()
+
+
+def test_graph_gap_is_the_period_less_the_kernels_own_run(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch, "randn", lambda *a, **k: torch.zeros(1))
+    monkeypatch.setattr(accounting, "cuda_graph_op_rate",
+                        lambda ops: 1 / 1.2e-6)
+    monkeypatch.setattr(accounting, "device_busy",
+                        lambda fn, calls: {"kernels_s": 0.9e-6})
+    assert accounting.graph_gap() == pytest.approx(0.3e-6)
+    monkeypatch.setattr(accounting, "device_busy",
+                        lambda fn, calls: {"kernels_s": 2e-6})
+    assert accounting.graph_gap() == 0.0          # never below zero
+
+
+def test_device_busy_sums_kernels_and_spans_the_gaps(monkeypatch):
+    from types import SimpleNamespace as NS
+
+    cuda = torch.autograd.DeviceType.CUDA
+    events = [NS(device_type=cuda, name=n, time_range=NS(start=a, end=b))
+              for n, a, b in [("k1", 0, 10), ("Memcpy HtoD", 5, 15), ("k2", 20, 30),
+                              ("Memset", 30, 40), ("k3", 50, 60)]]     # microseconds
+
+    class FakeProfile:
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return events
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(accounting, "profile", FakeProfile)
+    monkeypatch.setattr(accounting, "synchronize", lambda device: None)
+    out = accounting.device_busy(lambda: None, calls=2, warmup=0)
+    assert out["kernels_s"] == pytest.approx(30e-6 / 2)
+    assert out["copies_s"] == pytest.approx(10e-6 / 2)
+    assert out["busy_s"] == pytest.approx(35e-6 / 2)      # 0-15, 20-30, 50-60
+    assert out["span_s"] == pytest.approx(60e-6 / 2)      # gaps included
+    assert (out["kernels"], out["copies"]) == (1.5, 0.5)

@@ -248,3 +248,29 @@ def test_same_losses_tells_reordered_sums_from_another_training():
     assert not same_losses(ref, train(batches[:3] + batches[4:]))     # a batch dropped
     assert not same_losses(ref, train([0] * 16))                         # one batch
     assert not same_losses(ref, train(batches, lr=3e-3))                 # another rate
+
+
+def test_op_kinds_splits_multi_tensor_from_cpu_operators_and_sums_to_op_count():
+    from perflab.speed.measure import op_kinds
+    xs = [torch.ones(3) for _ in range(4)]
+    s = torch.zeros(())
+
+    def f():
+        torch._foreach_mul_(xs, 2.0)
+        torch._foreach_add_(xs, 1.0)
+        s.add_(1)
+        s.item()
+    kinds = op_kinds(f)
+    assert kinds == {"foreach": 2, "device": 0, "cpu": 2}
+    assert sum(kinds.values()) == op_count(f)
+    with pytest.raises(TypeError, match="callable"):
+        op_kinds(3)
+
+
+def test_op_kinds_counts_a_tensor_off_the_cpu_as_device(monkeypatch):
+    from perflab.speed import measure
+    meta = torch.empty(2, device="meta")
+    assert measure._kind(torch.ops.aten.add.Tensor, (meta, meta), {}) == "device"
+    assert measure._kind(torch.ops.aten.add.Tensor, (torch.ones(1), 2), {}) == "cpu"
+    assert measure._kind(torch.ops.aten._foreach_add_.Scalar, ([meta], 1), {}) \
+        == "foreach"

@@ -31,10 +31,11 @@ from perflab.core.profiler import union
 from perflab.core.timing import seconds_per_call, synchronize
 from perflab.core.validate import positive_int
 from perflab.internals import hostsync
-from perflab.internals.overhead import issue_time
+from perflab.internals.overhead import cuda_graph_op_rate, issue_time
 from perflab.record.numbers import fmt
 
-__all__ = ["device_busy", "drain_cost", "residual", "sync_point_cost", "syncs_per_call"]
+__all__ = ["device_busy", "drain_cost", "graph_gap", "residual", "sync_point_cost",
+           "syncs_per_call"]
 
 
 def device_busy(fn: Callable[[], Any], calls: int = 3, warmup: int = 1) -> dict[str, float]:
@@ -46,8 +47,9 @@ def device_busy(fn: Callable[[], Any], calls: int = 3, warmup: int = 1) -> dict[
 
     Returns:
         per call: ``{"kernels_s": summed kernel durations, "copies_s": summed copy durations,
-        "busy_s": the union of both (a copy under a kernel counts once), "kernels": kernels,
-        "copies": copies}``.
+        "busy_s": the union of both (a copy under a kernel counts once), "span_s": from the
+        first device event's start to the last one's end (the GPU's time with its idle gaps,
+        for calls that run back to back on the device), "kernels": kernels, "copies": copies}``.
 
     Raises:
         RuntimeError: no CUDA GPU, or the profiler saw no device activity.
@@ -76,10 +78,34 @@ def device_busy(fn: Callable[[], Any], calls: int = 3, warmup: int = 1) -> dict[
             kernels.append(span)
     if not kernels and not copies:
         raise RuntimeError("the profiler recorded no device activity for fn")
+    spans = kernels + copies
     return {"kernels_s": sum(b - a for a, b in kernels) / calls,
             "copies_s": sum(b - a for a, b in copies) / calls,
-            "busy_s": sum(b - a for a, b in union(kernels + copies)) / calls,
+            "busy_s": sum(b - a for a, b in union(spans)) / calls,
+            "span_s": (max(b for _, b in spans) - min(a for a, _ in spans)) / calls,
             "kernels": len(kernels) / calls, "copies": len(copies) / calls}
+
+
+def graph_gap(ops: int = 1000, calls: int = 200) -> float:
+    """Seconds the GPU idles between two kernels replayed from a CUDA graph.
+
+    :func:`perflab.internals.overhead.cuda_graph_op_rate` replays ``ops`` one-element ``x * 2``
+    kernels; one over its rate is a tiny kernel's *whole* period, its own run plus the gap after
+    it. The run is the profiler's duration of the same kernel (:func:`device_busy` over ``calls``
+    calls); the gap is the period less that run (at least 0). A graph's step is then its
+    kernels' profiled time plus this gap once per kernel, without counting each kernel twice.
+
+    Raises:
+        RuntimeError: no CUDA GPU.
+        ValueError: ``ops`` or ``calls`` < 1.
+    """
+    positive_int("ops", ops)
+    positive_int("calls", calls)
+    if not torch.cuda.is_available():
+        raise RuntimeError("graph_gap needs a CUDA GPU; this machine has none")
+    x = torch.randn(1, device="cuda")
+    run = device_busy(lambda: x * 2, calls=calls)["kernels_s"]
+    return max(1 / cuda_graph_op_rate(ops=ops) - run, 0.0)
 
 
 def syncs_per_call(fn: Callable[[], Any], device: torch.device | str, calls: int = 2) -> float:

@@ -1,6 +1,8 @@
 """What chapter 6 measures a step with, each usable on a CPU: operators, loop time, copy overlap, logs.
 
 * :func:`op_count`: the operators a step dispatches (the unit of its host cost);
+* :func:`op_kinds`: the same operators by kind (multi-tensor, on a GPU tensor, on the CPU alone),
+  whose host costs differ;
 * :func:`kernel_names`: the GPU kernels one call runs, by name, from the profiler;
 * :func:`wall_time`: synchronized wall-clock time of a loop, as a training loop runs it;
 * :func:`profile_overlap`: how much of the host-to-device copy time a profiler trace shows
@@ -29,7 +31,7 @@ from perflab.core.profiler import overlap_fraction, trace_events, trace_interval
 from perflab.core.timing import seconds_per_call
 from perflab.core.validate import number
 
-__all__ = ["op_count", "kernel_names", "profile_overlap", "capture_logs",
+__all__ = ["op_count", "op_kinds", "kernel_names", "profile_overlap", "capture_logs",
            "graph_replay_semantics", "wall_time"]
 
 
@@ -59,6 +61,51 @@ def op_count(fn: Callable[[], object]) -> int:
     with _OpCounter() as counter:
         fn()
     return counter.count
+
+
+class _KindCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts = {"foreach": 0, "device": 0, "cpu": 0}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[_kind(func, args, kwargs or {})] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _kind(func, args, kwargs) -> str:
+    if func.__name__.startswith("_foreach_"):
+        return "foreach"
+    found = []
+
+    def visit(a):
+        if isinstance(a, torch.Tensor):
+            found.append(a.device.type)
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                visit(b)
+    visit(list(args) + list(kwargs.values()))
+    return "device" if any(t != "cpu" for t in found) else "cpu"
+
+
+def op_kinds(fn: Callable[[], object]) -> dict[str, int]:
+    """The operators one call of ``fn()`` dispatches (as :func:`op_count` counts them), by kind:
+    ``{"foreach": multi-tensor operators (``_foreach_*``, one per list of tensors),
+    "device": other operators with a tensor argument off the CPU (on a GPU, each a launch),
+    "cpu": operators on CPU tensors alone (a CPU step counter, its ``.item()``)}``.
+
+    Their host costs differ: a multi-tensor operator parses its lists and launches a kernel per
+    chunk of tensors, an operator on a one-element CPU tensor launches nothing. On a machine
+    without a GPU every operator that is not multi-tensor is ``"cpu"``.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    with _KindCounter() as counter:
+        fn()
+    return dict(counter.counts)
 
 
 def kernel_names(fn: Callable[[], object], calls: int = 2) -> dict[str, float]:
