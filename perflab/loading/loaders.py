@@ -8,8 +8,9 @@ sizes one tensor each or one buffer per batch; :class:`ZeroImages`, :class:`Rand
 :func:`usable_cores` is how many cores this process may use; :class:`EpochProbe` (what a
 persistent worker's copy of the dataset sees), :class:`IndexList` and :class:`IndexArray` (a
 dataset's index as Python objects or as one array: copy-on-read in forked workers) and
-:class:`StartupProbe` with :func:`startup_init` (when a worker started, initialized and fetched)
-show the traps of workers.
+:class:`StartupProbe` with :func:`startup_init` (when a worker started, initialized and fetched,
+beside :func:`spawned_import_seconds`, bare processes started the same way) show the traps of
+workers.
 
 Everything a worker runs lives in an importable module, so that workers started with ``spawn``
 or ``forkserver`` find it by name.
