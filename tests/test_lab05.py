@@ -211,3 +211,25 @@ def test_the_whole_lab_runs_under_spawn_without_sched_getaffinity(tmp_path):
                           "assert not hasattr(os, 'sched_getaffinity')") is None
     finally:
         kernel.close()
+
+
+@pytest.mark.parametrize("reference_run", [True, False])
+def test_the_reference_run_compares_with_itself_not_with_an_earlier_run(reference_run, monkeypatch):
+    """Reviews F18/F20: executed as the reference run (execute.py sets PERFLAB_REFERENCE_RUN),
+    the closing table's reference column is this run's own numbers; anywhere else it reads the
+    committed reference notebook."""
+    import perflab.record.provenance as provenance
+    monkeypatch.setattr(provenance, "lab_reference", lambda stem: ({"lab05_jpeg_rate": 1.0},
+                                                                   {"git": "0" * 40}))
+    if reference_run:
+        monkeypatch.setenv(provenance.REFERENCE_RUN_ENV, "1")
+    else:
+        monkeypatch.delenv(provenance.REFERENCE_RUN_ENV, raising=False)
+    ns = {"perflab": __import__("perflab"), "os": os,
+          "mine": {"jpeg_rate": 300.0, "read_speedup": 40.0, "scaling": None}}
+    import perflab.record.provenance  # noqa: F401  (perflab.record.provenance on the namespace)
+    exec(_cell(jupytext.read(LAB), "REFERENCE_RUN_ENV"), ns)
+    if reference_run:
+        assert ns["ref"]["lab05_jpeg_rate"] == 300.0 and ns["run"] is None
+    else:
+        assert ns["ref"] == {"lab05_jpeg_rate": 1.0} and ns["run"]["git"] == "0" * 40

@@ -146,3 +146,28 @@ def test_snapshot_check():
     assert snapshots.name_allocation(max(allocs), sizes) == "attention scores"
     assert lab07.check_largest_allocation(snap, cfg, 2, dict(sizes), max(allocs),
                                         "attention scores")
+
+
+@pytest.mark.parametrize("reference_run", [True, False])
+def test_the_reference_run_compares_with_itself_not_with_an_earlier_run(reference_run, monkeypatch):
+    """Review F20: executed as the reference run (execute.py sets PERFLAB_REFERENCE_RUN), the
+    closing table's reference column is this run's own numbers (the exercises not done left
+    out); anywhere else it reads the committed reference notebook."""
+    import os
+
+    import perflab
+    import perflab.record.provenance as provenance
+    monkeypatch.setattr(provenance, "lab_reference", lambda stem: ({"lab07_peak_ratio": 0.5},
+                                                                   {"git": "0" * 40}))
+    if reference_run:
+        monkeypatch.setenv(provenance.REFERENCE_RUN_ENV, "1")
+    else:
+        monkeypatch.delenv(provenance.REFERENCE_RUN_ENV, raising=False)
+    ns = {"perflab": perflab, "os": os,
+          "mine": {"static_error": 0.01, "peak_ratio": 0.3, "largest_bytes": None}}
+    exec(_cell(jupytext.read(LAB), "REFERENCE_RUN_ENV"), ns)
+    if reference_run:
+        assert ns["ref"] == {"lab07_static_error": 0.01, "lab07_peak_ratio": 0.3}
+        assert ns["run"] is None
+    else:
+        assert ns["ref"] == {"lab07_peak_ratio": 0.5} and ns["run"]["git"] == "0" * 40

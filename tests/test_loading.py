@@ -510,3 +510,29 @@ class _Pairs(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return torch.tensor(i), i
+
+
+def test_spawned_import_seconds_reads_each_childs_own_stamp():
+    (one,) = loaders.spawned_import_seconds(processes=1)
+    assert np.isfinite(one) and 0 < one < 300   # NaN: the parent's stamp came back
+    with pytest.raises(ValueError, match="processes"):
+        loaders.spawned_import_seconds(processes=0)
+    with pytest.raises(ValueError, match="method"):
+        loaders.spawned_import_seconds(method="fork")   # a forked child imports nothing
+    with pytest.raises(ValueError, match="timeout"):
+        loaders.spawned_import_seconds(timeout=0)
+
+
+def test_a_loader_read_to_its_end_leaves_no_worker_running(files):
+    # chapter 5's start-up cell: a dataset of exactly its two batches, read to its end, so the
+    # workers are idle when the loader shuts them down
+    loader = DataLoader(loaders.StartupProbe(storage.JpegFolder(files=files[:4])), batch_size=2,
+                        num_workers=2, worker_init_fn=loaders.startup_init,
+                        multiprocessing_context="fork")
+    it = iter(loader)
+    *_, p = next(it)
+    *_, q = next(it)
+    workers = list(it._workers)
+    assert next(it, None) is None
+    assert all(not w.is_alive() and w.exitcode == 0 for w in workers)
+    assert p[0, 6] == 0 and q[0, 6] == 1            # worker 0 built the first batch

@@ -8,8 +8,9 @@ sizes one tensor each or one buffer per batch; :class:`ZeroImages`, :class:`Rand
 :func:`usable_cores` is how many cores this process may use; :class:`EpochProbe` (what a
 persistent worker's copy of the dataset sees), :class:`IndexList` and :class:`IndexArray` (a
 dataset's index as Python objects or as one array: copy-on-read in forked workers) and
-:class:`StartupProbe` with :func:`startup_init` (when a worker started, initialized and fetched)
-show the traps of workers.
+:class:`StartupProbe` with :func:`startup_init` (when a worker started, initialized and fetched,
+beside :func:`spawned_import_seconds`, bare processes started the same way) show the traps of
+workers.
 
 Everything a worker runs lives in an importable module, so that workers started with ``spawn``
 or ``forkserver`` find it by name.
@@ -17,6 +18,7 @@ or ``forkserver`` find it by name.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
 import sys
@@ -32,7 +34,8 @@ from perflab.core.validate import integer, positive_int
 
 __all__ = ["usable_cores", "seed_worker", "threads_everywhere", "RandomProbe",
            "worker_thread_counts", "collate_list", "collate_packed", "unpack", "ZeroImages",
-           "EpochProbe", "IndexList", "IndexArray", "StartupProbe", "startup_init"]
+           "EpochProbe", "IndexList", "IndexArray", "StartupProbe", "startup_init",
+           "spawned_import_seconds"]
 
 
 def usable_cores() -> int:
@@ -263,6 +266,61 @@ class StartupProbe(Dataset):
                                float(info.id if info is not None else -1)],
                               dtype=torch.float64)
         return x, y, phases
+
+
+def _report_imported(conn) -> None:
+    """The target of :func:`spawned_import_seconds`' processes: sends the moment this module
+    finished importing in this process."""
+    conn.send(_IMPORTED[1] if _IMPORTED[0] == os.getpid() else float("nan"))
+    conn.close()
+
+
+def spawned_import_seconds(processes: int = 2, method: str = "spawn",
+                           timeout: float = 300.0) -> list[float]:
+    """Seconds from each of ``processes`` processes' ``start()`` to the end of its imports of torch
+    and this module: the moment :class:`StartupProbe` reports as a worker's imports' end, read on
+    the same clock, for processes started one after another, as a DataLoader starts its workers,
+    with the same ``multiprocessing`` start method (so they prepare the parent's main module as
+    a worker does) and a target in this module (so unpickling it imports what unpickling a
+    :class:`StartupProbe` imports). The prediction for a spawned worker's start and imports.
+
+    Returns:
+        one value per process, in the order they were started.
+
+    Raises:
+        ValueError: ``processes`` not a positive integer; ``method`` not ``"spawn"`` or
+            ``"forkserver"`` (a forked process imports nothing); ``timeout`` not positive.
+        RuntimeError: a process sent nothing within ``timeout`` seconds (its exit code in the
+            message).
+    """
+    positive_int("processes", processes)
+    if method not in ("spawn", "forkserver"):
+        raise ValueError(f"method must be 'spawn' or 'forkserver', got {method!r}")
+    if not timeout > 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    ctx = multiprocessing.get_context(method)
+    pipes = [ctx.Pipe(duplex=False) for _ in range(processes)]
+    procs = [ctx.Process(target=_report_imported, args=(w,), daemon=True) for _, w in pipes]
+    started = []
+    for p in procs:
+        started.append(timestamp())
+        p.start()
+    out = []
+    for (r, w), p, t in zip(pipes, procs, started):
+        w.close()
+        try:
+            if not r.poll(timeout):
+                raise EOFError
+            out.append(r.recv() - t)
+        except EOFError:
+            p.join(1.0)
+            raise RuntimeError(f"a {method} process sent no import stamp within {timeout} s "
+                               f"(exit code {p.exitcode})") from None
+        finally:
+            r.close()
+    for p in procs:
+        p.join()
+    return out
 
 
 #: (process id, moment) this module finished importing: in a spawned worker, the end of its
