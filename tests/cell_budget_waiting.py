@@ -12,7 +12,6 @@ OVER_BUDGET: dict[str, dict[str, int | list[int]]] = {
     'book/01_why_training_is_slow.md': {
         'short = lambda name: name.split()[1][:4]       # "NVIDIA H200" -> "H20': 23,
         'for kind, rate in matmul.items():': 17,
-        'glue("roofline_knee_check_repeat", knee_r)': 18,
         'small = step_t[batches[1]] / step_t[batches[0]]': 24,
         'big_ln = of_copy["layer norm, 8x rows"] / ln_of_copy': 57,
         'from IPython.display import Markdown': 122,
