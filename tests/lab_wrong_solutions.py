@@ -72,6 +72,10 @@ WRONG = {
         ("ex3-solution", '"tiny add": "overhead-bound"', '"tiny add": "bandwidth-bound"', r"prediction for tiny add"),
         # the big add's regime guessed from its size, not its intensity
         ("ex3-solution", '"big add": "bandwidth-bound"', '"big add": "compute-bound"', r"prediction for big add"),
+        # the big add's bytes counted as one tensor (4 bytes per element), not two read and one
+        # written (12): a third of its bandwidth (review F17, 5 December)
+        ("ex3-solution", 'measured["big add"] = (t, cost.flops / t, cost.bytes / t)',
+         'measured["big add"] = (t, cost.flops / t, 4 * numel / t)', r"big add: your bytes"),
         # the slope taken at the smallest repeat instead of the largest
         ("ex4-solution", "last = max(points, key=lambda p: p.repeat)", "last = min(points, key=lambda p: p.repeat)",
          r"your knee"),

@@ -80,10 +80,14 @@ def test_the_l2_probe_is_taught_on_the_page_and_takes_the_measured_start_up_out(
 
 def test_the_waves_are_fitted_per_kernel_from_the_profilers_durations():
     """Review N9: which kernel ran at every batch count, its tile from its name, rounds of tiles over
-    its blocks; the round time compared with the prediction."""
+    its blocks; review F2 (5 December): the quantity compared with the prediction is the one the
+    winning fit measures (a round time for a staircase, a time per product for a line), inside
+    a timed window."""
     code = "\n".join(code_cells(PAGES[1]))
     assert "kernels_by_call(calls" in code and "waves.wave_groups(" in code
-    assert 'compare("wave_round_vs_prediction"' in code
+    assert 'compare("wave_time_vs_prediction"' in code and "main.product_s" in code
+    assert "tel.window():\n        ran = perflab.core.profiler.kernels_by_call" in code
+    assert 'compare("wave_round_vs_prediction"' not in code
     assert "fit_wave_width" not in code and "batch_wave_sweep" not in code
 
 

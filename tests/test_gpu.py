@@ -138,3 +138,24 @@ def test_burst_and_sustained_times_both_under_telemetry_on_cpu():
         gpu.burst_and_sustained("cpu", 8, sustained_s=0)
     with pytest.raises(ValueError, match="rest_s"):
         gpu.burst_and_sustained("cpu", 8, rest_s=-1)
+
+
+def test_fact_rows_write_units_not_python_reprs():
+    rows = dict(gpu.fact_rows({
+        "name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "l2_bytes": 52428800,
+        "memory_bytes": 85017493504, "shared_memory_per_sm": 233472,
+        "sm_clock_hz": 1980000000.0, "memory_bus_width_bits": 5120, "power_w": 123.56,
+        "temperature_c": 38, "pstate": 0, "utilization_pct": 0,
+        "clock_event_reasons": [], "nvlinks_active": None}))
+    assert rows["l2 size"] == "50 MiB" and rows["memory size"] == "79.2 GiB"
+    assert rows["shared memory per sm"] == "228 KiB" and rows["sm count"] == "132"
+    assert rows["sm clock"] == "1,980 MHz" and rows["memory bus width"] == "5,120 bits"
+    assert rows["power"] == "124 W" and rows["temperature"] == "38 °C"
+    assert rows["pstate"] == "P0" and rows["utilization"] == "0 %"
+    assert rows["clock event reasons"] == "none" and rows["nvlinks active"] == "not reported"
+    assert dict(gpu.fact_rows({"clock_event_reasons": ["sw power cap"]})) == {
+        "clock event reasons": "sw power cap"}
+    for value in rows.values():
+        assert "[" not in value and "None" not in value and "e+" not in value
+    with pytest.raises(ValueError, match="facts"):
+        gpu.fact_rows([("sm_count", 132)])

@@ -50,6 +50,27 @@ def test_staging_copy_counts_read_and_write_over_the_best_pass(monkeypatch):
         transfer.staging_copy_bandwidth(2**12, reps=0)
 
 
+def test_the_staging_copy_can_be_the_c_librarys_memcpy(monkeypatch):
+    """Review F15 (5 December): the driver stages with the C library's memcpy, not ATen's loop;
+    copier="memcpy" copies every chunk with ctypes.memmove, the whole buffer on every pass."""
+    import ctypes
+
+    copied, real = [], ctypes.memmove
+
+    def memmove(dst, src, count):
+        copied.append(count)
+        return real(dst, src, count)
+
+    monkeypatch.setattr(transfer.ctypes, "memmove", memmove)
+    assert transfer.staging_copy_bandwidth(2**16, chunk=2**12, reps=2, copier="memcpy") > 0
+    assert sum(copied) == 3 * 2**16 and max(copied) == 2**12   # 1 untimed + 2 timed passes
+    copied.clear()
+    transfer.staging_copy_bandwidth(2**16, chunk=2**12, reps=1)   # ATen's copy_: no memmove
+    assert copied == []
+    with pytest.raises(ValueError, match="copier"):
+        transfer.staging_copy_bandwidth(2**12, copier="rep movsb")
+
+
 def test_arguments_are_checked_before_looking_for_a_gpu():
     with pytest.raises(ValueError, match="sizes"):
         transfer.host_device_sweep([])

@@ -82,10 +82,14 @@ def test_wave_groups_fit_each_kernels_rounds_with_the_tile_in_its_name():
     assert main.round_s.n == 3                          # one fit per pass over the batches
     assert main.staircase_rms < 0.01 < main.linear_rms
     assert main.predict(2) == pytest.approx(3e-6 + 144e-6, rel=0.01)
+    # the straight line's slope: about a round's time per 33 products
+    assert main.product_s.n == 3
+    assert main.product_s.median == pytest.approx(72e-6 / 33, rel=0.15)
     alt = next(g for g in groups if g.tile == (128, 96))
     assert alt.round_s.median == pytest.approx(45e-6, rel=0.01)
     split = next(g for g in groups if g.batches == (1,))
     assert split.round_s is None and split.predict(1) is None   # one batch count: nothing to fit
+    assert split.product_s is None
     assert split.seconds[0].median == pytest.approx(7.8e-6)     # its two kernels together
 
 
@@ -107,3 +111,16 @@ def test_wave_model_dips_just_past_a_wave():
     assert full == pytest.approx(100 * 128 / 132) and past == pytest.approx(100 * 153 / 264)
     with pytest.raises(ValueError):
         waves.wave_model([0], 1.0, 132)
+
+
+def test_a_persistent_kernel_that_splits_the_work_evenly_is_a_line_with_a_time_per_product():
+    """The H100's run: 124 blocks, times linear in b (stream-K): the line fits, not the staircase,
+    and its slope is the time per product."""
+    batches = list(range(20, 199))
+    main = "nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT"
+    runs = [[[_kernel(main, (2, 62, 1), 3 + 2.8 * b * (1 + 0.002 * r))] for b in batches]
+            for r in range(3)]
+    g = waves.wave_groups(runs, batches, 256, 256, 132)[0]
+    assert g.ctas == 124
+    assert g.linear_rms < 1e-6 < g.staircase_rms
+    assert g.product_s.median == pytest.approx(2.8e-6, rel=0.01)

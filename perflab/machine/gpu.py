@@ -2,7 +2,8 @@
 
 * :func:`properties` reads what the chip is (SMs, warps, caches, memory bus) through torch; how
   it is running right now (clocks, power, PCIe link, NVLinks) is :func:`perflab.core.nvml.readings`.
-  Nothing here sets clocks, power limits or modes.
+  Nothing here sets clocks, power limits or modes. :func:`fact_rows` puts either dict into
+  words with units, for a table.
 * :func:`matmul_rates` measures matrix-multiply FLOP/s per number format (FP32 on the CUDA
   cores; TF32, bf16, fp16 and fp8 on the tensor cores; one :func:`perflab.machine.roofline.matmul_rate`
   each). (The CUDA cores' elementwise rate is chapter 1's fused ``x * 2`` kernel,
@@ -30,7 +31,7 @@ from perflab.core.timing import Stopwatch, event_timer, synchronize
 from perflab.core.validate import number, positive, positive_int
 from perflab.machine.roofline import matmul_rate
 
-__all__ = ["properties", "dram_bandwidth_from_clock", "available_matmul_kinds", "matmul_rates",
+__all__ = ["properties", "fact_rows", "dram_bandwidth_from_clock", "available_matmul_kinds", "matmul_rates",
            "BurstSustained", "burst_and_sustained"]
 
 
@@ -65,6 +66,54 @@ def properties(index: int = 0) -> dict:
         "l2_bytes": get("L2_cache_size"),
         "memory_bytes": p.total_memory,
     }
+
+
+#: How :func:`fact_rows` writes a value, by the end of its key: (suffix, format).
+_UNITS = (("_hz", lambda v: f"{v / 1e6:,.0f} MHz"), ("_bytes", lambda v: _binary(v)),
+          ("_w", lambda v: f"{v:,.0f} W"), ("_c", lambda v: f"{v:,.0f} °C"),
+          ("_pct", lambda v: f"{v:,.0f} %"), ("_bits", lambda v: f"{v:,} bits"))
+
+
+def _binary(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:,.0f} B"
+
+
+def fact_rows(facts: dict) -> list[tuple[str, str]]:
+    """Each entry of :func:`properties` or :func:`perflab.core.nvml.readings` as ``(key, words)``:
+    the value with its unit, read off the key's ending (``_hz`` in MHz, ``_bytes`` in KiB/MiB/
+    GiB, ``_w`` in watts, ``_c`` in degrees C, ``_pct`` in per cent, ``_bits``), shared memory
+    per SM in KiB, a list joined with commas (``"none"`` when empty), ``pstate`` as ``P0``, and a
+    value the machine does not report (None) as ``"not reported"``: a table, not Python reprs.
+
+    Raises:
+        ValueError: ``facts`` is not a dict.
+    """
+    if not isinstance(facts, dict):
+        raise ValueError(f"facts must be a dict (properties() or nvml.readings()), got "
+                         f"{type(facts).__name__}")
+    rows = []
+    for key, value in facts.items():
+        if value is None:
+            words = "not reported"
+        elif isinstance(value, (list, tuple)):
+            words = ", ".join(map(str, value)) or "none"
+        elif key == "pstate":
+            words = f"P{value}"
+        elif key == "shared_memory_per_sm" and isinstance(value, (int, float)):
+            words = _binary(value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            fmt_ = next((f for suffix, f in _UNITS if key.endswith(suffix)),
+                        lambda v: f"{v:,}" if isinstance(v, int) else f"{v:,.4g}")
+            words = fmt_(value)
+        else:
+            words = str(value)
+        label = next((key[: -len(sfx)] for sfx, _ in _UNITS if key.endswith(sfx)), key)
+        label += " size" if key.endswith("_bytes") else ""
+        rows.append((label.replace("_", " "), words))
+    return rows
 
 
 def dram_bandwidth_from_clock(bus_width_bits: int, mem_clock_hz: float, transfers_per_clock: int = 2) -> float:

@@ -15,6 +15,7 @@ Bandwidths are bytes/s counting the bytes transferred once (not read + write). T
 
 from __future__ import annotations
 
+import ctypes
 import statistics
 from dataclasses import dataclass
 from typing import Sequence
@@ -82,7 +83,8 @@ def pageable_prediction(pinned_Bps: float, host_copy_Bps: float) -> tuple[float,
     return 1 / (1 / pinned_Bps + 1 / staging), min(pinned_Bps, staging)
 
 
-def staging_copy_bandwidth(nbytes: int, chunk: int = 2**21, reps: int = 5) -> float:
+def staging_copy_bandwidth(nbytes: int, chunk: int = 2**21, reps: int = 5,
+                           copier: str = "torch") -> float:
     """One thread's host copy of ``nbytes`` in the staging pattern, bytes/s (read + written).
 
     A pageable copy's staging memcpy does not write ``nbytes`` of fresh memory: the driver copies
@@ -93,14 +95,19 @@ def staging_copy_bandwidth(nbytes: int, chunk: int = 2**21, reps: int = 5) -> fl
     written as :func:`perflab.machine.cpu.memory_bandwidth` does, so the figure drops into
     :func:`pageable_prediction` in its place. The driver's own chunk size is not documented;
     ``chunk`` is a guess (2 MiB), and the result tests one candidate cause, not the driver.
-    Best of ``reps`` passes (after one untimed pass).
+    Best of ``reps`` passes (after one untimed pass). ``copier`` says who copies each chunk:
+    ``"torch"`` (``Tensor.copy_``, ATen's loop) or ``"memcpy"`` (the C library's ``memmove``
+    through :mod:`ctypes`, the kind of copy a driver's staging thread makes, which may use
+    wider or non-temporal stores than ATen's loop).
 
     Raises:
-        ValueError: ``nbytes`` or ``chunk`` not a positive multiple of 4, ``reps`` below 1.
+        ValueError: ``nbytes`` or ``chunk`` not a positive multiple of 4, ``reps`` below 1, or
+            an unknown ``copier``.
     """
     integer("nbytes", nbytes, 4, multiple_of=4)
     integer("chunk", chunk, 4, multiple_of=4)
     positive_int("reps", reps)
+    one_of("copier", copier, ("torch", "memcpy"))
     src = torch.ones(nbytes // 4, dtype=torch.float32)
     n = min(chunk, nbytes) // 4
     buf = torch.empty(n, dtype=torch.float32, pin_memory=has_gpu())
@@ -112,7 +119,11 @@ def staging_copy_bandwidth(nbytes: int, chunk: int = 2**21, reps: int = 5) -> fl
         for rep in range(reps + 1):
             with Stopwatch() as watch:  # host time; no GPU work to wait for
                 for piece in pieces:
-                    buf[:piece.numel()].copy_(piece)
+                    if copier == "memcpy":
+                        ctypes.memmove(buf.data_ptr(), piece.data_ptr(),
+                                       piece.numel() * 4)
+                    else:
+                        buf[:piece.numel()].copy_(piece)
             if rep:                     # the first pass warms the pages
                 best = min(best, watch.seconds)
     finally:

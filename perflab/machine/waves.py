@@ -204,6 +204,9 @@ class WaveGroup:
         fixed_s: the fitted intercept (median over the repeats), None likewise.
         staircase_rms, linear_rms: RMS relative residuals of ``t = a + s * rounds`` and of the
             straight line ``t = a + c * b`` (median over the repeats; None likewise).
+        product_s: the straight line's slope ``c``, seconds per product in the batch (a Spread:
+            one fit per repeat), None likewise: the quantity to compare when the line fits
+            better than the staircase (a persistent kernel that splits the work evenly).
     """
 
     kernel: str
@@ -216,6 +219,7 @@ class WaveGroup:
     fixed_s: float | None
     staircase_rms: float | None
     linear_rms: float | None
+    product_s: Spread | None = None
 
     def predict(self, rounds: int) -> float | None:
         """The fitted staircase's time for ``rounds`` rounds (seconds), None without a fit."""
@@ -273,7 +277,7 @@ def wave_groups(calls: Sequence[Sequence], batches: Sequence[int], m: int, n: in
         reps = len(calls)
         times = [[per_b[b][r][1] for b in bs] for r in range(reps)]
         seconds = tuple(Spread(tuple(times[r][i] for r in range(reps))) for i in range(len(bs)))
-        round_s = fixed = stair = line = None
+        round_s = fixed = stair = line = product_s = None
         if len(set(rounds)) >= 2 and len(bs) >= 3:
             fits = [fit_line(rounds, times[r], relative=True) for r in range(reps)]
             lines = [fit_line(bs, times[r], relative=True) for r in range(reps)]
@@ -281,7 +285,8 @@ def wave_groups(calls: Sequence[Sequence], batches: Sequence[int], m: int, n: in
             fixed = statistics.median(f.fixed for f in fits)
             stair = statistics.median(f.rms_relative for f in fits)
             line = statistics.median(f.rms_relative for f in lines)
+            product_s = Spread(tuple(f.slope for f in lines))
         out.append(WaveGroup(name, tile, ctas, tuple(bs), rounds, seconds, round_s, fixed,
-                             stair, line))
+                             stair, line, product_s))
     out.sort(key=lambda g: -len(g.batches))
     return out
