@@ -79,8 +79,9 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
     them). Where it came from is read from the two rungs' profiled steps alone (their
     :class:`perflab.gpt2.breakdown.Timeline`): the change of the profiled step's window splits
     exactly into the change of the kernels' busy time and the change of the idle time between
-    them. A change no larger than half the saving's spread is stated as unchanged within the
-    noise, never as a fall or a rise. Returns the Markdown table and ``{key: (name, saved
+    them. A change no larger than half the range of the saving's values (min to max, since a
+    profiled step is one step, not an average) is stated as unchanged within the noise, never
+    as a fall or a rise. Returns the Markdown table and ``{key: (name, saved
     Spread, cause)}``, ``key`` the first word of the name, lower case (``"fused"``,
     ``"fp8"``...; ``"bf16 residual"`` is ``"residual"``, ``"one graph per step"`` ``"step"``,
     ``"CUDA graphs"`` ``"graphs"``). The verdict against the prediction is the page's.
@@ -115,7 +116,8 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
             what = f"measured ({len(wa)} windows)"
         tb, ta = before.extra["timeline"], after.extra["timeline"]
         window, busy, gaps = tb.window_s - ta.window_s, tb.busy_s - ta.busy_s, tb.idle_s - ta.idle_s
-        noise = (saved.hi - saved.lo) / 2
+        # one profiled step each, not an average of rounds: the rounds' whole range
+        noise = (max(saved.values) - min(saved.values)) / 2
         kernels = _change("the kernels' own time", busy, noise)
         idle = _change("the idle time between them", gaps, noise)
         cause = f"in the profiled steps {kernels} and {idle}"
