@@ -3,6 +3,7 @@ import pytest
 import torch
 from dataclasses import asdict
 
+from perflab.core.rounds import Spread
 from perflab.distributed.launch import launch
 from perflab.gpt2.breakdown import (Timeline, _device_rows, attention_kernel, kernel_kind,
                                     step_breakdown, weight_matmul_flops)
@@ -12,7 +13,8 @@ from perflab.gpt2.rungs import (PLAIN_RUNG, RunResult, Rung, last_parallel_rung,
                                 predict_peak, static_bytes_per_param)
 from perflab.gpt2.steps import memory_ladder, speed_ladder
 from perflab.gpt2.tables import saving_table, saving_verdict
-from perflab.gpt2.train import batches, losses_agree, train, train_rounds, window_ids
+from perflab.gpt2.train import (batches, losses_agree, train, train_pairs, train_rounds,
+                               window_ids)
 
 TINY = (("n_layer", 2), ("n_embd", 32), ("n_head", 2), ("block_size", 32))
 
@@ -122,6 +124,58 @@ def test_train_rounds_refuses_what_it_cannot_interleave():
         train_rounds([base(), base(batch=2)], tokens(), "cpu")
     with pytest.raises(ValueError, match="rounds"):
         train_rounds([base()], tokens(), "cpu", rounds=0)
+def test_train_pairs_times_each_rung_beside_the_one_before(monkeypatch):
+    import gc
+    import weakref
+
+    import perflab.gpt2.train
+    from perflab.core.rounds import interleaved
+    order, built, alive = [], [], []
+    real_prepare = perflab.gpt2.train._prepare
+
+    def prepare(rung, *a, **k):              # count builds; watch what is alive
+        run = real_prepare(rung, *a, **k)
+        built.append(rung.name)
+        refs.append(weakref.ref(run.model))
+        gc.collect()
+        alive.append(sum(r() is not None for r in refs))
+        return run
+
+    def spy(work, rounds, warmup):
+        wrapped = {n: (lambda n=n, f=f: (order.append(n), f())[1]) for n, f in work.items()}
+        out = interleaved(wrapped, rounds=rounds, warmup=warmup)
+        seen.append(out)
+        return out
+
+    refs, seen = [], []
+    monkeypatch.setattr("perflab.gpt2.train._prepare", prepare)
+    monkeypatch.setattr("perflab.gpt2.train.interleaved", spy)
+    a = base(batch=2)
+    three = [a, a.then("x2", batch=4), a.then("x3", batch=6)]
+    res = train_pairs(three, tokens(), "cpu", rounds=3, steps=1, warmup=1)
+    assert list(res) == ["x2", "x3"] and built == ["base", "x2", "x3"]   # each once
+    assert max(alive) == 2                   # never more than a pair in memory
+    # for each pair one discarded round, then three kept ones, the order rotating
+    assert order == ["before", "after", "after", "before",
+                     "before", "after", "after", "before"] * 2
+    for name, pair in zip(res, seen):
+        r = res[name]
+        assert r["before"].n == r["after"].n == r["saved"].n == 3
+        assert r["saved"].values == pytest.approx(
+            [b - a for b, a in zip(r["before"].values, r["after"].values)])
+    # the rung before a pair's "after" is the previous pair's "after", retimed
+    assert res["x3"]["before"].values != res["x2"]["after"].values
+
+
+def test_train_pairs_refuses_what_it_cannot_pair():
+    with pytest.raises(ValueError, match="two"):
+        train_pairs([base()], tokens(), "cpu")
+    with pytest.raises(ValueError, match="distinct"):
+        train_pairs([base(), base(batch=2)], tokens(), "cpu")
+    with pytest.raises(ValueError, match="steps"):
+        train_pairs([base(), base(batch=2).then("b")], tokens(), "cpu", steps=0)
+
+
 
 def test_fp8_head_and_graphs_rungs_validate_their_shapes():
     with pytest.raises(ValueError, match="fp8_head"):
@@ -446,6 +500,28 @@ def test_saving_table_splits_the_saving_and_names_an_unprofiled_rung():
     results = {"vocab": _result("vocab", 0.10), "fused head": _result("fused head", 0.09, 0.075)}
     with pytest.raises(ValueError, match="'vocab' has no profiled timeline"):
         saving_table(results, {"fused head": 0.01})
+
+
+def test_saving_table_takes_interleaved_savings_and_calls_small_changes_noise():
+    """With train_pairs' rounds the saving is theirs, not the windows' difference; a change of
+    kernel or idle time within half the saving's spread is 'unchanged within the noise', never
+    a direction word (the 5 Dec runs said 'rose by 135 µs' and 'fell by 179 µs' for the same
+    rung)."""
+    results = {"plain": _result("plain", 0.10, 0.08, windows=(0.100, 0.101), window_s=0.1102),
+               "fused head": _result("fused head", 0.09, 0.075, windows=(0.09, 0.09, 0.09),
+                                     window_s=0.1050)}
+    # eight rounds: an inter-quartile range of nothing, a whole range of ±0.5 ms
+    paired = {"fused head": {"saved": Spread((0.005,) * 6 + (0.0045, 0.0055))}}
+    table, savings = saving_table(results, {"fused head": 0.01}, paired)
+    name, saved, cause = savings["fused"]
+    assert saved is paired["fused head"]["saved"]          # windows of unequal count: unused
+    assert "8 interleaved rounds" in table
+    # kernels 80 -> 75 ms: 5 ms, past the ±0.5 ms noise; idle 30.2 -> 30 ms: 0.2 ms, inside it
+    assert "own time fell by 5 ms" in cause
+    assert "idle time between them was unchanged within the noise" in cause
+    assert "rose" not in cause
+    with pytest.raises(ValueError, match="paired"):
+        saving_table(results, {"fused head": 0.01}, {})
 
 
 def test_the_ladder_runs_without_fp8_tensor_cores(monkeypatch):

@@ -59,53 +59,74 @@ def ladder_table(results: dict, peak_sheet: float | None, peak_meas: float,
                 "peak memory", "SM clock / max"], rows)
 
 
-def saving_table(results: dict, predicted: dict) -> tuple[str, dict]:
+def _change(what: str, fell: float, noise: float) -> str:
+    """``what`` fell or rose by ``|fell|`` seconds, or was unchanged within ``noise``."""
+    if abs(fell) <= noise:
+        return (f"{what} was unchanged within the noise ({fmt(-fell, 's')}, inside the "
+                f"rounds' ±{fmt(noise, 's')})")
+    return f"{what} {'fell' if fell > 0 else 'rose'} by {fmt(abs(fell), 's')}"
+
+
+def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> tuple[str, dict]:
     """Each predicted rung's saving against its prediction, with its spread, and where it came
     from in the profiled steps.
 
     For every ``name`` in ``predicted`` (seconds saved per step, predicted from the profile of
-    the rung before), the measured saving is the previous rung's seconds per step minus this
+    the rung before), the measured saving is ``paired[name]["saved"]`` where ``paired`` is
+    given (:func:`perflab.gpt2.train.train_pairs`: the two rungs side by side in interleaved
+    rounds, the saving round by round), else the previous rung's seconds per step minus this
     one's, window by window (both trained with the same ``windows``: a :class:`Spread` over
     them). Where it came from is read from the two rungs' profiled steps alone (their
     :class:`perflab.gpt2.breakdown.Timeline`): the change of the profiled step's window splits
     exactly into the change of the kernels' busy time and the change of the idle time between
-    them. Returns the Markdown table and ``{key: (name, saved Spread, cause)}``, ``key`` the
-    first word of the name, lower case (``"fused"``, ``"fp8"``...; ``"bf16 residual"`` is
-    ``"residual"``, ``"one graph per step"`` ``"step"``, ``"CUDA graphs"`` ``"graphs"``). The
-    verdict against the prediction is the page's (:func:`perflab.record.claims.compare` on the
-    Spread).
+    them. A change no larger than half the range of the saving's values (min to max, since a
+    profiled step is one step, not an average) is stated as unchanged within the noise, never
+    as a fall or a rise. Returns the Markdown table and ``{key: (name, saved
+    Spread, cause)}``, ``key`` the first word of the name, lower case (``"fused"``,
+    ``"fp8"``...; ``"bf16 residual"`` is ``"residual"``, ``"one graph per step"`` ``"step"``,
+    ``"CUDA graphs"`` ``"graphs"``). The verdict against the prediction is the page's.
 
     Raises:
         ValueError: a predicted rung, or the rung before it, was trained without
-            ``profile=True`` (no timeline), or the two were timed in different numbers of
-            windows.
+            ``profile=True`` (no timeline), the two were timed in different numbers of
+            windows, or ``paired`` lacks a predicted rung.
     """
     names = list(results)
     rows, out = [], {}
     keys = {"bf16 residual": "residual", "one graph per step": "step", "CUDA graphs": "graphs"}
+    what = "measured"
     for name, pred in predicted.items():
         before, after = results[previous(names, name)], results[name]
         for r in (before, after):
             if r.extra.get("timeline") is None:
                 raise ValueError(f"results: rung {r.rung['name']!r} has no profiled timeline; "
                                  f"train it with profile=True (it is {name!r} or the rung before)")
-        wb = before.extra.get("window_step_s") or [before.step_s]
-        wa = after.extra.get("window_step_s") or [after.step_s]
-        if len(wb) != len(wa):
-            raise ValueError(f"results: {name!r} and the rung before were timed in {len(wa)} and "
-                             f"{len(wb)} windows; time them alike")
-        saved = Spread(tuple(b - a for b, a in zip(wb, wa)))
+        if paired is not None:
+            if name not in paired:
+                raise ValueError(f"paired: no interleaved rounds for {name!r}")
+            saved = paired[name]["saved"]
+            what = f"measured ({saved.n} interleaved rounds)"
+        else:
+            wb = before.extra.get("window_step_s") or [before.step_s]
+            wa = after.extra.get("window_step_s") or [after.step_s]
+            if len(wb) != len(wa):
+                raise ValueError(f"results: {name!r} and the rung before were timed in "
+                                 f"{len(wa)} and {len(wb)} windows; time them alike")
+            saved = Spread(tuple(b - a for b, a in zip(wb, wa)))
+            what = f"measured ({len(wa)} windows)"
         tb, ta = before.extra["timeline"], after.extra["timeline"]
         window, busy, gaps = tb.window_s - ta.window_s, tb.busy_s - ta.busy_s, tb.idle_s - ta.idle_s
-        cause = (f"in the profiled steps the kernels' own time {'fell' if busy >= 0 else 'rose'} "
-                 f"by {fmt(abs(busy), 's')} and the idle time between them "
-                 f"{'fell' if gaps >= 0 else 'rose'} by {fmt(abs(gaps), 's')}")
+        # one profiled step each, not an average of rounds: the rounds' whole range
+        noise = (max(saved.values) - min(saved.values)) / 2
+        kernels = _change("the kernels' own time", busy, noise)
+        idle = _change("the idle time between them", gaps, noise)
+        cause = f"in the profiled steps {kernels} and {idle}"
         out[keys.get(name, name.split()[0].lower())] = (name, saved, cause)
         rows.append([name, fmt(pred, "s"),
                      f"{fmt(saved.median, 's')} ({fmt(saved.lo, 's')} to {fmt(saved.hi, 's')})",
                      fmt(window, "s"), fmt(busy, "s"), fmt(gaps, "s"),
                      fmt(after.tokens_per_s / before.tokens_per_s, "x", sig=4)])
-    return _md(["rung", "predicted saving per step", f"measured ({len(wa)} windows)",
+    return _md(["rung", "predicted saving per step", what,
                 "profiled step", "in kernels", "in gaps", "vs previous"], rows), out
 
 

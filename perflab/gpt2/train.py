@@ -42,8 +42,8 @@ try:
 except ImportError:  # torch 2.4-2.5 kept FSDP2 under its composable-API name
     from torch.distributed._composable.fsdp import fully_shard
 
-__all__ = ["window_ids", "batches", "train", "train_rounds", "losses_agree", "token_ids",
-           "distributed_task"]
+__all__ = ["window_ids", "batches", "train", "train_rounds", "train_pairs", "losses_agree",
+           "token_ids", "distributed_task"]
 
 
 def window_ids(step: int, batch: int, n_windows: int, rank: int = 0, world: int = 1,
@@ -275,7 +275,8 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     # the windows of the timed steps, so that a data-parallel run can count distinct tokens
     timed_reads = read[len(read) - windows * steps * rung.accum:]
     extra = {"windows": sorted({w for k in timed_reads for w in window_ids(
-        k, rung.batch, n_windows, rank, world)}), "window_step_s": window_s}
+        k, rung.batch, n_windows, rank, world)}), "window_step_s": window_s,
+        "sm_clock_mhz": summary.sm_clock_mhz_median}
     if profile:
         extra.update(profile_step(step, device))
     if snapshot is not None:
@@ -416,6 +417,89 @@ def train_rounds(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device
             extra={"window_step_s": list(per_round.values), "rounds": per_round.n,
                    "telemetry_windows": list(own.windows)})
     del runs, run
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+    return out
+
+
+def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device | str,
+                rounds: int = 5, steps: int = 3, warmup: int = 2, seed: int = 0,
+                lr: float = 3e-4) -> dict[str, dict[str, Any]]:
+    """Time every rung against the rung before it, the two side by side in interleaved rounds.
+
+    A saving of a few per cent between two rungs timed one after the other is lost in the drift
+    of a power-capped clock; timed side by side (A, B; B, A; ...) the drift slows both alike and
+    the saving taken round by round cancels it. The rungs are built as :func:`train` builds them
+    (same weights, same tokens), compiled ones included, two at a time: rung ``i`` is built
+    while rung ``i - 1`` is still alive, their pair is timed, then rung ``i - 1`` is freed, so at
+    most two rungs hold memory at once (each ``warmup`` untimed steps first, at least three for a
+    ``step_graph`` rung: two eager steps and the capture).
+
+    Args:
+        rungs: at least two rungs with distinct names, in ladder order.
+        tokens: as for :func:`train`.
+        device: where to train.
+        rounds: timed rounds per pair (>= 1; 5 gives a min-max spread, 8 an IQR), after one
+            discarded round.
+        steps: optimizer steps of each rung per round, one synchronization per round (>= 1).
+        warmup: untimed steps of each rung when it is built (>= 0).
+        seed, lr: as for :func:`train`.
+
+    Returns:
+        ``{name: {"before": Spread, "after": Spread, "saved": Spread}}`` for every rung but
+        the first: the seconds per step of the rung before and of this one, round by round in
+        the same rounds, and their difference (before minus after: the saving per step).
+
+    Raises:
+        ValueError: fewer than two rungs, repeated names, ``rounds`` or ``steps`` < 1,
+            ``warmup`` < 0, or token ids outside a rung's vocabulary.
+    """
+    rungs = list(rungs)
+    for r in rungs:
+        if not isinstance(r, Rung):
+            raise TypeError(f"rungs must hold Rungs, got {type(r).__name__}")
+    if len(rungs) < 2:
+        raise ValueError(f"rungs must hold at least two rungs, got {len(rungs)}")
+    names = [r.name for r in rungs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"rungs must have distinct names, got {names}")
+    positive_int("rounds", rounds)
+    positive_int("steps", steps)
+    integer("warmup", warmup, 0)
+    device = torch.device(device)
+    torch.compiler.reset()
+
+    def build(r: Rung) -> SimpleNamespace:
+        run = _prepare(r, tokens, device, seed, lr)
+        n = max(warmup, 3) if r.step_graph and device.type == "cuda" else warmup
+        for _ in range(n):
+            run.one_step()
+        return run
+
+    def timed(run):
+        def one_round():
+            with Stopwatch(device) as watch:
+                for _ in range(steps):
+                    run.one_step()
+            return watch.seconds / steps
+        return one_round
+
+    out: dict[str, dict[str, Any]] = {}
+    before = build(rungs[0])
+    for r in rungs[1:]:
+        after = build(r)
+        # one discarded round first: a graph rung records its CUDA graph in its first call
+        pair = interleaved({"before": timed(before), "after": timed(after)}, rounds=rounds,
+                           warmup=1)
+        out[r.name] = {**pair, "saved": pair["before"] - pair["after"]}
+        del before
+        if device.type == "cuda":
+            gc.collect()
+            torch.cuda.empty_cache()
+        before = after
+    del before, after
+    torch.compiler.reset()               # frees the CUDA-graph trees' memory pool too
     if device.type == "cuda":
         gc.collect()
         torch.cuda.empty_cache()
