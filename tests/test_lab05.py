@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "05_data_loading.md"
 sys.path.insert(0, str(ROOT / "tests"))
 
-from lab_cells import code_cell as _cell  # noqa: E402
+from lab_cells import code_cell as _cell, run_reference_cell  # noqa: E402
 
 METHODS = [m for m in ("spawn", "forkserver") if m in multiprocessing.get_all_start_methods()]
 
@@ -218,17 +218,9 @@ def test_the_reference_run_compares_with_itself_not_with_an_earlier_run(referenc
     """Reviews F18/F20: executed as the reference run (execute.py sets PERFLAB_REFERENCE_RUN),
     the closing table's reference column is this run's own numbers; anywhere else it reads the
     committed reference notebook."""
-    import perflab.record.provenance as provenance
-    monkeypatch.setattr(provenance, "lab_reference", lambda stem: ({"lab05_jpeg_rate": 1.0},
-                                                                   {"git": "0" * 40}))
-    if reference_run:
-        monkeypatch.setenv(provenance.REFERENCE_RUN_ENV, "1")
-    else:
-        monkeypatch.delenv(provenance.REFERENCE_RUN_ENV, raising=False)
-    ns = {"perflab": __import__("perflab"), "os": os,
-          "mine": {"jpeg_rate": 300.0, "read_speedup": 40.0, "scaling": None}}
-    import perflab.record.provenance  # noqa: F401  (perflab.record.provenance on the namespace)
-    exec(_cell(jupytext.read(LAB), "REFERENCE_RUN_ENV"), ns)
+    ns = run_reference_cell(jupytext.read(LAB), monkeypatch, reference_run,
+                            {"lab05_jpeg_rate": 1.0},
+                            {"jpeg_rate": 300.0, "read_speedup": 40.0, "scaling": None})
     if reference_run:
         assert ns["ref"]["lab05_jpeg_rate"] == 300.0 and ns["run"] is None
     else:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import make_student  # noqa: E402
 
 
-from lab_cells import code_cell as _cell  # noqa: E402
+from lab_cells import code_cell as _cell, run_reference_cell  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -153,19 +153,9 @@ def test_the_reference_run_compares_with_itself_not_with_an_earlier_run(referenc
     """Review F20: executed as the reference run (execute.py sets PERFLAB_REFERENCE_RUN), the
     closing table's reference column is this run's own numbers (the exercises not done left
     out); anywhere else it reads the committed reference notebook."""
-    import os
-
-    import perflab
-    import perflab.record.provenance as provenance
-    monkeypatch.setattr(provenance, "lab_reference", lambda stem: ({"lab07_peak_ratio": 0.5},
-                                                                   {"git": "0" * 40}))
-    if reference_run:
-        monkeypatch.setenv(provenance.REFERENCE_RUN_ENV, "1")
-    else:
-        monkeypatch.delenv(provenance.REFERENCE_RUN_ENV, raising=False)
-    ns = {"perflab": perflab, "os": os,
-          "mine": {"static_error": 0.01, "peak_ratio": 0.3, "largest_bytes": None}}
-    exec(_cell(jupytext.read(LAB), "REFERENCE_RUN_ENV"), ns)
+    ns = run_reference_cell(jupytext.read(LAB), monkeypatch, reference_run,
+                            {"lab07_peak_ratio": 0.5},
+                            {"static_error": 0.01, "peak_ratio": 0.3, "largest_bytes": None})
     if reference_run:
         assert ns["ref"] == {"lab07_static_error": 0.01, "lab07_peak_ratio": 0.3}
         assert ns["run"] is None

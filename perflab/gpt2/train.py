@@ -135,6 +135,32 @@ def _counting(stream, read: list):
         yield item
 
 
+def _check_rungs(rungs: Sequence[Rung], least: int, rounds: int, steps: int,
+                 warmup: int) -> list[Rung]:
+    """``rungs`` as a list after the checks :func:`train_rounds` and :func:`train_pairs`
+    share: at least ``least`` :class:`Rung` objects of distinct names, ``rounds`` and
+    ``steps`` >= 1, ``warmup`` >= 0.
+
+    Raises:
+        TypeError: an element that is not a Rung.
+        ValueError: fewer than ``least`` rungs, repeated names, or a bad count.
+    """
+    rungs = list(rungs)
+    for r in rungs:
+        if not isinstance(r, Rung):
+            raise TypeError(f"rungs must hold Rungs, got {type(r).__name__}")
+    if len(rungs) < least:
+        word = {1: "one rung", 2: "two rungs"}.get(least, f"{least} rungs")
+        raise ValueError(f"rungs must hold at least {word}, got {len(rungs)}")
+    names = [r.name for r in rungs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"rungs must have distinct names, got {names}")
+    positive_int("rounds", rounds)
+    positive_int("steps", steps)
+    integer("warmup", warmup, 0)
+    return rungs
+
+
 def _prepare(rung: Rung, tokens: np.ndarray, device: torch.device, seed: int, lr: float,
              ddp: Any = None) -> SimpleNamespace:
     """Build ``rung``'s model (weights from ``seed``), optimizer, batch stream and step, as
@@ -364,20 +390,10 @@ def train_rounds(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device
         ValueError: no rungs, a compiled rung, repeated names, ``rounds`` or ``steps`` < 1,
             ``warmup`` < 0, or token ids outside a rung's vocabulary.
     """
-    rungs = list(rungs)
-    if not rungs:
-        raise ValueError("rungs must hold at least one rung")
-    for r in rungs:
-        if not isinstance(r, Rung):
-            raise TypeError(f"rungs must hold Rungs, got {type(r).__name__}")
+    rungs = _check_rungs(rungs, 1, rounds, steps, warmup)
     if any(r.compile for r in rungs):
         raise ValueError("rungs must be eager (compile=False): train compiled rungs with train()")
     names = [r.name for r in rungs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"rungs must have distinct names, got {names}")
-    positive_int("rounds", rounds)
-    positive_int("steps", steps)
-    integer("warmup", warmup, 0)
     device = torch.device(device)
     index = device.index or 0 if device.type == "cuda" else 0
     torch.compiler.reset()
@@ -455,18 +471,7 @@ def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device 
         ValueError: fewer than two rungs, repeated names, ``rounds`` or ``steps`` < 1,
             ``warmup`` < 0, or token ids outside a rung's vocabulary.
     """
-    rungs = list(rungs)
-    for r in rungs:
-        if not isinstance(r, Rung):
-            raise TypeError(f"rungs must hold Rungs, got {type(r).__name__}")
-    if len(rungs) < 2:
-        raise ValueError(f"rungs must hold at least two rungs, got {len(rungs)}")
-    names = [r.name for r in rungs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"rungs must have distinct names, got {names}")
-    positive_int("rounds", rounds)
-    positive_int("steps", steps)
-    integer("warmup", warmup, 0)
+    rungs = _check_rungs(rungs, 2, rounds, steps, warmup)
     device = torch.device(device)
     torch.compiler.reset()
 
