@@ -17,6 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
+import background  # noqa: E402
 import execute  # noqa: E402
 
 from perflab.record import runs  # noqa: E402
@@ -41,7 +43,12 @@ def test_the_chapters_are_found():
     assert len(CHAPTERS) >= 9, [p.name for p in CHAPTERS]
 
 
+def background_jobs(items, tmp_path_factory):
+    """The chapter executions these tests read, started ahead two at a time (tests/background.py)."""
+    return background.executions(items, "test_chapter_runs_on_this_machine", tmp_path_factory)
+
+
 @pytest.mark.parametrize("md", CHAPTERS, ids=[p.stem for p in CHAPTERS])
 def test_chapter_runs_on_this_machine(md, tmp_path):
-    rc = execute.main([str(md), "--out", str(tmp_path), "--timeout", "900"])
+    rc = background.executed(md, tmp_path)
     assert rc == 0, f"{md.relative_to(ROOT)} failed on this machine (see the output above)"
