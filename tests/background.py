@@ -14,7 +14,9 @@ would on a run it made itself: what a test checks does not change, only when the
   first job alone (``after``).
 * A job marked ``alone`` is not started ahead: it runs when its test asks for it, once the running
   jobs have finished, with nothing beside it (lab 4 measures a CPU step against ceilings it
-  measures at the same load; lab 5 times DataLoader workers against the cores).
+  measures at the same load; lab 5 times DataLoader workers against the cores; lab 10's wrong
+  rung must come out below its target). A test marked ``@pytest.mark.alone`` likewise runs with
+  no job beside it (:func:`quiet`).
 * A test run that selects a job's tests only (``pytest -k 05_``) queues only that job; a test
   that asks for a job nobody queued (the session was not started here, or ``SLOTS`` is 0) gets
   ``None`` from :func:`result` and does the work itself, as before.
@@ -24,6 +26,7 @@ would on a run it made itself: what a test checks does not change, only when the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -63,6 +66,7 @@ class Pool:
         self.queue: list[Job] = []
         self.cond = threading.Condition()
         self.closed = False
+        self.paused = 0                 # tests running that need the machine to themselves
         self.threads = [threading.Thread(target=self._work, name=f"background-{i}", daemon=True)
                         for i in range(slots)]
         self.local = threading.local()
@@ -86,7 +90,7 @@ class Pool:
     def _next(self) -> Job | None:
         """The job a free worker may start now (lock held), or None."""
         running = self._running()
-        if any(j.alone for j in running):
+        if self.paused or any(j.alone for j in running):
             return None
         for job in sorted(self.queue, key=lambda j: not j.asked):   # asked-for jobs first, then queue order
             if any(self.jobs[a].state != "done" for a in job.after):
@@ -133,6 +137,20 @@ class Pool:
                     return None
                 self.cond.wait()
         return job
+
+    @contextlib.contextmanager
+    def quiet(self):
+        """Start no job, and wait for the running ones to finish, while the block runs."""
+        with self.cond:
+            self.paused += 1
+            while self._running() and not self.closed:
+                self.cond.wait()
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.paused -= 1
+                self.cond.notify_all()
 
     def run(self, cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
         """``subprocess.run(cmd, capture_output=True, text=True)`` for a job: in a process group
@@ -203,6 +221,12 @@ def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess
     if _POOL is not None:
         return _POOL.run(cmd, timeout, **kwargs)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def quiet():
+    """A block that runs with no job beside it (a test that times the CPU against itself, marked
+    ``@pytest.mark.alone``; tests/conftest.py)."""
+    return _POOL.quiet() if _POOL is not None else contextlib.nullcontext()
 
 
 def stop() -> None:

@@ -43,3 +43,15 @@ def pytest_runtestloop(session):
         return (yield)
     finally:
         background.stop()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: runs with no background job beside it (tests/background.py)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if item.get_closest_marker("alone") is None:
+        return (yield)
+    with background.quiet():
+        return (yield)

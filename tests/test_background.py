@@ -102,3 +102,22 @@ def test_closing_the_pool_kills_a_running_process_and_drops_the_queue():
     pool.close()
     assert proc.poll() is not None and time.monotonic() - t0 < 30
     assert pool.jobs["never"].state == "queued"
+
+
+def test_a_quiet_block_starts_no_job_and_waits_for_the_running_ones(counter):
+    pool = background.Pool(2)
+    for k in range(4):
+        pool.submit(f"j{k}", counter.job(f"j{k}", 0.2))
+    pool.start()
+    try:
+        time.sleep(0.05)
+        with pool.quiet():
+            assert counter.now == 0
+            started = list(counter.started)
+            time.sleep(0.3)
+            assert counter.started == started            # nothing started meanwhile
+        for k in range(4):
+            pool.result(f"j{k}")
+    finally:
+        pool.close()
+    assert len(counter.started) == 4
