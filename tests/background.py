@@ -257,15 +257,17 @@ def _execute(md: Path, out: Path) -> subprocess.CompletedProcess:
                 "--timeout", str(EXECUTE_TIMEOUT_S)], EXECUTE_TIMEOUT_S + 300, cwd=ROOT)
 
 
-def executions(items, test_name: str, tmp_path_factory) -> list:
+def executions(items, test_name: str, tmp_path_factory, alone: tuple[str, ...] = ()) -> list:
     """Jobs for the items of test ``test_name`` (parametrized by ``md``): each executes its page
-    with ``scripts/execute.py --out`` into a folder of its own."""
+    with ``scripts/execute.py --out`` into a folder of its own; the pages named in ``alone``
+    (stems) run with nothing beside them."""
     jobs = []
     for i, item in enumerate(items):
         if getattr(item, "originalname", None) == test_name:
             md = item.callspec.params["md"]
             out = tmp_path_factory.mktemp(f"execute-{md.stem}")
-            jobs.append((i, f"execute {md}", functools.partial(_execute, md, out), False, (CEILINGS,)))
+            jobs.append((i, f"execute {md}", functools.partial(_execute, md, out), md.stem in alone,
+                         (CEILINGS,)))
     return jobs
 
 

@@ -43,9 +43,15 @@ def test_the_chapters_are_found():
     assert len(CHAPTERS) >= 9, [p.name for p in CHAPTERS]
 
 
+#: chapters that stop when another runs beside them: 3.1 fits a line to its call-cost sweep and
+#: raises when the fit's per-element cost comes out negative (it did, beside another chapter and
+#: two busy processes). They run alone, as every chapter did before.
+ALONE = ("03_pytorch_internals",)
+
+
 def background_jobs(items, tmp_path_factory):
     """The chapter executions these tests read, started ahead two at a time (tests/background.py)."""
-    return background.executions(items, "test_chapter_runs_on_this_machine", tmp_path_factory)
+    return background.executions(items, "test_chapter_runs_on_this_machine", tmp_path_factory, alone=ALONE)
 
 
 @pytest.mark.parametrize("md", CHAPTERS, ids=[p.stem for p in CHAPTERS])
