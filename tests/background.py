@@ -257,6 +257,21 @@ def _execute(md: Path, out: Path) -> subprocess.CompletedProcess:
                 "--timeout", str(EXECUTE_TIMEOUT_S)], EXECUTE_TIMEOUT_S + 300, cwd=ROOT)
 
 
+#: pages that build the same data into the clone's cache (``perflab.loading.datasets.cache_dir``,
+#: written once and then reused): each runs after the first of them, never beside it, so that two
+#: never write one file at once. Chapter 10's two pages, lab 10 and the pending multi-GPU page
+#: read one GPT-2 corpus (text_corpus(max_bytes=300_000) on a CPU).
+SHARED_DATA = {"10_gpt2_memory_ladder": "book/10_gpt2_case_study.md",
+               "10_multi_gpu": "book/10_gpt2_case_study.md",
+               "10_gpt2_speedrun": "book/10_gpt2_case_study.md"}
+
+
+def after_shared_data(stem: str) -> tuple[str, ...]:
+    """The job keys a page's job must follow (the ceilings; the first page that builds its data)."""
+    first = SHARED_DATA.get(stem)
+    return (CEILINGS,) + ((f"execute {ROOT / first}",) if first else ())
+
+
 def executions(items, test_name: str, tmp_path_factory, alone: tuple[str, ...] = ()) -> list:
     """Jobs for the items of test ``test_name`` (parametrized by ``md``): each executes its page
     with ``scripts/execute.py --out`` into a folder of its own; the pages named in ``alone``
@@ -267,7 +282,7 @@ def executions(items, test_name: str, tmp_path_factory, alone: tuple[str, ...] =
             md = item.callspec.params["md"]
             out = tmp_path_factory.mktemp(f"execute-{md.stem}")
             jobs.append((i, f"execute {md}", functools.partial(_execute, md, out), md.stem in alone,
-                         (CEILINGS,)))
+                         after_shared_data(md.stem)))
     return jobs
 
 

@@ -247,7 +247,7 @@ def background_jobs(items, tmp_path_factory) -> list:
             seen.add(lab)
             out = tmp_path_factory.mktemp(f"lab-{lab.stem}") / "run.pickle"
             jobs.append((i, f"lab {lab}", functools.partial(_run_elsewhere, lab, out),
-                         lab.stem.startswith(ALONE), (background.CEILINGS,)))
+                         lab.stem.startswith(ALONE), background.after_shared_data(lab.stem)))
     return jobs
 
 
