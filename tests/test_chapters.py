@@ -8,6 +8,10 @@ A page whose code changed since its reference run is therefore tested as it stan
 merely *stale* (``execute.py --check`` exit 3, a warning in CI and a banner on the page) until
 the next GPU run: page code and package code are treated alike (issue 38). Chapters waiting in
 ``pending/`` run in ``tests/test_pending.py``, labs in ``tests/test_lab_checks.py``.
+
+In a session the executions start ahead of these tests, two at a time, each ``execute.py`` a
+process of its own (tests/background.py); the chapters in :data:`ALONE` run with nothing beside
+them. ``PERFLAB_TEST_SLOTS=0`` executes each chapter in its test instead.
 """
 
 import sys
