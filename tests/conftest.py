@@ -32,7 +32,7 @@ def pytest_collection_finish(session):
         if plan is not None and module not in seen:
             seen.add(module)
             jobs += plan(session.items, factory)
-    if jobs:
+    if any(background.CEILINGS in after for *_, after in jobs):
         jobs += background.ceilings_job(session.items)
     background.start(jobs)
 
