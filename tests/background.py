@@ -126,13 +126,20 @@ class Pool:
                     job.state = "done"
                     self.cond.notify_all()
 
+    def _ask(self, job: Job) -> None:
+        """Mark ``job`` and the jobs it comes after as waited for (lock held)."""
+        job.asked = True
+        for key in job.after:
+            if not self.jobs[key].asked:
+                self._ask(self.jobs[key])
+
     def result(self, key: str) -> Job | None:
         """Wait for job ``key`` (asking for it moves it ahead of the queue); None if not queued."""
         with self.cond:
             job = self.jobs.get(key)
             if job is None:
                 return None
-            job.asked = True
+            self._ask(job)
             self.cond.notify_all()
             while job.state != "done":
                 if self.closed:
