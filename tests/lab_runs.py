@@ -24,7 +24,7 @@ The kernel is then shut down, and the tests read the recorded outcomes. Asking f
 
 In a whole session the labs run ahead of their tests, two at a time, each in a process of its own
 (``python tests/lab_runs.py LAB OUT``: the same :func:`lab_run`, its :class:`LabRun` pickled to
-``OUT``; tests/background.py); labs 4, 5 and 10, which time the CPU against itself, run alone.
+``OUT``; tests/background.py); labs 4, 5, 8 and 10, which time the CPU against itself, run alone.
 """
 
 from __future__ import annotations
@@ -227,9 +227,11 @@ def _student_cells(kernel: Kernel, cells) -> list[StudentCell]:
 
 
 #: labs whose checks time the CPU against itself (lab 4's step against ceilings measured at the
-#: same load, lab 5's DataLoader workers against the cores, lab 10's wrong rung that must come out
-#: below its target: at a load of 8 on two cores it once did not): run with nothing beside them
-ALONE = ("04_", "05_", "10_")
+#: same load, lab 5's DataLoader workers against the cores, lab 8's all-reduce against its
+#: alpha-beta prediction: 0.49x beside another lab and stress-ng --cpu 2, lab 10's wrong rung that
+#: must come out below its target: at a load of 8 on two cores it once did not): run with nothing
+#: beside them
+ALONE = ("04_", "05_", "08_", "10_")
 RUN_TIMEOUT_S = 3600
 
 
