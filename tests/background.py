@@ -13,10 +13,10 @@ would on a run it made itself: what a test checks does not change, only when the
   is shared, and what two jobs share (Inductor's cache, the ceilings file) is written by the
   first job alone (``after``).
 * A job marked ``alone`` is not started ahead: it runs when its test asks for it, once the running
-  jobs have finished, with nothing beside it (lab 4 measures a CPU step against ceilings it
-  measures at the same load; lab 5 times DataLoader workers against the cores; lab 10's wrong
-  rung must come out below its target). A test marked ``@pytest.mark.alone`` likewise runs with
-  no job beside it (:func:`quiet`).
+  jobs have finished, with nothing beside it: the pages whose checks or predictions time the
+  CPU against itself and failed beside another job and ``stress-ng --cpu 2`` (chapters 3.1
+  and 8, ``tests/test_chapters.py``; labs 4, 5, 8 and 10, ``tests/lab_runs.py``). A test marked
+  ``@pytest.mark.alone`` likewise runs with no job beside it (:func:`quiet`).
 * A test run that selects a job's tests only (``pytest -k 05_``) queues only that job; a test
   that asks for a job nobody queued (the session was not started here, or ``SLOTS`` is 0) gets
   ``None`` from :func:`result` and does the work itself, as before.
