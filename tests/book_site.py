@@ -32,6 +32,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+import background
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -255,12 +257,65 @@ def _jupyter_book() -> list[str]:
     return [found]
 
 
+BUILD_JOB, RENDER_JOB = "book build", "book render"
+
+
+def _build_book(out: Path, run=subprocess.run) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return run([*_jupyter_book(), "build", str(ROOT), "--all", "-W", "-n", "--keep-going",
+                "--path-output", str(out)], capture_output=True, text=True, timeout=1200, env=env)
+
+
+def _background_build(out: Path) -> subprocess.CompletedProcess:
+    return _build_book(out, run=lambda cmd, timeout, env, **_: background.run(cmd, timeout, env=env))
+
+
+def _background_render(out: Path) -> dict[str, "Rendered"]:
+    """Every page of the build ahead of its tests, on a server of its own."""
+    html = out / "_build" / "html"
+    if not (html / "index.html").exists():
+        raise RuntimeError("the book did not build (see test_build_has_no_warnings)")
+    url, stop = serve(html)
+    try:
+        return render_all(require_chromium(), url, html)
+    finally:
+        stop()
+
+
+def background_jobs(items, tmp_path_factory) -> list:
+    """The book's build and its rendering in Chromium, ahead of the tests that read them
+    (tests/background.py)."""
+    uses = [i for i, item in enumerate(items) if "build" in getattr(item, "fixturenames", ())]
+    if not uses:
+        return []
+    out = _PLANNED["build"] = tmp_path_factory.mktemp("book")
+    jobs = [(uses[0], BUILD_JOB, functools.partial(_background_build, out), False, ())]
+    renders = [i for i, item in enumerate(items) if "rendered" in getattr(item, "fixturenames", ())]
+    if renders:
+        jobs.append((renders[0], RENDER_JOB, functools.partial(_background_render, out), False, (BUILD_JOB,)))
+    return jobs
+
+
+background.FIXTURE_PLANS.append(background_jobs)
+_PLANNED: dict[str, Path] = {}
+
+
+def planned_build() -> Path | None:
+    """The folder the session's book build (a job) writes to, if one was planned."""
+    return _PLANNED.get("build")
+
+
 @pytest.fixture(scope="session")
 def build(tmp_path_factory) -> Build:
-    out = tmp_path_factory.mktemp("book")
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.run([*_jupyter_book(), "build", str(ROOT), "--all", "-W", "-n", "--keep-going",
-                           "--path-output", str(out)], capture_output=True, text=True, timeout=1200, env=env)
+    job = background.result(BUILD_JOB)
+    if job is None:
+        out = tmp_path_factory.mktemp("book")
+        proc = _build_book(out)
+    elif job.error is not None:
+        raise job.error
+    else:
+        proc = job.value
+        out = Path(proc.args[proc.args.index("--path-output") + 1])
     log = proc.stdout + proc.stderr
     html = out / "_build" / "html"
     if not (html / "index.html").exists():
@@ -362,13 +417,21 @@ def render_page(binary: str, server: str, html_root: Path, path: Path) -> tuple[
 @pytest.fixture(scope="session")
 def rendered(build, server) -> dict[str, Rendered]:
     """Every page of the build as Chromium rendered it, with its layout report."""
-    binary = require_chromium()
+    job = background.result(RENDER_JOB)
+    if job is None:
+        return render_all(require_chromium(), server, build.html)
+    if job.error is not None:
+        raise job.error
+    return job.value
 
+
+def render_all(binary: str, server: str, html_root: Path) -> dict[str, Rendered]:
+    """Every page under ``html_root`` (served at ``server``) rendered, four pages at a time."""
     def render(path: Path) -> tuple[str, Rendered]:
-        return render_page(binary, server, build.html, path)
+        return render_page(binary, server, html_root, path)
 
     with ThreadPoolExecutor(max_workers=max(2, min(4, os.cpu_count() or 2))) as pool:
-        return dict(pool.map(render, html_pages(build.html)))
+        return dict(pool.map(render, html_pages(html_root)))
 
 
 def notebook_pages(build: Build) -> list[str]:

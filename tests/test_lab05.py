@@ -190,6 +190,7 @@ def test_the_labs_worker_code_runs_under(method, lab):
     assert measure.loader_rate(loader)["images"] == 2 * 16     # 6 batches, a round of 2 at each end
 
 
+@pytest.mark.alone   # lab 5's checks time DataLoader workers against the cores (tests/background.py)
 def test_the_whole_lab_runs_under_spawn_without_sched_getaffinity(tmp_path):
     """macOS and Windows: spawn is the default start method and os has no sched_getaffinity.
     The lab, reference solution and checks included, runs in a kernel set up that way."""

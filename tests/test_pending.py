@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
-import execute  # noqa: E402
+import background  # noqa: E402
 from pages import lab_sources, pending_chapters  # noqa: E402
 
 from perflab.record import runs  # noqa: E402
@@ -23,9 +23,14 @@ PENDING = runs.pending_sources(ROOT)
 CHAPTERS = pending_chapters()
 
 
+def background_jobs(items, tmp_path_factory):
+    """The pending chapters' executions, started ahead two at a time (tests/background.py)."""
+    return background.executions(items, "test_pending_chapter_runs_on_a_cpu", tmp_path_factory)
+
+
 @pytest.mark.parametrize("md", CHAPTERS, ids=[p.stem for p in CHAPTERS])
 def test_pending_chapter_runs_on_a_cpu(md, tmp_path):
-    rc = execute.main([str(md), "--out", str(tmp_path), "--timeout", "900"])
+    rc = background.executed(md, tmp_path)
     assert rc == 0, f"{md.relative_to(ROOT)} failed on a CPU (see the output above)"
 
 

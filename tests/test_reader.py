@@ -24,6 +24,7 @@ except the small books they build).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import html as html_lib
 import json
@@ -40,6 +41,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import background
 import reader_waiting
 import textbook_rules
 from perflab.record.numbers import BAD_SHAPES
@@ -357,12 +359,53 @@ def run_course_download(bundle: Path, tmp: Path, drop: str | None = None) -> sub
     if drop != "perflab":
         assert where.returncode == 0 and str(tmp / "venv") in where.stdout, (
             f"perflab in the fresh environment is not the course download's: {where.stdout}{where.stderr}")
-    return subprocess.run([str(python), "scripts/execute.py", "--out", str(tmp / "out"), CHAPTER],
-                          capture_output=True, text=True, env=env, cwd=course, timeout=900)
+    return background.run([str(python), "scripts/execute.py", "--out", str(tmp / "out"), CHAPTER], 900,
+                          env=env, cwd=course)
+
+
+DOWNLOAD_RUNS = {"test_course_download_runs_a_chapter_on_cpu": None,
+                 "test_course_download_without_perflab_cannot_run_the_chapter": "perflab"}
+
+
+def _download_job(build_out: Path, tmp: Path, drop: str | None) -> tuple[subprocess.CompletedProcess, Path]:
+    html = build_out / "_build" / "html"
+    return run_course_download(html / reader_pages.BUNDLE_NAME, tmp, drop=drop), tmp
+
+
+def _student_job(tmp: Path):
+    return _student_build(tmp)
+
+
+def background_jobs(items, tmp_path_factory) -> list:
+    """The course download's two runs and the student edition's build, ahead of their tests
+    (tests/background.py); each in a folder of its own, the downloads after the book's build."""
+    from book_site import BUILD_JOB, planned_build
+
+    jobs = []
+    for i, item in enumerate(items):
+        name = getattr(item, "originalname", None)
+        if name in DOWNLOAD_RUNS and item.module.__name__ == __name__ and planned_build() is not None:
+            tmp = tmp_path_factory.mktemp(f"download-{DOWNLOAD_RUNS[name] or 'whole'}")
+            jobs.append((i, f"download {name}", functools.partial(
+                _download_job, planned_build(), tmp, DOWNLOAD_RUNS[name]), False, (BUILD_JOB,)))
+        elif "student_build" in getattr(item, "fixturenames", ()) and not any(j[1] == "student build" for j in jobs):
+            jobs.append((i, "student build", functools.partial(_student_job, tmp_path_factory.mktemp("student-book")),
+                         False, ()))
+    return jobs
+
+
+def _download_run(name: str, build, tmp_path: Path, drop: str | None) -> tuple[subprocess.CompletedProcess, Path]:
+    """The download's run for test ``name``: the job's, if one ran ahead, else run here now."""
+    job = background.result(f"download {name}")
+    if job is None:
+        return run_course_download(build.html / reader_pages.BUNDLE_NAME, tmp_path, drop=drop), tmp_path
+    if job.error is not None:
+        raise job.error
+    return job.value
 
 
 def test_course_download_runs_a_chapter_on_cpu(build, tmp_path):
-    proc = run_course_download(build.html / reader_pages.BUNDLE_NAME, tmp_path)
+    proc, tmp_path = _download_run("test_course_download_runs_a_chapter_on_cpu", build, tmp_path, None)
     assert proc.returncode == 0, f"chapter 1 did not run from the course download:\n{(proc.stdout + proc.stderr)[-3000:]}"
     executed = sorted((tmp_path / "out").rglob(Path(CHAPTER).with_suffix(".ipynb").name))
     assert executed, f"execute.py wrote no notebook under {tmp_path / 'out'}"
@@ -374,7 +417,8 @@ def test_course_download_runs_a_chapter_on_cpu(build, tmp_path):
 
 def test_course_download_without_perflab_cannot_run_the_chapter(build, tmp_path):
     """The proof that the test above tests the download: without its perflab it fails."""
-    proc = run_course_download(build.html / reader_pages.BUNDLE_NAME, tmp_path, drop="perflab")
+    proc, _ = _download_run("test_course_download_without_perflab_cannot_run_the_chapter", build, tmp_path,
+                            "perflab")
     assert proc.returncode != 0 and "perflab" in proc.stdout + proc.stderr, (
         "chapter 1 ran from a download without perflab: the environment finds another perflab")
 
@@ -863,12 +907,20 @@ def leaks(html_root: Path, lines: set[str]) -> list[str]:
 
 @pytest.fixture(scope="session")
 def student_build(tmp_path_factory) -> Path:
-    """The student edition, staged by ``scripts/make_student.py --book`` and built."""
-    tmp = tmp_path_factory.mktemp("student-book")
+    """The student edition, staged by ``scripts/make_student.py --book`` and built (ahead of
+    its test where the session started it: tests/background.py)."""
+    job = background.result("student build")
+    if job is None:
+        return _student_build(tmp_path_factory.mktemp("student-book"))
+    if job.error is not None:
+        raise job.error
+    return job.value
+
+
+def _student_build(tmp: Path) -> Path:
     source = make_student.stage_book(tmp / "src")
-    proc = subprocess.run([*_jupyter_book(), "build", str(source), "-W", "-n", "--keep-going",
-                           "--path-output", str(tmp / "out")], capture_output=True, text=True, timeout=1200,
-                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    proc = background.run([*_jupyter_book(), "build", str(source), "-W", "-n", "--keep-going",
+                           "--path-output", str(tmp / "out")], 1200, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     html = tmp / "out" / "_build" / "html"
     # -W exits 1 on a warning the book's own build tolerates too (a notebook of the table of
     # contents not executed yet: tests/book_site.py::classify_warnings); any other fails

@@ -1,0 +1,320 @@
+"""Test helper: a session's heavy, independent work started ahead of the tests that read it, two
+pieces at a time (CI has two cores).
+
+Executing a chapter, running a lab in its kernel, building the book: each is a process of its
+own, whose result one or more tests read. Run in test order, one at a time, they leave the second
+core idle while the test process waits for them. Here they are queued when the session starts
+(:func:`start`, from tests/conftest.py, in the order of the first test that reads each) and run
+by :data:`SLOTS` worker threads, each job a subprocess; a test asks for its job's result
+(:func:`result`) and waits for it, or finds it done. The test asserts on the result exactly as it
+would on a run it made itself: what a test checks does not change, only when the work is done.
+
+* Each job writes into its own folder (a ``tmp_path_factory`` folder per job): no scratch folder
+  is shared, and what two jobs share (Inductor's cache, the ceilings file) is written by the
+  first job alone (``after``).
+* A job marked ``alone`` is not started ahead: it runs when its test asks for it, once the running
+  jobs have finished, with nothing beside it: the pages whose checks or predictions time the
+  CPU against itself and failed beside another job and ``stress-ng --cpu 2`` (chapters 3.1
+  and 8, ``tests/test_chapters.py``; labs 4, 5, 8 and 10, ``tests/lab_runs.py``). A test marked
+  ``@pytest.mark.alone`` likewise runs with no job beside it (:func:`quiet`).
+* A test run that selects a job's tests only (``pytest -k 05_``) queues only that job; a test
+  that asks for a job nobody queued (the session was not started here, or ``SLOTS`` is 0) gets
+  ``None`` from :func:`result` and does the work itself, as before.
+* When the session ends early (``-x``, Ctrl-C), queued jobs are dropped and running ones killed
+  (their process groups), so no process outlives the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# two workers: CI's two cores. PERFLAB_TEST_SLOTS=0 runs every job in its test, as before.
+SLOTS = int(os.environ.get("PERFLAB_TEST_SLOTS", "2"))
+
+
+@dataclass
+class Job:
+    key: str
+    fn: Callable[[], Any]
+    alone: bool = False                 # runs only when asked for, with nothing beside it
+    after: tuple[str, ...] = ()         # keys of jobs that must finish first
+    state: str = "queued"               # queued, running, done
+    asked: bool = False                 # a test waits for it
+    value: Any = None
+    error: BaseException | None = None
+    procs: list = field(default_factory=list)
+
+
+class Pool:
+    """Jobs run by ``slots`` worker threads in queue order (asked-for jobs first)."""
+
+    def __init__(self, slots: int):
+        self.slots = slots
+        self.jobs: dict[str, Job] = {}
+        self.queue: list[Job] = []
+        self.cond = threading.Condition()
+        self.closed = False
+        self.paused = 0                 # tests running that need the machine to themselves
+        self.threads = [threading.Thread(target=self._work, name=f"background-{i}", daemon=True)
+                        for i in range(slots)]
+        self.local = threading.local()
+
+    def submit(self, key: str, fn: Callable[[], Any], alone: bool = False, after: tuple[str, ...] = ()) -> None:
+        with self.cond:
+            if key in self.jobs:
+                raise ValueError(f"job {key!r} submitted twice")
+            job = Job(key, fn, alone=alone, after=tuple(a for a in after if a in self.jobs))
+            self.jobs[key] = job
+            self.queue.append(job)
+            self.cond.notify_all()
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def _running(self) -> list[Job]:
+        return [j for j in self.jobs.values() if j.state == "running"]
+
+    def _next(self) -> Job | None:
+        """The job a free worker may start now (lock held), or None."""
+        running = self._running()
+        if any(j.alone for j in running):
+            return None
+        for job in sorted(self.queue, key=lambda j: not j.asked):   # asked-for jobs first, then queue order
+            if any(self.jobs[a].state != "done" for a in job.after):
+                continue
+            if self.paused and not job.asked:      # a quiet test runs: only what it waits for
+                continue
+            if job.alone:
+                if job.asked and not running:
+                    return job
+                if job.asked:
+                    return None          # let the running jobs drain; start nothing beside it
+                continue
+            return job
+        return None
+
+    def _work(self) -> None:
+        while True:
+            with self.cond:
+                while not self.closed and (job := self._next()) is None:
+                    self.cond.wait()
+                if self.closed:
+                    return
+                self.queue.remove(job)
+                job.state = "running"
+            self.local.job = job
+            try:
+                job.value = job.fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the test that asks
+                job.error = e
+            finally:
+                self.local.job = None
+                with self.cond:
+                    job.state = "done"
+                    self.cond.notify_all()
+
+    def _ask(self, job: Job) -> None:
+        """Mark ``job`` and the jobs it comes after as waited for (lock held)."""
+        job.asked = True
+        for key in job.after:
+            if not self.jobs[key].asked:
+                self._ask(self.jobs[key])
+
+    def result(self, key: str) -> Job | None:
+        """Wait for job ``key`` (asking for it moves it ahead of the queue); None if not queued."""
+        with self.cond:
+            job = self.jobs.get(key)
+            if job is None:
+                return None
+            self._ask(job)
+            self.cond.notify_all()
+            while job.state != "done":
+                if self.closed:
+                    return None
+                self.cond.wait()
+        return job
+
+    @contextlib.contextmanager
+    def quiet(self):
+        """Start no job, and wait for the running ones to finish, while the block runs."""
+        with self.cond:
+            self.paused += 1
+            while self._running() and not self.closed:
+                self.cond.wait()
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.paused -= 1
+                self.cond.notify_all()
+
+    def run(self, cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+        """``subprocess.run(cmd, capture_output=True, text=True)`` for a job: in a process group
+        of its own, killed when the pool closes."""
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, **kwargs)
+        job = getattr(self.local, "job", None)
+        if job is not None:
+            job.procs.append(proc)
+        with self.cond:
+            closed = self.closed
+        if closed:
+            _kill(proc)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+    def close(self) -> None:
+        """Drop the queued jobs, kill the running ones' processes, wait for the workers."""
+        with self.cond:
+            self.closed = True
+            self.queue.clear()
+            running = self._running()
+            self.cond.notify_all()
+        for job in running:
+            for proc in job.procs:
+                _kill(proc)
+        for t in self.threads:
+            if t.is_alive():
+                t.join(timeout=60)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+_POOL: Pool | None = None
+
+
+def start(jobs: list[tuple[int, str, Callable[[], Any], bool, tuple[str, ...]]]) -> None:
+    """Queue ``jobs`` (``(index of the first test that reads it, key, fn, alone, after)``) in the
+    order of their first reader, and start the workers."""
+    global _POOL
+    if SLOTS <= 0 or not jobs:
+        return
+    _POOL = Pool(SLOTS)
+    for _, key, fn, alone, after in sorted(jobs, key=lambda j: j[0]):
+        _POOL.submit(key, fn, alone=alone, after=after)
+    _POOL.start()
+
+
+def result(key: str) -> Job | None:
+    """The finished job ``key`` (its ``value``, or the ``error`` it raised), or None when no
+    session pool queued it: the caller then does the work itself."""
+    return _POOL.result(key) if _POOL is not None else None
+
+
+def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """Run a job's process (see :meth:`Pool.run`); outside a pool, a plain captured run."""
+    if _POOL is not None:
+        return _POOL.run(cmd, timeout, **kwargs)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def quiet():
+    """A block that runs with no job beside it (a test that times the CPU against itself, marked
+    ``@pytest.mark.alone``; tests/conftest.py)."""
+    return _POOL.quiet() if _POOL is not None else contextlib.nullcontext()
+
+
+def stop() -> None:
+    global _POOL
+    if _POOL is not None:
+        _POOL.close()
+        _POOL = None
+
+
+# ---------------------------------------------------------------------------------------------
+# The jobs
+# ---------------------------------------------------------------------------------------------
+
+CEILINGS = "ceilings"
+EXECUTE_TIMEOUT_S = 900          # scripts/execute.py's --timeout, per notebook, as the tests gave it
+
+
+def ceilings_job(items) -> list:
+    """Measure this machine's ceilings once, before the pages that read them run side by side
+    (each page otherwise measures and writes them itself when the cache file is missing: two at
+    once would both measure, and both write one file)."""
+    return [(-1, CEILINGS, functools.partial(run, [sys.executable, "-m", "perflab.machine.ceilings"], 600,
+                                             cwd=ROOT), False, ())]
+
+
+def _execute(md: Path, out: Path) -> subprocess.CompletedProcess:
+    return run([sys.executable, str(ROOT / "scripts" / "execute.py"), str(md), "--out", str(out),
+                "--timeout", str(EXECUTE_TIMEOUT_S)], EXECUTE_TIMEOUT_S + 300, cwd=ROOT)
+
+
+#: pages that build the same data into the clone's cache (``perflab.loading.datasets.cache_dir``,
+#: written once and then reused): each runs after the first of them, never beside it, so that two
+#: never write one file at once. Chapter 10's two pages, lab 10 and the pending multi-GPU page
+#: read one GPT-2 corpus (text_corpus(max_bytes=300_000) on a CPU).
+SHARED_DATA = {"10_gpt2_memory_ladder": "book/10_gpt2_case_study.md",
+               "10_multi_gpu": "book/10_gpt2_case_study.md",
+               "10_gpt2_speedrun": "book/10_gpt2_case_study.md"}
+
+
+def after_shared_data(stem: str) -> tuple[str, ...]:
+    """The job keys a page's job must follow (the ceilings; the first page that builds its data)."""
+    first = SHARED_DATA.get(stem)
+    return (CEILINGS,) + ((f"execute {ROOT / first}",) if first else ())
+
+
+def executions(items, test_name: str, tmp_path_factory, alone: tuple[str, ...] = ()) -> list:
+    """Jobs for the items of test ``test_name`` (parametrized by ``md``): each executes its page
+    with ``scripts/execute.py --out`` into a folder of its own; the pages named in ``alone``
+    (stems) run with nothing beside them."""
+    jobs = []
+    for i, item in enumerate(items):
+        if getattr(item, "originalname", None) == test_name:
+            md = item.callspec.params["md"]
+            out = tmp_path_factory.mktemp(f"execute-{md.stem}")
+            jobs.append((i, f"execute {md}", functools.partial(_execute, md, out), md.stem in alone,
+                         after_shared_data(md.stem)))
+    return jobs
+
+
+def executed(md: Path, tmp_path: Path) -> int:
+    """The exit status of ``scripts/execute.py md --out ...`` (its output printed): the job's, if
+    one ran ahead, else executed here now into ``tmp_path``."""
+    job = result(f"execute {md}")
+    if job is None:
+        import execute  # scripts/ (on sys.path in the test modules)
+
+        return execute.main([str(md), "--out", str(tmp_path), "--timeout", str(EXECUTE_TIMEOUT_S)])
+    if job.error is not None:
+        raise job.error
+    proc = job.value
+    out = Path(proc.args[proc.args.index("--out") + 1])
+    print(proc.stdout, end="")
+    print(proc.stderr, end="", file=sys.stderr)
+    if proc.returncode == 0:
+        shutil.rmtree(out, ignore_errors=True)      # as a passing test's tmp_path
+    else:
+        print(f"(executed into {out})")
+    return proc.returncode
+
+
+#: planners of jobs that session fixtures read (``plan(items, tmp_path_factory) -> jobs``)
+FIXTURE_PLANS: list = []

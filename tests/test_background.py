@@ -1,0 +1,123 @@
+"""tests/background.py: the session's heavy work, two jobs at a time, ahead of its tests."""
+
+import sys
+import threading
+import time
+
+import pytest
+
+import background
+
+
+class Counter:
+    """How many jobs run at once, and in what order they started."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+        self.started = []
+        self.finished = set()
+        self.beside = {}            # key -> the keys running when it started
+
+    def job(self, key, seconds=0.05):
+        def fn():
+            with self.lock:
+                self.beside[key] = [k for k in self.started if k not in self.finished]
+                self.now += 1
+                self.most = max(self.most, self.now)
+                self.started.append(key)
+            time.sleep(seconds)
+            with self.lock:
+                self.now -= 1
+                self.finished.add(key)
+            return key
+        return fn
+
+
+@pytest.fixture
+def counter():
+    return Counter()
+
+
+def test_jobs_run_two_at_a_time_in_queue_order_and_hand_back_values_and_errors(counter):
+    pool = background.Pool(2)
+    for k in range(6):
+        pool.submit(f"j{k}", counter.job(f"j{k}"))
+
+    def broken():
+        raise ValueError("broken job")
+    pool.submit("broken", broken)
+    pool.start()
+    try:
+        assert [pool.result(f"j{k}").value for k in range(6)] == [f"j{k}" for k in range(6)]
+        assert isinstance(pool.result("broken").error, ValueError)
+        assert pool.result("nobody queued this") is None
+    finally:
+        pool.close()
+    assert counter.most == 2
+    assert counter.started == [f"j{k}" for k in range(6)]
+
+
+def test_a_job_waits_for_the_jobs_it_comes_after(counter):
+    pool = background.Pool(2)
+    pool.submit("first", counter.job("first", 0.3))
+    pool.submit("second", counter.job("second"), after=("first",))
+    pool.start()
+    try:
+        pool.result("second")
+    finally:
+        pool.close()
+    assert counter.started == ["first", "second"] and counter.beside["second"] == []
+
+
+def test_an_alone_job_starts_only_when_asked_and_with_nothing_beside_it(counter):
+    pool = background.Pool(2)
+    pool.submit("alone", counter.job("alone"), alone=True)
+    for k in range(4):
+        pool.submit(f"j{k}", counter.job(f"j{k}", 0.2))
+    pool.start()
+    try:
+        time.sleep(0.1)
+        assert "alone" not in counter.started          # not started ahead
+        job = pool.result("alone")                     # asked: the running jobs drain first
+        assert job.value == "alone"
+        assert counter.beside["alone"] == []
+        for k in range(4):
+            pool.result(f"j{k}")
+    finally:
+        pool.close()
+    assert all("alone" not in beside for beside in counter.beside.values())
+
+
+def test_closing_the_pool_kills_a_running_process_and_drops_the_queue():
+    pool = background.Pool(1)
+    pool.submit("sleeper", lambda: pool.run([sys.executable, "-c", "import time; time.sleep(60)"], 120))
+    pool.submit("never", lambda: "ran")
+    pool.start()
+    deadline = time.monotonic() + 30
+    while not pool.jobs["sleeper"].procs and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc = pool.jobs["sleeper"].procs[0]
+    t0 = time.monotonic()
+    pool.close()
+    assert proc.poll() is not None and time.monotonic() - t0 < 30
+    assert pool.jobs["never"].state == "queued"
+
+
+def test_a_quiet_block_starts_no_job_and_waits_for_the_running_ones(counter):
+    pool = background.Pool(2)
+    for k in range(4):
+        pool.submit(f"j{k}", counter.job(f"j{k}", 0.2))
+    pool.start()
+    try:
+        time.sleep(0.05)
+        with pool.quiet():
+            assert counter.now == 0
+            started = list(counter.started)
+            time.sleep(0.3)
+            assert counter.started == started            # nothing started meanwhile
+        for k in range(4):
+            pool.result(f"j{k}")
+    finally:
+        pool.close()
+    assert len(counter.started) == 4
