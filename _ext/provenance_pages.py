@@ -57,6 +57,7 @@ import datetime as dt
 import hashlib
 import io
 import json
+import math
 import re
 import shutil
 import sys
@@ -661,6 +662,15 @@ def status_table(rows: list[StatusRow], columns: list[StatusColumn] | None = Non
     return table
 
 
+def _three(x: float) -> str:
+    """``x`` (a claim's measured median: a ratio or seconds, no unit recorded) to three
+    significant digits, written out as a person would: ``0.0000508``, ``1.21``, ``1,234``."""
+    if not x or not math.isfinite(x):
+        return str(x)
+    digits = max(0, 2 - math.floor(math.log10(abs(x))))
+    return f"{x:,.{digits}f}"
+
+
 def _clip(text: str, n: int = 90) -> str:
     text = str(text)
     return text if len(text) <= n else text[:n - 1] + "…"
@@ -754,8 +764,9 @@ class ProvenanceStatus(SphinxDirective):
         for page, c in changes:
             kind = "host-bound" if not c.defect else ("✗ " + (f"{c.bound}-bound" if c.bound
                                                               else "bound not declared"))
-            values = (f" (measured {c.values[0]:.4g}, then {c.values[1]:.4g})"
-                      if c.values and None not in c.values else "")
+            ratio = c.over_predicted
+            values = ("" if not ratio else f" (measured {_three(ratio[0])}x, then "
+                      f"{_three(ratio[1])}x its prediction)")
             item = nodes.list_item()
             item += nodes.paragraph(text=f"{page}, {c.name} [{kind}]{values}: "
                                          f"“{_clip(c.a)}” → “{_clip(c.b)}”")

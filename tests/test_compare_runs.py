@@ -229,3 +229,10 @@ def test_a_record_keeps_the_band_apart_from_the_measured_spread(tmp_path):
     v = verdicts.load(tmp_path)["pages"]["book/06_speed"]["verdicts"]["sync_vs_prediction"]
     assert (v["lo"], v["hi"]) == (1.18, 1.24)
     assert v["band_lo"] == pytest.approx(0.9) and v["band_hi"] == pytest.approx(1.1)
+
+
+def test_a_change_is_shown_as_measured_over_predicted_without_a_unit():
+    c = verdicts.Change("x", "true", "undecided", "host", (5.1e-05, 7.0e-05), (5.0e-05, 5.0e-05))
+    assert c.over_predicted == pytest.approx((1.02, 1.4))
+    assert verdicts.Change("x", "true", "false", "host", (1.0, 2.0), None).over_predicted is None
+    assert verdicts.Change("x", "true", "false", "host", (1.0, 2.0), (0, 1.0)).over_predicted is None

@@ -158,6 +158,8 @@ class Change:
         a, b: the verdict (or masked sentence) in each run.
         bound: ``"device"``, ``"host"``, ``"exact"`` or None (not declared: an older run).
         values: the measured medians in A and B where the records hold them.
+        predicted: the predictions (the bands' centres) in A and B where the records hold
+            them, so that a change can be shown as measured over predicted, without a unit.
     """
 
     name: str
@@ -165,6 +167,16 @@ class Change:
     b: str
     bound: str | None = None
     values: tuple[Any, Any] | None = None
+    predicted: tuple[Any, Any] | None = None
+
+    @property
+    def over_predicted(self) -> tuple[float, float] | None:
+        """Measured over predicted in A and B (unitless), or None where either is unknown."""
+        if not self.values or not self.predicted or None in self.values + self.predicted:
+            return None
+        if 0 in self.predicted:
+            return None
+        return (self.values[0] / self.predicted[0], self.values[1] / self.predicted[1])
 
     @property
     def defect(self) -> bool:
@@ -200,6 +212,14 @@ class PageComparison:
         return [] if self.not_comparable else [c for c in self.changes if c.defect]
 
 
+def _centre(verdict: dict[str, Any]) -> float | None:
+    """The prediction a recorded verdict was judged against: its band's centre (None without
+    a band)."""
+    if "band_lo" not in verdict or "band_hi" not in verdict:
+        return None
+    return (verdict["band_lo"] + verdict["band_hi"]) / 2
+
+
 def _devices_text(devices: Any) -> str:
     return " + ".join(devices) if isinstance(devices, list) else str(devices)
 
@@ -231,7 +251,8 @@ def _compare_page(name: str, a: dict[str, Any], b: dict[str, Any],
             bound = "host" if bounds == {"host"} else (vb[key].get("bound") or
                                                        va[key].get("bound"))
             out.changes.append(Change(key, va[key]["verdict"], vb[key]["verdict"], bound,
-                                      (va[key].get("measured"), vb[key].get("measured"))))
+                                      (va[key].get("measured"), vb[key].get("measured")),
+                                      (_centre(va[key]), _centre(vb[key]))))
     sa, sb = a.get("sentences", {}), b.get("sentences", {})
     # a claim recorded in one run only as a sentence (an older run, which stored no verdicts):
     # compare its words; where both runs store verdicts, a text that is no claim in either is
