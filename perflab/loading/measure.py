@@ -7,8 +7,7 @@
   workers and on the GPU; :func:`gpu_decode_profile` and :func:`kernel_seconds`: which engine or
   kernel did the work;
 * :func:`loader_rate`: a DataLoader's steady state (the first round of batches and the last left
-  out), with the CPU time of its workers; :func:`import_seconds`: what ``spawn`` workers pay to
-  start;
+  out), with the CPU time of its workers;
 * :func:`worker_memory_growth`: forked workers' private memory, grown by copy-on-read;
 * :func:`small_cnn`, the model chapter 5's ladder feeds (its training loop is on the page,
   exported to :mod:`perflab.loading.training`).
@@ -21,8 +20,6 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-import subprocess
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -45,7 +42,7 @@ try:  # Unix only: the CPU time of finished loader workers (None on Windows)
 except ImportError:
     resource = None
 
-__all__ = ["read_rate", "parallel_decode_rate", "loader_rate", "raw_read_rate", "import_seconds",
+__all__ = ["read_rate", "parallel_decode_rate", "loader_rate", "raw_read_rate",
            "kernel_seconds", "cpu_rate", "gpu_rate", "gpu_decode_profile", "small_cnn",
            "small_cnn_flops", "worker_memory_growth"]
 
@@ -292,34 +289,6 @@ def raw_read_rate(files: Sequence[str | os.PathLike]) -> float:
     sw = Stopwatch().start()
     total = sum(len(Path(f).read_bytes()) for f in files)
     return total / sw.elapsed()
-
-
-def import_seconds(modules: Sequence[str] = ("torch", "perflab.loading.storage",
-                                           "perflab.loading.loaders"),
-                   processes: int = 1) -> float:
-    """Seconds ``processes`` fresh Python processes, started together, take to import ``modules``
-    and exit (the slowest of them): what loader workers started with ``spawn`` or ``forkserver``
-    pay before their first batch, since they start together and import the dataset's module by
-    name. Runs ``sys.executable -c "import ..."`` with this clone on the path.
-
-    Raises:
-        RuntimeError: a child process failed (its stderr in the message).
-        ValueError: ``processes`` not a positive integer.
-    """
-    positive_int("processes", processes)
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    sw = Stopwatch().start()
-    procs = [subprocess.Popen([sys.executable, "-c", "import " + ", ".join(modules)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-             for _ in range(processes)]
-    errors = [p.communicate()[1] for p in procs]
-    elapsed = sw.elapsed()
-    for p, err in zip(procs, errors):
-        if p.returncode != 0:
-            raise RuntimeError(f"importing {modules} failed: {err[-1000:]}")
-    return elapsed
 
 
 def kernel_seconds(fn: Callable[[], object]) -> dict[str, float]:
