@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from perflab.core.rounds import interleaved
 from perflab.core.telemetry import Telemetry
-from perflab.core.timing import Stopwatch
+from perflab.core.timing import Stopwatch, seconds_per_call
 from perflab.core.validate import integer, positive_int
 from perflab.gpt2.model import GPT
 from perflab.gpt2.steps import make_graphed_step, make_net, make_optimizer, make_step
@@ -483,12 +483,7 @@ def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device 
         return run
 
     def timed(run):
-        def one_round():
-            with Stopwatch(device) as watch:
-                for _ in range(steps):
-                    run.one_step()
-            return watch.seconds / steps
-        return one_round
+        return lambda: seconds_per_call(run.one_step, steps, device)
 
     out: dict[str, dict[str, Any]] = {}
     before = build(rungs[0])
