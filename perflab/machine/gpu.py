@@ -29,6 +29,7 @@ from perflab.core.device import need_gpu
 from perflab.core.telemetry import Telemetry
 from perflab.core.timing import Stopwatch, event_timer, synchronize
 from perflab.core.validate import number, positive, positive_int
+from perflab.machine.caches import format_bytes
 from perflab.machine.roofline import matmul_rate
 
 __all__ = ["properties", "fact_rows", "dram_bandwidth_from_clock", "available_matmul_kinds", "matmul_rates",
@@ -69,16 +70,9 @@ def properties(index: int = 0) -> dict:
 
 
 #: How :func:`fact_rows` writes a value, by the end of its key: (suffix, format).
-_UNITS = (("_hz", lambda v: f"{v / 1e6:,.0f} MHz"), ("_bytes", lambda v: _binary(v)),
+_UNITS = (("_hz", lambda v: f"{v / 1e6:,.0f} MHz"), ("_bytes", format_bytes),
           ("_w", lambda v: f"{v:,.0f} W"), ("_c", lambda v: f"{v:,.0f} °C"),
           ("_pct", lambda v: f"{v:,.0f} %"), ("_bits", lambda v: f"{v:,} bits"))
-
-
-def _binary(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:,.0f} B"
 
 
 def fact_rows(facts: dict) -> list[tuple[str, str]]:
@@ -103,7 +97,7 @@ def fact_rows(facts: dict) -> list[tuple[str, str]]:
         elif key == "pstate":
             words = f"P{value}"
         elif key == "shared_memory_per_sm" and isinstance(value, (int, float)):
-            words = _binary(value)
+            words = format_bytes(value)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             fmt_ = next((f for suffix, f in _UNITS if key.endswith(suffix)),
                         lambda v: f"{v:,}" if isinstance(v, int) else f"{v:,.4g}")
