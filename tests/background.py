@@ -33,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,12 +41,11 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Off by default (0: every job runs in its test, as before) until a hang is understood: on
-# 6 December a fresh-clone run stopped for 15 minutes with both workers in Popen.communicate
-# (the student build and the course download, their children already exited, a grandchild
-# still holding the pipes) while a test marked alone waited for them. PERFLAB_TEST_SLOTS=2
-# runs two jobs beside the tests (CI's two cores).
-SLOTS = int(os.environ.get("PERFLAB_TEST_SLOTS", "0"))
+# Two workers (CI's two cores); PERFLAB_TEST_SLOTS=0 runs every job in its test instead. Until
+# 6 December a job read its process's output through pipes, and a fresh-clone run hung when a
+# grandchild outlived its parent holding them: jobs now write to files and wait for the process
+# itself (Pool.run; tests/test_background.py reproduces the hang).
+SLOTS = int(os.environ.get("PERFLAB_TEST_SLOTS", "2"))
 
 
 @dataclass
@@ -167,22 +167,32 @@ class Pool:
 
     def run(self, cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
         """``subprocess.run(cmd, capture_output=True, text=True)`` for a job: in a process group
-        of its own, killed when the pool closes."""
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True, **kwargs)
-        job = getattr(self.local, "job", None)
-        if job is not None:
-            job.procs.append(proc)
-        with self.cond:
-            closed = self.closed
-        if closed:
-            _kill(proc)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            out, err = proc.communicate()
-            raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+        of its own, killed when the pool closes.
+
+        The output goes to two unnamed files, not pipes, and the job waits for its process, not
+        for end-of-file: a grandchild that outlives the process (a Jupyter kernel, a build's
+        worker) and inherited the output would otherwise keep a pipe open, and the worker would
+        wait on it for ever (the hang of 6 December). Once the process has exited, what is left
+        of its process group is killed."""
+        with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+            proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, start_new_session=True, **kwargs)
+            job = getattr(self.local, "job", None)
+            if job is not None:
+                job.procs.append(proc)
+            with self.cond:
+                closed = self.closed
+            if closed:
+                _kill(proc)
+            try:
+                proc.wait(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            _killpg(proc.pid)           # the group's leftovers (or, on timeout, all of it)
+            proc.wait()
+            out, err = (_read(f) for f in (out_f, err_f))
+        if timed_out:
+            raise subprocess.TimeoutExpired(cmd, timeout, out, err)
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
     def close(self) -> None:
@@ -200,12 +210,21 @@ class Pool:
                 t.join(timeout=60)
 
 
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _killpg(proc.pid)
+
+
+def _read(f) -> str:
+    f.seek(0)
+    return f.read().decode("utf-8", errors="replace")
 
 
 _POOL: Pool | None = None

@@ -121,3 +121,38 @@ def test_a_quiet_block_starts_no_job_and_waits_for_the_running_ones(counter):
     finally:
         pool.close()
     assert len(counter.started) == 4
+
+
+# A process that prints, starts a grandchild holding its stdout and stderr, and exits at once: the
+# shape of the 6 December hang (a build or a download whose worker outlived it).
+_LEAVES_A_GRANDCHILD = """
+import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print("parent out"); print("parent err", file=sys.stderr)
+"""
+
+
+def test_a_job_returns_when_its_process_exits_though_a_grandchild_holds_its_output():
+    pool = background.Pool(1)
+    pool.submit("leaves", lambda: pool.run([sys.executable, "-c", _LEAVES_A_GRANDCHILD], 120))
+    pool.start()
+    t0 = time.monotonic()
+    job = pool.result("leaves")
+    took = time.monotonic() - t0
+    pool.close()
+    assert job.error is None, job.error
+    assert job.value.returncode == 0
+    assert job.value.stdout == "parent out\n" and job.value.stderr == "parent err\n"
+    assert took < 30                # not the grandchild's 60 s
+
+
+def test_a_job_past_its_timeout_is_killed_with_its_output_so_far():
+    pool = background.Pool(1)
+    code = "import sys, time; print('begun', flush=True); time.sleep(60)"
+    pool.submit("slow", lambda: pool.run([sys.executable, "-c", code], 3))
+    pool.start()
+    job = pool.result("slow")
+    pool.close()
+    assert isinstance(job.error, background.subprocess.TimeoutExpired)
+    assert job.error.output == "begun\n"
+    assert job.procs[0].poll() is not None
