@@ -239,10 +239,18 @@ def rule_of_thumb_workers(curve: dict, fraction: float = 0.9) -> int:
     return min(n for n, r in curve.items() if r >= fraction * best)
 
 
-#: How far a curve's point may lie outside the range of the check's own two measurements of
-#: it (either way): a margin for a machine that other work slows down now and then. A curve
-#: timed with the workers' start-up, or extrapolated instead of measured, lies farther out.
-CURVE_FACTOR = 1.5
+#: How far a curve's point may lie outside the range of the check's own measurements of it
+#: (either way): a margin for a machine that other work slows down now and then. A reference
+#: curve timed while a 2-core test machine was briefly less busy lay 1.7x above the check's
+#: two measurements (6 December), so 1.5 failed right answers; a curve sketched from linear
+#: scaling (3x and more) or timed over batches the workers had built ahead (13.6x on the
+#: 5 December H200) lies farther out.
+CURVE_FACTOR = 2.0
+
+#: Rounds of the check's measurement (both points, in turn) before a point outside the range
+#: fails: two, and one more when a point lies outside after two (a busy spell that covered both
+#: first rounds).
+CURVE_ROUNDS = (2, 3)
 
 #: Whole rounds of batches (one batch per worker) that :func:`loader_rate` times at each point
 #: of exercise 3's curve, besides the round it skips at each end. With ``prefetch_factor`` 2
@@ -289,10 +297,11 @@ def check_num_workers(curve, choice, cores: int, files: Sequence | None = None,
     """Exercise 3: ``curve`` is a measured ``{num_workers: images/s}`` from 0 up to ``cores``
     (at least three points), and ``choice`` is the fewest workers within 10 % of its best rate.
     With ``files``, the check measures two of the curve's points again, twice each (one worker
-    and all cores, in turn, :func:`remeasure` with batches of ``batch``, the curve's, on
+    and all cores, in turn; a third time where a point lies outside; :func:`remeasure` with
+    batches of ``batch``, the curve's, on
     :func:`ex3_files` of ``files``), and each point must lie within :data:`CURVE_FACTOR` of the
-    range of those two measurements: a curve timed with the start-up burst, over a window of
-    batches the workers had built ahead (less than whole rounds), or invented, fails.
+    range of those measurements: a curve timed over a window of batches the workers had built
+    ahead (less than whole rounds), or invented, fails.
 
     Raises:
         ExerciseFailed: missing or malformed curve, a point the check's own measurement does not
@@ -316,18 +325,22 @@ def check_num_workers(curve, choice, cores: int, files: Sequence | None = None,
     if files is not None:
         points = sorted({1, cores})
         measured = {n: [] for n in points}
-        for _ in range(2):                  # the two points in turn: a busy spell hits both
-            for n in points:
-                measured[n].append(remeasure(files, n, batch))
-        for n, again in measured.items():
-            lo, hi = min(again) / CURVE_FACTOR, max(again) * CURVE_FACTOR
-            if not lo <= curve[n] <= hi:
-                raise ExerciseFailed(
-                    f"✗ your curve says {curve[n]:,.0f} images/s with {n} worker(s); measured "
-                    f"again here, the same loader reached {min(again):,.0f} to "
-                    f"{max(again):,.0f}: more than {CURVE_FACTOR}x apart. Time each point "
-                    "with loader_rate (its steady state), not a pass that includes the "
-                    "workers' start-up.")
+        for rounds in CURVE_ROUNDS:
+            while len(measured[points[0]]) < rounds:   # the points in turn: a busy spell hits both
+                for n in points:
+                    measured[n].append(remeasure(files, n, batch))
+            outside = [n for n, again in measured.items()
+                       if not min(again) / CURVE_FACTOR <= curve[n] <= max(again) * CURVE_FACTOR]
+            if not outside:
+                break
+        for n in outside:
+            again = measured[n]
+            raise ExerciseFailed(
+                f"✗ your curve says {curve[n]:,.0f} images/s with {n} worker(s); measured "
+                f"again here ({len(again)} times), the same loader reached "
+                f"{min(again):,.0f} to {max(again):,.0f}: more than {CURVE_FACTOR:g}x apart. "
+                "Time each point with loader_rate (its steady state), not a pass that "
+                "includes the workers' start-up.")
     want = rule_of_thumb_workers(curve)
     if choice != want:
         raise ExerciseFailed(
