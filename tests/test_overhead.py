@@ -99,7 +99,23 @@ def test_issue_time_is_the_median_burst_per_call_and_counts_every_call(monkeypat
         call()                                                  # all twelve calls were made
 
 
-@pytest.mark.parametrize("kw", [{"calls": 0}, {"bursts": 0}, {"calls": 2.0}, {"bursts": True}])
+def test_issue_time_with_warm_calls_leaves_the_first_calls_of_each_burst_untimed(monkeypatch):
+    from perflab.core import timing
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock["t"])
+    costs = iter(([0.009] + [0.001] * 3) * 2)   # two bursts: a slow first call, then three
+
+    def call():
+        clock["t"] += next(costs)
+
+    assert overhead.issue_time(call, "cpu", calls=3, bursts=2, warm=1) == pytest.approx(0.001)
+    with pytest.raises(StopIteration):
+        call()                                  # 2 x (1 warm + 3 timed) calls were made
+
+
+@pytest.mark.parametrize("kw", [{"calls": 0}, {"bursts": 0}, {"calls": 2.0}, {"bursts": True},
+                                {"warm": -1}, {"warm": 1.0}])
 def test_issue_time_rejects_bad_counts(kw):
     with pytest.raises(ValueError, match=next(iter(kw))):
         overhead.issue_time(lambda: None, "cpu", **kw)

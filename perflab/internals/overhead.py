@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 import torch
 
 from perflab.core.timing import Stopwatch, benchmark, best_of, synchronize
-from perflab.core.validate import number, positive, positive_int
+from perflab.core.validate import integer, number, positive, positive_int
 from perflab.machine.caches import beyond_cache_numel
 from perflab.machine.roofline import copy_bandwidth
 from perflab.record.numbers import fmt
@@ -42,7 +42,7 @@ def python_adds_per_second(n: int = 2_000_000) -> float:
 
 
 def issue_time(fn: Callable[[], object], device: torch.device | str, calls: int = 10,
-               bursts: int = 5) -> float:
+               bursts: int = 5, warm: int = 0) -> float:
     """Host seconds per call of ``fn`` when ``calls`` calls are issued back to back.
 
     Each burst starts from an empty queue (synchronize), issues ``calls`` calls and reads the
@@ -53,23 +53,31 @@ def issue_time(fn: Callable[[], object], device: torch.device | str, calls: int 
     thread, so it is the whole call. Chapter 3 compares it with the profiler's host times and
     with a timer that forgets to synchronize.
 
+    With ``warm`` > 0, each burst first issues ``warm`` untimed calls after the synchronize, so
+    the clock starts on a call that follows another, as inside a running loop, rather than on
+    the first call after the queue drained (which may find the host's caches cold).
+
     Args:
         fn: the call to issue (its result is discarded).
         device: where ``fn`` runs (synchronized before each burst and at the end).
         calls: calls per burst (>= 1).
         bursts: bursts; the median is returned (>= 1).
+        warm: untimed calls at the start of each burst (>= 0).
 
     Returns:
         seconds per call (host clock, :class:`perflab.core.timing.Stopwatch`).
 
     Raises:
-        ValueError: ``calls`` or ``bursts`` below 1.
+        ValueError: ``calls`` or ``bursts`` below 1, or ``warm`` below 0.
     """
     for name, v in (("calls", calls), ("bursts", bursts)):
         positive_int(name, v)
+    integer("warm", warm, minimum=0)
     per_call = []
     for _ in range(bursts):
         synchronize(device)
+        for _ in range(warm):
+            fn()
         with Stopwatch() as host:      # the host clock, read without synchronizing
             for _ in range(calls):
                 fn()
