@@ -678,3 +678,48 @@ def test_saving_verdict_grades_an_upper_bound_one_sided_and_gives_no_ratio_acros
     assert "1x the prediction" in positive[1] or "x the prediction" in positive[1]
     with pytest.raises(ValueError):
         saving_verdict(Spread((1e-3, 2e-3)), 0.0, 0.33, at_most=True)
+
+
+def test_a_rung_stores_the_time_weighted_clock_that_the_ceilings_state(monkeypatch):
+    """Chapter 10 scales the goal by a rung's clock over the ceiling's (time-weighted) clock and
+    sets the sustained clock against the burst's: every one of them is the time-weighted clock.
+    Fake NVML readings, evenly spaced at 1,500 MHz for a short while and then one reading of
+    1,900 MHz that stands for most of the window: median 1,500, time-weighted about 1,716."""
+    from perflab.core.telemetry import summarize, time_weighted
+    from perflab.gpt2 import train as train_module
+
+    readings = [(0.0, 1500.0), (0.1, 1500.0), (0.2, 1500.0), (9.0, 1900.0)]
+    fake = summarize([{"t": t, "sm_clock_mhz": v} for t, v in readings], [(0.0, 10.0)],
+                     source="NVML", interval_s=0.02, block_s=10.0)
+    weighted = time_weighted(readings, [(0.0, 10.0)])
+    assert fake.sm_clock_mhz_median == 1500.0 and weighted == pytest.approx(1716, abs=1)
+
+    class FakeTelemetry:
+        def __init__(self, **kw):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def window(self):
+            import contextlib
+            return contextlib.nullcontext()
+
+        def summary(self):
+            return fake
+
+    monkeypatch.setattr(train_module, "Telemetry", FakeTelemetry)
+    res = train(base(batch=2), tokens(), steps=1, windows=2, device="cpu", warmup=1,
+                sustain_s=0.05, settle_s=0.0)
+    sus = res.extra["sustained"]
+    for stored in (res.extra, sus):
+        assert stored["sm_clock_mhz"] == pytest.approx(weighted)
+        assert stored["sm_clock_mhz_median"] == 1500.0
+    # a burst-to-sustained clock ratio or a goal at the rung's clock over the ceiling's
+    # weighted clock then compares the weighted clock with itself
+    assert sus["sm_clock_mhz"] / res.extra["sm_clock_mhz"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="summary"):
+        train_module.run_clocks(object())
