@@ -723,3 +723,37 @@ def test_a_rung_stores_the_time_weighted_clock_that_the_ceilings_state(monkeypat
     assert sus["sm_clock_mhz"] / res.extra["sm_clock_mhz"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="summary"):
         train_module.run_clocks(object())
+
+
+def test_fp8_step_counts_every_block_linears_operands():
+    """Chapter 10's wide-model FP8 prediction (review 6 Dec, finding 2): a block's four linears
+    quantize 7md inputs and 9md gradients, not the MLP-up layer's 1:4 mix scaled by FLOPs.
+    With the page's measured costs at d = 768 (run 7041f3e: layer products bf16 1.36 ms, FP8
+    0.80 ms; x 40.6, g 5.3, transposes 2.9 bytes per element at 3.0 TB/s; products 35 % of the
+    bf16 step) the step is predicted near the measured 0.704x, where the layer's mix gave 0.85x."""
+    d, m = 768, 64 * 1024
+    n = rungs.fp8_block_operands(d, m)
+    assert n["x"] == 7 * m * d and n["g"] == 9 * m * d and n["w"] == 12 * d * d
+    assert n["t"] == n["x"] + n["g"] + n["w"]
+    bw = 3.0e12
+    cost = {"x": 40.6 / bw, "g": 5.3 / bw, "t": 2.9 / bw}
+    t16, t8 = 1.36e-3, 0.80e-3
+    products16, products8 = 6 * t16, 6 * t8
+    step16 = products16 / 0.35
+    ratio = rungs.fp8_step_ratio(step16, products16, products8, cost, d, m, blocks=2)
+    assert ratio == pytest.approx(0.704, rel=0.02)
+    # the layer's own mix (m·d inputs, 4m·d gradients) applied to all six layer-equivalents
+    layer_scale = m * d * (cost["x"] + 4 * cost["g"] + 5 * cost["t"])
+    cross = t16 / (t8 + layer_scale)
+    old = 1 / (1 - 0.35 + 0.35 / cross)
+    assert old == pytest.approx(0.85, abs=0.01) and abs(old / ratio - 1) > 0.15
+    # no scaling cost at all: the step gains what the products gain
+    free = rungs.fp8_step_ratio(step16, products16, products8, dict.fromkeys("xgt", 0.0),
+                                d, m, blocks=2)
+    assert free == pytest.approx(step16 / (step16 - products16 + products8))
+    with pytest.raises(ValueError, match="products16"):
+        rungs.fp8_step_ratio(1e-3, 2e-3, 1e-3, cost, d, m, blocks=2)
+    with pytest.raises(ValueError, match="seconds_per_element"):
+        rungs.fp8_step_ratio(step16, products16, products8, {"x": 1e-12}, d, m, blocks=2)
+    with pytest.raises(ValueError, match="d"):
+        rungs.fp8_block_operands(0, m)
