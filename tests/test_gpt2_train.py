@@ -663,11 +663,29 @@ def test_the_graphed_step_is_chapter_6s_graphedstep_warmed_up_at_the_first_call(
 
 def test_saving_verdict_grades_an_upper_bound_one_sided_and_gives_no_ratio_across_zero():
     from perflab.core.rounds import Spread
-    # an upper bound: a saving well below it holds, one above it fails, one across it is open
-    assert saving_verdict(Spread((-1e-4, 5e-4, 9e-4)), 2e-3, 0.33, at_most=True)[0] is True
-    assert saving_verdict(Spread((3e-3, 4e-3, 5e-3)), 2e-3, 0.33, at_most=True)[0] is False
-    undecided = saving_verdict(Spread((-4e-4, 5e-3, 6.6e-3)), 2.4e-3, 0.33, at_most=True)
+    # an upper bound with a lower edge: a saving between them holds, one above the bound
+    # fails, one across it is open
+    assert saving_verdict(Spread((3e-4, 5e-4, 9e-4)), 2e-3, 0.33, at_most=True,
+                          at_least=2e-4)[0] is True
+    assert saving_verdict(Spread((3e-3, 4e-3, 5e-3)), 2e-3, 0.33, at_most=True,
+                          at_least=0.0)[0] is False
+    undecided = saving_verdict(Spread((-4e-4, 5e-3, 6.6e-3)), 2.4e-3, 0.33, at_most=True,
+                               at_least=0.0)
     assert undecided[0] is None
+    # review 6 Dec finding 3: one graph per step "saved" -0.32 ms (-1.71 to 1.1 ms) against at
+    # most 1.19 ms of idle, and read true; its profile kept 1.08 ms of that idle, so it should
+    # save at least 0.11 ms: the spread crosses that edge (undecided), a loss fails
+    step = Spread((-1.71e-3, -0.9e-3, -0.32e-3, 0.4e-3, 1.1e-3))
+    assert saving_verdict(step, 1.19e-3, 0.33, at_most=True, at_least=0.11e-3)[0] is None
+    loss = Spread((-1.2e-3, -0.5e-3, -0.1e-3))
+    assert saving_verdict(loss, 1.19e-3, 0.33, at_most=True, at_least=0.11e-3)[0] is False
+    assert saving_verdict(loss, 1.19e-3, 0.33, at_most=True, at_least=0.0)[0] is False
+    with pytest.raises(ValueError, match="at_least"):
+        saving_verdict(step, 1.19e-3, 0.33, at_most=True)
+    with pytest.raises(ValueError, match="at_least"):
+        saving_verdict(step, 1.19e-3, 0.33, at_most=True, at_least=2e-3)
+    with pytest.raises(ValueError, match="at_least"):
+        saving_verdict(step, 1.19e-3, 0.33, at_most=False, at_least=1e-4)
     # the same small saving graded two-sided is a miss, not a pass
     assert saving_verdict(Spread((1e-4, 2e-4, 3e-4)), 2e-3, 0.33, at_most=False)[0] is False
     assert saving_verdict(Spread((1.9e-3, 2e-3, 2.1e-3)), 2e-3, 0.33, at_most=False)[0] is True
@@ -677,7 +695,7 @@ def test_saving_verdict_grades_an_upper_bound_one_sided_and_gives_no_ratio_acros
     positive = saving_verdict(Spread((1.9e-3, 2e-3, 2.1e-3)), 2e-3, 0.33, at_most=False)
     assert "1x the prediction" in positive[1] or "x the prediction" in positive[1]
     with pytest.raises(ValueError):
-        saving_verdict(Spread((1e-3, 2e-3)), 0.0, 0.33, at_most=True)
+        saving_verdict(Spread((1e-3, 2e-3)), 0.0, 0.33, at_most=True, at_least=0.0)
 
 
 def test_a_rung_stores_the_time_weighted_clock_that_the_ceilings_state(monkeypatch):
