@@ -31,7 +31,8 @@ from perflab.gpt2.model import CONFIGS, GPT, GPT2_VOCAB, GPTConfig, config
 __all__ = ["PRECISIONS", "ATTENTIONS", "RESIDUALS", "OPTIMIZERS", "LOADERS", "Rung", "padded",
            "last_parallel_rung", "PLAIN_RUNG", "RunResult", "mfu", "rung_from_dict",
            "static_bytes_per_param", "LOGIT_BYTES", "logits_bytes", "predict_peak",
-           "checkpointed_inputs_bytes", "fp8_supported", "batch_scale", "causal_flops_per_token"]
+           "checkpointed_inputs_bytes", "fp8_supported", "batch_scale", "causal_flops_per_token",
+           "fp8_block_operands", "fp8_step_ratio"]
 
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -274,6 +275,58 @@ def causal_flops_per_token(cfg: GPTConfig, seq_len: int) -> float:
     with torch.device("meta"):
         model = GPT(cfg)
     return model.flops_per_token(seq_len) - 6 * cfg.n_layer * cfg.n_embd * seq_len
+
+
+def fp8_block_operands(d: int, m: int) -> dict[str, int]:
+    """Elements that FP8 scaling touches per training step in one transformer block's four
+    linears (``perflab.kernels.fp8``), for width ``d`` and ``m`` tokens.
+
+    The linears (inputs, outputs) are qkv (d, 3d), proj (d, d), fc (d, 4d) and proj2 (4d, d).
+    Each quantizes its input in the forward inside the custom operator (eager: ``"x"``, 7md in
+    all) and its weight there too (``"w"``, 12d²), its output's gradient in the traced backward
+    (compiled: ``"g"``, 9md), and takes transposed FP8 copies of all three in the backward
+    (``"t"``). An MLP-up layer alone has m·d inputs and 4m·d gradients: a block holds more of
+    the costly eager-path elements per FLOP than that layer.
+
+    Raises:
+        ValueError: ``d`` or ``m`` below 1.
+    """
+    positive_int("d", d)
+    positive_int("m", m)
+    shapes = ((d, 3 * d), (d, d), (d, 4 * d), (4 * d, d))
+    x = sum(m * k for k, _ in shapes)
+    g = sum(m * n for _, n in shapes)
+    w = sum(k * n for k, n in shapes)
+    return {"x": x, "w": w, "g": g, "t": x + g + w}
+
+
+def fp8_step_ratio(step16: float, products16: float, products8: float,
+                   seconds_per_element: dict[str, float], d: int, m: int,
+                   blocks: int) -> float:
+    """Predicted speedup (bf16 step / FP8 step) of a GPT whose ``blocks`` blocks' linears run
+    in FP8: the FP8 step is the bf16 step ``step16`` (s) with the blocks' bf16 products
+    ``products16`` replaced by their FP8 time ``products8``, plus the scaling of every operand
+    (:func:`fp8_block_operands`) at its measured cost, ``seconds_per_element`` with keys
+    ``"x"`` (the eager path, also the weights'), ``"g"`` (the compiled path) and ``"t"`` (a
+    transposed copy).
+
+    Raises:
+        ValueError: a time that is not positive, ``products16`` not below ``step16``, a cost
+            missing or negative, or ``d``, ``m``, ``blocks`` below 1.
+    """
+    for name, v in (("step16", step16), ("products16", products16), ("products8", products8)):
+        if not v > 0:
+            raise ValueError(f"{name} must be > 0 seconds, got {v}")
+    if not products16 < step16:
+        raise ValueError(f"products16 ({products16}) must be below step16 ({step16})")
+    for key in ("x", "g", "t"):
+        if key not in seconds_per_element or not seconds_per_element[key] >= 0:
+            raise ValueError(f"seconds_per_element must give a cost >= 0 for {key!r}, "
+                             f"got {seconds_per_element.get(key)!r}")
+    positive_int("blocks", blocks)
+    n, s = fp8_block_operands(d, m), seconds_per_element
+    scaling = blocks * (s["x"] * (n["x"] + n["w"]) + s["g"] * n["g"] + s["t"] * n["t"])
+    return step16 / (step16 - products16 + products8 + scaling)
 
 
 def rung_from_dict(rung: dict) -> Rung:

@@ -131,34 +131,46 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
 
 
 def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
-                   at_most: bool) -> tuple[bool | None, str, str, str]:
+                   at_most: bool, at_least: float | None = None
+                   ) -> tuple[bool | None, str, str, str]:
     """How a measured saving (seconds per step, a :class:`Spread`) compares with its prediction,
     in seconds: ``(holds, if_true, if_false, if_undecided)`` for
     :func:`perflab.record.claims.claim`.
 
-    A two-sided prediction's band is ``predicted x (1 ± tolerance)``; an ``at_most`` prediction
-    (an upper bound) holds when the whole spread lies at or below ``predicted x (1 +
-    tolerance)``, fails when all of it lies above, and is undecided otherwise. The sentences give
+    A two-sided prediction's band is ``predicted x (1 ± tolerance)``. An ``at_most`` prediction
+    (an upper bound) needs a lower edge too, ``at_least`` (seconds, from 0 up to ``predicted``:
+    the least the change should save, e.g. the idle time the profiles say it removed), so that
+    a rung that saves nothing or loses time cannot pass: its band is ``at_least x (1 -
+    tolerance)`` to ``predicted x (1 + tolerance)``. The claim holds when the whole spread lies
+    in the band, fails when none of it does, and is undecided otherwise. The sentences give
     the band and the spread in seconds; a ratio to the prediction is given only when the whole
     spread is positive (a ratio range that crosses zero says nothing).
 
     Raises:
-        ValueError: a prediction that is not positive, or a tolerance outside (0, 1).
+        ValueError: a prediction that is not positive, a tolerance outside (0, 1), an
+            ``at_most`` prediction without ``at_least`` (or one outside [0, predicted]), or an
+            ``at_least`` for a two-sided prediction.
     """
     if not predicted > 0:
         raise ValueError(f"predicted must be > 0 seconds, got {predicted}")
     if not 0 < tolerance < 1:
         raise ValueError(f"tolerance must lie in (0, 1), got {tolerance}")
+    if at_most and (at_least is None or not 0 <= at_least <= predicted):
+        raise ValueError(f"at_least must lie in [0, predicted = {predicted}] seconds for an "
+                         f"at_most prediction (its band's lower edge), got {at_least}")
+    if not at_most and at_least is not None:
+        raise ValueError("at_least is the lower edge of an at_most prediction; a two-sided "
+                         "prediction's band is predicted x (1 ± tolerance)")
     high = predicted * (1 + tolerance)
-    low = None if at_most else predicted * (1 - tolerance)
-    inside_lo = low is None or saved.lo >= low
-    if inside_lo and saved.hi <= high:
+    low = (at_least if at_most else predicted) * (1 - tolerance)
+    if saved.lo >= low and saved.hi <= high:
         holds = True
-    elif saved.lo > high or (low is not None and saved.hi < low):
+    elif saved.lo > high or saved.hi < low:
         holds = False
     else:
         holds = None
-    band = (f"at most {fmt(high, 's')}, the bound plus {tolerance:.0%}" if at_most else
+    band = (f"{fmt(low, 's')} to {fmt(high, 's')}: at least {fmt(at_least, 's')} less "
+            f"{tolerance:.0%}, at most the bound plus {tolerance:.0%}" if at_most else
             f"{fmt(low, 's')} to {fmt(high, 's')}").replace("%", " %")
     spread = f"{fmt(saved.lo, 's')} to {fmt(saved.hi, 's')}"
     if saved.n > 1:

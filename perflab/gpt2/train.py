@@ -43,7 +43,7 @@ except ImportError:  # torch 2.4-2.5 kept FSDP2 under its composable-API name
     from torch.distributed._composable.fsdp import fully_shard
 
 __all__ = ["window_ids", "batches", "train", "train_rounds", "train_pairs", "losses_agree",
-           "token_ids", "distributed_task"]
+           "run_clocks", "token_ids", "distributed_task"]
 
 
 def window_ids(step: int, batch: int, n_windows: int, rank: int = 0, world: int = 1,
@@ -302,7 +302,7 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     timed_reads = read[len(read) - windows * steps * rung.accum:]
     extra = {"windows": sorted({w for k in timed_reads for w in window_ids(
         k, rung.batch, n_windows, rank, world)}), "window_step_s": window_s,
-        "sm_clock_mhz": summary.sm_clock_mhz_median}
+        **run_clocks(summary)}
     if profile:
         extra.update(profile_step(step, device))
     if snapshot is not None:
@@ -333,6 +333,25 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
     return result
 
 
+def run_clocks(summary) -> dict:
+    """The SM clock (MHz) a timed stretch ran at, as a rung's ``extra`` stores it.
+
+    ``sm_clock_mhz`` is the time-weighted clock (``TelemetrySummary.sm_clock_mhz``): the
+    statistic the ceilings' clocks and the telemetry sentences state, so that a goal scaled
+    from a ceiling's clock to a rung's, or a sustained clock set against a burst's, compares
+    one statistic with itself. The median of the readings is kept beside it, under its own
+    name ``sm_clock_mhz_median`` (it can differ by 10 % from the weighted clock when the
+    readings are unevenly spaced). Both None where no clock was read.
+
+    Raises:
+        ValueError: ``summary`` has no ``sm_clock_mhz`` (not a telemetry summary).
+    """
+    if not hasattr(summary, "sm_clock_mhz"):
+        raise ValueError(f"summary must be a TelemetrySummary, got {type(summary).__name__}")
+    return {"sm_clock_mhz": summary.sm_clock_mhz,
+            "sm_clock_mhz_median": summary.sm_clock_mhz_median}
+
+
 def _sustained(step, device: torch.device, index: int, block: int, tokens_per_step: int,
                sustain_s: float, settle_s: float) -> dict:
     """Train ``settle_s`` untimed seconds, then ``sustain_s`` timed seconds in blocks of
@@ -353,7 +372,7 @@ def _sustained(step, device: torch.device, index: int, block: int, tokens_per_st
     median = float(np.median(per_step))
     return {"block_step_s": per_step, "step_s": median, "tokens_per_s": tokens_per_step / median,
             "seconds": float(sum(per_step) * block), "telemetry": summary.sentence(),
-            "sm_clock_mhz": summary.sm_clock_mhz_median,
+            **run_clocks(summary),
             "power_w_max": getattr(summary, "power_w_max", None)}
 
 
