@@ -427,6 +427,37 @@ def test_parallel_decode_rate_counts_every_image(files):
         measure.parallel_decode_rate(files[:8], 9)
 
 
+def _share_of_known_time(args):
+    files, _, _ = args                # 5 images in 1 s, 4 images in 2 s
+    return (1.0 if len(files) == 5 else 2.0), len(files)
+
+
+def test_parallel_decode_rate_sums_the_processes_own_rates(files, monkeypatch):
+    # the slowest process's time would give 9 / 2 = 4.5 images/s
+    monkeypatch.setattr(measure, "_decode_share", _share_of_known_time)
+    assert measure.parallel_decode_rate(files[:9], 2) == pytest.approx(5 + 2)
+
+
+def test_a_bare_process_decodes_one_of_its_files_before_its_clock(monkeypatch):
+    events = []
+
+    class Clock:
+        seconds = 1.0
+
+        def __enter__(self):
+            events.append("clock")
+            return self
+
+        def __exit__(self, *exc):
+            events.append("stop")
+
+    monkeypatch.setattr(measure, "Stopwatch", Clock)
+    monkeypatch.setattr(measure, "decode_resized",
+                        lambda f, side: events.append(f))
+    assert measure._decode_share((["a", "b", "c"], 32, 0.0)) == (1.0, 3)
+    assert events == ["a", "clock", "a", "b", "c", "stop"]
+
+
 def test_kernel_seconds_needs_a_gpu():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA"):

@@ -80,6 +80,7 @@ def read_rate(dataset, n: int | None = None, batch: int = 64) -> float:
 
 def _decode_share(args: tuple) -> tuple[float, int]:
     files, side, t_go = args
+    decode_resized(files[0], side)            # warm: this process's first decode, untimed
     while timestamp() < t_go:                 # every process starts at the same moment
         time.sleep(0.0005)
     with Stopwatch() as sw:
@@ -98,8 +99,13 @@ def parallel_decode_rate(files: Sequence[str | os.PathLike], processes: int,
     :func:`decode_resized` (what :class:`JpegFolder` does per item) and keeping nothing: no
     DataLoader, no batches sent anywhere. This is the machine's own scaling with cores (clock
     boost, shared caches and memory bandwidth, shared physical cores), the ceiling a loader with
-    as many workers can reach. Processes are forked (spawned where fork does not exist), started
-    and warmed before the clock; the rate is all images over the slowest process's time.
+    as many workers can reach. Processes are forked (spawned where fork does not exist) and
+    started before the clock; each one then decodes one of its own files, untimed (its first
+    decode: the decoder's set-up and the copy-on-write faults of a forked process), waits for a
+    common start and times its whole share. The rate is the sum of the processes' own rates
+    (each one's images over its own time): what they decode while all of them work, not set by
+    the slowest one's start or straggling. One call is one sample: call it in
+    :func:`perflab.core.rounds.interleaved` rounds for a spread.
 
     Raises:
         ValueError: ``processes`` not a positive int, or fewer ``files`` than ``processes``.
@@ -111,10 +117,10 @@ def parallel_decode_rate(files: Sequence[str | os.PathLike], processes: int,
     ctx = multiprocessing.get_context(method)
     with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
         list(pool.map(_ready, range(4 * processes)))           # every process up
-        t_go = timestamp() + 0.1 + 0.01 * processes
+        t_go = timestamp() + 0.2 + 0.02 * processes            # after every warm-up
         shares = [(list(files[k::processes]), side, t_go) for k in range(processes)]
         done = list(pool.map(_decode_share, shares))
-    return sum(n for _, n in done) / max(t for t, _ in done)
+    return sum(n / t for t, n in done)
 
 
 def _proc_cpu_s(pid: int) -> float | None:
