@@ -276,6 +276,7 @@ def test_a_hung_rank_ends_in_the_process_group_timeout():
     # the flight records single out the rank that never called: one collective behind on that group
     assert f.flight_records[1]["seq"] == f.flight_records[0]["seq"] - 1
     assert f.flight_records[0]["op"] == "gloo:all_reduce"
+    assert f.flight_dropped == ()                      # every marker line parsed
     # the job ended after the 2 s timeout (a timeout never fires early), counted from the
     # moment a rank started to wait
     assert f.after_wait_s >= 2
@@ -324,6 +325,27 @@ def test_the_ranks_environment_line_is_read_and_never_taken_for_the_error():
     assert L.rank_env(out) == {"TORCH_NCCL_ENABLE_MONITORING": "0",
                                 "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"}
     assert L.rank_env("no marker") is None
+
+
+def test_flight_records_that_do_not_parse_are_reported_not_dropped_silently():
+    rec = 'perflab-flight-record {"rank": %d, "last": {"op": "gloo:all_reduce", "seq": %d}}'
+    out = "\n".join([
+        "[rank1]:" + rec % (1, 2),
+        rec % (2, 2) + " trailing text on the same line",      # read: the JSON comes first
+        rec % (3, 1) + rec % (0, 2),                           # two ranks run together: both read
+        '[rank4]:perflab-flight-record {"rank": 4, "last": {"op"',   # cut short
+        'perflab-flight-record {"last": null}',                # no rank
+        "perflab-flight-record",                               # nothing after the marker
+        "an unrelated line"])
+    records, dropped = L.parse_flight_records(out)
+    assert {r: e["seq"] for r, e in records.items()} == {0: 2, 1: 2, 2: 2, 3: 1}
+    assert len(dropped) == 3
+    assert all(d.startswith("a perflab-flight-record line did not parse (") for d in dropped)
+    assert "JSONDecodeError" in dropped[0] and '"rank": 4' in dropped[0]
+    assert "KeyError" in dropped[1]
+    assert L.flight_records(out) == records
+    assert L.parse_flight_records("no marker") == ({}, [])
+    assert L.Failure(1.0, "m").flight_dropped == ()
 
 
 def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):

@@ -187,15 +187,37 @@ def rank_env(output: str) -> dict | None:
     return None
 
 
+def parse_flight_records(output: str) -> tuple[dict[int, dict | None], list[str]]:
+    """Every rank's flight record in ``output``, and what could not be read.
+
+    Returns ``(records, dropped)``: ``records`` is ``{rank: its last flight-recorder entry on
+    the hung group}`` (``{"op", "seq", "sizes"}``, or None for a rank that printed an empty
+    record); ``dropped`` holds one message for each ``RECORD_MARKER`` that was followed by no
+    readable record (the text after the marker, cut at 120 characters, and why it failed).
+    A record is the JSON object right after the marker; what follows it on the same line
+    (another rank's output, a second marker) is read separately, so two ranks' lines run
+    together lose neither record.
+    """
+    found: dict[int, dict | None] = {}
+    dropped: list[str] = []
+    decoder = json.JSONDecoder()
+    for line in output.splitlines():
+        for text in line.split(RECORD_MARKER)[1:]:
+            text = text.strip()
+            try:
+                record, _ = decoder.raw_decode(text)
+                found[int(record["rank"])] = record["last"]
+            except (ValueError, KeyError, TypeError) as e:
+                dropped.append(f"a {RECORD_MARKER} line did not parse "
+                               f"({type(e).__name__}: {e}): {text[:120]!r}")
+    return found, dropped
+
+
 def flight_records(output: str) -> dict[int, dict | None]:
     """``{rank: its last flight-recorder entry on the hung group}`` as each rank printed it
-    (``{"op", "seq", "sizes"}``, or None for a rank that printed an empty record)."""
-    found: dict[int, dict | None] = {}
-    for text in _marked(output, RECORD_MARKER):
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            record = json.loads(text)
-            found[int(record["rank"])] = record["last"]
-    return found
+    (``{"op", "seq", "sizes"}``, or None for a rank that printed an empty record); the records
+    of :func:`parse_flight_records`, whose second value says what was dropped."""
+    return parse_flight_records(output)[0]
 
 
 @dataclass(frozen=True)
@@ -211,6 +233,8 @@ class Failure:
         rank_env: the :data:`perflab.distributed.failures.FAIL_FAST_ENV` variables as a waiting
             rank saw them in its own environment (``{name: value or None}``, task ``hang``).
         flight_records: :func:`flight_records` of the output (task ``hang``; empty otherwise).
+        flight_dropped: a message for each flight-record line that did not parse
+            (:func:`parse_flight_records`); empty when none was dropped.
     """
 
     seconds: float
@@ -219,6 +243,7 @@ class Failure:
     after_wait_s: float | None = None
     rank_env: dict | None = None
     flight_records: dict | None = None
+    flight_dropped: tuple[str, ...] = ()
 
     @property
     def first_error(self) -> str:
@@ -254,6 +279,7 @@ def expect_failure(tasks: Sequence[dict], env: dict | None = None, **kwargs) -> 
         seconds = clock.elapsed()
         output = getattr(e, "output", "")
         started = wait_start(output)      # a timestamp() the hung rank printed
+        records, dropped = parse_flight_records(output)
         return Failure(seconds, str(e), output, None if started is None else seconds_since(started),
-                       rank_env(output), flight_records(output))
+                       rank_env(output), records, tuple(dropped))
     raise RuntimeError(f"the job {[t['name'] for t in tasks]} was expected to fail but succeeded")
