@@ -244,4 +244,4 @@ def test_chapter4_tools_takes_the_efficiency_per_clock_at_the_clock_in_question(
     code = "\n".join(tools)
     assert 'run_ceil.per_clock("matmul_bf16") * run_ceil.peak' not in code
     assert "efficiency_at(f_step, clock_points)" in code
-    assert "above the chip's maximum" in code
+    assert "above {top}" in code and "top = f\"the chip's maximum of" in code
