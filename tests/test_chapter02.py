@@ -91,6 +91,36 @@ def test_the_waves_are_fitted_per_kernel_from_the_profilers_durations():
     assert "fit_wave_width" not in code and "batch_wave_sweep" not in code
 
 
+def test_the_wave_sweep_is_compute_bound_and_its_prediction_has_a_byte_term():
+    """Review N1 (6 December): the bmm of [256, 8192] @ [8192, 256] ran at 126 FLOP/byte, below
+    the ridge, so it measured HBM, not waves. The products now share one B, each moving its A and
+    its output: at least twice the H100 reference run's ridge of the rates reached (699 TFLOP/s
+    over 3.00 TB/s), and the prediction is the longer of the FLOP time and the byte time."""
+    code = "\n".join(code_cells(PAGES[1]))
+    found = re.search(r"^m, n, k = (\d+), (\d+), (\d+)", code, re.M)
+    assert found, "the wave sweep's shape is not set on one line"
+    m, n, k = map(int, found.groups())
+    assert 2 * m * n * k / (2 * (m * k + m * n)) >= 2 * 699e12 / 3.00e12
+    assert "torch.matmul(wa[:b], wb)" in code and "torch.bmm(" not in code
+    assert "predicted_s = max(terms)" in code and "product_terms(" in code
+    assert "smoothed wave quantization away" not in code
+
+
+def test_a_batch_times_one_shared_matrix_runs_as_one_product_without_a_copy():
+    """The page says torch.matmul(A[:b], B) with a 3-D A and a 2-D B is one product
+    [b m, k] @ [k, n] on a view of A: one mm, no copy, no bmm (checked on the CPU)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    a, w = torch.randn(3, 8, 16), torch.randn(16, 4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = torch.matmul(a[:2], w)
+    ops = {e.name for e in prof.events()}
+    assert "aten::mm" in ops and "aten::bmm" not in ops
+    assert not ops & {"aten::copy_", "aten::clone", "aten::contiguous"}, ops
+    assert torch.allclose(out, torch.stack([a[0] @ w, a[1] @ w]), atol=1e-5)
+
+
 def test_one_ridge_definition_per_comparison():
     """Review N6: the run's ridge is roof over roof; the rates reached give the other; the lab
     compares a student's achieved ridge with the chapter's achieved ridge."""

@@ -3,6 +3,7 @@
 import os
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +200,48 @@ def test_kernel_summary_has_the_nsys_kernel_report_columns():
     assert abs(sum(r["time_pct"] for r in rows) - 100) < 1e-9
     with pytest.raises(ValueError, match="no kernels"):
         kernel_summary([])
+
+
+def _page_code(stem):
+    import jupytext
+    page = Path(__file__).resolve().parent.parent / "book" / f"{stem}.md"
+    return [c.source for c in jupytext.read(page).cells if c.cell_type == "code"]
+
+
+def _function_source(cells, name):
+    import ast
+    for src in cells:
+        body = "\n".join(l for l in src.splitlines() if not l.startswith(":tags:"))
+        try:
+            tree = ast.parse(body)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                return ast.get_source_segment(body, node)
+    raise AssertionError(f"{name} is not defined on the page")
+
+
+def test_chapter4_tools_takes_the_efficiency_per_clock_at_the_clock_in_question():
+    """Review N3 (6 December): the data-movement prediction and the traced rate's needed clock used
+    the ceiling's 77 % per clock at every clock; chapter 4's model interpolates between the clocks
+    the run measured. With the H100 run's three points (91 % at 1,398 MHz, 76.9 % at 1,681,
+    74 % at 1,980) the traced 805 TFLOP/s needs more than the chip's 1,980 MHz."""
+    tools = _page_code("04_measuring_and_profiling_tools")
+    main = _page_code("04_measuring_and_profiling")
+    src = _function_source(tools, "efficiency_at")
+    assert src == _function_source(main, "efficiency_at"), "the two pages' models differ"
+    ns = {}
+    exec(src + "\n\n" + _function_source(tools, "clock_needed"), ns)
+    pts = [(1398e6, 0.91), (1681e6, 0.769), (1980e6, 0.74)]
+    per_hz = 132 * 4096                          # H100 bf16 FLOP per clock
+    assert ns["efficiency_at"](1980e6, pts) == 0.74
+    assert abs(ns["efficiency_at"](1830.5e6, pts) - (0.769 + 0.74) / 2) < 1e-9
+    assert ns["efficiency_at"](2200e6, pts) is None
+    needed = ns["clock_needed"](805e12, pts, per_hz)
+    assert 1980e6 < needed < 2030e6
+    assert ns["clock_needed"](699e12, pts, per_hz) <= 1681e6
+    code = "\n".join(tools)
+    assert 'run_ceil.per_clock("matmul_bf16") * run_ceil.peak' not in code
+    assert "efficiency_at(f_step, clock_points)" in code
+    assert "above {top}" in code and "top = f\"the chip's maximum of" in code
