@@ -704,7 +704,7 @@ def test_a_rung_stores_the_time_weighted_clock_that_the_ceilings_state(monkeypat
     Fake NVML readings, evenly spaced at 1,500 MHz for a short while and then one reading of
     1,900 MHz that stands for most of the window: median 1,500, time-weighted about 1,716."""
     from perflab.core.telemetry import summarize, time_weighted
-    from perflab.gpt2 import train as train_module
+    import perflab.gpt2.train
 
     readings = [(0.0, 1500.0), (0.1, 1500.0), (0.2, 1500.0), (9.0, 1900.0)]
     fake = summarize([{"t": t, "sm_clock_mhz": v} for t, v in readings], [(0.0, 10.0)],
@@ -729,7 +729,7 @@ def test_a_rung_stores_the_time_weighted_clock_that_the_ceilings_state(monkeypat
         def summary(self):
             return fake
 
-    monkeypatch.setattr(train_module, "Telemetry", FakeTelemetry)
+    monkeypatch.setattr(perflab.gpt2.train, "Telemetry", FakeTelemetry)
     res = train(base(batch=2), tokens(), steps=1, windows=2, device="cpu", warmup=1,
                 sustain_s=0.05, settle_s=0.0)
     sus = res.extra["sustained"]
@@ -740,7 +740,7 @@ def test_a_rung_stores_the_time_weighted_clock_that_the_ceilings_state(monkeypat
     # weighted clock then compares the weighted clock with itself
     assert sus["sm_clock_mhz"] / res.extra["sm_clock_mhz"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="summary"):
-        train_module.run_clocks(object())
+        perflab.gpt2.train.run_clocks(object())
 
 
 def test_fp8_step_counts_every_block_linears_operands():
