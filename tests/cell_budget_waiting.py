@@ -59,17 +59,11 @@ OVER_BUDGET: dict[str, dict[str, int | list[int]]] = {
         'if on_gpu:': 28,
     },
     'book/08_distributed_training.md': {
-        'W, D = sized(cpu=512, gpu=8192, ci=256), 8  # the Linear stack': 38,
-        'glue("hang_timeout_s", hang_timeout)': 16,
         'blocks_bwd = 2 / 3 * block_flops / rate': 17,
         'on_nccl = backend == "nccl"': 24,
     },
     'book/09_1_torch_compile.md': {
         'import cProfile': 68,
-    },
-    'book/10_gpt2_case_study.md': {
-        'own = {p: ceil.value(k) for p, k in (("fp32", "matmul_fp32"),': 24,
-        'if requires_gpu(what="The FP8 crossover", capability=(8, 9),': 41,
     },
     'book/roofline_explorer.md': {
         'SHEETS = perflab.machine.datasheets.DATASHEETS': 18,
