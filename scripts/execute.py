@@ -205,6 +205,7 @@ STATUS_WORDS = {
 PERFLAB_STALE = STALE + "perflab modules it imports changed since the run (re-run on a GPU machine): "
 RE_MEASURED = ("stale: one run, one host, several ceilings files (each call measured them "
                "again; re-run the pages in one sequence of calls): ")
+INPUT_STALE = STALE + "a page it reads was run after it (re-run it after them on a GPU machine): "
 PROSE_DRIFT = "prose or cell metadata (tags, figure captions) differs from the .ipynb"
 EXIT_STALE_ONLY = 3   # --check: only runs a GPU machine must make: stale (page code or perflab
 #                       alike) or awaiting their first run (module docstring)
@@ -258,6 +259,8 @@ def problems(md: Path) -> list[str]:
         found = []
     elif st.cause == "perflab":
         found = [f"{rel}: {PERFLAB_STALE}{', '.join(st.changed)}"]
+    elif st.cause == "input":
+        found = [f"{rel}: {INPUT_STALE}{', '.join(st.changed)}"]
     else:
         found = [f"{rel}: {STATUS_WORDS[st.state]}"
                  + (f" (devices={list(st.run.devices)})" if st.state == "cpu" else "")]

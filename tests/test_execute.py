@@ -549,3 +549,38 @@ def test_reference_run_sh_refuses_labs_beside_chapters_of_another_run(tmp_path):
     assert "executed pages" in call("labs/01.md", PERFLAB_LABS_ANY_CHAPTERS="1").stdout
     chapter("r2")
     assert "executed pages" in call("labs/01.md").stdout
+
+
+def test_a_page_that_reads_another_goes_stale_when_that_page_is_run_after_it(tmp_path):
+    """The roofline explorer draws chapter 1's measured roofs from chapter 1's executed
+    notebook: once chapter 1 is run again, the explorer shows an older run than chapter 1
+    does, and --check calls it stale (exit 3), naming the page."""
+    from perflab.record import runs
+
+    a = write_nb(tmp_path / "a.md", "x = 1")
+    b = write_nb(tmp_path / "b.md", "y = 2")
+    b.write_text(b.read_text().replace(
+        "  name: python3\n---", "  name: python3\nperflab:\n  reads: [a]\n---", 1))
+    assert runs.reads(b) == ("a",) and runs.reads(a) == ()
+    for md, started in ((a, "2026-12-06T01:00:00Z"), (b, "2026-12-06T02:00:00Z")):
+        assert run(md).returncode == 0
+        ipynb = md.with_suffix(".ipynb")
+        nb = json.loads(ipynb.read_text())
+        nb["metadata"]["reference_run"].update(devices=["NVIDIA H100"], cuda="13.0",
+                                               started=started)
+        ipynb.write_text(json.dumps(nb))
+    assert runs.status(b).ok                          # read after a's run: current
+    assert run("--check", a, b).returncode == 0
+
+    ipynb = a.with_suffix(".ipynb")                   # a is run again, after b
+    nb = json.loads(ipynb.read_text())
+    nb["metadata"]["reference_run"]["started"] = "2026-12-06T03:00:00Z"
+    ipynb.write_text(json.dumps(nb))
+    st = runs.status(b)
+    assert st.state == "stale" and st.cause == "input" and st.changed == ("a",)
+    r = run("--check", a, b)
+    assert r.returncode == 3 and "b.md: stale: a page it reads was run after it" in r.stdout
+
+    b.write_text(b.read_text().replace("reads: [a]", "reads: a"))
+    with pytest.raises(ValueError, match="perflab: reads"):
+        runs.reads(b)

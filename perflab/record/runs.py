@@ -369,9 +369,11 @@ class RunStatus:
             ``"no-metadata"``.
         words: what the status page and ``execute.py --check`` print.
         run: the :class:`ReferenceRun`, when there is one.
-        cause: for ``"stale"``: ``"code"`` (the notebook's code cells changed) or ``"perflab"``
-            (the cells did not, but a perflab module they import did); else None.
-        changed: for ``cause == "perflab"``: the module files that changed.
+        cause: for ``"stale"``: ``"code"`` (the notebook's code cells changed), ``"perflab"``
+            (the cells did not, but a perflab module they import did) or ``"input"`` (a page
+            whose executed notebook this one reads, :func:`reads`, was run after it); else None.
+        changed: for ``cause == "perflab"``: the module files that changed; for ``"input"``:
+            the pages re-run since.
     """
 
     state: str
@@ -417,7 +419,43 @@ def status(source: str | os.PathLike, ipynb: str | os.PathLike | None = None) ->
         if changed:
             return RunStatus("stale", "stale: perflab changed since the run (" + ", ".join(changed)
                              + ")", run, cause="perflab", changed=tuple(changed))
+        newer = _inputs_run_after(source, run)
+        if newer:
+            return RunStatus("stale", "stale: a page it reads was run after it ("
+                             + ", ".join(newer) + ")", run, cause="input", changed=newer)
     return RunStatus("current", "current", run)
+
+
+def reads(source: str | os.PathLike) -> tuple[str, ...]:
+    """The pages whose executed notebooks a MyST notebook reads (the roofline explorer draws
+    chapter 1's measured roofs): its front matter's ``perflab: {reads: [NAME, ...]}``, names
+    of notebooks in the same folder without suffix. A page that declares none reads none.
+
+    Raises:
+        ValueError: ``reads`` is not a list of non-empty names.
+    """
+    meta = _front_matter(Path(source)).get("perflab") or {}
+    names = meta.get("reads", []) if isinstance(meta, dict) else []
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"{source}: front matter 'perflab: reads' must be a list of page "
+                         f"names, got {names!r}")
+    return tuple(names)
+
+
+def _inputs_run_after(source: Path, run: ReferenceRun) -> tuple[str, ...]:
+    """The pages ``source`` reads whose reference runs started after ``run`` did: what the
+    page shows of them comes from an older run than theirs."""
+    newer = []
+    for name in reads(source):
+        other = source.parent / f"{name}.ipynb"
+        try:
+            theirs = read(other) if other.exists() else None
+        except ValueError:
+            theirs = None
+        if (theirs is not None and theirs.started and run.started
+                and theirs.started > run.started):
+            newer.append(name)
+    return tuple(newer)
 
 
 #: The folder, at the repository's root, of sources waiting for a machine kind that is not lent.
