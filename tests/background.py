@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -120,12 +121,14 @@ class Pool:
                 self.queue.remove(job)
                 job.state = "running"
             self.local.job = job
+            began = time.monotonic()
             try:
                 job.value = job.fn()
             except BaseException as e:  # noqa: BLE001 - handed to the test that asks
                 job.error = e
             finally:
                 self.local.job = None
+                _log(job, began)
                 with self.cond:
                     job.state = "done"
                     self.cond.notify_all()
@@ -208,6 +211,20 @@ class Pool:
         for t in self.threads:
             if t.is_alive():
                 t.join(timeout=60)
+
+
+# PERFLAB_TEST_JOBLOG=FILE appends one line per finished job (its key, when it started and how
+# long it ran, in seconds from the session's start, and whether it ran alone): where a test run's
+# time goes, which pytest's --durations hides behind the tests that wait.
+_T0 = time.monotonic()
+_JOBLOG = os.environ.get("PERFLAB_TEST_JOBLOG")
+
+
+def _log(job: Job, began: float) -> None:
+    if _JOBLOG:
+        with open(_JOBLOG, "a", encoding="utf-8") as f:
+            f.write(f"{job.key}\t{began - _T0:.1f}\t{time.monotonic() - began:.1f}"
+                    f"\t{'alone' if job.alone else ''}\n")
 
 
 def _killpg(pgid: int) -> None:
