@@ -5,6 +5,7 @@ Every launch carries its own timeout (the launcher then stops torchrun and every
 started), so no test can hang; sizes are tiny and each world size is one launch that batches all the tasks.
 """
 
+import gc
 import re
 import signal
 import socket
@@ -518,6 +519,13 @@ def test_one_process_group_lets_ddp_do_its_own_work_and_leaves_no_group():
         net(torch.randn(4, 8)).sum().backward()
         assert all(p.grad is not None for p in model.parameters())
         assert sum(data_parallel.bucket_bytes(net)) == 4 * sum(p.numel() for p in model.parameters())
+        # DDP's reducer holds the group. Freed after the group was destroyed, it was the last
+        # owner, and gloo's destructor joined its worker threads while holding the GIL: a test
+        # run of 6 December hung there for good (a worker thread needed the GIL to free a
+        # tensor), with every background job's thread stuck behind it. Freed here, the group
+        # still registered, destroy_process_group shuts it down instead.
+        del net
+        gc.collect()
     assert not dist.is_initialized()
 
 
