@@ -75,6 +75,7 @@ import datetime as dt
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -459,6 +460,31 @@ def pack(archive: Path, since: float, root: Path = ROOT, folders=PACKED,
     return len(files)
 
 
+def keep(folder: Path, since: float, root: Path = ROOT, folders=PACKED) -> int:
+    """Copy every file under ``root / folder`` (for each of ``folders``) modified at or after
+    ``since`` into ``folder``, at the same relative path (atomically, file by file). Returns
+    the number of files.
+
+    A run split over several calls on one machine keeps what each call wrote outside the tree
+    the device tool replaces (``scripts/reference_run.sh``, ``$PERFLAB_RUN_ID``), and the next
+    call puts it back: the run's ceilings file above all, so the next call reuses it. The run
+    calls this right after the ceilings are ready and after each notebook, so a call stopped at
+    its time limit loses nothing it finished (on 6 December the first call of a run was stopped
+    in its twelfth page; the script kept the tree only at its end, so the next call measured the
+    ceilings again and the run's pages read two ceilings files).
+    """
+    files = sorted(p for f in folders if (root / f).is_dir() for p in (root / f).rglob("*")
+                   if p.is_file() and not p.name.endswith(".tmp")
+                   and p.stat().st_mtime >= since)
+    for f in files:
+        target = folder / f.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.copy2(f, tmp)
+        os.replace(tmp, target)
+    return len(files)
+
+
 def _holds_gpu_run(ipynb: Path) -> bool:
     try:
         run = runs.read(ipynb)
@@ -607,6 +633,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pack", type=Path, default=None, metavar="TGZ",
                         help="after each notebook, write every file the run has written under "
                              "book/, labs/ and perflab/data (and --out) to this gzip tar")
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="after the ceilings and after each notebook, copy every file the run "
+                             "has written (as --pack) into DIR, which a later call of the run "
+                             "restores (scripts/reference_run.sh)")
     parser.add_argument("--pending", action="store_true",
                         help="with no paths: also the sources waiting in pending/ (CI runs them on CPU)")
     parser.add_argument("--fresh-ceilings", action="store_true",
@@ -687,6 +717,8 @@ def main(argv: list[str] | None = None) -> int:
     prepare_ceilings(args.fresh_ceilings, run_id(args.run_id))
     folders = PACKED + ((str(args.out.resolve().relative_to(ROOT)),)
                         if args.out and args.out.resolve().is_relative_to(ROOT) else ())
+    if args.keep:       # the ceilings first: a call stopped in its first page keeps them
+        keep(args.keep, started, folders=folders)
     failed = 0
     for k, md in enumerate(notebooks, 1):
         index = f"[{k}/{len(notebooks)}]"
@@ -699,6 +731,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.pack:
             print(f"{index} packed {pack(args.pack, started, folders=folders)} file(s) into {args.pack}",
                   flush=True)
+        if args.keep:
+            keep(args.keep, started, folders=folders)
     if failed:
         print(f"{failed} of {len(notebooks)} notebook(s) failed", file=sys.stderr)
     return 1 if failed else 0

@@ -82,6 +82,10 @@ PY
     exit 2
   fi
 fi
+# The run's tree goes to $keep after the ceilings and after each notebook (execute.py --keep),
+# not at the end of this script: a call stopped at its time limit never reaches the end (on 6
+# December that lost the first call's ceilings, and the next call measured them again).
+[ -n "$keep" ] && pack+=(--keep "$keep")
 python3 scripts/execute.py "${pack[@]}" "$@" 2>&1 | grep --line-buffered -v "running over TCP without encryption" | tee "$log"
 rc=${PIPESTATUS[0]}
 if [ -n "$keep" ] && [ -n "${OUT:-}" ]; then

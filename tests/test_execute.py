@@ -114,6 +114,32 @@ def test_pack_holds_every_file_written_since_the_start_and_is_rewritten_after_ea
     assert tarfile.is_tarfile(archive)
 
 
+def test_keep_copies_what_the_run_wrote_so_a_stopped_call_loses_nothing(tmp_path):
+    import os
+    root = tmp_path / "clone"
+    for rel in ("book/old.ipynb", "book/new.ipynb", "perflab/data/reference_ceilings.json",
+                "labs/l.ipynb.tmp", "elsewhere/x.ipynb"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+    since = (root / "book" / "new.ipynb").stat().st_mtime
+    os.utime(root / "book" / "old.ipynb", (since - 60, since - 60))
+    kept = tmp_path / "kept"
+    folders = ("book", "labs", "perflab/data", "missing")
+    assert execute.keep(kept, since, root=root, folders=folders) == 2
+    got = sorted(p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file())
+    assert got == ["book/new.ipynb", "perflab/data/reference_ceilings.json"]
+    # called again after the next notebook: rewritten, never a temporary left behind
+    (root / "book" / "new.ipynb").write_text("second")
+    assert execute.keep(kept, since, root=root, folders=folders) == 2
+    assert (kept / "book" / "new.ipynb").read_text() == "second"
+    assert not list(kept.rglob("*.tmp"))
+    # through main: accepted beside --pack, and the run goes on as usual
+    good = write_nb(tmp_path / "good.md", "print('fine')")
+    assert run("--keep", tmp_path / "kept2", good).returncode == 0
+    sh = (ROOT / "scripts" / "reference_run.sh").read_text()
+    assert '--keep "$keep"' in sh     # the script keeps after each notebook, not at its end
+
+
 def test_per_notebook_time_limit(tmp_path):
     slow = write_nb(tmp_path / "slow.md", "import time\ntime.sleep(30)")
     r = run("--timeout", "3", slow)
