@@ -36,7 +36,39 @@ def _short(v) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
-def report(a, b, moved: float) -> int:
+def near_edges(a: dict, b: dict, edge: float) -> list[tuple[str, str, str]]:
+    """Device-bound verdicts that agree between the two runs but whose measured spread lies
+    within ``edge`` (relative to the band's edge) of an edge of its band in either run:
+    ``[(page, claim, "A: true 0.8%, B: true 2.1%"), ...]``. Such a verdict has not flipped yet,
+    and the next run may flip it: its band or its measurement needs work before then. Only
+    claims that record their band (``band_lo``/``band_hi``) can be checked."""
+    out = []
+    for page in sorted(set(a.get("pages", {})) & set(b.get("pages", {}))):
+        va = a["pages"][page].get("verdicts", {})
+        vb = b["pages"][page].get("verdicts", {})
+        for name in sorted(set(va) & set(vb)):
+            ra, rb = va[name], vb[name]
+            if ra.get("bound") != "device" or ra.get("verdict") != rb.get("verdict"):
+                continue
+            gaps = [_gap(r) for r in (ra, rb)]
+            if any(g is not None and g < edge for g in gaps):
+                said = ", ".join(f"{k}: {r['verdict']} " + ("-" if g is None else f"{g:.1%}")
+                                 for k, r, g in (("A", ra, gaps[0]), ("B", rb, gaps[1])))
+                out.append((page, name, said))
+    return out
+
+
+def _gap(record: dict) -> float | None:
+    """The least distance between an end of the measured spread and an edge of the band,
+    relative to that edge (None without a band or a spread)."""
+    lo, hi = record.get("lo"), record.get("hi")
+    edges = [e for e in (record.get("band_lo"), record.get("band_hi")) if e is not None]
+    if lo is None or hi is None or not edges:
+        return None
+    return min(abs(x - e) / (abs(e) or 1.0) for e in edges for x in (lo, hi))
+
+
+def report(a, b, moved: float, edge: float = 0.03) -> int:
     pages, only_a, only_b = verdicts.compare(a, b, moved)
     defects = host = apart = 0
     for p in pages:
@@ -64,6 +96,12 @@ def report(a, b, moved: float) -> int:
         print(f"\n{name}: only in A")
     for name in only_b:
         print(f"\n{name}: only in B")
+    near = near_edges(a, b, edge)
+    if near:
+        print(f"\nAgreeing device-bound verdicts within {edge:.0%} of a band's edge in either "
+              "run (the next run may flip them):")
+        for page, name, said in near:
+            print(f"   {page}: {name} ({said})")
     print(f"\n{defects} verdict(s) changed that are not declared host-bound; {host} host-bound "
           f"verdict(s) changed; {apart} other(s) changed on pages whose runs differ in device "
           f"or source; {len(only_a) + len(only_b)} page(s) in one run only")
@@ -74,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="*", help="two run records or run folders (A B)")
     ap.add_argument("--moved", type=float, default=0.10, help="relative change counted as moved")
+    ap.add_argument("--edge", type=float, default=0.03,
+                    help="list agreeing device-bound verdicts this close to a band's edge")
     ap.add_argument("--record", type=Path, help="write the run record of --root to this file")
     ap.add_argument("--root", type=Path, default=ROOT, help="folder holding book/ and labs/")
     ap.add_argument("--run", default=None, help="the run's name stored in the record")
@@ -97,14 +137,14 @@ def main(argv: list[str] | None = None) -> int:
             print("compare_runs.py: give two runs to compare (A B), or --record FILE",
                   file=sys.stderr)
             return 2
-        if args.moved < 0:
-            print("compare_runs.py: --moved must be >= 0", file=sys.stderr)
+        if args.moved < 0 or args.edge < 0:
+            print("compare_runs.py: --moved and --edge must be >= 0", file=sys.stderr)
             return 2
         a, b = (verdicts.load(r) for r in args.runs)
     except (OSError, ValueError) as err:
         print(f"compare_runs.py: {err}", file=sys.stderr)
         return 2
-    return report(a, b, args.moved)
+    return report(a, b, args.moved, args.edge)
 
 
 if __name__ == "__main__":

@@ -236,3 +236,25 @@ def test_a_change_is_shown_as_measured_over_predicted_without_a_unit():
     assert c.over_predicted == pytest.approx((1.02, 1.4))
     assert verdicts.Change("x", "true", "false", "host", (1.0, 2.0), None).over_predicted is None
     assert verdicts.Change("x", "true", "false", "host", (1.0, 2.0), (0, 1.0)).over_predicted is None
+
+
+def test_near_edges_lists_agreeing_device_verdicts_close_to_a_band_edge():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import compare_runs
+
+    def doc(**claims_):
+        return {"pages": {"book/x": {"verdicts": claims_}}}
+
+    def rec(lo, hi, verdict="true", bound="device"):
+        return {"verdict": verdict, "bound": bound, "lo": lo, "hi": hi, "measured": lo,
+                "band_lo": 0.9, "band_hi": 1.1}
+
+    a = doc(near=rec(0.905, 1.0), far=rec(0.95, 1.05), host=rec(0.901, 1.0, bound="host"),
+            flipped=rec(0.905, 1.0), bare={"verdict": "true", "bound": "device"})
+    b = doc(near=rec(0.95, 1.0), far=rec(0.96, 1.04), host=rec(0.901, 1.0, bound="host"),
+            flipped=rec(0.85, 0.95, verdict="undecided"), bare={"verdict": "true",
+                                                               "bound": "device"})
+    got = compare_runs.near_edges(a, b, 0.03)
+    assert [(p, n) for p, n, _ in got] == [("book/x", "near")]   # host, flips, far, bare: no
+    assert "A: true 0.6%" in got[0][2]
+    assert compare_runs.near_edges(a, b, 0.001) == []
