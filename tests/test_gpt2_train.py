@@ -12,7 +12,7 @@ from perflab.gpt2.model import config as gpt2_config
 from perflab.gpt2.rungs import (PLAIN_RUNG, RunResult, Rung, last_parallel_rung, mfu, padded,
                                 predict_peak, static_bytes_per_param)
 from perflab.gpt2.steps import memory_ladder, speed_ladder
-from perflab.gpt2.tables import saving_table, saving_verdict
+from perflab.gpt2.tables import noise_half_width, saving_table, saving_verdict
 from perflab.gpt2.train import (batches, losses_agree, train, train_pairs, train_rounds,
                                window_ids)
 
@@ -504,24 +504,35 @@ def test_saving_table_splits_the_saving_and_names_an_unprofiled_rung():
 
 def test_saving_table_takes_interleaved_savings_and_calls_small_changes_noise():
     """With train_pairs' rounds the saving is theirs, not the windows' difference; a change of
-    kernel or idle time within half the saving's spread is 'unchanged within the noise', never
-    a direction word (the 5 Dec runs said 'rose by 135 µs' and 'fell by 179 µs' for the same
-    rung)."""
-    results = {"plain": _result("plain", 0.10, 0.08, windows=(0.100, 0.101), window_s=0.1102),
-               "fused head": _result("fused head", 0.09, 0.075, windows=(0.09, 0.09, 0.09),
-                                     window_s=0.1050)}
-    # eight rounds: an inter-quartile range of nothing, a whole range of ±0.5 ms
-    paired = {"fused head": {"saved": Spread((0.005,) * 6 + (0.0045, 0.0055))}}
+    kernel or idle time within half the spread that grades the saving (its inter-quartile
+    range from 8 rounds, not the looser min-max) is 'unchanged within the noise', never a
+    direction word (the 5 Dec runs said 'rose by 135 µs' and 'fell by 179 µs' for the same
+    rung), and the sentence quotes the change with the table's sign, as a fall (the 6 Dec
+    review: table 'in kernels 3.22 ms', sentence '-3.22 ms', called noise against the whole
+    range's ±4.35 ms while the saving's IQR was ±1.19 ms)."""
+    results = {"plain": _result("plain", 0.10, 0.08, windows=(0.100, 0.101), window_s=0.1122),
+               "fused head": _result("fused head", 0.09, 0.0785, windows=(0.09, 0.09, 0.09),
+                                     window_s=0.1105)}
+    # eight rounds: inter-quartile range 4.5 to 5.5 ms (±0.5 ms), whole range 1 to 9 ms
+    vals = (0.001, 0.0045, 0.0045, 0.005, 0.005, 0.0055, 0.0055, 0.009)
+    paired = {"fused head": {"saved": Spread(vals)}}
+    assert noise_half_width(paired["fused head"]["saved"]) == pytest.approx(0.0005)
     table, savings = saving_table(results, {"fused head": 0.01}, paired)
     name, saved, cause = savings["fused"]
     assert saved is paired["fused head"]["saved"]          # windows of unequal count: unused
-    assert "8 interleaved rounds" in table
-    # kernels 80 -> 75 ms: 5 ms, past the ±0.5 ms noise; idle 30.2 -> 30 ms: 0.2 ms, inside it
-    assert "own time fell by 5 ms" in cause
-    assert "idle time between them was unchanged within the noise" in cause
-    assert "rose" not in cause
+    assert "8 interleaved rounds" in table and "fell by" in table
+    # kernels 80 -> 78.5 ms: 1.5 ms, past the IQR's ±0.5 ms (inside the min-max's ±4 ms)
+    assert "own time fell by 1.5 ms" in cause
+    # idle 32.2 -> 32.0 ms: fell by 0.2 ms, inside the noise, quoted with the table's sign
+    assert "idle time between them was unchanged within the noise (it fell by +200 µs" in cause
+    assert "±500 µs" in cause and "rose" not in cause
+    results["fused head"].extra["timeline"] = Timeline(0.1110, 0.0785, 10, (1e-5,))
+    _, savings = saving_table(results, {"fused head": 0.01}, paired)
+    assert "(it fell by -300 µs" in savings["fused"][2].replace("−", "-")
     with pytest.raises(ValueError, match="paired"):
         saving_table(results, {"fused head": 0.01}, {})
+    with pytest.raises(TypeError, match="saved must be a Spread"):
+        noise_half_width((0.001, 0.002))
 
 
 def test_the_ladder_runs_without_fp8_tensor_cores(monkeypatch):
