@@ -5,7 +5,8 @@ from dataclasses import asdict
 
 from perflab.core.rounds import Spread
 from perflab.distributed.launch import launch
-from perflab.gpt2.breakdown import (Timeline, _device_rows, attention_kernel, kernel_kind,
+from perflab.gpt2.breakdown import (Timeline, _device_rows, attention_kernel, kernel_changes,
+                                    kernel_kind,
                                     step_breakdown, weight_matmul_flops)
 from perflab.gpt2 import rungs
 from perflab.gpt2.model import config as gpt2_config
@@ -455,6 +456,30 @@ def test_step_breakdown_shares_and_matmul_rate():
         step_breakdown([("x", -1.0)])
     with pytest.raises(ValueError, match="params"):
         weight_matmul_flops(0, 10)
+
+
+def test_kernel_changes_net_by_kind_with_the_falls_beside_the_growths():
+    """bf16 against fp16 in chapter 10: cuBLAS names carry the dtype, so one product is a name
+    that vanished (a fall) and one that appeared (a growth); listing growths alone said
+    '+79 ms' in a total of '+26 ms'. The net change by kind adds up to the total."""
+    fp16 = [("nvjet_hsh_a", 0.050), ("elementwise_kernel<half>", 0.010),
+            ("flash_fwd_kernel", 0.020)]
+    bf16 = [("cutlass::Kernel2<bf16>", 0.054), ("elementwise_kernel<half>", 0.004),
+            ("elementwise_kernel<bf16>", 0.009), ("flash_fwd_kernel", 0.020)]
+    c = kernel_changes(fp16, bf16, n=2)
+    assert c.total_s == pytest.approx(0.007)
+    assert c.by_kind["matmul"] == pytest.approx(0.004)
+    assert c.by_kind["other"] == pytest.approx(0.003)
+    assert c.by_kind["attention"] == pytest.approx(0.0)
+    assert [k for k, _ in c.grew] == ["cutlass::Kernel2<bf16>", "elementwise_kernel<bf16>"]
+    assert [k for k, _ in c.shrank] == ["nvjet_hsh_a", "elementwise_kernel<half>"]
+    assert c.shrank[0][1] == pytest.approx(-0.050)
+    assert sum(d for _, d in c.grew) > c.total_s        # growths alone overstate
+    assert kernel_changes(fp16, fp16).grew == () == kernel_changes(fp16, fp16).shrank
+    with pytest.raises(ValueError, match="n must be"):
+        kernel_changes(fp16, bf16, n=0)
+    with pytest.raises(ValueError, match="after: kernel 'x' has a negative"):
+        kernel_changes(fp16, [("x", -1.0)])
 
 
 def test_device_rows_count_each_kernel_once_and_skip_host_operators():
