@@ -5,14 +5,15 @@ from dataclasses import asdict
 
 from perflab.core.rounds import Spread
 from perflab.distributed.launch import launch
-from perflab.gpt2.breakdown import (Timeline, _device_rows, attention_kernel, kernel_kind,
+from perflab.gpt2.breakdown import (Timeline, _device_rows, attention_kernel, kernel_changes,
+                                    kernel_kind,
                                     step_breakdown, weight_matmul_flops)
 from perflab.gpt2 import rungs
 from perflab.gpt2.model import config as gpt2_config
 from perflab.gpt2.rungs import (PLAIN_RUNG, RunResult, Rung, last_parallel_rung, mfu, padded,
                                 predict_peak, static_bytes_per_param)
 from perflab.gpt2.steps import memory_ladder, speed_ladder
-from perflab.gpt2.tables import saving_table, saving_verdict
+from perflab.gpt2.tables import noise_half_width, saving_table, saving_verdict
 from perflab.gpt2.train import (batches, losses_agree, train, train_pairs, train_rounds,
                                window_ids)
 
@@ -457,6 +458,30 @@ def test_step_breakdown_shares_and_matmul_rate():
         weight_matmul_flops(0, 10)
 
 
+def test_kernel_changes_net_by_kind_with_the_falls_beside_the_growths():
+    """bf16 against fp16 in chapter 10: cuBLAS names carry the dtype, so one product is a name
+    that vanished (a fall) and one that appeared (a growth); listing growths alone said
+    '+79 ms' in a total of '+26 ms'. The net change by kind adds up to the total."""
+    fp16 = [("nvjet_hsh_a", 0.050), ("elementwise_kernel<half>", 0.010),
+            ("flash_fwd_kernel", 0.020)]
+    bf16 = [("cutlass::Kernel2<bf16>", 0.054), ("elementwise_kernel<half>", 0.004),
+            ("elementwise_kernel<bf16>", 0.009), ("flash_fwd_kernel", 0.020)]
+    c = kernel_changes(fp16, bf16, n=2)
+    assert c.total_s == pytest.approx(0.007)
+    assert c.by_kind["matmul"] == pytest.approx(0.004)
+    assert c.by_kind["other"] == pytest.approx(0.003)
+    assert c.by_kind["attention"] == pytest.approx(0.0)
+    assert [k for k, _ in c.grew] == ["cutlass::Kernel2<bf16>", "elementwise_kernel<bf16>"]
+    assert [k for k, _ in c.shrank] == ["nvjet_hsh_a", "elementwise_kernel<half>"]
+    assert c.shrank[0][1] == pytest.approx(-0.050)
+    assert sum(d for _, d in c.grew) > c.total_s        # growths alone overstate
+    assert kernel_changes(fp16, fp16).grew == () == kernel_changes(fp16, fp16).shrank
+    with pytest.raises(ValueError, match="n must be"):
+        kernel_changes(fp16, bf16, n=0)
+    with pytest.raises(ValueError, match="after: kernel 'x' has a negative"):
+        kernel_changes(fp16, [("x", -1.0)])
+
+
 def test_device_rows_count_each_kernel_once_and_skip_host_operators():
     from types import SimpleNamespace as E
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
@@ -504,24 +529,35 @@ def test_saving_table_splits_the_saving_and_names_an_unprofiled_rung():
 
 def test_saving_table_takes_interleaved_savings_and_calls_small_changes_noise():
     """With train_pairs' rounds the saving is theirs, not the windows' difference; a change of
-    kernel or idle time within half the saving's spread is 'unchanged within the noise', never
-    a direction word (the 5 Dec runs said 'rose by 135 µs' and 'fell by 179 µs' for the same
-    rung)."""
-    results = {"plain": _result("plain", 0.10, 0.08, windows=(0.100, 0.101), window_s=0.1102),
-               "fused head": _result("fused head", 0.09, 0.075, windows=(0.09, 0.09, 0.09),
-                                     window_s=0.1050)}
-    # eight rounds: an inter-quartile range of nothing, a whole range of ±0.5 ms
-    paired = {"fused head": {"saved": Spread((0.005,) * 6 + (0.0045, 0.0055))}}
+    kernel or idle time within half the spread that grades the saving (its inter-quartile
+    range from 8 rounds, not the looser min-max) is 'unchanged within the noise', never a
+    direction word (the 5 Dec runs said 'rose by 135 µs' and 'fell by 179 µs' for the same
+    rung), and the sentence quotes the change with the table's sign, as a fall (the 6 Dec
+    review: table 'in kernels 3.22 ms', sentence '-3.22 ms', called noise against the whole
+    range's ±4.35 ms while the saving's IQR was ±1.19 ms)."""
+    results = {"plain": _result("plain", 0.10, 0.08, windows=(0.100, 0.101), window_s=0.1122),
+               "fused head": _result("fused head", 0.09, 0.0785, windows=(0.09, 0.09, 0.09),
+                                     window_s=0.1105)}
+    # eight rounds: inter-quartile range 4.5 to 5.5 ms (±0.5 ms), whole range 1 to 9 ms
+    vals = (0.001, 0.0045, 0.0045, 0.005, 0.005, 0.0055, 0.0055, 0.009)
+    paired = {"fused head": {"saved": Spread(vals)}}
+    assert noise_half_width(paired["fused head"]["saved"]) == pytest.approx(0.0005)
     table, savings = saving_table(results, {"fused head": 0.01}, paired)
     name, saved, cause = savings["fused"]
     assert saved is paired["fused head"]["saved"]          # windows of unequal count: unused
-    assert "8 interleaved rounds" in table
-    # kernels 80 -> 75 ms: 5 ms, past the ±0.5 ms noise; idle 30.2 -> 30 ms: 0.2 ms, inside it
-    assert "own time fell by 5 ms" in cause
-    assert "idle time between them was unchanged within the noise" in cause
-    assert "rose" not in cause
+    assert "8 interleaved rounds" in table and "fell by" in table
+    # kernels 80 -> 78.5 ms: 1.5 ms, past the IQR's ±0.5 ms (inside the min-max's ±4 ms)
+    assert "own time fell by 1.5 ms" in cause
+    # idle 32.2 -> 32.0 ms: fell by 0.2 ms, inside the noise, quoted with the table's sign
+    assert "idle time between them was unchanged within the noise (it fell by +200 µs" in cause
+    assert "±500 µs" in cause and "rose" not in cause
+    results["fused head"].extra["timeline"] = Timeline(0.1110, 0.0785, 10, (1e-5,))
+    _, savings = saving_table(results, {"fused head": 0.01}, paired)
+    assert "(it fell by -300 µs" in savings["fused"][2].replace("−", "-")
     with pytest.raises(ValueError, match="paired"):
         saving_table(results, {"fused head": 0.01}, {})
+    with pytest.raises(TypeError, match="saved must be a Spread"):
+        noise_half_width((0.001, 0.002))
 
 
 def test_the_ladder_runs_without_fp8_tensor_cores(monkeypatch):

@@ -22,7 +22,7 @@ from perflab.core.validate import number, one_of, positive
 from perflab.profiling.trace import summarize_trace
 
 __all__ = ["Timeline", "profile_step", "kernel_kind", "StepBreakdown", "step_breakdown", "weight_matmul_flops",
-           "attention_kernel"]
+           "attention_kernel", "KernelChanges", "kernel_changes"]
 
 
 @dataclass(frozen=True)
@@ -209,6 +209,66 @@ def step_breakdown(kernels: Sequence[tuple[str, float]]) -> StepBreakdown:
             raise ValueError(f"kernel {name!r} has a negative time {seconds}")
         sums[kernel_kind(name)] += float(seconds)
     return StepBreakdown(sums["matmul"], sums["attention"], sums["other"])
+
+
+@dataclass(frozen=True)
+class KernelChanges:
+    """How two profiled steps' kernel times differ (``after`` less ``before``), by kind and by
+    name.
+
+    Attributes:
+        by_kind: ``{"matmul": s, "attention": s, "other": s}``, the net change of each kind
+            (:func:`kernel_kind`); they add up to :attr:`total_s`.
+        grew: ``[(name, s), ...]``, the names whose time grew most, the largest first (each > 0).
+        shrank: ``[(name, s), ...]``, the names whose time fell most, the largest fall first
+            (each < 0). A name that exists in one step only counts as 0 s in the other: a
+            kernel that changed its name (cuBLAS names carry the data type) shows up twice,
+            once in each list.
+    """
+
+    by_kind: dict
+    grew: tuple
+    shrank: tuple
+
+    @property
+    def total_s(self) -> float:
+        """Net change of all kernel time (s)."""
+        return sum(self.by_kind.values())
+
+
+def kernel_changes(before: Sequence[tuple[str, float]], after: Sequence[tuple[str, float]],
+                   n: int = 3) -> KernelChanges:
+    """Where two profiled steps' kernel times differ: the net change by kind and the ``n``
+    names that grew most beside the ``n`` that fell most (a list of growths alone hides the
+    falls that offset them: the 6 Dec review found three growths of +79 ms in a total of +26).
+
+    Args:
+        before, after: ``[(name, seconds), ...]``, each kernel once, as
+            ``extra["device_kernels"]`` holds them.
+        n: how many names to keep on each side (>= 1).
+
+    Raises:
+        ValueError: ``n`` < 1, or a negative time.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    sums = []
+    for label, rows in (("before", before), ("after", after)):
+        d: dict[str, float] = {}
+        for name, seconds in rows:
+            if seconds < 0:
+                raise ValueError(f"{label}: kernel {name!r} has a negative time {seconds}")
+            d[name] = d.get(name, 0.0) + float(seconds)
+        sums.append(d)
+    b, a = sums
+    delta = {k: a.get(k, 0.0) - b.get(k, 0.0) for k in set(a) | set(b)}
+    kinds = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
+    for k, d in delta.items():
+        kinds[kernel_kind(k)] += d
+    order = sorted(delta.items(), key=lambda kv: (-kv[1], kv[0]))
+    grew = tuple((k, d) for k, d in order if d > 0)[:n]
+    shrank = tuple((k, d) for k, d in reversed(order) if d < 0)[:n]
+    return KernelChanges(kinds, grew, shrank)
 
 
 def weight_matmul_flops(params: int, tokens: int) -> float:

@@ -12,7 +12,8 @@ from typing import Sequence
 from perflab.core.rounds import Spread
 from perflab.record.numbers import fmt
 
-__all__ = ["previous", "ladder_table", "saving_table", "saving_verdict", "memory_table"]
+__all__ = ["previous", "ladder_table", "saving_table", "noise_half_width", "saving_verdict",
+           "memory_table"]
 
 
 def _md(header: Sequence[str], rows: Sequence[Sequence[str]], right: int = 1) -> str:
@@ -60,11 +61,31 @@ def ladder_table(results: dict, peak_sheet: float | None, peak_meas: float,
 
 
 def _change(what: str, fell: float, noise: float) -> str:
-    """``what`` fell or rose by ``|fell|`` seconds, or was unchanged within ``noise``."""
+    """``what`` fell or rose by ``|fell|`` seconds, or was unchanged within ``noise``.
+
+    One sign convention throughout (the table's "fell in" columns too): ``fell`` > 0 is a
+    fall, and the unchanged case quotes the same signed number as the table, "fell by".
+    """
     if abs(fell) <= noise:
-        return (f"{what} was unchanged within the noise ({fmt(-fell, 's')}, inside the "
-                f"rounds' ±{fmt(noise, 's')})")
+        return (f"{what} was unchanged within the noise (it fell by "
+                f"{fmt(fell, 's', signed=True)}, inside the saving's ±{fmt(noise, 's')})")
     return f"{what} {'fell' if fell > 0 else 'rose'} by {fmt(abs(fell), 's')}"
+
+
+def noise_half_width(saved: Spread) -> float:
+    """Half the width of the spread that grades a saving, ``(saved.hi - saved.lo) / 2`` (the
+    inter-quartile range from :data:`perflab.core.rounds.IQR_FROM` rounds, else min to max):
+    the yardstick under which a change of kernel or idle time is "unchanged within the
+    noise". It is the same statistic as the saving's verdict uses, so a change the size of a
+    saving graded as real is never called noise (the 6 Dec review found ±4.35 ms, half the
+    whole range of 8 rounds, beside a saving graded on an IQR of ±1.19 ms).
+
+    Raises:
+        TypeError: ``saved`` is not a :class:`Spread`.
+    """
+    if not isinstance(saved, Spread):
+        raise TypeError(f"saved must be a Spread, got {type(saved).__name__}")
+    return (saved.hi - saved.lo) / 2
 
 
 def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> tuple[str, dict]:
@@ -79,9 +100,10 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
     them). Where it came from is read from the two rungs' profiled steps alone (their
     :class:`perflab.gpt2.breakdown.Timeline`): the change of the profiled step's window splits
     exactly into the change of the kernels' busy time and the change of the idle time between
-    them. A change no larger than half the range of the saving's values (min to max, since a
-    profiled step is one step, not an average) is stated as unchanged within the noise, never
-    as a fall or a rise. Returns the Markdown table and ``{key: (name, saved
+    them, each a fall (positive: time saved, the same sign as the saving). A change no larger
+    than half the spread that grades the saving (:func:`noise_half_width`: the same statistic,
+    the inter-quartile range from 8 rounds) is stated as unchanged within the noise, never as
+    a fall or a rise. Returns the Markdown table and ``{key: (name, saved
     Spread, cause)}``, ``key`` the first word of the name, lower case (``"fused"``,
     ``"fp8"``...; ``"bf16 residual"`` is ``"residual"``, ``"one graph per step"`` ``"step"``,
     ``"CUDA graphs"`` ``"graphs"``). The verdict against the prediction is the page's.
@@ -116,8 +138,8 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
             what = f"measured ({len(wa)} windows)"
         tb, ta = before.extra["timeline"], after.extra["timeline"]
         window, busy, gaps = tb.window_s - ta.window_s, tb.busy_s - ta.busy_s, tb.idle_s - ta.idle_s
-        # one profiled step each, not an average of rounds: the rounds' whole range
-        noise = (max(saved.values) - min(saved.values)) / 2
+        # the statistic that grades the saving, not a looser one
+        noise = noise_half_width(saved)
         kernels = _change("the kernels' own time", busy, noise)
         idle = _change("the idle time between them", gaps, noise)
         cause = f"in the profiled steps {kernels} and {idle}"
@@ -126,8 +148,8 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
                      f"{fmt(saved.median, 's')} ({fmt(saved.lo, 's')} to {fmt(saved.hi, 's')})",
                      fmt(window, "s"), fmt(busy, "s"), fmt(gaps, "s"),
                      fmt(after.tokens_per_s / before.tokens_per_s, "x", sig=4)])
-    return _md(["rung", "predicted saving per step", what,
-                "profiled step", "in kernels", "in gaps", "vs previous"], rows), out
+    return _md(["rung", "predicted saving per step", what, "profiled step fell by",
+                "in kernels", "in gaps", "vs previous"], rows), out
 
 
 def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
