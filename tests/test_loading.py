@@ -157,6 +157,7 @@ def test_memmap_copy_rate_copies_the_read_batches(files, tmp_path, monkeypatch):
     monkeypatch.setattr(measure.np, "array", lambda a, *k, **kw: copied.append(
         real(a).copy()) or copied[-1])
     assert measure.memmap_copy_rate(mm, n=10, batch=4) > 0
+    assert mm.array() is mm.array() and mm.array().shape == mm.shape   # one mapping, kept
     assert [len(c) for c in copied] == [4, 4, 2]          # the read's batches, the last short
     want = mm[list(range(10))][0].permute(0, 2, 3, 1).numpy()
     assert (np.concatenate(copied) == want).all()         # the same bytes as the read

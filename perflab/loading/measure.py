@@ -85,7 +85,8 @@ def memmap_copy_rate(dataset: MemmapImages, n: int | None = None, batch: int = 6
     plain slices: each batch of ``batch`` consecutive images is copied out of the mapped file
     into a fresh array (``np.array(mm[k:k + batch])``), as the read's fancy index copies it.
 
-    The same bytes, the same source pages and the same fresh destinations as the read, without
+    The same bytes, the same mapping (:meth:`MemmapImages.array`, so the source pages a read
+    mapped are mapped here too) and the same fresh destinations as the read, without
     its sorted index, its fancy-index machinery, its labels and the tensor it becomes: the read's
     copy alone, its prediction. One timed pass (:class:`perflab.core.timing.Stopwatch`).
 
@@ -99,7 +100,7 @@ def memmap_copy_rate(dataset: MemmapImages, n: int | None = None, batch: int = 6
     positive_int("batch", batch)
     if n > len(dataset):
         raise ValueError(f"n={n} but the dataset has {len(dataset)} items")
-    mm = np.memmap(dataset.path, dtype=np.uint8, mode="r", shape=dataset.shape)
+    mm = dataset.array()                          # the read's own mapping
     with Stopwatch() as sw:
         for k in range(0, n, batch):
             np.array(mm[k:min(n, k + batch)])     # a fresh array, as the read's
