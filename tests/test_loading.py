@@ -150,6 +150,23 @@ def test_read_rate_counts_items_of_each_format(files, tmp_path):
         measure.read_rate(mm, n=99)
 
 
+def test_memmap_copy_rate_copies_the_read_batches(files, tmp_path, monkeypatch):
+    mm = storage.MemmapImages(storage.write_memmap(files, tmp_path / "m.u8", side=8))
+    copied = []
+    real = np.array
+    monkeypatch.setattr(measure.np, "array", lambda a, *k, **kw: copied.append(
+        real(a).copy()) or copied[-1])
+    assert measure.memmap_copy_rate(mm, n=10, batch=4) > 0
+    assert mm.array() is mm.array() and mm.array().shape == mm.shape   # one mapping, kept
+    assert [len(c) for c in copied] == [4, 4, 2]          # the read's batches, the last short
+    want = mm[list(range(10))][0].permute(0, 2, 3, 1).numpy()
+    assert (np.concatenate(copied) == want).all()         # the same bytes as the read
+    with pytest.raises(ValueError, match="n=99"):
+        measure.memmap_copy_rate(mm, n=99)
+    with pytest.raises(TypeError, match="MemmapImages"):
+        measure.memmap_copy_rate(storage.JpegFolder(files=files))
+
+
 def test_gpu_augment_crops_flips_and_normalizes_on_the_cpu():
     mean = torch.tensor(transforms.IMAGENET_MEAN).view(1, 3, 1, 1) * 255
     flat = mean.round().to(torch.uint8).expand(2, 3, 20, 30).contiguous()

@@ -1,7 +1,8 @@
 """Loading measured: read, decode and loader rates, the workers' CPU and memory.
 
 * :func:`read_rate`, :func:`raw_read_rate`: items or bytes per second of reading a dataset or
-  files in this process (cold stays cold: one timed pass);
+  files in this process (cold stays cold: one timed pass); :func:`memmap_copy_rate`: the copy
+  alone that a :class:`MemmapImages` read makes;
 * :func:`parallel_decode_rate`: the machine's own scaling of decoding with processes, without a
   DataLoader; :func:`cpu_rate` and :func:`gpu_rate`: decoding (or the whole pipeline) on loader
   workers and on the GPU; :func:`gpu_decode_profile` and :func:`kernel_seconds`: which engine or
@@ -25,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.data import DataLoader, Dataset, IterableDataset
@@ -42,7 +44,7 @@ try:  # Unix only: the CPU time of finished loader workers (None on Windows)
 except ImportError:
     resource = None
 
-__all__ = ["read_rate", "parallel_decode_rate", "loader_rate", "raw_read_rate",
+__all__ = ["read_rate", "memmap_copy_rate", "parallel_decode_rate", "loader_rate", "raw_read_rate",
            "kernel_seconds", "cpu_rate", "gpu_rate", "gpu_decode_profile", "small_cnn",
            "small_cnn_flops", "worker_memory_growth"]
 
@@ -75,6 +77,33 @@ def read_rate(dataset, n: int | None = None, batch: int = 64) -> float:
         else:
             for i in range(n):
                 dataset[i]
+    return n / sw.seconds
+
+
+def memmap_copy_rate(dataset: MemmapImages, n: int | None = None, batch: int = 64) -> float:
+    """Images per second of copying the batches :func:`read_rate` reads from ``dataset``, as
+    plain slices: each batch of ``batch`` consecutive images is copied out of the mapped file
+    into a fresh array (``np.array(mm[k:k + batch])``), as the read's fancy index copies it.
+
+    The same bytes, the same mapping (:meth:`MemmapImages.array`, so the source pages a read
+    mapped are mapped here too) and the same fresh destinations as the read, without
+    its sorted index, its fancy-index machinery, its labels and the tensor it becomes: the read's
+    copy alone, its prediction. One timed pass (:class:`perflab.core.timing.Stopwatch`).
+
+    Raises:
+        TypeError: ``dataset`` is not a :class:`MemmapImages`.
+        ValueError: ``n`` or ``batch`` not positive, or ``n`` larger than the dataset.
+    """
+    if not isinstance(dataset, MemmapImages):
+        raise TypeError(f"dataset must be a MemmapImages, got {type(dataset).__name__}")
+    n = len(dataset) if n is None else positive_int("n", n)
+    positive_int("batch", batch)
+    if n > len(dataset):
+        raise ValueError(f"n={n} but the dataset has {len(dataset)} items")
+    mm = dataset.array()                          # the read's own mapping
+    with Stopwatch() as sw:
+        for k in range(0, n, batch):
+            np.array(mm[k:min(n, k + batch)])     # a fresh array, as the read's
     return n / sw.seconds
 
 

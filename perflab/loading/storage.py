@@ -121,14 +121,20 @@ class MemmapImages(Dataset):
         state["_mm"] = None
         return state
 
-    def __getitem__(self, idx):
+    def array(self) -> np.memmap:
+        """The mapped pixels, ``uint8 (N, side, side, 3)``, read-only: one mapping per process,
+        opened at the first call and kept (pages mapped once stay mapped)."""
         if self._mm is None:
             self._mm = np.memmap(self.path, dtype=np.uint8, mode="r", shape=self.shape)
+        return self._mm
+
+    def __getitem__(self, idx):
+        mm = self.array()
         if isinstance(idx, (int, np.integer)):
-            x = torch.from_numpy(np.array(self._mm[idx])).permute(2, 0, 1)
+            x = torch.from_numpy(np.array(mm[idx])).permute(2, 0, 1)
             return x, int(self.labels[idx])
         order = np.sort(np.asarray(idx, dtype=np.int64))
-        x = torch.from_numpy(self._mm[order])  # fancy indexing copies: the array is writable
+        x = torch.from_numpy(mm[order])  # fancy indexing copies: the array is writable
         return x.permute(0, 3, 1, 2), self.labels[torch.from_numpy(order)]
 
 
