@@ -154,6 +154,16 @@ class Pool:
                 self.cond.wait()
         return job
 
+    def settle(self) -> None:
+        """Wait until the jobs that run beside others are done (those marked alone may be left:
+        each runs when asked, and now none waits for a running job to drain first)."""
+        def open_(j: Job) -> bool:
+            return j.state != "done" and not j.alone and not any(self.jobs[a].alone for a in j.after)
+
+        with self.cond:
+            while not self.closed and any(open_(j) for j in self.jobs.values()):
+                self.cond.wait()
+
     @contextlib.contextmanager
     def quiet(self):
         """Start no job, and wait for the running ones to finish, while the block runs."""
@@ -221,10 +231,15 @@ _JOBLOG = os.environ.get("PERFLAB_TEST_JOBLOG")
 
 
 def _log(job: Job, began: float) -> None:
+    log_span(job.key, began, "alone" if job.alone else "")
+
+
+def log_span(key: str, began: float, tag: str = "") -> None:
+    """One line of the job log: ``key`` ran from ``began`` (``time.monotonic()``) until now. The
+    test process logs each test module's span too (tag ``tests``, tests/conftest.py)."""
     if _JOBLOG:
         with open(_JOBLOG, "a", encoding="utf-8") as f:
-            f.write(f"{job.key}\t{began - _T0:.1f}\t{time.monotonic() - began:.1f}"
-                    f"\t{'alone' if job.alone else ''}\n")
+            f.write(f"{key}\t{began - _T0:.1f}\t{time.monotonic() - began:.1f}\t{tag}\n")
 
 
 def _killpg(pgid: int) -> None:
@@ -270,6 +285,12 @@ def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess
     if _POOL is not None:
         return _POOL.run(cmd, timeout, **kwargs)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def settle() -> None:
+    """Wait for every job not marked alone (:meth:`Pool.settle`); at once outside a pool."""
+    if _POOL is not None:
+        _POOL.settle()
 
 
 def quiet():
