@@ -72,6 +72,7 @@ class Pool:
         self.cond = threading.Condition()
         self.closed = False
         self.paused = 0                 # tests running that need the machine to themselves
+        self.limits: list[int] = []     # blocks running that allow fewer jobs at once (narrow)
         self.threads = [threading.Thread(target=self._work, name=f"background-{i}", daemon=True)
                         for i in range(slots)]
         self.local = threading.local()
@@ -95,7 +96,7 @@ class Pool:
     def _next(self) -> Job | None:
         """The job a free worker may start now (lock held), or None."""
         running = self._running()
-        if any(j.alone for j in running):
+        if any(j.alone for j in running) or len(running) >= min(self.limits, default=self.slots):
             return None
         for job in sorted(self.queue, key=lambda j: not j.asked):   # asked-for jobs first, then queue order
             if any(self.jobs[a].state != "done" for a in job.after):
@@ -163,6 +164,21 @@ class Pool:
         with self.cond:
             while not self.closed and any(open_(j) for j in self.jobs.values()):
                 self.cond.wait()
+
+    @contextlib.contextmanager
+    def narrow(self, slots: int):
+        """At most ``slots`` jobs run while the block does: it waits until no more run, and
+        starts no other meanwhile."""
+        with self.cond:
+            self.limits.append(slots)
+            while len(self._running()) > slots and not self.closed:
+                self.cond.wait()
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.limits.remove(slots)
+                self.cond.notify_all()
 
     @contextlib.contextmanager
     def quiet(self):
@@ -291,6 +307,11 @@ def settle() -> None:
     """Wait for every job not marked alone (:meth:`Pool.settle`); at once outside a pool."""
     if _POOL is not None:
         _POOL.settle()
+
+
+def narrow(slots: int):
+    """A block beside which at most ``slots`` jobs run (:meth:`Pool.narrow`)."""
+    return _POOL.narrow(slots) if _POOL is not None else contextlib.nullcontext()
 
 
 def quiet():

@@ -25,10 +25,15 @@ JOB_FIXTURES = {"build", "rendered", "server", "student_build"}
 
 #: modules that run last, after every module that reads a background job, so that no job runs
 #: beside them (where they stood when the jobs were done by the time the tests reached them): the
-#: grader's (its time limits: a memory bomb must reach its limit within 30 s of cells on a loaded
-#: machine), and the DataLoader's (worker processes timed against the cores). A module with a test
-#: marked ``alone`` joins them (that test would stop the jobs while they run).
-QUIET_TAIL = ("test_grade.py", "test_loading.py")
+#: DataLoader's (worker processes timed against the cores). A module with a test marked ``alone``
+#: joins them (that test would stop the jobs while they run).
+QUIET_TAIL = ("test_loading.py",)
+
+#: modules that run beside fewer jobs than the pool's two: the grader's grades two submissions at
+#: a time under time limits (a memory bomb must reach its limit within 30 s of cells on a loaded
+#: machine): one job beside it, as much load as stress-ng's two processes gave it before, and the
+#: core its sandboxes leave idle (kernel starts, sleeping submissions) does the job's work
+NARROW = {"test_grade.py": 1}
 
 
 def _reads_jobs(module, items) -> bool:
@@ -117,9 +122,37 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "alone: runs with no background job beside it (tests/background.py)")
 
 
+_NARROWED: list = []    # the module running beside fewer jobs, and its block (NARROW)
+
+
+def _narrow(item) -> None:
+    """Enter a NARROW module's block at its first test; leave it after its last (below)."""
+    module = getattr(item, "module", None)
+    slots = NARROW.get(Path(getattr(module, "__file__", "") or "").name)
+    if slots is not None and not _NARROWED:
+        block = background.narrow(slots)
+        block.__enter__()
+        _NARROWED[:] = [module, block]
+
+
+def _widen(nextitem) -> None:
+    """Leave the NARROW block once the next test is of another module (or none is left)."""
+    if _NARROWED and getattr(nextitem, "module", None) is not _NARROWED[0]:
+        _NARROWED.pop().__exit__(None, None, None)
+        _NARROWED.clear()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     _module_span(item)
+    _narrow(item)
+    try:
+        return (yield from _protocol(item))
+    finally:
+        _widen(nextitem)
+
+
+def _protocol(item):
     if item.stash.get(SETTLE, False):
         # the jobs that may run beside others finish first: the lab runs and chapters marked
         # alone, asked for next, then start one after another, none waiting for another job
