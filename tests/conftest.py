@@ -53,9 +53,10 @@ def pytest_collection_modifyitems(session, config, items):
     that read one (by then most are done); then :data:`QUIET_TAIL`, once every job is done.
 
     In file order the test process waited for the book and the chapters early on (about five
-    minutes of CI's run with the jobs on both cores) and ran the later, independent modules
-    after the jobs had finished, one core idle: the same tests, in this order, keep both cores
-    busy. Only the order of modules changes; no test's set-up or checks do."""
+    minutes of the last unloaded run, the jobs on both cores) and ran the later, independent
+    modules after the jobs had finished, one core idle: the same tests, in this order, keep both
+    cores busy. Only the order of modules changes; no test's set-up or checks do. The grader's
+    module runs in the first group beside one job (:data:`NARROW`)."""
     if background.SLOTS <= 0:
         return
     modules: dict = {}
