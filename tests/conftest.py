@@ -25,9 +25,11 @@ JOB_FIXTURES = {"build", "rendered", "server", "student_build"}
 
 #: modules that run last, after every module that reads a background job, so that no job runs
 #: beside them (where they stood when the jobs were done by the time the tests reached them): the
-#: DataLoader's (worker processes timed against the cores). A module with a test marked ``alone``
-#: joins them (that test would stop the jobs while they run).
-QUIET_TAIL = ("test_loading.py",)
+#: DataLoader's (worker processes timed against the cores), and those that start a Jupyter kernel
+#: in the test process (nbclient gives it 60 s: beside two jobs on a machine loaded far beyond
+#: CI's, test_execute's kernel once did not answer in time). A module with a test marked
+#: ``alone`` joins them (that test would stop the jobs while they run).
+QUIET_TAIL = ("test_loading.py", "test_execute.py", "test_plotting.py", "test_provenance.py")
 
 #: modules that run beside fewer jobs than the pool's two: the grader's grades two submissions at
 #: a time under time limits (a memory bomb must reach its limit within 30 s of cells on a loaded
