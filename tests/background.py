@@ -72,6 +72,7 @@ class Pool:
         self.cond = threading.Condition()
         self.closed = False
         self.paused = 0                 # tests running that need the machine to themselves
+        self.limits: list[int] = []     # blocks running that allow fewer jobs at once (narrow)
         self.threads = [threading.Thread(target=self._work, name=f"background-{i}", daemon=True)
                         for i in range(slots)]
         self.local = threading.local()
@@ -95,7 +96,7 @@ class Pool:
     def _next(self) -> Job | None:
         """The job a free worker may start now (lock held), or None."""
         running = self._running()
-        if any(j.alone for j in running):
+        if any(j.alone for j in running) or len(running) >= min(self.limits, default=self.slots):
             return None
         for job in sorted(self.queue, key=lambda j: not j.asked):   # asked-for jobs first, then queue order
             if any(self.jobs[a].state != "done" for a in job.after):
@@ -153,6 +154,31 @@ class Pool:
                     return None
                 self.cond.wait()
         return job
+
+    def settle(self) -> None:
+        """Wait until the jobs that run beside others are done (those marked alone may be left:
+        each runs when asked, and now none waits for a running job to drain first)."""
+        def open_(j: Job) -> bool:
+            return j.state != "done" and not j.alone and not any(self.jobs[a].alone for a in j.after)
+
+        with self.cond:
+            while not self.closed and any(open_(j) for j in self.jobs.values()):
+                self.cond.wait()
+
+    @contextlib.contextmanager
+    def narrow(self, slots: int):
+        """At most ``slots`` jobs run while the block does: it waits until no more run, and
+        starts no other meanwhile."""
+        with self.cond:
+            self.limits.append(slots)
+            while len(self._running()) > slots and not self.closed:
+                self.cond.wait()
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.limits.remove(slots)
+                self.cond.notify_all()
 
     @contextlib.contextmanager
     def quiet(self):
@@ -221,10 +247,15 @@ _JOBLOG = os.environ.get("PERFLAB_TEST_JOBLOG")
 
 
 def _log(job: Job, began: float) -> None:
+    log_span(job.key, began, "alone" if job.alone else "")
+
+
+def log_span(key: str, began: float, tag: str = "") -> None:
+    """One line of the job log: ``key`` ran from ``began`` (``time.monotonic()``) until now. The
+    test process logs each test module's span too (tag ``tests``, tests/conftest.py)."""
     if _JOBLOG:
         with open(_JOBLOG, "a", encoding="utf-8") as f:
-            f.write(f"{job.key}\t{began - _T0:.1f}\t{time.monotonic() - began:.1f}"
-                    f"\t{'alone' if job.alone else ''}\n")
+            f.write(f"{key}\t{began - _T0:.1f}\t{time.monotonic() - began:.1f}\t{tag}\n")
 
 
 def _killpg(pgid: int) -> None:
@@ -270,6 +301,17 @@ def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess
     if _POOL is not None:
         return _POOL.run(cmd, timeout, **kwargs)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def settle() -> None:
+    """Wait for every job not marked alone (:meth:`Pool.settle`); at once outside a pool."""
+    if _POOL is not None:
+        _POOL.settle()
+
+
+def narrow(slots: int):
+    """A block beside which at most ``slots`` jobs run (:meth:`Pool.narrow`)."""
+    return _POOL.narrow(slots) if _POOL is not None else contextlib.nullcontext()
 
 
 def quiet():

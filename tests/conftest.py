@@ -3,6 +3,7 @@
 
 import os
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,6 +18,67 @@ from book_site import build, rendered, server  # noqa: E402,F401
 # module that has such work names it in ``background_jobs(items, tmp_path_factory)``.
 import background  # noqa: E402
 import pytest  # noqa: E402
+
+
+#: fixtures whose values are background jobs' results (tests/book_site.py, tests/test_reader.py)
+JOB_FIXTURES = {"build", "rendered", "server", "student_build"}
+
+#: modules that run last, after every module that reads a background job, so that no job runs
+#: beside them (where they stood when the jobs were done by the time the tests reached them): the
+#: DataLoader's (worker processes timed against the cores), and those that start a Jupyter kernel
+#: in the test process (nbclient gives it 60 s: beside two jobs on a machine loaded far beyond
+#: CI's, test_execute's kernel once did not answer in time). A module with a test marked
+#: ``alone`` joins them (that test would stop the jobs while they run).
+QUIET_TAIL = ("test_loading.py", "test_execute.py", "test_plotting.py", "test_provenance.py")
+
+#: modules that run beside fewer jobs than the pool's two: the grader's grades two submissions at
+#: a time under time limits (a memory bomb must reach its limit within 30 s of cells on a loaded
+#: machine): one job beside it, as much load as stress-ng's two processes gave it before, and the
+#: core its sandboxes leave idle (kernel starts, sleeping submissions) does the job's work
+NARROW = {"test_grade.py": 1}
+
+
+def _reads_jobs(module, items) -> bool:
+    """Whether a test module reads a background job's result (a chapter, a lab, the book)."""
+    lab_run = getattr(module, "lab_run", None)
+    return (getattr(module, "background_jobs", None) is not None
+            or getattr(lab_run, "__module__", None) == "lab_runs"
+            or any(JOB_FIXTURES & set(getattr(item, "fixturenames", ())) for item in items))
+
+
+SETTLE = pytest.StashKey[bool]()
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Modules in three groups, each in its usual (alphabetical) order and each module's tests in
+    theirs: those that read no background job first, while the jobs run beside them; then those
+    that read one (by then most are done); then :data:`QUIET_TAIL`, once every job is done.
+
+    In file order the test process waited for the book and the chapters early on (about five
+    minutes of the last unloaded run, the jobs on both cores) and ran the later, independent
+    modules after the jobs had finished, one core idle: the same tests, in this order, keep both
+    cores busy. Only the order of modules changes; no test's set-up or checks do. The grader's
+    module runs in the first group beside one job (:data:`NARROW`)."""
+    if background.SLOTS <= 0:
+        return
+    modules: dict = {}
+    for item in items:
+        modules.setdefault(getattr(item, "module", None), []).append(item)
+
+    def group(module, its) -> int:
+        name = Path(getattr(module, "__file__", "") or "").name
+        if name in QUIET_TAIL or any(item.get_closest_marker("alone") for item in its):
+            return 2
+        return 1 if _reads_jobs(module, its) else 0
+
+    order = sorted(modules.items(), key=lambda kv: group(*kv))      # stable: file order within
+    items[:] = [item for _, its in order for item in its]
+    seen = set()
+    for module, its in order:       # the first test of the second and third groups settles the jobs
+        g = group(module, its)
+        if g and g not in seen:
+            seen.add(g)
+            its[0].stash[SETTLE] = True
 
 
 def pytest_collection_finish(session):
@@ -42,15 +104,62 @@ def pytest_runtestloop(session):
     try:
         return (yield)
     finally:
+        _module_span(None)
         background.stop()
+
+
+_SPAN: list = []        # the test module running now, and when its first test began
+
+
+def _module_span(item) -> None:
+    """Log the last module's span when the tests move on to another (PERFLAB_TEST_JOBLOG)."""
+    module = getattr(item, "module", None)
+    if _SPAN and (item is None or _SPAN[0] is not module):
+        background.log_span(f"tests {Path(getattr(_SPAN[0], '__file__', '?')).name}", _SPAN[1], "tests")
+        _SPAN.clear()
+    if item is not None and not _SPAN:
+        _SPAN[:] = [module, time.monotonic()]
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "alone: runs with no background job beside it (tests/background.py)")
 
 
+_NARROWED: list = []    # the module running beside fewer jobs, and its block (NARROW)
+
+
+def _narrow(item) -> None:
+    """Enter a NARROW module's block at its first test; leave it after its last (below)."""
+    module = getattr(item, "module", None)
+    slots = NARROW.get(Path(getattr(module, "__file__", "") or "").name)
+    if slots is not None and not _NARROWED:
+        block = background.narrow(slots)
+        block.__enter__()
+        _NARROWED[:] = [module, block]
+
+
+def _widen(nextitem) -> None:
+    """Leave the NARROW block once the next test is of another module (or none is left)."""
+    if _NARROWED and getattr(nextitem, "module", None) is not _NARROWED[0]:
+        _NARROWED.pop().__exit__(None, None, None)
+        _NARROWED.clear()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    _module_span(item)
+    _narrow(item)
+    try:
+        return (yield from _protocol(item))
+    finally:
+        _widen(nextitem)
+
+
+def _protocol(item):
+    if item.stash.get(SETTLE, False):
+        # the jobs that may run beside others finish first: the lab runs and chapters marked
+        # alone, asked for next, then start one after another, none waiting for another job
+        background.settle()
     if item.get_closest_marker("alone") is None:
         return (yield)
     with background.quiet():

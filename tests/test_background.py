@@ -89,6 +89,43 @@ def test_an_alone_job_starts_only_when_asked_and_with_nothing_beside_it(counter)
     assert all("alone" not in beside for beside in counter.beside.values())
 
 
+def test_settling_waits_for_every_job_that_runs_beside_others_and_starts_no_alone_one(counter):
+    pool = background.Pool(2)
+    pool.submit("alone", counter.job("alone"), alone=True)
+    pool.submit("after alone", counter.job("after alone"), after=("alone",))
+    for k in range(3):
+        pool.submit(f"j{k}", counter.job(f"j{k}", 0.2))
+    pool.start()
+    try:
+        pool.settle()
+        assert all(pool.jobs[f"j{k}"].state == "done" for k in range(3))
+        assert "alone" not in counter.started and "after alone" not in counter.started
+        assert pool.result("alone").value == "alone"
+        assert counter.beside["alone"] == []           # nothing left to drain
+    finally:
+        pool.close()
+
+
+def test_a_narrow_block_waits_until_at_most_its_jobs_run_and_starts_no_more(counter):
+    pool = background.Pool(2)
+    for k in range(6):
+        pool.submit(f"j{k}", counter.job(f"j{k}", 0.1))
+    pool.start()
+    try:
+        time.sleep(0.05)
+        with pool.narrow(1):
+            assert counter.now <= 1
+            time.sleep(0.5)
+            assert counter.most == 2                   # before the block
+            inside = counter.started[2:]
+            assert inside and all(counter.beside[k] == [] for k in inside)   # one at a time
+        for k in range(6):
+            pool.result(f"j{k}")
+    finally:
+        pool.close()
+    assert len(counter.started) == 6
+
+
 def test_closing_the_pool_kills_a_running_process_and_drops_the_queue():
     pool = background.Pool(1)
     pool.submit("sleeper", lambda: pool.run([sys.executable, "-c", "import time; time.sleep(60)"], 120))
