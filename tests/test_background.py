@@ -106,13 +106,19 @@ def test_settling_waits_for_every_job_that_runs_beside_others_and_starts_no_alon
         pool.close()
 
 
-def test_a_narrow_block_waits_until_at_most_its_jobs_run_and_starts_no_more(counter):
+def _started(counter, jobs, seconds):
+    """A two-slot pool running ``jobs`` jobs of ``seconds`` each, caught just after its start."""
     pool = background.Pool(2)
-    for k in range(6):
-        pool.submit(f"j{k}", counter.job(f"j{k}", 0.1))
+    for k in range(jobs):
+        pool.submit(f"j{k}", counter.job(f"j{k}", seconds))
     pool.start()
+    time.sleep(0.05)
+    return pool
+
+
+def test_a_narrow_block_waits_until_at_most_its_jobs_run_and_starts_no_more(counter):
+    pool = _started(counter, jobs=6, seconds=0.1)
     try:
-        time.sleep(0.05)
         with pool.narrow(1):
             assert counter.now <= 1
             time.sleep(0.5)
@@ -142,12 +148,8 @@ def test_closing_the_pool_kills_a_running_process_and_drops_the_queue():
 
 
 def test_a_quiet_block_starts_no_job_and_waits_for_the_running_ones(counter):
-    pool = background.Pool(2)
-    for k in range(4):
-        pool.submit(f"j{k}", counter.job(f"j{k}", 0.2))
-    pool.start()
+    pool = _started(counter, jobs=4, seconds=0.2)
     try:
-        time.sleep(0.05)
         with pool.quiet():
             assert counter.now == 0
             started = list(counter.started)
