@@ -425,6 +425,15 @@ PACKED = ("book", "labs", "pending", "perflab/data", FAILED)
 PACK_PART_BYTES = 15 * 2**20
 
 
+def written_since(since: float, root: Path = ROOT, folders=PACKED) -> list[Path]:
+    """Every file under ``root / folder`` (for each of ``folders``) modified at or after
+    ``since`` (seconds since the epoch), sorted; temporaries (``*.tmp``) left out. What
+    :func:`pack` and :func:`keep` carry."""
+    return sorted(p for folder in folders if (root / folder).is_dir()
+                  for p in (root / folder).rglob("*")
+                  if p.is_file() and not p.name.endswith(".tmp") and p.stat().st_mtime >= since)
+
+
 def pack(archive: Path, since: float, root: Path = ROOT, folders=PACKED,
          part_bytes: int = PACK_PART_BYTES) -> int:
     """Write every file under ``root / folder`` (for each of ``folders``) modified at or after
@@ -437,9 +446,7 @@ def pack(archive: Path, since: float, root: Path = ROOT, folders=PACKED,
     ``part_bytes`` (uncompressed), the rest goes into ``<archive stem>-2.tgz``, ``-3`` ...
     beside it (a file larger than ``part_bytes`` gets a part of its own).
     """
-    files = sorted(p for folder in folders if (root / folder).is_dir()
-                   for p in (root / folder).rglob("*")
-                   if p.is_file() and not p.name.endswith(".tmp") and p.stat().st_mtime >= since)
+    files = written_since(since, root, folders)
     parts: list[list[Path]] = [[]]
     size = 0
     for f in files:
@@ -473,9 +480,7 @@ def keep(folder: Path, since: float, root: Path = ROOT, folders=PACKED) -> int:
     in its twelfth page; the script kept the tree only at its end, so the next call measured the
     ceilings again and the run's pages read two ceilings files).
     """
-    files = sorted(p for f in folders if (root / f).is_dir() for p in (root / f).rglob("*")
-                   if p.is_file() and not p.name.endswith(".tmp")
-                   and p.stat().st_mtime >= since)
+    files = written_since(since, root, folders)
     for f in files:
         target = folder / f.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
