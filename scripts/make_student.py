@@ -35,6 +35,7 @@ A missing path or a file that is not a MyST notebook: one line on stderr, exit 2
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import sys
@@ -104,12 +105,45 @@ def student_notebook(md: Path) -> nbformat.NotebookNode:
     return nb
 
 
+def _hidden_labels(source: str) -> list[str]:
+    """The string literals (8 characters or more) of a cell's hidden tests: a check prints its
+    label (``check_close(x, 124_439_808, "GPT-2 small's parameter count")`` prints
+    ``✓ GPT-2 small's parameter count: ...``), so an output line holding one came from them."""
+    blocks = "".join(m.group(0) for m in _HIDDEN.finditer(source))
+    return [a or b for a, b in re.findall(r'"([^"\n]{8,})"|\'([^\'\n]{8,})\'', blocks)]
+
+
+def _without_hidden_outputs(outputs: list, source: str, stripped: str) -> list:
+    """``outputs`` of a cell with hidden tests, as the student edition may show them: every
+    output when the hidden tests print nothing recognisable; none when the cell was only hidden
+    tests; otherwise each stream's lines that quote a hidden test's label removed, and any other
+    output that quotes one dropped."""
+    if not stripped.strip():
+        return []
+    labels = _hidden_labels(source)
+    if not labels:
+        return list(outputs)
+    kept = []
+    for out in outputs:
+        if out.get("output_type") == "stream":
+            lines = [ln for ln in out.get("text", "").splitlines(keepends=True)
+                     if not any(lab in ln for lab in labels)]
+            if lines:
+                out = nbformat.from_dict({**out, "text": "".join(lines)})
+                kept.append(out)
+        elif not any(lab in json.dumps(out.get("data", {}), ensure_ascii=False)
+                     for lab in labels):
+            kept.append(out)
+    return kept
+
+
 def student_reference(ipynb: Path) -> nbformat.NotebookNode:
     """A lab's executed reference notebook as the student edition of the book shows it.
 
     Code cells get :func:`strip_code` (solutions become stubs, hidden tests go); a cell that held
     a solution keeps only its glued values (which print nothing; the prose may quote them) and
-    no other output; markdown solutions are removed; ``hide-input`` is dropped from solution
+    no other output; a cell with hidden tests loses the output lines those tests printed (all its
+    output when it held nothing else); markdown solutions are removed; ``hide-input`` is dropped from solution
     cells (the stub is what a student needs to see). ``metadata.reference_run`` is kept and
     ``metadata.student_edition`` set to True.
     """
@@ -124,6 +158,9 @@ def student_reference(ipynb: Path) -> nbformat.NotebookNode:
                 tags = [t for t in cell.get("metadata", {}).get("tags", []) if t != "hide-input"]
                 if "tags" in cell.metadata:
                     cell.metadata["tags"] = tags
+            elif _HIDDEN.search(cell.source):
+                cell.outputs = _without_hidden_outputs(cell.get("outputs", []), cell.source,
+                                                       stripped)
             cell.source = stripped
         elif cell.cell_type == "markdown":
             cell.source = _MD_SOLUTION.sub("", cell.source)

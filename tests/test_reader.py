@@ -1112,6 +1112,41 @@ def test_student_reference_strips_solutions_and_keeps_checks(tmp_path):
     assert student.metadata["reference_run"] and student.metadata["student_edition"] is True
 
 
+def test_student_reference_drops_what_hidden_tests_printed(tmp_path):
+    """Lab 8's reference showed "✓ GPT-2 small's parameter count: 124.4M is right." from a hidden
+    test in the student edition; the visible check's line stays."""
+    out = nbformat.v4.new_output(
+        "stream", name="stdout",
+        text="✓ predicted all-reduce time: 1.08 ms is right.\n"
+             "✓ GPT-2 small's parameter count: 124.4M is right.\n")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            'check_close(t, want, "predicted all-reduce time")\n### BEGIN HIDDEN TESTS\n'
+            'check_close(count(12, 768), 124_439_808,\n    "GPT-2 small\'s parameter count")\n'
+            "### END HIDDEN TESTS", outputs=[out]),
+        nbformat.v4.new_code_cell(
+            '### BEGIN HIDDEN TESTS\nassert secret(x), "no label printed"\n### END HIDDEN TESTS',
+            outputs=[nbformat.v4.new_output("stream", name="stdout", text="42 exactly\n")]),
+    ]
+    nbformat.write(nb, tmp_path / "lab.ipynb")
+    student = make_student.student_reference(tmp_path / "lab.ipynb")
+    first = "".join(o["text"] for o in student.cells[0].outputs)
+    assert "all-reduce time" in first and "124.4M" not in first and "parameter count" not in first
+    assert student.cells[1].outputs == []
+
+
+def test_student_edition_of_every_lab_hides_its_hidden_tests_output():
+    """No hidden test's label appears in a lab's outputs as the student edition shows them."""
+    for ipynb in sorted((ROOT / "labs").glob("[0-9][0-9]_*.ipynb")):
+        src = nbformat.read(ipynb, as_version=4)
+        labels = [lab for c in src.cells if c.cell_type == "code"
+                  for lab in make_student._hidden_labels(c.source)]
+        text = json.dumps([c.get("outputs", []) for c in make_student.student_reference(ipynb).cells
+                           if c.cell_type == "code"], ensure_ascii=False)
+        assert not [lab for lab in labels if lab in text], ipynb.name
+
+
 def _small_book(tmp: Path, cells: list, run: dict, extra_config: str = "") -> Path:
     """A one-page book with this repository's extensions; returns its built page."""
     tmp.mkdir(parents=True, exist_ok=True)
