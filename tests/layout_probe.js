@@ -8,7 +8,13 @@
  *                 them (a table or output cut off by the page, or pushing it sideways)
  *   cut_off       boxes that hide part of their content sideways without scrolling
  *   no_hint       boxes that scroll sideways without a visible ".reader-scroll-hint" just above
- *   scrolling     boxes that scroll sideways with their hint (for the record)
+ *   scrolling     boxes that scroll sideways with their hint (allowed on a phone; at 1,280 px
+ *                 tests/textbook_rules.py counts them as wider than the page)
+ *   spills        blocks whose content is wider than their own box although nothing scrolls or
+ *                 clips it (scrollWidth > clientWidth, overflow visible): a word or a number that
+ *                 runs over a table cell's edge into its neighbour, a fixed-width box overrun,
+ *                 even where the overrun stays inside the column (MathJax's boxes left aside;
+ *                 the innermost such block only: the cell, not also its row and table)
  *   search_boxes  search fields and buttons a reader can see
  *   images        every image in the column: its drawn (natural) and shown width
  *
@@ -46,7 +52,7 @@
 
   function run() {
     const report = {column: null, sticks_out: [], cut_off: [], no_hint: [], scrolling: [],
-                    search_boxes: [], images: []};
+                    spills: [], search_boxes: [], images: []};
     const column = document.querySelector("article.bd-article") || document.querySelector("main");
     if (column) {
       const r = column.getBoundingClientRect();
@@ -57,7 +63,7 @@
       // MathJax's assistive MathML is clipped on purpose (screen readers read it, eyes do not)
       const all = Array.from(column.querySelectorAll("*"))
         .filter((el) => !el.closest("mjx-assistive-mml")).filter(visible);
-      const out = [];
+      const out = [], spills = [];
       for (const el of all) {
         const box = el.getBoundingClientRect();
         if (box.right > right + SLACK && !clipper(el, column)) out.push(el);
@@ -65,7 +71,11 @@
         const o = style.overflowX;
         const hidden = el.scrollWidth - el.clientWidth;
         if (hidden <= SLACK || el.clientWidth === 0) continue;
-        if (o === "hidden" || o === "clip") {
+        if (o === "visible") {
+          // an inline box has no width of its own to overrun; MathJax's containers measure
+          // their glyphs' overhang and their assistive copy, not content a reader misses
+          if (!style.display.startsWith("inline") && !el.closest("mjx-container")) spills.push(el);
+        } else if (o === "hidden" || o === "clip") {
           // inline math clips its glyphs' overhang by a few px: not content a reader misses
           if (style.display.startsWith("inline")) continue;
           report.cut_off.push(Object.assign(describe(el), {hidden_px: hidden}));
@@ -74,6 +84,10 @@
           const ok = hint && hint.classList.contains("reader-scroll-hint") && visible(hint);
           (ok ? report.scrolling : report.no_hint).push(Object.assign(describe(el), {hidden_px: hidden}));
         }
+      }
+      // the cell whose word runs over, not also its row, body and table
+      for (const el of spills.filter((el) => !spills.some((o) => o !== el && el.contains(o)))) {
+        report.spills.push(Object.assign(describe(el), {hidden_px: el.scrollWidth - el.clientWidth}));
       }
       for (const el of outermost(out)) {
         report.sticks_out.push(Object.assign(describe(el), {past_px: Math.round(el.getBoundingClientRect().right - right)}));

@@ -754,8 +754,10 @@ def test_no_table_printed_as_text(rendered):
 
 
 def test_no_block_is_wider_than_the_page(rendered):
-    """At 1,280 px nothing scrolls sideways but a table in its own box (under a hint): code and
-    outputs fit, shrink or wrap (``_ext/static/reader.js``), the status tables fit."""
+    """At 1,280 px no block's content is wider than its box (``scrollWidth > clientWidth``):
+    nothing scrolls sideways, tables included (their scroll box and hint are for phones), code
+    and outputs fit, shrink or wrap (``_ext/static/reader.js``), no cell's text runs over its
+    edge, and the status tables fit with all their columns."""
     found = {rel: w for rel, r in rendered.items() if (w := textbook_rules.wide_blocks(r.layout))}
     ratchet(found, reader_waiting.WIDER_THAN_THE_PAGE, "no block wider than the page", "WIDER_THAN_THE_PAGE")
     status = rendered["status.html"].layout
@@ -805,8 +807,10 @@ def test_textbook_rules_catch_what_they_claim():
 
     report = {"scrolling": [{"element": "pre#codecell3", "hidden_px": 90, "text": "x"},
                             {"element": "div.pst-scrollable-table-container", "hidden_px": 50, "text": "t"}],
-              "no_hint": []}
-    assert len(textbook_rules.wide_blocks(report)) == 1
+              "no_hint": [], "spills": [{"element": "td.text-right", "hidden_px": 12, "text": "2.05 GiB"}]}
+    found = textbook_rules.wide_blocks(report)
+    assert len(found) == 3 and "a table that scrolls sideways" in found[1] and "over its edge" in found[2]
+    assert textbook_rules.wide_blocks({"scrolling": [], "no_hint": [], "spills": []}) == []
 
 
 def test_reader_js_fits_outputs_and_tables_to_the_page(tmp_path):
@@ -1030,6 +1034,9 @@ def test_layout_probe_catches_a_wide_block_without_hint(tmp_path):
         "cut.html": f'<div style="overflow-x:hidden"><table>{wide}</table></div>',
         "hint.html": f'<div class="reader-scroll-hint">scroll</div><div style="overflow-x:auto"><table>{wide}</table></div>',
         "fits.html": '<table><tr><td>a</td></tr></table>',
+        # a word wider than its fixed-width cell runs into the next one, inside the column
+        "spills.html": '<table style="table-layout:fixed;width:300px"><tr><td>'
+                       'a_word_far_wider_than_its_cell_of_one_hundred_and_fifty_px</td><td>b</td></tr></table>',
     }
     for name, body in pages.items():
         (tmp_path / name).write_text(f'<html><body><article class="bd-article" style="width:600px">{body}'
@@ -1044,6 +1051,12 @@ def test_layout_probe_catches_a_wide_block_without_hint(tmp_path):
     assert reports["cut.html"]["cut_off"] and layout_problems(reports["cut.html"])
     assert layout_problems(reports["hint.html"]) == [] and reports["hint.html"]["scrolling"]
     assert layout_problems(reports["fits.html"]) == []
+    # the textbook rule (issue 43): at 1,280 px a table that scrolls, even under its hint, and a
+    # cell's word over its edge are wider than the page; a page that fits has neither
+    assert textbook_rules.wide_blocks(reports["fits.html"]) == []
+    assert textbook_rules.wide_blocks(reports["hint.html"])
+    assert not reports["spills.html"]["sticks_out"] and layout_problems(reports["spills.html"]) == []
+    assert any("over its edge" in w for w in textbook_rules.wide_blocks(reports["spills.html"])), reports["spills.html"]
 
 
 def test_search_keywords_cover_the_field_s_spellings():

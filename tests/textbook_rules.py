@@ -12,8 +12,10 @@ the page keeps the rule. ``tests/test_reader.py`` applies them to every page of 
 * :func:`telemetry_in_prose`: the sampler's machine-written sentence ("measured over 0.80 s on
   NVIDIA H200: SM clock ...") in running prose, outside a ``{measured}`` note, a margin note,
   a footnote or a cell's output;
-* :func:`wide_blocks` (from the layout probe's report): a block that scrolls sideways, except
-  a table in its own box (which scrolls under a visible hint);
+* :func:`wide_blocks` (from the layout probe's report): at 1,280 px, any block whose content is
+  wider than its box (``scrollWidth > clientWidth``): one that scrolls sideways, a table in its
+  own scrolling box included (the box and its hint are for phones), and one whose content runs
+  over its edge (a cell's long word into its neighbour);
 * :func:`page_length`: over :data:`MAX_WORDS` words of prose or :data:`MAX_CODE_LINES` lines of
   visible code (split the chapter into section pages);
 * :func:`tables_printed_as_source`: a Markdown table printed as text in an output (the table
@@ -181,20 +183,25 @@ def tables_printed_as_source(page_html: str) -> list[str]:
     return out
 
 
-WIDE_ALLOWED = ("reader-scroll-box", "pst-scrollable-table-container")
+TABLE_BOXES = ("reader-scroll-box", "pst-scrollable-table-container")
 
 
 def wide_blocks(report: dict | None) -> list[str]:
-    """Blocks of the layout probe's report (tests/layout_probe.js) that scroll sideways and are
-    not a table in its own box: code or an output wider than the page, which should wrap, fit
-    or be cut to the page width (``_ext/static/reader.js`` does it for outputs)."""
+    """Blocks of the layout probe's report (tests/layout_probe.js, a 1,280 px window) whose
+    content is wider than their box (``scrollWidth > clientWidth``): code or an output that
+    scrolls sideways (it should wrap, fit or be cut to the page width: ``_ext/static/reader.js``
+    does it for outputs), a table that scrolls in its own box (fewer or wrapped columns, or split
+    it in two: at this width every table fits), and content that runs over its box's edge
+    (``spills``: a long word in a table cell, a fixed-width box overrun)."""
     if report is None:
         return ["the layout probe gave no report"]
     out = []
     for item in report.get("scrolling", []) + report.get("no_hint", []):
-        if any(cls in item["element"] for cls in WIDE_ALLOWED):
-            continue
-        out.append(f"{item['element']} is {item['hidden_px']} px wider than the page: {item['text'][:60]!r}")
+        what = "a table that scrolls sideways" if any(c in item["element"] for c in TABLE_BOXES) else "scrolls"
+        out.append(f"{item['element']} ({what}) is {item['hidden_px']} px wider than the page: "
+                   f"{item['text'][:60]!r}")
+    for item in report.get("spills", []):
+        out.append(f"{item['element']}'s content runs {item['hidden_px']} px over its edge: {item['text'][:60]!r}")
     return out
 
 
