@@ -34,6 +34,24 @@ def time_fresh_call(timer: Callable, fn: Callable, state: dict, device: Any) -> 
     return as_float("honest_median's time", timer(fn, device, warmup=2, reps=1))
 
 
+def _cpu_agrees_now(step: MysteryStep, answer: str, cost, seconds: float) -> bool:
+    """Whether the check's own evidence, taken now, names ``answer`` for ``step`` on a CPU: the
+    ceilings measured again (``measure_all(quick=True)``, as the lab's cell does) beside the
+    check's re-timing of the step (``seconds``), with the step's own counts (``cost``).
+
+    On a loaded 2-core machine the lab's reference diagnosis once read step b (1.1 ms, 2.3 MB:
+    19 % of an 11 GB/s copy ceiling on a quiet machine) as bandwidth-bound, at 26 % of a copy
+    ceiling measured at 8 GB/s. The rule follows the measurement; an answer the check can
+    reproduce on the same machine at the same time is a right reading of it."""
+    from perflab.machine.ceilings import Ceilings, measure_all
+
+    ceil = Ceilings(machine={}, measured="now", path="(the check)",
+                    items=measure_all(step.device, quick=True))
+    flops_fraction = cost.flops / seconds / ceil.compute_roof("fp32")
+    bandwidth_fraction = cost.bytes / seconds / ceil.value("copy_bandwidth")
+    return regime(flops_fraction, bandwidth_fraction, None) == answer
+
+
 def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_tolerance: float | None = None) -> bool:
     """Check a diagnosis of a mystery step: the regime and the evidence for it.
 
@@ -53,7 +71,9 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
     has no queue to forget and whose timings on a shared machine scatter widely), requires the achieved fractions to stay below 2 x the ceilings on a GPU, 5 x on a CPU (a
     ceiling measured wrongly shows up as an impossible fraction), requires ``answer`` to follow
     from the evidence by :func:`perflab.profiling.trace.regime`, and finally compares it with the right
-    answer.
+    answer. On a CPU, an answer other than the right one passes only when the check's own
+    evidence, taken now (the ceilings measured again beside its re-timing of the step), names it
+    too: a shared CPU's load can move a step across a regime's edge, and the sentence says so.
 
     Returns True (after printing one sentence) when all hold.
 
@@ -118,6 +138,13 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
                              f"busy {fmt(ev['busy_fraction'], '%', sig=2)}) says "
                              f"{implied!r}, not {answer!r}.")
     if _digest(name, answer) != _ANSWERS[name]:
+        if step.device.type == "cpu" and _cpu_agrees_now(step, answer, cost, seconds):
+            print(f"✓ step {name} is {answer} on this CPU now: your evidence and the check's own "
+                  f"(the step re-timed, the copy bandwidth and matrix rate measured again) both "
+                  f"say so, though a quiet machine puts this step in another regime: a shared "
+                  f"CPU's other work moves the ceilings, and the step near a regime's edge. "
+                  f"Run it again when the machine is idle.")
+            return True
         raise ExerciseFailed(f"✗ step {name}: {answer!r} follows from your numbers but is not the right "
                              f"regime: check the ceilings and the counts.")
     print(f"✓ step {name} is {answer}: {fmt(flops_fraction, '%')} of the compute ceiling, "
