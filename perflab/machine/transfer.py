@@ -27,6 +27,7 @@ from perflab.core.progress import progress as show_progress
 from perflab.core.timing import Stopwatch, benchmark, event_timer
 from perflab.core.validate import (integer, integers, number, one_of, positive,
                                    positive_int)
+from perflab.machine import cpu
 
 __all__ = [
     "PCIE_GT_PER_S",
@@ -203,8 +204,6 @@ def staging_rates(sizes: Sequence[int]) -> dict[str, dict[int, float]]:
     Raises:
         ValueError: empty ``sizes``, or a size that is not a positive multiple of 4.
     """
-    from perflab.machine import cpu   # the host page's copy, one thread
-
     sizes = integers("sizes", sizes, 4, multiple_of=4)
     return {"one copy": {n: cpu.memory_bandwidth(n, 1) for n in sizes},
             "chunked": {n: staging_copy_bandwidth(n) for n in sizes},
