@@ -25,9 +25,6 @@ OVER_BUDGET: dict[str, dict[str, int | list[int]]] = {
         'rates = {kind: r for (kind, n), (r, _) in mm.items() if n == n_mm}': 26,
         'glue("burst_tflops", bst.burst_rate / 1e12)': 16,
     },
-    'book/02_hardware_links.md': {
-        'if hd is not None:': 46,
-    },
     'book/03_pytorch_internals.md': {
         'contiguous = times["sum(dim=1), contiguous"]': 23,
         'glue("host_dram_copy_GBps", dram_bw / 1e9)': 56,

@@ -134,6 +134,7 @@ def test_burst_and_sustained_times_both_under_telemetry_on_cpu():
     # (not the chunks' own windows without the moments between them, nor the settling half)
     assert r.burst.duration_s > 0 and r.sustained.windows == 1
     assert 0.025 <= r.sustained.duration_s <= r.sustained_window_s - 0.025
+    assert r.burst_cycle_hz is None and r.sustained_cycle_hz is None   # no SM to count on a CPU
     with pytest.raises(ValueError, match="sustained_s"):
         gpu.burst_and_sustained("cpu", 8, sustained_s=0)
     with pytest.raises(ValueError, match="rest_s"):
@@ -159,3 +160,21 @@ def test_fact_rows_write_units_not_python_reprs():
         assert "[" not in value and "None" not in value and "e+" not in value
     with pytest.raises(ValueError, match="facts"):
         gpu.fact_rows([("sm_count", 132)])
+
+
+def test_cycle_clock_is_the_cycles_over_the_event_timed_seconds(monkeypatch):
+    """A kernel that spins 200,000 cycles and took 125 µs by the events ran at 1.6 GHz,
+    whatever NVML sampled; the median of the reps, not the first."""
+    seen = {}
+
+    def fake_timer(fn, dev, warmup, reps):
+        seen.update(dev=dev, warmup=warmup, reps=reps)
+        return type("T", (), {"median_s": 125e-6})()
+
+    monkeypatch.setattr(gpu, "event_timer", fake_timer)
+    assert gpu.cycle_clock_hz("cuda", cycles=200_000) == pytest.approx(1.6e9)
+    assert seen["reps"] == 3 and seen["warmup"] == 0 and seen["dev"].type == "cuda"
+    with pytest.raises(RuntimeError, match="CUDA"):
+        gpu.cycle_clock_hz("cpu")
+    with pytest.raises(ValueError, match="cycles"):
+        gpu.cycle_clock_hz("cuda", cycles=0)

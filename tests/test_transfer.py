@@ -90,3 +90,139 @@ def test_peer_copies_say_they_need_two_gpus():
         transfer.peer_access(0, 1)
     with pytest.raises(RuntimeError, match="2 GPUs"):
         transfer.peer_copy_bandwidth(1024)
+
+
+def test_band_position_judges_every_round_without_widening():
+    from perflab.machine.transfer import band_position
+
+    lo, hi = [10.0, 10.0, 10.0], [20.0, 20.0, 20.0]
+    assert band_position([12, 15, 19], lo, hi) == "inside"
+    assert band_position([21, 25, 30], lo, hi) == "above"
+    assert band_position([9, 5, 9.9], lo, hi) == "below"
+    # one round 1 % above the top: no 10 % of room, so not inside
+    assert band_position([15, 15, 20.2], lo, hi) == "undecided"
+    assert band_position([5, 15, 25], lo, hi) == "undecided"
+    # each round against its own band
+    assert band_position([15, 25], [10, 30], [20, 40]) == "undecided"
+    with pytest.raises(ValueError, match="one value per round"):
+        band_position([1, 2], lo, hi)
+    with pytest.raises(ValueError, match="serial"):
+        band_position([15], [20], [10])
+    with pytest.raises(ValueError, match="measured"):
+        band_position([0], [1], [2])
+
+
+def test_median_points_takes_each_size_and_field_over_rounds():
+    from perflab.machine.transfer import TransferPoint, median_points
+
+    rounds = [[TransferPoint(4, 1, 2, 3, 4), TransferPoint(8, 10, 20, 30, 40)],
+              [TransferPoint(4, 3, 2, 1, 9), TransferPoint(8, 30, 10, 10, 40)],
+              [TransferPoint(4, 2, 5, 2, 0.5), TransferPoint(8, 20, 30, 20, 40)]]
+    assert median_points(rounds) == [TransferPoint(4, 2, 2, 2, 4),
+                                     TransferPoint(8, 20, 20, 20, 40)]
+    with pytest.raises(ValueError, match="same sizes"):
+        median_points([rounds[0], rounds[1][:1]])
+    with pytest.raises(ValueError, match="at least one"):
+        median_points([])
+
+
+def test_model_verdict_never_lets_an_undecided_size_decide():
+    from perflab.machine.transfer import model_verdict
+
+    assert model_verdict(["inside"] * 3) is True
+    assert model_verdict(["inside", "inside", "inside", "above"]) is True      # 3 of 4
+    assert model_verdict(["inside", "above", "below"]) is False
+    # the old 10 % widening would have called these inside; now they are open
+    assert model_verdict(["inside", "undecided", "undecided"]) is None
+    assert model_verdict(["inside", "undecided", "above"]) is False            # 2/3 < 3/4
+    assert model_verdict(["above", "above"], share=0.5) is False
+    with pytest.raises(ValueError, match="positions"):
+        model_verdict(["inside", "within"])
+    with pytest.raises(ValueError, match="positions"):
+        model_verdict([])
+    with pytest.raises(ValueError, match="share"):
+        model_verdict(["inside"], share=0)
+
+
+def test_describe_positions_counts_each_kind_in_order():
+    from perflab.machine.transfer import describe_positions
+
+    assert describe_positions(["above", "inside", "above"]) == (
+        "in the band at 1 of 3 sizes, above the band at 2 of 3 sizes")
+    assert describe_positions(["undecided"]) == "across an edge of the band at 1 of 1 sizes"
+    with pytest.raises(ValueError, match="positions"):
+        describe_positions([])
+
+
+def _fake_rounds(monkeypatch=None, rounds=3):
+    """Three rounds of a fake sweep (pinned 50 GB/s; pageable 20, 22, 24 GB/s by round) and
+    fake staging rates (one copy 40 GB/s, chunked 60, memcpy 44 + 2 per round, read + written)."""
+    from perflab.machine.transfer import TransferPoint, pageable_rounds
+
+    calls = []
+
+    def sweep(sizes, device):
+        r = len([c for c in calls if c == "sweep"])
+        calls.append("sweep")
+        return [TransferPoint(n, 50e9, (20 + 2 * r) * 1e9, 40e9, 10e9) for n in sizes]
+
+    def staging(sizes):
+        r = len([c for c in calls if c == "staging"])
+        calls.append("staging")
+        return {"one copy": {n: 40e9 for n in sizes}, "chunked": {n: 60e9 for n in sizes},
+                "memcpy": {n: (44 + 2 * r) * 1e9 for n in sizes}}
+
+    class Watch:
+        def __enter__(self):
+            calls.append("watch")
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def summary(self):
+            return f"summary {calls.count('watch')}"
+
+    out = pageable_rounds([2**16, 2**20, 2**24], "cuda", rounds=rounds, watch=Watch,
+                          sweep=sweep, staging=staging)
+    return out, calls
+
+
+def test_pageable_rounds_alternate_the_sweep_and_its_staging_inputs():
+    out, calls = _fake_rounds()
+    assert calls == ["watch", "sweep", "staging"] * 3
+    assert out.telemetry == "summary 1"                 # the first round's
+    assert [p.h2d_pageable for p in out.points()] == [22e9] * 3
+    # one copy: staging 20 GB/s of data, so overlapped = 20, serial = 1/(1/50 + 1/20)
+    serial = 1 / (1 / 50e9 + 1 / 20e9)
+    assert out.median_band("one copy")[2**20] == pytest.approx((serial, 20e9))
+    # rounds 0, 1, 2 measured 20, 22, 24 against an overlapped bound of 20: one on the edge,
+    # two above: undecided, not "inside within 10 %"
+    assert out.positions("one copy") == ["undecided", "undecided"]   # sizes from 1 MiB up
+    assert out.positions("chunked") == ["inside", "inside"]          # band up to 30 GB/s
+    # memcpy's top moves with its round (22, 23, 24 GB/s): each round inside its own band,
+    # though round 2's 24 GB/s lies above the median band's top (23)
+    assert out.positions("memcpy") == ["inside", "inside"]
+    assert out.median_band("memcpy")[2**20][1] == pytest.approx(23e9)
+    assert len(out.positions("one copy", min_bytes=1)) == 3
+    with pytest.raises(ValueError, match="kind"):
+        out.bands("two copies")
+
+
+def test_pageable_rounds_refuse_bad_rounds_and_mismatched_sweeps():
+    from perflab.machine.transfer import PageableRounds, TransferPoint
+
+    with pytest.raises(ValueError, match="rounds"):
+        _fake_rounds(rounds=0)
+    one = [TransferPoint(4, 1, 1, 1, 1)]
+    with pytest.raises(ValueError, match="one entry per round"):
+        PageableRounds([one, one], [{}])
+    with pytest.raises(ValueError, match="same sizes"):
+        PageableRounds([one, [TransferPoint(8, 1, 1, 1, 1)]], [{}, {}])
+
+
+def test_staging_rates_refuse_sizes_that_are_not_whole_floats():
+    with pytest.raises(ValueError, match="sizes"):
+        transfer.staging_rates([6])
+    with pytest.raises(ValueError, match="sizes"):
+        transfer.staging_rates([])

@@ -27,11 +27,12 @@ from typing import Sequence
 
 from perflab.labs.exercises import ExerciseFailed, _number, _verdict, check_close, record
 
-__all__ = ["CAPACITY_BAND", "H200_FIRST_EDITION_CURVE", "capacity_reference", "check_capacity",
-           "check_physical"]
+__all__ = ["CAPACITY_BAND", "DATASHEET_L2_BYTES", "H100_REFERENCE_CURVE", "H200_FIRST_EDITION_CURVE",
+           "capacity_reference", "check_capacity", "check_physical", "l2_reference"]
 
-#: The L2 capacity read from a GPU's curve must lie within these fractions of the size the
-#: driver reports (``L2_cache_size``): the L2 is two partitions that can each hold a copy of
+#: The L2 capacity read from a GPU's curve must lie within these fractions of the GPU's L2 (its
+#: datasheet figure, :func:`l2_reference`; the size the driver reports where the course has no
+#: datasheet figure): the L2 is two partitions that can each hold a copy of
 #: what both halves of the chip read, so the fall can come at half the size; other data in the
 #: cache and the recipe's rounding down to a measured size take a little more (chapter 2).
 CAPACITY_BAND = (0.4, 1.1)
@@ -48,6 +49,52 @@ H200_FIRST_EDITION_CURVE: tuple[tuple[int, ...], tuple[float, ...]] = (
     (1.79e12, 2.05e12, 2.56e12, 3.16e12, 3.77e12, 4.35e12, 5.08e12, 3.00e12, 5.82e12, 2.75e12,
      3.89e12, 3.96e12, 4.03e12, 2.73e12, 4.17e12, 4.19e12, 4.23e12),
 )
+
+
+#: Working-set sizes (bytes) and bandwidths (bytes/s) of chapter 2's L2 curve (``x * 2`` replayed
+#: from CUDA graphs, start-up taken out, median of five rounds) in the reference run
+#: gpu-2026-12-06d-d911c2d on an H100 80GB HBM3 (50 MiB of L2): the glued
+#: ``gpu_l2_curve_nbytes`` and ``gpu_l2_curve_bytes_per_s`` of ``book/02_hardware_gpu.ipynb``,
+#: to 3 significant digits. The recipe reads 32 MiB off it (0.64 of the L2).
+H100_REFERENCE_CURVE: tuple[tuple[int, ...], tuple[float, ...]] = (
+    (10567680, 13316096, 16777216, 21139456, 26632192, 33554432, 42274816, 53264384, 67108864,
+     84553728, 106528768, 134217728, 169103360, 213057536, 268435456, 338206720, 426115072,
+     536870912, 676413440, 852230144, 1073741824),
+    (7.03e12, 6.79e12, 6.31e12, 6.41e12, 6.34e12, 5.26e12, 3.80e12, 3.28e12, 2.93e12, 2.92e12,
+     2.94e12, 2.95e12, 2.97e12, 2.98e12, 2.98e12, 3.00e12, 3.00e12, 3.00e12, 3.01e12, 3.01e12,
+     3.02e12),
+)
+
+#: L2 sizes (bytes) from NVIDIA's architecture whitepapers, by the name CUDA gives the device
+#: (``torch.cuda.get_device_name``; the keys of :data:`perflab.machine.datasheets.DATASHEETS`).
+#: The whitepapers write cache sizes in binary units ("50 MB" is 50 MiB). The H200 has no
+#: published L2 figure the course could cite, so there the check falls back to the driver's.
+DATASHEET_L2_BYTES: dict[str, tuple[int, str]] = {
+    "NVIDIA H100 80GB HBM3": (50 * 2**20, "NVIDIA H100 Tensor Core GPU Architecture whitepaper "
+                                          "(H100 SXM5: 50 MB of L2), 2022"),
+    "NVIDIA A100-SXM4-80GB": (40 * 2**20, "NVIDIA A100 Tensor Core GPU Architecture whitepaper "
+                                          "(A100: 40 MB of L2), 2020"),
+    "Tesla V100-SXM2-32GB": (6 * 2**20, "NVIDIA Tesla V100 GPU Architecture whitepaper "
+                                        "(V100: 6144 KB of L2), 2017"),
+}
+
+
+def l2_reference(name: str, driver_bytes: float) -> tuple[float, str]:
+    """The L2 size a capacity read from a curve is checked against, and whose figure it is:
+    ``(bytes, "the datasheet")`` for a GPU in :data:`DATASHEET_L2_BYTES`, else
+    ``(driver_bytes, "the driver")`` (``L2_cache_size``).
+
+    Raises:
+        ValueError: ``name`` not a string, or ``driver_bytes`` not a positive number.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"name must be the device's name (a string), got {name!r}")
+    if isinstance(driver_bytes, bool) or not isinstance(driver_bytes, (int, float)) \
+            or not driver_bytes > 0:
+        raise ValueError(f"driver_bytes must be a positive number, got {driver_bytes!r}")
+    if name in DATASHEET_L2_BYTES:
+        return float(DATASHEET_L2_BYTES[name][0]), "the datasheet"
+    return float(driver_bytes), "the driver"
 
 
 def _smooth(values: Sequence[float]) -> list[float]:
@@ -99,9 +146,11 @@ def check_capacity(capacity_from_curve, sizes: Sequence[float], bandwidths: Sequ
                             "before the curve first falls below it")
 
 
-def check_physical(capacity: float, reported: float, what: str = "L2 read from your curve") -> bool:
-    """On a GPU: the capacity must lie within :data:`CAPACITY_BAND` of the size the driver
-    reports. A correct recipe on a curve that is not the cache's (a probe with dips of its
+def check_physical(capacity: float, reported: float, what: str = "L2 read from your curve",
+                   source: str = "the driver") -> bool:
+    """On a GPU: the capacity must lie within :data:`CAPACITY_BAND` of the GPU's L2,
+    ``reported`` bytes as ``source`` gives it (:func:`l2_reference`: the datasheet's figure, or
+    the driver's). A correct recipe on a curve that is not the cache's (a probe with dips of its
     own, a start-up left in) fails here, which is the point: the arithmetic is right, the
     measurement is not.
 
@@ -117,10 +166,10 @@ def check_physical(capacity: float, reported: float, what: str = "L2 read from y
     passed = lo <= ratio <= hi
     _verdict("physical", what, passed, capacity=c, reported=r, band=list(CAPACITY_BAND))
     if passed:
-        print(f"✓ {what}: {ratio:.2f} of the {r / 2**20:.0f} MiB the driver reports, within "
+        print(f"✓ {what}: {ratio:.2f} of the {r / 2**20:.0f} MiB {source} gives, within "
               f"{lo:g}-{hi:g}: a physical answer.")
         return True
     raise ExerciseFailed(
-        f"✗ {what}: {c / 2**20:.1f} MiB is {ratio:.2f} of the {r / 2**20:.0f} MiB the driver "
-        f"reports, outside {lo:g}-{hi:g}: the curve or the recipe reads something other than the "
+        f"✗ {what}: {c / 2**20:.1f} MiB is {ratio:.2f} of the {r / 2**20:.0f} MiB {source} "
+        f"gives, outside {lo:g}-{hi:g}: the curve or the recipe reads something other than the "
         "cache (look at the figure: are its smallest sizes its fastest?).")

@@ -33,7 +33,7 @@ from perflab.machine.caches import format_bytes
 from perflab.machine.roofline import matmul_rate
 
 __all__ = ["properties", "fact_rows", "dram_bandwidth_from_clock", "available_matmul_kinds", "matmul_rates",
-           "BurstSustained", "burst_and_sustained"]
+           "BurstSustained", "burst_and_sustained", "cycle_clock_hz"]
 
 
 def properties(index: int = 0) -> dict:
@@ -174,6 +174,9 @@ class BurstSustained:
         burst, sustained: the :class:`perflab.core.telemetry.TelemetrySummary` of each.
         sustained_window_s: how long the products ran back to back (>= ``sustained_s``; the
             sustained summary covers its second half).
+        burst_cycle_hz, sustained_cycle_hz: the SM clock counted by the SM itself
+            (:func:`cycle_clock_hz`, median of 3) right after the burst's products and right
+            after the sustained window's; None on a CPU.
     """
 
     flops: float
@@ -182,6 +185,8 @@ class BurstSustained:
     burst: object
     sustained: object
     sustained_window_s: float
+    burst_cycle_hz: float | None = None
+    sustained_cycle_hz: float | None = None
 
     @property
     def burst_rate(self) -> float:
@@ -192,6 +197,30 @@ class BurstSustained:
     def sustained_rate(self) -> float:
         """FLOP/s sustained (the last half of the window)."""
         return self.flops / self.sustained_s
+
+
+def cycle_clock_hz(device: torch.device | str = "cuda", cycles: int = 200_000,
+                   reps: int = 3) -> float:
+    """The SM clock one kernel ran at, counted by the SM: ``cycles / seconds``, median of ``reps``.
+
+    ``torch.cuda._sleep(cycles)`` launches one kernel that spins until its SM's cycle counter
+    (``clock64``) has advanced ``cycles``; CUDA events time it. NVML's clock is a sample of what
+    the driver set, read every few milliseconds; this is the clock the SM counted while the
+    kernel ran. 200,000 cycles last about 100-150 µs at 1.4-2 GHz, long against the events'
+    resolution (~0.5 µs) and short against the power controller's steps (milliseconds), so
+    enqueued right behind other work it reads the clock that work left.
+
+    Raises:
+        RuntimeError: ``device`` is not a CUDA device.
+        ValueError: ``cycles`` or ``reps`` not a positive integer.
+    """
+    positive_int("cycles", cycles)
+    positive_int("reps", reps)
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise RuntimeError(f"cycle_clock_hz counts a CUDA SM's cycles; {dev} has none")
+    t = event_timer(lambda: torch.cuda._sleep(cycles), dev, warmup=0, reps=reps)
+    return cycles / t.median_s
 
 
 def burst_and_sustained(
@@ -236,6 +265,8 @@ def burst_and_sustained(
     time.sleep(rest_s)
     with Telemetry(index=index, interval_s=0.005) as tel_burst:
         burst = event_timer(fn, dev, warmup=2, reps=burst_reps).median_s
+    on_gpu = dev.type == "cuda"
+    burst_hz = cycle_clock_hz(dev) if on_gpu else None    # the clock the burst left
     clock = Stopwatch().start()
     while clock.elapsed() < sustained_s / 2:    # the first half: the clock settles, not kept
         event_timer(fn, dev, warmup=0, reps=20)
@@ -248,7 +279,8 @@ def burst_and_sustained(
         while half.elapsed() < sustained_s / 2 or len(chunks) < 2:
             chunks.append(event_timer(fn, dev, warmup=0, reps=20))
     window = clock.elapsed()
+    sustained_hz = cycle_clock_hz(dev) if on_gpu else None
     samples = sorted(x for t in chunks for x in t.samples_s)
     sustained = samples[len(samples) // 2]
     return BurstSustained(2.0 * n**3, burst, sustained, tel_burst.summary(), tel_sus.summary(),
-                          window)
+                          window, burst_hz, sustained_hz)

@@ -25,19 +25,29 @@ import torch
 from perflab.core.device import gpu_count, has_gpu
 from perflab.core.progress import progress as show_progress
 from perflab.core.timing import Stopwatch, benchmark, event_timer
-from perflab.core.validate import integer, number, one_of, positive, positive_int
+from perflab.core.validate import (integer, integers, number, one_of, positive,
+                                   positive_int)
+from perflab.machine import cpu
 
 __all__ = [
     "PCIE_GT_PER_S",
+    "PageableRounds",
+    "STAGING_COPIES",
     "TransferPoint",
+    "band_position",
+    "describe_positions",
     "host_device_sweep",
+    "median_points",
+    "model_verdict",
     "non_blocking_behaviour",
     "pageable_prediction",
+    "pageable_rounds",
     "pcie_bandwidth",
     "peer_access",
     "peer_copy_bandwidth",
     "peer_copy_sweep",
     "staging_copy_bandwidth",
+    "staging_rates",
 ]
 
 #: Per-lane signalling rate (GT/s) and line-code efficiency by PCIe generation, from the PCI-SIG
@@ -81,6 +91,206 @@ def pageable_prediction(pinned_Bps: float, host_copy_Bps: float) -> tuple[float,
     positive("host_copy_Bps", host_copy_Bps)
     staging = host_copy_Bps / 2
     return 1 / (1 / pinned_Bps + 1 / staging), min(pinned_Bps, staging)
+
+
+def band_position(measured: Sequence[float], serial: Sequence[float],
+                  overlapped: Sequence[float]) -> str:
+    """Where a pageable copy's rate lies against the staging model's band, over rounds.
+
+    Round ``r`` measured ``measured[r]`` (bytes/s) beside the band ``[serial[r], overlapped[r]]``
+    that :func:`pageable_prediction` gives from the same round's inputs. No widening: the rounds
+    are the spread. Returns ``"inside"`` when every round lies in its band, ``"above"`` when every
+    round lies above the overlapped bound (the fastest the model allows), ``"below"`` when every
+    round lies below the serial bound, and ``"undecided"`` otherwise (the rounds straddle an
+    edge, or lie on both sides).
+
+    Raises:
+        ValueError: sequences of different lengths or empty, a value that is not positive, or
+            ``serial[r] > overlapped[r]``.
+    """
+    rows = list(zip(measured, serial, overlapped, strict=False))
+    if not rows or not len(measured) == len(serial) == len(overlapped):
+        raise ValueError("measured, serial and overlapped need one value per round each, "
+                         f"got {len(measured)}, {len(serial)} and {len(overlapped)}")
+    for m, lo, hi in rows:
+        positive("measured", m)
+        positive("serial", lo)
+        positive("overlapped", hi)
+        if lo > hi:
+            raise ValueError(f"serial must not exceed overlapped, got {lo} > {hi}")
+    if all(lo <= m <= hi for m, lo, hi in rows):
+        return "inside"
+    if all(m > hi for m, _, hi in rows):
+        return "above"
+    if all(m < lo for m, lo, _ in rows):
+        return "below"
+    return "undecided"
+
+
+def median_points(rounds: Sequence[Sequence["TransferPoint"]]) -> list["TransferPoint"]:
+    """The per-size median of several :func:`host_device_sweep` results over the same sizes.
+
+    Raises:
+        ValueError: no rounds, or rounds whose sizes differ.
+    """
+    rounds = [list(r) for r in rounds]
+    if not rounds:
+        raise ValueError("rounds must hold at least one sweep")
+    sizes = [p.nbytes for p in rounds[0]]
+    if any([p.nbytes for p in r] != sizes for r in rounds):
+        raise ValueError("every round must sweep the same sizes in the same order")
+    fields = ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
+    return [TransferPoint(n, *(statistics.median(getattr(r[i], f) for r in rounds)
+                               for f in fields))
+            for i, n in enumerate(sizes)]
+
+
+#: Where a size's pageable copy lies against a band (:func:`band_position`), in words.
+_WHERE = {"inside": "in the band", "above": "above the band", "below": "below the band",
+          "undecided": "across an edge of the band"}
+
+
+def model_verdict(positions: Sequence[str], share: float = 0.75) -> bool | None:
+    """The verdict on a staging model from the sizes' :func:`band_position` results.
+
+    True when at least ``share`` of the sizes lie inside the band; False when they fall short
+    even counting every undecided size as inside; None (undecided) otherwise, so an undecided
+    size never decides the verdict either way.
+
+    Raises:
+        ValueError: no positions, one that :func:`band_position` does not return, or ``share``
+            outside (0, 1].
+    """
+    positions = list(positions)
+    if not positions:
+        raise ValueError("positions must hold at least one size")
+    for p in positions:
+        one_of("positions", p, tuple(_WHERE))
+    number("share", share, above=0.0, maximum=1.0)
+    need = share * len(positions)
+    inside = positions.count("inside")
+    if inside >= need:
+        return True
+    return None if inside + positions.count("undecided") >= need else False
+
+
+def describe_positions(positions: Sequence[str]) -> str:
+    """The sizes' :func:`band_position` results counted in words, e.g. ``"in the band at 1 of 3
+    sizes, above the band at 2 of 3 sizes"`` (in the order inside, above, below, undecided).
+
+    Raises:
+        ValueError: no positions, or one that :func:`band_position` does not return.
+    """
+    positions = list(positions)
+    if not positions:
+        raise ValueError("positions must hold at least one size")
+    for p in positions:
+        one_of("positions", p, tuple(_WHERE))
+    return ", ".join(f"{words} at {positions.count(w)} of {len(positions)} sizes"
+                     for w, words in _WHERE.items() if w in positions)
+
+
+#: The staging copies that feed :func:`pageable_prediction`, one band each: one thread copying
+#: the whole buffer (:func:`perflab.machine.cpu.memory_bandwidth`), the same chunk by chunk into
+#: one reused 2 MiB buffer, and that pattern with the C library's memcpy
+#: (:func:`staging_copy_bandwidth`).
+STAGING_COPIES = ("one copy", "chunked", "memcpy")
+
+
+def staging_rates(sizes: Sequence[int]) -> dict[str, dict[int, float]]:
+    """One round of the staging copies of :data:`STAGING_COPIES` at each size, bytes/s (read +
+    written): ``{kind: {nbytes: rate}}``.
+
+    Raises:
+        ValueError: empty ``sizes``, or a size that is not a positive multiple of 4.
+    """
+    sizes = integers("sizes", sizes, 4, multiple_of=4)
+    return {"one copy": {n: cpu.memory_bandwidth(n, 1) for n in sizes},
+            "chunked": {n: staging_copy_bandwidth(n) for n in sizes},
+            "memcpy": {n: staging_copy_bandwidth(n, copier="memcpy") for n in sizes}}
+
+
+@dataclass
+class PageableRounds:
+    """Alternated rounds of the host <-> device sweep and its staging inputs
+    (:func:`pageable_rounds`).
+
+    ``sweeps[r]`` is round ``r``'s :func:`host_device_sweep`, ``staging[r]`` the same round's
+    :func:`staging_rates`, and ``telemetry`` the first round's telemetry summary (None without
+    one). Each round's band comes from that round's pinned copy and staging copy, so the rounds,
+    not a widening, are the band's spread.
+    """
+
+    sweeps: list[list[TransferPoint]]
+    staging: list[dict[str, dict[int, float]]]
+    telemetry: object = None
+
+    def __post_init__(self):
+        if not self.sweeps or len(self.sweeps) != len(self.staging):
+            raise ValueError("sweeps and staging need one entry per round each, got "
+                             f"{len(self.sweeps)} and {len(self.staging)}")
+        median_points(self.sweeps)             # the rounds sweep the same sizes
+
+    def points(self) -> list[TransferPoint]:
+        """Each size's median over the rounds (:func:`median_points`)."""
+        return median_points(self.sweeps)
+
+    def bands(self, kind: str) -> list[list[tuple[float, float]]]:
+        """``[round][size] -> (serial, overlapped)`` of :func:`pageable_prediction`, from each
+        round's pinned H2D copy and its ``kind`` staging copy (one of :data:`STAGING_COPIES`).
+
+        Raises:
+            ValueError: an unknown ``kind``.
+        """
+        one_of("kind", kind, STAGING_COPIES)
+        return [[pageable_prediction(p.h2d_pinned, st[kind][p.nbytes]) for p in sw]
+                for sw, st in zip(self.sweeps, self.staging)]
+
+    def median_band(self, kind: str) -> dict[int, tuple[float, float]]:
+        """``{nbytes: (serial, overlapped)}``, each bound the median over the rounds."""
+        bands = self.bands(kind)
+        return {p.nbytes: tuple(statistics.median(b[i][j] for b in bands) for j in (0, 1))
+                for i, p in enumerate(self.sweeps[0])}
+
+    def positions(self, kind: str, min_bytes: int = 2**20) -> list[str]:
+        """:func:`band_position` of every size from ``min_bytes`` up: each round's pageable
+        H2D copy against that round's ``kind`` band."""
+        positive_int("min_bytes", min_bytes)
+        bands = self.bands(kind)
+        return [band_position([sw[i].h2d_pageable for sw in self.sweeps],
+                              [b[i][0] for b in bands], [b[i][1] for b in bands])
+                for i, p in enumerate(self.sweeps[0]) if p.nbytes >= min_bytes]
+
+
+def pageable_rounds(sizes: Sequence[int], device=None, rounds: int = 3, watch=None,
+                    sweep=None, staging=None) -> PageableRounds:
+    """``rounds`` alternated rounds of the copy sweep and its staging inputs.
+
+    Each round runs :func:`host_device_sweep` over ``sizes``, then :func:`staging_rates` at the
+    same sizes, so each band is predicted from inputs measured beside its copy and a drift of
+    the host (its clock, its caches' neighbours) shows as a spread between rounds.
+    ``watch``, if given, is called once per round to give a context manager around that round's
+    sweep with a ``summary()`` (e.g. ``lambda: Telemetry(work="link")``); the first round's
+    summary is kept. ``sweep`` and ``staging`` replace the two measurements (for tests).
+
+    Raises:
+        RuntimeError: no CUDA GPU (from the sweep).
+        ValueError: ``rounds`` below 1, or bad ``sizes`` (from the sweep).
+    """
+    positive_int("rounds", rounds)
+    sweep = sweep or host_device_sweep
+    staging = staging or staging_rates
+    sizes = list(sizes)
+    sweeps, stage, summary = [], [], None
+    for r in range(rounds):
+        if watch is None:
+            sweeps.append(list(sweep(sizes, device)))
+        else:
+            with watch() as tel:
+                sweeps.append(list(sweep(sizes, device)))
+            summary = tel.summary() if r == 0 else summary
+        stage.append(staging(sizes))
+    return PageableRounds(sweeps, stage, summary)
 
 
 def staging_copy_bandwidth(nbytes: int, chunk: int = 2**21, reps: int = 5,

@@ -1,0 +1,50 @@
+"""Lab 2's exercise 1 checks: the capacity recipe on real GPU curves, and the physical check
+against the GPU's L2 as its datasheet gives it (the driver's figure only where the course has
+no datasheet figure)."""
+
+import pytest
+
+from perflab.labs import lab02
+from perflab.labs.exercises import ExerciseFailed
+
+MiB = 2**20
+
+
+def test_the_recipe_reads_the_reference_h100_within_the_band_of_its_datasheet_l2():
+    capacity = lab02.capacity_reference(*lab02.H100_REFERENCE_CURVE)
+    assert capacity == 32 * MiB
+    l2, source = lab02.l2_reference("NVIDIA H100 80GB HBM3", 50 * MiB)
+    assert (l2, source) == (50 * MiB, "the datasheet")
+    assert lab02.CAPACITY_BAND[0] <= capacity / l2 <= lab02.CAPACITY_BAND[1]
+    assert lab02.check_physical(capacity, l2, source=source)
+
+
+def test_the_datasheet_figure_wins_over_a_driver_that_reports_something_else(capsys):
+    # a driver that reported the full GH100's 60 MiB on an H100 would move the band; the
+    # datasheet's 50 MiB does not
+    l2, source = lab02.l2_reference("NVIDIA H100 80GB HBM3", 60 * MiB)
+    assert l2 == 50 * MiB
+    lab02.check_physical(32 * MiB, l2, source=source)
+    assert "of the 50 MiB the datasheet gives" in capsys.readouterr().out
+    # a GPU without a datasheet figure: the driver's, and the message says so
+    l2, source = lab02.l2_reference("NVIDIA H200", 60 * MiB)
+    assert (l2, source) == (60 * MiB, "the driver")
+    with pytest.raises(ExerciseFailed, match="the driver gives"):
+        lab02.check_physical(512 * MiB, l2, source=source)
+
+
+def test_wrong_answers_on_the_reference_h100_curve_are_not_physical():
+    l2, source = lab02.l2_reference("NVIDIA H100 80GB HBM3", 50 * MiB)
+    sizes, bws = lab02.H100_REFERENCE_CURVE
+    # the largest size (a recipe that returns the end of the sweep) and the fastest point's
+    # size (one that stops at the first point)
+    for wrong in (sizes[-1], sizes[0]):
+        with pytest.raises(ExerciseFailed, match="outside 0.4-1.1"):
+            lab02.check_physical(wrong, l2, source=source)
+
+
+def test_l2_reference_refuses_bad_input():
+    with pytest.raises(ValueError, match="name"):
+        lab02.l2_reference(None, 50 * MiB)
+    with pytest.raises(ValueError, match="driver_bytes"):
+        lab02.l2_reference("NVIDIA H100 80GB HBM3", 0)
