@@ -109,16 +109,15 @@ def test_on_a_loaded_cpu_an_answer_the_check_reproduces_now_passes_and_says_so(m
     """The reference diagnosis of step b read 'bandwidth-bound' on a loaded CI machine (a copy
     ceiling measured low): when the check's own ceilings, measured now, say the same, the
     reading is right for that machine and the sentence says a quiet one differs."""
-    import perflab.machine.ceilings as ceilings
     step = mystery.step_b("cpu")
     ev = _evidence(step)
     bw = ev["bytes"] / ev["seconds"]
     ev.update(flops_ceiling=1e13, bandwidth_ceiling=bw / 0.5)   # the rule says bandwidth-bound
     # the check's ceilings now: a copy bandwidth so low that any re-timing is above a quarter
-    monkeypatch.setattr(ceilings, "measure_all", _ceilings_now(1.0, 1e13))
+    monkeypatch.setattr(lab04, "measure_all", _ceilings_now(1.0, 1e13))
     assert lab04.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)
     assert "another regime" in capsys.readouterr().out
     # the same answer when the check's ceilings now say otherwise: rejected
-    monkeypatch.setattr(ceilings, "measure_all", _ceilings_now(1e15, 1e13))
+    monkeypatch.setattr(lab04, "measure_all", _ceilings_now(1e15, 1e13))
     with pytest.raises(ExerciseFailed, match="not the right regime"):
         lab04.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)

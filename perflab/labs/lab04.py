@@ -8,6 +8,7 @@ from typing import Any, Callable
 from perflab.core.timing import benchmark
 from perflab.core.validate import number
 from perflab.labs.exercises import ExerciseFailed, as_float, plain, NotPlain
+from perflab.machine.ceilings import Ceilings, measure_all
 from perflab.machine.costs import count_cost
 from perflab.profiling.mystery import MysteryStep, _ANSWERS, _EVIDENCE_KEYS, _digest
 from perflab.profiling.trace import REGIMES, regime
@@ -43,8 +44,6 @@ def _cpu_agrees_now(step: MysteryStep, answer: str, cost, seconds: float) -> boo
     19 % of an 11 GB/s copy ceiling on a quiet machine) as bandwidth-bound, at 26 % of a copy
     ceiling measured at 8 GB/s. The rule follows the measurement; an answer the check can
     reproduce on the same machine at the same time is a right reading of it."""
-    from perflab.machine.ceilings import Ceilings, measure_all
-
     ceil = Ceilings(machine={}, measured="now", path="(the check)",
                     items=measure_all(step.device, quick=True))
     flops_fraction = cost.flops / seconds / ceil.compute_roof("fp32")
