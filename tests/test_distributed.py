@@ -91,6 +91,28 @@ def test_overlap_from_trace_gpu_and_cpu():
         traces.overlap_from_trace({})
 
 
+def test_ranges_from_trace_counts_nested_ranges_once():
+    """FSDP2's hooks nest (the all-gather inside the pre-forward): their union is the time the
+    step spent in them; each name's count and total keep the per-collective cost (review H1)."""
+    trace = {"traceEvents": [
+        {"ph": "X", "name": "FSDP::pre_forward (0)", "ts": 0, "dur": 10},
+        {"ph": "X", "name": "FSDP::all_gather (0)", "ts": 2, "dur": 5},
+        {"ph": "X", "name": "FSDP::pre_forward (1)", "ts": 20, "dur": 10},
+        {"ph": "X", "name": "aten::mm", "ts": 0, "dur": 100},
+        {"ph": "X", "name": "gloo:all_gather", "ts": 3, "dur": 4},
+        {"ph": "X", "name": "gloo:all_gather", "ts": 21, "dur": 6},
+    ]}
+    f = traces.ranges_from_trace(trace, "FSDP::")
+    assert f["seconds"] == pytest.approx(20e-6) and f["count"] == 3
+    assert f["by_name"]["FSDP::pre_forward"] == {"count": 2, "seconds": pytest.approx(20e-6)}
+    assert f["by_name"]["FSDP::all_gather"]["count"] == 1
+    g = traces.ranges_from_trace(trace, "gloo:")["by_name"]["gloo:all_gather"]
+    assert g["count"] == 2 and g["seconds"] == pytest.approx(10e-6)
+    assert traces.ranges_from_trace(trace, "Optimizer.step#") == {"seconds": 0, "count": 0, "by_name": {}}
+    with pytest.raises(ValueError, match="prefix"):
+        traces.ranges_from_trace(trace, "")
+
+
 def test_host_ranks_give_each_gloo_rank_cores_of_its_own():
     assert L.host_ranks("gloo", cores=16) == (4, 2)
     assert L.host_ranks("gloo", cores=8) == (4, 1)
@@ -237,6 +259,11 @@ def test_every_task_on_world_size(runs, n):
     ops = sh["traces"]["fsdp"]["comm_ops"]
     assert ops.get("gloo:all_gather", 0) >= 2 and sh["traces"]["ddp"]["comm_s"] > 0
     assert res[1]["sharding"]["traces"]["fsdp"] == {}
+    # FSDP's hooks (its collectives inside them) and both optimizers' steps, from the same traces
+    fs, dd = sh["traces"]["fsdp"], sh["traces"]["ddp"]
+    assert fs["fsdp"]["by_name"]["FSDP::all_gather"]["count"] >= 2 and fs["fsdp"]["seconds"] > 0
+    assert dd["fsdp"]["count"] == 0 and fs["optimizer_s"] > 0 and dd["optimizer_s"] > 0
+    assert fs["collectives"]["gloo:all_gather"]["count"] == ops["gloo:all_gather"]
     # the bus factor's launch: a subgroup of the first 2 (and 3) ranks each
     ring = res[0]["ring"]
     assert set(ring) == {str(k) for k in range(2, n + 1)}
