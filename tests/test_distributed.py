@@ -176,13 +176,13 @@ def runs(tmp_path_factory):
             {"name": "sweep", "args": {"sizes": [4096, 65536], "max_iters": 3,
                                        "ops": ["all_reduce", "all_gather", "reduce_scatter",
                                                "broadcast", "all_to_all"]}},
-            {"name": "manual_vs_ddp", "args": dict(TINY, check_steps=2, rounds=3)},
+            {"name": "manual_vs_ddp", "args": dict(TINY, check_steps=2, rounds=3, bucket_mb=0.001)},
             {"name": "buckets", "args": {"bucket_mbs": [0.001, 1], "batch": 2, "blocks": BLOCKS,
                                          "iters": 1, "rounds": 2}},
             {"name": "overlap", "args": {"width": 16, "depth": 2, "batch": 4, "bucket_mb": 0.001,
                                          "steps": 2}},
             {"name": "no_sync", "args": {"accum": 3, "time_width": 16, "time_depth": 2, "time_batch": 4,
-                                         "rounds": 2}},
+                                         "rounds": 2, "bucket_mb": 0.001}},
             {"name": "sharding", "args": dict(TINY, rounds=2)},
             {"name": "dcp_save", "args": {"path": str(root / f"w{n}")}},
             {"name": "traps", "args": {"timeout_s": 1}},
@@ -235,6 +235,7 @@ def test_every_task_on_world_size(runs, n):
     # the prediction's inputs: the backward alone, and DDP's own buckets holding every gradient
     assert 0 < mv["backward_s"] < mv["single_s"]
     assert sum(mv["ddp_bucket_bytes"]) == mv["grad_bytes"] == 4 * mv["params"]
+    assert len(mv["ddp_bucket_bytes"]) > 1          # bucket_mb reached DDP: one tensor a bucket
     assert set(res[0]["buckets"]["step_rounds_s"]) == {"0.001", "1.0"}
     assert all(len(v) == 2 for v in res[0]["buckets"]["step_rounds_s"].values())
     steps = res[0]["overlap"]["steps"]
@@ -246,6 +247,10 @@ def test_every_task_on_world_size(runs, n):
     assert res[0]["no_sync"]["rank_spread"] == 0.0
     assert res[0]["no_sync"]["vs_single"] < 1e-12
     assert len(res[0]["no_sync"]["no_sync_rounds_s"]) == len(res[0]["no_sync"]["sync_every_rounds_s"]) == 2
+    # counted in a trace (review M2): K micro-steps sync every bucket K times, no_sync once
+    b = res[0]["no_sync"]["buckets"]
+    assert b > 1 and res[0]["no_sync"]["all_reduces"] == {"sync_every": 3 * b, "no_sync": b}
+    assert res[1]["no_sync"]["all_reduces"] == {"sync_every": None, "no_sync": None}
     # sharding: counted bytes per rank follow the ZeRO formulas
     sh = res[0]["sharding"]
     p = sh["params"]
