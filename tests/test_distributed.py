@@ -269,6 +269,10 @@ def test_every_task_on_world_size(runs, n):
     assert fs["fsdp"]["by_name"]["FSDP::all_gather"]["count"] >= 2 and fs["fsdp"]["seconds"] > 0
     assert dd["fsdp"]["count"] == 0 and fs["optimizer_s"] > 0 and dd["optimizer_s"] > 0
     assert fs["collectives"]["gloo:all_gather"]["count"] == ops["gloo:all_gather"]
+    # ZeRO-1's step traced too (review M3): its broadcasts run inside its optimizer's step
+    z = sh["traces"]["zero1"]
+    assert z["collectives"]["gloo:broadcast"]["count"] >= 1
+    assert z["optimizer_s"] > 0 and z["collectives"]["gloo:broadcast"]["seconds"] > 0
     # the bus factor's launch: a subgroup of the first 2 (and 3) ranks each
     ring = res[0]["ring"]
     assert set(ring) == {str(k) for k in range(2, n + 1)}

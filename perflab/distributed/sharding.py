@@ -124,7 +124,7 @@ def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int 
     (each the slowest rank's mean of ``iters`` steps); ``adam_full_s`` and
     ``adam_shard_s`` (Adam's step over every parameter and over ``1/world`` of them);
     ``copy_s`` (one copy of every parameter's 4 bytes: the unit of DDP's and FSDP's copies);
-    ``ddp_bucket_bytes``; ``traces``: one DDP and one FSDP step profiled on rank 0
+    ``ddp_bucket_bytes``; ``traces``: one DDP, one ZeRO-1 and one FSDP step profiled on rank 0
     (:func:`_traced_step`: how long their collectives, FSDP's hooks and the optimizer took
     inside the step); ``params``.
 
@@ -178,7 +178,7 @@ def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int 
         for _ in range(warmup):
             fn()
     times = rounds_of(ctx, steps, iters, rounds)
-    traced = {name: _traced_step(ctx, steps[name]) for name in ("ddp", "fsdp") if name in steps}
+    traced = {name: _traced_step(ctx, steps[name]) for name in ("ddp", "zero1", "fsdp") if name in steps}
     del steps
     gc.collect()
     return {"strategies": out, "step_rounds_s": times, "params": params,
