@@ -603,6 +603,11 @@ def test_a_range_of_costs_and_what_a_band_can_resolve(glued):
     inside = [d + 3e-3 for d in ddp]
     assert verdicts.judge_cost_range("r", inside, ddp, -2e-3, 8e-3, bound="host") is True
     assert "inside the predicted range, 0.90x to 1.40x" in glued["r"]
+    # judged on the rounds' spread (the IQR from 8 rounds), so it never says "every round" (L1)
+    assert "every round" not in glued["r"] and "min–max over 3 rounds" in glued["r"]
+    wide = [d + 3e-3 for d in ddp * 3] + [0.1]          # 10 rounds, one far outside: IQR inside
+    assert verdicts.judge_cost_range("r", wide, ddp * 3 + [20e-3], -2e-3, 8e-3, bound="host") is True
+    assert "inter-quartile range over 10 rounds" in glued["r"] and "every round" not in glued["r"]
     assert verdicts.judge_cost_range("r", [d * 2 for d in ddp], ddp, -2e-3, 8e-3, bound="host") is False
     mixed = [d * r for d, r in zip(ddp, (1.1, 1.5, 1.2))]
     assert verdicts.judge_cost_range("r", mixed, ddp, -2e-3, 8e-3, bound="host") is None

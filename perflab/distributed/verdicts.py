@@ -93,8 +93,9 @@ def judge_cost_range(name: str, steps: Sequence[float], base: Sequence[float], l
                      high_s: float, *, bound: str, reason: str | None = None) -> bool | None:
     """Glue, under ``name``, whether the per-round ratio of ``steps`` to ``base`` lies between
     the ratios of a cost of ``low_s`` and of ``high_s`` seconds (:func:`cost_ratio`): a range
-    prediction ("between every collective hidden and none hidden"). True when every round lies
-    inside, False when none does, None (undecided) when an edge lies inside the rounds' spread;
+    prediction ("between every collective hidden and none hidden"). True when the rounds' spread
+    (:class:`perflab.core.rounds.Spread`: min-max under 8 rounds, else the inter-quartile
+    range) lies inside, False when it lies outside, None (undecided) when an edge lies inside it;
     the sentence states the range and the rounds.
 
     Raises:
@@ -109,8 +110,8 @@ def judge_cost_range(name: str, steps: Sequence[float], base: Sequence[float], l
     rounds = f"{ratio.lo:.2f}x to {ratio.hi:.2f}x, {ratio.kind}"
     span = (f"{lo:.2f}x to {hi:.2f}x the base step ({fmt(low_s, 's', signed=True)} to "
             f"{fmt(high_s, 's', signed=True)})")
-    claim(name, holds, f"inside the predicted range, {span}, in every round ({rounds})",
-          f"outside the predicted range, {span}, in every round ({rounds})", bound=bound,
+    claim(name, holds, f"inside the predicted range, {span} (the rounds: {rounds})",
+          f"outside the predicted range, {span} (the rounds: {rounds})", bound=bound,
           if_undecided=f"undecided: the rounds ({rounds}) reach across an edge of the predicted "
           f"range, {span}")
     return holds
