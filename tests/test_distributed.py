@@ -616,3 +616,43 @@ def test_a_range_of_costs_and_what_a_band_can_resolve(glued):
         verdicts.judge_cost_range("r", inside, ddp, 1e-3, -1e-3, bound="host")
     assert "cannot tell" in verdicts.resolution(1.02, 0.1, "ZeRO-1", "DDP")
     assert "can tell ZeRO-1 from DDP" in verdicts.resolution(1.2, 0.1, "ZeRO-1", "DDP")
+
+
+def test_exposed_time_is_judged_per_round_and_says_what_the_band_resolves(glued, monkeypatch):
+    """DDP's efficiency claim is judged on the modelled part alone (review H3): DDP's step minus
+    DDP alone, round by round, against the exposed time; the sentence says whether the band
+    leaves out the exposed time with nothing hidden."""
+    seen = {}
+    monkeypatch.setattr(verdicts, "glue", lambda name, value: seen.__setitem__(name, value))
+    alone = [20e-3, 25e-3, 21e-3]                     # a drift of the host moves both steps
+    ddp = [a + 4e-3 + e for a, e in zip(alone, (0.2e-3, -0.3e-3, 0.1e-3))]
+    assert verdicts.judge_exposed("k", ddp, alone, 4e-3, 9e-3) == "within"
+    assert "can tell overlap from none" in seen["k_exposed_resolution"]
+    assert glued["k_exposed_sentence"].startswith("within 50 %")
+    assert verdicts.judge_exposed("k", ddp, alone, 4e-3, 5e-3) == "within"   # 5 ms inside the band
+    assert "cannot tell" in seen["k_exposed_resolution"]
+    assert verdicts.judge_exposed("k", [a + 12e-3 for a in alone], alone, 4e-3, 5e-3) == "outside"
+    assert verdicts.judge_exposed("k", ddp, alone, 0.0, 1e-3) is None
+    assert seen["k_exposed_sentence"].startswith("no comparison")
+    with pytest.raises(ValueError, match="same rounds"):
+        verdicts.judge_exposed("k", ddp, alone[:2], 4e-3, 5e-3)
+
+
+def test_no_sync_is_counted_exactly_and_timed_as_a_ratio(glued, monkeypatch):
+    """K micro-steps with 2 buckets: 2K all-reduces against 2 (review M2); a count with K syncs
+    skipped or none fails whatever the times say, and the time is a per-round ratio."""
+    seen = {}
+    monkeypatch.setattr(verdicts, "glue", lambda name, value: seen.__setitem__(name, value))
+    every = [40e-3, 48e-3, 41e-3]
+    no_sync = [e - 12e-3 for e in every]
+    assert verdicts.judge_no_sync({"sync_every": 8, "no_sync": 2}, 4, 2, no_sync, every, 12e-3) == "within"
+    assert glued["no_sync_count_sentence"].startswith("the traces count 8")
+    assert "3 of 4 syncs skipped, as predicted" in glued["no_sync_count_sentence"]
+    assert seen["no_sync_predicted_text"] == f"{1 - 12e-3 / 41e-3:.3f}×"
+    for wrong in ({"sync_every": 8, "no_sync": 0}, {"sync_every": 8, "no_sync": 8}):
+        verdicts.judge_no_sync(wrong, 4, 2, no_sync, every, 12e-3)
+        assert glued["no_sync_count_sentence"].startswith("the traces count 8 and")
+    assert verdicts.judge_no_sync({"sync_every": 8, "no_sync": 2}, 4, 2, no_sync, every, 40e-3) is None
+    assert seen["no_sync_sentence"].startswith("no comparison")
+    with pytest.raises(ValueError, match="accum"):
+        verdicts.judge_no_sync({}, 0, 2, no_sync, every, 1e-3)
