@@ -345,6 +345,32 @@ def test_sampler_check_on_numbers():
         lab08.check_sampler(None)
 
 
+def test_sampler_check_takes_distributed_samplers_padding_and_wants_equal_shares():
+    """Review L6: with n not a multiple of the world size DistributedSampler pads the shares to
+    equal length by repeating samples, which the check rejected as two ranks reading the same
+    data; and unequal shares passed. Checked against torch's own sampler."""
+    import torch.utils.data as tud
+
+    for n, world in ((10, 4), (7, 3), (64, 4), (9, 2)):
+        per_epoch = []
+        for epoch in (0, 1):
+            ranks = []
+            for r in range(world):
+                smp = tud.DistributedSampler(range(n), num_replicas=world, rank=r, seed=3)
+                smp.set_epoch(epoch)
+                ranks.append(list(smp))
+            per_epoch.append(ranks)
+        assert lab08.check_sampler({"n": n, "per_rank": per_epoch}), (n, world)
+    uneven = [[[0, 1, 2, 3, 4], [5, 6, 7]], [[7, 6, 5, 4, 3], [2, 1, 0]]]
+    with pytest.raises(ExerciseFailed, match="ceil"):
+        lab08.check_sampler({"n": 8, "per_rank": uneven})
+    # padding allows as many repeats as it needs, no more: 10 on 4 ranks pads 2
+    three = [[[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 0, 1]]] * 1
+    assert lab08.check_sampler({"n": 10, "per_rank": three})
+    with pytest.raises(ExerciseFailed, match="both read|every sample"):
+        lab08.check_sampler({"n": 10, "per_rank": [[[0, 1, 2], [0, 1, 2], [6, 7, 8], [9, 3, 4]]]})
+
+
 DONE = """
 def done_fn(params):
     return params

@@ -343,8 +343,12 @@ def check_sampler(result: dict | None, exercise: int = 5) -> bool:
     """Exercise 5: a sampler that deals every rank its own samples, and a new order each epoch.
 
     ``result`` is the ``user_sampler`` task's ``{"per_rank": [[indices of rank r] for each
-    epoch], "n"}``. Passes when in every epoch the ranks' indices are disjoint and together cover
-    the ``n`` samples exactly once, and the order of the first epoch is not repeated in the
+    epoch], "n"}``. Passes when in every epoch every rank reads the same number of indices
+    (``ceil(n / world)``: ranks with unequal shares run unequal numbers of steps and the
+    collectives of the longer ones wait for ever), the ranks together cover the ``n`` samples,
+    and no sample is read twice beyond the padding that makes the shares equal
+    (``world x ceil(n / world) - n`` repeats, as ``DistributedSampler`` pads when ``n`` is not
+    a multiple of the world size); and the order of the first epoch is not repeated in the
     second. Two ranks with the same batch (a sampler that ignores the rank) and an order that
     never changes (no epoch in the seed: ``set_epoch`` forgotten) fail.
 
@@ -355,22 +359,32 @@ def check_sampler(result: dict | None, exercise: int = 5) -> bool:
         raise ExerciseNotDone(exercise, "write indices_for(n, rank, world, epoch), then run the launch cell")
     n, epochs = int(result["n"]), result["per_rank"]
     for e, ranks in enumerate(epochs):
+        world = len(ranks)
+        share = -(-n // world)
+        pad = world * share - n
         seen = [i for r in ranks for i in r]
+        repeats = len(seen) - len(set(seen))
         for a in range(len(ranks)):
             for b in range(a + 1, len(ranks)):
                 common = set(ranks[a]) & set(ranks[b])
-                if common:
+                if len(common) > pad:
                     raise ExerciseFailed(f"✗ Exercise {exercise}: in epoch {e} ranks {a} and {b} both read "
                                          f"{len(common)} of the same samples (e.g. {sorted(common)[:3]}): "
                                          "the ranks must split the data, not repeat it.")
-        if sorted(seen) != list(range(n)):
+        if set(seen) != set(range(n)) or repeats > pad:
             raise ExerciseFailed(f"✗ Exercise {exercise}: in epoch {e} the ranks together read {len(seen)} "
-                                 f"indices covering {len(set(seen))} of the {n} samples: every sample "
-                                 "once per epoch.")
+                                 f"indices covering {len(set(seen) & set(range(n)))} of the {n} samples "
+                                 f"({repeats} read twice, {pad} allowed as padding): every sample once "
+                                 "per epoch.")
+        lengths = [len(r) for r in ranks]
+        if any(k != share for k in lengths):
+            raise ExerciseFailed(f"✗ Exercise {exercise}: in epoch {e} the ranks read {lengths} indices; "
+                                 f"each of the {world} ranks must read ceil({n} / {world}) = {share}, "
+                                 "or the ranks run different numbers of steps.")
     if len(epochs) > 1 and epochs[0] == epochs[1]:
         raise ExerciseFailed(f"✗ Exercise {exercise}: epochs 0 and 1 deal every rank the same indices in "
                              "the same order: seed the shuffle with the epoch (DistributedSampler's "
                              "set_epoch).")
-    print(f"✓ Exercise {exercise}: {len(epochs[0])} ranks read disjoint slices of all {n} samples, in a "
-          "new order every epoch.")
+    print(f"✓ Exercise {exercise}: {len(epochs[0])} ranks read equal slices of all {n} samples (disjoint "
+          "but for padding), in a new order every epoch.")
     return True
