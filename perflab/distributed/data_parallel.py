@@ -37,8 +37,8 @@ from perflab.distributed.traces import overlap_from_trace
 from perflab.distributed.workloads import (global_batch, make_blocks, make_mlp, max_param_diff, mse,
                                            timing_batch)
 
-__all__ = ["TASKS", "all_reduce_count", "bucket_bytes", "buckets", "ddp", "diff_from_ddp", "manual_vs_ddp", "no_sync",
-           "one_process_group", "overlap", "rounds_of", "user_allreduce", "user_sampler"]
+__all__ = ["TASKS", "all_reduce_count", "bucket_bytes", "buckets", "ddp", "diff_from_ddp", "manual_vs_ddp",
+           "no_sync", "one_process_group", "overlap", "rounds_of", "user_allreduce", "user_sampler"]
 
 
 def ddp(ctx, model, **kw) -> DDP:
@@ -120,8 +120,9 @@ def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps:
     rank, four Adam steps (forward, backward, ``optimizer.step()``) built side by side:
     ``single`` (each rank alone, no communication), ``manual``, ``ddp``, and ``ddp_alone``
     (DDP on a group of this rank alone, ``dist.new_subgroups(1)``: DDP's own cost with nobody
-    to wait for), both with buckets of ``bucket_mb`` MiB, warmed up ``warmup`` times, then timed in ``rounds`` interleaved rounds (each
-    the slowest rank's mean of ``iters`` steps after one untimed).
+    to wait for), both with buckets of ``bucket_mb`` MiB, warmed up ``warmup`` times, then
+    timed in ``rounds`` interleaved rounds (each the slowest rank's mean of ``iters`` steps
+    after one untimed).
 
     Returns ``{kind}_rounds_s`` (seconds per round), ``{kind}_s`` (their median),
     ``backward_s`` (the single step's backward alone, median of every timed
