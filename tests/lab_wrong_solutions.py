@@ -259,6 +259,12 @@ WRONG = {
         # the bus factor left out (or the algorithm bandwidth used): right on 2 ranks only
         ("ex2-solution", "return alpha + nbytes * 2 * (world - 1) / world / busbw",
          "return alpha + nbytes / busbw", r"bus factor"),
+        # the prediction without alpha: the sweep's smallest message left out (review M5: a
+        # check within 2x of the measured time passed it, and the bus factor left out of the
+        # prediction alone, which on CI's 2 ranks is the same number: tests/test_lab08.py
+        # replays that one on the reference run's 4 ranks)
+        ("ex2-solution", 'predicted_s = allreduce_seconds(S, nearest["busbw"], nproc, sweep[0]["seconds"])',
+         'predicted_s = allreduce_seconds(S, nearest["busbw"], nproc)', r"model of the measured inputs"),
         # all-gather's factor (n-1)/n instead of the all-reduce's 2 (n-1)/n
         ("ex2-solution", "return alpha + nbytes * 2 * (world - 1) / world / busbw",
          "return alpha + nbytes * (world - 1) / world / busbw", r"on 2 ranks"),
@@ -271,6 +277,10 @@ WRONG = {
         # DDP's default bucket size, which this launch did not measure
         ("ex3-solution", "bucket_choice_mb = min(rounds_by_mb,", "bucket_choice_mb = 25.0 or min(rounds_by_mb,",
          r"was not measured"),
+        # (a measured cap the rounds put behind the fastest, review M6, is tested on the reference
+        # run's numbers in tests/test_lab08.py: on CI's loaded 2 cores the rounds of its small
+        # model cannot tell the caps apart, and a check that passes what they cannot tell apart
+        # must pass them there)
         # DDP's default predicted without the model
         ("ex3-solution", "predicted_best_mb = min(rounds_by_mb, key=lambda mb: exposed(",
          "predicted_best_mb = 25.0 or min(rounds_by_mb, key=lambda mb: exposed(", r"exposes least"),

@@ -48,9 +48,11 @@ def test_the_chapters_are_found():
 
 
 #: chapters that stopped when run beside another chapter and ``stress-ng --cpu 2``: 3.1 fits a
-#: line to its call-cost sweep and raises on a negative per-element cost; chapter 8 raises when
-#: ZeRO-1's predicted cost (broadcast minus Adam's saved time, both measured) leaves no step
-#: (verdicts.cost_ratio). They run alone, as every chapter did before.
+#: line to its call-cost sweep and raises on a negative per-element cost; chapter 8 raised when
+#: ZeRO-1's predicted cost (broadcast minus Adam's saved time, both timed outside the step) left
+#: no step (verdicts.cost_ratio): on gloo it now comes from the traced steps and cannot, but
+#: chapter 8 still times its gloo ranks against each other on the host's cores. They run alone,
+#: as every chapter did before.
 ALONE = ("03_pytorch_internals", "08_distributed_training")
 
 

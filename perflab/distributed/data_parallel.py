@@ -37,8 +37,8 @@ from perflab.distributed.traces import overlap_from_trace
 from perflab.distributed.workloads import (global_batch, make_blocks, make_mlp, max_param_diff, mse,
                                            timing_batch)
 
-__all__ = ["TASKS", "bucket_bytes", "buckets", "ddp", "diff_from_ddp", "manual_vs_ddp", "no_sync",
-           "one_process_group", "overlap", "rounds_of", "user_allreduce", "user_sampler"]
+__all__ = ["TASKS", "all_reduce_count", "bucket_bytes", "buckets", "ddp", "diff_from_ddp", "manual_vs_ddp",
+           "no_sync", "one_process_group", "overlap", "rounds_of", "user_allreduce", "user_sampler"]
 
 
 def ddp(ctx, model, **kw) -> DDP:
@@ -114,14 +114,15 @@ def diff_from_ddp(ctx, allreduce: Callable, width: int, depth: int, steps: int) 
 
 def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps: int = 3,
                   width: int = 64, depth: int = 4, batch: int = 32, warmup: int = 2, iters: int = 5,
-                  rounds: int = 3, allow_tf32: bool = True) -> dict:
+                  rounds: int = 3, allow_tf32: bool = True, bucket_mb: float = 25.0) -> dict:
     """(1) ``max_param_diff``: the page's ``allreduce_gradients`` against DDP (float64,
     ``check_steps`` SGD steps). (2) A ``depth`` x ``width`` float32 stack with ``batch`` rows per
     rank, four Adam steps (forward, backward, ``optimizer.step()``) built side by side:
     ``single`` (each rank alone, no communication), ``manual``, ``ddp``, and ``ddp_alone``
     (DDP on a group of this rank alone, ``dist.new_subgroups(1)``: DDP's own cost with nobody
-    to wait for), warmed up ``warmup`` times, then timed in ``rounds`` interleaved rounds (each
-    the slowest rank's mean of ``iters`` steps after one untimed).
+    to wait for), both with buckets of ``bucket_mb`` MiB, warmed up ``warmup`` times, then
+    timed in ``rounds`` interleaved rounds (each the slowest rank's mean of ``iters`` steps
+    after one untimed).
 
     Returns ``{kind}_rounds_s`` (seconds per round), ``{kind}_s`` (their median),
     ``backward_s`` (the single step's backward alone, median of every timed
@@ -137,7 +138,8 @@ def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps:
 
     def make(kind):
         model = make_mlp(width, depth, ctx.device)
-        net = {"ddp": lambda: ddp(ctx, model), "ddp_alone": lambda: ddp(ctx, model, process_group=alone)
+        net = {"ddp": lambda: ddp(ctx, model, bucket_cap_mb=bucket_mb),
+               "ddp_alone": lambda: ddp(ctx, model, process_group=alone, bucket_cap_mb=bucket_mb)
                }.get(kind, lambda: model)()
         opt = torch.optim.Adam(net.parameters(), lr=1e-4)
 
@@ -257,12 +259,16 @@ def buckets(ctx, bucket_mbs: Sequence[float], blocks: Sequence[int] = (2, 64, 16
 
 def no_sync(ctx, width: int = 16, depth: int = 3, batch: int = 4, accum: int = 4, time_width: int = 0,
             time_depth: int = 4, time_batch: int = 32, warmup: int = 1, iters: int = 2,
-            rounds: int = 3) -> dict:
+            rounds: int = 3, bucket_mb: float = 25.0) -> dict:
     """Accumulation over ``accum`` micro-batches with the page's ``accumulate`` (float64):
     ``rank_spread`` (largest gradient difference between ranks), ``vs_single`` (against one
     process on all ``world x accum`` micro-batches). With ``time_width`` > 0 also ``accum``
-    micro-steps of a float32 model synced after every micro-batch against ``no_sync``, timed
-    in interleaved rounds: ``sync_every_rounds_s``, ``no_sync_rounds_s``."""
+    micro-steps of a float32 model (DDP's buckets of ``bucket_mb`` MiB) synced after every
+    micro-batch against ``no_sync``, timed
+    in interleaved rounds: ``sync_every_rounds_s``, ``no_sync_rounds_s``; and one call of each
+    traced on rank 0, its all-reduces counted (:func:`all_reduce_count`): ``all_reduces``
+    (``{"sync_every": n, "no_sync": n}``, ``None`` on the other ranks), with ``buckets``, the
+    number of DDP's buckets (each sync all-reduces every bucket once)."""
     dev, f64 = ctx.device, torch.float64
     wrapped = ddp(ctx, make_mlp(width, depth, dev, dtype=f64))
     micro = [global_batch(ctx.world, m, batch, width, f64, ctx.rank, dev) for m in range(accum)]
@@ -278,7 +284,7 @@ def no_sync(ctx, width: int = 16, depth: int = 3, batch: int = 4, accum: int = 4
     res = {"rank_spread": ctx.max_over_ranks(spread), "vs_single": ctx.max_over_ranks(float((gs - g).abs().max())),
            "accum": accum}
     if time_width:
-        model = ddp(ctx, make_mlp(time_width, time_depth, dev))
+        model = ddp(ctx, make_mlp(time_width, time_depth, dev), bucket_cap_mb=bucket_mb)
         batches = [timing_batch(ctx.rank, time_batch, (time_width,), dev)] * accum
 
         def every():
@@ -290,7 +296,27 @@ def no_sync(ctx, width: int = 16, depth: int = 3, batch: int = 4, accum: int = 4
             for _ in range(warmup):
                 fn()
         res.update({f"{k}_rounds_s": v for k, v in rounds_of(ctx, steps, iters, rounds).items()})
+        res["all_reduces"] = {k: all_reduce_count(ctx, fn) for k, fn in steps.items()}
+        res["buckets"] = len(bucket_bytes(model))
     return res
+
+
+def all_reduce_count(ctx, fn: Callable[[], None]) -> int | None:
+    """How many all-reduces one call of ``fn`` ran, counted in a ``torch.profiler`` trace of it
+    on rank 0 (every rank calls ``fn``): gloo's ``gloo:all_reduce`` events, or NCCL's all-reduce
+    kernels. ``None`` on the other ranks."""
+    acts = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
+    ctx.barrier()
+    with tp.profile(activities=acts) if ctx.rank == 0 else contextlib.nullcontext() as prof:
+        fn()
+        ctx.sync()
+    if ctx.rank != 0:
+        return None
+    path = ctx.scratch / "all_reduce_count.json"
+    prof.export_chrome_trace(str(path))
+    ops = overlap_from_trace(json.loads(path.read_text()))["comm_ops"]
+    path.unlink()
+    return sum(v for k, v in ops.items() if "allreduce" in k.lower().replace("_", ""))
 
 
 def user_allreduce(ctx, fns: Sequence[str], width: int = 16, depth: int = 3, steps: int = 3) -> dict:

@@ -28,7 +28,7 @@ import torch.profiler as tp
 from perflab.core.validate import integer
 from perflab.distributed.data_parallel import bucket_bytes, ddp, rounds_of
 from perflab.distributed.steps import shard_fsdp2, zero1_adam
-from perflab.distributed.traces import overlap_from_trace
+from perflab.distributed.traces import overlap_from_trace, ranges_from_trace
 from perflab.distributed.workloads import (global_batch, make_mlp, mse, nbytes, state_bytes,
                                            timing_batch)
 
@@ -124,8 +124,9 @@ def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int 
     (each the slowest rank's mean of ``iters`` steps); ``adam_full_s`` and
     ``adam_shard_s`` (Adam's step over every parameter and over ``1/world`` of them);
     ``copy_s`` (one copy of every parameter's 4 bytes: the unit of DDP's and FSDP's copies);
-    ``ddp_bucket_bytes``; ``traces``: one DDP and one FSDP step profiled on rank 0
-    (:func:`_traced_step`: how long their collectives took inside the step); ``params``.
+    ``ddp_bucket_bytes``; ``traces``: one DDP, one ZeRO-1 and one FSDP step profiled on rank 0
+    (:func:`_traced_step`: how long their collectives, FSDP's hooks and the optimizer took
+    inside the step); ``params``.
 
     ``allocated_bytes`` is the difference of two *settled* readings of
     ``torch.cuda.memory_allocated`` (:func:`settled_reading`): before the model was built and
@@ -177,7 +178,7 @@ def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int 
         for _ in range(warmup):
             fn()
     times = rounds_of(ctx, steps, iters, rounds)
-    traced = {name: _traced_step(ctx, steps[name]) for name in ("ddp", "fsdp") if name in steps}
+    traced = {name: _traced_step(ctx, steps[name]) for name in ("ddp", "zero1", "fsdp") if name in steps}
     del steps
     gc.collect()
     return {"strategies": out, "step_rounds_s": times, "params": params,
@@ -191,7 +192,12 @@ def _traced_step(ctx, step: Callable, keep: int = 0) -> dict:
     """One call of ``step`` profiled on rank 0 (every rank runs it): rank 0's
     :func:`perflab.distributed.traces.overlap_from_trace` summary without its intervals
     (``{}`` on the other ranks). ``comm_s`` is the time the step's collectives took *in* the
-    step, where they share the rank's cores (a host) or SMs (a GPU) with the computation."""
+    step, where they share the rank's cores (a host) or SMs (a GPU) with the computation.
+
+    Added to the summary: ``fsdp`` (:func:`perflab.distributed.traces.ranges_from_trace` of
+    ``"FSDP::"``: the time inside FSDP2's hooks, its collectives and copies among them, and each
+    range's count and total), ``optimizer_s`` (the optimizer's ``step``) and ``collectives``
+    (``{"gloo:<op>": {"count", "seconds"}}``: each gloo collective's events, empty on NCCL)."""
     acts = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
     ctx.barrier()
     with tp.profile(activities=acts) if ctx.rank == 0 else contextlib.nullcontext() as prof:
@@ -201,9 +207,13 @@ def _traced_step(ctx, step: Callable, keep: int = 0) -> dict:
         return {}
     path = ctx.scratch / "sharding_trace.json"
     prof.export_chrome_trace(str(path))
-    summary = overlap_from_trace(json.loads(path.read_text()))
+    trace = json.loads(path.read_text())
     path.unlink()
+    summary = overlap_from_trace(trace)
     summary["comm"], summary["compute"] = summary["comm"][:keep], summary["compute"][:keep]
+    summary["fsdp"] = ranges_from_trace(trace, "FSDP::")
+    summary["optimizer_s"] = ranges_from_trace(trace, "Optimizer.step#")["seconds"]
+    summary["collectives"] = ranges_from_trace(trace, "gloo:")["by_name"]
     return summary
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from perflab.core.profiler import intersection_length, union
 
-__all__ = ["overlap_from_trace"]
+__all__ = ["overlap_from_trace", "ranges_from_trace"]
 
 
 def overlap_from_trace(trace: dict) -> dict:
@@ -70,3 +70,38 @@ def overlap_from_trace(trace: dict) -> dict:
             "compute_end_s": compute_end, "comm_end_s": comm_end,
             "exposed_s": max(0.0, comm_end - compute_end) if c else 0.0,
             "span_s": max(comm_end, compute_end), "comm": c, "compute": k}
+
+
+def ranges_from_trace(trace: dict, prefix: str) -> dict:
+    """The time a step spent inside the ranges (``record_function`` events) whose name starts
+    with ``prefix``, in one Chrome trace: FSDP2's hooks (``"FSDP::"``: the all-gathers, their
+    copy-in and copy-out, the reduce-scatters, resharding), the optimizer's step
+    (``"Optimizer.step#"``), or one collective (``"gloo:all_gather"``).
+
+    A name's text from `` (`` on (FSDP2 appends the module, ``FSDP::pre_forward (0)``) is left
+    out, so that the ranges of every block add up under one name.
+
+    Returns:
+        dict with ``seconds`` (the length of the union of all such ranges: nested ranges, such as
+        the all-gather inside FSDP's pre-forward, count once); ``count`` (how many ranges); and
+        ``by_name``: ``{name: {"count": n, "seconds": total of their durations}}`` (nested
+        ranges count in their own names too).
+
+    Raises:
+        ValueError: ``trace`` has no ``traceEvents`` list, or an empty ``prefix``.
+    """
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        raise ValueError("trace must be a Chrome trace dict with a 'traceEvents' list")
+    if not prefix:
+        raise ValueError("prefix must be a non-empty string")
+    hits = [e for e in events if isinstance(e, dict) and "ts" in e and "dur" in e
+            and str(e.get("name", "")).startswith(prefix) and e.get("ph", "X") == "X"]
+    by_name: dict[str, dict] = {}
+    for e in hits:
+        name = str(e["name"]).split(" (", 1)[0]
+        entry = by_name.setdefault(name, {"count": 0, "seconds": 0.0})
+        entry["count"] += 1
+        entry["seconds"] += float(e["dur"]) * 1e-6
+    spans = union([(float(e["ts"]) * 1e-6, (float(e["ts"]) + float(e["dur"])) * 1e-6) for e in hits])
+    return {"seconds": sum(b - a for a, b in spans), "count": len(hits), "by_name": by_name}

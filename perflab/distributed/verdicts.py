@@ -24,8 +24,10 @@ from perflab.core.rounds import Spread, spread
 from perflab.core.validate import number
 from perflab.record.claims import Verdict, claim, compare, judge
 from perflab.record.numbers import fmt
+from perflab.record.provenance import glue
 
-__all__ = ["cost_ratio", "judge_cost", "judge_cost_range", "resolution", "step_ratio"]
+__all__ = ["cost_ratio", "judge_cost", "judge_cost_range", "judge_exposed", "judge_no_sync", "resolution",
+           "step_ratio"]
 
 
 def step_ratio(steps: Sequence[float], base: Sequence[float]) -> Spread:
@@ -93,8 +95,9 @@ def judge_cost_range(name: str, steps: Sequence[float], base: Sequence[float], l
                      high_s: float, *, bound: str, reason: str | None = None) -> bool | None:
     """Glue, under ``name``, whether the per-round ratio of ``steps`` to ``base`` lies between
     the ratios of a cost of ``low_s`` and of ``high_s`` seconds (:func:`cost_ratio`): a range
-    prediction ("between every collective hidden and none hidden"). True when every round lies
-    inside, False when none does, None (undecided) when an edge lies inside the rounds' spread;
+    prediction ("between every collective hidden and none hidden"). True when the rounds' spread
+    (:class:`perflab.core.rounds.Spread`: min-max under 8 rounds, else the inter-quartile
+    range) lies inside, False when it lies outside, None (undecided) when an edge lies inside it;
     the sentence states the range and the rounds.
 
     Raises:
@@ -109,8 +112,82 @@ def judge_cost_range(name: str, steps: Sequence[float], base: Sequence[float], l
     rounds = f"{ratio.lo:.2f}x to {ratio.hi:.2f}x, {ratio.kind}"
     span = (f"{lo:.2f}x to {hi:.2f}x the base step ({fmt(low_s, 's', signed=True)} to "
             f"{fmt(high_s, 's', signed=True)})")
-    claim(name, holds, f"inside the predicted range, {span}, in every round ({rounds})",
-          f"outside the predicted range, {span}, in every round ({rounds})", bound=bound,
+    claim(name, holds, f"inside the predicted range, {span} (the rounds: {rounds})",
+          f"outside the predicted range, {span} (the rounds: {rounds})", bound=bound,
           if_undecided=f"undecided: the rounds ({rounds}) reach across an edge of the predicted "
           f"range, {span}")
     return holds
+
+
+def judge_exposed(key: str, ddp_rounds: Sequence[float], alone_rounds: Sequence[float],
+                  exposed_s: float, none_hidden_s: float, tolerance: float = 0.5) -> Verdict | None:
+    """DDP's exposed time judged round by round: what DDP's step took beyond DDP alone (the
+    same model on a process group of its rank alone) in each round, against the modelled
+    ``exposed_s``, within ``tolerance`` of it, ``bound="host"``.
+
+    Glues ``{key}_waited_text`` (median and spread of the per-round differences),
+    ``{key}_exposed_text``, ``{key}_none_hidden_text`` (``none_hidden_s``: every bucket's
+    all-reduce after the backward), ``{key}_exposed_resolution`` (whether the band leaves out
+    the time with nothing hidden, i.e. whether these rounds can tell overlap from none) and
+    ``{key}_exposed_sentence``; returns the verdict (None, with a sentence, when the model
+    exposes nothing: a relative band around 0 has no width).
+
+    Raises:
+        ValueError: rounds of different lengths or not finite, a negative time, a tolerance
+            outside (0, 1).
+    """
+    number("tolerance", tolerance, above=0, below=1)
+    number("exposed_s", exposed_s, minimum=0)
+    number("none_hidden_s", none_hidden_s, minimum=0)
+    if len(ddp_rounds) != len(alone_rounds):
+        raise ValueError(f"ddp_rounds and alone_rounds must hold the same rounds, got "
+                         f"{len(ddp_rounds)} and {len(alone_rounds)}")
+    waited = spread(d - a for d, a in zip(ddp_rounds, alone_rounds))
+    glue(f"{key}_waited_text", f"{fmt(waited.median, 's')} ({fmt(waited.lo, 's')} to "
+                               f"{fmt(waited.hi, 's')}, {waited.kind})")
+    glue(f"{key}_exposed_text", fmt(exposed_s, "s"))
+    glue(f"{key}_none_hidden_text", fmt(none_hidden_s, "s"))
+    tells = not exposed_s * (1 - tolerance) <= none_hidden_s <= exposed_s * (1 + tolerance)
+    glue(f"{key}_exposed_resolution",
+         "the band leaves out the exposed time with nothing hidden: the rounds can tell overlap "
+         "from none" if tells else "the band holds the exposed time with nothing hidden too: here "
+         "the rounds cannot tell overlap from none")
+    if exposed_s <= 0:
+        glue(f"{key}_exposed_sentence", "no comparison: the model exposes nothing")
+        return None
+    return compare(f"{key}_exposed_sentence", waited, exposed_s, tolerance, bound="host",
+                   reason="a difference of two steps, paired by round, on ranks that share the "
+                          "host's cores")
+
+
+def judge_no_sync(counts: dict, accum: int, buckets: int, no_sync_rounds: Sequence[float],
+                  every_rounds: Sequence[float], skipped_s: float,
+                  tolerance: float = 0.15) -> Verdict | None:
+    """Gradient accumulation with ``no_sync`` judged twice: the all-reduces one accumulation
+    ran, counted in a trace (``counts``: ``{"sync_every": n, "no_sync": n}``), against
+    ``accum x buckets`` and ``buckets`` (exact: ``no_sync_count_sentence``); and the per-round
+    ratio of the two accumulations' times against ``1 - skipped_s / step``
+    (:func:`judge_cost`, ``no_sync_sentence``, ``bound="host"``), with ``no_sync_ratio`` and
+    ``no_sync_predicted_text`` glued. No time verdict (a sentence saying so) when the model
+    predicts no saving or one of 90 % of the step or more. Returns the time verdict.
+
+    Raises:
+        ValueError: an ``accum`` or ``buckets`` below 1, or see :func:`judge_cost`.
+    """
+    if accum < 1 or buckets < 1:
+        raise ValueError(f"accum and buckets must be >= 1, got {accum} and {buckets}")
+    want = {"sync_every": accum * buckets, "no_sync": buckets}
+    claim("no_sync_count_sentence", dict(counts) == want,
+          f"the traces count {want['sync_every']} all-reduces when every micro-step syncs and "
+          f"{buckets} with no_sync: {accum - 1} of {accum} syncs skipped, as predicted",
+          f"the traces count {counts.get('sync_every')} and {counts.get('no_sync')} all-reduces, "
+          f"not the predicted {want['sync_every']} and {buckets}", bound="exact")
+    glue("no_sync_ratio", step_ratio(no_sync_rounds, every_rounds).median)
+    if not 0 < skipped_s < 0.9 * statistics.median(every_rounds):
+        glue("no_sync_predicted_text", "no ratio")
+        glue("no_sync_sentence", "no comparison: the model predicts no saving, or one as long as "
+                                 "the step")
+        return None
+    glue("no_sync_predicted_text", f"{cost_ratio(every_rounds, -skipped_s):.3f}×")
+    return judge_cost("no_sync_sentence", no_sync_rounds, every_rounds, -skipped_s, tolerance,
+                      bound="host")
