@@ -199,16 +199,18 @@ class BurstSustained:
         return self.flops / self.sustained_s
 
 
-def cycle_clock_hz(device: torch.device | str = "cuda", cycles: int = 200_000,
+def cycle_clock_hz(device: torch.device | str = "cuda", cycles: int = 2_000_000,
                    reps: int = 3) -> float:
     """The SM clock one kernel ran at, counted by the SM: ``cycles / seconds``, median of ``reps``.
 
     ``torch.cuda._sleep(cycles)`` launches one kernel that spins until its SM's cycle counter
     (``clock64``) has advanced ``cycles``; CUDA events time it. NVML's clock is a sample of what
     the driver set, read every few milliseconds; this is the clock the SM counted while the
-    kernel ran. 200,000 cycles last about 100-150 µs at 1.4-2 GHz, long against the events'
-    resolution (~0.5 µs) and short against the power controller's steps (milliseconds), so
-    enqueued right behind other work it reads the clock that work left.
+    kernel ran. 2,000,000 cycles last about 1.0-1.4 ms at 1.4-2 GHz: the events' resolution
+    (~0.5 µs) and the few µs between an event and the kernel's start are under 0.3 % of it, and
+    the power controller moves the clock in steps of milliseconds, so called right after other
+    work (the timer synchronizes first, a host round trip of idle) it reads the clock that work
+    left.
 
     Raises:
         RuntimeError: ``device`` is not a CUDA device.
