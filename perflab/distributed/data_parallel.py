@@ -38,7 +38,7 @@ from perflab.distributed.workloads import (global_batch, make_blocks, make_mlp, 
                                            timing_batch)
 
 __all__ = ["TASKS", "all_reduce_count", "bucket_bytes", "buckets", "ddp", "diff_from_ddp", "manual_vs_ddp",
-           "no_sync", "one_process_group", "overlap", "rounds_of", "user_allreduce", "user_sampler"]
+           "no_sync", "one_process_group", "overlap", "rank0_trace", "rounds_of", "user_allreduce", "user_sampler"]
 
 
 def ddp(ctx, model, **kw) -> DDP:
@@ -191,19 +191,11 @@ def overlap(ctx, width: int = 64, depth: int = 4, batch: int = 32, bucket_mb: fl
         opt.zero_grad(set_to_none=False)
         mse(model, x, y).backward()
         opt.step()
-    acts = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
     summaries = []
     for k in range(steps):
         opt.zero_grad(set_to_none=False)
-        ctx.barrier()
-        with tp.profile(activities=acts) if ctx.rank == 0 else contextlib.nullcontext() as prof:
-            mse(model, x, y).backward()
-            ctx.sync()
-        if ctx.rank == 0:
-            path = ctx.scratch / f"ddp_trace_{k}.json"
-            prof.export_chrome_trace(str(path))
-            trace = json.loads(path.read_text())
-            path.unlink()
+        trace = rank0_trace(ctx, lambda: mse(model, x, y).backward(), f"ddp_trace_{k}")
+        if trace is not None:
             s = overlap_from_trace(trace)
             if s["source"] == "cpu ops" and s["compute"]:
                 s["backward_s"] = s["compute"][-1][1] - s["compute"][0][0]
@@ -301,10 +293,10 @@ def no_sync(ctx, width: int = 16, depth: int = 3, batch: int = 4, accum: int = 4
     return res
 
 
-def all_reduce_count(ctx, fn: Callable[[], None]) -> int | None:
-    """How many all-reduces one call of ``fn`` ran, counted in a ``torch.profiler`` trace of it
-    on rank 0 (every rank calls ``fn``): gloo's ``gloo:all_reduce`` events, or NCCL's all-reduce
-    kernels. ``None`` on the other ranks."""
+def rank0_trace(ctx, fn: Callable[[], None], name: str) -> dict | None:
+    """One call of ``fn`` on every rank after a barrier, profiled with ``torch.profiler`` on rank
+    0 only (CPU activity, and CUDA's on a GPU) up to ``ctx.sync()``: rank 0's Chrome trace as a
+    dict (written to ``ctx.scratch / f"{name}.json"`` and removed), ``None`` on the other ranks."""
     acts = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
     ctx.barrier()
     with tp.profile(activities=acts) if ctx.rank == 0 else contextlib.nullcontext() as prof:
@@ -312,10 +304,21 @@ def all_reduce_count(ctx, fn: Callable[[], None]) -> int | None:
         ctx.sync()
     if ctx.rank != 0:
         return None
-    path = ctx.scratch / "all_reduce_count.json"
+    path = ctx.scratch / f"{name}.json"
     prof.export_chrome_trace(str(path))
-    ops = overlap_from_trace(json.loads(path.read_text()))["comm_ops"]
+    trace = json.loads(path.read_text())
     path.unlink()
+    return trace
+
+
+def all_reduce_count(ctx, fn: Callable[[], None]) -> int | None:
+    """How many all-reduces one call of ``fn`` ran, counted in a ``torch.profiler`` trace of it
+    on rank 0 (every rank calls ``fn``, :func:`rank0_trace`): gloo's ``gloo:all_reduce`` events,
+    or NCCL's all-reduce kernels. ``None`` on the other ranks."""
+    trace = rank0_trace(ctx, fn, "all_reduce_count")
+    if trace is None:
+        return None
+    ops = overlap_from_trace(trace)["comm_ops"]
     return sum(v for k, v in ops.items() if "allreduce" in k.lower().replace("_", ""))
 
 

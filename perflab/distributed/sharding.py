@@ -16,17 +16,14 @@ The formulas follow ZeRO (Rajbhandari et al., SC 2020): fp32 Adam keeps 16 bytes
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import json
 import time
 from typing import Callable, Sequence
 
 import torch
-import torch.profiler as tp
 
 from perflab.core.validate import integer
-from perflab.distributed.data_parallel import bucket_bytes, ddp, rounds_of
+from perflab.distributed.data_parallel import bucket_bytes, ddp, rank0_trace, rounds_of
 from perflab.distributed.steps import shard_fsdp2, zero1_adam
 from perflab.distributed.traces import overlap_from_trace, ranges_from_trace
 from perflab.distributed.workloads import (global_batch, make_mlp, mse, nbytes, state_bytes,
@@ -198,17 +195,9 @@ def _traced_step(ctx, step: Callable, keep: int = 0) -> dict:
     ``"FSDP::"``: the time inside FSDP2's hooks, its collectives and copies among them, and each
     range's count and total), ``optimizer_s`` (the optimizer's ``step``) and ``collectives``
     (``{"gloo:<op>": {"count", "seconds"}}``: each gloo collective's events, empty on NCCL)."""
-    acts = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
-    ctx.barrier()
-    with tp.profile(activities=acts) if ctx.rank == 0 else contextlib.nullcontext() as prof:
-        step()
-        ctx.sync()
-    if ctx.rank != 0:
+    trace = rank0_trace(ctx, step, "sharding_trace")
+    if trace is None:
         return {}
-    path = ctx.scratch / "sharding_trace.json"
-    prof.export_chrome_trace(str(path))
-    trace = json.loads(path.read_text())
-    path.unlink()
     summary = overlap_from_trace(trace)
     summary["comm"], summary["compute"] = summary["comm"][:keep], summary["compute"][:keep]
     summary["fsdp"] = ranges_from_trace(trace, "FSDP::")
