@@ -8,7 +8,8 @@
 # installed into /tmp/site first. Then scripts/execute.py runs with the given arguments (default:
 # every notebook in _toc.yml). With $OUT set, the executed notebooks and the files they wrote for
 # the book are packed into $OUT/executed.tgz (after each notebook); the log is
-# $OUT/reference_run.log (else .cache/reference_run.log).
+# $OUT/reference_run.log (else .cache/reference_run.log). A second invocation in the same $OUT
+# writes executed-2.tgz and reference_run-2.log, and so on.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .cache
@@ -38,12 +39,23 @@ nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.draw,temperature
 # The log survives a run stopped at a time limit: python writes unbuffered, grep passes each line
 # on as it comes (--line-buffered; a block-buffered grep left an empty log when killed) and tee
 # writes it at once. Without $OUT it stays in the clone (.cache/, git-ignored).
-log="${OUT:-.cache}/reference_run.log"
+# Two invocations in one device call (the chapters, then some labs) write to the same $OUT: the
+# second must not replace the first's archive and log (on 6 December it did, and five executed
+# chapters were lost). So the Nth invocation writes executed-N.tgz and reference_run-N.log; unpack
+# executed.tgz, then executed-2.tgz, ... in that order.
+suffix=""
+if [ -n "${OUT:-}" ]; then
+  n=1
+  while [ -e "$OUT/executed${suffix}.tgz" ] || [ -e "$OUT/reference_run${suffix}.log" ]; do
+    n=$((n + 1)); suffix="-$n"
+  done
+fi
+log="${OUT:-.cache}/reference_run${suffix}.log"
 mkdir -p "$(dirname "$log")"
 # With $OUT, execute.py packs everything the run wrote under book/, labs/ and perflab/data/
 # into $OUT/executed.tgz after each notebook, so a run stopped at a time limit still returns
 # the notebooks it finished.
-pack=(); [ -n "${OUT:-}" ] && pack=(--pack "$OUT/executed.tgz")
+pack=(); [ -n "${OUT:-}" ] && pack=(--pack "$OUT/executed${suffix}.tgz")
 # One run in several calls: the device tool sends a fresh copy of the working tree with every
 # call, so what an earlier call of the run wrote (chapter 9's notebook, which lab 9 reads; the
 # run's ceilings file, which execute.py then reuses instead of measuring again) is gone from the

@@ -275,6 +275,34 @@ def test_reference_run_sh_keeps_its_log_when_stopped_at_a_time_limit(tmp_path):
     assert len(lines) >= 5 and lines[0] == "line 1"
 
 
+def test_reference_run_sh_twice_in_one_call_keeps_both_archives_and_logs(tmp_path):
+    """Two invocations in one device call share $OUT (the chapters, then some labs): the second
+    writes executed-2.tgz and reference_run-2.log beside the first's, never over them (on 6
+    December the labs' archive replaced the chapters', and five executed chapters were lost)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    # the fake execute.py "packs" by writing the pages it was given to the --pack path
+    (fake / "python3").write_text(
+        "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\n"
+        "shift; while [ $# -gt 0 ]; do case $1 in --pack) shift; out=$1;; *) pages=\"$pages $1\";;"
+        " esac; shift; done\necho \"ran$pages\"; echo \"$pages\" > \"$out\"\n")
+    (fake / "python3").chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "clone" / "scripts").mkdir(parents=True)
+    script = tmp_path / "clone" / "scripts" / "reference_run.sh"
+    script.write_text((ROOT / "scripts" / "reference_run.sh").read_text())
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out)}
+    for page in ("book/a.md", "labs/b.md"):
+        r = subprocess.run(["bash", str(script), page], capture_output=True, text=True,
+                           timeout=60, env=env)
+        assert r.returncode == 0, r.stderr
+    assert (out / "executed.tgz").read_text().split() == ["book/a.md"]
+    assert (out / "executed-2.tgz").read_text().split() == ["labs/b.md"]
+    assert "ran book/a.md" in (out / "reference_run.log").read_text()
+    assert "ran labs/b.md" in (out / "reference_run-2.log").read_text()
+
+
 def test_reference_run_sh_stops_before_the_ceilings_when_the_jupyter_stack_is_missing(tmp_path):
     """The preflight: a machine where the pages' imports fail is told so at once (the first call
     of 5 December measured the ceilings, then ran ten pages into a missing docutils)."""
