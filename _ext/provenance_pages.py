@@ -576,19 +576,21 @@ _AGREEMENT: dict[str, Any] = {}
 
 
 def run_agreement(srcdir: str) -> dict[str, Any]:
-    """Each page of the newest run record of the book (``runs/*.json``) compared with the
+    """Each page's newest run in the book's run records (``runs/*.json``) compared with the
     latest earlier record that ran the same source on the same device
-    (:func:`perflab.record.verdicts.latest_comparable`): ``{"newest": its name, "pages":
-    {docname: PageComparison}, "against": {docname: the earlier run's name}}``, empty when the
-    repository holds no record. Computed once per build."""
+    (:func:`perflab.record.verdicts.latest_comparable`): ``{"newest": the newest record's name,
+    "pages": {docname: PageComparison}, "runs": {docname: its newest run's name}, "against":
+    {docname: the earlier run's name}}``, empty when the repository holds no record. Computed
+    once per build."""
     if srcdir not in _AGREEMENT:
         newest, found = verdicts.latest_comparable(srcdir)
         if newest is None:
             _AGREEMENT[srcdir] = {}
         else:
             _AGREEMENT[srcdir] = {"newest": newest,
-                                  "pages": {page: p for page, (_, p) in found.items()},
-                                  "against": {page: run for page, (run, _) in found.items()}}
+                                  "pages": {page: p for page, (_, _, p) in found.items()},
+                                  "runs": {page: run for page, (run, _, _) in found.items()},
+                                  "against": {page: run for page, (_, run, _) in found.items()}}
     return _AGREEMENT[srcdir]
 
 
@@ -745,11 +747,13 @@ class ProvenanceStatus(SphinxDirective):
                 "same source on the same device (scripts/compare_runs.py); runs/ holds no "
                 "run record."))]
         against = sorted(set(found["against"].values()))
+        newer = sorted(set(found.get("runs", {}).values()))
         changes = [(page, c) for page, p in found["pages"].items() for c in p.changes]
         intro = nodes.paragraph(text=(
-            f"The last column compares each page's newest run ({found['newest']}) with the "
-            "latest earlier run of the same source (its code and the perflab modules it "
-            "imports) on the same device, from the run records in runs/"
+            "The last column compares each page's newest run"
+            + (f" ({'; '.join(map(str, newer))})" if newer else f" ({found['newest']})")
+            + " with the latest earlier run of the same source (its code and the perflab "
+            "modules it imports) on the same device, from the run records in runs/"
             + (f" ({'; '.join(map(str, against))})" if against else "")
             + "; scripts/compare_runs.py compares any two. A page without one says so: until "
             "its source has run twice on one device, its verdicts are not yet shown to survive "

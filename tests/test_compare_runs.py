@@ -128,9 +128,20 @@ def test_the_status_compares_each_page_with_its_latest_run_of_one_source_on_one_
     _run(root / "w", started="2026-12-04T00:00:00Z", device="H200", source="s1")
     _record(root, "w")
     newest, found = verdicts.latest_comparable(root)
-    (against, page), = found.values()
+    (run, against, page), = found.values()
     assert newest == "w" and against == "x"       # skips y (other source) and z (other device)
-    assert page.agreeing == page.verdicts
+    assert run == "w" and page.agreeing == page.verdicts
+    # a partial re-run (another page only) is the newest record, yet this page keeps its
+    # comparison of w with x: the newest run of each page is compared, not the newest record
+    _run(root / "v", started="2026-12-05T00:00:00Z", device="H200", source="s1")
+    _record(root, "v")
+    doc = json.loads((root / "runs" / "v.json").read_text())
+    doc["pages"] = {f"other/{k}": v for k, v in doc["pages"].items()}
+    (root / "runs" / "v.json").write_text(json.dumps(doc))
+    newest, found = verdicts.latest_comparable(root)
+    assert newest == "v" and {k: v[:2] for k, v in found.items()} == {
+        page_name: ("w", "x") for page_name in found if not page_name.startswith("other/")}
+    assert any(not k.startswith("other/") for k in found)
     assert verdicts.latest_comparable(tmp_path / "nowhere") == (None, {})
 
 

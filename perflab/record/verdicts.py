@@ -321,23 +321,34 @@ def last_two(root: str | Path) -> tuple[dict[str, Any], dict[str, Any]] | None:
     return (records[-2], records[-1]) if len(records) >= 2 else None
 
 
-def latest_comparable(root: str | Path) -> tuple[str | None, dict[str, tuple[str, PageComparison]]]:
-    """Each page of the newest run record in ``root/runs/``, compared with the latest earlier
-    record that ran the same source on the same device (:func:`source_key`; a record without
-    source hashes counts as the same source when its device matches).
+def latest_comparable(root: str | Path) -> tuple[str | None, dict[str, tuple[str, str, PageComparison]]]:
+    """Each page's newest run in ``root/runs/`` (the newest record that holds the page), compared
+    with the latest earlier record that ran the same source on the same device
+    (:func:`source_key`; a record without source hashes counts as the same source when its
+    device matches).
+
+    A record of a partial re-run (some pages only) is the newest run of its pages; the other
+    pages keep their comparison from the records before it.
 
     Returns:
-        ``(newest run's name, {page: (earlier run's name, PageComparison)})``; a page with no
-        such earlier run is absent; ``(None, {})`` when ``runs/`` holds no record.
+        ``(newest record's name, {page: (its newest run's name, the earlier run's name,
+        PageComparison)})``; a page with no such earlier run is absent; ``(None, {})`` when
+        ``runs/`` holds no record.
     """
     records = _records(root)
     if not records:
         return None, {}
-    newest, found = records[-1], {}
-    for name, page in newest["pages"].items():
-        for older in reversed(records[:-1]):
-            other = older["pages"].get(name)
-            if other is not None and _not_comparable(other, page) is None:
-                found[name] = (older.get("run"), _compare_page(name, other, page, 0.10))
-                break
-    return newest.get("run"), found
+    found, seen = {}, set()
+    for i in range(len(records) - 1, -1, -1):
+        newer = records[i]
+        for name, page in newer["pages"].items():
+            if name in seen:
+                continue
+            seen.add(name)
+            for older in reversed(records[:i]):
+                other = older["pages"].get(name)
+                if other is not None and _not_comparable(other, page) is None:
+                    found[name] = (newer.get("run"), older.get("run"),
+                                   _compare_page(name, other, page, 0.10))
+                    break
+    return records[-1].get("run"), found
