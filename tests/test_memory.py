@@ -393,3 +393,44 @@ def test_driver_view_attributes_memory_to_this_process(monkeypatch):
     monkeypatch.setattr(allocator.nvml, "process_memory_bytes", lambda pid, index=0: None)
     view = allocator.driver_view("cuda:0")
     assert view["process"] is None and view["other_processes"] is None
+
+
+def _micro_batch_trace(micro_batches, act=1000, n_act=5, grads=300):
+    """A fake CUDA trace of one accumulation step: each micro-batch allocates ``n_act``
+    activations and frees them in its backward (with a small wobble); the optimizer's
+    temporaries at the end are smaller than a micro-batch's activations."""
+    trace, addr = [], 0
+    for _ in range(micro_batches):
+        held = []
+        for _ in range(n_act):
+            addr += 1
+            held.append(addr)
+            trace.append({"action": "alloc", "addr": addr, "size": act})
+        for a in held:
+            trace.append({"action": "free_completed", "addr": a, "size": act})
+            addr += 1                       # a backward temporary: a wobble on the way down
+            trace.append({"action": "alloc", "addr": addr, "size": act // 10})
+            trace.append({"action": "free_completed", "addr": addr, "size": act // 10})
+    trace.append({"action": "alloc", "addr": addr + 1, "size": grads})
+    trace.append({"action": "free_completed", "addr": addr + 1, "size": grads})
+    return {"segments": [], "device_traces": [trace]}
+
+
+@pytest.mark.parametrize("micro_batches", [1, 3, 8])
+def test_count_rises_counts_one_tooth_per_micro_batch(micro_batches):
+    _, levels = snapshots.allocation_timeline(_micro_batch_trace(micro_batches))
+    assert snapshots.count_rises(levels) == micro_batches
+
+
+def test_count_rises_sees_a_cut_snapshot_and_ignores_wobbles():
+    _, levels = snapshots.allocation_timeline(_micro_batch_trace(8))
+    # the last 40 % of the events: a snapshot cut by max_entries shows fewer teeth
+    assert snapshots.count_rises(levels[int(0.6 * len(levels)):]) < 8
+    # a curve that wobbles in its middle without reaching the high mark again: one rise
+    assert snapshots.count_rises([0, 10, 6, 9, 6, 10, 0]) == 1
+    assert snapshots.count_rises([0, 10, 0, 10, 0]) == 2
+    assert snapshots.count_rises([5, 5, 5]) == 0
+    with pytest.raises(ValueError, match="levels"):
+        snapshots.count_rises([])
+    with pytest.raises(ValueError, match="low"):
+        snapshots.count_rises([0, 1], low=0.8, high=0.5)

@@ -23,7 +23,8 @@ from perflab.memory.model import BlockStackConfig
 
 __all__ = ["record_snapshot", "save_snapshot_config", "load_snapshot_config", "save_snapshot",
            "load_snapshot", "cpu_memory_trace", "allocation_timeline", "largest_allocation",
-           "name_allocation", "MARK_BYTES", "mark", "phase_bounds", "live_at_peak", "peak_blocks"]
+           "name_allocation", "MARK_BYTES", "mark", "phase_bounds", "live_at_peak", "peak_blocks",
+           "count_rises"]
 
 
 def record_snapshot(fn: Callable[[], Any], path: str | os.PathLike | None = None,
@@ -172,6 +173,34 @@ def allocation_timeline(snapshot: dict, device_index: int = 0) -> tuple[list[flo
         times.append((e["time_us"] - t0) / 1e3 if "time_us" in e else float(i))
         levels.append(level)
     return times, levels
+
+
+def count_rises(levels: list[int] | list[float], low: float = 0.25, high: float = 0.75) -> int:
+    """How many times ``levels`` climbs from its low part to its high part: the teeth of a curve.
+
+    Each level is placed between the curve's minimum (0) and maximum (1); a rise is counted when
+    the curve reaches ``high`` after it was at or below ``low`` (or since its start), so a wobble
+    that stays between the two marks counts once. On an :func:`allocation_timeline` of a training
+    step it counts the forwards whose activations rise and fall: one per micro-batch.
+
+    Raises:
+        ValueError: ``levels`` empty, or not ``0 <= low < high <= 1``.
+    """
+    if len(levels) == 0:
+        raise ValueError("levels must hold at least one value")
+    if not 0 <= low < high <= 1:
+        raise ValueError(f"need 0 <= low < high <= 1, got low={low!r}, high={high!r}")
+    lo, hi = min(levels), max(levels)
+    if hi == lo:
+        return 0
+    count, armed = 0, True
+    for v in levels:
+        x = (v - lo) / (hi - lo)
+        if armed and x >= high:
+            count, armed = count + 1, False
+        elif x <= low:
+            armed = True
+    return count
 
 
 def largest_allocation(snapshot: dict, device_index: int = 0) -> dict:
