@@ -689,6 +689,17 @@ def _common(rows: list[StatusRow], key: str) -> str | None:
     return values.pop() if len(values) == 1 and None not in values else None
 
 
+def _changes_summary(changes: list) -> str:
+    """One sentence on the changed verdicts ``[(page, Change), ...]``: how many, how many of
+    them are defects (not declared host-bound), on how many pages."""
+    defects = [page for page, c in changes if c.defect]
+    if not defects:
+        return (f" {len(changes)} verdict(s) changed on {len({p for p, _ in changes})} page(s), "
+                "every one of a claim declared host-bound: no device-bound verdict changed.")
+    return (f" {len(changes)} verdict(s) changed; ✗ {len(defects)} of them on "
+            f"{len(set(defects))} page(s) are not declared host-bound: defects.")
+
+
 class ProvenanceStatus(SphinxDirective):
     """``provenance-status``: the table of every notebook's reference run, built at build time.
 
@@ -760,7 +771,8 @@ class ProvenanceStatus(SphinxDirective):
             "a second run. A changed verdict of a claim declared host-bound is a fact about "
             "two hosts, shown below with both values; any other changed verdict is a defect "
             "of its page, marked ✗."
-            + ("" if changes else " No verdict changed." if found["pages"] else
+            + (_changes_summary(changes) if changes else " No verdict changed."
+               if found["pages"] else
                " No page has an earlier run of its source on its device yet.")))
         if not changes:
             return [intro]

@@ -306,6 +306,12 @@ def test_the_status_column_counts_the_verdicts_two_runs_agree_on(tmp_path, monke
         verdicts.Change("b", "true", "undecided", "device")],
         not_comparable="different devices (A; B)")
     assert apart.defects == []
+    # the sentence under the table says whether any changed verdict is a defect
+    host_only = [("book/06_x", verdicts.Change("a", "true", "false", "host"))]
+    said = PP._changes_summary(host_only)
+    assert "no device-bound verdict changed" in said and "1 verdict(s)" in said
+    said = PP._changes_summary(host_only + [("book/07_y", page.changes[1])])
+    assert "✗ 1 of them on 1 page(s)" in said and "no device-bound" not in said
 
 
 def test_a_link_to_a_page_awaiting_its_first_run_becomes_its_title_not_a_broken_link(tmp_path):
