@@ -135,6 +135,7 @@ def test_burst_and_sustained_times_both_under_telemetry_on_cpu():
     assert r.burst.duration_s > 0 and r.sustained.windows == 1
     assert 0.025 <= r.sustained.duration_s <= r.sustained_window_s - 0.025
     assert r.burst_cycle_hz is None and r.sustained_cycle_hz is None   # no SM to count on a CPU
+    assert r.burst_behind_hz is None and r.sustained_behind_hz is None
     with pytest.raises(ValueError, match="sustained_s"):
         gpu.burst_and_sustained("cpu", 8, sustained_s=0)
     with pytest.raises(ValueError, match="rest_s"):
@@ -178,3 +179,26 @@ def test_cycle_clock_is_the_cycles_over_the_event_timed_seconds(monkeypatch):
         gpu.cycle_clock_hz("cpu")
     with pytest.raises(ValueError, match="cycles"):
         gpu.cycle_clock_hz("cuda", cycles=0)
+
+
+def test_cycle_clock_behind_queues_each_spin_right_behind_the_work(monkeypatch):
+    """Work, then a spin timed by events with no warm-up (no synchronize before its start
+    event), three times: the spins read the clock the work ran at. Spins of 400,000 cycles that
+    took 250, 200 and 320 µs by their events ran at the median's 1.6 GHz."""
+    log, took = [], iter([250e-6, 200e-6, 320e-6])
+
+    def fake_timer(fn, dev, warmup, reps):
+        assert warmup == 0 and reps == 1 and dev.type == "cuda"
+        fn()
+        log.append("timed")
+        return type("T", (), {"median_s": next(took)})()
+
+    monkeypatch.setattr(gpu, "event_timer", fake_timer)
+    monkeypatch.setattr(gpu.torch.cuda, "_sleep", lambda c: log.append(f"spin {c}"))
+    hz = gpu.cycle_clock_behind(lambda: log.append("work"), "cuda", cycles=400_000)
+    assert hz == pytest.approx(400_000 / 250e-6)
+    assert log == ["work", "spin 400000", "timed"] * 3
+    with pytest.raises(RuntimeError, match="CUDA"):
+        gpu.cycle_clock_behind(lambda: None, "cpu")
+    with pytest.raises(ValueError, match="reps"):
+        gpu.cycle_clock_behind(lambda: None, "cuda", reps=0)

@@ -48,3 +48,12 @@ def test_l2_reference_refuses_bad_input():
         lab02.l2_reference(None, 50 * MiB)
     with pytest.raises(ValueError, match="driver_bytes"):
         lab02.l2_reference("NVIDIA H100 80GB HBM3", 0)
+
+
+def test_the_datasheet_l2_sizes_live_with_the_other_datasheet_facts_and_cite_a_source():
+    from perflab.machine import datasheets
+    assert lab02.DATASHEET_L2_BYTES is datasheets.DATASHEET_L2_BYTES
+    for name, (nbytes, source) in datasheets.DATASHEET_L2_BYTES.items():
+        assert name in datasheets.DATASHEETS          # the same device names
+        assert nbytes % 2**20 == 0 and "whitepaper" in source
+    assert "NVIDIA H200" not in datasheets.DATASHEET_L2_BYTES   # no citable figure

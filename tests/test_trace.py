@@ -185,8 +185,13 @@ def test_host_and_device_seconds_counts_the_gpu_time_once():
               self_device_time_total=2.0)
     annotation = NS(key="forward", device_type=DeviceType.CUDA, self_cpu_time_total=0,
                     self_device_time_total=60.0, is_user_annotation=True)
-    host_s, device_s = host_and_device_seconds([op, launch, kernel, fill, annotation])
-    assert host_s == pytest.approx(35e-6)
+    buffers = NS(key="Activity Buffer Request", device_type=DeviceType.CPU,
+                 self_cpu_time_total=3000.0, self_device_time_total=0.0)
+    step = NS(key="ProfilerStep#2", device_type=DeviceType.CPU, self_cpu_time_total=900.0,
+              self_device_time_total=0.0)
+    host_s, device_s = host_and_device_seconds(
+        [op, launch, kernel, fill, annotation, buffers, step])
+    assert host_s == pytest.approx(35e-6)      # the profiler's own rows left out
     assert device_s == pytest.approx(52e-6)
     assert host_and_device_seconds([]) == (0, 0)
     with pytest.raises(ValueError, match="events"):

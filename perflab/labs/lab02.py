@@ -26,6 +26,7 @@ import statistics
 from typing import Sequence
 
 from perflab.labs.exercises import ExerciseFailed, _number, _verdict, check_close, record
+from perflab.machine.datasheets import DATASHEET_L2_BYTES
 
 __all__ = ["CAPACITY_BAND", "DATASHEET_L2_BYTES", "H100_REFERENCE_CURVE", "H200_FIRST_EDITION_CURVE",
            "capacity_reference", "check_capacity", "check_physical", "l2_reference"]
@@ -65,23 +66,12 @@ H100_REFERENCE_CURVE: tuple[tuple[int, ...], tuple[float, ...]] = (
      3.02e12),
 )
 
-#: L2 sizes (bytes) from NVIDIA's architecture whitepapers, by the name CUDA gives the device
-#: (``torch.cuda.get_device_name``; the keys of :data:`perflab.machine.datasheets.DATASHEETS`).
-#: The whitepapers write cache sizes in binary units ("50 MB" is 50 MiB). The H200 has no
-#: published L2 figure the course could cite, so there the check falls back to the driver's.
-DATASHEET_L2_BYTES: dict[str, tuple[int, str]] = {
-    "NVIDIA H100 80GB HBM3": (50 * 2**20, "NVIDIA H100 Tensor Core GPU Architecture whitepaper "
-                                          "(H100 SXM5: 50 MB of L2), 2022"),
-    "NVIDIA A100-SXM4-80GB": (40 * 2**20, "NVIDIA A100 Tensor Core GPU Architecture whitepaper "
-                                          "(A100: 40 MB of L2), 2020"),
-    "Tesla V100-SXM2-32GB": (6 * 2**20, "NVIDIA Tesla V100 GPU Architecture whitepaper "
-                                        "(V100: 6144 KB of L2), 2017"),
-}
-
 
 def l2_reference(name: str, driver_bytes: float) -> tuple[float, str]:
     """The L2 size a capacity read from a curve is checked against, and whose figure it is:
-    ``(bytes, "the datasheet")`` for a GPU in :data:`DATASHEET_L2_BYTES`, else
+    ``(bytes, "the datasheet")`` for a GPU in
+    :data:`perflab.machine.datasheets.DATASHEET_L2_BYTES` (the whitepapers' figures, sources
+    there), else
     ``(driver_bytes, "the driver")`` (``L2_cache_size``).
 
     Raises:

@@ -13,7 +13,8 @@ from perflab.core import formats, nvml
 from perflab.core.device import has_gpu
 from perflab.core.validate import positive, positive_int
 
-__all__ = ["datasheet", "datasheet_clock_hz", "DATASHEETS", "FLOP_PER_CLOCK_PER_SM",
+__all__ = ["datasheet", "datasheet_clock_hz", "DATASHEETS", "DATASHEET_L2_BYTES",
+           "FLOP_PER_CLOCK_PER_SM",
            "FP32_LANES_PER_SM", "fp32_peak_flops", "memory_peak_bandwidth", "peak_at",
            "peak_flops"]
 
@@ -83,6 +84,20 @@ DATASHEETS: dict[str, dict[str, Any]] = {
         "source": "NVIDIA A100 Tensor Core GPU datasheet (80GB SXM column), NVIDIA, 2021",
         "url": "https://www.nvidia.com/en-us/data-center/a100/",
     },
+}
+
+#: L2 sizes (bytes) from NVIDIA's architecture whitepapers, by the name CUDA gives the device
+#: (``torch.cuda.get_device_name``; the keys of :data:`DATASHEETS`), each with its source. The
+#: whitepapers write cache sizes in binary units ("50 MB" is 50 MiB). The H200 has no published
+#: L2 figure the course could cite, so it has no entry: a check falls back to the driver's
+#: (``L2_cache_size``), as lab 2's :func:`perflab.labs.lab02.l2_reference` does.
+DATASHEET_L2_BYTES: dict[str, tuple[int, str]] = {
+    "NVIDIA H100 80GB HBM3": (50 * 2**20, "NVIDIA H100 Tensor Core GPU Architecture whitepaper "
+                                          "(H100 SXM5: 50 MB of L2), 2022"),
+    "NVIDIA A100-SXM4-80GB": (40 * 2**20, "NVIDIA A100 Tensor Core GPU Architecture whitepaper "
+                                          "(A100: 40 MB of L2), 2020"),
+    "Tesla V100-SXM2-32GB": (6 * 2**20, "NVIDIA Tesla V100 GPU Architecture whitepaper "
+                                        "(V100: 6144 KB of L2), 2017"),
 }
 
 # FP32 multiply (or add, or fused multiply-add) results per clock per streaming multiprocessor,

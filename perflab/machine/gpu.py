@@ -33,7 +33,7 @@ from perflab.machine.caches import format_bytes
 from perflab.machine.roofline import matmul_rate
 
 __all__ = ["properties", "fact_rows", "dram_bandwidth_from_clock", "available_matmul_kinds", "matmul_rates",
-           "BurstSustained", "burst_and_sustained", "cycle_clock_hz"]
+           "BurstSustained", "burst_and_sustained", "cycle_clock_behind", "cycle_clock_hz"]
 
 
 def properties(index: int = 0) -> dict:
@@ -175,8 +175,13 @@ class BurstSustained:
         sustained_window_s: how long the products ran back to back (>= ``sustained_s``; the
             sustained summary covers its second half).
         burst_cycle_hz, sustained_cycle_hz: the SM clock counted by the SM itself
-            (:func:`cycle_clock_hz`, median of 3) right after the burst's products and right
-            after the sustained window's; None on a CPU.
+            (:func:`cycle_clock_hz`, median of 3) after the burst's products and after the
+            sustained window's, synchronized first: the clock once the work stopped; None on a
+            CPU.
+        burst_behind_hz, sustained_behind_hz: the SM clock counted by a spin queued right
+            behind more of the same products (:func:`cycle_clock_behind`, two products per
+            spin, median of 3), just after the burst and just after the sustained window,
+            before the two above: the clock the products ran at; None on a CPU.
     """
 
     flops: float
@@ -187,6 +192,8 @@ class BurstSustained:
     sustained_window_s: float
     burst_cycle_hz: float | None = None
     sustained_cycle_hz: float | None = None
+    burst_behind_hz: float | None = None
+    sustained_behind_hz: float | None = None
 
     @property
     def burst_rate(self) -> float:
@@ -223,6 +230,38 @@ def cycle_clock_hz(device: torch.device | str = "cuda", cycles: int = 2_000_000,
         raise RuntimeError(f"cycle_clock_hz counts a CUDA SM's cycles; {dev} has none")
     t = event_timer(lambda: torch.cuda._sleep(cycles), dev, warmup=0, reps=reps)
     return cycles / t.median_s
+
+
+def cycle_clock_behind(fn, device: torch.device | str = "cuda", cycles: int = 400_000,
+                       reps: int = 3) -> float:
+    """The SM clock counted by the SM while ``fn``'s work has the board loaded: ``cycles /
+    seconds`` of a spin kernel queued in the same stream right behind ``fn()``'s kernels, with
+    no synchronization between them, ``reps`` times (work, spin; work, spin; ...); the median.
+
+    :func:`cycle_clock_hz` synchronizes first and spins ~1 ms per rep, so it reads the clock
+    the power controller sets once the work has stopped (a one-thread spin draws little power).
+    Here each spin starts the moment the work before it ends (``event_timer`` with no warm-up
+    records its start event without synchronizing) and lasts ~0.2-0.3 ms at 1.4-2 GHz,
+    shorter than the milliseconds over which the controller moves the clock, so it reads the
+    clock the work ran at. The events' resolution (~0.5 µs) and the ~1 µs between an event and
+    the queued kernel's start bias the clock low by under 1 %. ``fn`` must queue its kernels
+    without synchronizing (``a @ b`` does).
+
+    Raises:
+        RuntimeError: ``device`` is not a CUDA device.
+        ValueError: ``cycles`` or ``reps`` not a positive integer.
+    """
+    positive_int("cycles", cycles)
+    positive_int("reps", reps)
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise RuntimeError(f"cycle_clock_behind counts a CUDA SM's cycles; {dev} has none")
+    spin = lambda: torch.cuda._sleep(cycles)  # noqa: E731
+    seconds = []
+    for _ in range(reps):
+        fn()                                     # the work, queued ahead of the spin
+        seconds.append(event_timer(spin, dev, warmup=0, reps=1).median_s)
+    return cycles / sorted(seconds)[len(seconds) // 2]
 
 
 def burst_and_sustained(
@@ -268,7 +307,10 @@ def burst_and_sustained(
     with Telemetry(index=index, interval_s=0.005) as tel_burst:
         burst = event_timer(fn, dev, warmup=2, reps=burst_reps).median_s
     on_gpu = dev.type == "cuda"
-    burst_hz = cycle_clock_hz(dev) if on_gpu else None    # the clock the burst left
+    two = lambda: (fn(), fn())  # noqa: E731
+    # the clock the products ran at (a spin behind more of them), then the one they left
+    burst_behind = cycle_clock_behind(two, dev) if on_gpu else None
+    burst_hz = cycle_clock_hz(dev) if on_gpu else None
     clock = Stopwatch().start()
     while clock.elapsed() < sustained_s / 2:    # the first half: the clock settles, not kept
         event_timer(fn, dev, warmup=0, reps=20)
@@ -281,8 +323,9 @@ def burst_and_sustained(
         while half.elapsed() < sustained_s / 2 or len(chunks) < 2:
             chunks.append(event_timer(fn, dev, warmup=0, reps=20))
     window = clock.elapsed()
+    sustained_behind = cycle_clock_behind(two, dev) if on_gpu else None
     sustained_hz = cycle_clock_hz(dev) if on_gpu else None
     samples = sorted(x for t in chunks for x in t.samples_s)
     sustained = samples[len(samples) // 2]
     return BurstSustained(2.0 * n**3, burst, sustained, tel_burst.summary(), tel_sus.summary(),
-                          window, burst_hz, sustained_hz)
+                          window, burst_hz, sustained_hz, burst_behind, sustained_behind)

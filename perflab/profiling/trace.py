@@ -402,11 +402,19 @@ def operator_rows(events, sort_by: str = "cpu_total_s", limit: int = 10) -> list
     return rows[:limit]
 
 
+#: Names (prefixes) of the rows that ``torch.profiler`` adds for itself: CUPTI's activity
+#: buffer requests (milliseconds, on the first traced step) and a schedule's step ranges.
+PROFILER_ROWS = ("Activity Buffer Request", "ProfilerStep")
+
+
 def host_and_device_seconds(events) -> tuple[float, float]:
     """The host time and the device time of everything ``prof.key_averages()`` recorded, in
     seconds: ``(host_s, device_s)``, each time counted once.
 
-    ``host_s`` sums the self CPU time of every row (a kernel's row has none). ``device_s`` sums
+    ``host_s`` sums the self CPU time of every row (a kernel's row has none) except the
+    profiler's own (:data:`PROFILER_ROWS`: CUPTI's buffer requests, and the ``ProfilerStep#N``
+    range of a schedule, whose self time is the wait in ``synchronize`` and the profiler's
+    bookkeeping between the operators, no operator's). ``device_s`` sums
     the rows that ran on the device (kernels, copies and fills), leaving out the host rows,
     whose self device time is the time of the kernels they launched (those kernels have rows
     of their own: summing both counts the GPU's time twice), and the device-side ranges that
@@ -420,7 +428,8 @@ def host_and_device_seconds(events) -> tuple[float, float]:
         rows = list(events)
     except TypeError:
         raise ValueError(f"events must be prof.key_averages(), got {type(events).__name__}") from None
-    host = sum(getattr(e, "self_cpu_time_total", 0) for e in rows)
+    host = sum(getattr(e, "self_cpu_time_total", 0) for e in rows
+               if not str(getattr(e, "key", "")).startswith(PROFILER_ROWS))
     device = sum(e.self_device_time_total for e in rows
                  if getattr(e, "device_type", None) not in (None, torch.autograd.DeviceType.CPU)
                  and not getattr(e, "is_user_annotation", False))
