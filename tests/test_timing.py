@@ -217,3 +217,32 @@ def test_event_timer_inside_a_callers_window_reads_its_events_after_a_synchroniz
     with timing.timed_window():
         t = timing.event_timer(lambda: None, "cuda", warmup=0, reps=2)
     assert t.samples_s == (0.003, 0.003)
+
+
+def test_event_timer_behind_queues_its_first_event_behind_earlier_work(monkeypatch):
+    """By default the outermost window synchronizes before the first start event (the call
+    starts on an idle device); with behind=True it does not, so a probe queued behind earlier
+    work (cycle_clock_behind's spin) starts the moment that work ends. Until 6 December the
+    probe called event_timer without it, and the synchronize put an idle gap between the work
+    and the spin the page said ran right behind it."""
+    from perflab.core import timing
+
+    log = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            log.append("record")
+
+        def elapsed_time(self, other):
+            return 1.0
+
+    monkeypatch.setattr(timing.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(timing, "synchronize", lambda dev=None: log.append("sync"))
+    timing.event_timer(lambda: log.append("fn"), "cuda", warmup=0, reps=1)
+    assert log[0] == "sync" and log[1:4] == ["record", "fn", "record"]
+    log.clear()
+    timing.event_timer(lambda: log.append("fn"), "cuda", warmup=0, reps=1, behind=True)
+    assert log[:3] == ["record", "fn", "record"] and log[-1] == "sync"

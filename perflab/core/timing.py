@@ -311,6 +311,7 @@ def event_timer(
     warmup: int = 3,
     reps: int = 20,
     flush: bool = False,
+    behind: bool = False,
 ) -> Timing:
     """Time ``fn()`` ``reps`` times after ``warmup`` untimed calls; one sample per call, in seconds.
 
@@ -319,6 +320,11 @@ def event_timer(
     all events are read after one final synchronize (also inside a caller's timed window). On
     CPU a ``time.perf_counter`` pair brackets each call. ``flush=True`` evicts the L2 before
     each call (outside the timed region).
+
+    The timed window synchronizes the device as it opens (when it is the outermost one), so the
+    first call starts on an idle device. ``behind=True`` leaves that synchronize out: the first
+    start event is queued right behind the work the stream already holds, for a probe of the
+    state that work leaves (the SM clock it ran at: ``perflab.machine.gpu.cycle_clock_behind``).
 
     Raises:
         ValueError: ``warmup < 0`` or ``reps < 1``.
@@ -331,7 +337,9 @@ def event_timer(
     if dev.type == "cuda":
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        with timed_window(dev):
+        # behind: a window with no device opens without synchronizing (the events and the
+        # synchronize below still time the device's work)
+        with timed_window(None if behind else dev):
             for s, e in zip(starts, ends):
                 if flush:
                     flush_l2(dev)

@@ -206,6 +206,16 @@ class BurstSustained:
         return self.flops / self.sustained_s
 
 
+def _spin_device(caller: str, device, cycles: int, reps: int) -> torch.device:
+    """The checked arguments of a cycle-counting probe: ``device`` as a CUDA device."""
+    positive_int("cycles", cycles)
+    positive_int("reps", reps)
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise RuntimeError(f"{caller} counts a CUDA SM's cycles; {dev} has none")
+    return dev
+
+
 def cycle_clock_hz(device: torch.device | str = "cuda", cycles: int = 2_000_000,
                    reps: int = 3) -> float:
     """The SM clock one kernel ran at, counted by the SM: ``cycles / seconds``, median of ``reps``.
@@ -223,11 +233,7 @@ def cycle_clock_hz(device: torch.device | str = "cuda", cycles: int = 2_000_000,
         RuntimeError: ``device`` is not a CUDA device.
         ValueError: ``cycles`` or ``reps`` not a positive integer.
     """
-    positive_int("cycles", cycles)
-    positive_int("reps", reps)
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        raise RuntimeError(f"cycle_clock_hz counts a CUDA SM's cycles; {dev} has none")
+    dev = _spin_device("cycle_clock_hz", device, cycles, reps)
     t = event_timer(lambda: torch.cuda._sleep(cycles), dev, warmup=0, reps=reps)
     return cycles / t.median_s
 
@@ -241,7 +247,7 @@ def cycle_clock_behind(fn, device: torch.device | str = "cuda", cycles: int = 40
     :func:`cycle_clock_hz` synchronizes first and spins ~1 ms per rep, so it reads the clock
     the power controller sets once the work has stopped (a one-thread spin draws little power).
     Here each spin starts the moment the work before it ends (``event_timer`` with no warm-up
-    records its start event without synchronizing) and lasts ~0.2-0.3 ms at 1.4-2 GHz,
+    and ``behind=True`` records its start event without synchronizing) and lasts ~0.2-0.3 ms at 1.4-2 GHz,
     shorter than the milliseconds over which the controller moves the clock, so it reads the
     clock the work ran at. The events' resolution (~0.5 µs) and the ~1 µs between an event and
     the queued kernel's start bias the clock low by under 1 %. ``fn`` must queue its kernels
@@ -251,16 +257,12 @@ def cycle_clock_behind(fn, device: torch.device | str = "cuda", cycles: int = 40
         RuntimeError: ``device`` is not a CUDA device.
         ValueError: ``cycles`` or ``reps`` not a positive integer.
     """
-    positive_int("cycles", cycles)
-    positive_int("reps", reps)
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        raise RuntimeError(f"cycle_clock_behind counts a CUDA SM's cycles; {dev} has none")
+    dev = _spin_device("cycle_clock_behind", device, cycles, reps)
     spin = lambda: torch.cuda._sleep(cycles)  # noqa: E731
     seconds = []
     for _ in range(reps):
         fn()                                     # the work, queued ahead of the spin
-        seconds.append(event_timer(spin, dev, warmup=0, reps=1).median_s)
+        seconds.append(event_timer(spin, dev, warmup=0, reps=1, behind=True).median_s)
     return cycles / sorted(seconds)[len(seconds) // 2]
 
 
