@@ -377,10 +377,16 @@ def _number(name: str, value: Any) -> float:
     return as_float(name, value)
 
 
-def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: str = "") -> bool:
+def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: str = "",
+                unit: str = "") -> bool:
     """Pass when ``got`` is within relative tolerance ``rtol`` of ``expected``.
 
-    ``got`` is converted to a plain number first (:func:`as_float`).
+    ``got`` is converted to a plain number first (:func:`as_float`). A failure says what was got
+    and what was expected with as many digits as tell them apart (a count 2,048 short of 354.8M
+    is written in full, never as "got 354.8M, expected 354.8M"), the tolerance (``exactly`` for
+    ``rtol=0``), how far off the answer is (the difference, and the ratio where it is not 1 at
+    three digits), and ``hint``, what to try. ``unit`` (any unit of
+    :func:`perflab.record.numbers.fmt`: ``"s"``, ``"B"``, ...) is written with both numbers.
 
     Raises:
         ExerciseFailed: wrong, missing or non-numeric answer.
@@ -394,11 +400,44 @@ def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: 
     passed = math.isclose(g, e, rel_tol=rtol, abs_tol=0.0 if e else 1e-12)
     _verdict("close", what, passed, got=g, expected=e, rtol=float(rtol))
     if passed:
-        print(f"✓ {what}: {_fmt(g)} is right.")
+        print(f"✓ {what}: {_fmt(g) if not unit else fmt(g, unit, sig=4)} is right.")
         return True
-    off = _ratio(g / e) if e else "infinitely many times"
-    msg = f"✗ {what}: got {_fmt(g)}, expected {_fmt(e)} (±{rtol:.0%}); yours is {off}x the answer."
+    shown_g, shown_e = _apart(g, e, unit)
+    tol = "exactly" if rtol == 0 else f"within ±{_num(rtol, '%')}"
+    diff = g - e
+    by = _apart(abs(diff), 0.0, unit)[0] if not unit and diff.is_integer() else _num(abs(diff), unit)
+    off = f"yours is {by} {'above' if diff > 0 else 'below'} it"
+    ratio = _ratio(g / e) if e else ""
+    if e and ratio not in ("1", "1.00"):
+        off += f" ({ratio}x the answer)"
+    msg = f"✗ {what}: got {shown_g}, expected {shown_e} ({tol}); {off}."
     raise ExerciseFailed(msg + (f" Hint: {hint}" if hint else ""))
+
+
+def _num(x: float, unit: str = "") -> str:
+    """``x`` by :func:`perflab.record.numbers.fmt` (four digits), or with a power of ten where
+    fmt would write ``<0.0001``."""
+    text = fmt(x, unit, sig=4)
+    if "<" not in text:
+        return text
+    return f"{x * 100:.3g} %" if unit == "%" else f"{x:.3g}" + (f" {unit}" if unit else "")
+
+
+def _apart(a: float, b: float, unit: str = "") -> tuple[str, str]:
+    """``a`` and ``b`` written with the fewest digits (four at least) that tell them apart;
+    whole numbers below 1e15 without a unit are written in full (``354,821,120``)."""
+    if not unit and float(a).is_integer() and float(b).is_integer() and max(abs(a), abs(b)) < 1e15:
+        return f"{int(a):,}", f"{int(b):,}"
+    for sig in range(4, 16):
+        sa, sb = fmt(a, unit, sig=sig), fmt(b, unit, sig=sig)
+        if (sa != sb or a == b) and "<" not in sa + sb:
+            return sa, sb
+    u = f" {unit}" if unit else ""
+    for sig in range(4, 18):    # beyond fmt's prefixes: plain significant digits
+        sa, sb = f"{a:.{sig}g}{u}", f"{b:.{sig}g}{u}"
+        if sa != sb:
+            break
+    return sa, sb
 
 
 def check_choice(got: Any, expected: Any, what: str, choices: Iterable[Any] | None = None, hint: str = "") -> bool:
@@ -545,7 +584,7 @@ _NO_HEADER = object()
 
 
 def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]],
-                  reference_run: Any = _NO_HEADER) -> str:
+                  reference_run: Any = _NO_HEADER, where: str | None = None) -> str:
     """A plain-text table of ``(quantity, yours, reference, unit)`` with the ratio yours/reference.
 
     Missing values print as ``—``; values keep four significant digits and ratios three, written
@@ -559,10 +598,13 @@ def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]],
             reference devices once, counted (``"reference: 2x NVIDIA H200"``), and, where the
             metadata holds them, the run's commit and start date (``", run of b8037d7 started
             2026-12-05"``: a reference read from an older notebook says so), then a blank line.
+        where: what ran the reference's numbers, in place of the devices in the header (lab 8:
+            ``"gloo on the host CPU of the NVIDIA H100 80GB HBM3 machine"``, whose bandwidth is
+            the host's, not the GPU's); ignored without ``reference_run``.
     """
     lines = []
     if reference_run is not _NO_HEADER:
-        head = f"reference: {reference_devices(reference_run)}"
+        head = f"reference: {where or reference_devices(reference_run)}"
         if reference_run and reference_run.get("git"):
             head += f", run of {str(reference_run['git'])[:7]}"
             if reference_run.get("started"):
