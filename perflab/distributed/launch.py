@@ -121,7 +121,10 @@ def launch(tasks: Sequence[dict], nproc: int = 2, backend: str | None = None, ti
     Each task is ``{"name": <task>, "args": {...}, "key": <optional result key>}``, ``<task>`` a
     short name of :data:`perflab.distributed.worker.TASKS` or ``"package.module:function"``.
     Returns a list indexed by global rank of ``{"rank", "world_size", "node", "local_rank",
-    "restart_count", "device", "threads", "results": {key: task result}, "task_s": {key: s}}``.
+    "restart_count", "device", "threads", "cpus", "results": {key: task result}, "task_s": {key:
+    s}}``. On one node, each gloo rank is pinned to its own slice of the host's cores where
+    every slice holds at least twice ``threads`` cores (``"cpus"``, else None:
+    :func:`perflab.distributed.worker.rank_cpus`).
 
     Raises:
         ValueError: bad ``nproc``/``nnodes``/``threads``/backend/task name; ``nccl`` without
@@ -143,7 +146,7 @@ def launch(tasks: Sequence[dict], nproc: int = 2, backend: str | None = None, ti
     with tempfile.TemporaryDirectory(prefix="perflab-par-") as tmp:
         tmp = Path(tmp)
         spec = {"tasks": tasks, "pg_timeout_s": pg_timeout_s, "scratch": str(tmp / "scratch"),
-                "threads": threads}
+                "threads": threads, "pin": nnodes == 1}   # two "nodes" on one host: unpinned
         if user_code:
             (tmp / "user_code.py").write_text("import torch\nimport torch.distributed as dist\n\n\n"
                                               + "\n\n".join(source_of(f) for f in user_code))
