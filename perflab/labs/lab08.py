@@ -397,8 +397,8 @@ def check_sharded_optimizer(state_bytes_per_rank: Sequence, params: int, predict
                              "divided among the ranks.")
     even = max(abs(b - share) for b in got) / share
     print(f"✓ Exercise 4: the {n} ranks hold all of Adam's 8 B per parameter between them, each within "
-          f"{even:.0%} of an even share, train plain Adam's model, and your prediction of the bytes per "
-          f"rank is within {rtol:.0%} of their mean.")
+          f"{fmt(even, '%', sig=2)} of an even share, train plain Adam's model, and your prediction of the "
+          f"bytes per rank is within {fmt(rtol, '%', sig=2)} of their mean.")
     return True
 
 
