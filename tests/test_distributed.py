@@ -688,3 +688,14 @@ def test_a_gloo_rank_with_room_runs_pinned_and_reports_its_cores():
     (rank,) = launch([{"name": "collectives"}], nproc=1, backend="gloo", threads=1, timeout_s=120)
     assert rank["cpus"] == allowed[:len(allowed)]
     assert pin_rank(None) is None
+
+
+def test_pinned_cores_is_what_each_rank_of_a_launch_here_gets():
+    import os
+    from perflab.distributed.launch import pinned_cores
+    from perflab.distributed.worker import rank_cpus
+    cpus = rank_cpus(os.sched_getaffinity(0), 0, 2, 1)
+    assert pinned_cores(2, 1) == (len(cpus) if cpus else None)
+    assert pinned_cores(10**6, 1) is None            # never more ranks than cores
+    with pytest.raises(ValueError, match="nproc"):
+        pinned_cores(0, 1)

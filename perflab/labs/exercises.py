@@ -381,12 +381,9 @@ def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: 
                 unit: str = "") -> bool:
     """Pass when ``got`` is within relative tolerance ``rtol`` of ``expected``.
 
-    ``got`` is converted to a plain number first (:func:`as_float`). A failure says what was got
-    and what was expected with as many digits as tell them apart (a count 2,048 short of 354.8M
-    is written in full, never as "got 354.8M, expected 354.8M"), the tolerance (``exactly`` for
-    ``rtol=0``), how far off the answer is (the difference, and the ratio where it is not 1 at
-    three digits), and ``hint``, what to try. ``unit`` (any unit of
-    :func:`perflab.record.numbers.fmt`: ``"s"``, ``"B"``, ...) is written with both numbers.
+    ``got`` is converted to a plain number first (:func:`as_float`). A failure shows both with
+    the digits that tell them apart (never "got 354.8M, expected 354.8M"), the tolerance, the gap,
+    and ``hint`` (what to try); ``unit`` (of :func:`perflab.record.numbers.fmt`) goes with them.
 
     Raises:
         ExerciseFailed: wrong, missing or non-numeric answer.
@@ -403,40 +400,24 @@ def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: 
         print(f"✓ {what}: {_fmt(g) if not unit else fmt(g, unit, sig=4)} is right.")
         return True
     shown_g, shown_e = _apart(g, e, unit)
-    tol = "exactly" if rtol == 0 else f"within ±{_num(rtol, '%')}"
-    diff = g - e
-    by = _apart(abs(diff), 0.0, unit)[0] if not unit and diff.is_integer() else _num(abs(diff), unit)
-    off = f"yours is {by} {'above' if diff > 0 else 'below'} it"
-    ratio = _ratio(g / e) if e else ""
-    if e and ratio not in ("1", "1.00"):
-        off += f" ({ratio}x the answer)"
+    pct = fmt(rtol, "%", sig=2)
+    tol = "exactly" if rtol == 0 else f"within ±{pct}" if "<" not in pct else f"within a relative {rtol:g}"
+    ratio, diff = _ratio(g / e) if e else "1", g - e
+    off = f"yours is {_apart(abs(diff), abs(diff), unit)[0]} {'above' if diff > 0 else 'below'} it" + (
+        f" ({ratio}x the answer)" if ratio not in ("1", "1.00") else "")
     msg = f"✗ {what}: got {shown_g}, expected {shown_e} ({tol}); {off}."
     raise ExerciseFailed(msg + (f" Hint: {hint}" if hint else ""))
 
 
-def _num(x: float, unit: str = "") -> str:
-    """``x`` by :func:`perflab.record.numbers.fmt` (four digits), or with a power of ten where
-    fmt would write ``<0.0001``."""
-    text = fmt(x, unit, sig=4)
-    if "<" not in text:
-        return text
-    return f"{x * 100:.3g} %" if unit == "%" else f"{x:.3g}" + (f" {unit}" if unit else "")
-
-
 def _apart(a: float, b: float, unit: str = "") -> tuple[str, str]:
-    """``a`` and ``b`` written with the fewest digits (four at least) that tell them apart;
-    whole numbers below 1e15 without a unit are written in full (``354,821,120``)."""
+    """``a`` and ``b`` with the fewest digits (four at least) that tell them apart."""
     if not unit and float(a).is_integer() and float(b).is_integer() and max(abs(a), abs(b)) < 1e15:
         return f"{int(a):,}", f"{int(b):,}"
-    for sig in range(4, 16):
-        sa, sb = fmt(a, unit, sig=sig), fmt(b, unit, sig=sig)
-        if (sa != sb or a == b) and "<" not in sa + sb:
-            return sa, sb
-    u = f" {unit}" if unit else ""
-    for sig in range(4, 18):    # beyond fmt's prefixes: plain significant digits
-        sa, sb = f"{a:.{sig}g}{u}", f"{b:.{sig}g}{u}"
-        if sa != sb:
-            break
+    for sig in range(4, 18):   # fmt's prefixes first, then plain digits (powers of ten)
+        for sa, sb in ((fmt(a, unit, sig=sig), fmt(b, unit, sig=sig)),
+                       tuple(f"{x:.{sig}g}" + (f" {unit}" if unit else "") for x in (a, b))):
+            if "<" not in sa + sb and (sa != sb or a == b):
+                return sa, sb
     return sa, sb
 
 
@@ -598,9 +579,8 @@ def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]],
             reference devices once, counted (``"reference: 2x NVIDIA H200"``), and, where the
             metadata holds them, the run's commit and start date (``", run of b8037d7 started
             2026-12-05"``: a reference read from an older notebook says so), then a blank line.
-        where: what ran the reference's numbers, in place of the devices in the header (lab 8:
-            ``"gloo on the host CPU of the NVIDIA H100 80GB HBM3 machine"``, whose bandwidth is
-            the host's, not the GPU's); ignored without ``reference_run``.
+        where: what ran the reference's numbers, in the header in place of its devices (lab 8:
+            gloo on the host CPU of the GPU machine); ignored without ``reference_run``.
     """
     lines = []
     if reference_run is not _NO_HEADER:
