@@ -273,6 +273,19 @@ def test_comm_prediction_check():
         lab08.check_comm_prediction(None, measured)
 
 
+def test_comm_prediction_check_reports_a_noisy_measurement_and_judges_the_model(capsys):
+    """A loaded CI host ran the reference's 7.21 ms prediction at 3.37 ms (2.14x): the model of
+    the measured inputs passes with the ratio said; a wrong model still fails there, and without
+    the model to compare with, the factor of 2 still judges."""
+    model = 7.21e-3
+    assert lab08.check_comm_prediction(model, 3.37e-3, expected_s=model, world=4)
+    assert "beyond 2x" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match="bus factor"):
+        lab08.check_comm_prediction(model / 1.5, 3.37e-3, expected_s=model, world=4)
+    with pytest.raises(ExerciseFailed, match="2.14x"):
+        lab08.check_comm_prediction(model, 3.37e-3)
+
+
 def test_exposed_model_check_names_a_wrong_exercise_2_it_calls():
     """A wrong allreduce_seconds of exercise 2 made exercise 3 fail with a sentence that did not
     name exercise 2 (student finding); a wrong exposed() with a right allreduce says what to try."""

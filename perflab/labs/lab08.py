@@ -151,11 +151,13 @@ def check_comm_prediction(predicted_s, measured_s, expected_s=None, factor: floa
     algorithm bandwidth, forgetting alpha or counting bits fails even where the measured time
     is too noisy to tell them apart (without the bus factor a 4-rank prediction came closer to
     the measured time than the model did in the reference run). The comparison with the
-    measured time then says whether the model carries over to the step's own all-reduce.
+    measured time then says whether the model carries over to the step's own all-reduce; with
+    ``expected_s`` it is reported, not judged (a loaded CI host ran the reference's 7.21 ms
+    prediction at 3.37 ms: no answer of the student's is wrong there).
 
     Raises:
-        ExerciseFailed: missing, non-positive, not the model of the measured inputs, or off the
-            measured time by more than ``factor`` either way.
+        ExerciseFailed: missing, non-positive, not the model of the measured inputs, or
+            (without ``expected_s``) off the measured time by more than ``factor`` either way.
     """
     p = _number("Exercise 2 (predicted seconds)", predicted_s)
     m = _number("Exercise 2 (measured seconds)", measured_s)
@@ -179,10 +181,16 @@ def check_comm_prediction(predicted_s, measured_s, expected_s=None, factor: floa
                                  "gradient) and use t = alpha + bytes x 2 (n-1)/n / busbw, with alpha the "
                                  "smallest message's time and busbw measured at the size nearest the "
                                  f"gradients'.{hint}")
-    if 1 / factor <= p / m <= factor:
+    if 1 / factor <= p / m <= factor or expected_s is not None:
+        # the model of the measured inputs is the answer; how far the all-reduce of S bytes
+        # ran from it is the machine's (a loaded host's sweep and this message's rounds
+        # differ), reported, never the student's failure
         print(f"✓ Exercise 2: predicted {fmt(p, 's')}" + (" (the model of your measured inputs)"
                                                           if expected_s is not None else "")
-              + f", measured {fmt(m, 's')} (ratio {p / m:.2f}, within {factor:g}x).")
+              + f", measured {fmt(m, 's')} (ratio {p / m:.2f}, "
+              + (f"within {factor:g}x)." if 1 / factor <= p / m <= factor else
+                 f"beyond {factor:g}x: this all-reduce ran at another rate than the sweep's "
+                 "messages around it, which a loaded host does; the model is right)."))
         return True
     raise ExerciseFailed(f"✗ Exercise 2: predicted {fmt(p, 's')} but measured {fmt(m, 's')} "
                          f"({p / m:.2f}x); count bytes (4 per float32 gradient) and use "
