@@ -239,10 +239,13 @@ def test_every_task_on_world_size(runs, n):
     assert set(res[0]["buckets"]["step_rounds_s"]) == {"0.001", "1.0"}
     assert all(len(v) == 2 for v in res[0]["buckets"]["step_rounds_s"].values())
     steps = res[0]["overlap"]["steps"]
-    assert len(steps) == 2 and res[1]["overlap"]["steps"] == []      # rank 0 profiles
+    assert len(steps) == 2 and res[1]["overlap"]["steps"] == []      # rank 0 gathers them
     for s in steps:
         assert s["source"] == "cpu ops" and s["comm_s"] > 0 and 0 <= s["overlap_fraction"] <= 1
         assert 0 < s["backward_s"] and s["exposed_s"] >= 0
+        # every rank traced alike (review H2): each step is its slowest rank's
+        assert len(s["exposed_by_rank"]) == n and s["exposed_s"] == max(s["exposed_by_rank"])
+        assert s["exposed_by_rank"][s["rank"]] == s["exposed_s"]
     # no_sync: equal gradients on every rank, equal to one process on all micro-batches
     assert res[0]["no_sync"]["rank_spread"] == 0.0
     assert res[0]["no_sync"]["vs_single"] < 1e-12
