@@ -267,6 +267,10 @@ def test_every_task_on_world_size(runs, n):
     ops = sh["traces"]["fsdp"]["comm_ops"]
     assert ops.get("gloo:all_gather", 0) >= 2 and sh["traces"]["ddp"]["comm_s"] > 0
     assert res[1]["sharding"]["traces"]["fsdp"] == {}
+    # every rank traced its step (review M4): the collectives' arrival skew on one clock
+    arr = sh["traces"]["fsdp"]["arrival"]
+    assert arr["count"] >= ops["gloo:all_gather"] and 0 <= arr["median_skew_s"] <= arr["skew_s"]
+    assert arr["skew_s"] < sh["traces"]["fsdp"]["span_s"]       # waits inside one step
     # FSDP's hooks (its collectives inside them) and both optimizers' steps, from the same traces
     fs, dd = sh["traces"]["fsdp"], sh["traces"]["ddp"]
     assert fs["fsdp"]["by_name"]["FSDP::all_gather"]["count"] >= 2 and fs["fsdp"]["seconds"] > 0
@@ -702,3 +706,23 @@ def test_pinned_cores_is_what_each_rank_of_a_launch_here_gets():
     assert pinned_cores(10**6, 1) is None            # never more ranks than cores
     with pytest.raises(ValueError, match="nproc"):
         pinned_cores(0, 1)
+
+
+def test_arrival_skew_reads_every_ranks_collectives_on_one_clock():
+    """Review M4: FSDP's collectives took 2.87x the sweep's time inside the step; a synchronous
+    collective holds its first rank until its last arrives, which only every rank's starts show."""
+    from perflab.distributed.traces import arrival_skew, collective_starts
+    trace = {"baseTimeNanoseconds": 2_000_000_000, "traceEvents": [
+        {"name": "gloo:all_gather", "ph": "X", "ts": 10.0, "dur": 5.0},
+        {"name": "aten::mm", "ph": "X", "ts": 12.0, "dur": 1.0},
+        {"name": "gloo:all_reduce", "ph": "X", "ts": 30.0, "dur": 5.0}]}
+    starts = collective_starts(trace)
+    assert starts == [("gloo:all_gather", pytest.approx(2.00001)), ("gloo:all_reduce", pytest.approx(2.00003))]
+    late = [(n, t + 0.004) for n, t in starts[:1]] + [(n, t + 0.001) for n, t in starts[1:]]
+    a = arrival_skew([starts, late])
+    assert a["count"] == 2 and a["same_order"]
+    assert a["skew_s"] == pytest.approx(0.005) and a["median_skew_s"] == pytest.approx(0.0025)
+    assert not arrival_skew([starts, late[::-1]])["same_order"]      # not one collective each
+    assert arrival_skew([starts, starts[:1]])["count"] == 1
+    with pytest.raises(ValueError, match="2 ranks"):
+        arrival_skew([starts])

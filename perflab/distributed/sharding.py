@@ -25,7 +25,7 @@ import torch
 from perflab.core.validate import integer
 from perflab.distributed.data_parallel import bucket_bytes, ddp, rank0_trace, rounds_of
 from perflab.distributed.steps import shard_fsdp2, zero1_adam
-from perflab.distributed.traces import overlap_from_trace, ranges_from_trace
+from perflab.distributed.traces import arrival_skew, collective_starts, overlap_from_trace, ranges_from_trace
 from perflab.distributed.workloads import (global_batch, make_mlp, mse, nbytes, state_bytes,
                                            timing_batch)
 
@@ -194,11 +194,17 @@ def _traced_step(ctx, step: Callable, keep: int = 0) -> dict:
     Added to the summary: ``fsdp`` (:func:`perflab.distributed.traces.ranges_from_trace` of
     ``"FSDP::"``: the time inside FSDP2's hooks, its collectives and copies among them, and each
     range's count and total), ``optimizer_s`` (the optimizer's ``step``) and ``collectives``
-    (``{"gloo:<op>": {"count", "seconds"}}``: each gloo collective's events, empty on NCCL)."""
-    trace = rank0_trace(ctx, step, "sharding_trace")
-    if trace is None:
+    (``{"gloo:<op>": {"count", "seconds"}}``: each gloo collective's events, empty on NCCL),
+    and ``arrival`` (:func:`perflab.distributed.traces.arrival_skew` of every rank's gloo
+    collectives: every rank profiles the step alike, and each sends rank 0 its collectives'
+    starts on the host's clock)."""
+    trace = rank0_trace(ctx, step, "sharding_trace", every_rank=True)
+    starts = [None] * ctx.world
+    ctx.dist.all_gather_object(starts, collective_starts(trace))
+    if ctx.rank != 0:
         return {}
     summary = overlap_from_trace(trace)
+    summary["arrival"] = arrival_skew(starts) if ctx.world > 1 else None
     summary["comm"], summary["compute"] = summary["comm"][:keep], summary["compute"][:keep]
     summary["fsdp"] = ranges_from_trace(trace, "FSDP::")
     summary["optimizer_s"] = ranges_from_trace(trace, "Optimizer.step#")["seconds"]
