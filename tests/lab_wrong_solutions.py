@@ -315,7 +315,11 @@ WRONG = {
             inner.step()
             for p in params:
                 dist.broadcast(p.data, src=0)
-    return Synced()""", r"wrong model"),
+    return Synced()""", r"another model"),
+        # ZeRO over AdamW: sharded, the ranks agree; its weight decay trains another model, and the
+        # check names it (a student read "stepped by no rank or overwritten" for it)
+        ("ex4-solution", "optimizer_class=torch.optim.Adam,", "optimizer_class=torch.optim.AdamW,",
+         r"AdamW, not Adam"),
         # the rank ignored: every rank reads the same samples
         ("ex5-solution", "    return order[rank::world]", "    return order[:n // world]", r"both read"),
         # the epoch left out of the seed (DistributedSampler's set_epoch forgotten)

@@ -239,10 +239,13 @@ def test_every_task_on_world_size(runs, n):
     assert set(res[0]["buckets"]["step_rounds_s"]) == {"0.001", "1.0"}
     assert all(len(v) == 2 for v in res[0]["buckets"]["step_rounds_s"].values())
     steps = res[0]["overlap"]["steps"]
-    assert len(steps) == 2 and res[1]["overlap"]["steps"] == []      # rank 0 profiles
+    assert len(steps) == 2 and res[1]["overlap"]["steps"] == []      # rank 0 gathers them
     for s in steps:
         assert s["source"] == "cpu ops" and s["comm_s"] > 0 and 0 <= s["overlap_fraction"] <= 1
         assert 0 < s["backward_s"] and s["exposed_s"] >= 0
+        # every rank traced alike (review H2): each step is its slowest rank's
+        assert len(s["exposed_by_rank"]) == n and s["exposed_s"] == max(s["exposed_by_rank"])
+        assert s["exposed_by_rank"][s["rank"]] == s["exposed_s"]
     # no_sync: equal gradients on every rank, equal to one process on all micro-batches
     assert res[0]["no_sync"]["rank_spread"] == 0.0
     assert res[0]["no_sync"]["vs_single"] < 1e-12
@@ -264,6 +267,10 @@ def test_every_task_on_world_size(runs, n):
     ops = sh["traces"]["fsdp"]["comm_ops"]
     assert ops.get("gloo:all_gather", 0) >= 2 and sh["traces"]["ddp"]["comm_s"] > 0
     assert res[1]["sharding"]["traces"]["fsdp"] == {}
+    # every rank traced its step (review M4): the collectives' arrival skew on one clock
+    arr = sh["traces"]["fsdp"]["arrival"]
+    assert arr["count"] >= ops["gloo:all_gather"] and 0 <= arr["median_skew_s"] <= arr["skew_s"]
+    assert arr["skew_s"] < sh["traces"]["fsdp"]["span_s"]       # waits inside one step
     # FSDP's hooks (its collectives inside them) and both optimizers' steps, from the same traces
     fs, dd = sh["traces"]["fsdp"], sh["traces"]["ddp"]
     assert fs["fsdp"]["by_name"]["FSDP::all_gather"]["count"] >= 2 and fs["fsdp"]["seconds"] > 0
@@ -656,3 +663,66 @@ def test_no_sync_is_counted_exactly_and_timed_as_a_ratio(glued, monkeypatch):
     assert seen["no_sync_sentence"].startswith("no comparison")
     with pytest.raises(ValueError, match="accum"):
         verdicts.judge_no_sync({}, 0, 2, no_sync, every, 1e-3)
+
+
+def test_rank_cpus_gives_each_gloo_rank_its_own_cores_where_there_are_enough():
+    """Review H2 of chapter 8: 4 ranks x 2 threads on a 16-core host, unpinned, read one
+    source's overlap as 37-64 % in one run and 75-85 % in the next."""
+    from perflab.distributed.worker import rank_cpus
+    slices = [rank_cpus(range(16), r, 4, 2) for r in range(4)]
+    assert slices == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    # a cpuset that is not 0..n-1 (a container's): slices of the allowed cores, in order
+    assert rank_cpus({9, 3, 5, 7}, 1, 2, 1) == [7, 9]
+    # too few cores for compute and gloo threads apart: the ranks share them (CI: 2 ranks, 2 cores)
+    assert rank_cpus(range(2), 0, 2, 1) is None
+    assert rank_cpus(range(12), 0, 4, 2) is None
+    assert rank_cpus(range(8), 3, 4, None) == [6, 7]
+    with pytest.raises(ValueError, match="local_rank"):
+        rank_cpus(range(8), 4, 4, 1)
+    with pytest.raises(ValueError, match="threads"):
+        rank_cpus(range(8), 0, 4, 0)
+
+
+def test_a_gloo_rank_with_room_runs_pinned_and_reports_its_cores():
+    """One gloo rank of one thread on CI's 2 cores has its slice (both cores): the worker pins
+    itself and says so; two "nodes" on one host are never pinned (their slices would collide)."""
+    import os
+    from perflab.distributed.launch import launch
+    from perflab.distributed.worker import pin_rank
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs 2 cores")
+    (rank,) = launch([{"name": "collectives"}], nproc=1, backend="gloo", threads=1, timeout_s=120)
+    assert rank["cpus"] == allowed[:len(allowed)]
+    assert pin_rank(None) is None
+
+
+def test_pinned_cores_is_what_each_rank_of_a_launch_here_gets():
+    import os
+    from perflab.distributed.launch import pinned_cores
+    from perflab.distributed.worker import rank_cpus
+    cpus = rank_cpus(os.sched_getaffinity(0), 0, 2, 1)
+    assert pinned_cores(2, 1) == (len(cpus) if cpus else None)
+    assert pinned_cores(10**6, 1) is None            # never more ranks than cores
+    with pytest.raises(ValueError, match="nproc"):
+        pinned_cores(0, 1)
+
+
+def test_arrival_skew_reads_every_ranks_collectives_on_one_clock():
+    """Review M4: FSDP's collectives took 2.87x the sweep's time inside the step; a synchronous
+    collective holds its first rank until its last arrives, which only every rank's starts show."""
+    from perflab.distributed.traces import arrival_skew, collective_starts
+    trace = {"baseTimeNanoseconds": 2_000_000_000, "traceEvents": [
+        {"name": "gloo:all_gather", "ph": "X", "ts": 10.0, "dur": 5.0},
+        {"name": "aten::mm", "ph": "X", "ts": 12.0, "dur": 1.0},
+        {"name": "gloo:all_reduce", "ph": "X", "ts": 30.0, "dur": 5.0}]}
+    starts = collective_starts(trace)
+    assert starts == [("gloo:all_gather", pytest.approx(2.00001)), ("gloo:all_reduce", pytest.approx(2.00003))]
+    late = [(n, t + 0.004) for n, t in starts[:1]] + [(n, t + 0.001) for n, t in starts[1:]]
+    a = arrival_skew([starts, late])
+    assert a["count"] == 2 and a["same_order"]
+    assert a["skew_s"] == pytest.approx(0.005) and a["median_skew_s"] == pytest.approx(0.0025)
+    assert not arrival_skew([starts, late[::-1]])["same_order"]      # not one collective each
+    assert arrival_skew([starts, starts[:1]])["count"] == 1
+    with pytest.raises(ValueError, match="2 ranks"):
+        arrival_skew([starts])

@@ -312,3 +312,35 @@ def test_overlay_table_names_the_reference_run_it_read():
     run = {"devices": ["NVIDIA H200"], "git": "b8037d704a66", "started": "2026-12-05T04:16:59Z"}
     head = E.overlay_table([("x", 1.0, 2.0, "s")], reference_run=run).splitlines()[0]
     assert head == "reference: NVIDIA H200, run of b8037d7 started 2026-12-05"
+
+
+def test_check_close_tells_a_near_miss_from_the_answer():
+    """A student's count 2 w short of GPT-2 medium's read "got 354.8M, expected 354.8M (±0%);
+    yours is 1x": the numbers now show the digits that differ, the tolerance, and the gap."""
+    with pytest.raises(E.ExerciseFailed) as err:
+        E.check_close(354_821_120, 354_823_168, "count", rtol=0, hint="add the final LayerNorm")
+    msg = str(err.value)
+    assert "got 354,821,120, expected 354,823,168 (exactly)" in msg
+    assert "2,048 below it" in msg and "1x" not in msg and "Hint: add the final" in msg
+    assert E.check_close(354_823_168, 354_823_168, "count", rtol=0)
+
+
+def test_check_close_writes_the_unit_and_a_small_tolerance():
+    with pytest.raises(E.ExerciseFailed) as err:
+        E.check_close(0.135, 1.08, "time", rtol=1e-6, unit="s")
+    msg = str(err.value)
+    assert "got 135 ms, expected 1.08 s" in msg and "±0.0001 %" in msg and "0.125x" in msg
+    with pytest.raises(E.ExerciseFailed, match=r"got 1\.000001 s, expected 1 s"):
+        E.check_close(1.000001, 1.0, "time", rtol=1e-9, unit="s")
+    assert E.check_close(1.08 * (1 + 1e-8), 1.08, "time", rtol=1e-6, unit="s")
+
+
+def test_overlay_table_header_names_what_ran_the_reference():
+    """Lab 8's reference all-reduce ran on gloo on the host CPU: its header must not say it ran
+    on the GPU the run's metadata names."""
+    run = {"devices": ["NVIDIA H100 80GB HBM3"]}
+    where = "gloo on the host CPU of the NVIDIA H100 80GB HBM3 machine"
+    head = E.overlay_table([("busbw", 2.0, 2.6, "GB/s")], reference_run=run, where=where)
+    assert head.splitlines()[0] == f"reference: {where}"
+    assert E.overlay_table([("x", 1.0, 2.0, "s")], reference_run=run).startswith(
+        "reference: NVIDIA H100 80GB HBM3")

@@ -89,6 +89,18 @@ def make_part_adam(params):  # Adam over half of the parameters, the same half o
     return torch.optim.Adam(params[:len(params) // 2], lr=1e-3)
 '''
 
+ZERO_ADAMW = '''
+def make_zero_adamw(params):  # sharded right, but AdamW: weight decay 0.01 moves the model
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, lr=1e-3)
+'''
+
+STRIDED_ADAM = '''
+def make_strided_adam(params):  # every world-th tensor: weights and biases alternate
+    params = list(params)
+    return torch.optim.Adam(params[dist.get_rank()::dist.get_world_size()], lr=1e-3)
+'''
+
 SAME_BATCH = '''
 def indices_same(n, rank, world, epoch):  # ignores the rank: every rank reads one slice
     g = torch.Generator().manual_seed(1000 + epoch)
@@ -114,12 +126,13 @@ def test_code_checks_on_gloo_processes(n):
                         "fns": ["allreduce_gradients", "allreduce_sum", "allreduce_avg"]}},
                     {"name": "user_optimizer", "args": {
                         "fns": ["make_optimizer", "make_plain_adam", "make_half_adam",
-                                "make_half_adam_synced", "make_part_adam"]}},
+                                "make_half_adam_synced", "make_part_adam", "make_zero_adamw",
+                                "make_strided_adam"]}},
                     {"name": "user_sampler", "args": {
                         "fns": ["indices_for", "indices_same", "indices_no_epoch"], "n": 60}}],
                    nproc=n, backend="gloo", timeout_s=200, pg_timeout_s=30,
                    user_code=[solution, WRONG_ALLREDUCE, AVERAGE_OP, optimizer, WRONG_OPTIMIZER,
-                              UNSENT_SHARDS, FROZEN_HALF, PART_ADAM, sampler, SAME_BATCH, NO_EPOCH])
+                              UNSENT_SHARDS, FROZEN_HALF, PART_ADAM, ZERO_ADAMW, STRIDED_ADAM, sampler, SAME_BATCH, NO_EPOCH])
     ar = ranks[0]["results"]["user_allreduce"]
     assert lab08.check_manual_allreduce(ar["allreduce_gradients"])
     assert lab08.check_manual_allreduce(ar["allreduce_avg"])
@@ -132,7 +145,8 @@ def test_code_checks_on_gloo_processes(n):
     def check(name, predicted):
         o = opt[0][name]
         return lab08.check_sharded_optimizer([r[name]["state_bytes"] for r in opt], params, predicted,
-                                             rank_spread=o["rank_spread"], vs_reference=o["vs_reference"])
+                                             rank_spread=o["rank_spread"], vs_reference=o["vs_reference"],
+                                             settings=o["settings"])
 
     assert check("make_optimizer", 8 * params / n)
     assert opt[0]["make_optimizer"]["vs_reference"] < 1e-12        # float64: plain Adam's model
@@ -146,14 +160,25 @@ def test_code_checks_on_gloo_processes(n):
     # the ranks agree (rank 0's copy everywhere), and train a model half of which never moves
     synced = sum(r["make_half_adam_synced"]["state_bytes"] for r in opt) / n
     assert opt[0]["make_half_adam_synced"]["rank_spread"] == 0.0
-    with pytest.raises(ExerciseFailed, match="wrong model"):
+    with pytest.raises(ExerciseFailed, match="another model.*stepped by no rank"):
         check("make_half_adam_synced", synced)
     # Adam over half the parameters on every rank: the ranks agree, and on 2 ranks the bytes add
     # up to 8 P as a sharded optimizer's do; only the model it trains tells it from one
     part = sum(r["make_part_adam"]["state_bytes"] for r in opt) / n
     assert opt[0]["make_part_adam"]["rank_spread"] == 0.0
-    with pytest.raises(ExerciseFailed, match="wrong model" if n == 2 else "in all"):
+    with pytest.raises(ExerciseFailed, match="another model" if n == 2 else "in all"):
         check("make_part_adam", part)
+    # ZeRO over AdamW: sharded, the ranks agree, the bytes are right; the check names the cause
+    # (a student read "stepped by no rank or overwritten" for it)
+    assert opt[0]["make_zero_adamw"]["settings"]["class"] == "AdamW"
+    with pytest.raises(ExerciseFailed, match=r"AdamW, not Adam, weight_decay 0\.01"):
+        check("make_zero_adamw", 8 * params / n)
+    # whole tensors dealt by position: on 2 ranks one holds every weight (97 % of the state);
+    # the sentence says it is split unevenly, not that it is not sharded; on 4 ranks the ranks
+    # hold under the half-way mark and never receive each other's steps
+    strided = sum(r["make_strided_adam"]["state_bytes"] for r in opt) / n
+    with pytest.raises(ExerciseFailed, match="unevenly" if n == 2 else "different models"):
+        check("make_strided_adam", strided)
     dealt = ranks[0]["results"]["user_sampler"]
     assert lab08.check_sampler(dealt["indices_for"])
     with pytest.raises(ExerciseFailed, match="both read"):
@@ -246,6 +271,60 @@ def test_comm_prediction_check():
                                     expected_s=right, factor=10)
     with pytest.raises(ExerciseFailed, match="no answer"):
         lab08.check_comm_prediction(None, measured)
+
+
+def test_comm_prediction_check_reports_a_noisy_measurement_and_judges_the_model(capsys):
+    """A loaded CI host ran the reference's 7.21 ms prediction at 3.37 ms (2.14x): the model of
+    the measured inputs passes with the ratio said; a wrong model still fails there, and without
+    the model to compare with, the factor of 2 still judges."""
+    model = 7.21e-3
+    assert lab08.check_comm_prediction(model, 3.37e-3, expected_s=model, world=4)
+    assert "beyond 2x" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match="bus factor"):
+        lab08.check_comm_prediction(model / 1.5, 3.37e-3, expected_s=model, world=4)
+    with pytest.raises(ExerciseFailed, match="2.14x"):
+        lab08.check_comm_prediction(model, 3.37e-3)
+
+
+def test_exposed_model_check_names_a_wrong_exercise_2_it_calls():
+    """A wrong allreduce_seconds of exercise 2 made exercise 3 fail with a sentence that did not
+    name exercise 2 (student finding); a wrong exposed() with a right allreduce says what to try."""
+    ns = {"allreduce_seconds": lambda b, bw, n, a=0.0: a + b / bw}   # no bus factor
+    exec(_cell("def exposed").split("\n\n\n### BEGIN SOLUTION")[0], ns)
+    with pytest.raises(ExerciseFailed, match="calls allreduce_seconds of exercise 2, which is wrong.*3 ranks"):
+        lab08.check_exposed_model(ns["exposed"], allreduce_fn=ns["allreduce_seconds"])
+    ns = {"allreduce_seconds": costs.allreduce_seconds}
+    exec(_cell("def exposed").split("\n\n\n### BEGIN SOLUTION")[0].replace(
+        "ready = backward_s * done / total", "ready = backward_s"), ns)
+    with pytest.raises(ExerciseFailed, match="Try: bucket k is ready") as err:
+        lab08.check_exposed_model(ns["exposed"], allreduce_fn=costs.allreduce_seconds)
+    assert "exercise 2" not in str(err.value)
+
+
+def test_sharded_optimizer_messages_say_what_was_wrong_and_what_to_try(capsys):
+    """On numbers: the reference passes without printing a byte count (the student edition shows
+    its output before the student predicts), and each wrong answer's sentence names its cause."""
+    P, n = 8 * (32 * 32 + 32), 2
+    full = 8 * P
+    assert lab08.check_sharded_optimizer([full / n] * n, P, full / n, rank_spread=0.0, vs_reference=0.0,
+                                         settings={"class": "Adam", "lr": 1e-3, "weight_decay": 0})
+    out = capsys.readouterr().out
+    assert out.startswith("✓ Exercise 4") and f"{full // n:,}" not in out and str(full // n) not in out
+    with pytest.raises(ExerciseFailed, match="replicated, not sharded.*ZeroRedundancyOptimizer"):
+        lab08.check_sharded_optimizer([full] * n, P, full)
+    weights = 8 * 8 * 32 * 32                  # params[0::2]: every weight on rank 0
+    with pytest.raises(ExerciseFailed, match=r"unevenly: 65,536 \(97 %\), 2,048 \(3 %\)") as err:
+        lab08.check_sharded_optimizer([weights, full - weights], P, full / n)
+    assert "not sharded" not in str(err.value)
+    with pytest.raises(ExerciseFailed, match=r"AdamW, not Adam, weight_decay 0\.01"):
+        lab08.check_sharded_optimizer([full / n] * n, P, full / n, rank_spread=0.0, vs_reference=1e-4,
+                                      settings={"class": "AdamW", "lr": 1e-3, "weight_decay": 0.01})
+    with pytest.raises(ExerciseFailed, match=r"lr 0\.01, not 0\.001"):
+        lab08.check_sharded_optimizer([full / n] * n, P, full / n, rank_spread=0.0, vs_reference=1e-4,
+                                      settings={"class": "Adam", "lr": 1e-2, "weight_decay": 0})
+    with pytest.raises(ExerciseFailed, match="stepped by no rank"):     # a hand-made class: no settings
+        lab08.check_sharded_optimizer([full / n] * n, P, full / n, rank_spread=0.0, vs_reference=1e-4,
+                                      settings={})
 
 
 def test_exposed_model_check_rejects_the_start_up_of_every_bucket():

@@ -179,11 +179,14 @@ def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps:
 
 def overlap(ctx, width: int = 64, depth: int = 4, batch: int = 32, bucket_mb: float = 25.0,
             steps: int = 5, warmup: int = 3, keep: int = 400) -> dict:
-    """``steps`` DDP steps profiled one by one on rank 0 (``torch.profiler``, forward and
-    backward only: the optimizer's step runs after each trace), each summarized by
-    :func:`perflab.distributed.traces.overlap_from_trace`, with ``backward_s`` added on CPU
-    ranks (the span of the backward's operators). Returns ``{"steps": [summaries],
-    "bucket_bytes": DDP's buckets}``; the intervals of each summary are cut to ``keep``."""
+    """``steps`` DDP steps profiled one by one on every rank alike (``torch.profiler``, forward
+    and backward only: the optimizer's step runs after each trace), each rank's trace summarized
+    by :func:`perflab.distributed.traces.overlap_from_trace`, with ``backward_s`` added on CPU
+    ranks (the span of the backward's operators). Returns, on rank 0, ``{"steps": [for each
+    step, the summary of the rank that waited longest after its backward (its ``exposed_s``),
+    with "rank" and "exposed_by_rank"], "bucket_bytes": DDP's buckets}`` (``"steps"`` empty on
+    the other ranks); the intervals of each summary are cut to ``keep``. Profiling every rank
+    slows them alike: a profiler on rank 0 alone would make the others wait for it."""
     x, y = timing_batch(ctx.rank, batch, (width,), ctx.device)
     model = ddp(ctx, make_mlp(width, depth, ctx.device), bucket_cap_mb=bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -194,13 +197,18 @@ def overlap(ctx, width: int = 64, depth: int = 4, batch: int = 32, bucket_mb: fl
     summaries = []
     for k in range(steps):
         opt.zero_grad(set_to_none=False)
-        trace = rank0_trace(ctx, lambda: mse(model, x, y).backward(), f"ddp_trace_{k}")
-        if trace is not None:
-            s = overlap_from_trace(trace)
-            if s["source"] == "cpu ops" and s["compute"]:
-                s["backward_s"] = s["compute"][-1][1] - s["compute"][0][0]
-            s["comm"], s["compute"] = s["comm"][:keep], s["compute"][:keep]
-            summaries.append(s)
+        trace = rank0_trace(ctx, lambda: mse(model, x, y).backward(), f"ddp_trace_{k}",
+                            every_rank=True)
+        s = overlap_from_trace(trace)
+        if s["source"] == "cpu ops" and s["compute"]:
+            s["backward_s"] = s["compute"][-1][1] - s["compute"][0][0]
+        s["comm"], s["compute"], s["rank"] = s["comm"][:keep], s["compute"][:keep], ctx.rank
+        every = [None] * ctx.world
+        ctx.dist.all_gather_object(every, s)
+        if ctx.rank == 0:
+            slowest = dict(max(every, key=lambda r: r["exposed_s"]))
+            slowest["exposed_by_rank"] = [r["exposed_s"] for r in every]
+            summaries.append(slowest)
         opt.step()
     return {"steps": summaries, "bucket_bytes": bucket_bytes(model)}
 
@@ -293,18 +301,20 @@ def no_sync(ctx, width: int = 16, depth: int = 3, batch: int = 4, accum: int = 4
     return res
 
 
-def rank0_trace(ctx, fn: Callable[[], None], name: str) -> dict | None:
+def rank0_trace(ctx, fn: Callable[[], None], name: str, every_rank: bool = False) -> dict | None:
     """One call of ``fn`` on every rank after a barrier, profiled with ``torch.profiler`` on rank
     0 only (CPU activity, and CUDA's on a GPU) up to ``ctx.sync()``: rank 0's Chrome trace as a
-    dict (written to ``ctx.scratch / f"{name}.json"`` and removed), ``None`` on the other ranks."""
+    dict (written to ``ctx.scratch / f"{name}.json"`` and removed), ``None`` on the other ranks.
+    ``every_rank``: every rank profiles its call alike and gets its own trace."""
     acts = [tp.ProfilerActivity.CPU] + ([tp.ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
+    mine = every_rank or ctx.rank == 0
     ctx.barrier()
-    with tp.profile(activities=acts) if ctx.rank == 0 else contextlib.nullcontext() as prof:
+    with tp.profile(activities=acts) if mine else contextlib.nullcontext() as prof:
         fn()
         ctx.sync()
-    if ctx.rank != 0:
+    if not mine:
         return None
-    path = ctx.scratch / f"{name}.json"
+    path = ctx.scratch / f"{name}_rank{ctx.rank}.json"
     prof.export_chrome_trace(str(path))
     trace = json.loads(path.read_text())
     path.unlink()

@@ -31,9 +31,9 @@ from perflab.core.timing import Stopwatch, seconds_since
 from perflab.core.torchrun import LaunchError
 from perflab.core.validate import integer, positive, positive_int
 from perflab.distributed.failures import ENV_MARKER, FAIL_FAST_ENV, RECORD_MARKER, WAIT_MARKER
-from perflab.distributed.worker import task_function
+from perflab.distributed.worker import rank_cpus, task_function
 
-__all__ = ["Failure", "expect_failure", "host_ranks", "launch", "pick_for", "source_of"]
+__all__ = ["Failure", "expect_failure", "host_ranks", "launch", "pick_for", "pinned_cores", "source_of"]
 
 
 def host_ranks(backend: str, cores: int | None = None) -> tuple[int, int | None]:
@@ -60,6 +60,21 @@ def host_ranks(backend: str, cores: int | None = None) -> tuple[int, int | None]
     if backend == "nccl":
         return gpu_count(), None
     return (4, max(1, cores // 8)) if cores >= 8 else (2, 1)
+
+
+def pinned_cores(nproc: int, threads: int | None) -> int | None:
+    """How many cores of its own each of ``nproc`` gloo ranks of a :func:`launch` on this one
+    machine is pinned to (:func:`perflab.distributed.worker.rank_cpus` over the cores this
+    process may run on, which the workers inherit), or None: too few cores, the ranks share them.
+
+    Raises:
+        ValueError: ``nproc`` or ``threads`` below 1.
+    """
+    positive_int("nproc", nproc)
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = rank_cpus(os.sched_getaffinity(0), 0, nproc, threads)
+    return len(cpus) if cpus else None
 
 
 def pick_for(backend: str, cpu, gpu):
@@ -121,7 +136,10 @@ def launch(tasks: Sequence[dict], nproc: int = 2, backend: str | None = None, ti
     Each task is ``{"name": <task>, "args": {...}, "key": <optional result key>}``, ``<task>`` a
     short name of :data:`perflab.distributed.worker.TASKS` or ``"package.module:function"``.
     Returns a list indexed by global rank of ``{"rank", "world_size", "node", "local_rank",
-    "restart_count", "device", "threads", "results": {key: task result}, "task_s": {key: s}}``.
+    "restart_count", "device", "threads", "cpus", "results": {key: task result}, "task_s": {key:
+    s}}``. On one node, each gloo rank is pinned to its own slice of the host's cores where
+    every slice holds at least twice ``threads`` cores (``"cpus"``, else None:
+    :func:`perflab.distributed.worker.rank_cpus`).
 
     Raises:
         ValueError: bad ``nproc``/``nnodes``/``threads``/backend/task name; ``nccl`` without
@@ -143,7 +161,7 @@ def launch(tasks: Sequence[dict], nproc: int = 2, backend: str | None = None, ti
     with tempfile.TemporaryDirectory(prefix="perflab-par-") as tmp:
         tmp = Path(tmp)
         spec = {"tasks": tasks, "pg_timeout_s": pg_timeout_s, "scratch": str(tmp / "scratch"),
-                "threads": threads}
+                "threads": threads, "pin": nnodes == 1}   # two "nodes" on one host: unpinned
         if user_code:
             (tmp / "user_code.py").write_text("import torch\nimport torch.distributed as dist\n\n\n"
                                               + "\n\n".join(source_of(f) for f in user_code))

@@ -25,11 +25,11 @@ import torch
 from perflab.core.validate import integer
 from perflab.distributed.data_parallel import bucket_bytes, ddp, rank0_trace, rounds_of
 from perflab.distributed.steps import shard_fsdp2, zero1_adam
-from perflab.distributed.traces import overlap_from_trace, ranges_from_trace
+from perflab.distributed.traces import arrival_skew, collective_starts, overlap_from_trace, ranges_from_trace
 from perflab.distributed.workloads import (global_batch, make_mlp, mse, nbytes, state_bytes,
                                            timing_batch)
 
-__all__ = ["STRATEGIES", "TASKS", "build", "settled_reading", "sharding", "user_optimizer"]
+__all__ = ["STRATEGIES", "TASKS", "build", "optimizer_settings", "settled_reading", "sharding", "user_optimizer"]
 
 #: the strategies :func:`sharding` compares
 STRATEGIES = ("ddp", "zero1", "fsdp", "fsdp_keep")
@@ -194,11 +194,17 @@ def _traced_step(ctx, step: Callable, keep: int = 0) -> dict:
     Added to the summary: ``fsdp`` (:func:`perflab.distributed.traces.ranges_from_trace` of
     ``"FSDP::"``: the time inside FSDP2's hooks, its collectives and copies among them, and each
     range's count and total), ``optimizer_s`` (the optimizer's ``step``) and ``collectives``
-    (``{"gloo:<op>": {"count", "seconds"}}``: each gloo collective's events, empty on NCCL)."""
-    trace = rank0_trace(ctx, step, "sharding_trace")
-    if trace is None:
+    (``{"gloo:<op>": {"count", "seconds"}}``: each gloo collective's events, empty on NCCL),
+    and ``arrival`` (:func:`perflab.distributed.traces.arrival_skew` of every rank's gloo
+    collectives: every rank profiles the step alike, and each sends rank 0 its collectives'
+    starts on the host's clock)."""
+    trace = rank0_trace(ctx, step, "sharding_trace", every_rank=True)
+    starts = [None] * ctx.world
+    ctx.dist.all_gather_object(starts, collective_starts(trace))
+    if ctx.rank != 0:
         return {}
     summary = overlap_from_trace(trace)
+    summary["arrival"] = arrival_skew(starts) if ctx.world > 1 else None
     summary["comm"], summary["compute"] = summary["comm"][:keep], summary["compute"][:keep]
     summary["fsdp"] = ranges_from_trace(trace, "FSDP::")
     summary["optimizer_s"] = ranges_from_trace(trace, "Optimizer.step#")["seconds"]
@@ -213,7 +219,8 @@ def user_optimizer(ctx, fns: Sequence[str], width: int = 32, depth: int = 8, ste
     global batch: ``{name: {"state_bytes": this rank's optimizer state (float32 model),
     "params": P, "kind": class, "rank_spread": largest difference of a parameter between any
     rank and rank 0, "vs_reference": largest difference (float64 model) from one process
-    trained with plain Adam (``lr``) on every global batch}}``.
+    trained with plain Adam (``lr``) on every global batch, "settings": the optimizer's class
+    and first parameter group's hyper-parameters (:func:`optimizer_settings`)}}``.
 
     Data parallelism keeps one model, and the right one: a sharded optimizer whose shards never
     reach the other ranks lets their copies drift apart (``rank_spread``); one that keeps them
@@ -245,7 +252,26 @@ def user_optimizer(ctx, fns: Sequence[str], width: int = 32, depth: int = 8, ste
         exact, _ = train(name, f64)
         out[name] = {"state_bytes": state_bytes(opt), "params": flat.numel(), "kind": type(opt).__name__,
                      "rank_spread": ctx.max_over_ranks(float((flat - ref).abs().max())),
-                     "vs_reference": ctx.max_over_ranks(float((exact - right).abs().max()))}
+                     "vs_reference": ctx.max_over_ranks(float((exact - right).abs().max())),
+                     "settings": optimizer_settings(opt)}
+    return out
+
+
+def optimizer_settings(opt) -> dict:
+    """``{"class": the optimizer's class, or that of the one a ZeroRedundancyOptimizer wraps
+    ("AdamW"), and lr, weight_decay, eps, betas, amsgrad of its first parameter group where it
+    has them}``: what lab 8's check names when the ranks trained another model than Adam's."""
+    inner = getattr(opt, "optim", opt)
+    groups = getattr(inner, "param_groups", None)
+    if not groups:             # not a torch optimizer (a student's own class): nothing to name
+        return {}
+    out = {"class": type(inner).__name__}
+    for key in ("lr", "weight_decay", "eps", "amsgrad"):
+        value = groups[0].get(key)
+        if isinstance(value, (bool, int, float)):
+            out[key] = value
+    if isinstance(groups[0].get("betas"), (tuple, list)):
+        out["betas"] = [float(b) for b in groups[0]["betas"]]
     return out
 
 

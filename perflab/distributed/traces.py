@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from perflab.core.profiler import intersection_length, union
 
-__all__ = ["overlap_from_trace", "ranges_from_trace"]
+__all__ = ["arrival_skew", "collective_starts", "overlap_from_trace", "ranges_from_trace"]
 
 
 def overlap_from_trace(trace: dict) -> dict:
@@ -105,3 +105,49 @@ def ranges_from_trace(trace: dict, prefix: str) -> dict:
         entry["seconds"] += float(e["dur"]) * 1e-6
     spans = union([(float(e["ts"]) * 1e-6, (float(e["ts"]) + float(e["dur"])) * 1e-6) for e in hits])
     return {"seconds": sum(b - a for a, b in spans), "count": len(hits), "by_name": by_name}
+
+
+def collective_starts(trace: dict, prefix: str = "gloo:") -> list[tuple[str, float]]:
+    """``[(name, start in seconds on the host's clock)]`` of every range whose name starts with
+    ``prefix`` (gloo's collectives), in order of start. The trace's ``baseTimeNanoseconds`` is
+    added to each event's ``ts``, so that the traces of several processes on one host share a
+    clock (:func:`arrival_skew`).
+
+    Raises:
+        ValueError: ``trace`` has no ``traceEvents`` list, or an empty ``prefix``.
+    """
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        raise ValueError("trace must be a Chrome trace dict with a 'traceEvents' list")
+    if not prefix:
+        raise ValueError("prefix must be a non-empty string")
+    base = float(trace.get("baseTimeNanoseconds", 0)) * 1e-9
+    hits = [(str(e["name"]), base + float(e["ts"]) * 1e-6) for e in events
+            if isinstance(e, dict) and "ts" in e and e.get("ph", "X") == "X"
+            and str(e.get("name", "")).startswith(prefix)]
+    return sorted(hits, key=lambda h: h[1])
+
+
+def arrival_skew(per_rank: list) -> dict:
+    """How long a step's synchronous collectives waited for their last rank: for the k-th
+    collective of every rank (:func:`collective_starts`, one list per rank, on one host's
+    clock), the latest start minus the earliest. A collective cannot finish before its last
+    rank arrives, so the first to arrive spends that skew inside it, counted as communication.
+
+    Returns:
+        dict with ``count`` (collectives matched: the fewest any rank ran), ``skew_s`` (the sum
+        of their skews), ``median_skew_s``, and ``same_order`` (every rank ran the same names in
+        the same order; when False the pairs are not one collective and the sum means nothing).
+
+    Raises:
+        ValueError: fewer than two ranks.
+    """
+    if len(per_rank) < 2:
+        raise ValueError(f"need the collectives of at least 2 ranks, got {len(per_rank)}")
+    n = min(len(r) for r in per_rank)
+    skews = [max(r[k][1] for r in per_rank) - min(r[k][1] for r in per_rank) for k in range(n)]
+    same = all(len(r) == n for r in per_rank) and all(
+        len({r[k][0] for r in per_rank}) == 1 for k in range(n))
+    ordered = sorted(skews)
+    median = (ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2) if n else 0.0
+    return {"count": n, "skew_s": sum(skews), "median_skew_s": median, "same_order": same}

@@ -377,10 +377,13 @@ def _number(name: str, value: Any) -> float:
     return as_float(name, value)
 
 
-def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: str = "") -> bool:
+def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: str = "",
+                unit: str = "") -> bool:
     """Pass when ``got`` is within relative tolerance ``rtol`` of ``expected``.
 
-    ``got`` is converted to a plain number first (:func:`as_float`).
+    ``got`` is converted to a plain number first (:func:`as_float`). A failure shows both with
+    the digits that tell them apart (never "got 354.8M, expected 354.8M"), the tolerance, the gap,
+    and ``hint`` (what to try); ``unit`` (of :func:`perflab.record.numbers.fmt`) goes with them.
 
     Raises:
         ExerciseFailed: wrong, missing or non-numeric answer.
@@ -394,11 +397,28 @@ def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: 
     passed = math.isclose(g, e, rel_tol=rtol, abs_tol=0.0 if e else 1e-12)
     _verdict("close", what, passed, got=g, expected=e, rtol=float(rtol))
     if passed:
-        print(f"✓ {what}: {_fmt(g)} is right.")
+        print(f"✓ {what}: {_fmt(g) if not unit else fmt(g, unit, sig=4)} is right.")
         return True
-    off = _ratio(g / e) if e else "infinitely many times"
-    msg = f"✗ {what}: got {_fmt(g)}, expected {_fmt(e)} (±{rtol:.0%}); yours is {off}x the answer."
+    shown_g, shown_e = _apart(g, e, unit)
+    pct = fmt(rtol, "%", sig=2)
+    tol = "exactly" if rtol == 0 else f"within ±{pct}" if "<" not in pct else f"within a relative {rtol:g}"
+    ratio, diff = _ratio(g / e) if e else "1", g - e
+    off = f"yours is {_apart(abs(diff), abs(diff), unit)[0]} {'above' if diff > 0 else 'below'} it" + (
+        f" ({ratio}x the answer)" if ratio not in ("1", "1.00") else "")
+    msg = f"✗ {what}: got {shown_g}, expected {shown_e} ({tol}); {off}."
     raise ExerciseFailed(msg + (f" Hint: {hint}" if hint else ""))
+
+
+def _apart(a: float, b: float, unit: str = "") -> tuple[str, str]:
+    """``a`` and ``b`` with the fewest digits (four at least) that tell them apart."""
+    if not unit and float(a).is_integer() and float(b).is_integer() and max(abs(a), abs(b)) < 1e15:
+        return f"{int(a):,}", f"{int(b):,}"
+    for sig in range(4, 18):   # fmt's prefixes first, then plain digits (powers of ten)
+        for sa, sb in ((fmt(a, unit, sig=sig), fmt(b, unit, sig=sig)),
+                       tuple(f"{x:.{sig}g}" + (f" {unit}" if unit else "") for x in (a, b))):
+            if "<" not in sa + sb and (sa != sb or a == b):
+                return sa, sb
+    return sa, sb
 
 
 def check_choice(got: Any, expected: Any, what: str, choices: Iterable[Any] | None = None, hint: str = "") -> bool:
@@ -545,7 +565,7 @@ _NO_HEADER = object()
 
 
 def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]],
-                  reference_run: Any = _NO_HEADER) -> str:
+                  reference_run: Any = _NO_HEADER, where: str | None = None) -> str:
     """A plain-text table of ``(quantity, yours, reference, unit)`` with the ratio yours/reference.
 
     Missing values print as ``—``; values keep four significant digits and ratios three, written
@@ -559,10 +579,12 @@ def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]],
             reference devices once, counted (``"reference: 2x NVIDIA H200"``), and, where the
             metadata holds them, the run's commit and start date (``", run of b8037d7 started
             2026-12-05"``: a reference read from an older notebook says so), then a blank line.
+        where: what ran the reference's numbers, in the header in place of its devices (lab 8:
+            gloo on the host CPU of the GPU machine); ignored without ``reference_run``.
     """
     lines = []
     if reference_run is not _NO_HEADER:
-        head = f"reference: {reference_devices(reference_run)}"
+        head = f"reference: {where or reference_devices(reference_run)}"
         if reference_run and reference_run.get("git"):
             head += f", run of {str(reference_run['git'])[:7]}"
             if reference_run.get("started"):
