@@ -152,13 +152,24 @@ def test_read_rate_counts_items_of_each_format(files, tmp_path):
 
 def test_memmap_copy_rate_copies_the_read_batches(files, tmp_path, monkeypatch):
     mm = storage.MemmapImages(storage.write_memmap(files, tmp_path / "m.u8", side=8))
-    copied = []
-    real = np.array
-    monkeypatch.setattr(measure.np, "array", lambda a, *k, **kw: copied.append(
-        real(a).copy()) or copied[-1])
-    assert measure.memmap_copy_rate(mm, n=10, batch=4) > 0
     assert mm.array() is mm.array() and mm.array().shape == mm.shape   # one mapping, kept
-    assert [len(c) for c in copied] == [4, 4, 2]          # the read's batches, the last short
+    keys, copied, real = [], [], mm.array()
+
+    class Recorded:             # the mapping, recording how each batch is indexed
+        def __getitem__(self, key):
+            keys.append(key)
+            copied.append(real[key])
+            return copied[-1]
+
+    monkeypatch.setattr(storage.MemmapImages, "array", lambda self: Recorded())
+    assert measure.memmap_copy_rate(mm, n=10, batch=4) > 0
+    monkeypatch.undo()
+    # the read's batches (the last short), each by a fancy index of sorted int64 positions,
+    # as MemmapImages.__getitem__ indexes them: the same numpy copy path, not a slice
+    assert [k.tolist() for k in keys] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert all(isinstance(k, np.ndarray) and k.dtype == np.int64 for k in keys)
+    assert all(c.flags.writeable and not np.shares_memory(c, real)        # fresh arrays
+               for c in copied)
     want = mm[list(range(10))][0].permute(0, 2, 3, 1).numpy()
     assert (np.concatenate(copied) == want).all()         # the same bytes as the read
     with pytest.raises(ValueError, match="n=99"):
