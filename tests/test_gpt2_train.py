@@ -811,3 +811,100 @@ def test_fp8_step_counts_every_block_linears_operands():
         rungs.fp8_step_ratio(step16, products16, products8, {"x": 1e-12}, d, m, blocks=2)
     with pytest.raises(ValueError, match="d"):
         rungs.fp8_block_operands(0, m)
+
+
+def _profile(window_s, busy_s, kernels=()):
+    """A fake profile_step result: a timeline and device kernels ``[(name, s)]``."""
+    return {"kernels": list(kernels), "device_kernels": list(kernels),
+            "timeline": Timeline(window_s, busy_s, 10, (1e-5, 3e-5))}
+
+
+def test_train_pairs_profiles_both_rungs_of_a_pair_in_interleaved_rounds(monkeypatch):
+    """With profiles=k, each pair's two rungs have k steps profiled after the timed rounds, the
+    order alternating (before, after; after, before; ...), each call a real profile_step of the
+    rung's own step; without it, no profile at all (the 6 Dec review: one profiled step per
+    rung, taken minutes apart, gave the CUDA graphs' kernel term 0.7 ms in one run, 3.3 in the
+    next)."""
+    import perflab.gpt2.train
+    from perflab.gpt2.breakdown import profile_step
+    calls = []
+
+    def spy(step, device):
+        calls.append(step)
+        return profile_step(step, device)
+
+    monkeypatch.setattr("perflab.gpt2.train.profile_step", spy)
+    real_prepare = perflab.gpt2.train._prepare
+    runs = {}
+
+    def prepare(rung, *a, **k):
+        runs[rung.name] = run = real_prepare(rung, *a, **k)
+        return run
+
+    monkeypatch.setattr("perflab.gpt2.train._prepare", prepare)
+    a = base(batch=2)
+    three = [a, a.then("x2", batch=4), a.then("x3", batch=6)]
+    res = train_pairs(three, tokens(), "cpu", rounds=1, steps=1, warmup=1, profiles=3)
+    steps = {id(r.one_step): n for n, r in runs.items()}
+    order = [steps[id(c)] for c in calls]
+    assert order == ["base", "x2", "x2", "base", "base", "x2",
+                     "x2", "x3", "x3", "x2", "x2", "x3"]
+    for name, before in (("x2", "base"), ("x3", "x2")):
+        prof = res[name]["profiles"]
+        assert len(prof["before"]) == len(prof["after"]) == 3
+        for p in prof["before"] + prof["after"]:
+            assert isinstance(p["timeline"], Timeline) and p["device_kernels"]
+    calls.clear()
+    res = train_pairs(three[:2], tokens(), "cpu", rounds=1, steps=1, warmup=1)
+    assert calls == [] and "profiles" not in res["x2"]
+    with pytest.raises(ValueError, match="profiles"):
+        train_pairs(three[:2], tokens(), "cpu", rounds=1, steps=1, profiles=-1)
+
+
+def test_timeline_and_kernel_spreads_read_several_profiled_steps():
+    from perflab.gpt2.breakdown import kernel_spread, timeline_spread
+    before = [_profile(0.110, 0.080, [("triton_log_softmax_1", 0.003), ("nll_loss_x", 0.001),
+                                      ("gemm", 0.05)]),
+              _profile(0.112, 0.081, [("Log_Softmax_bw", 0.0032), ("gemm", 0.05)]),
+              _profile(0.111, 0.079, [("gemm", 0.05)])]
+    after = [_profile(0.100, 0.078), _profile(0.101, 0.080), _profile(0.100, 0.077)]
+    idle = timeline_spread(before, "idle_s")
+    assert idle.values == pytest.approx((0.030, 0.031, 0.032)) and idle.n == 3
+    fell = timeline_spread(before, "busy_s") - timeline_spread(after, "busy_s")
+    assert fell.values == pytest.approx((0.002, 0.001, 0.002))     # round by round
+    assert timeline_spread(before, "kernels").median == 10
+    ce = kernel_spread(before, "log_softmax", "nll_loss")
+    assert ce.values == pytest.approx((0.004, 0.0032, 0.0))       # case-insensitive, summed
+    with pytest.raises(ValueError, match="what"):
+        timeline_spread(before, "busy")
+    with pytest.raises(ValueError, match="profiles"):
+        timeline_spread([], "idle_s")
+    with pytest.raises(ValueError, match="profiles"):
+        kernel_spread([{"timeline": None}], "x")
+    with pytest.raises(ValueError, match="timeline"):
+        timeline_spread([{"timeline": None, "device_kernels": []}], "idle_s")
+    with pytest.raises(ValueError, match="keys"):
+        kernel_spread(before)
+
+
+def test_saving_table_reads_the_pairs_interleaved_profiles():
+    """With the pairs' profiles the split is theirs, round by round, the median with its
+    spread: the ladder's rungs need no timeline, and a fall whose rounds lie on both sides of
+    zero is 'unchanged within the noise' (never a direction word), one that does not is a fall
+    with its range."""
+    results = {"plain": _result("plain", 0.10), "fused head": _result("fused head", 0.09)}
+    saved = Spread((0.004, 0.005, 0.006))
+    # busy falls 2, 1, 2 ms (all above zero); idle falls +1, -1, +0.5 ms (both sides)
+    before = [_profile(0.110, 0.080), _profile(0.111, 0.081), _profile(0.110, 0.079)]
+    after = [_profile(0.107, 0.078), _profile(0.111, 0.080), _profile(0.1075, 0.077)]
+    paired = {"fused head": {"saved": saved, "profiles": {"before": before, "after": after}}}
+    table, savings = saving_table(results, {"fused head": 0.005}, paired)
+    cause = savings["fused"][2].replace("−", "-")
+    assert "kernels' own time fell by 2 ms (+1 ms to +2 ms, min–max over 3 profiled pairs)" \
+        in cause
+    assert "idle time between them was unchanged within the noise (it fell by +500 µs" in cause
+    assert "rose" not in cause
+    assert "| 2.5 ms | 2 ms | 500 µs |" in table                  # medians of the rounds
+    # without the pairs' profiles, the ladder's timelines are required as before
+    with pytest.raises(ValueError, match="no profiled timeline"):
+        saving_table(results, {"fused head": 0.005}, {"fused head": {"saved": saved}})

@@ -72,6 +72,18 @@ def _change(what: str, fell: float, noise: float) -> str:
     return f"{what} {'fell' if fell > 0 else 'rose'} by {fmt(abs(fell), 's')}"
 
 
+def _change_spread(what: str, fell: Spread) -> str:
+    """``what`` fell or rose by its median over the profiled rounds, with their spread, or was
+    unchanged within the noise when the rounds' spread reaches zero (same sign convention as
+    :func:`_change`)."""
+    spread = f"{fmt(fell.lo, 's', signed=True)} to {fmt(fell.hi, 's', signed=True)}"
+    if fell.lo <= 0 <= fell.hi:
+        return (f"{what} was unchanged within the noise (it fell by "
+                f"{fmt(fell.median, 's', signed=True)}, its profiled steps {spread})")
+    return (f"{what} {'fell' if fell.median > 0 else 'rose'} by "
+            f"{fmt(abs(fell.median), 's')} ({spread}, {fell.kind.replace('round', 'profiled pair')})")
+
+
 def noise_half_width(saved: Spread) -> float:
     """Half the width of the spread that grades a saving, ``(saved.hi - saved.lo) / 2`` (the
     inter-quartile range from :data:`perflab.core.rounds.IQR_FROM` rounds, else min to max):
@@ -108,19 +120,27 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
     ``"fp8"``...; ``"bf16 residual"`` is ``"residual"``, ``"one graph per step"`` ``"step"``,
     ``"CUDA graphs"`` ``"graphs"``). The verdict against the prediction is the page's.
 
+    Where ``paired[name]`` holds ``"profiles"`` (``train_pairs(..., profiles=k)``: the two
+    rungs' steps profiled side by side in ``k`` interleaved rounds), the split is read from
+    them instead, round by round (:func:`perflab.gpt2.breakdown.timeline_spread`): each fall
+    is the median over the rounds, and a fall whose rounds' spread reaches zero is unchanged
+    within the noise; the ladder's ``results`` then need no timeline.
+
     Raises:
-        ValueError: a predicted rung, or the rung before it, was trained without
-            ``profile=True`` (no timeline), the two were timed in different numbers of
-            windows, or ``paired`` lacks a predicted rung.
+        ValueError: a predicted rung, or the rung before it, has no profile (no paired
+            profiles, and trained without ``profile=True``: no timeline), the two were timed
+            in different numbers of windows, or ``paired`` lacks a predicted rung.
     """
+    from perflab.gpt2.breakdown import timeline_spread    # breakdown imports torch
     names = list(results)
     rows, out = [], {}
     keys = {"bf16 residual": "residual", "one graph per step": "step", "CUDA graphs": "graphs"}
     what = "measured"
     for name, pred in predicted.items():
         before, after = results[previous(names, name)], results[name]
+        profiled = (paired or {}).get(name, {}).get("profiles")
         for r in (before, after):
-            if r.extra.get("timeline") is None:
+            if profiled is None and r.extra.get("timeline") is None:
                 raise ValueError(f"results: rung {r.rung['name']!r} has no profiled timeline; "
                                  f"train it with profile=True (it is {name!r} or the rung before)")
         if paired is not None:
@@ -136,12 +156,21 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
                                  f"{len(wa)} and {len(wb)} windows; time them alike")
             saved = Spread(tuple(b - a for b, a in zip(wb, wa)))
             what = f"measured ({len(wa)} windows)"
-        tb, ta = before.extra["timeline"], after.extra["timeline"]
-        window, busy, gaps = tb.window_s - ta.window_s, tb.busy_s - ta.busy_s, tb.idle_s - ta.idle_s
-        # the statistic that grades the saving, not a looser one
-        noise = noise_half_width(saved)
-        kernels = _change("the kernels' own time", busy, noise)
-        idle = _change("the idle time between them", gaps, noise)
+        if profiled is not None:             # interleaved profiled steps, round by round
+            fell = {w: timeline_spread(profiled["before"], w)
+                    - timeline_spread(profiled["after"], w)
+                    for w in ("window_s", "busy_s", "idle_s")}
+            window, busy, gaps = (fell[w].median for w in ("window_s", "busy_s", "idle_s"))
+            kernels = _change_spread("the kernels' own time", fell["busy_s"])
+            idle = _change_spread("the idle time between them", fell["idle_s"])
+        else:
+            tb, ta = before.extra["timeline"], after.extra["timeline"]
+            window, busy, gaps = (tb.window_s - ta.window_s, tb.busy_s - ta.busy_s,
+                                  tb.idle_s - ta.idle_s)
+            # the statistic that grades the saving, not a looser one
+            noise = noise_half_width(saved)
+            kernels = _change("the kernels' own time", busy, noise)
+            idle = _change("the idle time between them", gaps, noise)
         cause = f"in the profiled steps {kernels} and {idle}"
         out[keys.get(name, name.split()[0].lower())] = (name, saved, cause)
         rows.append([name, fmt(pred, "s"),

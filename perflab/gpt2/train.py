@@ -460,7 +460,7 @@ def train_rounds(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device
 
 def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device | str,
                 rounds: int = 5, steps: int = 3, warmup: int = 2, seed: int = 0,
-                lr: float = 3e-4) -> dict[str, dict[str, Any]]:
+                lr: float = 3e-4, profiles: int = 0) -> dict[str, dict[str, Any]]:
     """Time every rung against the rung before it, the two side by side in interleaved rounds.
 
     A saving of a few per cent between two rungs timed one after the other is lost in the drift
@@ -480,17 +480,28 @@ def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device 
         steps: optimizer steps of each rung per round, one synchronization per round (>= 1).
         warmup: untimed steps of each rung when it is built (>= 0).
         seed, lr: as for :func:`train`.
+        profiles: after a pair's timed rounds, profile one step of each of its two rungs
+            (:func:`perflab.gpt2.breakdown.profile_step`) in this many interleaved rounds
+            (before, after; after, before; ...), so that the two rungs' profiled steps are
+            taken minutes closer than the ladder's and a drift of the clock touches both
+            alike (>= 0; 0: none).
 
     Returns:
         ``{name: {"before": Spread, "after": Spread, "saved": Spread}}`` for every rung but
         the first: the seconds per step of the rung before and of this one, round by round in
         the same rounds, and their difference (before minus after: the saving per step).
+        With ``profiles``, also ``"profiles": {"before": [...], "after": [...]}``: the
+        :func:`~perflab.gpt2.breakdown.profile_step` dicts of each side, round ``k`` of the
+        one beside round ``k`` of the other (read them with
+        :func:`~perflab.gpt2.breakdown.timeline_spread` and
+        :func:`~perflab.gpt2.breakdown.kernel_spread`).
 
     Raises:
         ValueError: fewer than two rungs, repeated names, ``rounds`` or ``steps`` < 1,
             ``warmup`` < 0, or token ids outside a rung's vocabulary.
     """
     rungs = _check_rungs(rungs, 2, rounds, steps, warmup)
+    integer("profiles", profiles, 0)
     device = torch.device(device)
     torch.compiler.reset()
 
@@ -512,6 +523,8 @@ def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device 
         pair = interleaved({"before": timed(before), "after": timed(after)}, rounds=rounds,
                            warmup=1)
         out[r.name] = {**pair, "saved": pair["before"] - pair["after"]}
+        if profiles:
+            out[r.name]["profiles"] = _profiled_pair(before, after, profiles, device)
         del before
         if device.type == "cuda":
             gc.collect()
@@ -523,6 +536,17 @@ def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device 
         gc.collect()
         torch.cuda.empty_cache()
     return out
+
+
+def _profiled_pair(before, after, rounds: int, device: torch.device) -> dict:
+    """One profiled step of each of two built rungs per round, the order alternating
+    (before, after; after, before; ...): ``{"before": [profile], "after": [profile]}``."""
+    runs = {"before": before, "after": after}
+    got: dict[str, list] = {"before": [], "after": []}
+    for k in range(rounds):
+        for side in (("before", "after") if k % 2 == 0 else ("after", "before")):
+            got[side].append(profile_step(runs[side].one_step, device))
+    return got
 
 
 def losses_agree(a: Sequence[float], b: Sequence[float], rtol: float = 0.02,
