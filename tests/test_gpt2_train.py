@@ -908,3 +908,60 @@ def test_saving_table_reads_the_pairs_interleaved_profiles():
     # without the pairs' profiles, the ladder's timelines are required as before
     with pytest.raises(ValueError, match="no profiled timeline"):
         saving_table(results, {"fused head": 0.005}, {"fused head": {"saved": saved}})
+
+
+def _snapshot(events, live_at_end):
+    """A fake CUDA memory snapshot: a trace of (action, addr, size) and the blocks alive at
+    its end (sizes), as torch.cuda.memory._snapshot() lays them out."""
+    trace = [{"action": a, "addr": addr, "size": size, "time_us": 10 * i, "frames": []}
+             for i, (a, addr, size) in enumerate(events)]
+    blocks = [{"size": s, "state": "active_allocated"} for s in live_at_end]
+    blocks.append({"size": 999, "state": "inactive"})
+    return {"segments": [{"device": 0, "blocks": blocks}], "device_traces": [trace]}
+
+
+def test_step_peak_locates_a_recorded_steps_peak_and_names_its_blocks():
+    """Chapter 10's autocast peak (F15): a step found 100 MiB allocated (weights, moments),
+    freed the last step's 8 MiB loss buffer, allocated two 'logits' and a 'scores' block, and
+    peaked with all three alive; the step's peak is found, its blocks named by size."""
+    from perflab.gpt2.tables import peak_sentence, step_peak
+    MiB = 2 ** 20
+    known = {"float32 logits": 40 * MiB, "attention scores": 10 * MiB}
+    events = [("free_completed", 1, 8 * MiB),          # a block from before the step
+              ("alloc", 2, 40 * MiB), ("alloc", 3, 40 * MiB + 512), ("alloc", 4, 10 * MiB),
+              ("alloc", 5, 3 * MiB),                     # the peak: 93 MiB above the start
+              ("free_completed", 4, 10 * MiB), ("free_completed", 5, 3 * MiB),
+              ("free_completed", 3, 40 * MiB + 512), ("alloc", 6, 8 * MiB)]
+    # alive at the end: the 100 MiB found (less the 8 freed), one logits block, the new 8 MiB
+    end = [92 * MiB, 40 * MiB, 8 * MiB]
+    peak = step_peak(_snapshot(events, end), known)
+    assert peak["before"] == 100 * MiB
+    assert peak["added"] == 85 * MiB + 512              # 40 + 40 + 10 + 3 - 8
+    assert peak["peak"] == peak["before"] + peak["added"]
+    assert peak["live"] == [("float32 logits", 2, 80 * MiB + 512),
+                            ("attention scores", 1, 10 * MiB), ("other", 1, 3 * MiB)]
+    text = peak_sentence("TF32", peak, top=2)
+    assert text.startswith("TF32: 100 MiB allocated before the step")
+    assert "2 x float32 logits (80 MiB)" in text and "attention scores (10 MiB)" in text
+    assert "other" not in text
+    with pytest.raises(ValueError, match="segments"):
+        step_peak({"device_traces": [[]]}, known)
+    with pytest.raises(ValueError, match="no allocation"):
+        step_peak(_snapshot([], []), known)
+
+
+def test_saving_verdict_widens_a_profiled_prediction_by_its_own_spread_only():
+    """A prediction read from three profiled pairs (2.6, 3.0, 3.5 ms) carries their range: the
+    band is 2.6 x (1 - 0.33) to 3.5 x (1 + 0.33); a measured 4.3 ms passes it, where the
+    median's band (at most 3.99 ms) fails; 5 ms fails both; the range must hold the median."""
+    pred = Spread((0.0026, 0.0030, 0.0035))
+    saved = Spread(tuple(0.0043 + 1e-5 * k for k in range(8)))
+    holds, yes, no, _ = saving_verdict(saved, pred.median, 0.33, at_most=False, spread=pred)
+    assert holds is True and "over 3 profiled pairs, 33 % either way" in yes
+    assert saving_verdict(saved, pred.median, 0.33, at_most=False)[0] is False
+    far = Spread(tuple(0.005 + 1e-5 * k for k in range(8)))
+    assert saving_verdict(far, pred.median, 0.33, at_most=False, spread=pred)[0] is False
+    with pytest.raises(ValueError, match="hold predicted"):
+        saving_verdict(saved, 0.004, 0.33, at_most=False, spread=pred)
+    with pytest.raises(ValueError, match="two-sided"):
+        saving_verdict(saved, 0.003, 0.33, at_most=True, at_least=0.001, spread=pred)

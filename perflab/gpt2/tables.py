@@ -13,7 +13,7 @@ from perflab.core.rounds import Spread
 from perflab.record.numbers import fmt
 
 __all__ = ["previous", "ladder_table", "saving_table", "noise_half_width", "saving_verdict",
-           "memory_table"]
+           "memory_table", "step_peak", "peak_sentence"]
 
 
 def _md(header: Sequence[str], rows: Sequence[Sequence[str]], right: int = 1) -> str:
@@ -182,8 +182,8 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
 
 
 def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
-                   at_most: bool, at_least: float | None = None
-                   ) -> tuple[bool | None, str, str, str]:
+                   at_most: bool, at_least: float | None = None,
+                   spread: Spread | None = None) -> tuple[bool | None, str, str, str]:
     """How a measured saving (seconds per step, a :class:`Spread`) compares with its prediction,
     in seconds: ``(holds, if_true, if_false, if_undecided)`` for
     :func:`perflab.record.claims.claim`.
@@ -197,10 +197,16 @@ def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
     the band and the spread in seconds; a ratio to the prediction is given only when the whole
     spread is positive (a ratio range that crosses zero says nothing).
 
+    A two-sided prediction read from several profiled steps carries their ``spread`` (a
+    :class:`Spread` of the prediction, one value per profiled pair, ``predicted`` its median):
+    its band is then ``spread.lo x (1 - tolerance)`` to ``spread.hi x (1 + tolerance)``, the
+    prediction's own uncertainty beside the tolerance of its model.
+
     Raises:
         ValueError: a prediction that is not positive, a tolerance outside (0, 1), an
-            ``at_most`` prediction without ``at_least`` (or one outside [0, predicted]), or an
-            ``at_least`` for a two-sided prediction.
+            ``at_most`` prediction without ``at_least`` (or one outside [0, predicted]), an
+            ``at_least`` for a two-sided prediction, or a ``spread`` for an ``at_most`` one,
+            not a Spread, or one that does not hold ``predicted`` between its ends.
     """
     if not predicted > 0:
         raise ValueError(f"predicted must be > 0 seconds, got {predicted}")
@@ -212,17 +218,29 @@ def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
     if not at_most and at_least is not None:
         raise ValueError("at_least is the lower edge of an at_most prediction; a two-sided "
                          "prediction's band is predicted x (1 ± tolerance)")
-    high = predicted * (1 + tolerance)
-    low = (at_least if at_most else predicted) * (1 - tolerance)
+    if spread is not None:
+        if at_most or not isinstance(spread, Spread):
+            raise ValueError("spread must be a Spread, and only for a two-sided prediction")
+        if not spread.lo <= predicted <= spread.hi:
+            raise ValueError(f"spread ({spread.lo} to {spread.hi}) must hold predicted "
+                             f"= {predicted}")
+    high = (spread.hi if spread is not None else predicted) * (1 + tolerance)
+    low = (at_least if at_most else spread.lo if spread is not None
+           else predicted) * (1 - tolerance)
     if saved.lo >= low and saved.hi <= high:
         holds = True
     elif saved.lo > high or saved.hi < low:
         holds = False
     else:
         holds = None
-    band = (f"{fmt(low, 's')} to {fmt(high, 's')}: at least {fmt(at_least, 's')} less "
-            f"{tolerance:.0%}, at most the bound plus {tolerance:.0%}" if at_most else
-            f"{fmt(low, 's')} to {fmt(high, 's')}").replace("%", " %")
+    band = f"{fmt(low, 's')} to {fmt(high, 's')}"
+    if at_most:
+        band += (f": at least {fmt(at_least, 's')} less {tolerance:.0%}, at most the bound "
+                 f"plus {tolerance:.0%}")
+    elif spread is not None:
+        band += (f": the prediction's {fmt(spread.lo, 's')} to {fmt(spread.hi, 's')} over "
+                 f"{spread.n} profiled pairs, {tolerance:.0%} either way")
+    band = band.replace("%", " %")
     spread = f"{fmt(saved.lo, 's')} to {fmt(saved.hi, 's')}"
     if saved.n > 1:
         spread += f", {saved.kind}"
@@ -244,3 +262,49 @@ def memory_table(results: dict) -> str:
         rows.append([name, "-" if r.peak_bytes is None else fmt(r.peak_bytes, "iB"),
                      fmt(r.step_s, "s"), f"{r.losses[-1]:.4f}"])
     return _md(["rung", "peak memory", "step", "loss after the last step"], rows)
+
+
+def step_peak(snapshot: dict, known: dict[str, int], device_index: int = 0) -> dict:
+    """Where one recorded step's memory peaked, from its allocator snapshot
+    (:func:`perflab.memory.snapshots.record_snapshot`, ``train(..., snapshot=...)``).
+
+    ``before`` is what was allocated when recording began (the snapshot's live blocks at its
+    end less the trace's net change: weights, optimizer state, anything the step found),
+    ``added`` the most the step allocated above it (:func:`allocation_timeline`'s highest
+    level), ``peak`` their sum; ``live`` the blocks the step allocated that were alive at that
+    peak (:func:`perflab.memory.snapshots.peak_blocks`), grouped by the tensor of ``known``
+    (``{name: bytes}``) whose size each matches within 1 % (allocator rounding; else
+    ``"other"``): ``[(name, count, bytes)]``, the most bytes first.
+
+    Raises:
+        ValueError: no trace for ``device_index``, an empty trace, or no ``segments``.
+    """
+    from perflab.memory.snapshots import (allocation_timeline, name_allocation,
+                                          peak_blocks)
+    segments = snapshot.get("segments")
+    if not isinstance(segments, list):
+        raise ValueError("the snapshot has no segments (not a CUDA memory snapshot)")
+    times, levels = allocation_timeline(snapshot, device_index)
+    if not levels:
+        raise ValueError("the snapshot's trace holds no allocation or free")
+    at_end = sum(b["size"] for seg in segments if seg.get("device", 0) == device_index
+                 for b in seg.get("blocks", []) if b.get("state") == "active_allocated")
+    before = at_end - levels[-1]
+    added = max(max(levels), 0)
+    groups: dict[str, list[int]] = {}
+    for b in peak_blocks(snapshot, times[0], device_index):
+        name = name_allocation(b["size"], known) or "other"
+        g = groups.setdefault(name, [0, 0])
+        g[0], g[1] = g[0] + 1, g[1] + b["size"]
+    live = sorted(((n, c, t) for n, (c, t) in groups.items()), key=lambda g: -g[2])
+    return {"before": before, "added": added, "peak": before + added, "live": live}
+
+
+def peak_sentence(label: str, peak: dict, top: int = 4) -> str:
+    """One clause for a :func:`step_peak`: what the step found allocated, what its peak added,
+    and the largest groups of blocks alive at that peak."""
+    parts = [f"{c} x {n} ({fmt(t, 'iB')})" if c > 1 else f"{n} ({fmt(t, 'iB')})"
+             for n, c, t in peak["live"][:top]]
+    return (f"{label}: {fmt(peak['before'], 'iB')} allocated before the step, its peak "
+            f"{fmt(peak['added'], 'iB')} above that, the largest blocks alive there "
+            + (", ".join(parts) if parts else "none"))
