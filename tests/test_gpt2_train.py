@@ -833,7 +833,7 @@ def test_train_pairs_profiles_both_rungs_of_a_pair_in_interleaved_rounds(monkeyp
         calls.append(step)
         return profile_step(step, device)
 
-    monkeypatch.setattr("perflab.gpt2.train.profile_step", spy)
+    monkeypatch.setattr("perflab.gpt2.breakdown.profile_step", spy)
     real_prepare = perflab.gpt2.train._prepare
     runs = {}
 
@@ -885,6 +885,9 @@ def test_timeline_and_kernel_spreads_read_several_profiled_steps():
         timeline_spread([{"timeline": None, "device_kernels": []}], "idle_s")
     with pytest.raises(ValueError, match="keys"):
         kernel_spread(before)
+    from perflab.gpt2.breakdown import profile_pair
+    with pytest.raises(ValueError, match="rounds"):
+        profile_pair(lambda: None, lambda: None, 0, torch.device("cpu"))
 
 
 def test_saving_table_reads_the_pairs_interleaved_profiles():

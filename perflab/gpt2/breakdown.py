@@ -19,10 +19,10 @@ from torch.profiler import ProfilerActivity, profile as _profile
 from perflab.core.profiler import trace_events
 from perflab.core.rounds import Spread
 from perflab.core.timing import synchronize
-from perflab.core.validate import number, one_of, positive
+from perflab.core.validate import integer, number, one_of, positive
 from perflab.profiling.trace import summarize_trace
 
-__all__ = ["Timeline", "profile_step", "timeline_spread", "kernel_spread", "kernel_kind",
+__all__ = ["Timeline", "profile_step", "profile_pair", "timeline_spread", "kernel_spread", "kernel_kind",
            "StepBreakdown", "step_breakdown", "weight_matmul_flops",
            "attention_kernel", "KernelChanges", "kernel_changes"]
 
@@ -103,6 +103,25 @@ def profile_step(step, device: torch.device, n: int = 12) -> dict:
     # only the device-side events count each kernel once
     return {"kernels": rows[:n], "device_kernels": _device_rows(prof.events()),
             "timeline": timeline}
+
+
+def profile_pair(before, after, rounds: int, device: torch.device) -> dict:
+    """Profile one call of ``before()`` and of ``after()`` (:func:`profile_step`) in each of
+    ``rounds`` rounds, the order alternating (before, after; after, before; ...), so that the
+    two steps of a round are taken a moment apart and a drift of the clock touches both alike.
+    Returns ``{"before": [profile, ...], "after": [profile, ...]}``, round by round: read them
+    with :func:`timeline_spread` and :func:`kernel_spread`.
+
+    Raises:
+        ValueError: ``rounds`` < 1.
+    """
+    integer("rounds", rounds, 1)
+    steps = {"before": before, "after": after}
+    got: dict[str, list] = {"before": [], "after": []}
+    for k in range(rounds):
+        for side in (("before", "after") if k % 2 == 0 else ("after", "before")):
+            got[side].append(profile_step(steps[side], device))
+    return got
 
 
 def _profiles(profiles: Sequence[dict]) -> list[dict]:

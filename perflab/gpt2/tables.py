@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from perflab.core.rounds import Spread
+from perflab.gpt2.breakdown import timeline_spread
+from perflab.memory.snapshots import allocation_timeline, name_allocation, peak_blocks
 from perflab.record.numbers import fmt
 
 __all__ = ["previous", "ladder_table", "saving_table", "noise_half_width", "saving_verdict",
@@ -131,7 +133,6 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
             profiles, and trained without ``profile=True``: no timeline), the two were timed
             in different numbers of windows, or ``paired`` lacks a predicted rung.
     """
-    from perflab.gpt2.breakdown import timeline_spread    # breakdown imports torch
     names = list(results)
     rows, out = [], {}
     keys = {"bf16 residual": "residual", "one graph per step": "step", "CUDA graphs": "graphs"}
@@ -279,8 +280,6 @@ def step_peak(snapshot: dict, known: dict[str, int], device_index: int = 0) -> d
     Raises:
         ValueError: no trace for ``device_index``, an empty trace, or no ``segments``.
     """
-    from perflab.memory.snapshots import (allocation_timeline, name_allocation,
-                                          peak_blocks)
     segments = snapshot.get("segments")
     if not isinstance(segments, list):
         raise ValueError("the snapshot has no segments (not a CUDA memory snapshot)")
