@@ -811,3 +811,160 @@ def test_fp8_step_counts_every_block_linears_operands():
         rungs.fp8_step_ratio(step16, products16, products8, {"x": 1e-12}, d, m, blocks=2)
     with pytest.raises(ValueError, match="d"):
         rungs.fp8_block_operands(0, m)
+
+
+def _profile(window_s, busy_s, kernels=()):
+    """A fake profile_step result: a timeline and device kernels ``[(name, s)]``."""
+    return {"kernels": list(kernels), "device_kernels": list(kernels),
+            "timeline": Timeline(window_s, busy_s, 10, (1e-5, 3e-5))}
+
+
+def test_train_pairs_profiles_both_rungs_of_a_pair_in_interleaved_rounds(monkeypatch):
+    """With profiles=k, each pair's two rungs have k steps profiled after the timed rounds, the
+    order alternating (before, after; after, before; ...), each call a real profile_step of the
+    rung's own step; without it, no profile at all (the 6 Dec review: one profiled step per
+    rung, taken minutes apart, gave the CUDA graphs' kernel term 0.7 ms in one run, 3.3 in the
+    next)."""
+    import perflab.gpt2.train
+    from perflab.gpt2.breakdown import profile_step
+    calls = []
+
+    def spy(step, device):
+        calls.append(step)
+        return profile_step(step, device)
+
+    monkeypatch.setattr("perflab.gpt2.breakdown.profile_step", spy)
+    real_prepare = perflab.gpt2.train._prepare
+    runs = {}
+
+    def prepare(rung, *a, **k):
+        runs[rung.name] = run = real_prepare(rung, *a, **k)
+        return run
+
+    monkeypatch.setattr("perflab.gpt2.train._prepare", prepare)
+    a = base(batch=2)
+    three = [a, a.then("x2", batch=4), a.then("x3", batch=6)]
+    res = train_pairs(three, tokens(), "cpu", rounds=1, steps=1, warmup=1, profiles=3)
+    steps = {id(r.one_step): n for n, r in runs.items()}
+    order = [steps[id(c)] for c in calls]
+    assert order == ["base", "x2", "x2", "base", "base", "x2",
+                     "x2", "x3", "x3", "x2", "x2", "x3"]
+    for name, before in (("x2", "base"), ("x3", "x2")):
+        prof = res[name]["profiles"]
+        assert len(prof["before"]) == len(prof["after"]) == 3
+        for p in prof["before"] + prof["after"]:
+            assert isinstance(p["timeline"], Timeline) and p["device_kernels"]
+    calls.clear()
+    res = train_pairs(three[:2], tokens(), "cpu", rounds=1, steps=1, warmup=1)
+    assert calls == [] and "profiles" not in res["x2"]
+    with pytest.raises(ValueError, match="profiles"):
+        train_pairs(three[:2], tokens(), "cpu", rounds=1, steps=1, profiles=-1)
+
+
+def test_timeline_and_kernel_spreads_read_several_profiled_steps():
+    from perflab.gpt2.breakdown import kernel_spread, timeline_spread
+    before = [_profile(0.110, 0.080, [("triton_log_softmax_1", 0.003), ("nll_loss_x", 0.001),
+                                      ("gemm", 0.05)]),
+              _profile(0.112, 0.081, [("Log_Softmax_bw", 0.0032), ("gemm", 0.05)]),
+              _profile(0.111, 0.079, [("gemm", 0.05)])]
+    after = [_profile(0.100, 0.078), _profile(0.101, 0.080), _profile(0.100, 0.077)]
+    idle = timeline_spread(before, "idle_s")
+    assert idle.values == pytest.approx((0.030, 0.031, 0.032)) and idle.n == 3
+    fell = timeline_spread(before, "busy_s") - timeline_spread(after, "busy_s")
+    assert fell.values == pytest.approx((0.002, 0.001, 0.002))     # round by round
+    assert timeline_spread(before, "kernels").median == 10
+    ce = kernel_spread(before, "log_softmax", "nll_loss")
+    assert ce.values == pytest.approx((0.004, 0.0032, 0.0))       # case-insensitive, summed
+    with pytest.raises(ValueError, match="what"):
+        timeline_spread(before, "busy")
+    with pytest.raises(ValueError, match="profiles"):
+        timeline_spread([], "idle_s")
+    with pytest.raises(ValueError, match="profiles"):
+        kernel_spread([{"timeline": None}], "x")
+    with pytest.raises(ValueError, match="timeline"):
+        timeline_spread([{"timeline": None, "device_kernels": []}], "idle_s")
+    with pytest.raises(ValueError, match="keys"):
+        kernel_spread(before)
+    from perflab.gpt2.breakdown import profile_pair
+    with pytest.raises(ValueError, match="rounds"):
+        profile_pair(lambda: None, lambda: None, 0, torch.device("cpu"))
+
+
+def test_saving_table_reads_the_pairs_interleaved_profiles():
+    """With the pairs' profiles the split is theirs, round by round, the median with its
+    spread: the ladder's rungs need no timeline, and a fall whose rounds lie on both sides of
+    zero is 'unchanged within the noise' (never a direction word), one that does not is a fall
+    with its range."""
+    results = {"plain": _result("plain", 0.10), "fused head": _result("fused head", 0.09)}
+    saved = Spread((0.004, 0.005, 0.006))
+    # busy falls 2, 1, 2 ms (all above zero); idle falls +1, -1, +0.5 ms (both sides)
+    before = [_profile(0.110, 0.080), _profile(0.111, 0.081), _profile(0.110, 0.079)]
+    after = [_profile(0.107, 0.078), _profile(0.111, 0.080), _profile(0.1075, 0.077)]
+    paired = {"fused head": {"saved": saved, "profiles": {"before": before, "after": after}}}
+    table, savings = saving_table(results, {"fused head": 0.005}, paired)
+    cause = savings["fused"][2].replace("−", "-")
+    assert "kernels' own time fell by 2 ms (+1 ms to +2 ms, min–max over 3 profiled pairs)" \
+        in cause
+    assert "idle time between them was unchanged within the noise (it fell by +500 µs" in cause
+    assert "rose" not in cause
+    assert "| 2.5 ms | 2 ms | 500 µs |" in table                  # medians of the rounds
+    # without the pairs' profiles, the ladder's timelines are required as before
+    with pytest.raises(ValueError, match="no profiled timeline"):
+        saving_table(results, {"fused head": 0.005}, {"fused head": {"saved": saved}})
+
+
+def _snapshot(events, live_at_end):
+    """A fake CUDA memory snapshot: a trace of (action, addr, size) and the blocks alive at
+    its end (sizes), as torch.cuda.memory._snapshot() lays them out."""
+    trace = [{"action": a, "addr": addr, "size": size, "time_us": 10 * i, "frames": []}
+             for i, (a, addr, size) in enumerate(events)]
+    blocks = [{"size": s, "state": "active_allocated"} for s in live_at_end]
+    blocks.append({"size": 999, "state": "inactive"})
+    return {"segments": [{"device": 0, "blocks": blocks}], "device_traces": [trace]}
+
+
+def test_step_peak_locates_a_recorded_steps_peak_and_names_its_blocks():
+    """Chapter 10's autocast peak (F15): a step found 100 MiB allocated (weights, moments),
+    freed the last step's 8 MiB loss buffer, allocated two 'logits' and a 'scores' block, and
+    peaked with all three alive; the step's peak is found, its blocks named by size."""
+    from perflab.gpt2.tables import peak_sentence, step_peak
+    MiB = 2 ** 20
+    known = {"float32 logits": 40 * MiB, "attention scores": 10 * MiB}
+    events = [("free_completed", 1, 8 * MiB),          # a block from before the step
+              ("alloc", 2, 40 * MiB), ("alloc", 3, 40 * MiB + 512), ("alloc", 4, 10 * MiB),
+              ("alloc", 5, 3 * MiB),                     # the peak: 93 MiB above the start
+              ("free_completed", 4, 10 * MiB), ("free_completed", 5, 3 * MiB),
+              ("free_completed", 3, 40 * MiB + 512), ("alloc", 6, 8 * MiB)]
+    # alive at the end: the 100 MiB found (less the 8 freed), one logits block, the new 8 MiB
+    end = [92 * MiB, 40 * MiB, 8 * MiB]
+    peak = step_peak(_snapshot(events, end), known)
+    assert peak["before"] == 100 * MiB
+    assert peak["added"] == 85 * MiB + 512              # 40 + 40 + 10 + 3 - 8
+    assert peak["peak"] == peak["before"] + peak["added"]
+    assert peak["live"] == [("float32 logits", 2, 80 * MiB + 512),
+                            ("attention scores", 1, 10 * MiB), ("other", 1, 3 * MiB)]
+    text = peak_sentence("TF32", peak, top=2)
+    assert text.startswith("TF32: 100 MiB allocated before the step")
+    assert "2 x float32 logits (80 MiB)" in text and "attention scores (10 MiB)" in text
+    assert "other" not in text
+    with pytest.raises(ValueError, match="segments"):
+        step_peak({"device_traces": [[]]}, known)
+    with pytest.raises(ValueError, match="no allocation"):
+        step_peak(_snapshot([], []), known)
+
+
+def test_saving_verdict_widens_a_profiled_prediction_by_its_own_spread_only():
+    """A prediction read from three profiled pairs (2.6, 3.0, 3.5 ms) carries their range: the
+    band is 2.6 x (1 - 0.33) to 3.5 x (1 + 0.33); a measured 4.3 ms passes it, where the
+    median's band (at most 3.99 ms) fails; 5 ms fails both; the range must hold the median."""
+    pred = Spread((0.0026, 0.0030, 0.0035))
+    saved = Spread(tuple(0.0043 + 1e-5 * k for k in range(8)))
+    holds, yes, no, _ = saving_verdict(saved, pred.median, 0.33, at_most=False, spread=pred)
+    assert holds is True and "over 3 profiled pairs, 33 % either way" in yes
+    assert saving_verdict(saved, pred.median, 0.33, at_most=False)[0] is False
+    far = Spread(tuple(0.005 + 1e-5 * k for k in range(8)))
+    assert saving_verdict(far, pred.median, 0.33, at_most=False, spread=pred)[0] is False
+    with pytest.raises(ValueError, match="hold predicted"):
+        saving_verdict(saved, 0.004, 0.33, at_most=False, spread=pred)
+    with pytest.raises(ValueError, match="two-sided"):
+        saving_verdict(saved, 0.003, 0.33, at_most=True, at_least=0.001, spread=pred)

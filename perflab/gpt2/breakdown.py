@@ -17,11 +17,13 @@ import torch
 from torch.profiler import ProfilerActivity, profile as _profile
 
 from perflab.core.profiler import trace_events
+from perflab.core.rounds import Spread
 from perflab.core.timing import synchronize
-from perflab.core.validate import number, one_of, positive
+from perflab.core.validate import integer, number, one_of, positive
 from perflab.profiling.trace import summarize_trace
 
-__all__ = ["Timeline", "profile_step", "kernel_kind", "StepBreakdown", "step_breakdown", "weight_matmul_flops",
+__all__ = ["Timeline", "profile_step", "profile_pair", "timeline_spread", "kernel_spread", "kernel_kind",
+           "StepBreakdown", "step_breakdown", "weight_matmul_flops",
            "attention_kernel", "KernelChanges", "kernel_changes"]
 
 
@@ -101,6 +103,71 @@ def profile_step(step, device: torch.device, n: int = 12) -> dict:
     # only the device-side events count each kernel once
     return {"kernels": rows[:n], "device_kernels": _device_rows(prof.events()),
             "timeline": timeline}
+
+
+def profile_pair(before, after, rounds: int, device: torch.device) -> dict:
+    """Profile one call of ``before()`` and of ``after()`` (:func:`profile_step`) in each of
+    ``rounds`` rounds, the order alternating (before, after; after, before; ...), so that the
+    two steps of a round are taken a moment apart and a drift of the clock touches both alike.
+    Returns ``{"before": [profile, ...], "after": [profile, ...]}``, round by round: read them
+    with :func:`timeline_spread` and :func:`kernel_spread`.
+
+    Raises:
+        ValueError: ``rounds`` < 1.
+    """
+    integer("rounds", rounds, 1)
+    steps = {"before": before, "after": after}
+    got: dict[str, list] = {"before": [], "after": []}
+    for k in range(rounds):
+        for side in (("before", "after") if k % 2 == 0 else ("after", "before")):
+            got[side].append(profile_step(steps[side], device))
+    return got
+
+
+def _profiles(profiles: Sequence[dict]) -> list[dict]:
+    profiles = list(profiles)
+    if not profiles:
+        raise ValueError("profiles must hold at least one profile_step result")
+    for p in profiles:
+        if not isinstance(p, dict) or "timeline" not in p or "device_kernels" not in p:
+            raise ValueError(f"profiles must hold profile_step results, got {p!r:.80}")
+    return profiles
+
+
+def timeline_spread(profiles: Sequence[dict], what: str) -> Spread:
+    """One :class:`Timeline` quantity over several profiled steps, a :class:`Spread` (one
+    value per step, in order): ``what`` is ``"idle_s"``, ``"busy_s"``, ``"window_s"`` or
+    ``"kernels"``. Two sides profiled in interleaved rounds subtract round by round
+    (``timeline_spread(before, w) - timeline_spread(after, w)``: the fall, with its spread).
+
+    Raises:
+        ValueError: no profiles, something that is not a :func:`profile_step` result, a
+            profile without a timeline (its trace held no work), or another ``what``.
+    """
+    one_of("what", what, ("idle_s", "busy_s", "window_s", "kernels"))
+    values = []
+    for p in _profiles(profiles):
+        if p["timeline"] is None:
+            raise ValueError("profiles: a profiled step has no timeline (its trace held no work)")
+        values.append(float(getattr(p["timeline"], what)))
+    return Spread(tuple(values))
+
+
+def kernel_spread(profiles: Sequence[dict], *keys: str) -> Spread:
+    """Seconds per profiled step in the device kernels whose name holds any of ``keys``
+    (case-insensitive), over several :func:`profile_step` results: a :class:`Spread`, one
+    value per step.
+
+    Raises:
+        ValueError: no profiles, something that is not a :func:`profile_step` result, or no
+            ``keys``.
+    """
+    if not keys or not all(isinstance(k, str) and k for k in keys):
+        raise ValueError(f"keys must be one or more non-empty strings, got {keys!r}")
+    low = [k.lower() for k in keys]
+    return Spread(tuple(float(sum(t for name, t in p["device_kernels"]
+                                  if any(k in name.lower() for k in low)))
+                        for p in _profiles(profiles)))
 
 
 def _device_rows(events) -> list[tuple[str, float]]:

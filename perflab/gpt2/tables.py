@@ -10,10 +10,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from perflab.core.rounds import Spread
+from perflab.gpt2.breakdown import timeline_spread
+from perflab.memory.snapshots import allocation_timeline, name_allocation, peak_blocks
 from perflab.record.numbers import fmt
 
 __all__ = ["previous", "ladder_table", "saving_table", "noise_half_width", "saving_verdict",
-           "memory_table"]
+           "memory_table", "step_peak", "peak_sentence"]
 
 
 def _md(header: Sequence[str], rows: Sequence[Sequence[str]], right: int = 1) -> str:
@@ -72,6 +74,18 @@ def _change(what: str, fell: float, noise: float) -> str:
     return f"{what} {'fell' if fell > 0 else 'rose'} by {fmt(abs(fell), 's')}"
 
 
+def _change_spread(what: str, fell: Spread) -> str:
+    """``what`` fell or rose by its median over the profiled rounds, with their spread, or was
+    unchanged within the noise when the rounds' spread reaches zero (same sign convention as
+    :func:`_change`)."""
+    spread = f"{fmt(fell.lo, 's', signed=True)} to {fmt(fell.hi, 's', signed=True)}"
+    if fell.lo <= 0 <= fell.hi:
+        return (f"{what} was unchanged within the noise (it fell by "
+                f"{fmt(fell.median, 's', signed=True)}, its profiled steps {spread})")
+    return (f"{what} {'fell' if fell.median > 0 else 'rose'} by "
+            f"{fmt(abs(fell.median), 's')} ({spread}, {fell.kind.replace('round', 'profiled pair')})")
+
+
 def noise_half_width(saved: Spread) -> float:
     """Half the width of the spread that grades a saving, ``(saved.hi - saved.lo) / 2`` (the
     inter-quartile range from :data:`perflab.core.rounds.IQR_FROM` rounds, else min to max):
@@ -108,10 +122,16 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
     ``"fp8"``...; ``"bf16 residual"`` is ``"residual"``, ``"one graph per step"`` ``"step"``,
     ``"CUDA graphs"`` ``"graphs"``). The verdict against the prediction is the page's.
 
+    Where ``paired[name]`` holds ``"profiles"`` (``train_pairs(..., profiles=k)``: the two
+    rungs' steps profiled side by side in ``k`` interleaved rounds), the split is read from
+    them instead, round by round (:func:`perflab.gpt2.breakdown.timeline_spread`): each fall
+    is the median over the rounds, and a fall whose rounds' spread reaches zero is unchanged
+    within the noise; the ladder's ``results`` then need no timeline.
+
     Raises:
-        ValueError: a predicted rung, or the rung before it, was trained without
-            ``profile=True`` (no timeline), the two were timed in different numbers of
-            windows, or ``paired`` lacks a predicted rung.
+        ValueError: a predicted rung, or the rung before it, has no profile (no paired
+            profiles, and trained without ``profile=True``: no timeline), the two were timed
+            in different numbers of windows, or ``paired`` lacks a predicted rung.
     """
     names = list(results)
     rows, out = [], {}
@@ -119,8 +139,9 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
     what = "measured"
     for name, pred in predicted.items():
         before, after = results[previous(names, name)], results[name]
+        profiled = (paired or {}).get(name, {}).get("profiles")
         for r in (before, after):
-            if r.extra.get("timeline") is None:
+            if profiled is None and r.extra.get("timeline") is None:
                 raise ValueError(f"results: rung {r.rung['name']!r} has no profiled timeline; "
                                  f"train it with profile=True (it is {name!r} or the rung before)")
         if paired is not None:
@@ -136,12 +157,21 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
                                  f"{len(wa)} and {len(wb)} windows; time them alike")
             saved = Spread(tuple(b - a for b, a in zip(wb, wa)))
             what = f"measured ({len(wa)} windows)"
-        tb, ta = before.extra["timeline"], after.extra["timeline"]
-        window, busy, gaps = tb.window_s - ta.window_s, tb.busy_s - ta.busy_s, tb.idle_s - ta.idle_s
-        # the statistic that grades the saving, not a looser one
-        noise = noise_half_width(saved)
-        kernels = _change("the kernels' own time", busy, noise)
-        idle = _change("the idle time between them", gaps, noise)
+        if profiled is not None:             # interleaved profiled steps, round by round
+            fell = {w: timeline_spread(profiled["before"], w)
+                    - timeline_spread(profiled["after"], w)
+                    for w in ("window_s", "busy_s", "idle_s")}
+            window, busy, gaps = (fell[w].median for w in ("window_s", "busy_s", "idle_s"))
+            kernels = _change_spread("the kernels' own time", fell["busy_s"])
+            idle = _change_spread("the idle time between them", fell["idle_s"])
+        else:
+            tb, ta = before.extra["timeline"], after.extra["timeline"]
+            window, busy, gaps = (tb.window_s - ta.window_s, tb.busy_s - ta.busy_s,
+                                  tb.idle_s - ta.idle_s)
+            # the statistic that grades the saving, not a looser one
+            noise = noise_half_width(saved)
+            kernels = _change("the kernels' own time", busy, noise)
+            idle = _change("the idle time between them", gaps, noise)
         cause = f"in the profiled steps {kernels} and {idle}"
         out[keys.get(name, name.split()[0].lower())] = (name, saved, cause)
         rows.append([name, fmt(pred, "s"),
@@ -153,8 +183,8 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
 
 
 def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
-                   at_most: bool, at_least: float | None = None
-                   ) -> tuple[bool | None, str, str, str]:
+                   at_most: bool, at_least: float | None = None,
+                   spread: Spread | None = None) -> tuple[bool | None, str, str, str]:
     """How a measured saving (seconds per step, a :class:`Spread`) compares with its prediction,
     in seconds: ``(holds, if_true, if_false, if_undecided)`` for
     :func:`perflab.record.claims.claim`.
@@ -168,10 +198,16 @@ def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
     the band and the spread in seconds; a ratio to the prediction is given only when the whole
     spread is positive (a ratio range that crosses zero says nothing).
 
+    A two-sided prediction read from several profiled steps carries their ``spread`` (a
+    :class:`Spread` of the prediction, one value per profiled pair, ``predicted`` its median):
+    its band is then ``spread.lo x (1 - tolerance)`` to ``spread.hi x (1 + tolerance)``, the
+    prediction's own uncertainty beside the tolerance of its model.
+
     Raises:
         ValueError: a prediction that is not positive, a tolerance outside (0, 1), an
-            ``at_most`` prediction without ``at_least`` (or one outside [0, predicted]), or an
-            ``at_least`` for a two-sided prediction.
+            ``at_most`` prediction without ``at_least`` (or one outside [0, predicted]), an
+            ``at_least`` for a two-sided prediction, or a ``spread`` for an ``at_most`` one,
+            not a Spread, or one that does not hold ``predicted`` between its ends.
     """
     if not predicted > 0:
         raise ValueError(f"predicted must be > 0 seconds, got {predicted}")
@@ -183,17 +219,29 @@ def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
     if not at_most and at_least is not None:
         raise ValueError("at_least is the lower edge of an at_most prediction; a two-sided "
                          "prediction's band is predicted x (1 ± tolerance)")
-    high = predicted * (1 + tolerance)
-    low = (at_least if at_most else predicted) * (1 - tolerance)
+    if spread is not None:
+        if at_most or not isinstance(spread, Spread):
+            raise ValueError("spread must be a Spread, and only for a two-sided prediction")
+        if not spread.lo <= predicted <= spread.hi:
+            raise ValueError(f"spread ({spread.lo} to {spread.hi}) must hold predicted "
+                             f"= {predicted}")
+    high = (spread.hi if spread is not None else predicted) * (1 + tolerance)
+    low = (at_least if at_most else spread.lo if spread is not None
+           else predicted) * (1 - tolerance)
     if saved.lo >= low and saved.hi <= high:
         holds = True
     elif saved.lo > high or saved.hi < low:
         holds = False
     else:
         holds = None
-    band = (f"{fmt(low, 's')} to {fmt(high, 's')}: at least {fmt(at_least, 's')} less "
-            f"{tolerance:.0%}, at most the bound plus {tolerance:.0%}" if at_most else
-            f"{fmt(low, 's')} to {fmt(high, 's')}").replace("%", " %")
+    band = f"{fmt(low, 's')} to {fmt(high, 's')}"
+    if at_most:
+        band += (f": at least {fmt(at_least, 's')} less {tolerance:.0%}, at most the bound "
+                 f"plus {tolerance:.0%}")
+    elif spread is not None:
+        band += (f": the prediction's {fmt(spread.lo, 's')} to {fmt(spread.hi, 's')} over "
+                 f"{spread.n} profiled pairs, {tolerance:.0%} either way")
+    band = band.replace("%", " %")
     spread = f"{fmt(saved.lo, 's')} to {fmt(saved.hi, 's')}"
     if saved.n > 1:
         spread += f", {saved.kind}"
@@ -215,3 +263,47 @@ def memory_table(results: dict) -> str:
         rows.append([name, "-" if r.peak_bytes is None else fmt(r.peak_bytes, "iB"),
                      fmt(r.step_s, "s"), f"{r.losses[-1]:.4f}"])
     return _md(["rung", "peak memory", "step", "loss after the last step"], rows)
+
+
+def step_peak(snapshot: dict, known: dict[str, int], device_index: int = 0) -> dict:
+    """Where one recorded step's memory peaked, from its allocator snapshot
+    (:func:`perflab.memory.snapshots.record_snapshot`, ``train(..., snapshot=...)``).
+
+    ``before`` is what was allocated when recording began (the snapshot's live blocks at its
+    end less the trace's net change: weights, optimizer state, anything the step found),
+    ``added`` the most the step allocated above it (:func:`allocation_timeline`'s highest
+    level), ``peak`` their sum; ``live`` the blocks the step allocated that were alive at that
+    peak (:func:`perflab.memory.snapshots.peak_blocks`), grouped by the tensor of ``known``
+    (``{name: bytes}``) whose size each matches within 1 % (allocator rounding; else
+    ``"other"``): ``[(name, count, bytes)]``, the most bytes first.
+
+    Raises:
+        ValueError: no trace for ``device_index``, an empty trace, or no ``segments``.
+    """
+    segments = snapshot.get("segments")
+    if not isinstance(segments, list):
+        raise ValueError("the snapshot has no segments (not a CUDA memory snapshot)")
+    times, levels = allocation_timeline(snapshot, device_index)
+    if not levels:
+        raise ValueError("the snapshot's trace holds no allocation or free")
+    at_end = sum(b["size"] for seg in segments if seg.get("device", 0) == device_index
+                 for b in seg.get("blocks", []) if b.get("state") == "active_allocated")
+    before = at_end - levels[-1]
+    added = max(max(levels), 0)
+    groups: dict[str, list[int]] = {}
+    for b in peak_blocks(snapshot, times[0], device_index):
+        name = name_allocation(b["size"], known) or "other"
+        g = groups.setdefault(name, [0, 0])
+        g[0], g[1] = g[0] + 1, g[1] + b["size"]
+    live = sorted(((n, c, t) for n, (c, t) in groups.items()), key=lambda g: -g[2])
+    return {"before": before, "added": added, "peak": before + added, "live": live}
+
+
+def peak_sentence(label: str, peak: dict, top: int = 4) -> str:
+    """One clause for a :func:`step_peak`: what the step found allocated, what its peak added,
+    and the largest groups of blocks alive at that peak."""
+    parts = [f"{c} x {n} ({fmt(t, 'iB')})" if c > 1 else f"{n} ({fmt(t, 'iB')})"
+             for n, c, t in peak["live"][:top]]
+    return (f"{label}: {fmt(peak['before'], 'iB')} allocated before the step, its peak "
+            f"{fmt(peak['added'], 'iB')} above that, the largest blocks alive there "
+            + (", ".join(parts) if parts else "none"))

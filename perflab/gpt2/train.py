@@ -33,7 +33,7 @@ from perflab.core.timing import Stopwatch, seconds_per_call
 from perflab.core.validate import integer, positive_int
 from perflab.gpt2.model import GPT
 from perflab.gpt2.steps import make_graphed_step, make_net, make_optimizer, make_step
-from perflab.gpt2.breakdown import profile_step
+from perflab.gpt2.breakdown import profile_pair, profile_step
 from perflab.gpt2.rungs import Rung, RunResult, rung_from_dict
 from perflab.memory.snapshots import record_snapshot, save_snapshot
 
@@ -234,14 +234,8 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         lr: AdamW learning rate (betas 0.9, 0.95, weight decay 0.1 on matrices).
         ddp: a callable wrapping the model for data parallelism (e.g. ``DistributedDataParallel``
             with its arguments bound), or None. With DDP each rank reads its own windows.
-        profile: after the timed steps, profile one more step with ``torch.profiler`` and put
-            its kernels in ``result.extra["kernels"]``: ``[(name, seconds), ...]``, the
-            12 longest rows of the profiler's table (device time on a GPU, where ATen operators
-            and the kernels they launch both appear, so do not sum it; self CPU time on a
-            CPU), and every device kernel in ``result.extra["device_kernels"]`` (GPU: the
-            device-side events only, each kernel counted once, for :func:`step_breakdown`;
-            CPU: every operator's self CPU time), and the step's busy time and idle gaps in
-            ``result.extra["timeline"]`` (a :class:`Timeline`, or None).
+        profile: after the timed steps, profile one more step and put what
+            :func:`perflab.gpt2.breakdown.profile_step` returns in ``result.extra``.
         snapshot: a file to write a CUDA memory snapshot of one more step to
             (``torch.cuda.memory._dump_snapshot``, for https://pytorch.org/memory_viz); ignored
             on a CPU (``result.extra["snapshot"]`` is None there).
@@ -460,7 +454,7 @@ def train_rounds(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device
 
 def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device | str,
                 rounds: int = 5, steps: int = 3, warmup: int = 2, seed: int = 0,
-                lr: float = 3e-4) -> dict[str, dict[str, Any]]:
+                lr: float = 3e-4, profiles: int = 0) -> dict[str, dict[str, Any]]:
     """Time every rung against the rung before it, the two side by side in interleaved rounds.
 
     A saving of a few per cent between two rungs timed one after the other is lost in the drift
@@ -480,17 +474,21 @@ def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device 
         steps: optimizer steps of each rung per round, one synchronization per round (>= 1).
         warmup: untimed steps of each rung when it is built (>= 0).
         seed, lr: as for :func:`train`.
+        profiles: after a pair's timed rounds, profile its two rungs' steps in this many
+            interleaved rounds (:func:`~perflab.gpt2.breakdown.profile_pair`; 0: none).
 
     Returns:
         ``{name: {"before": Spread, "after": Spread, "saved": Spread}}`` for every rung but
         the first: the seconds per step of the rung before and of this one, round by round in
         the same rounds, and their difference (before minus after: the saving per step).
+        With ``profiles``, ``"profiles"`` too: :func:`~perflab.gpt2.breakdown.profile_pair`'s.
 
     Raises:
         ValueError: fewer than two rungs, repeated names, ``rounds`` or ``steps`` < 1,
             ``warmup`` < 0, or token ids outside a rung's vocabulary.
     """
     rungs = _check_rungs(rungs, 2, rounds, steps, warmup)
+    integer("profiles", profiles, 0)
     device = torch.device(device)
     torch.compiler.reset()
 
@@ -512,6 +510,8 @@ def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device 
         pair = interleaved({"before": timed(before), "after": timed(after)}, rounds=rounds,
                            warmup=1)
         out[r.name] = {**pair, "saved": pair["before"] - pair["after"]}
+        if profiles:
+            out[r.name]["profiles"] = profile_pair(before.one_step, after.one_step, profiles, device)
         del before
         if device.type == "cuda":
             gc.collect()
