@@ -72,6 +72,19 @@ def overlap_from_trace(trace: dict) -> dict:
             "span_s": max(comm_end, compute_end), "comm": c, "compute": k}
 
 
+def _ranges(trace: dict, prefix: str) -> list[dict]:
+    """The complete events (``ph`` "X", with a ``ts``) of a Chrome trace whose name starts
+    with ``prefix``; raises ValueError for a trace without a ``traceEvents`` list or an empty
+    ``prefix``."""
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        raise ValueError("trace must be a Chrome trace dict with a 'traceEvents' list")
+    if not prefix:
+        raise ValueError("prefix must be a non-empty string")
+    return [e for e in events if isinstance(e, dict) and "ts" in e and e.get("ph", "X") == "X"
+            and str(e.get("name", "")).startswith(prefix)]
+
+
 def ranges_from_trace(trace: dict, prefix: str) -> dict:
     """The time a step spent inside the ranges (``record_function`` events) whose name starts
     with ``prefix``, in one Chrome trace: FSDP2's hooks (``"FSDP::"``: the all-gathers, their
@@ -90,13 +103,7 @@ def ranges_from_trace(trace: dict, prefix: str) -> dict:
     Raises:
         ValueError: ``trace`` has no ``traceEvents`` list, or an empty ``prefix``.
     """
-    events = trace.get("traceEvents") if isinstance(trace, dict) else None
-    if not isinstance(events, list):
-        raise ValueError("trace must be a Chrome trace dict with a 'traceEvents' list")
-    if not prefix:
-        raise ValueError("prefix must be a non-empty string")
-    hits = [e for e in events if isinstance(e, dict) and "ts" in e and "dur" in e
-            and str(e.get("name", "")).startswith(prefix) and e.get("ph", "X") == "X"]
+    hits = [e for e in _ranges(trace, prefix) if "dur" in e]
     by_name: dict[str, dict] = {}
     for e in hits:
         name = str(e["name"]).split(" (", 1)[0]
@@ -116,15 +123,9 @@ def collective_starts(trace: dict, prefix: str = "gloo:") -> list[tuple[str, flo
     Raises:
         ValueError: ``trace`` has no ``traceEvents`` list, or an empty ``prefix``.
     """
-    events = trace.get("traceEvents") if isinstance(trace, dict) else None
-    if not isinstance(events, list):
-        raise ValueError("trace must be a Chrome trace dict with a 'traceEvents' list")
-    if not prefix:
-        raise ValueError("prefix must be a non-empty string")
     base = float(trace.get("baseTimeNanoseconds", 0)) * 1e-9
-    hits = [(str(e["name"]), base + float(e["ts"]) * 1e-6) for e in events
-            if isinstance(e, dict) and "ts" in e and e.get("ph", "X") == "X"
-            and str(e.get("name", "")).startswith(prefix)]
+    hits = [(str(e["name"]), base + float(e["ts"]) * 1e-6)
+            for e in _ranges(trace, prefix)]
     return sorted(hits, key=lambda h: h[1])
 
 
