@@ -253,21 +253,27 @@ def test_a_python_without_jupytext_is_told_which_environment_to_use(tmp_path):
     assert "jupytext is not installed" in r.stderr and ".venv" in r.stderr
 
 
-def test_reference_run_sh_keeps_its_log_when_stopped_at_a_time_limit(tmp_path):
-    """A run killed by `timeout` still leaves every line it printed in $OUT/reference_run.log."""
+def _script_with_fake_python(tmp_path, body):
+    """reference_run.sh copied into a clone of its own (a developer's .whl/ folder, wheels for
+    the GPU machine, would otherwise make the script install them first), a fake python3 that
+    passes the preflight's imports and then runs the shell ``body``, and an empty $OUT:
+    ``(script, out, env)``."""
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "python3").write_text("#!/bin/sh\n[ \"$1\" = -c ] && exit 0   # the preflight's imports\n"
-                                  "for i in $(seq 1 200); do echo \"line $i\"; sleep 0.05; done\n")
+    (fake / "python3").write_text("#!/bin/sh\n[ \"$1\" = -c ] && exit 0   # the preflight\n" + body)
     (fake / "python3").chmod(0o755)
     out = tmp_path / "out"
     out.mkdir()
-    # a copy of the script in a clone of its own: a developer's .whl/ folder (wheels for the GPU
-    # machine) would otherwise make the script install them first
     (tmp_path / "clone" / "scripts").mkdir(parents=True)
     script = tmp_path / "clone" / "scripts" / "reference_run.sh"
     script.write_text((ROOT / "scripts" / "reference_run.sh").read_text())
-    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out)}
+    return script, out, {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out)}
+
+
+def test_reference_run_sh_keeps_its_log_when_stopped_at_a_time_limit(tmp_path):
+    """A run killed by `timeout` still leaves every line it printed in $OUT/reference_run.log."""
+    script, out, env = _script_with_fake_python(
+        tmp_path, "for i in $(seq 1 200); do echo \"line $i\"; sleep 0.05; done\n")
     r = subprocess.run(["timeout", "-s", "TERM", "2", "bash", str(script)],
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 124
@@ -279,20 +285,11 @@ def test_reference_run_sh_twice_in_one_call_keeps_both_archives_and_logs(tmp_pat
     """Two invocations in one device call share $OUT (the chapters, then some labs): the second
     writes executed-2.tgz and reference_run-2.log beside the first's, never over them (on 6
     December the labs' archive replaced the chapters', and five executed chapters were lost)."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
     # the fake execute.py "packs" by writing the pages it was given to the --pack path
-    (fake / "python3").write_text(
-        "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\n"
+    script, out, env = _script_with_fake_python(
+        tmp_path,
         "shift; while [ $# -gt 0 ]; do case $1 in --pack) shift; out=$1;; *) pages=\"$pages $1\";;"
         " esac; shift; done\necho \"ran$pages\"; echo \"$pages\" > \"$out\"\n")
-    (fake / "python3").chmod(0o755)
-    out = tmp_path / "out"
-    out.mkdir()
-    (tmp_path / "clone" / "scripts").mkdir(parents=True)
-    script = tmp_path / "clone" / "scripts" / "reference_run.sh"
-    script.write_text((ROOT / "scripts" / "reference_run.sh").read_text())
-    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out)}
     for page in ("book/a.md", "labs/b.md"):
         r = subprocess.run(["bash", str(script), page], capture_output=True, text=True,
                            timeout=60, env=env)
