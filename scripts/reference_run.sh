@@ -94,6 +94,40 @@ PY
     exit 2
   fi
 fi
+# A page that reads other pages' notebooks (front matter `perflab: reads: [...]`: the roofline
+# explorer draws chapter 1's roofs) must run after them in the same run: either they are in
+# this invocation's list before it, or the tree already holds this run's notebooks of them. On
+# 6 December the explorer ran in the second call and chapter 1 in the fourth, and the explorer
+# drew the previous run's chapter 1 (stale by order). PERFLAB_READS_ANY_RUN=1 runs it anyway.
+readers=no
+for a in "$@"; do grep -qs '^  reads:' "${a%.md}.md" && readers=yes; done
+if [ -n "${PERFLAB_RUN_ID:-}" ] && [ -z "${PERFLAB_READS_ANY_RUN:-}" ] && [ $readers = yes ]; then
+  if ! python3 - "$PERFLAB_RUN_ID" "$@" <<'PY'
+import json, sys
+from pathlib import Path
+import yaml
+run, pages, before = sys.argv[1], sys.argv[2:], set()
+for arg in pages:
+    src = Path(arg if arg.endswith(".md") else arg + ".md")
+    text = src.read_text() if src.exists() else ""
+    meta = yaml.safe_load(text.split("\n---", 1)[0][3:]) if text.startswith("---") else {}
+    reads = ((meta or {}).get("perflab") or {}).get("reads") or []
+    for name in reads:
+        other = src.parent / f"{name}.ipynb"
+        ref = (json.loads(other.read_text()).get("metadata", {}).get("reference_run") or {}
+               if other.exists() else {})
+        if (src.parent / name).as_posix() not in before and \
+                (ref.get("ceilings") or {}).get("run") != run:
+            print(f"reference_run.sh: {src} reads {other}, which is not from run {run} and "
+                  "does not run before it in this call: run it first (in this call or an "
+                  "earlier call of the run), then this page.", file=sys.stderr)
+            sys.exit(1)
+    before.add(src.with_suffix("").as_posix())
+PY
+  then
+    exit 2
+  fi
+fi
 # The run's tree goes to $keep after the ceilings and after each notebook (execute.py --keep),
 # not at the end of this script: a call stopped at its time limit never reaches the end (on 6
 # December that lost the first call's ceilings, and the next call measured them again).

@@ -635,3 +635,48 @@ def test_a_page_that_reads_another_goes_stale_when_that_page_is_run_after_it(tmp
     b.write_text(b.read_text().replace("reads: [a]", "reads: a"))
     with pytest.raises(ValueError, match="perflab: reads"):
         runs.reads(b)
+
+
+def _reader_clone(tmp_path, chapter_run):
+    """A clone with a page that reads another's notebook (book/x.md reads y) and y's notebook
+    from run ``chapter_run``; the real python3 (the guard needs yaml), a fake execute.py."""
+    clone = tmp_path / "clone"
+    (clone / "scripts").mkdir(parents=True)
+    (clone / "book").mkdir()
+    (clone / "scripts" / "reference_run.sh").write_text(
+        (ROOT / "scripts" / "reference_run.sh").read_text())
+    (clone / "scripts" / "execute.py").write_text("import sys; print('ran', *sys.argv[1:])\n")
+    (clone / "book" / "x.md").write_text("---\nperflab:\n  gpus: 1\n  reads: [y]\n---\n# x\n")
+    (clone / "book" / "y.md").write_text("---\nperflab:\n  gpus: 1\n---\n# y\n")
+    (clone / "book" / "y.ipynb").write_text(json.dumps(
+        {"metadata": {"reference_run": {"ceilings": {"run": chapter_run}}}}))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    (fake / "python3").chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "OUT": str(out), "PERFLAB_RUN_ID": "run-b",
+           "PERFLAB_RUN_COPIES": str(tmp_path / "keep")}
+    return clone, env
+
+
+def test_reference_run_sh_refuses_a_page_before_the_pages_it_reads(tmp_path):
+    """On 6 December the roofline explorer ran two calls before chapter 1, whose notebook it
+    draws, and came back stale by order: the script refuses such a page unless the page it
+    reads runs first in the same call or is already this run's."""
+    clone, env = _reader_clone(tmp_path, chapter_run="run-a")
+    sh = ["bash", "scripts/reference_run.sh"]
+    r = subprocess.run(sh + ["book/x.md"], cwd=clone, capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 2 and "book/y.ipynb" in r.stderr and "run-b" in r.stderr
+    r = subprocess.run(sh + ["book/y.md", "book/x.md"], cwd=clone, capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert "reads" not in r.stderr, r.stderr
+
+
+def test_reference_run_sh_runs_a_reader_whose_inputs_are_this_runs(tmp_path):
+    clone, env = _reader_clone(tmp_path, chapter_run="run-b")
+    r = subprocess.run(["bash", "scripts/reference_run.sh", "book/x"], cwd=clone,
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert "reads" not in r.stderr, r.stderr
