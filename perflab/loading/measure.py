@@ -162,7 +162,7 @@ def parallel_decode(files: Sequence[str | os.PathLike], processes: int,
     ctx = multiprocessing.get_context(method)
     with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
         list(pool.map(_ready, range(4 * processes)))           # every process up
-        t_go = timestamp() + 0.2 + 0.02 * processes            # after every warm-up
+        t_go = timestamp() + 0.1 + 0.01 * processes            # after every warm-up
         shares = [(list(files[k::processes]), side, t_go) for k in range(processes)]
         done = list(pool.map(_decode_share, shares))
     return {"images_per_s": sum(n / t for t, n, _ in done),
