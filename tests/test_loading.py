@@ -456,14 +456,27 @@ def test_parallel_decode_rate_counts_every_image(files):
 
 
 def _share_of_known_time(args):
-    files, _, _ = args                # 5 images in 1 s, 4 images in 2 s
-    return (1.0 if len(files) == 5 else 2.0), len(files)
+    files, _, _ = args   # 5 images in 1 s (0.5 s CPU), 4 images in 2 s (1.3 s CPU)
+    return (1.0, 5, 0.5) if len(files) == 5 else (2.0, 4, 1.3)
 
 
 def test_parallel_decode_rate_sums_the_processes_own_rates(files, monkeypatch):
     # the slowest process's time would give 9 / 2 = 4.5 images/s
     monkeypatch.setattr(measure, "_decode_share", _share_of_known_time)
     assert measure.parallel_decode_rate(files[:9], 2) == pytest.approx(5 + 2)
+
+
+def test_parallel_decode_reports_cpu_per_image_of_all_processes(files, monkeypatch):
+    # CPU, not wall time: (0.5 + 1.3) s over 9 images, not (1 + 2) / 9 or a mean of rates
+    monkeypatch.setattr(measure, "_decode_share", _share_of_known_time)
+    r = measure.parallel_decode(files[:9], 2)
+    assert r["images_per_s"] == pytest.approx(7)
+    assert r["cpu_s_per_image"] == pytest.approx(1.8 / 9)
+
+
+def test_a_bare_process_reports_the_cpu_time_of_its_timed_share(files):
+    r = measure.parallel_decode(files[:8], 1, side=32)
+    assert 0 < r["cpu_s_per_image"] < 1 / r["images_per_s"] * 1.5 + 0.01
 
 
 def test_a_bare_process_decodes_one_of_its_files_before_its_clock(monkeypatch):
@@ -482,7 +495,8 @@ def test_a_bare_process_decodes_one_of_its_files_before_its_clock(monkeypatch):
     monkeypatch.setattr(measure, "Stopwatch", Clock)
     monkeypatch.setattr(measure, "decode_resized",
                         lambda f, side: events.append(f))
-    assert measure._decode_share((["a", "b", "c"], 32, 0.0)) == (1.0, 3)
+    seconds, n, cpu = measure._decode_share((["a", "b", "c"], 32, 0.0))
+    assert (seconds, n) == (1.0, 3) and cpu >= 0
     assert events == ["a", "clock", "a", "b", "c", "stop"]
 
 

@@ -44,7 +44,8 @@ try:  # Unix only: the CPU time of finished loader workers (None on Windows)
 except ImportError:
     resource = None
 
-__all__ = ["read_rate", "memmap_copy_rate", "parallel_decode_rate", "loader_rate", "raw_read_rate",
+__all__ = ["read_rate", "memmap_copy_rate", "parallel_decode_rate", "parallel_decode",
+           "loader_rate", "raw_read_rate",
            "kernel_seconds", "cpu_rate", "gpu_rate", "gpu_decode_profile", "small_cnn",
            "small_cnn_flops", "worker_memory_growth"]
 
@@ -110,15 +111,16 @@ def memmap_copy_rate(dataset: MemmapImages, n: int | None = None, batch: int = 6
     return n / sw.seconds
 
 
-def _decode_share(args: tuple) -> tuple[float, int]:
+def _decode_share(args: tuple) -> tuple[float, int, float]:
     files, side, t_go = args
     decode_resized(files[0], side)            # warm: this process's first decode, untimed
     while timestamp() < t_go:                 # every process starts at the same moment
         time.sleep(0.0005)
+    cpu0 = time.process_time()
     with Stopwatch() as sw:
         for f in files:
             decode_resized(f, side)
-    return sw.seconds, len(files)
+    return sw.seconds, len(files), time.process_time() - cpu0
 
 
 def _ready(_: int) -> int:
@@ -127,6 +129,12 @@ def _ready(_: int) -> int:
 
 def parallel_decode_rate(files: Sequence[str | os.PathLike], processes: int,
                          side: int = 144) -> float:
+    """Images/s of :func:`parallel_decode` (see there): the ``"images_per_s"`` of one call."""
+    return parallel_decode(files, processes, side)["images_per_s"]
+
+
+def parallel_decode(files: Sequence[str | os.PathLike], processes: int,
+                    side: int = 144) -> dict:
     """Images/s of ``processes`` plain processes, each decoding its own share of ``files`` with
     :func:`decode_resized` (what :class:`JpegFolder` does per item) and keeping nothing: no
     DataLoader, no batches sent anywhere. This is the machine's own scaling with cores (clock
@@ -139,6 +147,11 @@ def parallel_decode_rate(files: Sequence[str | os.PathLike], processes: int,
     the slowest one's start or straggling. One call is one sample: call it in
     :func:`perflab.core.rounds.interleaved` rounds for a spread.
 
+    Returns ``{"images_per_s", "cpu_s_per_image"}``: the rate, and the CPU seconds (user +
+    system, ``time.process_time`` in each process over its timed share) per image, all the
+    processes together: what a decode costs a core, to set beside a loader worker's CPU per
+    image (:func:`loader_rate`'s ``worker_window_cpu_s``).
+
     Raises:
         ValueError: ``processes`` not a positive int, or fewer ``files`` than ``processes``.
     """
@@ -149,10 +162,11 @@ def parallel_decode_rate(files: Sequence[str | os.PathLike], processes: int,
     ctx = multiprocessing.get_context(method)
     with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
         list(pool.map(_ready, range(4 * processes)))           # every process up
-        t_go = timestamp() + 0.2 + 0.02 * processes            # after every warm-up
+        t_go = timestamp() + 0.1 + 0.01 * processes            # after every warm-up
         shares = [(list(files[k::processes]), side, t_go) for k in range(processes)]
         done = list(pool.map(_decode_share, shares))
-    return sum(n / t for t, n in done)
+    return {"images_per_s": sum(n / t for t, n, _ in done),
+            "cpu_s_per_image": sum(c for _, _, c in done) / sum(n for _, n, _ in done)}
 
 
 def _proc_cpu_s(pid: int) -> float | None:
