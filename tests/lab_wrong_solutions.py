@@ -361,6 +361,17 @@ WRONG = {
         # the two coefficients swapped: a fast kernel of the wrong formula
         ("ex1-solution", "return torch.ops.perflab_ext.axpby(x, a, y, b)",
          "return torch.ops.perflab_ext.axpby(x, b, y, a)", r"result differs"),
+        # the student review's C++ without .contiguous(): x's memory read as if contiguous,
+        # right on the contiguous trial, wrong on a view of every other element
+        ("ex1-solution", "return torch.ops.perflab_ext.axpby(x, a, y, b)",
+         "return torch.ops.perflab_ext.axpby(\n"
+         "            torch.as_strided(x, (x.numel(),), (1,)), a, y, b)",
+         r"non-contiguous x"),
+        # the registered operator reads x as if contiguous: opcheck's trials agree with
+        # themselves, the values on a strided x do not
+        ("ex2-solution", "    return fused_axpby(x, a, y, b)",
+         "    return fused_axpby(torch.as_strided(x, (x.numel(),), (1,)), a, y, b)",
+         r"non-contiguous x"),
         # no backward registered: autograd cannot differentiate the operator
         ("ex2-solution", "registered_axpby.register_autograd(_backward, setup_context=_setup)", "", r"."),
         # the two derivatives swapped

@@ -85,6 +85,16 @@ def test_fused_check_counts_operators_before_it_times():
         lab09.check_fused_speedup(lambda x, a, y, b: a * x + b * y, "cpu", 1024)
 
 
+def test_fused_check_rejects_a_kernel_that_reads_a_view_as_contiguous():
+    """The student review: a C++ loop without .contiguous() passed on one contiguous pair; on
+    a view of every other element it reads other elements, and the check must say so."""
+    def flat(x, a, y, b):
+        return torch.as_strided(x, (x.numel(),), (1,)) * a + y * b
+
+    with pytest.raises(ExerciseFailed, match="non-contiguous x"):
+        lab09.check_fused_speedup(flat, "cpu", 1024)
+
+
 def test_precision_choice_on_measured_cpu_numbers():
     """Measured losses (timings given): pure bf16, the fastest, drifts away and is refused."""
     torch.manual_seed(0)

@@ -124,7 +124,7 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
         assert yours["peak reduction (ch.: 64-seq. ladder)"][2] == 5.0
         # the memory row's notebook is named with its own run
         assert "run of abc1234 started 2026-12-05" in capsys.readouterr().out
-        assert 0.5 < yours["MFU of the fastest rung, own ceiling"][2] < 0.8
+        assert 0.5 < yours["MFU, fastest rung (ch.: headline), own ceiling"][2] < 0.8
     else:
-        assert ns["theirs"] == [] and yours["tokens/s, fastest rung (ch.: its own)"][2] is None
+        assert ns["theirs"] == [] and yours["tokens/s, fastest rung (ch.: its headline)"][2] is None
     plt.close("all")

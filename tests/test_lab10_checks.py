@@ -176,9 +176,22 @@ def test_memory_cut_check():
                                steps=1)
     with pytest.raises(ValueError, match="max_ratio"):
         lab10.check_memory_cut(b, b, t, "cpu", 1.5)
+    with pytest.raises(ValueError, match="grad_rtol"):
+        lab10.check_memory_cut(b, b, t, "cpu", 0.5, grad_rtol=0)
     lean = b.then("lean", batch=2, accum=4, checkpoint=True)
     got = lab10.check_memory_cut(b, lean, t, "cpu", 0.6, steps=1)
     assert got["ratio"] < 0.6 and got["worst"] < 1e-4 and "estimated" in got["what"]
+    assert got["grad_gap"] < 1e-4                  # the same gradient up to rounding
+
+
+def test_memory_cut_check_rejects_other_arithmetic():
+    # FP8 products save memory and keep the first steps' losses within 1e-5 (AdamW's first
+    # updates are about lr whatever the gradient), but its gradient is ~3 % off: the loss
+    # branch alone passed it; the gradient branch must not
+    b = base()
+    wrong = b.then("fp8", fp8=True)
+    with pytest.raises(ExerciseFailed, match="first gradient differs"):
+        lab10.check_memory_cut(b, wrong, tokens(), "cpu", 0.99, steps=1)
 
 
 def test_reference_ladder_reads_every_glued_form():

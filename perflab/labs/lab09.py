@@ -116,6 +116,7 @@ def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: flo
         if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
             raise ExerciseFailed(f"✗ Exercise {exercise}: your operator's result differs from "
                                  "1.5 * x - 0.25 * y.")
+        _check_strided(fused, dev, g, f"Exercise {exercise}: your operator's result")
         launches = kernels_per_call(fused, x, 1.5, y, -0.25, calls=2)
         if (launches != 1) if dev.type == "cuda" else (launches > 1):
             what = "device kernels" if dev.type == "cuda" else "ATen operators"
@@ -139,6 +140,28 @@ def check_fused_speedup(fused: Callable | None, device, numel: int, minimum: flo
     print(f"✓ Exercise {exercise}: correct, and {ratio:.2f}x as fast as eager a*x + b*y.")
     return ratio
 
+def _strided_pair(dev: torch.device, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` a strided view (every other element of a buffer, ``t[:, 0]``: not contiguous, with
+    gaps) and ``y`` contiguous, 4,099 float32 elements each (not a multiple of a block)."""
+    return (torch.randn(4099, 2, generator=g).to(dev)[:, 0],
+            torch.randn(4099, generator=g).to(dev))
+
+
+def _check_strided(fn: Callable, dev: torch.device, g: torch.Generator, what: str) -> None:
+    """Fail unless ``fn(x, 1.5, y, -0.25)`` equals eager's on a non-contiguous ``x``: a kernel
+    that reads a tensor's memory as if it were contiguous gets other elements there."""
+    x, y = _strided_pair(dev, g)
+    with torch.no_grad():
+        got = as_tensor(what, fn(x, 1.5, y, -0.25))
+    want = axpby_eager(x, 1.5, y, -0.25)
+    if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
+        raise ExerciseFailed(f"✗ {what.split(':')[0]}: on a non-contiguous x (a view of every "
+                             "other element, t[:, 0]) the result differs from 1.5 * x - 0.25 * "
+                             "y: a kernel that indexes a tensor's memory as if it were "
+                             "contiguous reads other elements. Call .contiguous() on the inputs "
+                             "first (or index with the strides).")
+
+
 def check_registered(op: Callable | None, device, exercise: int = 2) -> bool:
     """Lab check: ``op(x, a, y, b)`` is a registered operator that compile and autograd accept.
 
@@ -160,11 +183,18 @@ def check_registered(op: Callable | None, device, exercise: int = 2) -> bool:
     dev = torch.device(device)
     x = torch.randn(32, device=dev, requires_grad=True)
     y = torch.randn(32, device=dev, requires_grad=True)
+    xs, ys = _strided_pair(dev, torch.Generator().manual_seed(1))
     try:
         torch.library.opcheck(overload, (x, 2.0, y, -0.5))
+        torch.library.opcheck(overload, (xs, 2.0, ys, -0.5))   # a non-contiguous x
     except Exception as err:  # opcheck's failure is the answer being wrong: report it
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ExerciseFailed(f"✗ Exercise {exercise}: torch.library.opcheck failed: {first}") from None
+        hint = (" (the backward returns one value per input, None for each float: "
+                "(a * grad, None, b * grad, None))" if "number of gradients" in first else "")
+        raise ExerciseFailed(f"✗ Exercise {exercise}: torch.library.opcheck failed: "
+                             f"{first}{hint}") from None
+    _check_strided(lambda *a: op(*a), dev, torch.Generator().manual_seed(2),
+                   f"Exercise {exercise}: your operator's result")
     g = torch.randn(32, device=dev)
     op(x, 2.0, y, -0.5).backward(g)
     if x.grad is None or y.grad is None or not torch.allclose(x.grad, 2.0 * g) or \

@@ -36,7 +36,7 @@ import torch
 from perflab.core.validate import number, positive_int
 from perflab.gpt2.model import GPT, PADDED_VOCAB, GPTConfig, config
 from perflab.gpt2.rungs import RunResult, Rung
-from perflab.gpt2.steps import Forward
+from perflab.gpt2.steps import Forward, make_net, make_step
 from perflab.gpt2.train import batches, train
 from perflab.record.numbers import fmt_small
 from perflab.labs.exercises import ExerciseFailed, NotPlain, as_float, plain, record, require
@@ -376,26 +376,59 @@ def _peak(result: RunResult, rung: Rung, tokens, device) -> tuple[int, str]:
         "estimated peak (static + saved for backward; a CPU has no allocator peak)"
 
 
+class _KeepGradient:
+    """Stands in for the optimizer in ``make_step``: ``step()`` keeps the gradient."""
+
+    def __init__(self, model):
+        self.model, self.grad = model, None
+
+    def step(self):
+        self.grad = torch.cat([p.grad.float().flatten().cpu()
+                               for p in self.model.parameters() if p.grad is not None])
+
+    def zero_grad(self, set_to_none=True):
+        self.model.zero_grad(set_to_none=set_to_none)
+
+
+def _first_gradient(rung: Rung, tokens: np.ndarray, device: torch.device) -> torch.Tensor:
+    """The gradient of ``rung``'s first step, from the weights :func:`train` starts from (seed 0)
+    and its first batch, flattened on the CPU: the optimizer only keeps it."""
+    torch.manual_seed(0)
+    with device:
+        model = GPT(rung.config())
+    keep = _KeepGradient(model)
+    make_step(make_net(model, rung), keep, rung, batches(tokens, rung.batch, rung.seq_len),
+              device)()
+    del model
+    return keep.grad
+
+
 def check_memory_cut(base: Rung, lean: Rung | None, tokens: np.ndarray, device,
                      max_ratio: float, steps: int = 3, warmup: int = 1,
-                     rtol: float = 0.01) -> dict[str, Any]:
+                     rtol: float = 0.01, grad_rtol: float = 0.01) -> dict[str, Any]:
     """Check a leaner rung: same training (global batch, model, tokens, losses), lower peak.
 
     Trains ``base`` and ``lean`` for ``warmup + steps`` steps each on the same tokens; passes when
     ``lean`` trains the same model at the same sequence length and global batch (``batch x
-    accum``), in the same precision, every step's loss agrees within ``rtol`` (relative), and
+    accum``), in the same precision, every step's loss agrees within ``rtol`` (relative), the
+    first step's gradient agrees within ``grad_rtol`` (the norm of the difference over the
+    baseline's: AdamW's first updates are about ``lr`` whatever the gradient, so a few steps'
+    losses miss a change of the arithmetic, such as FP8 products, that the gradient shows), and
     its peak is at most ``max_ratio`` times the baseline's. The peak is
     ``RunResult.peak_bytes`` on a GPU and :func:`peak_estimate` on a CPU. Returns a dict:
     ``ratio``, ``base_peak``, ``lean_peak``, ``what`` (which peak), ``worst`` (the largest
-    relative loss difference), ``base``/``lean`` (the RunResults).
+    relative loss difference), ``grad_gap`` (the gradients' relative difference),
+    ``base``/``lean`` (the RunResults).
 
     Raises:
         ExerciseFailed: ``lean`` missing (exercise 4 not done), not a Rung, another model,
             sequence length, global batch or precision, losses that differ, or too high a peak.
-        ValueError: ``max_ratio`` not in (0, 1].
+        ValueError: ``max_ratio`` not in (0, 1], ``rtol`` or ``grad_rtol`` not positive.
     """
     require(4, lean_rung=lean)
     number("max_ratio", max_ratio, above=0, maximum=1)
+    number("rtol", rtol, above=0)
+    number("grad_rtol", grad_rtol, above=0)
     if type(lean) is not Rung:
         raise ExerciseFailed(f"✗ your lean rung: expected a perflab.gpt2.rungs.Rung "
                              f"(base.then(...)), got {type(lean).__name__}.")
@@ -416,13 +449,23 @@ def check_memory_cut(base: Rung, lean: Rung | None, tokens: np.ndarray, device,
     bp, what = _peak(b, base, tokens, device)
     mp, _ = _peak(m, lean, tokens, device)
     ratio = mp / bp
+    device = torch.device(device)
+    g0 = _first_gradient(base, tokens, device)
+    grad_gap = float((_first_gradient(lean, tokens, device) - g0).norm() / g0.norm())
+    del g0
     record("peak ratio", ratio)
     record("loss difference", worst)
+    record("gradient difference", grad_gap)
     out = {"ratio": ratio, "base_peak": bp, "lean_peak": mp, "what": what, "worst": worst,
-           "base": b, "lean": m}
+           "grad_gap": grad_gap, "base": b, "lean": m}
     if worst > rtol:
         raise ExerciseFailed(f"✗ your lean rung's losses differ from the baseline's by up to "
                              f"{worst:.2%} (tolerance {rtol:.0%}): it trains differently.")
+    if not grad_gap <= grad_rtol:
+        raise ExerciseFailed(f"✗ your lean rung's first gradient differs from the baseline's by "
+                             f"{grad_gap:.2%} of its norm (tolerance {grad_rtol:.0%}): it "
+                             f"computes another gradient, so it trains differently, although "
+                             f"the first steps' losses agree.")
     if ratio > max_ratio:
         raise ExerciseFailed(f"✗ your lean rung's {what.split(' (')[0]} is {ratio:.2f}x the "
                              f"baseline's ({mp / 2**20:,.1f} MiB against {bp / 2**20:,.1f} "
