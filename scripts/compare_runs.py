@@ -9,12 +9,14 @@ A and B are run records (``runs/*.json``, written by ``--record``) or folders ho
 verdicts the runs agree on, every verdict that changed (within / outside / undecided, true /
 false, an expectation) with what bounds it, and the numbers that moved by more than
 ``--moved``; then the pages present in only one run. A changed verdict is a **defect** unless its
-claim is declared host-bound (see :mod:`perflab.record.verdicts`), or the page's two runs differ
-in device or in source (the page's code or a perflab module it imports): then its changes are
-listed but not counted. A glued text that is no claim (a cause sentence, a formatted list) and
+claim is declared host-bound with a prediction that does not come from the run's own host
+measurements (see :mod:`perflab.record.verdicts`: a host-bound claim whose page declared its
+prediction built from the same host's parts counts), or the page's two runs differ in device or
+in source (the page's code or a perflab module it imports): then its changes are listed but not
+counted. A glued text that is no claim (a cause sentence, a formatted list) and
 whose words changed, numbers and units masked, is listed as a changed text, not counted.
 
-Exit status: 0 when no verdict changed except declared host-bound ones, 1 when one did (a
+Exit status: 0 when no verdict changed except exempt host-bound ones, 1 when one did (a
 defect of the page: its measurement needs rounds), 2 for bad arguments or unreadable input.
 """
 
@@ -70,7 +72,7 @@ def _gap(record: dict) -> float | None:
 
 def report(a, b, moved: float, edge: float = 0.03) -> int:
     pages, only_a, only_b = verdicts.compare(a, b, moved)
-    defects = host = apart = 0
+    defects = host = apart = same = 0
     for p in pages:
         print(f"\n{p.page}: {p.agreeing} of {p.verdicts} verdicts agree; "
               f"{len(p.moved)} of {p.numbers} numbers moved > {moved:.0%}")
@@ -81,12 +83,14 @@ def report(a, b, moved: float, edge: float = 0.03) -> int:
             print(f"   {key:44s} {xa:>12.5g} -> {xb:<12.5g} x{xb / xa:.3f}")
         for c in p.changes:
             tag = "host-bound" if not c.defect else "runs differ" if p.not_comparable else (
+                "DEFECT (host-bound, predicted from the same host)" if c.same_host else
                 "DEFECT" if c.bound else "DEFECT (bound not declared)")
             vals = (f" (measured {c.values[0]:.4g} -> {c.values[1]:.4g})"
                     if c.values and None not in c.values else "")
             print(f"   CHANGED [{tag}] {c.name}{vals}:\n      A: {_short(c.a)}\n"
                   f"      B: {_short(c.b)}")
             defects += c.defect and not p.not_comparable
+            same += c.same_host and not p.not_comparable
             host += not c.defect
             apart += c.defect and bool(p.not_comparable)
         for c in p.texts:
@@ -102,9 +106,10 @@ def report(a, b, moved: float, edge: float = 0.03) -> int:
               "run (the next run may flip them):")
         for page, name, said in near:
             print(f"   {page}: {name} ({said})")
-    print(f"\n{defects} verdict(s) changed that are not declared host-bound; {host} host-bound "
-          f"verdict(s) changed; {apart} other(s) changed on pages whose runs differ in device "
-          f"or source; {len(only_a) + len(only_b)} page(s) in one run only")
+    print(f"\n{defects} verdict(s) changed that are not exempt (of them {same} host-bound "
+          f"with a prediction from the same host); {host} exempt host-bound verdict(s) changed; "
+          f"{apart} other(s) changed on pages whose runs differ in device or source; "
+          f"{len(only_a) + len(only_b)} page(s) in one run only")
     return 1 if defects else 0
 
 

@@ -248,6 +248,10 @@ WRONG = {
         # AdamW's default learning rate instead of the given loop's
         ("ex3-solution", "return torch.optim.AdamW(params, lr=2e-3, fused=True)",
          "return torch.optim.AdamW(params, fused=True)", r"lr=2e-3"),
+        # another AdamW: no weight decay (too small to move 4 steps' losses by 0.1 %)
+        ("ex3-solution", "return torch.optim.AdamW(params, lr=2e-3, fused=True)",
+         "return torch.optim.AdamW(params, lr=2e-3, fused=True, weight_decay=0.0)",
+         r"these differ: weight_decay"),
         # doubling the batch once: about 2x, below the 3x required
         ("ex4-solution", "fast_batch = 1024", "fast_batch = 16", r"below the required"),
     ],

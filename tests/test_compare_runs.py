@@ -42,10 +42,13 @@ def _notebook(folder: Path, page: str, outputs, started="2026-12-05T10:00:00Z",
 
 
 def _run(folder: Path, *, rung_verdict="true", host_verdict="true", knee=True, ratio=1.0,
-         extra_page=False, started="2026-12-05T10:00:00Z", device=None, source=None):
+         extra_page=False, started="2026-12-05T10:00:00Z", device=None, source=None,
+         same_host=False):
     _notebook(folder, "book/06_speed", [
         _claim("rung_vs_prediction", rung_verdict, "device", "within 25 %", 1.1),
         _claim("loader_vs_prediction", host_verdict, "host", "within 25 %", 0.9),
+        *([_glue(verdicts.SAME_HOST_PREFIX + "loader_vs_prediction", True)]
+          if same_host else []),
         _glue("expect_knee", knee), _glue("speedup", 10.0 * ratio),
         _glue("old_style_sentence", "the run was faster" if ratio < 2 else "the run was slower"),
         _glue("clock", "measured over 0.5 s on X: SM clock 1,980 MHz")], started, device,
@@ -88,7 +91,36 @@ def test_a_device_bound_flip_is_a_defect_and_a_host_bound_one_is_not(tmp_path):
     only_host = _run(tmp_path / "c", host_verdict="false")
     r = subprocess.run([sys.executable, "scripts/compare_runs.py", str(a), str(only_host)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and "1 host-bound verdict(s) changed" in r.stdout
+    assert r.returncode == 0 and "1 exempt host-bound verdict(s) changed" in r.stdout
+
+
+def test_a_host_bound_flip_against_a_prediction_from_the_same_host_is_a_defect(tmp_path):
+    # the host-bound label exempts a host figure, not a ratio to a prediction built from the
+    # same host's parts: the page's declaration (samehost_<claim>) takes the exemption away
+    a = _run(tmp_path / "a", same_host=True)
+    b = _run(tmp_path / "b", host_verdict="undecided", same_host=True)
+    rec = verdicts.load(a)["pages"]["book/06_speed"]
+    assert rec["verdicts"]["loader_vs_prediction"]["prediction"] == "this host"
+    assert "prediction" not in rec["verdicts"]["rung_vs_prediction"]
+    assert not any(k.startswith(verdicts.SAME_HOST_PREFIX) for k in rec["sentences"])
+    (page,), _, _ = verdicts.compare(verdicts.load(a), verdicts.load(b))
+    assert [c.name for c in page.defects] == ["loader_vs_prediction"]
+    r = subprocess.run([sys.executable, "scripts/compare_runs.py", str(a), str(b)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert ("CHANGED [DEFECT (host-bound, predicted from the same host)] "
+            "loader_vs_prediction") in r.stdout
+    assert "1 verdict(s) changed that are not exempt (of them 1 host-bound" in r.stdout
+    # declared in the newer run only (a page newly declared): still counted
+    c = _run(tmp_path / "c", host_verdict="false")
+    (page,), _, _ = verdicts.compare(verdicts.load(c), verdicts.load(b))
+    assert [x.name for x in page.defects] == ["loader_vs_prediction"]
+
+
+@pytest.mark.parametrize("names", [(), ("not a name",), (3,)])
+def test_a_same_host_declaration_needs_claim_names(names):
+    with pytest.raises(ValueError, match="name"):
+        verdicts.same_host_prediction(*names)
 
 
 def test_runs_on_two_devices_or_of_two_sources_list_their_changes_but_count_no_defect(

@@ -12,8 +12,14 @@ executed notebooks) side by side:
   sentence with its numbers masked stands in for it (a different wording is a changed
   verdict, bound unknown);
 * any change of a verdict counts (within / outside / undecided), and is a **defect** of the
-  page unless the claim declared itself host-bound (``bound="host"``): a host-bound claim may
-  change between hosts, and the status page shows both values;
+  page unless the claim declared itself host-bound (``bound="host"``) **and** its prediction
+  does not come from this run's own host measurements: a host figure (a rate, a time, a
+  speedup) judged against a fixed number may change between hosts, and the status page shows
+  both values; but a ratio of a host measurement to a prediction built from the same host's
+  parts (in the same rounds) is the model's test, which a drift of the host cancels, so its
+  change is a defect like any other. A page declares such claims with
+  :func:`same_host_prediction` (stored as ``samehost_<claim>``, :data:`SAME_HOST_PREFIX`);
+  the record then marks the verdict ``"prediction": "this host"``;
 * pages present in only one of the runs are reported;
 * a glued text that is no claim (a cause sentence, a list of numbers) is no verdict when the
   page's runs store verdicts: a change of its words, numbers and their units masked, is listed
@@ -36,8 +42,13 @@ from perflab.core.validate import number
 from perflab.record.claims import EXPECT_PREFIX, read_verdicts
 from perflab.record.provenance import read_glued, reference_run
 
-__all__ = ["RUNS_FOLDER", "SCHEMA", "Change", "PageComparison", "compare", "last_two",
-           "latest_comparable", "load", "snapshot", "source_key"]
+__all__ = ["RUNS_FOLDER", "SAME_HOST_PREFIX", "SCHEMA", "Change", "PageComparison", "compare",
+           "last_two", "latest_comparable", "load", "same_host_prediction", "snapshot",
+           "source_key"]
+
+#: Glue-name prefix of a page's declaration that a claim's prediction is built from this run's
+#: own host measurements (:func:`same_host_prediction`).
+SAME_HOST_PREFIX = "samehost_"
 
 #: Where the repository keeps its run records (one JSON file per reference run).
 RUNS_FOLDER = "runs"
@@ -51,6 +62,29 @@ _TELEMETRY = "measured over"      # a telemetry sentence states readings, not a 
 # "91.3 %", "1.85x"): two runs that print one value in other units say the same thing
 _NUMBER = re.compile(r"[-\u2212]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
                      r"(?:\s?(?:[kMGTPnuµm]?(?:FLOP/s|B/s|iB|Hz|B|W|s)\b|%|x\b|[kMGT]\b))?")
+
+
+def same_host_prediction(*names: str) -> None:
+    """Declare, in an executed page, that each named claim judges a host measurement against a
+    prediction built from this run's own host measurements (parts timed in the same rounds, on
+    the same host): its ``bound="host"`` then exempts nothing, and a change of its verdict
+    between two runs of one source is a defect (:func:`compare`).
+
+    Glues ``True`` under ``samehost_<name>`` for each name (bookkeeping: the prose quotes
+    none of them); call it in a remove-cell beside the claims.
+
+    Raises:
+        ValueError: no name, or a name that is not a Python identifier.
+    """
+    if not names:
+        raise ValueError("same_host_prediction needs at least one claim name")
+    for name in names:
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise ValueError(f"names must be claim names (identifiers), got {name!r}")
+    from perflab.record.provenance import glue
+
+    for name in names:
+        glue(SAME_HOST_PREFIX + name, True)
 
 
 def _masked(text: str) -> str:
@@ -74,7 +108,11 @@ def _page(ipynb: Path) -> dict[str, Any]:
     glued = read_glued(ipynb)
     verdicts = read_verdicts(ipynb)
     numbers, expectations, sentences = {}, {}, {}
+    same_host = {name[len(SAME_HOST_PREFIX):] for name, value in glued.items()
+                 if name.startswith(SAME_HOST_PREFIX) and value in (True, "True")}
     for name, value in glued.items():
+        if name.startswith(SAME_HOST_PREFIX):
+            continue
         if name.startswith(EXPECT_PREFIX):
             expectations[name[len(EXPECT_PREFIX):]] = value is True or str(value) == "True"
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -86,6 +124,7 @@ def _page(ipynb: Path) -> dict[str, Any]:
                     "source": source_key(run)},
             "numbers": numbers, "expectations": expectations,
             "verdicts": {k: {"verdict": v.get("verdict"), "bound": v.get("bound"),
+                             **({"prediction": "this host"} if k in same_host else {}),
                              **({"measured": v["measured"]} if "measured" in v else {}),
                              # lo, hi: the measured spread's edges, NOT the band's; the
                              # band is predicted x (1 -/+ tolerance) where a claim has one
@@ -160,6 +199,8 @@ class Change:
         values: the measured medians in A and B where the records hold them.
         predicted: the predictions (the bands' centres) in A and B where the records hold
             them, so that a change can be shown as measured over predicted, without a unit.
+        same_host: either run's page declared the claim's prediction built from that run's
+            own host measurements (:func:`same_host_prediction`).
     """
 
     name: str
@@ -168,6 +209,7 @@ class Change:
     bound: str | None = None
     values: tuple[Any, Any] | None = None
     predicted: tuple[Any, Any] | None = None
+    same_host: bool = False
 
     @property
     def over_predicted(self) -> tuple[float, float] | None:
@@ -180,8 +222,10 @@ class Change:
 
     @property
     def defect(self) -> bool:
-        """A change that is not declared host-bound: the measurement needs rounds."""
-        return self.bound != "host"
+        """A change that is not exempt: a claim not declared host-bound, or a host-bound one
+        whose prediction comes from the same run's host measurements (the model missed a
+        host-dependent term, or the measurement needs rounds)."""
+        return self.bound != "host" or self.same_host
 
 
 @dataclass
@@ -207,8 +251,8 @@ class PageComparison:
 
     @property
     def defects(self) -> list[Change]:
-        """Changes that are not declared host-bound, between two runs of one source on one
-        device (none when :attr:`not_comparable` says the runs differ in either)."""
+        """Changes that are not exempt (:attr:`Change.defect`), between two runs of one source
+        on one device (none when :attr:`not_comparable` says the runs differ in either)."""
         return [] if self.not_comparable else [c for c in self.changes if c.defect]
 
 
@@ -250,9 +294,10 @@ def _compare_page(name: str, a: dict[str, Any], b: dict[str, Any],
             bounds = {va[key].get("bound"), vb[key].get("bound")}
             bound = "host" if bounds == {"host"} else (vb[key].get("bound") or
                                                        va[key].get("bound"))
+            same = "this host" in (va[key].get("prediction"), vb[key].get("prediction"))
             out.changes.append(Change(key, va[key]["verdict"], vb[key]["verdict"], bound,
                                       (va[key].get("measured"), vb[key].get("measured")),
-                                      (_centre(va[key]), _centre(vb[key]))))
+                                      (_centre(va[key]), _centre(vb[key])), same))
     sa, sb = a.get("sentences", {}), b.get("sentences", {})
     # a claim recorded in one run only as a sentence (an older run, which stored no verdicts):
     # compare its words; where both runs store verdicts, a text that is no claim in either is
