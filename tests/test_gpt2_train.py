@@ -913,6 +913,28 @@ def test_saving_table_reads_the_pairs_interleaved_profiles():
         saving_table(results, {"fused head": 0.005}, {"fused head": {"saved": saved}})
 
 
+def test_saving_table_times_an_experiment_outside_the_ladder_by_its_pair():
+    """Chapter 10's next rung ("rows in L2", review f finding 1) is timed only beside the
+    ladder's last rung, not adopted into it: the table takes its saving, split and rate from
+    its pair (before / after round by round), and a rung missing from the ladder without a
+    pair's step times and profiles is named, not a bare KeyError."""
+    results = {"plain": _result("plain", 0.10), "step": _result("step", 0.09)}
+    before = [_profile(0.110, 0.080), _profile(0.111, 0.081), _profile(0.110, 0.079)]
+    after = [_profile(0.107, 0.078), _profile(0.111, 0.080), _profile(0.1075, 0.077)]
+    pair = {"saved": Spread((0.001, 0.002, 0.003)), "before": Spread((0.100, 0.100, 0.100)),
+            "after": Spread((0.099, 0.098, 0.097)),
+            "profiles": {"before": before, "after": after}}
+    table, savings = saving_table(results, {"rows in L2": 0.002}, {"rows in L2": pair})
+    name, saved, cause = savings["rows"]
+    assert name == "rows in L2" and saved is pair["saved"]
+    assert "kernels' own time fell by 2 ms" in cause
+    # the rate from the pair's rounds: 0.100 / 0.098, not a ladder result's
+    assert "| 1.02x |" in table and "rate vs the rung before" in table
+    del pair["before"]
+    with pytest.raises(ValueError, match="no rung 'rows in L2'"):
+        saving_table(results, {"rows in L2": 0.002}, {"rows in L2": pair})
+
+
 def _snapshot(events, live_at_end):
     """A fake CUDA memory snapshot: a trace of (action, addr, size) and the blocks alive at
     its end (sizes), as torch.cuda.memory._snapshot() lays them out."""

@@ -128,20 +128,36 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
     is the median over the rounds, and a fall whose rounds' spread reaches zero is unchanged
     within the noise; the ladder's ``results`` then need no timeline.
 
+    The last column is the rate against the rung before: the pair's median of ``before /
+    after`` round by round where ``paired[name]`` holds both step times (``train_pairs``), else
+    the two ladder results' ratio. A rung timed only in a pair, beside the ladder's last (an
+    experiment not adopted into the ladder), may be missing from ``results`` when its pair has
+    both step times and profiles.
+
     Raises:
         ValueError: a predicted rung, or the rung before it, has no profile (no paired
             profiles, and trained without ``profile=True``: no timeline), the two were timed
-            in different numbers of windows, or ``paired`` lacks a predicted rung.
+            in different numbers of windows, ``paired`` lacks a predicted rung, or a rung
+            missing from ``results`` has no pair with both step times and profiles.
     """
     names = list(results)
     rows, out = [], {}
-    keys = {"bf16 residual": "residual", "one graph per step": "step", "CUDA graphs": "graphs"}
+    keys = {"bf16 residual": "residual", "one graph per step": "step", "CUDA graphs": "graphs",
+            "rows in L2": "rows"}
     what = "measured"
     for name, pred in predicted.items():
-        before, after = results[previous(names, name)], results[name]
-        profiled = (paired or {}).get(name, {}).get("profiles")
+        pair = (paired or {}).get(name, {})
+        profiled = pair.get("profiles")
+        timed = "before" in pair and "after" in pair     # the pair's own step times
+        if name not in names:           # an experiment timed only beside the last rung
+            if not (timed and profiled is not None):
+                raise ValueError(f"results: no rung {name!r}; a rung outside the ladder "
+                                 "needs its pair's rounds (before, after) and profiles")
+            before = after = None
+        else:
+            before, after = results[previous(names, name)], results[name]
         for r in (before, after):
-            if profiled is None and r.extra.get("timeline") is None:
+            if r is not None and profiled is None and r.extra.get("timeline") is None:
                 raise ValueError(f"results: rung {r.rung['name']!r} has no profiled timeline; "
                                  f"train it with profile=True (it is {name!r} or the rung before)")
         if paired is not None:
@@ -174,12 +190,16 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
             idle = _change("the idle time between them", gaps, noise)
         cause = f"in the profiled steps {kernels} and {idle}"
         out[keys.get(name, name.split()[0].lower())] = (name, saved, cause)
+        # the rate against the rung before: the pair's rounds where it has them (the
+        # ladder's sequential bursts differ by a few % from run to run)
+        ratio = ((pair["before"] / pair["after"]).median if timed
+                 else after.tokens_per_s / before.tokens_per_s)
         rows.append([name, fmt(pred, "s"),
                      f"{fmt(saved.median, 's')} ({fmt(saved.lo, 's')} to {fmt(saved.hi, 's')})",
                      fmt(window, "s"), fmt(busy, "s"), fmt(gaps, "s"),
-                     fmt(after.tokens_per_s / before.tokens_per_s, "x", sig=4)])
+                     fmt(ratio, "x", sig=4)])
     return _md(["rung", "predicted saving per step", what, "profiled step fell by",
-                "in kernels", "in gaps", "vs previous"], rows), out
+                "in kernels", "in gaps", "rate vs the rung before"], rows), out
 
 
 def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
