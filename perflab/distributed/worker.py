@@ -192,7 +192,9 @@ def split_slice(cpus, threads: int | None) -> tuple[list[int], list[int]] | None
 def pin_new_threads(before, cpus) -> list[int]:
     """Pin the threads of this process that are not in ``before`` (thread ids, as listed in
     ``/proc/self/task`` earlier) to ``cpus``; returns their ids (those that ended meanwhile
-    left out). Called after ``init_process_group``: the new threads are gloo's."""
+    left out). Called after ``init_process_group``: the new threads are gloo's. A group made
+    later (``new_group``, ``new_subgroups``) starts its threads from the calling thread, on the
+    compute cores: DDP alone's one-rank groups and the ring's subgroups run there."""
     done = []
     for tid in sorted(set(os.listdir("/proc/self/task")) - {str(t) for t in before}):
         try:
