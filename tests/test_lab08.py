@@ -110,7 +110,8 @@ def indices_same(n, rank, world, epoch):  # ignores the rank: every rank reads o
 NO_EPOCH = '''
 def indices_no_epoch(n, rank, world, epoch):  # set_epoch forgotten: one order for ever
     g = torch.Generator().manual_seed(1000)
-    return torch.randperm(n, generator=g).tolist()[rank::world]
+    order = torch.randperm(n, generator=g).tolist()
+    return (order + order[:-(-n // world) * world - n])[rank::world]
 '''
 
 
@@ -129,7 +130,7 @@ def test_code_checks_on_gloo_processes(n):
                                 "make_half_adam_synced", "make_part_adam", "make_zero_adamw",
                                 "make_strided_adam"]}},
                     {"name": "user_sampler", "args": {
-                        "fns": ["indices_for", "indices_same", "indices_no_epoch"], "n": 60}}],
+                        "fns": ["indices_for", "indices_same", "indices_no_epoch"], "n": 63}}],
                    nproc=n, backend="gloo", timeout_s=200, pg_timeout_s=30,
                    user_code=[solution, WRONG_ALLREDUCE, AVERAGE_OP, optimizer, WRONG_OPTIMIZER,
                               UNSENT_SHARDS, FROZEN_HALF, PART_ADAM, ZERO_ADAMW, STRIDED_ADAM, sampler, SAME_BATCH, NO_EPOCH])
