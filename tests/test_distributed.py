@@ -693,8 +693,39 @@ def test_a_gloo_rank_with_room_runs_pinned_and_reports_its_cores():
     if len(allowed) < 2:
         pytest.skip("needs 2 cores")
     (rank,) = launch([{"name": "collectives"}], nproc=1, backend="gloo", threads=1, timeout_s=120)
-    assert rank["cpus"] == allowed[:len(allowed)]
+    # review F2 (series f): the compute thread on the slice's first core, gloo's threads on the
+    # rest, apart, so that a collective never waits for the backward's core
+    assert rank["cpus"] == allowed[:1]
+    assert rank["comm_cpus"] == allowed[1:]
+    assert rank["comm_threads"] >= 1          # gloo started threads, and they were moved
     assert pin_rank(None) is None
+
+
+def test_split_slice_gives_compute_and_gloo_threads_cores_apart():
+    """Review F2 of chapter 8 (series f): 2 compute threads and gloo's threads in one 4-core
+    slice doubled the all-reduces' time inside the step; the slice is now cut in two."""
+    from perflab.distributed.worker import pin_new_threads, split_slice
+    assert split_slice([4, 5, 6, 7], 2) == ([4, 5], [6, 7])
+    assert split_slice({9, 3, 7}, None) == ([3], [7, 9])
+    assert split_slice([0, 1], 2) is None          # no core left for gloo
+    assert split_slice(None, 2) is None            # unpinned: nothing to split
+    with pytest.raises(ValueError, match="threads"):
+        split_slice([0, 1, 2, 3], 0)
+    import os
+    import threading
+    before = set(os.listdir("/proc/self/task"))
+    assert pin_new_threads(before, sorted(os.sched_getaffinity(0))) == []
+    go = threading.Event()
+    t = threading.Thread(target=go.wait)
+    t.start()
+    try:
+        cpus = sorted(os.sched_getaffinity(0))[-1:]
+        (tid,) = pin_new_threads(before, cpus)
+        assert os.sched_getaffinity(tid) == set(cpus)
+        assert os.sched_getaffinity(0) != set(cpus) or len(os.sched_getaffinity(0)) == 1
+    finally:
+        go.set()
+        t.join()
 
 
 def test_pinned_cores_is_what_each_rank_of_a_launch_here_gets():

@@ -110,7 +110,8 @@ def indices_same(n, rank, world, epoch):  # ignores the rank: every rank reads o
 NO_EPOCH = '''
 def indices_no_epoch(n, rank, world, epoch):  # set_epoch forgotten: one order for ever
     g = torch.Generator().manual_seed(1000)
-    return torch.randperm(n, generator=g).tolist()[rank::world]
+    order = torch.randperm(n, generator=g).tolist()
+    return (order + order[:-(-n // world) * world - n])[rank::world]
 '''
 
 
@@ -129,7 +130,7 @@ def test_code_checks_on_gloo_processes(n):
                                 "make_half_adam_synced", "make_part_adam", "make_zero_adamw",
                                 "make_strided_adam"]}},
                     {"name": "user_sampler", "args": {
-                        "fns": ["indices_for", "indices_same", "indices_no_epoch"], "n": 60}}],
+                        "fns": ["indices_for", "indices_same", "indices_no_epoch"], "n": 63}}],
                    nproc=n, backend="gloo", timeout_s=200, pg_timeout_s=30,
                    user_code=[solution, WRONG_ALLREDUCE, AVERAGE_OP, optimizer, WRONG_OPTIMIZER,
                               UNSENT_SHARDS, FROZEN_HALF, PART_ADAM, ZERO_ADAMW, STRIDED_ADAM, sampler, SAME_BATCH, NO_EPOCH])
@@ -486,3 +487,16 @@ def test_one_launch_runs_what_is_finished_and_each_check_names_what_is_not(monke
         lab08.task_result([], "user_optimizer", 4, "write make_optimizer", fn="make_optimizer")
     with pytest.raises(ExerciseFailed, match="^Exercise 5 is not done yet"):
         lab08.lab_launch({"stub_fn": 5}, tasks[1:2], user_code=[STUB])
+
+
+def test_bucket_choice_check_says_whether_the_rounds_contradict_the_prediction(capsys):
+    """Review F6 of chapter 8 (series f): the prediction was graded against the reference model
+    only, so a model the measurement contradicts passed without a word; the check now prints the
+    predicted cap beside the fastest median, by the rule that judges the choice."""
+    rounds = _bucket_rounds()                                 # 4.0 fastest, 16.0 16 % behind
+    assert lab08.check_bucket_choice(4.0, rounds, predicted_mb=16.0, expected_mb=16.0)
+    assert "The rounds contradict the model: its cap, 16 MiB" in capsys.readouterr().out
+    assert lab08.check_bucket_choice(4.0, rounds, predicted_mb=4.0, expected_mb=4.0)
+    assert "the rounds agree" in capsys.readouterr().out
+    assert lab08.check_bucket_choice(4.0, rounds, predicted_mb=1.0, expected_mb=1.0)
+    assert "the rounds do not tell it from 4 MiB" in capsys.readouterr().out

@@ -45,11 +45,12 @@ def accumulate(ddp, micro_batches, loss_fn):
             (loss_fn(ddp, x, y) / k).backward()
 
 
-def zero1_adam(params, lr=1e-4):
+def zero1_adam(params, lr=1e-4, fused=None):
     """Adam with its two moments sharded over the ranks (ZeRO-1): each rank
-    steps its share of the parameters, then broadcasts it to the others."""
+    steps its share of the parameters, then broadcasts it to the others.
+    `fused` is passed to each rank's Adam (True on GPUs: one kernel)."""
     return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam,
-                                   lr=lr)
+                                   lr=lr, fused=fused)
 
 
 def shard_fsdp2(model, device_type, reshard=True, bf16=False):

@@ -322,7 +322,23 @@ def check_bucket_choice(choice_mb, rounds_by_mb: dict, predicted_mb=None, expect
     print(f"✓ Exercise 3: {c:g} MiB {among}: {r.lo:.2f}x to {r.hi:.2f}x each round's fastest cap "
           f"({r.kind})" + (f"; your predicted cap is the model's, {float(expected_mb):g} MiB."
                            if expected_mb is not None else "."))
+    if predicted_mb is not None and float(predicted_mb) in rounds:
+        print("  " + _prediction_against_rounds(float(predicted_mb), ratio, best, within))
     return True
+
+
+def _prediction_against_rounds(p: float, ratio: dict, best: float, within: float) -> str:
+    """Whether the rounds contradict a predicted cap ``p``, by the rule the choice is judged
+    by (review F6 of chapter 8, series f: the grade checks the model, the rounds judge it)."""
+    rp, rb = ratio[p], ratio[best]
+    if p == best:
+        return f"The model's cap, {p:g} MiB, is the cap of the fastest median: the rounds agree."
+    if rp.lo > 1 + within and rp.lo > rb.hi:
+        return (f"The rounds contradict the model: its cap, {p:g} MiB, ran {rp.lo:.2f}x to "
+                f"{rp.hi:.2f}x each round's fastest cap ({rp.kind}), behind {best:g} MiB; "
+                "the model misses what sets this step (chapter 8 names a second regime).")
+    return (f"The model's cap, {p:g} MiB, ran {rp.lo:.2f}x to {rp.hi:.2f}x each round's fastest "
+            f"cap ({rp.kind}): the rounds do not tell it from {best:g} MiB, the fastest median.")
 
 
 def check_sharded_optimizer(state_bytes_per_rank: Sequence, params: int, predicted_bytes,
