@@ -40,7 +40,7 @@ from typing import Any
 
 from perflab.core.validate import number
 from perflab.record.claims import EXPECT_PREFIX, read_verdicts
-from perflab.record.provenance import read_glued, reference_run
+from perflab.record.provenance import glue, read_glued, reference_run
 
 __all__ = ["RUNS_FOLDER", "SAME_HOST_PREFIX", "SCHEMA", "Change", "PageComparison", "compare",
            "last_two", "latest_comparable", "load", "same_host_prediction", "snapshot",
@@ -81,8 +81,6 @@ def same_host_prediction(*names: str) -> None:
     for name in names:
         if not (isinstance(name, str) and name.isidentifier()):
             raise ValueError(f"names must be claim names (identifiers), got {name!r}")
-    from perflab.record.provenance import glue
-
     for name in names:
         glue(SAME_HOST_PREFIX + name, True)
 
