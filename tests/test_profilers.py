@@ -293,3 +293,16 @@ def test_chapter4_tools_gpu_util_sentence_follows_its_verdict():
     assert "1.34-1.38x over 3 loops" in over
     assert "is honest" in ns["util_words"](Verdict("within"), Spread((0.9, 1.0, 1.1)))
     assert "undecided" in ns["util_words"](Verdict("undecided"), Spread((1.2, 1.3, 1.4)))
+
+
+def test_chapter2_spin_length_sentence_names_a_biased_spin():
+    """Review G2 (6 December, f): a 400,000-cycle spin right after the products may count a clock
+    that rises while it runs; spins of three lengths tell. One clock within 3 % says no bias;
+    a longer spin reading higher is named."""
+    ns = {}
+    exec(_function_source(_page_code("02_hardware_gpu"), "spin_length_words"), ns)
+    same = ns["spin_length_words"]({50_000: 1500.0, 100_000: 1510.0, 400_000: 1520.0})
+    assert "one clock within 3 %" in same and "1,520 MHz" in same
+    biased = ns["spin_length_words"]({50_000: 1400.0, 100_000: 1450.0, 400_000: 1530.0})
+    assert "400,000-cycle spin read 1.09x the 50,000-cycle one" in biased
+    assert ns["spin_length_words"]({}) == ""
