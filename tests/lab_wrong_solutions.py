@@ -96,6 +96,18 @@ WRONG = {
          "    threshold = math.sqrt(sorted(bandwidths[:3])[1] * sorted(bandwidths[-3:])[1])\n"
          "    return max(s for s, b in zip(sizes, bandwidths) if b >= threshold)\n"
          "    smooth = [statistics.median(", r"first-edition curve|capacity"),
+        # the end points left unsmoothed (student review, 6 December: it passed on the student's
+        # own smooth curve)
+        ("ex1-solution", "    smooth = [statistics.median(bandwidths[max(0, i - 1):i + 2])\n"
+         "              for i in range(len(bandwidths))]",
+         "    smooth = ([bandwidths[0]] + [statistics.median(bandwidths[i - 1:i + 2])\n"
+         "              for i in range(1, len(bandwidths) - 1)] + [bandwidths[-1]])",
+         r"capacity of a stray last point"),
+        # the walk goes on past the first fall: the last size above the threshold anywhere
+        ("ex1-solution", "    fall = next((i for i in range(peak, len(smooth))\n"
+         "                 if smooth[i] < threshold), len(smooth))\n    return sizes[fall - 1]",
+         "    return max(s for s, b in zip(sizes[peak:], smooth[peak:]) if b >= threshold)",
+         r"capacity of a fall that recovers"),
         # GFLOP/s read as TFLOP/s: the ridge point 1000x too high
         ("ex2-solution", 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e9,', 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e12,',
          r"ridge point"),
@@ -108,7 +120,7 @@ WRONG = {
          "design, t, rcond=None)", r"alpha"),
         # the bytes of the buffer, not the bytes each rank moves (no 2(n-1)/n: only 4 ranks show it)
         ("ex4-solution", "x = 2 * (ranks - 1) / ranks * np.asarray(sizes, dtype=float)",
-         "x = np.asarray(sizes, dtype=float)", r"synthetic sweep on 4 ranks"),
+         "x = np.asarray(sizes, dtype=float)", r"4 ranks"),
     ],
     "03_internals": [
         ("ex1-solution", '"x.transpose(1, 2)": ((20, 1, 5), "view")', '"x.transpose(1, 2)": ((20, 5, 1), "view")',
@@ -177,12 +189,30 @@ WRONG = {
     ],
     "04_profiling": [
         ("ex1-solution", "    for _ in range(warmup):\n        fn()\n", "", r"first call"),
+        # the "predict first" timer: the mean of 10 calls, first call included, no warm-up
+        # (student review, 6 December: it passed both checks, the 300 ms spread over 10 calls)
+        ("ex1-solution", "    for _ in range(warmup):\n        fn()\n    synchronize(device)\n    samples = []\n"
+         "    for _ in range(reps):\n        t0 = time.perf_counter()\n        fn()\n        synchronize(device)\n"
+         "        samples.append(time.perf_counter() - t0)\n    return statistics.median(samples)",
+         "    samples = []\n    for _ in range(10):\n        t0 = time.perf_counter()\n        fn()\n"
+         "        synchronize(device)\n        samples.append(time.perf_counter() - t0)\n"
+         "    return statistics.mean(samples)", r"first call"),
         # the profiler's total for the kernel taken as its FLOPs per call
         ("ex2-solution", "top_flops_per_call = top.flops / top.calls", "top_flops_per_call = top.flops",
          r"FLOPs per call"),
         ("ex3-solution", *_wrong_diagnosis("a"), r"."),
         ("ex4-solution", *_wrong_diagnosis("b"), r"."),
         ("ex5-solution", *_wrong_diagnosis("c"), r"."),
+        # wrong evidence with an answer consistent with it (review G9, 6 December): the step timed
+        # as the total of 50 steps, and the copy bandwidth taken in GB/s as bytes/s
+        ("ex3-solution", "evidence_a = gather_evidence(mystery_a)",
+         'evidence_a = gather_evidence(mystery_a)\nevidence_a["seconds"] *= 50', r"time it with warm-up"),
+        ("ex4-solution", "evidence_b = gather_evidence(mystery_b)",
+         'evidence_b = gather_evidence(mystery_b)\nevidence_b["bandwidth_ceiling"] /= 1e9',
+         r"bandwidth is .* its ceiling, which is impossible"),
+        ("ex5-solution", "evidence_c = gather_evidence(mystery_c)",
+         'evidence_c = gather_evidence(mystery_c)\nevidence_c["flops_ceiling"] /= 1e9',
+         r"FLOP/s is .* its ceiling, which is impossible"),
         # the remedy of one regime given to another
         ("ex6-solution", '"compute-bound": "lower precision"', '"compute-bound": "fuse"', r"remedy"),
         # a bandwidth remedy for an overhead-bound step

@@ -57,3 +57,33 @@ def test_the_datasheet_l2_sizes_live_with_the_other_datasheet_facts_and_cite_a_s
         assert name in datasheets.DATASHEETS          # the same device names
         assert nbytes % 2**20 == 0 and "whitepaper" in source
     assert "NVIDIA H200" not in datasheets.DATASHEET_L2_BYTES   # no citable figure
+
+
+def test_the_recipe_steps_catch_a_student_who_skips_them():
+    """Student review (6 December): a capacity_from_curve that leaves the end points unsmoothed and
+    walks past the first fall passed on the student's one smooth curve; each made-up curve of
+    check_recipe_steps names the step that was skipped."""
+    import math
+    import statistics
+
+    from perflab.labs.exercises import ExerciseFailed
+
+    def skipping(sizes, bws, ends=True, stop=True):
+        smooth = (lab02._smooth(bws) if ends else [bws[0]] + [
+            statistics.median(bws[i - 1:i + 2]) for i in range(1, len(bws) - 1)] + [bws[-1]])
+        peak = smooth.index(max(smooth))
+        beyond = [b for s, b in zip(sizes, smooth) if s >= 4 * sizes[peak]]
+        threshold = math.sqrt(smooth[peak] * (statistics.median(beyond) if beyond else smooth[-1]))
+        if not stop:
+            return max(s for s, b in zip(sizes[peak:], smooth[peak:]) if b >= threshold)
+        fall = next((i for i in range(peak, len(smooth)) if smooth[i] < threshold), len(smooth))
+        return sizes[fall - 1]
+
+    assert lab02.check_recipe_steps(lab02.capacity_reference)
+    assert lab02.check_recipe_steps(skipping)
+    with pytest.raises(ExerciseFailed, match="stray last point"):
+        lab02.check_recipe_steps(lambda s, b: skipping(s, b, ends=False))
+    with pytest.raises(ExerciseFailed, match="fall that recovers"):
+        lab02.check_recipe_steps(lambda s, b: skipping(s, b, stop=False))
+    with pytest.raises(TypeError, match="capacity_from_curve"):
+        lab02.check_recipe_steps(3)

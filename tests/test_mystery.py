@@ -121,3 +121,43 @@ def test_on_a_loaded_cpu_an_answer_the_check_reproduces_now_passes_and_says_so(m
     monkeypatch.setattr(lab04, "measure_all", _ceilings_now(1e15, 1e13))
     with pytest.raises(ExerciseFailed, match="not the right regime"):
         lab04.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)
+
+
+def test_check_first_call_catches_a_timer_that_averages_the_first_call_in(capsys):
+    """Student review (6 December): a mean of 10 calls, first call included, passed exercise 1's
+    checks because the costly first call was spent before the check ran. check_first_call makes
+    it fresh before each timed run."""
+    import statistics
+    import time
+
+    from perflab.labs.exercises import ExerciseFailed
+
+    state = {"initialised": True}
+
+    def costly():
+        if not state["initialised"]:
+            time.sleep(0.3)
+            state["initialised"] = True
+
+    def honest(fn, device, warmup=3, reps=5):
+        for _ in range(warmup):
+            fn()
+        return statistics.median(_times(fn, reps))
+
+    def mean_of_10(fn, device, warmup=3, reps=5):
+        return statistics.mean(_times(fn, 10))
+
+    def _times(fn, n):
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return out
+
+    assert lab04.check_first_call(honest, costly, state, "cpu", runs=1) < 0.01
+    assert "stays out" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match="first call leaked in"):
+        lab04.check_first_call(mean_of_10, costly, state, "cpu", runs=1)
+    with pytest.raises(ValueError, match="runs"):
+        lab04.check_first_call(honest, costly, state, "cpu", runs=0)

@@ -222,26 +222,87 @@ def _function_source(cells, name):
     raise AssertionError(f"{name} is not defined on the page")
 
 
-def test_chapter4_tools_takes_the_efficiency_per_clock_at_the_clock_in_question():
-    """Review N3 (6 December): the data-movement prediction and the traced rate's needed clock used
-    the ceiling's 77 % per clock at every clock; chapter 4's model interpolates between the clocks
-    the run measured. With the H100 run's three points (91 % at 1,398 MHz, 76.9 % at 1,681,
-    74 % at 1,980) the traced 805 TFLOP/s needs more than the chip's 1,980 MHz."""
+def test_chapter4_takes_one_efficiency_per_counted_cycle():
+    """Review G1 (6 December, f): chapter 2 counts the clock the SMs ran at, and per counted cycle
+    the 8192^3 bf16 product used 84 % in the burst (1,716 MHz) and 84 % in the sustained run
+    (1,465 MHz), where NVML's clocks gave 73 % and 91 %. Chapter 4's model and the tools page
+    take one efficiency per counted cycle, from chapter 2's counted points, not NVML's; with it
+    the traced 787 TFLOP/s needs about 1,730 MHz, an ordinary burst clock."""
     tools = _page_code("04_measuring_and_profiling_tools")
     main = _page_code("04_measuring_and_profiling")
-    src = _function_source(tools, "efficiency_at")
-    assert src == _function_source(main, "efficiency_at"), "the two pages' models differ"
+    src = _function_source(tools, "efficiency_per_cycle")
+    assert src == _function_source(main, "efficiency_per_cycle"), "the two pages' models differ"
     ns = {}
     exec(src + "\n\n" + _function_source(tools, "clock_needed"), ns)
-    pts = [(1398e6, 0.91), (1681e6, 0.769), (1980e6, 0.74)]
+    pts = [(1716e6, 0.840), (1465e6, 0.841)]
     per_hz = 132 * 4096                          # H100 bf16 FLOP per clock
-    assert ns["efficiency_at"](1980e6, pts) == 0.74
-    assert abs(ns["efficiency_at"](1830.5e6, pts) - (0.769 + 0.74) / 2) < 1e-9
-    assert ns["efficiency_at"](2200e6, pts) is None
-    needed = ns["clock_needed"](805e12, pts, per_hz)
-    assert 1980e6 < needed < 2030e6
-    assert ns["clock_needed"](699e12, pts, per_hz) <= 1681e6
+    assert abs(ns["efficiency_per_cycle"](pts) - 0.8405) < 1e-9
+    assert ns["efficiency_per_cycle"]([]) is None
+    needed = ns["clock_needed"](787e12, pts, per_hz)
+    assert 1700e6 < needed < 1760e6
+    for code in ("\n".join(tools), "\n".join(main)):
+        assert "efficiency_at" not in code
+        assert '_cycle_mhz"] * 1e6, ch2_glue[f"{k}_per_cycle"]' in code
     code = "\n".join(tools)
-    assert 'run_ceil.per_clock("matmul_bf16") * run_ceil.peak' not in code
-    assert "efficiency_at(f_step, clock_points)" in code
+    assert "efficiency_per_cycle(clock_points) if f_step" in code
     assert "above {top}" in code and "top = f\"the chip's maximum of" in code
+
+
+def _cell_defining(stem, name):
+    import jupytext
+    page = Path(__file__).resolve().parent.parent / "book" / f"{stem}.md"
+    for c in jupytext.read(page).cells:
+        if c.cell_type == "code" and f"def {name}(" in c.source:
+            return c.source
+    raise AssertionError(f"{name} is not defined on {stem}")
+
+
+def test_chapter4_lesson_follows_the_counted_clocks():
+    """Review G1: the lesson says what the counted points show: equal use of each cycle at both
+    clocks (run 0607: 84 % and 84 %) is not "worse at a higher clock"; a real gap is named."""
+    ns = {}
+    exec(_function_source(_page_code("04_measuring_and_profiling"), "lesson_words"), ns)
+    same = ns["lesson_words"]([(1716e6, 0.840), (1465e6, 0.841)],
+                              [(1980e6, 0.728), (1350e6, 0.912)])
+    assert "equally well" in same and "worse" not in same and "NVML" in same
+    worse = ns["lesson_words"]([(1716e6, 0.74), (1465e6, 0.84)], [])
+    assert "12% worse at the higher clock" in worse
+    assert "one clock or none" in ns["lesson_words"]([(1716e6, 0.84)], [])
+
+
+def test_chapter4_tools_sets_the_spin_against_ncu():
+    """Review G2: run 0607's ncu timed the 8192^3 bf16 product at 1.41 ms at 1.57 GHz (92 % per
+    cycle) where chapter 2's spin gave 84 %: the spin read ~1.09x the clock ncu implies, and the
+    page says so with numbers."""
+    ns = {}
+    exec(_function_source(_page_code("04_measuring_and_profiling_tools"), "spin_words"), ns)
+    ratio, said = ns["spin_words"](1.41e-3, 1.57, 0.840, 132 * 4096)
+    assert 1.08 < ratio < 1.11
+    assert "92%" in said and "84%" in said and "1.09x" in said and "9% shorter" in said
+
+
+def test_chapter4_tools_gpu_util_sentence_follows_its_verdict():
+    """Review G4 (6 December, f): "GPU-Util is an honest signal" was printed under a false verdict
+    (1.34x and 1.36x the busy fraction in two runs). The sentence now follows the verdict."""
+    from perflab.core.rounds import Spread
+    from perflab.record.claims import Verdict
+    ns = {}
+    exec(_function_source(_page_code("04_measuring_and_profiling_tools"), "util_words"), ns)
+    over = ns["util_words"](Verdict("outside"), Spread((1.34, 1.36, 1.38)))
+    assert "honest" not in over and "1.36x" in over and "over-reads" in over
+    assert "1.34-1.38x over 3 loops" in over
+    assert "is honest" in ns["util_words"](Verdict("within"), Spread((0.9, 1.0, 1.1)))
+    assert "undecided" in ns["util_words"](Verdict("undecided"), Spread((1.2, 1.3, 1.4)))
+
+
+def test_chapter2_spin_length_sentence_names_a_biased_spin():
+    """Review G2 (6 December, f): a 400,000-cycle spin right after the products may count a clock
+    that rises while it runs; spins of three lengths tell. One clock within 3 % says no bias;
+    a longer spin reading higher is named."""
+    ns = {}
+    exec(_function_source(_page_code("02_hardware_gpu"), "spin_length_words"), ns)
+    same = ns["spin_length_words"]({50_000: 1500.0, 100_000: 1510.0, 400_000: 1520.0})
+    assert "one clock within 3 %" in same and "1,520 MHz" in same
+    biased = ns["spin_length_words"]({50_000: 1400.0, 100_000: 1450.0, 400_000: 1530.0})
+    assert "400,000-cycle spin read 1.09x the 50,000-cycle one" in biased
+    assert ns["spin_length_words"]({}) == ""

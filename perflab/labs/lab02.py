@@ -29,7 +29,7 @@ from perflab.labs.exercises import ExerciseFailed, _number, _verdict, check_clos
 from perflab.machine.datasheets import DATASHEET_L2_BYTES
 
 __all__ = ["CAPACITY_BAND", "DATASHEET_L2_BYTES", "H100_REFERENCE_CURVE", "H200_FIRST_EDITION_CURVE",
-           "capacity_reference", "check_capacity", "check_physical", "l2_reference"]
+           "capacity_reference", "check_capacity", "check_physical", "check_recipe_steps", "l2_reference"]
 
 #: The L2 capacity read from a GPU's curve must lie within these fractions of the GPU's L2 (its
 #: datasheet figure, :func:`l2_reference`; the size the driver reports where the course has no
@@ -134,6 +134,33 @@ def check_capacity(capacity_from_curve, sizes: Sequence[float], bandwidths: Sequ
                        hint="smooth with a running median of 3; fast = the smoothed maximum, slow = "
                             "the median from 4x its size on; their geometric mean; the last size "
                             "before the curve first falls below it")
+
+
+#: Two made-up curves (KiB sizes 1 ... 2048, bandwidths in any unit) that the recipe's steps exist
+#: for: a fall that recovers (the walk stops at the first fall) and a stray fast last point (the
+#: end points are smoothed too). A student's one measured curve is smooth and shows neither.
+RECIPE_CURVES = {
+    "a fall that recovers": [100] * 4 + [20] * 3 + [90] * 3 + [20] * 2,
+    "a stray last point": [100] * 6 + [20] * 5 + [150],
+}
+
+
+def check_recipe_steps(capacity_from_curve) -> bool:
+    """Exercise 1's check of the recipe's smoothing and first-fall steps: ``capacity_from_curve``
+    on each of :data:`RECIPE_CURVES` equals :func:`capacity_reference` there (8 KiB and 32 KiB).
+
+    Raises:
+        ExerciseFailed: a curve's capacity differs (the message names the curve).
+        TypeError: ``capacity_from_curve`` is not callable.
+    """
+    if not callable(capacity_from_curve):
+        raise TypeError(f"capacity_from_curve must be a function, got {type(capacity_from_curve).__name__}")
+    sizes = [2**10 * 2**k for k in range(12)]
+    for what, bws in RECIPE_CURVES.items():
+        check_close(capacity_from_curve(sizes, bws), capacity_reference(sizes, bws),
+                    f"capacity of {what}", rtol=1e-9, hint="smooth the end points too (the median "
+                    "of the two values there); the last size before the FIRST fall")
+    return True
 
 
 def check_physical(capacity: float, reported: float, what: str = "L2 read from your curve",

@@ -14,7 +14,7 @@ from perflab.profiling.mystery import MysteryStep, _ANSWERS, _EVIDENCE_KEYS, _di
 from perflab.profiling.trace import REGIMES, regime
 from perflab.record.numbers import fmt
 
-__all__ = ["check_diagnosis", "time_fresh_call"]
+__all__ = ["check_diagnosis", "check_first_call", "time_fresh_call"]
 
 
 def _finite(name: str, evidence: dict, key: str) -> float:
@@ -33,6 +33,37 @@ def time_fresh_call(timer: Callable, fn: Callable, state: dict, device: Any) -> 
     the student's timer, as a plain float (seconds)."""
     state["initialised"] = False
     return as_float("honest_median's time", timer(fn, device, warmup=2, reps=1))
+
+
+def check_first_call(timer: Callable, fn: Callable, state: dict, device: Any, runs: int = 3,
+                     leak_s: float = 0.01) -> float:
+    """Exercise 1's check that the costly first call stays out: the best of ``runs`` runs of the
+    student's ``timer(fn, device)`` with the first call already spent, then the best of ``runs``
+    with it made fresh before each (``state["initialised"] = False``). A timer that warms up, or
+    takes a median, reads the same; one that averages the first call in reads its 300 ms over
+    the calls it averages (30 ms for a mean of 10), far above ``leak_s``. Prints one sentence
+    and returns the warmed best (seconds).
+
+    Raises:
+        ExerciseFailed: the fresh runs read ``leak_s`` or more above the warmed ones.
+        ValueError: ``runs`` not a positive integer or ``leak_s`` not positive.
+    """
+    if not isinstance(runs, int) or runs < 1:
+        raise ValueError(f"runs must be a positive integer, got {runs!r}")
+    number("leak_s", leak_s, above=0)
+    state["initialised"] = True
+    warm = min(as_float("honest_median's time", timer(fn, device)) for _ in range(runs))
+    fresh = []
+    for _ in range(runs):
+        state["initialised"] = False
+        fresh.append(as_float("honest_median's time", timer(fn, device)))
+    leak = min(fresh) - warm
+    if leak >= leak_s:
+        raise ExerciseFailed(f"✗ with the first call fresh your timer read {leak * 1e3:.0f} ms more: the "
+                             "first call leaked in (warm up first, and take the median).")
+    print(f"✓ with the first call fresh your timer read {leak * 1e3:+.1f} ms more: the first call "
+          "stays out.")
+    return warm
 
 
 def _cpu_agrees_now(step: MysteryStep, answer: str, cost, seconds: float) -> bool:
@@ -145,7 +176,11 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
                   f"Run it again when the machine is idle.")
             return True
         raise ExerciseFailed(f"✗ step {name}: {answer!r} follows from your numbers but is not the right "
-                             f"regime: check the ceilings and the counts.")
+                             "regime" + (": the check's own evidence, taken now, disagrees with yours; on "
+                                         "a shared CPU the load moves the ceilings and the step, so "
+                                         "measure the ceilings again right beside the step, or run it "
+                                         "again when the machine is idle." if step.device.type == "cpu"
+                                         else ": check the ceilings and the counts."))
     print(f"✓ step {name} is {answer}: {fmt(flops_fraction, '%')} of the compute ceiling, "
           f"{fmt(bandwidth_fraction, '%')} of the copy bandwidth, "
           f"busy {fmt(ev['busy_fraction'], '%', sig=2)} of the step.")

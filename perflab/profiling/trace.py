@@ -411,10 +411,14 @@ def host_and_device_seconds(events) -> tuple[float, float]:
     """The host time and the device time of everything ``prof.key_averages()`` recorded, in
     seconds: ``(host_s, device_s)``, each time counted once.
 
-    ``host_s`` sums the self CPU time of every row (a kernel's row has none) except the
+    ``host_s`` sums the self CPU time of the operators' rows (a kernel's row has none): not the
     profiler's own (:data:`PROFILER_ROWS`: CUPTI's buffer requests, and the ``ProfilerStep#N``
     range of a schedule, whose self time is the wait in ``synchronize`` and the profiler's
-    bookkeeping between the operators, no operator's). ``device_s`` sums
+    bookkeeping between the operators, no operator's), and not the ``record_function`` ranges
+    (``is_user_annotation``), whose self time is no operator's either: a range around
+    ``loss.backward()`` on a GPU holds the main thread blocked while the autograd engine's
+    thread runs the backward operators, which have rows of their own, so counting both would
+    count that wait as CPU work (more CPU time than the step's wall). ``device_s`` sums
     the rows that ran on the device (kernels, copies and fills), leaving out the host rows,
     whose self device time is the time of the kernels they launched (those kernels have rows
     of their own: summing both counts the GPU's time twice), and the device-side ranges that
@@ -429,7 +433,8 @@ def host_and_device_seconds(events) -> tuple[float, float]:
     except TypeError:
         raise ValueError(f"events must be prof.key_averages(), got {type(events).__name__}") from None
     host = sum(getattr(e, "self_cpu_time_total", 0) for e in rows
-               if not str(getattr(e, "key", "")).startswith(PROFILER_ROWS))
+               if not str(getattr(e, "key", "")).startswith(PROFILER_ROWS)
+               and not getattr(e, "is_user_annotation", False))
     device = sum(e.self_device_time_total for e in rows
                  if getattr(e, "device_type", None) not in (None, torch.autograd.DeviceType.CPU)
                  and not getattr(e, "is_user_annotation", False))
