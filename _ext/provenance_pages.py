@@ -290,7 +290,27 @@ def notebook_status(app, docname: str) -> dict | None:
     """Status of one toc entry (:func:`perflab.record.runs.status`, the one staleness decision): None
     when it is not a notebook, else a dict with ``run`` (the reference_run metadata or None),
     ``state`` (``current``, ``cpu``, ``stale``, ``missing``, ``no-metadata``) and ``words``
-    (what the status page prints)."""
+    (what the status page prints). Computed once per build and shared by the page's badge,
+    the status page and :func:`on_env_get_outdated`, so the three cannot disagree."""
+    cache = getattr(app, "_perflab_status_cache", None)
+    if cache is None:
+        cache = app._perflab_status_cache = {}
+    if docname not in cache:
+        cache[docname] = _notebook_status(app, docname)
+    return cache[docname]
+
+
+def status_key(status: dict | None) -> tuple | None:
+    """What of a :func:`notebook_status` a page's badge shows (state, words, GPUs, pending):
+    recorded when the page is read; a page whose key differs at the next build is read again
+    (:func:`on_env_get_outdated`), so its badge always says what the status page says."""
+    if status is None:
+        return None
+    return (status["state"], status["words"], status.get("gpus"), status.get("pending"),
+            status.get("pending_gpus"))
+
+
+def _notebook_status(app, docname: str) -> dict | None:
     src = Path(app.srcdir)
     md = src / f"{docname}.md"
     st = runs.status(md, src / f"{docname}.ipynb")
@@ -441,7 +461,9 @@ def on_doctree_read(app, doctree) -> None:
         logger.warning(f"{docname}: the notebook has no reference_run metadata", location=docname)
         return
     sha = source_sha(app, docname)
-    app.env.provenance_sources[docname] = sha
+    # what the page shows that can change without its .ipynb changing: the source's code,
+    # and the staleness its badge states (perflab modules, pages it reads, pending sources)
+    app.env.provenance_sources[docname] = (sha, status_key(notebook_status(app, docname)))
     _add_captions(app, doctree, run)
     para = nodes.paragraph(text=describe_run(run) + " ")
     para += _status_link(app, "All notebooks' runs.")
@@ -813,11 +835,19 @@ class ProvenanceStatus(SphinxDirective):
 # ---------------------------------------------------------------------------------------------
 
 def on_env_get_outdated(app, env, added, changed, removed) -> list[str]:
+    """Pages to read again although their files did not change: the status pages (every
+    build), and each notebook page whose source's code or whose staleness (:func:`status_key`:
+    a perflab module it imports changed, a page it reads was re-run, a revised source waits
+    in ``pending/``) differs from what its badge and footer were built from. Without this, an
+    incremental build keeps a page whose ``.ipynb`` did not change with the badge of an older
+    build, while the status page, re-read every build, says otherwise."""
     outdated = set(env.provenance_status_docs) - set(removed)
+    app._perflab_status_cache = {}          # a new build: every status computed afresh
     for docname, recorded in list(env.provenance_sources.items()):
         if docname in removed:
             continue
-        if source_sha(app, docname) != recorded:
+        if not isinstance(recorded, tuple) or recorded != (
+                source_sha(app, docname), status_key(notebook_status(app, docname))):
             outdated.add(docname)
     return sorted(outdated)
 
@@ -833,6 +863,7 @@ def on_env_merge_info(app, env, docnames, other) -> None:
 
 
 def on_builder_inited(app) -> None:
+    app._perflab_status_cache = {}
     env = app.env
     if not hasattr(env, "provenance_status_docs"):
         env.provenance_status_docs = set()

@@ -172,6 +172,42 @@ def test_an_edited_source_makes_page_and_status_stale_on_the_next_build(book, tm
     assert "✗ stale: code changed since the run" in (out / "status.html").read_text()
 
 
+def test_a_page_gone_stale_without_its_files_changing_gets_its_badge_rebuilt(book, tmp_path):
+    """Reader review R3: the badge of a page whose own files did not change (here: a page it
+    reads was re-run; in the book: a perflab module it imports changed) kept an older build's
+    "current" while the status page, re-read every build, said stale."""
+    import shutil
+
+    import nbformat as nbf
+
+    folder, _, _ = book
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("_build", "warnings.txt"))
+    # a configuration that an incremental build keeps (with external_toc_exclude_missing,
+    # exclude_patterns changes on every build and Sphinx reads every page again)
+    conf = copy / "conf.py"
+    conf.write_text(conf.read_text().replace("external_toc_exclude_missing = True",
+                                             "external_toc_exclude_missing = False")
+                    .replace("'*.md']", "'*.md', 'jupyter_execute']"))
+    write_pair(copy, "reader", ["z = 3"], dict(GPU_RUN, started="2026-11-30T11:00:00Z"))
+    md = copy / "reader.md"
+    md.write_text(md.read_text().replace("---\n\n#", "perflab:\n  reads: [gpu]\n---\n\n#", 1))
+    toc = copy / "_toc.yml"
+    toc.write_text(toc.read_text().replace("      - file: status", "      - file: reader\n      - file: status"))
+    _, out = build(copy)
+    assert "current with its source" in (out / "reader.html").read_text()
+    nb = nbf.read(copy / "gpu.ipynb", as_version=4)           # gpu re-run after reader's run
+    nb.metadata["reference_run"]["started"] = "2026-11-30T12:00:00Z"
+    nbf.write(nb, copy / "gpu.ipynb")
+    log, out = build(copy)                                    # incremental; reader's files unchanged
+    assert "WARNING" not in log, log
+    status = (out / "status.html").read_text()
+    assert "✗ stale: a page it reads was run after it (gpu)" in status
+    page = (out / "reader.html").read_text()
+    assert "current with its source" not in page
+    assert "stale: a page it reads was run after it (gpu)" in page
+
+
 def test_notebook_without_metadata_warns(tmp_path):
     make_book(tmp_path)
     nb = nbformat.read(tmp_path / "cpu.ipynb", as_version=4)
