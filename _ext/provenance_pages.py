@@ -609,7 +609,12 @@ def run_agreement(srcdir: str) -> dict[str, Any]:
         if newest is None:
             _AGREEMENT[srcdir] = {}
         else:
+            held: dict[str, int] = {}
+            for record in verdicts._records(srcdir):
+                for page in record.get("pages", {}):
+                    held[page] = held.get(page, 0) + 1
             _AGREEMENT[srcdir] = {"newest": newest,
+                                  "held": held,
                                   "pages": {page: p for page, (_, _, p) in found.items()},
                                   "runs": {page: run for page, (run, _, _) in found.items()},
                                   "against": {page: run for page, (_, run, _) in found.items()}}
@@ -620,8 +625,13 @@ def _agreement(row: StatusRow) -> str:
     agreement = run_agreement(row.env.srcdir)
     found = agreement.get("pages", {}).get(row.docname)
     if found is None:
-        return ("no earlier run of this source on this device" if agreement
-                and row.status.get("state") == "current" else "—")
+        if not agreement or row.status.get("state") != "current":
+            return "—"
+        # the records hold earlier runs of the page, but of older code (or another device):
+        # its verdicts are compared with them by scripts/compare_runs.py, not here
+        earlier = agreement.get("held", {}).get(row.docname, 0) - 1
+        return ("first run of this code" + (f"; {earlier} earlier run{'s' if earlier != 1 else ''}"
+                                            " ran older code" if earlier > 0 else ""))
     if not found.verdicts:
         return "no verdicts"
     text = f"{found.agreeing} of {found.verdicts}"

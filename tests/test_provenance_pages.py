@@ -334,7 +334,10 @@ def test_the_status_column_counts_the_verdicts_two_runs_agree_on(tmp_path, monke
     assert PP._agreement(row) == "8 of 10; ✗ 1 changed; 1 host-bound changed"
     # a current page whose source never ran twice on one device says so, not "all agree"
     row.docname = "book/99_other"
-    assert PP._agreement(row) == "no earlier run of this source on this device"
+    assert PP._agreement(row) == "first run of this code"
+    # reader review M6: runs/ holds earlier runs of the page, of older code: the cell says so
+    PP._AGREEMENT[str(tmp_path)]["held"] = {"book/99_other": 4}
+    assert PP._agreement(row) == "first run of this code; 3 earlier runs ran older code"
     row.status = {"state": "missing"}
     assert PP._agreement(row) == "—"
     # two runs on different devices are listed but are no defect of the page
@@ -369,3 +372,17 @@ def test_a_link_to_a_page_awaiting_its_first_run_becomes_its_title_not_a_broken_
     assert PP.link_to_a_page_awaiting_its_run(app, None, other, nodes.inline("", "x")) is None
     assert PP.link_to_a_page_awaiting_its_run(
         app, None, {**node, "reftype": "ref"}, nodes.inline("", "x")) is None
+
+
+def test_on_a_phone_every_status_column_is_labelled_in_its_card():
+    """Reader review M6: at 390 px the eight columns broke words letter by letter; the phone
+    layout (provenance.css) stacks each row as a card whose lines repeat their headers, so a
+    column added to STATUS_COLUMNS without its label fails here."""
+    css = (ROOT / "_ext" / "static" / "provenance.css").read_text()
+    phone = css[css.index("@media screen and (max-width: 640px)"):]
+    assert "display: block" in phone and "thead" in phone
+    headers = [c.header for c in PP.STATUS_COLUMNS] + ["driver"]
+    for header in headers:
+        if header in ("page", "current with its source"):      # the card's title and state
+            continue
+        assert f"td.provenance-col-{PP._slug(header)}::before" in phone, header
