@@ -963,11 +963,14 @@ def on_config_inited(app, config) -> None:
         if getattr(config, "html_theme", None) == "sphinx_book_theme":  # other themes lack these options
             opts["use_repository_button"] = opts["use_issues_button"] = True
     else:  # no public address yet: no button may link to an invented one
-        subs.setdefault("repository_url", "(the repository's public address is not set in this build)")
+        # what a reader can do, in words that read in the front page's sentences ("Clone
+        # {{ repository_url }} and run ..."), not what this build lacks (reader review M7)
+        subs.setdefault("repository_url", "the course's repository")
         subs.setdefault("repository_clone", "")
         subs.setdefault("repository_pip", "`%pip install -q myst-nb` and upload the repository's `perflab` folder")
-        subs.setdefault("run_in_the_cloud", "This build has no public repository address, so it offers no Binder "
-                                            "or Colab button: download the notebook instead.")
+        subs.setdefault("run_in_the_cloud", "Download the course (.zip) above, unpack it, and open a "
+                                            "notebook in Colab or any Jupyter server with its `perflab` "
+                                            "folder beside it; a Colab session may have a GPU.")
         opts.pop("repository_url", None)
         if "launch_buttons" in opts:
             opts["launch_buttons"] = {}

@@ -508,16 +508,41 @@ def _file_role(kind: str):
         if kind == "pdf":
             env.reader_pdf_docs.add(env.docname)
         if kind == "pdf" and _pdf_source(app) is None:
-            # no PDF built: say how to get one rather than link to a missing file
-            node = nodes.inline("", "", classes=["reader-missing-pdf"])
-            node += [nodes.Text(f"{text} (not in this build: "), nodes.literal("", "make pdf"),
-                     nodes.Text(" prints it)")]
-            return [node], []
+            # no PDF built: the link is left out (drop_absent_pdf_links), with its " · " or
+            # the paragraph that only offered it; a reader is not told about the build
+            return [nodes.inline("", "", classes=[MISSING_PDF])], []
         target = BUNDLE_NAME if kind == "bundle" else PDF_NAME
         ref = nodes.reference(rawtext, text, refuri=_to_root(env.docname) + target,
                               classes=[f"reader-{kind}-link"])
         return [ref], []
     return role
+
+
+MISSING_PDF = "reader-missing-pdf"
+
+
+def drop_absent_pdf_links(app, doctree) -> None:
+    """doctree-read: take out each ``{book-pdf}`` link of a build without a PDF (the role left
+    an empty marker), with the " · " before it, and a paragraph that then offers nothing (it
+    ends with a colon: "**The whole book on paper**: ."), so the front page says nothing of
+    what this build lacks (reader review M7)."""
+    for marker in list(doctree.findall(lambda n: isinstance(n, nodes.inline)
+                                       and MISSING_PDF in n.get("classes", []))):
+        parent = marker.parent
+        at = parent.index(marker)
+        before = parent[at - 1] if at > 0 else None
+        after = parent[at + 1] if at + 1 < len(parent) else None
+        parent.remove(marker)
+        if isinstance(before, nodes.Text):
+            trimmed = re.sub(r"\s*·\s*$", "", str(before))
+            if trimmed != str(before):
+                parent.replace(before, nodes.Text(trimmed))
+        if isinstance(parent, nodes.paragraph):
+            rest = re.sub(r"[\s.]+$", "", parent.astext())
+            if not rest or rest.endswith(":"):
+                parent.parent.remove(parent)
+            elif isinstance(after, nodes.Text) and re.fullmatch(r"\s*", str(after)):
+                parent.remove(after)
 
 
 def add_download_entries(app, pagename, templatename, context, doctree) -> None:
@@ -596,6 +621,7 @@ def setup(app):
     app.connect("env-merge-info", on_env_merge_info)
     app.connect("doctree-resolved", add_search_keywords)
     app.connect("doctree-read", describe_figures)
+    app.connect("doctree-read", drop_absent_pdf_links)
     app.connect("doctree-read", mark_student_edition)
     # after Sphinx's own numbering (TocTreeCollector, priority 500)
     app.connect("env-get-updated", number_per_page, priority=900)

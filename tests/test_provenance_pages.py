@@ -256,7 +256,9 @@ def test_without_a_repository_address_no_button_links_anywhere():
     assert opts["launch_buttons"] == {} and not opts["use_repository_button"] and "use_issues_button" not in opts
     assert "repository_url" not in opts
     subs = config.myst_substitutions
-    assert "http" not in subs["repository_url"] and "Binder" in subs["run_in_the_cloud"]
+    assert "http" not in subs["repository_url"] and "Colab" in subs["run_in_the_cloud"]
+    # what a reader can do, not what the build lacks (reader review M7)
+    assert not any("this build" in text for text in subs.values())
 
 
 def test_mathjax_is_vendored_from_the_npm_tarball_and_checked(tmp_path, monkeypatch):

@@ -1205,7 +1205,9 @@ def test_figure_convention_gives_a_numbered_figure_that_names_its_device(tmp_pat
            "started": "2026-12-01T10:00:00Z", "host": {"cpu": "AMD EPYC 9654", "logical_cores": 32}}
     page = _small_book(tmp_path, [
         nbformat.v4.new_markdown_cell("# A page\n\n{numref}`fig-ch99-loader` and {numref}`fig-ch99-step`. "
-                                      "Read {book-pdf}`the book as one PDF`."),
+                                      "Course: {course-download}`the course (.zip)` · "
+                                      "{book-pdf}`the book (.pdf)`\n\n"
+                                      "**On paper**: {book-pdf}`the book as one PDF`."),
         figure_cell("fig-ch99-loader", "Images per second of the DataLoader against its workers.", "host"),
         figure_cell("fig-ch99-step", "Milliseconds per training step, eager and compiled.", "gpu"),
     ], run).read_text(encoding="utf-8")
@@ -1214,9 +1216,12 @@ def test_figure_convention_gives_a_numbered_figure_that_names_its_device(tmp_pat
     assert "measured on the host CPU, AMD EPYC 9654 (32 logical cores)" in page
     assert "measured on one NVIDIA H200 (one of the run" in page
     assert 'alt="Images per second of the DataLoader' in page
-    # no PDF built for this book: the role says how to get one instead of linking a missing file
+    # no PDF built for this book: no link to a missing file, and no word of the build (reader
+    # review M7): the link, its " · " and a paragraph that only offered it are left out
     text = re.sub(r"<[^>]+>", "", page)   # Sphinx writes a literal word by word in spans
-    assert "make pdf" in text and reader_pages.PDF_NAME not in page
+    assert reader_pages.PDF_NAME not in page and "make pdf" not in text
+    assert "the course (.zip)" in text and "On paper" not in text and "·" not in text.split(
+        "the course (.zip)")[1][:20]
 
 
 def test_provenance_line_names_the_device_that_did_the_work():
