@@ -1431,3 +1431,29 @@ def test_book_pdf_finds_a_table_whose_last_column_is_not_printed():
     assert book_pdf.clipped_tables(page, "rung tokens/s eager 41.7k forward derivative relu 1 of it") == []
     clipped = book_pdf.clipped_tables(page, "rung eager forward derivative relu 1 of it")
     assert len(clipped) == 1 and "'tokens', 's', '41', '7k'" in clipped[0], clipped
+
+
+def test_backticks_in_glued_text_become_inline_code_that_wraps():
+    """Reader review R5: glued sentences showed literal backticks (`nvjet_sm90_...`, `nsys`)
+    and their long kernel names made pages wider than a phone."""
+    from docutils import nodes
+    from docutils.utils import new_document
+    from docutils.frontend import get_default_settings
+    from docutils.parsers.rst import Parser
+
+    doc = new_document("test", get_default_settings(Parser))
+    para = nodes.paragraph()
+    text = "cuBLAS ran `cutlass::Kernel2` instead of `nvjet_sm90_tst_256x128` x2"
+    para += nodes.inline(text, text, classes=["pasted-text"])
+    para += nodes.Text(" and `plain prose` stays as written")
+    doc += para
+    assert reader_pages.render_glued_code(None, doc) == 2
+    codes = [n.astext() for n in doc.findall(nodes.literal)]
+    assert codes == ["cutlass::Kernel2", "nvjet_sm90_tst_256x128"]
+    assert "`" not in doc.findall(nodes.inline).__next__().astext()
+    assert doc.astext() == ("cuBLAS ran cutlass::Kernel2 instead of nvjet_sm90_tst_256x128 x2"
+                            " and `plain prose` stays as written")
+    css = (ROOT / "_ext" / "static" / "reader.css").read_text()
+    at = css.index("span.pasted-text code {")
+    rule = css[css.rindex("*/", 0, at):css.index("}", at)]
+    assert "overflow-wrap: anywhere" in rule and "article.bd-article p code" in rule
