@@ -290,7 +290,27 @@ def notebook_status(app, docname: str) -> dict | None:
     """Status of one toc entry (:func:`perflab.record.runs.status`, the one staleness decision): None
     when it is not a notebook, else a dict with ``run`` (the reference_run metadata or None),
     ``state`` (``current``, ``cpu``, ``stale``, ``missing``, ``no-metadata``) and ``words``
-    (what the status page prints)."""
+    (what the status page prints). Computed once per build and shared by the page's badge,
+    the status page and :func:`on_env_get_outdated`, so the three cannot disagree."""
+    cache = getattr(app, "_perflab_status_cache", None)
+    if cache is None:
+        cache = app._perflab_status_cache = {}
+    if docname not in cache:
+        cache[docname] = _notebook_status(app, docname)
+    return cache[docname]
+
+
+def status_key(status: dict | None) -> tuple | None:
+    """What of a :func:`notebook_status` a page's badge shows (state, words, GPUs, pending):
+    recorded when the page is read; a page whose key differs at the next build is read again
+    (:func:`on_env_get_outdated`), so its badge always says what the status page says."""
+    if status is None:
+        return None
+    return (status["state"], status["words"], status.get("gpus"), status.get("pending"),
+            status.get("pending_gpus"))
+
+
+def _notebook_status(app, docname: str) -> dict | None:
     src = Path(app.srcdir)
     md = src / f"{docname}.md"
     st = runs.status(md, src / f"{docname}.ipynb")
@@ -441,7 +461,9 @@ def on_doctree_read(app, doctree) -> None:
         logger.warning(f"{docname}: the notebook has no reference_run metadata", location=docname)
         return
     sha = source_sha(app, docname)
-    app.env.provenance_sources[docname] = sha
+    # what the page shows that can change without its .ipynb changing: the source's code,
+    # and the staleness its badge states (perflab modules, pages it reads, pending sources)
+    app.env.provenance_sources[docname] = (sha, status_key(notebook_status(app, docname)))
     _add_captions(app, doctree, run)
     para = nodes.paragraph(text=describe_run(run) + " ")
     para += _status_link(app, "All notebooks' runs.")
@@ -587,7 +609,12 @@ def run_agreement(srcdir: str) -> dict[str, Any]:
         if newest is None:
             _AGREEMENT[srcdir] = {}
         else:
+            held: dict[str, int] = {}
+            for record in verdicts._records(srcdir):
+                for page in record.get("pages", {}):
+                    held[page] = held.get(page, 0) + 1
             _AGREEMENT[srcdir] = {"newest": newest,
+                                  "held": held,
                                   "pages": {page: p for page, (_, _, p) in found.items()},
                                   "runs": {page: run for page, (run, _, _) in found.items()},
                                   "against": {page: run for page, (_, run, _) in found.items()}}
@@ -598,8 +625,13 @@ def _agreement(row: StatusRow) -> str:
     agreement = run_agreement(row.env.srcdir)
     found = agreement.get("pages", {}).get(row.docname)
     if found is None:
-        return ("no earlier run of this source on this device" if agreement
-                and row.status.get("state") == "current" else "—")
+        if not agreement or row.status.get("state") != "current":
+            return "—"
+        # the records hold earlier runs of the page, but of older code (or another device):
+        # its verdicts are compared with them by scripts/compare_runs.py, not here
+        earlier = agreement.get("held", {}).get(row.docname, 0) - 1
+        return ("first run of this code" + (f"; {earlier} earlier run{'s' if earlier != 1 else ''}"
+                                            " ran older code" if earlier > 0 else ""))
     if not found.verdicts:
         return "no verdicts"
     text = f"{found.agreeing} of {found.verdicts}"
@@ -813,11 +845,19 @@ class ProvenanceStatus(SphinxDirective):
 # ---------------------------------------------------------------------------------------------
 
 def on_env_get_outdated(app, env, added, changed, removed) -> list[str]:
+    """Pages to read again although their files did not change: the status pages (every
+    build), and each notebook page whose source's code or whose staleness (:func:`status_key`:
+    a perflab module it imports changed, a page it reads was re-run, a revised source waits
+    in ``pending/``) differs from what its badge and footer were built from. Without this, an
+    incremental build keeps a page whose ``.ipynb`` did not change with the badge of an older
+    build, while the status page, re-read every build, says otherwise."""
     outdated = set(env.provenance_status_docs) - set(removed)
+    app._perflab_status_cache = {}          # a new build: every status computed afresh
     for docname, recorded in list(env.provenance_sources.items()):
         if docname in removed:
             continue
-        if source_sha(app, docname) != recorded:
+        if not isinstance(recorded, tuple) or recorded != (
+                source_sha(app, docname), status_key(notebook_status(app, docname))):
             outdated.add(docname)
     return sorted(outdated)
 
@@ -833,6 +873,7 @@ def on_env_merge_info(app, env, docnames, other) -> None:
 
 
 def on_builder_inited(app) -> None:
+    app._perflab_status_cache = {}
     env = app.env
     if not hasattr(env, "provenance_status_docs"):
         env.provenance_status_docs = set()
@@ -922,11 +963,14 @@ def on_config_inited(app, config) -> None:
         if getattr(config, "html_theme", None) == "sphinx_book_theme":  # other themes lack these options
             opts["use_repository_button"] = opts["use_issues_button"] = True
     else:  # no public address yet: no button may link to an invented one
-        subs.setdefault("repository_url", "(the repository's public address is not set in this build)")
+        # what a reader can do, in words that read in the front page's sentences ("Clone
+        # {{ repository_url }} and run ..."), not what this build lacks (reader review M7)
+        subs.setdefault("repository_url", "the course's repository")
         subs.setdefault("repository_clone", "")
         subs.setdefault("repository_pip", "`%pip install -q myst-nb` and upload the repository's `perflab` folder")
-        subs.setdefault("run_in_the_cloud", "This build has no public repository address, so it offers no Binder "
-                                            "or Colab button: download the notebook instead.")
+        subs.setdefault("run_in_the_cloud", "Download the course (.zip) above, unpack it, and open a "
+                                            "notebook in Colab or any Jupyter server with its `perflab` "
+                                            "folder beside it; a Colab session may have a GPU.")
         opts.pop("repository_url", None)
         if "launch_buttons" in opts:
             opts["launch_buttons"] = {}

@@ -508,16 +508,74 @@ def _file_role(kind: str):
         if kind == "pdf":
             env.reader_pdf_docs.add(env.docname)
         if kind == "pdf" and _pdf_source(app) is None:
-            # no PDF built: say how to get one rather than link to a missing file
-            node = nodes.inline("", "", classes=["reader-missing-pdf"])
-            node += [nodes.Text(f"{text} (not in this build: "), nodes.literal("", "make pdf"),
-                     nodes.Text(" prints it)")]
-            return [node], []
+            # no PDF built: the link is left out (drop_absent_pdf_links), with its " · " or
+            # the paragraph that only offered it; a reader is not told about the build
+            return [nodes.inline("", "", classes=[MISSING_PDF])], []
         target = BUNDLE_NAME if kind == "bundle" else PDF_NAME
         ref = nodes.reference(rawtext, text, refuri=_to_root(env.docname) + target,
                               classes=[f"reader-{kind}-link"])
         return [ref], []
     return role
+
+
+MISSING_PDF = "reader-missing-pdf"
+
+_BACKTICKED = re.compile(r"`([^`\n]+)`")
+
+
+def render_glued_code(app, doctree, docname=None) -> int:
+    """doctree-resolved: a glued string is pasted as plain text (myst-nb's ``pasted-text``),
+    so the Markdown backticks its author wrote around a kernel or tool name showed literally
+    (\`nvjet_sm90_...\`, \`nsys\`: 15 paragraphs on 10 pages, reader review R5). Each
+    backticked run becomes inline code, which the book's CSS lets wrap anywhere (a kernel name
+    is one long word: it pushed five pages wider than a phone). Returns how many it rendered."""
+    done = 0
+    for span in list(doctree.findall(lambda n: isinstance(n, nodes.inline)
+                                     and "pasted-text" in n.get("classes", []))):
+        for text in list(span.findall(nodes.Text)):
+            if isinstance(text.parent, nodes.literal) or "`" not in text:
+                continue
+            parts, at = [], 0
+            for m in _BACKTICKED.finditer(str(text)):
+                if m.start() > at:
+                    parts.append(nodes.Text(str(text)[at:m.start()]))
+                parts.append(nodes.literal(m.group(1), m.group(1), classes=["glued-code"]))
+                at = m.end()
+                done += 1
+            if not parts:
+                continue
+            if at < len(text):
+                parts.append(nodes.Text(str(text)[at:]))
+            parent = text.parent
+            i = parent.index(text)
+            parent.remove(text)
+            for k, node in enumerate(parts):
+                parent.insert(i + k, node)
+    return done
+
+
+def drop_absent_pdf_links(app, doctree) -> None:
+    """doctree-read: take out each ``{book-pdf}`` link of a build without a PDF (the role left
+    an empty marker), with the " · " before it, and a paragraph that then offers nothing (it
+    ends with a colon: "**The whole book on paper**: ."), so the front page says nothing of
+    what this build lacks (reader review M7)."""
+    for marker in list(doctree.findall(lambda n: isinstance(n, nodes.inline)
+                                       and MISSING_PDF in n.get("classes", []))):
+        parent = marker.parent
+        at = parent.index(marker)
+        before = parent[at - 1] if at > 0 else None
+        after = parent[at + 1] if at + 1 < len(parent) else None
+        parent.remove(marker)
+        if isinstance(before, nodes.Text):
+            trimmed = re.sub(r"\s*·\s*$", "", str(before))
+            if trimmed != str(before):
+                parent.replace(before, nodes.Text(trimmed))
+        if isinstance(parent, nodes.paragraph):
+            rest = re.sub(r"[\s.]+$", "", parent.astext())
+            if not rest or rest.endswith(":"):
+                parent.parent.remove(parent)
+            elif isinstance(after, nodes.Text) and re.fullmatch(r"\s*", str(after)):
+                parent.remove(after)
 
 
 def add_download_entries(app, pagename, templatename, context, doctree) -> None:
@@ -596,6 +654,8 @@ def setup(app):
     app.connect("env-merge-info", on_env_merge_info)
     app.connect("doctree-resolved", add_search_keywords)
     app.connect("doctree-read", describe_figures)
+    app.connect("doctree-read", drop_absent_pdf_links)
+    app.connect("doctree-resolved", render_glued_code)
     app.connect("doctree-read", mark_student_edition)
     # after Sphinx's own numbering (TocTreeCollector, priority 500)
     app.connect("env-get-updated", number_per_page, priority=900)

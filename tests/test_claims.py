@@ -203,3 +203,13 @@ def test_a_spread_across_zero_reads_as_a_range_not_a_dashed_negative(glued):
     across_zero = Spread((-0.17, 0.8, 1.4, 2.74, 1.1))
     assert claims.compare("z", across_zero, 1.0, 0.25, bound="device") == "undecided"
     assert "-0.17x to 2.74x" in glued["z"] and "-0.17–" not in glued["z"]
+
+
+def test_a_spread_whose_ends_print_alike_is_one_value_not_a_range(glued):
+    """Reader review M2: "(1.00x it; 1.00–1.00x, min–max over 5 rounds)" fourteen times."""
+    claims.compare("same", Spread((1.0001, 1.0002, 1.0, 1.0003, 0.9999)), 1.0, 0.25,
+                   bound="device")
+    assert glued["same"] == "within 25 % of the prediction (1.00x it; the same in each of 5 rounds)"
+    claims.compare("far", Spread((2.0, 2.001, 2.002)), 1.0, 0.25, bound="device")
+    assert glued["far"] == ("2.00x the prediction (the same in each of 3 rounds), outside its "
+                            "25 % band")

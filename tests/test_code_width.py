@@ -21,8 +21,6 @@ KNOWN = {
     "book/08_distributed_training.md": [
         '                           exposed, sum(allreduce_seconds(b, busbw, nproc, alpha)',
         '                       ns["no_sync_rounds_s"], ns["sync_every_rounds_s"], skipped)'],
-    "book/10_gpt2_memory_ladder.md": [
-        '        times, levels = allocation_timeline(load_snapshot(res.extra["snapshot"]))'],
 }
 
 

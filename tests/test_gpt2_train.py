@@ -549,11 +549,11 @@ def test_saving_table_takes_interleaved_savings_and_calls_small_changes_noise():
     # kernels 80 -> 78.5 ms: 1.5 ms, past the IQR's ±0.5 ms (inside the min-max's ±4 ms)
     assert "own time fell by 1.5 ms" in cause
     # idle 32.2 -> 32.0 ms: fell by 0.2 ms, inside the noise, quoted with the table's sign
-    assert "idle time between them was unchanged within the noise (it fell by +200 µs" in cause
+    assert "idle time between them was unchanged within the noise (a fall of 200 µs" in cause
     assert "±500 µs" in cause and "rose" not in cause
     results["fused head"].extra["timeline"] = Timeline(0.1110, 0.0785, 10, (1e-5,))
     _, savings = saving_table(results, {"fused head": 0.01}, paired)
-    assert "(it fell by -300 µs" in savings["fused"][2].replace("−", "-")
+    assert "(a rise of 300 µs" in savings["fused"][2]
     with pytest.raises(ValueError, match="paired"):
         saving_table(results, {"fused head": 0.01}, {})
     with pytest.raises(TypeError, match="saved must be a Spread"):
@@ -903,9 +903,10 @@ def test_saving_table_reads_the_pairs_interleaved_profiles():
     paired = {"fused head": {"saved": saved, "profiles": {"before": before, "after": after}}}
     table, savings = saving_table(results, {"fused head": 0.005}, paired)
     cause = savings["fused"][2].replace("−", "-")
-    assert "kernels' own time fell by 2 ms (+1 ms to +2 ms, min–max over 3 profiled pairs)" \
+    assert "kernels' own time fell by 2 ms (1 ms–2 ms, min–max over 3 profiled pairs)" \
         in cause
-    assert "idle time between them was unchanged within the noise (it fell by +500 µs" in cause
+    assert ("idle time between them was unchanged within the noise (a fall of 500 µs at the "
+            "median; its profiled steps from a rise of 1 ms to a fall of 1 ms") in cause
     assert "rose" not in cause
     assert "| 2.5 ms | 2 ms | 500 µs |" in table                  # medians of the rounds
     # without the pairs' profiles, the ladder's timelines are required as before
@@ -990,3 +991,12 @@ def test_saving_verdict_widens_a_profiled_prediction_by_its_own_spread_only():
         saving_verdict(saved, 0.004, 0.33, at_most=False, spread=pred)
     with pytest.raises(ValueError, match="two-sided"):
         saving_verdict(saved, 0.003, 0.33, at_most=True, at_least=0.001, spread=pred)
+
+
+def test_a_rise_is_quoted_with_its_range_in_the_same_sense():
+    """Reader review M2: "the idle time between them rose by 98.4 µs (-215 µs to -19 µs)"."""
+    from perflab.gpt2.tables import _change_spread
+
+    text = _change_spread("the idle time", Spread((-215e-6, -98.4e-6, -19e-6)))
+    assert text.startswith("the idle time rose by 98.4 µs (19 µs–215 µs, min–max"), text
+    assert "-" not in text.replace("min–max", "") and "−" not in text

@@ -148,6 +148,23 @@ def test_snapshot_check():
                                         "attention scores")
 
 
+def test_the_snapshot_check_writes_every_size_in_one_format(capsys):
+    """Reader review M2: lab 7 printed "1.049M", "262.1k" and "2097152" in one block."""
+    cfg = BlockStackConfig(d_model=32, n_heads=8, n_layers=1, seq_len=64)
+    model = BlockStack(cfg)
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(2, cfg.seq_len, cfg.d_model)
+    snap = snapshots.cpu_memory_trace(lambda: train_step(model, opt, x, torch.randn_like(x)))
+    sizes = predict.block_tensor_bytes(cfg, 2)
+    allocs = [e["size"] for e in snap["device_traces"][0] if e["action"] == "alloc"]
+    capsys.readouterr()
+    lab07.check_largest_allocation(snap, cfg, 2, dict(sizes), max(allocs), "attention scores")
+    lines = [line for line in capsys.readouterr().out.splitlines() if "size" in line]
+    assert len(lines) == len(sizes) + 1, lines
+    assert all(line.startswith("✓") and "iB is right" in line and "(bytes)" not in line
+               for line in lines), lines
+
+
 @pytest.mark.parametrize("reference_run", [True, False])
 def test_the_reference_run_compares_with_itself_not_with_an_earlier_run(reference_run, monkeypatch):
     """Review F20: executed as the reference run (execute.py sets PERFLAB_REFERENCE_RUN), the

@@ -164,3 +164,17 @@ def test_format_spec_raises_what_format_raises():
 ])
 def test_format_spec_keeps_to_four_decimals(value, spec, text):
     assert format_spec(value, spec) == text
+
+
+def test_fmt_range_says_one_value_when_the_ends_agree_and_never_a_dash_after_a_minus():
+    """Reader review M2: "336 ms–336 ms", "1.00–1.00x" and "-215 µs–-19 µs" on the pages."""
+    from perflab.record.numbers import fmt_range
+
+    assert fmt_range(0.336, 0.349, "s") == "336 ms–349 ms"
+    assert fmt_range(0.3361, 0.3362, "s") == "336 ms"
+    assert fmt_range(1.0004, 1.0011, write=lambda r: f"{r:.2f}x") == "1.00x"
+    assert fmt_range(0.95, 1.10, write=lambda r: f"{r:.2f}x") == "0.95x–1.10x"
+    assert fmt_range(-215e-6, 19e-6, "s").replace("−", "-") == "-215 µs to +19 µs"
+    for bad in [(1.0, 0.5), (float("nan"), 1.0), (True, 1.0)]:
+        with pytest.raises(ValueError):
+            fmt_range(*bad)

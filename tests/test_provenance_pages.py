@@ -172,6 +172,42 @@ def test_an_edited_source_makes_page_and_status_stale_on_the_next_build(book, tm
     assert "✗ stale: code changed since the run" in (out / "status.html").read_text()
 
 
+def test_a_page_gone_stale_without_its_files_changing_gets_its_badge_rebuilt(book, tmp_path):
+    """Reader review R3: the badge of a page whose own files did not change (here: a page it
+    reads was re-run; in the book: a perflab module it imports changed) kept an older build's
+    "current" while the status page, re-read every build, said stale."""
+    import shutil
+
+    import nbformat as nbf
+
+    folder, _, _ = book
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("_build", "warnings.txt"))
+    # a configuration that an incremental build keeps (with external_toc_exclude_missing,
+    # exclude_patterns changes on every build and Sphinx reads every page again)
+    conf = copy / "conf.py"
+    conf.write_text(conf.read_text().replace("external_toc_exclude_missing = True",
+                                             "external_toc_exclude_missing = False")
+                    .replace("'*.md']", "'*.md', 'jupyter_execute']"))
+    write_pair(copy, "reader", ["z = 3"], dict(GPU_RUN, started="2026-11-30T11:00:00Z"))
+    md = copy / "reader.md"
+    md.write_text(md.read_text().replace("---\n\n#", "perflab:\n  reads: [gpu]\n---\n\n#", 1))
+    toc = copy / "_toc.yml"
+    toc.write_text(toc.read_text().replace("      - file: status", "      - file: reader\n      - file: status"))
+    _, out = build(copy)
+    assert "current with its source" in (out / "reader.html").read_text()
+    nb = nbf.read(copy / "gpu.ipynb", as_version=4)           # gpu re-run after reader's run
+    nb.metadata["reference_run"]["started"] = "2026-11-30T12:00:00Z"
+    nbf.write(nb, copy / "gpu.ipynb")
+    log, out = build(copy)                                    # incremental; reader's files unchanged
+    assert "WARNING" not in log, log
+    status = (out / "status.html").read_text()
+    assert "✗ stale: a page it reads was run after it (gpu)" in status
+    page = (out / "reader.html").read_text()
+    assert "current with its source" not in page
+    assert "stale: a page it reads was run after it (gpu)" in page
+
+
 def test_notebook_without_metadata_warns(tmp_path):
     make_book(tmp_path)
     nb = nbformat.read(tmp_path / "cpu.ipynb", as_version=4)
@@ -220,7 +256,9 @@ def test_without_a_repository_address_no_button_links_anywhere():
     assert opts["launch_buttons"] == {} and not opts["use_repository_button"] and "use_issues_button" not in opts
     assert "repository_url" not in opts
     subs = config.myst_substitutions
-    assert "http" not in subs["repository_url"] and "Binder" in subs["run_in_the_cloud"]
+    assert "http" not in subs["repository_url"] and "Colab" in subs["run_in_the_cloud"]
+    # what a reader can do, not what the build lacks (reader review M7)
+    assert not any("this build" in text for text in subs.values())
 
 
 def test_mathjax_is_vendored_from_the_npm_tarball_and_checked(tmp_path, monkeypatch):
@@ -298,7 +336,10 @@ def test_the_status_column_counts_the_verdicts_two_runs_agree_on(tmp_path, monke
     assert PP._agreement(row) == "8 of 10; ✗ 1 changed; 1 host-bound changed"
     # a current page whose source never ran twice on one device says so, not "all agree"
     row.docname = "book/99_other"
-    assert PP._agreement(row) == "no earlier run of this source on this device"
+    assert PP._agreement(row) == "first run of this code"
+    # reader review M6: runs/ holds earlier runs of the page, of older code: the cell says so
+    PP._AGREEMENT[str(tmp_path)]["held"] = {"book/99_other": 4}
+    assert PP._agreement(row) == "first run of this code; 3 earlier runs ran older code"
     row.status = {"state": "missing"}
     assert PP._agreement(row) == "—"
     # two runs on different devices are listed but are no defect of the page
@@ -333,3 +374,17 @@ def test_a_link_to_a_page_awaiting_its_first_run_becomes_its_title_not_a_broken_
     assert PP.link_to_a_page_awaiting_its_run(app, None, other, nodes.inline("", "x")) is None
     assert PP.link_to_a_page_awaiting_its_run(
         app, None, {**node, "reftype": "ref"}, nodes.inline("", "x")) is None
+
+
+def test_on_a_phone_every_status_column_is_labelled_in_its_card():
+    """Reader review M6: at 390 px the eight columns broke words letter by letter; the phone
+    layout (provenance.css) stacks each row as a card whose lines repeat their headers, so a
+    column added to STATUS_COLUMNS without its label fails here."""
+    css = (ROOT / "_ext" / "static" / "provenance.css").read_text()
+    phone = css[css.index("@media screen and (max-width: 640px)"):]
+    assert "display: block" in phone and "thead" in phone
+    headers = [c.header for c in PP.STATUS_COLUMNS] + ["driver"]
+    for header in headers:
+        if header in ("page", "current with its source"):      # the card's title and state
+            continue
+        assert f"td.provenance-col-{PP._slug(header)}::before" in phone, header

@@ -1205,7 +1205,9 @@ def test_figure_convention_gives_a_numbered_figure_that_names_its_device(tmp_pat
            "started": "2026-12-01T10:00:00Z", "host": {"cpu": "AMD EPYC 9654", "logical_cores": 32}}
     page = _small_book(tmp_path, [
         nbformat.v4.new_markdown_cell("# A page\n\n{numref}`fig-ch99-loader` and {numref}`fig-ch99-step`. "
-                                      "Read {book-pdf}`the book as one PDF`."),
+                                      "Course: {course-download}`the course (.zip)` · "
+                                      "{book-pdf}`the book (.pdf)`\n\n"
+                                      "**On paper**: {book-pdf}`the book as one PDF`."),
         figure_cell("fig-ch99-loader", "Images per second of the DataLoader against its workers.", "host"),
         figure_cell("fig-ch99-step", "Milliseconds per training step, eager and compiled.", "gpu"),
     ], run).read_text(encoding="utf-8")
@@ -1214,9 +1216,12 @@ def test_figure_convention_gives_a_numbered_figure_that_names_its_device(tmp_pat
     assert "measured on the host CPU, AMD EPYC 9654 (32 logical cores)" in page
     assert "measured on one NVIDIA H200 (one of the run" in page
     assert 'alt="Images per second of the DataLoader' in page
-    # no PDF built for this book: the role says how to get one instead of linking a missing file
+    # no PDF built for this book: no link to a missing file, and no word of the build (reader
+    # review M7): the link, its " · " and a paragraph that only offered it are left out
     text = re.sub(r"<[^>]+>", "", page)   # Sphinx writes a literal word by word in spans
-    assert "make pdf" in text and reader_pages.PDF_NAME not in page
+    assert reader_pages.PDF_NAME not in page and "make pdf" not in text
+    assert "the course (.zip)" in text and "On paper" not in text and "·" not in text.split(
+        "the course (.zip)")[1][:20]
 
 
 def test_provenance_line_names_the_device_that_did_the_work():
@@ -1426,3 +1431,29 @@ def test_book_pdf_finds_a_table_whose_last_column_is_not_printed():
     assert book_pdf.clipped_tables(page, "rung tokens/s eager 41.7k forward derivative relu 1 of it") == []
     clipped = book_pdf.clipped_tables(page, "rung eager forward derivative relu 1 of it")
     assert len(clipped) == 1 and "'tokens', 's', '41', '7k'" in clipped[0], clipped
+
+
+def test_backticks_in_glued_text_become_inline_code_that_wraps():
+    """Reader review R5: glued sentences showed literal backticks (`nvjet_sm90_...`, `nsys`)
+    and their long kernel names made pages wider than a phone."""
+    from docutils import nodes
+    from docutils.utils import new_document
+    from docutils.frontend import get_default_settings
+    from docutils.parsers.rst import Parser
+
+    doc = new_document("test", get_default_settings(Parser))
+    para = nodes.paragraph()
+    text = "cuBLAS ran `cutlass::Kernel2` instead of `nvjet_sm90_tst_256x128` x2"
+    para += nodes.inline(text, text, classes=["pasted-text"])
+    para += nodes.Text(" and `plain prose` stays as written")
+    doc += para
+    assert reader_pages.render_glued_code(None, doc) == 2
+    codes = [n.astext() for n in doc.findall(nodes.literal)]
+    assert codes == ["cutlass::Kernel2", "nvjet_sm90_tst_256x128"]
+    assert "`" not in doc.findall(nodes.inline).__next__().astext()
+    assert doc.astext() == ("cuBLAS ran cutlass::Kernel2 instead of nvjet_sm90_tst_256x128 x2"
+                            " and `plain prose` stays as written")
+    css = (ROOT / "_ext" / "static" / "reader.css").read_text()
+    at = css.index("span.pasted-text code {")
+    rule = css[css.rindex("*/", 0, at):css.index("}", at)]
+    assert "overflow-wrap: anywhere" in rule and "article.bd-article p code" in rule

@@ -12,7 +12,7 @@ from typing import Sequence
 from perflab.core.rounds import Spread
 from perflab.gpt2.breakdown import timeline_spread
 from perflab.memory.snapshots import allocation_timeline, name_allocation, peak_blocks
-from perflab.record.numbers import fmt
+from perflab.record.numbers import fmt, fmt_range
 
 __all__ = ["previous", "ladder_table", "saving_table", "noise_half_width", "saving_verdict",
            "memory_table", "step_peak", "peak_sentence"]
@@ -62,28 +62,37 @@ def ladder_table(results: dict, peak_sheet: float | None, peak_meas: float,
                 "peak memory", "SM clock / max"], rows)
 
 
+def _direction(fell: float, amount: str) -> str:
+    """``"a fall of 200 µs"`` or ``"a rise of 300 µs"``: a change in words whose number is
+    never signed against its word (the reader's review: "fell by +200 µs")."""
+    return f"a {'fall' if fell >= 0 else 'rise'} of {amount}"
+
+
 def _change(what: str, fell: float, noise: float) -> str:
     """``what`` fell or rose by ``|fell|`` seconds, or was unchanged within ``noise``.
 
     One sign convention throughout (the table's "fell in" columns too): ``fell`` > 0 is a
-    fall, and the unchanged case quotes the same signed number as the table, "fell by".
+    fall; the sentence says the direction in words and the amount unsigned.
     """
     if abs(fell) <= noise:
-        return (f"{what} was unchanged within the noise (it fell by "
-                f"{fmt(fell, 's', signed=True)}, inside the saving's ±{fmt(noise, 's')})")
+        return (f"{what} was unchanged within the noise ({_direction(fell, fmt(abs(fell), 's'))}, "
+                f"inside the saving's ±{fmt(noise, 's')})")
     return f"{what} {'fell' if fell > 0 else 'rose'} by {fmt(abs(fell), 's')}"
 
 
 def _change_spread(what: str, fell: Spread) -> str:
-    """``what`` fell or rose by its median over the profiled rounds, with their spread, or was
-    unchanged within the noise when the rounds' spread reaches zero (same sign convention as
-    :func:`_change`)."""
-    spread = f"{fmt(fell.lo, 's', signed=True)} to {fmt(fell.hi, 's', signed=True)}"
+    """``what`` fell or rose by its median over the profiled rounds, with their spread in the
+    same sense as the word ("rose by 98 µs (19 µs to 215 µs, ...)"), or was unchanged within
+    the noise when the rounds' spread reaches zero (same sign convention as :func:`_change`)."""
+    kind = fell.kind.replace("round", "profiled pair")
     if fell.lo <= 0 <= fell.hi:
-        return (f"{what} was unchanged within the noise (it fell by "
-                f"{fmt(fell.median, 's', signed=True)}, its profiled steps {spread})")
+        return (f"{what} was unchanged within the noise ({_direction(fell.median, fmt(abs(fell.median), 's'))}"
+                f" at the median; its profiled steps from {_direction(fell.lo, fmt(abs(fell.lo), 's'))}"
+                f" to {_direction(fell.hi, fmt(abs(fell.hi), 's'))}, {kind})")
+    lo, hi = sorted((abs(fell.lo), abs(fell.hi)))
+    spread = fmt_range(lo, hi, "s")
     return (f"{what} {'fell' if fell.median > 0 else 'rose'} by "
-            f"{fmt(abs(fell.median), 's')} ({spread}, {fell.kind.replace('round', 'profiled pair')})")
+            f"{fmt(abs(fell.median), 's')} ({spread}, {kind})")
 
 
 def noise_half_width(saved: Spread) -> float:

@@ -40,7 +40,7 @@ def check_static_prediction(predicted: Any, model: nn.Module, optimizer: torch.o
     if predicted is None:
         raise not_done(1, "set predicted_static to your prediction in bytes")
     truth = measured if measured is not None else state_bytes(model, optimizer, device)["total"]
-    return check_close(predicted, truth, "predicted static memory (bytes)", rtol=rtol,
+    return check_close(predicted, truth, "predicted static memory", rtol=rtol, unit="iB",
                        hint="parameters, gradients and Adam's two moments, each float32")
 
 
@@ -200,11 +200,13 @@ def check_largest_allocation(snapshot: dict, cfg: BlockStackConfig, batch: int,
     if not isinstance(predicted_sizes, dict) or set(predicted_sizes) != set(truth):
         raise ExerciseFailed(f"✗ predicted_sizes must map each of {sorted(truth)} to bytes.")
     for name in sorted(truth):
-        check_close(predicted_sizes[name], truth[name], f"predicted size of {name!r} (bytes)",
-                    rtol=0.0, hint="elements from the shape, times 4 bytes per float32")
+        # sizes in one format (KiB, MiB), never "1.049M" beside "2097152" (reader review M2)
+        check_close(predicted_sizes[name], truth[name], f"predicted size of {name!r}",
+                    rtol=0.0, unit="iB",
+                    hint="elements from the shape, times 4 bytes per float32")
     big = largest_allocation(snapshot)
-    check_choice(int(largest), big["size"], "the largest allocation's size (bytes)",
-                 hint="look at every 'alloc' event of snapshot['device_traces'][0]")
+    check_close(int(largest), big["size"], "the largest allocation's size", rtol=0.0,
+                unit="iB", hint="look at every 'alloc' event of snapshot['device_traces'][0]")
     return check_choice(largest_tensor, name_allocation(big["size"], truth),
                         "the tensor it holds", choices=sorted(truth),
                         hint="which of your predicted sizes is it?")

@@ -46,7 +46,7 @@ import numpy as np
 
 from perflab.core.rounds import Spread
 from perflab.core.validate import number, one_of
-from perflab.record.numbers import sig
+from perflab.record.numbers import fmt_range, sig
 from perflab.record.provenance import glue, read_glued
 
 __all__ = ["BOUNDS", "EXPECT_PREFIX", "MAX_BAND_FACTOR", "VERDICT_MIME", "Sentence", "Verdict",
@@ -335,8 +335,12 @@ def compare(name: str, measured: float | Spread, predicted: float, tolerance: fl
     rounds = ""
     if spread is not None and spread.n > 1:
         # a spread that crosses zero reads "-0.17x to 2.74x" (a dash after a minus misleads)
-        rounds = (f"{_ratio_words(r_lo)}x to {_ratio_words(r_hi)}x" if r_lo < 0 else
-                  f"{_ratio_words(r_lo)}–{_ratio_words(r_hi)}x") + f", {spread.kind}"
+        # ends equal at the shown precision are one value, not "1.00–1.00x"
+        ends = fmt_range(r_lo, r_hi, write=lambda r: f"{_ratio_words(r)}x")
+        if r_lo >= 0:                                   # "0.95–1.10x", the unit once
+            ends = ends.replace("x–", "–", 1)
+        rounds = (f"{ends}, {spread.kind}" if ends != f"{_ratio_words(r_lo)}x" else
+                  f"the same in each of {spread.n} rounds")
     low, high = 1 - tolerance, 1 + tolerance
     holds = (True if low <= r_lo and r_hi <= high else
              False if r_hi < low or r_lo > high else None)

@@ -35,8 +35,9 @@ from __future__ import annotations
 import math
 import numbers as _numbers
 import re
+from typing import Callable
 
-__all__ = ["BAD_SHAPES", "fmt", "fmt_small", "format_spec", "nbytes", "power10", "sig"]
+__all__ = ["BAD_SHAPES", "fmt", "fmt_range", "fmt_small", "format_spec", "nbytes", "power10", "sig"]
 
 # Shapes of numbers a person would not write, as regular expressions over the text a reader
 # reads (the look-behinds keep identifiers out: "arXiv:1604.06174", versions, URLs; a number
@@ -142,6 +143,34 @@ def fmt(value: float, unit: str = "", sig: int = 3, signed: bool = False) -> str
         return f"{sign}{mantissa} {prefix}{unit}"
     mantissa, prefix = _scaled(value, _COUNT, sig)
     return f"{sign}{mantissa}{prefix}" + (f" {unit}" if unit else "")
+
+
+def fmt_range(lo: float, hi: float, unit: str = "", sig: int = 3,
+              write: Callable[[float], str] | None = None) -> str:
+    """A spread's ends as a reader reads them: ``"336 ms–349 ms"``, or the one value when the
+    ends are equal at the shown precision (``"336 ms"``, never ``"336 ms–336 ms"``), or
+    ``"-215 µs to +19 µs"`` when an end is negative (a dash after a minus misleads).
+
+    Args:
+        lo, hi: the ends (finite; ``lo <= hi``).
+        unit, sig: as :func:`fmt` (ignored when ``write`` is given).
+        write: how to write one end (e.g. ``lambda r: f"{r:.2f}x"``); default :func:`fmt`.
+
+    Raises:
+        ValueError: an end that is not finite, or ``lo > hi``.
+    """
+    for label, v in (("lo", lo), ("hi", hi)):
+        if isinstance(v, bool) or not isinstance(v, _numbers.Real) or not math.isfinite(v):
+            raise ValueError(f"fmt_range needs finite numbers, got {label}={v!r}")
+    if lo > hi:
+        raise ValueError(f"lo must be <= hi, got lo={lo!r} > hi={hi!r}")
+    one = write or (lambda v: fmt(v, unit, sig))
+    a, b = one(lo), one(hi)
+    if a == b:
+        return a
+    if lo < 0:
+        return f"{one(lo)} to {fmt(hi, unit, sig, signed=True) if write is None else b}"
+    return f"{a}–{b}"
 
 
 # ---------------------------------------------------------------------------------------------
