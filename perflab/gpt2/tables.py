@@ -204,7 +204,7 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
         ratio = ((pair["before"] / pair["after"]).median if timed
                  else after.tokens_per_s / before.tokens_per_s)
         rows.append([name, fmt(pred, "s"),
-                     f"{fmt(saved.median, 's')} ({fmt(saved.lo, 's')} to {fmt(saved.hi, 's')})",
+                     f"{fmt(saved.median, 's')} ({fmt_range(saved.lo, saved.hi, 's')})",
                      fmt(window, "s"), fmt(busy, "s"), fmt(gaps, "s"),
                      fmt(ratio, "x", sig=4)])
     return _md(["rung", "predicted saving per step", what, "profiled step fell by",
@@ -268,10 +268,10 @@ def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
         band += (f": at least {fmt(at_least, 's')} less {tolerance:.0%}, at most the bound "
                  f"plus {tolerance:.0%}")
     elif spread is not None:
-        band += (f": the prediction's {fmt(spread.lo, 's')} to {fmt(spread.hi, 's')} over "
+        band += (f": the prediction's {fmt_range(spread.lo, spread.hi, 's')} over "
                  f"{spread.n} profiled pairs, {tolerance:.0%} either way")
     band = band.replace("%", " %")
-    spread = f"{fmt(saved.lo, 's')} to {fmt(saved.hi, 's')}"
+    spread = f"{fmt_range(saved.lo, saved.hi, 's')}"
     if saved.n > 1:
         spread += f", {saved.kind}"
     ratio = (f"; {fmt(saved.median / predicted, 'x')} the prediction"
