@@ -441,8 +441,20 @@ WRONG = {
         # wherever bf16 products are faster: a GPU (several times), and a CPU with bf16
         # instructions ("bf16", e.g. AVX512-BF16: the 2-core EPYC ran the lab's step 1.3-1.9x
         # faster in bf16 autocast, one thread, at a load of 15, median of 15 rounds); a CPU
-        # without them runs bf16 autocast slower, and fp32 is right there
-        ("ex4-solution", "choice = min(ok, key=lambda m: seconds[m].median)", 'choice = "fp32"',
+        # without them runs bf16 autocast slower, and fp32 is right there. Whether it is wrong
+        # is a measurement, not an instruction set: CI's machine (bf16 instructions reported)
+        # once measured fp32 within the check's 10 % of the fastest, where "fp32" is a right
+        # answer. So the cell says, from the rounds it measured, when fp32 is right here
+        # (NOT_WRONG_HERE: the test skips), and the check must fail it everywhere else
+        ("ex4-solution", "choice = min(ok, key=lambda m: seconds[m].median)",
+         'choice = "fp32"\n'
+         "_best = min(ok, key=lambda m: seconds[m].median)\n"
+         "_r = sorted(a / b for a, b in zip(seconds[\"fp32\"].values,\n"
+         "                                  seconds[_best].values))\n"
+         "_r = (_r[(len(_r) - 1) // 2] + _r[len(_r) // 2]) / 2   # median ratio\n"
+         "if _r <= 1.10:\n"
+         "    raise RuntimeError(f\"not wrong here: fp32 is {_r:.2f}x the time of \"\n"
+         "                       f\"{_best}, within the check's 10 %\")",
          r"faster than", "bf16"),
         # each mode timed alone, one after another: no rounds to compare by
         ("ex4-solution", "seconds = interleaved({m: lambda s=s: benchmark(s, dev, 0.1)\n"

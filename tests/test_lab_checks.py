@@ -77,6 +77,10 @@ def _has_bf16() -> bool:
 
 _NEEDS = {"cuda": _has_cuda, "bf16": _has_bf16}
 
+#: what a wrong solution raises (as a RuntimeError) when its own measurement shows it is a
+#: right answer on this machine (a choice that ties the fastest within the check's noise)
+NOT_WRONG_HERE = "not wrong here:"
+
 
 @pytest.mark.parametrize("lab, k", CASES, ids=[f"{lab.stem}-{WRONG[lab.stem][k][0]}-{k}" for lab, k in CASES])
 def test_wrong_solution_fails_its_check(lab, k):
@@ -92,6 +96,9 @@ def test_wrong_solution_fails_its_check(lab, k):
     assert start is not None, f"{sol_id} is not a grade_id of {lab.name}"
     assert old in run.cells[start].source, f"{sol_id}: {old!r} is not in the reference solution any more"
     outcome = run.wrong[k]
+    if isinstance(outcome, CellError) and NOT_WRONG_HERE in str(outcome).split("\n")[0]:
+        # the wrong solution measured that, on this machine, it is a right answer
+        pytest.skip(str(outcome).split("\n")[0])
     if isinstance(outcome, CellError):
         pytest.fail(f"{lab.name}: the wrong solution ({new[:60]!r}) broke a cell: {outcome}")
     errors = [e for e in outcome.values() if e is not None]
