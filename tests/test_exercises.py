@@ -344,3 +344,4 @@ def test_overlay_table_header_names_what_ran_the_reference():
     assert head.splitlines()[0] == f"reference: {where}"
     assert E.overlay_table([("x", 1.0, 2.0, "s")], reference_run=run).startswith(
         "reference: NVIDIA H100 80GB HBM3")
+

@@ -80,3 +80,26 @@ def test_finish_shows_each_figure_once_in_a_kernel_at_its_drawn_size():
         shown = images[name][0].get("metadata", {}).get("image/png", {}).get("width")
         assert shown and shown <= plotting.COLUMN_WIDTH_IN * 100 + 20, (
             f"{name}: shown {shown} px wide, more than the column (or not at its drawn size)")
+
+
+def test_plot_ratios_reads_small_differences_on_a_linear_axis_and_large_on_a_log_one():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from perflab.record.plotting import plot_ratios
+    plt.close("all")
+    plot_ratios({"copy": 0.97, "knee": 0.96})      # a log axis over 0.96-1 hid the 4 %
+    ax = plt.gcf().axes[0]
+    assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0
+    plt.close("all")
+    plot_ratios({"disk": 30.0, "copy": 0.2})
+    ax = plt.gcf().axes[0]
+    assert ax.get_xscale() == "log"
+    plt.gcf().canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert "1" in labels and "10" in labels    # plain numbers, not 10^0
+    plt.close("all")
+    for bad in ({}, {"a": 0.0}, {"a": float("nan")}):
+        with pytest.raises(ValueError, match="ratios"):
+            plot_ratios(bad)

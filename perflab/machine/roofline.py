@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from matplotlib.ticker import FuncFormatter, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from perflab.core import formats
 from perflab.core.telemetry import measure
@@ -472,15 +472,18 @@ def plot_sweep(
         axes[1].legend(loc="upper left", fontsize=8)
     axes[1].set(ylabel="achieved TFLOP/s", title="achieved FLOP/s", yscale="log")
     axes[2].plot(r, [p.bytes_per_s / 1e12 for p in points], "o-", color="C2")
-    axes[2].axhline(bandwidth / 1e12, ls="--", color="k", lw=1, label="copy bandwidth")
+    # a roof of its own colour: two black dashed lines read alike in the shared legend
+    axes[2].axhline(bandwidth / 1e12, ls="--", color="C7", lw=1.2, label="copy bandwidth")
     axes[2].legend(loc="lower left", fontsize=8)
     axes[2].set(ylabel="achieved TB/s", title="achieved bandwidth", yscale="log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")
     for ax in axes:
+        # ticks at 1, 2 and 5 of each decade: a panel spanning less than a decade still
+        # shows its scale (one tick, "1", did not)
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("repeat (multiplies per element)")
         ax.grid(True, which="both", alpha=0.3)
         if knee_predicted:
             ax.axvline(knee_predicted, color="gray", ls=":", lw=1.5)
@@ -489,6 +492,8 @@ def plot_sweep(
     if knee_predicted or knee_measured:
         axes[0].text(0.02, 0.95, "dotted: predicted knee\ndash-dot: measured knee",
                      transform=axes[0].transAxes, va="top", fontsize=8)
+    # one x label, under the middle panel, for all three (three collided in a narrow column)
+    axes[1].set_xlabel("repeat (multiplies per element)")
     return style(fig)
 
 

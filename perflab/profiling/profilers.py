@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 import matplotlib.pyplot as plt
 
 from perflab.core.validate import number
+from perflab.record.plotting import COLUMN_WIDTH_IN
 
 __all__ = [
     "NcuKernel",
@@ -416,7 +417,10 @@ def plot_flame(stacks: dict[tuple[str, ...], int], ax=None, root: str = "all sam
         raise ValueError("no samples to draw")
     if ax is None:
         depth = max(len(k) for k in stacks) + 1
-        _, ax = plt.subplots(figsize=(12, 0.5 * depth + 0.8))
+        # drawn at the text column's width, so that its 8-point labels are shown at 8 points
+        # (drawn 12 in wide, the page shrank them to ~5 px)
+        _, ax = plt.subplots(figsize=(COLUMN_WIDTH_IN, 0.45 * depth + 0.8),
+                             layout="constrained")
     # about how many 8-point characters span the axes
     chars = ax.get_position().width * ax.figure.get_figwidth() * 72 / 5.5
 

@@ -25,13 +25,15 @@ record (see CONTRIBUTING.md, "Figures"). No stamp is drawn into the image.
 
 from __future__ import annotations
 
+import math
+
 import matplotlib
 import matplotlib.pyplot as plt
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter
 
 from perflab.core.validate import one_of
 
-__all__ = ["COLUMN_WIDTH_IN", "STYLE", "apply_style", "finish", "style"]
+__all__ = ["COLUMN_WIDTH_IN", "STYLE", "apply_style", "finish", "plot_ratios", "style"]
 
 # The book's text column is about 676 CSS px wide in a 1,280 px window (sphinx-book-theme); a
 # figure 6.5 in wide at 100 px per inch is shown at its drawn size, so 9-10 pt text reads as
@@ -144,3 +146,36 @@ def finish(fig, legend: str = "below") -> None:
 
 
 apply_style()
+
+
+def plot_ratios(ratios: dict[str, float], xlabel: str = "yours / reference",
+                title: str = "your machine against the reference run"):
+    """Draw and show bars of ``{quantity: yours / reference}`` around a line at 1 (returns None:
+    :func:`finish` shows it once; outside a kernel it stays open).
+
+    The axis is linear while every ratio lies within 0.5-2 (a log axis over 0.96-1.0 printed
+    its tick labels over one another and made 4 % look large), logarithmic otherwise, with ticks
+    at 1, 2 and 5 of each decade written as plain numbers.
+
+    Raises:
+        ValueError: ``ratios`` empty, or a ratio that is not a positive finite number.
+    """
+    if not ratios:
+        raise ValueError("ratios: nothing to draw")
+    for name, r in ratios.items():
+        if not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0):
+            raise ValueError(f"ratios[{name!r}] must be a positive finite number, got {r!r}")
+    fig, ax = plt.subplots(figsize=(7, 0.3 * len(ratios) + 1.2))
+    ax.barh(list(ratios), list(ratios.values()), color="C0")
+    ax.axvline(1, color="k", lw=1)
+    lo, hi = min(ratios.values()), max(ratios.values())
+    if lo >= 0.5 and hi <= 2:
+        ax.set_xlim(0, max(2.0, hi * 1.05) if hi > 1.5 else 1.5)
+    else:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set(xlabel=xlabel, title=title)
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    finish(fig)
