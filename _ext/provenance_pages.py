@@ -170,10 +170,12 @@ def caption_text(run: dict, kinds: list[str], measured_on: str | None = None,
     ``"Figure measured on one NVIDIA H200 (one of the run's 2) · torch 2.11.0+cu130 · 2026-11-30"``
     (see :func:`device_words`); for ``published``, a figure of numbers from papers, the line
     says no device measured them; without ``measured_on``, the older
-    ``"Figure: 2× NVIDIA H200 · torch ... · date"``. Work set by the host CPU (``measured_on:
-    host``, or a GPU figure with ``bound: host``: a small model's step whose time is the host's
-    issue cost) names the CPU and the run's measured per-call cost h (:func:`host_cost_words`),
-    since such a figure moves between hosts of the same GPU.
+    ``"Figure: 2× NVIDIA H200 · torch ... · date"``. Work measured on the host CPU
+    (``measured_on: host``) names the CPU and its cores, nothing more (a cache curve or a flame
+    graph has nothing to do with the per-call cost: reader M8); a GPU figure whose speed the host
+    sets (``bound: host``: a small model's step whose time is the host's issue cost) names the
+    CPU and the run's measured per-call cost h (:func:`host_cost_words`), since such a figure
+    moves between hosts of the same GPU.
     """
     label = " and ".join(dict.fromkeys(kinds)) or "Output"
     label = label[0].upper() + label[1:]
@@ -181,9 +183,7 @@ def caption_text(run: dict, kinds: list[str], measured_on: str | None = None,
         head = f"{label} of published numbers, drawn by this run: {PUBLISHED_WORDS}"
     elif measured_on in MEASURED_ON:
         head = f"{label} measured on {device_words(run, measured_on)}"
-        if measured_on == "host":
-            head += host_cost_words(run)
-        elif bound == "host":
+        if measured_on != "host" and bound == "host":
             head += f", its speed set by {host_words(run)}{host_cost_words(run)}"
     else:
         head = f"{label}: {short_devices(run.get('devices'))}"
