@@ -119,8 +119,15 @@ def describe_run(run: dict) -> str:
     text = ", ".join(parts) + f", started {when}, taking {run.get('duration_s', '?')} s"
     sha = (run.get("source_sha256") or "")[:12]
     git = (run.get("git") or "")[:10]
+    if run.get("source_sha256") == EMPTY_SOURCE:   # a page of prose: no code was hashed
+        text += "; the page has no code" + (f", commit {git}" if git else "") + "."
+        return text
     text += f"; source code hash {sha}" + (f", commit {git}" if git else "") + "."
     return text
+
+
+#: SHA-256 of no code at all: the source hash of a page of prose (chapter 6's overview)
+EMPTY_SOURCE = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 
 MEASURED_ON = ("host", "gpu", "gpus", "published")

@@ -1,6 +1,7 @@
 """_ext/provenance_pages.py (footers, captions, status page, widget views, scripts) and
 perflab.record.runs.source_code_sha256, on a tiny book built with Sphinx in a temporary folder."""
 
+import hashlib
 import base64
 import io
 import subprocess
@@ -127,6 +128,8 @@ def test_words_from_a_reference_run():
     sentence = PP.describe_run(dict(GPU_RUN, source_sha256="f" * 64))
     assert sentence.startswith("This page was run on 2× NVIDIA H200, driver 580.159.04, CUDA 13.0")
     assert "41.2 s" in sentence and "ffffffffffff" in sentence
+    prose = PP.describe_run(dict(GPU_RUN, source_sha256=hashlib.sha256(b"").hexdigest()))
+    assert "no code" in prose and "e3b0c44298fc" not in prose    # a page of prose (reader L3)
 
 
 def test_each_figure_cell_gets_one_caption_and_widget_views_are_dropped(book):
