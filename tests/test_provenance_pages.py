@@ -1,8 +1,8 @@
 """_ext/provenance_pages.py (footers, captions, status page, widget views, scripts) and
 perflab.record.runs.source_code_sha256, on a tiny book built with Sphinx in a temporary folder."""
 
-import hashlib
 import base64
+import hashlib
 import io
 import subprocess
 import sys
