@@ -16,6 +16,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import weakref
@@ -168,7 +169,9 @@ def allocator_experiment(cap_mib: int = 2048, big_mib: int = 1600, piece_mib: in
         request = mib(request_mib)
         del request
     except torch.OutOfMemoryError as err:      # the outcome under study, reported, not hidden
-        oom, error = True, str(err).splitlines()[0]
+        # other processes' ids and usage say nothing about this experiment (reader L3)
+        oom, error = True, re.sub(r" Process \d+ has [\d.,]+ [KMGT]?i?B memory in use\.", "",
+                                  str(err).splitlines()[0])
     after = counters()
     return {"alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "device": str(dev),
             "cap_mib": cap_mib, "big_mib": big_mib, "piece_mib": piece_mib, "request_mib": request_mib,
