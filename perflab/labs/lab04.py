@@ -173,6 +173,11 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
     * ``busy_fraction``: the share of the step's wall time in which kernels ran (on a CPU: ATen
       operators), from a profiler trace (:func:`perflab.profiling.trace.summarize_trace`).
 
+    ``seconds`` and the two ceilings may each be a tuple (or list) of per-round values measured
+    in the same interleaved rounds (as the lab's reference does on a CPU, with
+    :func:`cpu_ceilings`); the fractions are then taken round by round and their median judged
+    (:func:`fractions`), and rounds of different lengths are an error.
+
     The check recounts FLOPs and bytes (they must match within 1 %), re-times the step (the
     student's time must be within ``time_tolerance`` x of it either way; default 5 on a GPU,
     where a timer that does not wait for the kernels is off by far more, and 20 on a CPU, which
@@ -180,8 +185,9 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
     ceiling measured wrongly shows up as an impossible fraction), requires ``answer`` to follow
     from the evidence by :func:`perflab.profiling.trace.regime`, and finally compares it with the right
     answer. On a CPU, an answer other than the right one passes only when the check's own
-    evidence, taken now (the ceilings measured again beside its re-timing of the step), names it
-    too: a shared CPU's load can move a step across a regime's edge, and the sentence says so.
+    evidence, taken now (the step and its ceilings timed in five interleaved rounds), names it in
+    at least one round: a shared CPU's load can move a step across a regime's edge, and the
+    sentence says so.
 
     Returns True (after printing one sentence) when all hold.
 
