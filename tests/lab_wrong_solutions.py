@@ -204,20 +204,27 @@ WRONG = {
         ("ex4-solution", *_wrong_diagnosis("b"), r"."),
         ("ex5-solution", *_wrong_diagnosis("c"), r"."),
         # wrong evidence with an answer consistent with it (review G9, 6 December): the step timed
-        # as the total of 50 steps, and the copy bandwidth taken in GB/s as bytes/s
+        # as the total of 50 steps, and the copy bandwidth taken in GB/s as bytes/s (each value
+        # a number on a GPU, a tuple of rounds on a CPU)
         ("ex3-solution", "evidence_a = gather_evidence(mystery_a)",
-         'evidence_a = gather_evidence(mystery_a)\nevidence_a["seconds"] *= 50', r"time it with warm-up"),
+         'evidence_a = gather_evidence(mystery_a)\nimport numpy as np\n'
+         'evidence_a["seconds"] = (np.asarray(evidence_a["seconds"]) * 50).tolist()',
+         r"time it with warm-up"),
         ("ex4-solution", "evidence_b = gather_evidence(mystery_b)",
-         'evidence_b = gather_evidence(mystery_b)\nevidence_b["bandwidth_ceiling"] /= 1e9',
+         'evidence_b = gather_evidence(mystery_b)\nimport numpy as np\nevidence_b["bandwidth_ceiling"] = '
+         '(np.asarray(evidence_b["bandwidth_ceiling"]) / 1e9).tolist()',
          r"bandwidth is .* its ceiling, which is impossible"),
         ("ex5-solution", "evidence_c = gather_evidence(mystery_c)",
-         'evidence_c = gather_evidence(mystery_c)\nevidence_c["flops_ceiling"] /= 1e9',
+         'evidence_c = gather_evidence(mystery_c)\nimport numpy as np\nevidence_c["flops_ceiling"] = '
+         '(np.asarray(evidence_c["flops_ceiling"]) / 1e9).tolist()',
          r"FLOP/s is .* its ceiling, which is impossible"),
         # the remedy of one regime given to another
         ("ex6-solution", '"compute-bound": "lower precision"', '"compute-bound": "fuse"', r"remedy"),
-        # a bandwidth remedy for an overhead-bound step
-        ("ex6-solution", '"overhead-bound": "fewer launches"', '"overhead-bound": "fuse"',
-         r"remedy for step .* \(overhead-bound\)"),
+        # a bandwidth remedy for step b, an overhead-bound step (where a loaded CPU read it
+        # bandwidth-bound, the overhead remedy for it: wrong whatever the diagnosis)
+        ("ex6-solution", '"b": fix_for[answer_b],',
+         '"b": "fuse" if answer_b != "bandwidth-bound" else "fewer launches",',
+         r"remedy for step b"),
     ],
     "05_data_loading": [
         # "more workers" instead of less work per image: the check times num_workers=0 only

@@ -99,28 +99,67 @@ def test_check_rejects_a_ceiling_in_the_wrong_unit():
 
 
 def _ceilings_now(copy_bw, matmul):
-    from perflab.machine.ceilings import Ceiling
-    return lambda device, quick=False: {
-        "copy_bandwidth": Ceiling("copy_bandwidth", copy_bw, "test", 1.0, {}),
-        "matmul_fp32": Ceiling("matmul_fp32", matmul, "test", 1.0, {})}
+    """A stand-in for lab04.cpu_ceilings: each call of a ceiling returns the next of its values
+    (a number, or a list read round by round)."""
+    def rounds(v):
+        values = iter(v if isinstance(v, list) else [v] * 100)
+        return lambda: next(values)
+    return lambda device: {"copy_bandwidth": rounds(copy_bw), "matmul_fp32": rounds(matmul)}
 
 
 def test_on_a_loaded_cpu_an_answer_the_check_reproduces_now_passes_and_says_so(monkeypatch, capsys):
     """The reference diagnosis of step b read 'bandwidth-bound' on a loaded CI machine (a copy
-    ceiling measured low): when the check's own ceilings, measured now, say the same, the
-    reading is right for that machine and the sentence says a quiet one differs."""
+    ceiling measured low): when the check's own rounds, the step and its ceilings measured now,
+    say the same, the reading is right for that machine and the sentence says a quiet one
+    differs."""
     step = mystery.step_b("cpu")
     ev = _evidence(step)
     bw = ev["bytes"] / ev["seconds"]
     ev.update(flops_ceiling=1e13, bandwidth_ceiling=bw / 0.5)   # the rule says bandwidth-bound
-    # the check's ceilings now: a copy bandwidth so low that any re-timing is above a quarter
-    monkeypatch.setattr(lab04, "measure_all", _ceilings_now(1.0, 1e13))
+    monkeypatch.setattr(lab04, "benchmark", lambda *a, **k: ev["seconds"])
+    # the check's copy bandwidth now: half the student's, every round
+    monkeypatch.setattr(lab04, "cpu_ceilings", _ceilings_now(bw / 0.5, 1e13))
     assert lab04.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)
     assert "another regime" in capsys.readouterr().out
-    # the same answer when the check's ceilings now say otherwise: rejected
-    monkeypatch.setattr(lab04, "measure_all", _ceilings_now(1e15, 1e13))
-    with pytest.raises(ExerciseFailed, match="not the right regime"):
+    # the same answer when every round of the check's says otherwise: rejected
+    monkeypatch.setattr(lab04, "cpu_ceilings", _ceilings_now(bw / 0.1, 1e13))
+    with pytest.raises(ExerciseFailed, match="not the right regime.*10 %"):
         lab04.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)
+    # rounds on both sides of the rule's 25 % edge: the answer is one reading of this machine
+    monkeypatch.setattr(lab04, "cpu_ceilings", _ceilings_now(
+        [bw / 0.1, bw / 0.1, bw / 0.3, bw / 0.1, bw / 0.1], 1e13))
+    assert lab04.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)
+    assert "10 %–30 %" in capsys.readouterr().out
+
+
+def test_evidence_in_rounds_is_judged_round_by_round(monkeypatch):
+    """Rounds in which a burst of load tripled the step's time and cut the copy bandwidth to a
+    third alike read 50 % of the copy bandwidth each, as the quiet rounds do: the fractions are
+    taken round by round, and their median judged."""
+    step = mystery.step_b("cpu")
+    ev = _evidence(step)
+    t = ev["bytes"] / 0.5                   # a second is half the quiet copy bandwidth
+    rounds = {**ev, "seconds": (1.0, 3.0, 1.0, 3.0, 3.0),
+              "bandwidth_ceiling": (t, t / 3, t, t / 3, t / 3), "flops_ceiling": 1e13}
+    assert lab04.fractions(rounds)[1] == pytest.approx(0.5)
+    assert lab04.fractions({**rounds, "seconds": [1.0] * 5})[1] == pytest.approx(1.5)
+    with pytest.raises(ExerciseFailed, match="same rounds"):
+        lab04.fractions({**rounds, "seconds": (1.0, 1.0, 3.0)})
+    monkeypatch.setattr(lab04, "benchmark", lambda *a, **k: 2.0)
+    with pytest.raises(ExerciseFailed, match="same rounds"):
+        lab04.check_diagnosis(step, "bandwidth-bound", {**rounds, "seconds": (1.0, 3.0)},
+                              time_tolerance=1e6)
+    # the check judges the median of the per-round fractions: 50 % of the copy, bandwidth-bound
+    with pytest.raises(ExerciseFailed, match="says 'bandwidth-bound'"):
+        lab04.check_diagnosis(step, "overhead-bound", rounds, time_tolerance=1e6)
+
+
+def test_cpu_ceilings_measure_a_cpu_once_per_call():
+    with pytest.raises(ValueError, match="CPU"):
+        lab04.cpu_ceilings("meta")
+    ceilings = lab04.cpu_ceilings("cpu")
+    assert set(ceilings) == {"copy_bandwidth", "matmul_fp32"}
+    assert all(f() > 0 for f in ceilings.values())
 
 
 def test_check_first_call_catches_a_timer_that_averages_the_first_call_in(capsys):

@@ -3,28 +3,99 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any, Callable
 
+import torch
+
+from perflab.core.rounds import interleaved
 from perflab.core.timing import benchmark
 from perflab.core.validate import number
 from perflab.labs.exercises import ExerciseFailed, as_float, plain, NotPlain
-from perflab.machine.ceilings import Ceilings, measure_all
-from perflab.machine.costs import count_cost
+from perflab.machine.caches import beyond_cache_numel
+from perflab.machine.costs import count_cost, matmul_cost
 from perflab.profiling.mystery import MysteryStep, _ANSWERS, _EVIDENCE_KEYS, _digest
 from perflab.profiling.trace import REGIMES, regime
-from perflab.record.numbers import fmt
+from perflab.record.numbers import fmt, fmt_range
 
-__all__ = ["check_diagnosis", "check_first_call", "time_fresh_call"]
+__all__ = ["check_diagnosis", "check_first_call", "cpu_ceilings", "fractions", "time_fresh_call"]
+
+#: the evidence a shared CPU measures in interleaved rounds (one value per round, in the same
+#: rounds): the step's time and the two ceilings it is divided by
+_ROUND_KEYS = ("seconds", "flops_ceiling", "bandwidth_ceiling")
 
 
-def _finite(name: str, evidence: dict, key: str) -> float:
+def _finite(name: str, evidence: dict, key: str) -> float | tuple[float, ...]:
+    """One evidence value as a float, or (a key of ``_ROUND_KEYS``) a tuple of per-round floats."""
     value = evidence.get(key)
     if value is None or value is Ellipsis:
         raise ExerciseFailed(f"✗ step {name}: evidence[{key!r}] has no value yet.")
-    v = as_float(f"step {name}: evidence[{key!r}]", value)
-    if v < 0:
-        raise ExerciseFailed(f"✗ step {name}: evidence[{key!r}] = {v} is not a finite, non-negative number.")
-    return v
+    if key in _ROUND_KEYS and isinstance(value, (list, tuple)):
+        if not value:
+            raise ExerciseFailed(f"✗ step {name}: evidence[{key!r}] is an empty list of rounds.")
+        vs = tuple(as_float(f"step {name}: evidence[{key!r}][{k}]", v) for k, v in enumerate(value))
+    else:
+        vs = (as_float(f"step {name}: evidence[{key!r}]", value),)
+    if min(vs) < 0:
+        raise ExerciseFailed(f"✗ step {name}: evidence[{key!r}] holds {min(vs)}, not a finite, "
+                             "non-negative number.")
+    return vs if len(vs) > 1 or isinstance(value, (list, tuple)) else vs[0]
+
+
+def _per_round(name: str, ev: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The fractions of the compute and the copy ceiling, round by round: a value given once
+    stands for every round; values given per round must come from the same rounds."""
+    sizes = {len(ev[k]) for k in _ROUND_KEYS if isinstance(ev[k], tuple)}
+    if len(sizes) > 1:
+        raise ExerciseFailed(f"✗ step {name}: seconds and the ceilings hold different numbers of "
+                             f"rounds ({sorted(sizes)}): measure them in the same rounds.")
+    n = sizes.pop() if sizes else 1
+    col = {k: ev[k] if isinstance(ev[k], tuple) else (ev[k],) * n for k in _ROUND_KEYS}
+    flops = tuple(ev["flops"] / t / c for t, c in zip(col["seconds"], col["flops_ceiling"]))
+    bw = tuple(ev["bytes"] / t / c for t, c in zip(col["seconds"], col["bandwidth_ceiling"]))
+    return flops, bw
+
+
+def fractions(evidence: dict) -> tuple[float, float]:
+    """The step's achieved FLOP/s and bytes/s as fractions of its ceilings: the medians of the
+    per-round fractions when ``seconds`` and the ceilings were measured in the same interleaved
+    rounds (tuples, one value per round), else the plain ratios.
+
+    Raises:
+        ExerciseFailed: a missing or non-finite value, or rounds of different lengths.
+    """
+    name = "(evidence)"
+    ev = {k: _finite(name, evidence, k) for k in ("flops", "bytes") + _ROUND_KEYS}
+    if any(min(ev[k]) <= 0 if isinstance(ev[k], tuple) else ev[k] <= 0 for k in _ROUND_KEYS):
+        raise ExerciseFailed("✗ seconds and both ceilings must be positive.")
+    flops, bw = _per_round(name, ev)
+    return statistics.median(flops), statistics.median(bw)
+
+
+def cpu_ceilings(device: torch.device | str = "cpu") -> dict[str, Callable[[], float]]:
+    """A CPU's two ceilings as callables that each measure once, to time in interleaved rounds
+    beside a step (:func:`perflab.core.rounds.interleaved`), so a burst of other work on a shared
+    machine slows a round's step and its ceilings alike.
+
+    ``{"copy_bandwidth": bytes/s of one tensor copied beyond the caches, "matmul_fp32": FLOP/s
+    of a 512^3 float32 product}``, the sizes of ``perflab.machine.ceilings.measure_all(quick=
+    True)``, each timed by :func:`perflab.core.timing.benchmark` for 0.1 s.
+
+    Raises:
+        ValueError: ``device`` is not a CPU.
+    """
+    dev = torch.device(device)
+    if dev.type != "cpu":
+        raise ValueError(f"device must be a CPU (a GPU's roofs are the run's fixed ceilings), got {device!r}")
+    src = torch.randn(max(2**22, beyond_cache_numel(4.0, maximum=2**26)))
+    dst = torch.empty_like(src)
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    copy_bytes = 2 * src.numel() * src.element_size()
+    product = matmul_cost(512, 512, 512, torch.float32).flops
+    return {
+        "copy_bandwidth": lambda: copy_bytes / benchmark(lambda: dst.copy_(src), dev, 0.1),
+        "matmul_fp32": lambda: product / benchmark(lambda: a @ b, dev, 0.1),
+    }
 
 
 def time_fresh_call(timer: Callable, fn: Callable, state: dict, device: Any) -> float:
@@ -66,20 +137,27 @@ def check_first_call(timer: Callable, fn: Callable, state: dict, device: Any, ru
     return warm
 
 
-def _cpu_agrees_now(step: MysteryStep, answer: str, cost, seconds: float) -> bool:
-    """Whether the check's own evidence, taken now, names ``answer`` for ``step`` on a CPU: the
-    ceilings measured again (``measure_all(quick=True)``, as the lab's cell does) beside the
-    check's re-timing of the step (``seconds``), with the step's own counts (``cost``).
+def _cpu_rounds_name(step: MysteryStep, answer: str, cost, rounds: int = 5) -> tuple[bool, str]:
+    """Whether the check's own evidence, taken now, names ``answer`` for ``step`` on a CPU, and
+    what it read: the step and both ceilings (:func:`cpu_ceilings`) timed in ``rounds``
+    interleaved rounds, the regime of each round's fractions (with the step's own counts,
+    ``cost``); ``answer`` is named when one round names it (the rounds then straddle a regime's
+    edge, or sit on its side).
 
     On a loaded 2-core machine the lab's reference diagnosis once read step b (1.1 ms, 2.3 MB:
     19 % of an 11 GB/s copy ceiling on a quiet machine) as bandwidth-bound, at 26 % of a copy
-    ceiling measured at 8 GB/s. The rule follows the measurement; an answer the check can
-    reproduce on the same machine at the same time is a right reading of it."""
-    ceil = Ceilings(machine={}, measured="now", path="(the check)",
-                    items=measure_all(step.device, quick=True))
-    flops_fraction = cost.flops / seconds / ceil.compute_roof("fp32")
-    bandwidth_fraction = cost.bytes / seconds / ceil.value("copy_bandwidth")
-    return regime(flops_fraction, bandwidth_fraction, None) == answer
+    ceiling measured at 8 GB/s; a student's reading of step a moved from 6.5 % to 68 % of a
+    ceiling measured up to a minute before the step (review of 6 December). In the same rounds
+    a burst of load slows a round's step and its ceilings alike."""
+    r = interleaved({"step": lambda: benchmark(step, step.device, min_run_time_s=0.2),
+                     **cpu_ceilings(step.device)}, rounds=rounds, warmup=0)
+    ff = cost.flops / r["step"] / r["matmul_fp32"]
+    fb = cost.bytes / r["step"] / r["copy_bandwidth"]
+    named = [regime(f, b, None) for f, b in zip(ff.values, fb.values)]
+    said = (f"the check's {rounds} rounds read {fmt_range(fb.lo, fb.hi, '%')} of the copy "
+            f"bandwidth and {fmt_range(ff.lo, ff.hi, '%')} of the matrix rate "
+            f"({', '.join(sorted(set(named)))})")
+    return answer in named, said
 
 
 def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_tolerance: float | None = None) -> bool:
@@ -95,6 +173,11 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
     * ``busy_fraction``: the share of the step's wall time in which kernels ran (on a CPU: ATen
       operators), from a profiler trace (:func:`perflab.profiling.trace.summarize_trace`).
 
+    ``seconds`` and the two ceilings may each be a tuple (or list) of per-round values measured
+    in the same interleaved rounds (as the lab's reference does on a CPU, with
+    :func:`cpu_ceilings`); the fractions are then taken round by round and their median judged
+    (:func:`fractions`), and rounds of different lengths are an error.
+
     The check recounts FLOPs and bytes (they must match within 1 %), re-times the step (the
     student's time must be within ``time_tolerance`` x of it either way; default 5 on a GPU,
     where a timer that does not wait for the kernels is off by far more, and 20 on a CPU, which
@@ -102,8 +185,9 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
     ceiling measured wrongly shows up as an impossible fraction), requires ``answer`` to follow
     from the evidence by :func:`perflab.profiling.trace.regime`, and finally compares it with the right
     answer. On a CPU, an answer other than the right one passes only when the check's own
-    evidence, taken now (the ceilings measured again beside its re-timing of the step), names it
-    too: a shared CPU's load can move a step across a regime's edge, and the sentence says so.
+    evidence, taken now (the step and its ceilings timed in five interleaved rounds), names it in
+    at least one round: a shared CPU's load can move a step across a regime's edge, and the
+    sentence says so.
 
     Returns True (after printing one sentence) when all hold.
 
@@ -127,7 +211,7 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
     if missing:
         raise ExerciseFailed(f"✗ step {name}: evidence lacks {missing}.")
     ev = {k: _finite(name, evidence, k) for k in _EVIDENCE_KEYS}
-    if ev["seconds"] <= 0 or ev["flops_ceiling"] <= 0 or ev["bandwidth_ceiling"] <= 0:
+    if any(min(ev[k]) <= 0 if isinstance(ev[k], tuple) else ev[k] <= 0 for k in _ROUND_KEYS):
         raise ExerciseFailed(f"✗ step {name}: seconds and both ceilings must be positive.")
     if ev["busy_fraction"] > 1:
         raise ExerciseFailed(f"✗ step {name}: busy_fraction is a share of wall time, at most 1; "
@@ -144,14 +228,18 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
         time_tolerance = 5.0 if step.device.type == "cuda" else 20.0
     number("time_tolerance", time_tolerance, minimum=1)
     seconds = benchmark(step, step.device, min_run_time_s=0.2)
-    ratio = ev["seconds"] / seconds
+    yours = statistics.median(ev["seconds"]) if isinstance(ev["seconds"], tuple) else ev["seconds"]
+    ratio = yours / seconds
     if not 1 / time_tolerance <= ratio <= time_tolerance:
-        raise ExerciseFailed(f"✗ step {name}: your step time {fmt(ev['seconds'], 's')} is {fmt(ratio, 'x', sig=2)} "
+        raise ExerciseFailed(f"✗ step {name}: your step time {fmt(yours, 's')} is {fmt(ratio, 'x', sig=2)} "
                              f"the check's {fmt(seconds, 's')}: time it with warm-up and synchronization.")
-    flops_fraction = ev["flops"] / ev["seconds"] / ev["flops_ceiling"]
-    bandwidth_fraction = ev["bytes"] / ev["seconds"] / ev["bandwidth_ceiling"]
+    # measured in rounds, the fractions are taken round by round (a burst of load slows a
+    # round's step and its ceilings alike), and their median judged
+    flops_rounds, bandwidth_rounds = _per_round(name, ev)
+    flops_fraction = statistics.median(flops_rounds)
+    bandwidth_fraction = statistics.median(bandwidth_rounds)
     # a GPU's roofs are the clock model's peaks, which no step exceeds; a shared CPU's speed
-    # changes from minute to minute, and the student's ceilings and step were timed minutes
+    # changes from minute to minute, and a student's ceilings and step may be timed minutes
     # apart (a loaded CI machine once read a right step at 2.2x its ceiling): 5x there, still
     # far below what a ceiling in the wrong unit or of the wrong dtype gives
     impossible = 2.0 if step.device.type == "cuda" else 5.0
@@ -168,19 +256,21 @@ def check_diagnosis(step: MysteryStep, answer: Any, evidence: dict, time_toleran
                              f"busy {fmt(ev['busy_fraction'], '%', sig=2)}) says "
                              f"{implied!r}, not {answer!r}.")
     if _digest(name, answer) != _ANSWERS[name]:
-        if step.device.type == "cpu" and _cpu_agrees_now(step, answer, cost, seconds):
-            print(f"✓ step {name} is {answer} on this CPU now: your evidence and the check's own "
-                  f"(the step re-timed, the copy bandwidth and matrix rate measured again) both "
-                  f"say so, though a quiet machine puts this step in another regime: a shared "
-                  f"CPU's other work moves the ceilings, and the step near a regime's edge. "
-                  f"Run it again when the machine is idle.")
-            return True
+        if step.device.type == "cpu":
+            agrees, said = _cpu_rounds_name(step, answer, cost)
+            if agrees:
+                print(f"✓ step {name} is {answer} on this CPU now: your evidence says so and "
+                      f"{said}, though a quiet machine puts this step in another regime: a "
+                      f"shared CPU's other work moves the step near a regime's edge. Run it "
+                      f"again when the machine is idle.")
+                return True
+            raise ExerciseFailed(f"✗ step {name}: {answer!r} follows from your numbers but is not the "
+                                 f"right regime, and not what the check reads now: {said}. Measure "
+                                 "the step and the ceilings in the same interleaved rounds (a load "
+                                 "burst then slows both alike), or run it again when the machine "
+                                 "is idle.")
         raise ExerciseFailed(f"✗ step {name}: {answer!r} follows from your numbers but is not the right "
-                             "regime" + (": the check's own evidence, taken now, disagrees with yours; on "
-                                         "a shared CPU the load moves the ceilings and the step, so "
-                                         "measure the ceilings again right beside the step, or run it "
-                                         "again when the machine is idle." if step.device.type == "cpu"
-                                         else ": check the ceilings and the counts."))
+                             "regime: check the ceilings and the counts.")
     print(f"✓ step {name} is {answer}: {fmt(flops_fraction, '%')} of the compute ceiling, "
           f"{fmt(bandwidth_fraction, '%')} of the copy bandwidth, "
           f"busy {fmt(ev['busy_fraction'], '%', sig=2)} of the step.")
