@@ -312,8 +312,13 @@ def test_two_nodes_on_one_machine():
 
 
 def test_a_hung_rank_ends_in_the_process_group_timeout():
-    f = L.expect_failure([{"name": "hang", "args": {"sleep_s": 300, "timeout_s": 2}}], nproc=2,
+    f = L.expect_failure([{"name": "collectives"},
+                          {"name": "hang", "args": {"sleep_s": 300, "timeout_s": 2}}], nproc=2,
                          backend="gloo", timeout_s=90)
+    # what each rank finished before the hang comes back (one launch, two experiments)
+    assert [r["rank"] for r in f.results] == [0, 1]
+    assert all(list(r["results"]) == ["collectives"] for r in f.results)
+    assert f.results[1]["results"]["collectives"]["all_reduce"]["output"] == [10.0, 12.0, 14.0, 16.0]
     assert "Timed out" in f.message or "timed out" in f.message
     assert "torchrun timed out" not in f.message     # the ranks' 2 s timeout ended it, not the launcher
     assert "timed out" in f.first_error.lower() and "torch.distributed.run" not in f.first_error

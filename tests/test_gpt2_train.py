@@ -134,12 +134,19 @@ def test_train_pairs_times_each_rung_beside_the_one_before(monkeypatch):
     order, built, alive = [], [], []
     real_prepare = perflab.gpt2.train._prepare
 
-    def prepare(rung, *a, **k):              # count builds; watch what is alive
+    def prepare(rung, *a, **k):              # count builds and steps; watch what is alive
         run = real_prepare(rung, *a, **k)
         built.append(rung.name)
         refs.append(weakref.ref(run.model))
         gc.collect()
         alive.append(sum(r() is not None for r in refs))
+        step = run.one_step
+
+        def counted():
+            calls[rung.name] = calls.get(rung.name, 0) + 1
+            return step()
+
+        run.one_step = counted
         return run
 
     def spy(work, rounds, warmup):
@@ -148,17 +155,29 @@ def test_train_pairs_times_each_rung_beside_the_one_before(monkeypatch):
         seen.append(out)
         return out
 
-    refs, seen = [], []
+    def spc(fn, n, device):                  # the steps each timed call holds
+        timed.append(n)
+        return real_spc(fn, n, device)
+
+    refs, seen, timed, calls = [], [], [], {}
+    real_spc = perflab.gpt2.train.seconds_per_call
     monkeypatch.setattr("perflab.gpt2.train._prepare", prepare)
     monkeypatch.setattr("perflab.gpt2.train.interleaved", spy)
+    monkeypatch.setattr("perflab.gpt2.train.seconds_per_call", spc)
     a = base(batch=2)
     three = [a, a.then("x2", batch=4), a.then("x3", batch=6)]
-    res = train_pairs(three, tokens(), "cpu", rounds=3, steps=1, warmup=1)
+    # each pair's steps by its later rung's name (other names ignored)
+    res = train_pairs(three, tokens(), "cpu", rounds=3, warmup=1,
+                      steps={"x2": 1, "x3": 2, "not a rung": 5})
     assert list(res) == ["x2", "x3"] and built == ["base", "x2", "x3"]   # each once
+    assert timed == [1] * 6 + [2] * 6        # three rounds of two rungs, per pair
+    # warm-up 1, one untimed step in each pair, then its rounds' steps
+    assert calls == {"base": 1 + 1 + 3, "x2": (1 + 1 + 3) + (1 + 3 * 2),
+                     "x3": 1 + 1 + 3 * 2}
     assert max(alive) == 2                   # never more than a pair in memory
-    # for each pair one discarded round, then three kept ones, the order rotating
-    assert order == ["before", "after", "after", "before",
-                     "before", "after", "after", "before"] * 2
+    # for each pair three kept rounds, the order rotating, after one untimed step of each
+    # (no discarded round: it cost `steps` steps of each rung)
+    assert order == ["before", "after", "after", "before", "before", "after"] * 2
     for name, pair in zip(res, seen):
         r = res[name]
         assert r["before"].n == r["after"].n == r["saved"].n == 3
@@ -175,6 +194,10 @@ def test_train_pairs_refuses_what_it_cannot_pair():
         train_pairs([base(), base(batch=2)], tokens(), "cpu")
     with pytest.raises(ValueError, match="steps"):
         train_pairs([base(), base(batch=2).then("b")], tokens(), "cpu", steps=0)
+    with pytest.raises(ValueError, match="steps"):         # a pair left out
+        train_pairs([base(), base(batch=2).then("b")], tokens(), "cpu", steps={"x": 1})
+    with pytest.raises(ValueError, match="steps"):
+        train_pairs([base(), base(batch=2).then("b")], tokens(), "cpu", steps={"b": 0})
 
 
 

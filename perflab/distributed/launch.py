@@ -31,7 +31,7 @@ from perflab.core.timing import Stopwatch, seconds_since
 from perflab.core.torchrun import LaunchError
 from perflab.core.validate import integer, positive, positive_int
 from perflab.distributed.failures import ENV_MARKER, FAIL_FAST_ENV, RECORD_MARKER, WAIT_MARKER
-from perflab.distributed.worker import rank_cpus, task_function
+from perflab.distributed.worker import FINISHED, rank_cpus, task_function
 
 __all__ = ["Failure", "expect_failure", "host_ranks", "launch", "pick_for", "pinned_cores", "source_of"]
 
@@ -146,6 +146,8 @@ def launch(tasks: Sequence[dict], nproc: int = 2, backend: str | None = None, ti
             enough GPUs.
         LaunchError: a worker failed, the launch timed out (no process of it survives), or a rank
             wrote no result; the message holds the command, status and the workers' last lines.
+            Where a worker failed or the launch timed out, its ``results`` holds, by global
+            rank, the record of the tasks that rank finished before (as above), or None.
     """
     positive_int("nproc", nproc)
     if not isinstance(nnodes, str):
@@ -172,8 +174,13 @@ def launch(tasks: Sequence[dict], nproc: int = 2, backend: str | None = None, ti
                   "--spec", str(tmp / "spec.json")]
         if threads is not None:
             env = {"OMP_NUM_THREADS": str(threads), **(env or {})}
-        done = torchrun.run(worker, tmp, nproc=nproc, nnodes=nnodes, backend=backend,
-                            timeout_s=timeout_s, max_restarts=max_restarts, env=env)
+        try:
+            done = torchrun.run(worker, tmp, nproc=nproc, nnodes=nnodes, backend=backend,
+                                timeout_s=timeout_s, max_restarts=max_restarts, env=env)
+        except LaunchError as e:     # what each rank finished before it failed, kept
+            e.results = [json.loads(f.read_text()) if f.exists() else None
+                         for f in (tmp / f"rank{r}{FINISHED}" for r in range(world))]
+            raise
         results = []
         for r in range(world):
             path = tmp / f"rank{r}.json"
@@ -253,6 +260,9 @@ class Failure:
         flight_records: :func:`flight_records` of the output (task ``hang``; empty otherwise).
         flight_dropped: a message for each flight-record line that did not parse
             (:func:`parse_flight_records`); empty when none was dropped.
+        results: by global rank, the record of the tasks that rank finished before the
+            failure, as :func:`launch` returns a rank's (``results``, ``task_s``, ...), or None
+            (it finished none): one launch can run experiments and then fail on purpose.
     """
 
     seconds: float
@@ -262,6 +272,7 @@ class Failure:
     rank_env: dict | None = None
     flight_records: dict | None = None
     flight_dropped: tuple[str, ...] = ()
+    results: list | None = None
 
     @property
     def first_error(self) -> str:
@@ -281,8 +292,8 @@ class Failure:
 
 
 def expect_failure(tasks: Sequence[dict], env: dict | None = None, **kwargs) -> Failure:
-    """Run :func:`launch` on a job that must fail; return how long the failure took and what
-    the ranks printed.
+    """Run :func:`launch` on a job that must fail; return how long the failure took, what the
+    ranks printed and what their tasks before the failure returned (``Failure.results``).
 
     The ranks run with :data:`perflab.distributed.failures.FAIL_FAST_ENV` (then ``env`` on
     top), so that an NCCL timeout ends the process as soon as the watchdog sees it.
@@ -299,5 +310,5 @@ def expect_failure(tasks: Sequence[dict], env: dict | None = None, **kwargs) -> 
         started = wait_start(output)      # a timestamp() the hung rank printed
         records, dropped = parse_flight_records(output)
         return Failure(seconds, str(e), output, None if started is None else seconds_since(started),
-                       rank_env(output), records, tuple(dropped))
+                       rank_env(output), records, tuple(dropped), getattr(e, "results", None))
     raise RuntimeError(f"the job {[t['name'] for t in tasks]} was expected to fail but succeeded")

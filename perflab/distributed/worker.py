@@ -31,7 +31,7 @@ from perflab.core import torchrun
 from perflab.core.timing import Stopwatch, seconds_per_call, timestamp
 from perflab.distributed import bandwidth, checkpoints, data_parallel, failures, sharding
 
-__all__ = ["Ctx", "TASKS", "pin_new_threads", "pin_rank", "rank_cpus", "split_slice",
+__all__ = ["Ctx", "FINISHED", "TASKS", "pin_new_threads", "pin_rank", "rank_cpus", "split_slice",
            "task_function"]
 
 #: chapter 8's tasks by short name (each module's ``TASKS``)
@@ -98,6 +98,16 @@ class Ctx:
 
 
 _STARTED = timestamp()
+
+#: the file ending of a rank's record of the tasks it has finished so far (``rank<r>`` before it)
+FINISHED = ".finished.json"
+
+
+def _write_json(path: Path, value) -> None:
+    """Write ``value`` as JSON to ``path`` whole or not at all (a reader never sees half)."""
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
 
 
 def _user_module(path: str | None):
@@ -244,11 +254,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ctx = Ctx(device, spec["scratch"], user)
         results, task_s = {}, {}
-        for task in spec["tasks"]:
-            key = task.get("key", task["name"])
-            with Stopwatch() as clock:
-                results[key] = task_function(task["name"])(ctx, **task.get("args", {}))
-            task_s[key] = clock.seconds
         record = {"rank": ctx.rank, "world_size": ctx.world, "local_rank": int(os.environ["LOCAL_RANK"]),
                   "node": int(os.environ.get("GROUP_RANK", 0)),
                   "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
@@ -260,9 +265,16 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             v = torch.cuda.nccl.version()
             record["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-        tmp = Path(args.out_dir) / f"rank{ctx.rank}.partial"
-        tmp.write_text(json.dumps(record))
-        tmp.replace(Path(args.out_dir) / f"rank{ctx.rank}.json")
+        out = Path(args.out_dir)
+        for task in spec["tasks"]:
+            key = task.get("key", task["name"])
+            with Stopwatch() as clock:
+                results[key] = task_function(task["name"])(ctx, **task.get("args", {}))
+            task_s[key] = clock.seconds
+            # the tasks done so far: what a launch that fails later (a task that hangs on
+            # purpose) still returns (perflab.distributed.launch.FINISHED)
+            _write_json(out / f"rank{ctx.rank}{FINISHED}", record)
+        _write_json(out / f"rank{ctx.rank}.json", record)
     finally:
         dist.destroy_process_group()
     return 0

@@ -21,7 +21,7 @@ import copy
 import gc
 from types import SimpleNamespace
 from dataclasses import asdict
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -322,8 +322,7 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         telemetry=summary.sentence(), clock_fraction=summary.clock_fraction,
         params=model.num_params(), extra=extra)
     del net, model, opt, one_step, run
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    _release(device)
     return result
 
 
@@ -446,15 +445,20 @@ def train_rounds(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device
             extra={"window_step_s": list(per_round.values), "rounds": per_round.n,
                    "telemetry_windows": list(own.windows)})
     del runs, run
-    if device.type == "cuda":
-        gc.collect()
-        torch.cuda.empty_cache()
+    _release(device)
     return out
 
 
+def _release(device: torch.device) -> None:
+    """Free what dead rungs held (on a GPU the allocator's cached blocks too)."""
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device | str,
-                rounds: int = 5, steps: int = 3, warmup: int = 2, seed: int = 0,
-                lr: float = 3e-4, profiles: int = 0) -> dict[str, dict[str, Any]]:
+                rounds: int = 5, steps: int | Mapping[str, int] = 3, warmup: int = 2,
+                seed: int = 0, lr: float = 3e-4, profiles: int = 0) -> dict[str, dict[str, Any]]:
     """Time every rung against the rung before it, the two side by side in interleaved rounds.
 
     A saving of a few per cent between two rungs timed one after the other is lost in the drift
@@ -469,9 +473,8 @@ def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device 
         rungs: at least two rungs with distinct names, in ladder order.
         tokens: as for :func:`train`.
         device: where to train.
-        rounds: timed rounds per pair (>= 1; 5 gives a min-max spread, 8 an IQR), after one
-            discarded round.
-        steps: optimizer steps of each rung per round, one synchronization per round (>= 1).
+        rounds: timed rounds per pair (>= 1; 5 gives a min-max spread, 8 an IQR).
+        steps: steps of each rung a round (>= 1): a count, or ``{name: count}`` by the later rung.
         warmup: untimed steps of each rung when it is built (>= 0).
         seed, lr: as for :func:`train`.
         profiles: after a pair's timed rounds, profile its two rungs' steps in this many
@@ -484,10 +487,12 @@ def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device 
         With ``profiles``, ``"profiles"`` too: :func:`~perflab.gpt2.breakdown.profile_pair`'s.
 
     Raises:
-        ValueError: fewer than two rungs, repeated names, ``rounds`` or ``steps`` < 1,
-            ``warmup`` < 0, or token ids outside a rung's vocabulary.
+        ValueError: fewer than two rungs, repeated names, ``rounds`` or a pair's ``steps`` < 1
+            (or left out), ``warmup`` < 0, or token ids outside a rung's vocabulary.
     """
-    rungs = _check_rungs(rungs, 2, rounds, steps, warmup)
+    rungs = _check_rungs(rungs, 2, rounds, 1, warmup)
+    count = steps.get if isinstance(steps, Mapping) else lambda name: steps
+    per_pair = {r.name: positive_int(f"steps[{r.name!r}]", count(r.name)) for r in rungs[1:]}
     integer("profiles", profiles, 0)
     device = torch.device(device)
     torch.compiler.reset()
@@ -499,29 +504,24 @@ def train_pairs(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device 
             run.one_step()
         return run
 
-    def timed(run):
-        return lambda: seconds_per_call(run.one_step, steps, device)
-
+    def timed(run, name):                # one round's seconds per step of `run`
+        return lambda: seconds_per_call(run.one_step, per_pair[name], device)
     out: dict[str, dict[str, Any]] = {}
     before = build(rungs[0])
     for r in rungs[1:]:
         after = build(r)
-        # one discarded round first: a graph rung records its CUDA graph in its first call
-        pair = interleaved({"before": timed(before), "after": timed(after)}, rounds=rounds,
-                           warmup=1)
+        before.one_step(), after.one_step()    # untimed: a graph rung records its graph in it
+        pair = interleaved({"before": timed(before, r.name), "after": timed(after, r.name)},
+                           rounds=rounds, warmup=0)
         out[r.name] = {**pair, "saved": pair["before"] - pair["after"]}
         if profiles:
             out[r.name]["profiles"] = profile_pair(before.one_step, after.one_step, profiles, device)
         del before
-        if device.type == "cuda":
-            gc.collect()
-            torch.cuda.empty_cache()
+        _release(device)
         before = after
     del before, after
     torch.compiler.reset()               # frees the CUDA-graph trees' memory pool too
-    if device.type == "cuda":
-        gc.collect()
-        torch.cuda.empty_cache()
+    _release(device)
     return out
 
 
