@@ -236,3 +236,15 @@ def test_compare_glues_a_short_phrase_and_its_spread_for_the_note(glued):
         assert "0.75–1.25x (±25 %)" in glued[name + "_spread"]
         assert len(glued[name].split()) <= 9
     assert abs(claims.compare("d", 2.0, 1.0, 0.25, bound="host").ratio - 2.0) < 1e-12
+
+
+def test_not_compared_glues_the_claim_and_its_spread(glued):
+    """Where a compare() cannot run, the prose's verdict and the note's spread both need text."""
+    claims.not_compared("a_vs_prediction", "b_vs_prediction", why="not measured (no GPU)")
+    assert glued["a_vs_prediction"] == glued["b_vs_prediction_spread"] == "not measured (no GPU)"
+    with pytest.raises(ValueError, match="why"):
+        claims.not_compared("a", why=None)
+    with pytest.raises(ValueError):
+        claims.not_compared(why="x")
+    with pytest.raises(ValueError, match="identifier"):
+        claims.not_compared("a b", why="x")

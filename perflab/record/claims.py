@@ -51,8 +51,8 @@ from perflab.record.provenance import glue, read_glued
 
 __all__ = ["BOUNDS", "EXPECT_PREFIX", "MAX_BAND_FACTOR", "SPREAD_SUFFIX", "VERDICT_MIME",
            "Sentence", "Verdict",
-           "claim", "compare", "expect", "failed_expectations", "judge", "read_verdicts",
-           "relation"]
+           "claim", "compare", "expect", "failed_expectations", "judge", "not_compared",
+           "read_verdicts", "relation"]
 
 EXPECT_PREFIX = "expect_"
 
@@ -390,6 +390,26 @@ def _spread_sentence(ratio: str, rounds: str, band: str, low: float, high: float
     if edge is not None:
         out += f"; the band's edge at {_ratio_words(edge)}x lies inside the spread"
     return out
+
+
+def not_compared(*names: str, why: str) -> None:
+    """Glue ``why`` under each name and its ``<name>_spread``: what a page says where a
+    :func:`compare` could not run (no GPU, no ``ncu``), so that the prose and the ``{measured}``
+    note that quote both still build.
+
+    Raises:
+        ValueError: no name, a name that is not a Python identifier, or a ``why`` that is not
+            a string (it may be empty where the prose says why in a sentence of its own).
+    """
+    if not names:
+        raise ValueError("not_compared needs at least one claim name")
+    for name in names:
+        _check_name(name)
+    if not isinstance(why, str):
+        raise ValueError(f"why must be the text to show instead, got {why!r}")
+    for name in names:
+        glue(name, why)
+        glue(name + SPREAD_SUFFIX, why)
 
 
 def read_verdicts(notebook: str | os.PathLike) -> dict[str, dict[str, Any]]:
