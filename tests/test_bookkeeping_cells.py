@@ -111,3 +111,66 @@ def test_a_source_with_a_visible_bookkeeping_cell_fails(tmp_path):
 def test_hidden_cells_are_out_of_the_rule(tag):
     assert rules.mostly_bookkeeping_cells([('glue("a", 1)', [tag])]) == []
     assert rules.mostly_bookkeeping_cells([('glue("a", 1)', [])])
+
+
+# --- a claim's spread in a {measured} note, not in the running prose (reader review R4) -------
+
+def _notebook_spread_hits(ipynb: Path) -> list[str]:
+    import json
+
+    from perflab.record.provenance import read_glued
+
+    cells = json.loads(ipynb.read_text())["cells"]
+    markdown = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+                for c in cells if c["cell_type"] == "markdown"]
+    return rules.spread_in_notebook_prose(markdown, read_glued(ipynb))
+
+
+def test_no_spread_in_running_prose():
+    """The committed notebooks as the book shows them (glued values pasted into the prose): no
+    "inter-quartile range over 8 rounds" and no old verdict clause outside a {measured} note,
+    beyond what tests/reader_waiting.py (SPREAD_IN_PROSE) still allows."""
+    notebooks = [md.with_suffix(".ipynb") for md in sources() if md.with_suffix(".ipynb").exists()]
+    assert notebooks, "no executed notebook found"
+    found = {nb.relative_to(ROOT).as_posix(): hits for nb in notebooks
+             if (hits := _notebook_spread_hits(nb))}
+    problems = []
+    for rel, hits in sorted(found.items()):
+        allowed = reader_waiting.SPREAD_IN_PROSE.get(rel, 0)
+        if len(hits) > allowed:
+            problems.append(f"{rel}: {len(hits)} spreads or old verdict clauses in running prose "
+                            f"(allowed {allowed}): quote the claim's short phrase and put "
+                            "{glue:text}`<claim>_spread` in a {measured} note:\n    "
+                            + "\n    ".join(hits))
+    checked = {nb.relative_to(ROOT).as_posix() for nb in notebooks}
+    for rel, allowed in sorted(reader_waiting.SPREAD_IN_PROSE.items()):
+        if rel not in checked:      # a page split into sections or left the contents
+            continue
+        now = len(found.get(rel, []))
+        if now < allowed:
+            problems.append(f"{rel}: now {now}: lower its number in tests/reader_waiting.py "
+                            f"SPREAD_IN_PROSE to {now}" + (" (remove the entry)" if not now else ""))
+    assert not problems, "\n".join(problems)
+
+
+def test_spread_rule_catches_the_old_verdict_and_passes_the_new():
+    old = ("The naive rung took 3 ms, {glue:text}`naive`. Five rungs: {glue:text}`all`.\n\n"
+           ":::{measured}\nThe rungs: {glue:text}`naive_spread`.\n:::\n")
+    before = {"naive": "within 25 % of the prediction (1.02x it; 0.99–1.12x, inter-quartile "
+                       "range over 8 rounds)",
+              "all": "1.61x the prediction, outside its 25 % band",
+              "naive_spread": "1.02x the prediction (0.99–1.12x, inter-quartile range over 8 "
+                              "rounds), against its band of 0.75–1.25x (±25 %)"}
+    assert len(rules.spread_in_notebook_prose([old], before)) == 3
+    after = {**before, "naive": "as predicted (1.02x)", "all": "outside the 25 % band (1.61x)"}
+    assert rules.spread_in_notebook_prose([old], after) == []
+    # the note's spread counts when the same sentence stands in the prose
+    assert len(rules.spread_in_notebook_prose([old.replace("`naive`", "`naive_spread`")],
+                                              after)) == 1
+    html = ('<article class="bd-article"><p>It took 3 ms, <span class="pasted-text">as predicted '
+            '(1.02x)</span>.</p><details class="measured-note"><summary>How this was measured'
+            '</summary><div class="measured-body"><p>1.02x the prediction (0.99–1.12x, '
+            'inter-quartile range over 8 rounds)</p></div></details></article>')
+    assert rules.spread_in_prose(html) == []
+    assert len(rules.spread_in_prose(html.replace("<details", "<div").replace(
+        "</details>", "</div>").replace("measured-note", "x"))) == 1

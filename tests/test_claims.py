@@ -114,15 +114,17 @@ def test_failed_expectations_read_from_a_notebook(tmp_path, monkeypatch):
 
 def test_compare_is_two_sided_and_states_the_ratio(glued):
     assert claims.compare("hit", 0.9, 1.0, 0.25, bound="device") == "within"
-    assert glued["hit"] == "within 25 % of the prediction (0.90x it)"
+    assert glued["hit"] == "as predicted (0.90x)"
+    assert glued["hit_spread"] == "0.90x the prediction, against its band of 0.75–1.25x (±25 %)"
     assert claims.compare("high", 1.7, 1.0, 0.25, bound="device") == "outside"
-    assert glued["high"] == "1.70x the prediction, outside its 25 % band"
+    assert glued["high"] == "outside the 25 % band (1.70x)"
     assert not claims.compare("low", 0.5, 1.0, tolerance=0.1, bound="host")  # below: a miss
-    assert "outside its 10 % band" in glued["low"]
+    assert glued["low"] == "outside the 10 % band (0.50x)"
     assert claims.compare("none", -3.0, 1.0, 0.25, bound="exact") == "outside"
     assert glued["none"] == "none of the positive amount predicted"
+    assert glued["none_spread"].startswith("a median of -3.0x the prediction")
     claims.compare("far", 2500.0, 1.0, 0.25, bound="device")
-    assert glued["far"] == "2,500x the prediction, outside its 25 % band"
+    assert glued["far"] == "outside the 25 % band (2,500x)"
     for bad in [(1.0, 0.0), (1.0, float("inf")), (True, 1.0), (float("nan"), 1.0)]:
         with pytest.raises(ValueError):
             claims.compare("x", *bad, 0.25, bound="device")
@@ -138,17 +140,18 @@ def test_a_verdict_with_a_spread_is_within_outside_or_undecided(glued):
     across = Spread((1.18, 1.22, 1.31, 1.24, 1.27))
     beyond = Spread((1.36, 1.40, 1.45, 1.38, 1.42))
     assert claims.compare("inside", inside, 1.0, 0.25, bound="device") == "within"
-    assert "0.95–1.10x, min–max over 5 rounds" in glued["inside"]
+    assert glued["inside"] == "as predicted (1.02x)"
+    assert "(0.95–1.10x, min–max over 5 rounds)" in glued["inside_spread"]
     v = claims.compare("across", across, 1.0, 0.25, bound="host")
     assert v == "undecided" and v.holds is None and not v
-    assert glued["across"].startswith("undecided against its 25 % band")
-    assert "across the band's edge at 1.25x" in glued["across"]
+    assert glued["across"] == "undecided (1.24x; the spread crosses the band's edge)"
+    assert "the band's edge at 1.25x lies inside the spread" in glued["across_spread"]
     assert glued.records["across"]["verdict"] == "undecided"
     assert glued.records["across"]["bound"] == "host"
     assert claims.compare("beyond", beyond, 1.0, 0.25, bound="device") == "outside"
     # the low edge is found as well
     claims.compare("under", Spread((0.7, 0.8, 0.9)), 1.0, 0.25, bound="device")
-    assert "edge at 0.75x" in glued["under"]
+    assert "edge at 0.75x" in glued["under_spread"]
     # the old single-reading behaviour would have called 'across' within (median 1.24x)
     assert abs(across.median - 1) <= 0.25
 
@@ -202,14 +205,46 @@ def test_a_spread_across_zero_reads_as_a_range_not_a_dashed_negative(glued):
     """Chapter 10's saving read "-0.17–2.74x": a minus then a dash. Across zero: "x to y"."""
     across_zero = Spread((-0.17, 0.8, 1.4, 2.74, 1.1))
     assert claims.compare("z", across_zero, 1.0, 0.25, bound="device") == "undecided"
-    assert "-0.17x to 2.74x" in glued["z"] and "-0.17–" not in glued["z"]
+    assert "-0.17x to 2.74x" in glued["z_spread"] and "-0.17–" not in glued["z_spread"]
 
 
 def test_a_spread_whose_ends_print_alike_is_one_value_not_a_range(glued):
     """Reader review M2: "(1.00x it; 1.00–1.00x, min–max over 5 rounds)" fourteen times."""
     claims.compare("same", Spread((1.0001, 1.0002, 1.0, 1.0003, 0.9999)), 1.0, 0.25,
                    bound="device")
-    assert glued["same"] == "within 25 % of the prediction (1.00x it; the same in each of 5 rounds)"
+    assert glued["same_spread"].startswith("1.00x the prediction (the same in each of 5 rounds)")
     claims.compare("far", Spread((2.0, 2.001, 2.002)), 1.0, 0.25, bound="device")
-    assert glued["far"] == ("2.00x the prediction (the same in each of 3 rounds), outside its "
-                            "25 % band")
+    assert glued["far_spread"].startswith("2.00x the prediction (the same in each of 3 rounds)")
+
+
+def test_compare_glues_a_short_phrase_and_its_spread_for_the_note(glued):
+    """Reader review R4: "within 25 % of the prediction (1.02x it; 0.99–1.12x, inter-quartile
+    range over 8 rounds)" in running prose, 92 times. The prose gets a short phrase whose
+    verdict is still the computed one; the spread, the band and the rounds go under
+    ``<name>_spread``, for the page's folded note."""
+    rounds = Spread((0.99, 1.0, 1.02, 1.05, 1.12, 1.01, 1.03, 0.98))
+    for name, value, words in [("a", rounds, "as predicted"), ("b", rounds * 1.6, "outside"),
+                               ("c", rounds * 1.22, "undecided")]:
+        v = claims.compare(name, value, 1.0, 0.25, bound="device")
+        assert glued[name].startswith(words) and v.phrase == glued[name]
+        assert v.detail == glued[name + claims.SPREAD_SUFFIX]
+        assert glued.records[name]["verdict"] == {"a": "true", "b": "false",
+                                                  "c": "undecided"}[name]
+        for long_words in ("inter-quartile", "rounds", "band of", "prediction ("):
+            assert long_words not in glued[name]
+        assert "inter-quartile range over 8 rounds" in glued[name + "_spread"]
+        assert "0.75–1.25x (±25 %)" in glued[name + "_spread"]
+        assert len(glued[name].split()) <= 9
+    assert abs(claims.compare("d", 2.0, 1.0, 0.25, bound="host").ratio - 2.0) < 1e-12
+
+
+def test_not_compared_glues_the_claim_and_its_spread(glued):
+    """Where a compare() cannot run, the prose's verdict and the note's spread both need text."""
+    claims.not_compared("a_vs_prediction", "b_vs_prediction", why="not measured (no GPU)")
+    assert glued["a_vs_prediction"] == glued["b_vs_prediction_spread"] == "not measured (no GPU)"
+    with pytest.raises(ValueError, match="why"):
+        claims.not_compared("a", why=None)
+    with pytest.raises(ValueError):
+        claims.not_compared(why="x")
+    with pytest.raises(ValueError, match="identifier"):
+        claims.not_compared("a b", why="x")

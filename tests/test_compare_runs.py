@@ -301,3 +301,15 @@ def test_near_edges_lists_agreeing_device_verdicts_close_to_a_band_edge():
     assert [(p, n) for p, n, _ in got] == [("book/x", "near")]   # host, flips, far, bare: no
     assert "A: true 0.6%" in got[0][2]
     assert compare_runs.near_edges(a, b, 0.001) == []
+
+
+def test_a_claim_s_spread_sentence_is_no_text_of_its_own(tmp_path):
+    """compare() glues ``<name>_spread`` for the page's folded note: the claim's numbers again
+    in words, recorded with the claim; a glued text of that shape that belongs to no claim
+    stays a sentence of the record."""
+    _notebook(tmp_path, "book/06_speed", [
+        _claim("rung_vs_prediction", "true", "device", "as predicted (1.10x)", 1.1),
+        _glue("rung_vs_prediction" + claims.SPREAD_SUFFIX, "1.10x the prediction (1.0–1.2x)"),
+        _glue("lonely_spread", "a sentence of its own")])
+    sentences = verdicts.load(tmp_path)["pages"]["book/06_speed"]["sentences"]
+    assert sentences == {"lonely_spread": "a sentence of its own"}

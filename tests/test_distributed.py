@@ -581,7 +581,9 @@ def test_one_process_group_lets_ddp_do_its_own_work_and_leaves_no_group():
 def glued(monkeypatch):
     """What the claims glued, by name (the claims' own glue replaced)."""
     seen = {}
-    monkeypatch.setattr(claims, "glue", lambda name, value: seen.__setitem__(name, value.text))
+    monkeypatch.setattr(claims, "glue", lambda name, value: seen.__setitem__(
+        name, getattr(value, "text", value)))
+    monkeypatch.setattr(verdicts, "glue", seen.__setitem__)
     return seen
 
 
@@ -598,7 +600,7 @@ def test_a_cost_is_judged_as_a_ratio_of_steps_where_a_band_of_seconds_crashed(gl
     zero = [d + predicted + e for d, e in zip(ddp, (0.5e-3, -0.4e-3, 0.2e-3))]
     assert verdicts.cost_ratio(ddp, predicted) == pytest.approx(1.2)
     assert verdicts.judge_cost("zero1", zero, ddp, predicted, 0.1, bound="host") == "within"
-    assert glued["zero1"].startswith("within 10 % of the prediction")
+    assert glued["zero1"].startswith("as predicted (")
     # a step that took no longer than DDP's: outside; one round each side of the edge: undecided
     assert verdicts.judge_cost("same", ddp, ddp, predicted, 0.1, bound="host") == "outside"
     edge = [d * r for d, r in zip(ddp, (1.04, 1.2, 1.3))]
@@ -614,12 +616,14 @@ def test_a_range_of_costs_and_what_a_band_can_resolve(glued):
     ddp = [20e-3, 21e-3, 20e-3]
     inside = [d + 3e-3 for d in ddp]
     assert verdicts.judge_cost_range("r", inside, ddp, -2e-3, 8e-3, bound="host") is True
-    assert "inside the predicted range, 0.90x to 1.40x" in glued["r"]
+    assert glued["r"] == "inside the predicted range (1.15x)"     # the prose's short phrase
+    assert "against the predicted range, 0.90x to 1.40x" in glued["r_spread"]
     # judged on the rounds' spread (the IQR from 8 rounds), so it never says "every round" (L1)
-    assert "every round" not in glued["r"] and "min–max over 3 rounds" in glued["r"]
+    assert "every round" not in glued["r_spread"] and "min–max over 3 rounds" in glued["r_spread"]
     wide = [d + 3e-3 for d in ddp * 3] + [0.1]          # 10 rounds, one far outside: IQR inside
     assert verdicts.judge_cost_range("r", wide, ddp * 3 + [20e-3], -2e-3, 8e-3, bound="host") is True
-    assert "inter-quartile range over 10 rounds" in glued["r"] and "every round" not in glued["r"]
+    assert "inter-quartile range over 10 rounds" in glued["r_spread"]
+    assert "every round" not in glued["r_spread"]
     assert verdicts.judge_cost_range("r", [d * 2 for d in ddp], ddp, -2e-3, 8e-3, bound="host") is False
     mixed = [d * r for d, r in zip(ddp, (1.1, 1.5, 1.2))]
     assert verdicts.judge_cost_range("r", mixed, ddp, -2e-3, 8e-3, bound="host") is None
@@ -640,12 +644,13 @@ def test_exposed_time_is_judged_per_round_and_says_what_the_band_resolves(glued,
     ddp = [a + 4e-3 + e for a, e in zip(alone, (0.2e-3, -0.3e-3, 0.1e-3))]
     assert verdicts.judge_exposed("k", ddp, alone, 4e-3, 9e-3) == "within"
     assert "can tell overlap from none" in seen["k_exposed_resolution"]
-    assert glued["k_exposed_sentence"].startswith("within 50 %")
+    assert glued["k_exposed_sentence"].startswith("as predicted (")
     assert verdicts.judge_exposed("k", ddp, alone, 4e-3, 5e-3) == "within"   # 5 ms inside the band
     assert "cannot tell" in seen["k_exposed_resolution"]
     assert verdicts.judge_exposed("k", [a + 12e-3 for a in alone], alone, 4e-3, 5e-3) == "outside"
     assert verdicts.judge_exposed("k", ddp, alone, 0.0, 1e-3) is None
     assert seen["k_exposed_sentence"].startswith("no comparison")
+    assert "k_exposed_sentence_spread" in seen      # the prose's {measured} note quotes it
     with pytest.raises(ValueError, match="same rounds"):
         verdicts.judge_exposed("k", ddp, alone[:2], 4e-3, 5e-3)
 
@@ -666,6 +671,7 @@ def test_no_sync_is_counted_exactly_and_timed_as_a_ratio(glued, monkeypatch):
         assert glued["no_sync_count_sentence"].startswith("the traces count 8 and")
     assert verdicts.judge_no_sync({"sync_every": 8, "no_sync": 2}, 4, 2, no_sync, every, 40e-3) is None
     assert seen["no_sync_sentence"].startswith("no comparison")
+    assert "no_sync_sentence_spread" in seen
     with pytest.raises(ValueError, match="accum"):
         verdicts.judge_no_sync({}, 0, 2, no_sync, every, 1e-3)
 

@@ -751,8 +751,12 @@ def test_saving_verdict_grades_an_upper_bound_one_sided_and_gives_no_ratio_acros
     assert saving_verdict(Spread((1e-3, 2e-3, 3e-3)), 2e-3, 0.33, at_most=False)[0] is None
     # a spread that crosses zero gets no ratio (a range of ratios from below zero says nothing)
     assert all("x the prediction" not in text for text in undecided[1:])
+    assert all(not any(c.isdigit() for c in text) for text in undecided[1:4])
     positive = saving_verdict(Spread((1.9e-3, 2e-3, 2.1e-3)), 2e-3, 0.33, at_most=False)
-    assert "1x the prediction" in positive[1] or "x the prediction" in positive[1]
+    assert positive[1] == "as predicted (1x)" and "1x the prediction" in positive[4]
+    # reader review R4: the prose's phrase is short; the band and the rounds are the note's
+    assert "min–max over 3 rounds" in positive[4] and "band of" in positive[4]
+    assert all("over" not in text and "band of" not in text for text in positive[1:4])
     with pytest.raises(ValueError):
         saving_verdict(Spread((1e-3, 2e-3)), 0.0, 0.33, at_most=True, at_least=0.0)
 
@@ -1005,8 +1009,9 @@ def test_saving_verdict_widens_a_profiled_prediction_by_its_own_spread_only():
     median's band (at most 3.99 ms) fails; 5 ms fails both; the range must hold the median."""
     pred = Spread((0.0026, 0.0030, 0.0035))
     saved = Spread(tuple(0.0043 + 1e-5 * k for k in range(8)))
-    holds, yes, no, _ = saving_verdict(saved, pred.median, 0.33, at_most=False, spread=pred)
-    assert holds is True and "over 3 profiled pairs, 33 % either way" in yes
+    holds, yes, no, _, detail = saving_verdict(saved, pred.median, 0.33, at_most=False,
+                                               spread=pred)
+    assert holds is True and "over 3 profiled pairs, 33 % either way" in detail
     assert saving_verdict(saved, pred.median, 0.33, at_most=False)[0] is False
     far = Spread(tuple(0.005 + 1e-5 * k for k in range(8)))
     assert saving_verdict(far, pred.median, 0.33, at_most=False, spread=pred)[0] is False

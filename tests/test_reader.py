@@ -1460,3 +1460,13 @@ def test_backticks_in_glued_text_become_inline_code_that_wraps():
     at = css.index("span.pasted-text code {")
     rule = css[css.rindex("*/", 0, at):css.index("}", at)]
     assert "overflow-wrap: anywhere" in rule and "article.bd-article p code" in rule
+
+
+def test_glued_text_is_set_like_the_prose_around_it():
+    """Reader review R4: myst-nb bolds every glued value, so a paragraph of glued numbers and
+    verdicts read as one bold run; reader.css sets them in the prose's weight (a page bolds a
+    headline number itself), by a rule more specific than mystnb.css's."""
+    css = (ROOT / "_ext" / "static" / "reader.css").read_text()
+    at = css.index("article.bd-article span.pasted-text,")
+    rule = css[at:css.index("}", at)]
+    assert "font-weight: normal" in rule

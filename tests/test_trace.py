@@ -211,3 +211,31 @@ def test_host_and_device_seconds_of_a_real_cpu_profile_has_no_device_time():
         torch.randn(64, 64) @ torch.randn(64, 64)
     host_s, device_s = host_and_device_seconds(prof.key_averages())
     assert 0 < host_s < 10 and device_s == 0
+
+
+def test_kernel_family_names_the_family_and_its_library_briefly():
+    """Reader review R5: full kernel names in prose made five pages wider than a phone."""
+    from perflab.profiling.trace import kernel_family
+    nvjet = kernel_family("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT")
+    assert nvjet == "nvjet_sm90_tst… (cuBLAS)"
+    # the data types a reader compares survive the cut
+    assert kernel_family("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_NNT") != nvjet
+    assert kernel_family("void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, "
+                         "float, false, true, (cudnnKernelDataType_t)2>(...)") == \
+        "nchwToNhwcKernel (cuDNN)"
+    assert kernel_family("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc"
+                         ).endswith("(cuDNN)")
+    assert kernel_family("void at::native::unrolled_elementwise_kernel<at::native::"
+                         "direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}>") == \
+        "unrolled_elementwise_kernel (ATen)"
+    assert kernel_family("cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm>") == \
+        "cutlass::Kernel2 (cuBLAS)"
+    assert kernel_family("triton_poi_fused_add_mul_0") == "triton_poi_fused_add_mul_0 (Triton)"
+    assert kernel_family("my_kernel") == "my_kernel"
+    for long_name in ("x" * 100, "a_" * 60):
+        assert len(kernel_family(long_name)) <= 28
+    for bad in ("", "  ", None, 3):
+        with pytest.raises(ValueError, match="name"):
+            kernel_family(bad)
+    with pytest.raises(ValueError):
+        kernel_family("abc", width=4)

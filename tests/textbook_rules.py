@@ -19,7 +19,12 @@ the page keeps the rule. ``tests/test_reader.py`` applies them to every page of 
 * :func:`page_length`: over :data:`MAX_WORDS` words of prose or :data:`MAX_CODE_LINES` lines of
   visible code (split the chapter into section pages);
 * :func:`tables_printed_as_source`: a Markdown table printed as text in an output (the table
-  is then on the page twice, or once as pipes).
+  is then on the page twice, or once as pipes);
+* :func:`spread_in_prose` (a built page) and :func:`spread_in_notebook_prose` (an executed
+  notebook's Markdown with its glued values pasted): a measurement's spread and rounds
+  ("0.99–1.12x, inter-quartile range over 8 rounds") or a claim's old machine-written verdict
+  ("within 25 % of the prediction (1.02x it; ...)") in running prose, where the claim's short
+  phrase belongs ("as predicted (1.02x)"), the spread going into a ``{measured}`` note.
 """
 
 from __future__ import annotations
@@ -45,6 +50,14 @@ _CALL = re.compile(r"(?<![\w.])(" + "|".join(BOOKKEEPING) + r")\s*\("
 # 0.26 s timed window on", "measured over 3 timed windows, 1.20 s in all on"
 TELEMETRY = re.compile(r"measured over (?:the )?(?:\d+ timed windows, )?[\d.,]+\s*"
                        r"(?:[µun]s|ms|s|min)(?: timed window| in all)? on ")
+
+# A spread's rounds in words (perflab.core.rounds.Spread.kind) and the verdict clauses that
+# perflab.record.claims.compare glued before 6 December (reader review R4): in a {measured} note
+# or a cell's output they are fine; in running prose they are a lab notebook's telemetry.
+SPREAD_WORDS = re.compile(r"(?:inter-quartile range|min[–-]max) over \d+ rounds?"
+                          r"|within \d+ % of the prediction \("
+                          r"|the prediction, outside its \d+ % band"
+                          r"|undecided against its \d+ % band")
 
 _VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
@@ -267,3 +280,40 @@ def mostly_bookkeeping_cells(cells: list[tuple[str, list[str]]]) -> list[str]:
             first = source.strip().splitlines()[0][:50]
             out.append(f"code cell {k} ({first!r}...): {kept} of its {total} lines are bookkeeping")
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# A claim's spread out of the running prose (reader review R4)
+# ---------------------------------------------------------------------------------------------
+
+def _spread_hits(text: str) -> list[str]:
+    text = " ".join(text.split())
+    return [f"...{text[max(0, m.start() - 60): m.end() + 20]}..." for m in SPREAD_WORDS.finditer(text)]
+
+
+def spread_in_prose(page_html: str) -> list[str]:
+    """Each spread or old verdict clause (:data:`SPREAD_WORDS`) in a built page's running prose
+    (or a prose table): not in a ``{measured}`` note, a margin, a footnote or an output."""
+    return _spread_hits(" ".join(parse(page_html).telemetry_text))
+
+
+_GLUE_ROLE = re.compile(r"\{glue(?::text|:md|:)?\}`([^`:]+)(?::[^`]*)?`")
+# blocks whose text is not running prose: a {measured} note, a margin or a sidebar (colon or
+# backtick fences, any length), and footnote definitions
+_ASIDE_BLOCK = re.compile(r"^(:{3,}|`{3,})\{(?:measured|margin|sidebar)\}.*?^\1\s*$", re.M | re.S)
+_FOOTNOTE = re.compile(r"^\[\^[^\]]+\]:.*$", re.M)
+
+
+def notebook_prose(markdown: list[str], glued: dict) -> str:
+    """The running prose of a notebook's Markdown cells ``markdown`` as the book shows it: each
+    glued role replaced by its value from ``glued`` (``read_glued``), notes and footnotes left
+    out."""
+    text = "\n\n".join(markdown)
+    text = _FOOTNOTE.sub("", _ASIDE_BLOCK.sub("", text))
+    return _GLUE_ROLE.sub(lambda m: str(glued.get(m.group(1), "")), text)
+
+
+def spread_in_notebook_prose(markdown: list[str], glued: dict) -> list[str]:
+    """:func:`spread_in_prose` for an executed notebook (its Markdown cells and glued values):
+    no build needed."""
+    return _spread_hits(notebook_prose(markdown, glued))

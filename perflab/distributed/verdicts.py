@@ -22,7 +22,7 @@ from typing import Sequence
 
 from perflab.core.rounds import Spread, spread
 from perflab.core.validate import number
-from perflab.record.claims import Verdict, claim, compare, judge
+from perflab.record.claims import SPREAD_SUFFIX, Verdict, claim, compare, judge
 from perflab.record.numbers import fmt
 from perflab.record.provenance import glue
 
@@ -97,8 +97,10 @@ def judge_cost_range(name: str, steps: Sequence[float], base: Sequence[float], l
     the ratios of a cost of ``low_s`` and of ``high_s`` seconds (:func:`cost_ratio`): a range
     prediction ("between every collective hidden and none hidden"). True when the rounds' spread
     (:class:`perflab.core.rounds.Spread`: min-max under 8 rounds, else the inter-quartile
-    range) lies inside, False when it lies outside, None (undecided) when an edge lies inside it;
-    the sentence states the range and the rounds.
+    range) lies inside, False when it lies outside, None (undecided) when an edge lies inside it.
+    Like :func:`perflab.record.claims.compare`, the sentence is a short phrase for the prose
+    ("inside the predicted range (1.04x)"), and the range and the rounds are glued under
+    ``name + "_spread"`` for the page's ``{measured}`` note.
 
     Raises:
         ValueError: ``low_s > high_s``, see :func:`cost_ratio`, or a range wider than a factor of
@@ -112,10 +114,12 @@ def judge_cost_range(name: str, steps: Sequence[float], base: Sequence[float], l
     rounds = f"{ratio.lo:.2f}x to {ratio.hi:.2f}x, {ratio.kind}"
     span = (f"{lo:.2f}x to {hi:.2f}x the base step ({fmt(low_s, 's', signed=True)} to "
             f"{fmt(high_s, 's', signed=True)})")
-    claim(name, holds, f"inside the predicted range, {span} (the rounds: {rounds})",
-          f"outside the predicted range, {span} (the rounds: {rounds})", bound=bound,
-          if_undecided=f"undecided: the rounds ({rounds}) reach across an edge of the predicted "
-          f"range, {span}")
+    # the prose takes the short phrase; the range and the rounds go to its {measured} note
+    claim(name, holds, f"inside the predicted range ({ratio.median:.2f}x)",
+          f"outside the predicted range ({ratio.median:.2f}x)", bound=bound,
+          if_undecided=f"undecided ({ratio.median:.2f}x; the rounds reach across an edge of "
+          "the predicted range)")
+    glue(name + SPREAD_SUFFIX, f"the rounds {rounds}, against the predicted range, {span}")
     return holds
 
 
@@ -154,6 +158,7 @@ def judge_exposed(key: str, ddp_rounds: Sequence[float], alone_rounds: Sequence[
          "the rounds cannot tell overlap from none")
     if exposed_s <= 0:
         glue(f"{key}_exposed_sentence", "no comparison: the model exposes nothing")
+        glue(f"{key}_exposed_sentence{SPREAD_SUFFIX}", "no band: the model exposes nothing")
         return None
     return compare(f"{key}_exposed_sentence", waited, exposed_s, tolerance, bound="host",
                    reason="a difference of two steps, paired by round, on ranks that share the "
@@ -187,6 +192,8 @@ def judge_no_sync(counts: dict, accum: int, buckets: int, no_sync_rounds: Sequen
         glue("no_sync_predicted_text", "no ratio")
         glue("no_sync_sentence", "no comparison: the model predicts no saving, or one as long as "
                                  "the step")
+        glue("no_sync_sentence" + SPREAD_SUFFIX, "no band: the model predicts no saving, or one "
+                                                 "as long as the step")
         return None
     glue("no_sync_predicted_text", f"{cost_ratio(every_rounds, -skipped_s):.3f}×")
     return judge_cost("no_sync_sentence", no_sync_rounds, every_rounds, -skipped_s, tolerance,

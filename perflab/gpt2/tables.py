@@ -213,18 +213,21 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
 
 def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
                    at_most: bool, at_least: float | None = None,
-                   spread: Spread | None = None) -> tuple[bool | None, str, str, str]:
+                   spread: Spread | None = None) -> tuple[bool | None, str, str, str, str]:
     """How a measured saving (seconds per step, a :class:`Spread`) compares with its prediction,
-    in seconds: ``(holds, if_true, if_false, if_undecided)`` for
-    :func:`perflab.record.claims.claim`.
+    in seconds: ``(holds, if_true, if_false, if_undecided, detail)``, the first four for
+    :func:`perflab.record.claims.claim`: short phrases for the prose ("as predicted (0.93x)",
+    "outside its band", "undecided (the spread crosses the band's edge)"); ``detail`` states
+    the band and the measured spread, for the page's ``{measured}`` note (glued as the claim's
+    ``<name>_spread``, as :func:`perflab.record.claims.compare` does).
 
     A two-sided prediction's band is ``predicted x (1 ± tolerance)``. An ``at_most`` prediction
     (an upper bound) needs a lower edge too, ``at_least`` (seconds, from 0 up to ``predicted``:
     the least the change should save, e.g. the idle time the profiles say it removed), so that
     a rung that saves nothing or loses time cannot pass: its band is ``at_least x (1 -
     tolerance)`` to ``predicted x (1 + tolerance)``. The claim holds when the whole spread lies
-    in the band, fails when none of it does, and is undecided otherwise. The sentences give
-    the band and the spread in seconds; a ratio to the prediction is given only when the whole
+    in the band, fails when none of it does, and is undecided otherwise. ``detail`` gives the
+    band and the spread in seconds; a ratio to the prediction is given only when the whole
     spread is positive (a ratio range that crosses zero says nothing).
 
     A two-sided prediction read from several profiled steps carries their ``spread`` (a
@@ -276,10 +279,11 @@ def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
         spread += f", {saved.kind}"
     ratio = (f"; {fmt(saved.median / predicted, 'x')} the prediction"
              if saved.lo > 0 else "")
-    return (holds, f"within its band ({band}; measured {spread}{ratio})",
-            f"outside its band ({band}; measured {spread}{ratio})",
-            f"undecided against its band ({band}): the measured saving ranges "
-            f"{spread}, across an edge{ratio}")
+    # the prose takes a short phrase, the band and the rounds go to its {measured} note
+    short = f" ({fmt(saved.median / predicted, 'x')})" if saved.lo > 0 else ""
+    return (holds, f"as predicted{short}", f"outside its band{short}",
+            "undecided (the spread crosses the band's edge)",
+            f"measured {spread}{ratio}, against its band of {band}")
 
 
 def memory_table(results: dict) -> str:

@@ -22,6 +22,7 @@ Times in traces are microseconds (the trace format's unit); rates are FLOP/s and
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -33,7 +34,7 @@ from perflab.machine.costs import Cost, count_cost, op_cost
 from perflab.record.plotting import finish
 
 __all__ = ["count_cost", "TraceItem", "trace_items", "step_windows", "KernelStats", "TraceSummary",
-           "summarize_trace", "short_name", "REGIMES", "regime", "kernel_summary", "OPERATOR_COLUMNS",
+           "summarize_trace", "short_name", "kernel_family", "REGIMES", "regime", "kernel_summary", "OPERATOR_COLUMNS",
            "operator_rows", "host_and_device_seconds", "plot_timeline"]
 
 
@@ -284,6 +285,53 @@ def short_name(name: str, width: int = 60) -> str:
     cut = name.split("<", 1)[0].replace("void ", "") if "<" in name else name
     cut = cut if len(cut) <= width else cut[: width - 1] + "…"
     return cut
+
+
+# which library wrote a kernel, from its name: cuDNN's convolutions (its own namespace, or
+# xmma's fprop/dgrad/wgrad), cuBLAS's products, ATen's own kernels, Triton's (Inductor's)
+_LIBRARIES = (("cuDNN", ("cudnn", "fprop", "dgrad", "wgrad", "conv")),
+              ("cuBLAS", ("nvjet", "gemm", "cublas", "cutlass", "xmma", "splitk")),
+              ("FlashAttention", ("flash", "fmha")),
+              ("ATen", ("at::native::",)),
+              ("Triton", ("triton_",)))
+
+
+def kernel_family(name: str, width: int = 28) -> str:
+    """A kernel's name as prose can carry it: its family and the library that wrote it, as
+    ``"nvjet_sm90_tst… (cuBLAS)"``, ``"nchwToNhwcKernel (cuDNN)"``,
+    ``"unrolled_elementwise_kernel (ATen)"``; a name no library claims is cut alone.
+
+    A full cuBLAS name (``nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT``) is one unbreakable
+    word of 40-odd characters: in a sentence it made pages wider than a phone (reader review
+    R5). The family keeps what a reader compares (the architecture and the data types:
+    ``tst`` against ``hsh``), and a table or a printed output shows the whole name.
+
+    Args:
+        name: the kernel's name as the profiler reports it.
+        width: the most characters of the family before "…" (>= 8); a name is cut at an
+            underscore within it where it has one.
+
+    Raises:
+        ValueError: a name that is not a non-empty string, or ``width`` < 8.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"name must be a kernel's name, got {name!r}")
+    integer("width", width, 8)
+    lowered = name.lower()
+    library = next((lib for lib, marks in _LIBRARIES if any(m in lowered for m in marks)),
+                   None)
+    core = name.strip().removeprefix("void ")
+    core = re.split(r"[<(]", core, maxsplit=1)[0].strip()
+    if "::" in core and not core.startswith("cutlass::"):
+        core = core.rsplit("::", 1)[1]            # at::native::x_kernel -> x_kernel
+    core = core or name.strip()
+    fields = core.split("_")
+    if re.match(r"(nvjet|sm\d+)_", core) and len(fields) > 3:   # a tile's name: its family
+        core = "_".join(fields[:3]) + "…"                       # nvjet_sm90_tst, sm90_xmma_gemm
+    if len(core) > width:
+        cut = core.rfind("_", 0, width)
+        core = core[: cut if cut >= width // 2 else width - 1] + "…"
+    return f"{core} ({library})" if library else core
 
 
 REGIMES = ("compute-bound", "bandwidth-bound", "latency-bound", "overhead-bound")

@@ -49,9 +49,10 @@ from perflab.core.validate import number, one_of
 from perflab.record.numbers import fmt_range, sig
 from perflab.record.provenance import glue, read_glued
 
-__all__ = ["BOUNDS", "EXPECT_PREFIX", "MAX_BAND_FACTOR", "VERDICT_MIME", "Sentence", "Verdict",
-           "claim", "compare", "expect", "failed_expectations", "judge", "read_verdicts",
-           "relation"]
+__all__ = ["BOUNDS", "EXPECT_PREFIX", "MAX_BAND_FACTOR", "SPREAD_SUFFIX", "VERDICT_MIME",
+           "Sentence", "Verdict",
+           "claim", "compare", "expect", "failed_expectations", "judge", "not_compared",
+           "read_verdicts", "relation"]
 
 EXPECT_PREFIX = "expect_"
 
@@ -63,6 +64,10 @@ MAX_BAND_FACTOR = 2.0
 
 #: The mime type under which a claim's verdict is stored beside its glued sentence.
 VERDICT_MIME = "application/vnd.perflab.verdict+json"
+
+#: :func:`compare` glues its short verdict under ``name`` (for the running prose) and the
+#: measurement against its band under ``name + SPREAD_SUFFIX`` (for a ``{measured}`` note).
+SPREAD_SUFFIX = "_spread"
 
 
 def _check_name(name: Any) -> str:
@@ -94,7 +99,8 @@ class Verdict(str):
     """A comparison's outcome: ``"within"``, ``"outside"`` or ``"undecided"`` (a ``str``).
 
     ``bool(verdict)`` is True only for ``"within"``; :attr:`holds` is True, False or None
-    (undecided).
+    (undecided). One returned by :func:`compare` also has ``phrase``, ``detail`` and ``ratio``
+    (see there).
     """
 
     def __new__(cls, word: str) -> "Verdict":
@@ -295,12 +301,20 @@ def compare(name: str, measured: float | Spread, predicted: float, tolerance: fl
 
     The band is ``predicted × (1 ± tolerance)``. With a :class:`perflab.core.rounds.Spread`
     the verdict is "within" only when the whole spread lies in the band, "outside" when none
-    of it does, and "undecided" when an edge of the band lies inside the spread. The sentence is
-    a clause to follow a glued measurement: ``"within 25 % of the prediction (0.93x it; 0.90–
-    0.96x, min–max over 5 rounds)"``, ``"1.7x the prediction, outside its 25 % band"`` or
-    ``"undecided against its 25 % band: 1.22x the prediction, 1.18–1.31x over 5 rounds, across
-    the band's edge at 1.25x"``. A miss is a miss on either side. The caller explains a miss
-    with an experiment on the page; this function only reports it.
+    of it does, and "undecided" when an edge of the band lies inside the spread.
+
+    Two texts are glued. Under ``name``, a short phrase for the running prose, after a glued
+    measurement: ``"as predicted (0.93x)"``, ``"outside the 25 % band (1.70x)"`` or
+    ``"undecided (1.22x; the spread crosses the band's edge)"`` (the ratio is the median over
+    the prediction). Under ``name + "_spread"`` (:data:`SPREAD_SUFFIX`), the measurement against
+    its band, for the page's folded ``{measured}`` note, never the prose: ``"0.93x the
+    prediction (0.90–0.96x, min–max over 5 rounds), against its band of 0.75–1.25x
+    (±25 %)"``.
+    A miss is a miss on either side. The caller explains a miss with an experiment on the page;
+    this function only reports it.
+
+    The returned :class:`Verdict` also carries ``phrase`` (the short phrase), ``detail`` (the
+    note's sentence) and ``ratio`` (median over prediction), for a table of several verdicts.
 
     Args:
         name: glue name (a Python identifier).
@@ -330,7 +344,12 @@ def compare(name: str, measured: float | Spread, predicted: float, tolerance: fl
     if med <= 0:        # a saving that did not happen, a time that did not grow
         claim(name, False, "unused", "none of the positive amount predicted", bound=bound,
               record={**record, "verdict_word": "outside"})
-        return Verdict("outside")
+        detail = (f"a median of {_ratio_words(med / predicted)}x the prediction, against its "
+                  f"band of {_ratio_words(1 - tolerance)}–{_ratio_words(1 + tolerance)}x "
+                  f"(±{band})")
+        glue(name + SPREAD_SUFFIX, detail)
+        return _verdict("outside", "none of the positive amount predicted", detail,
+                        med / predicted)
     ratio, r_lo, r_hi = med / predicted, lo / predicted, hi / predicted
     rounds = ""
     if spread is not None and spread.n > 1:
@@ -346,16 +365,51 @@ def compare(name: str, measured: float | Spread, predicted: float, tolerance: fl
              False if r_hi < low or r_lo > high else None)
     word = {True: "within", False: "outside", None: "undecided"}[holds]
     edge = low if r_lo < low <= r_hi else high
-    claim(name, holds,
-          f"within {band} of the prediction ({_ratio_words(ratio)}x it"
-          + (f"; {rounds})" if rounds else ")"),
-          f"{_ratio_words(ratio)}x the prediction"
-          + (f" ({rounds})" if rounds else "") + f", outside its {band} band",
-          if_undecided=(f"undecided against its {band} band: {_ratio_words(ratio)}x the "
-                        f"prediction, {rounds}, across the band's edge at "
-                        f"{_ratio_words(edge)}x"),
-          bound=bound, record={**record, "verdict_word": word})
-    return Verdict(word)
+    r = f"{_ratio_words(ratio)}x"
+    phrase = {True: f"as predicted ({r})", False: f"outside the {band} band ({r})",
+              None: f"undecided ({r}; the spread crosses the band's edge)"}[holds]
+    detail = _spread_sentence(r, rounds, band, low, high, edge if holds is None else None)
+    claim(name, holds, phrase if holds else "-", phrase if holds is False else "-",
+          if_undecided=phrase, bound=bound, record={**record, "verdict_word": word})
+    glue(name + SPREAD_SUFFIX, detail)
+    return _verdict(word, phrase, detail, ratio)
+
+
+def _verdict(word: str, phrase: str, detail: str, ratio: float) -> Verdict:
+    out = Verdict(word)
+    out.phrase, out.detail, out.ratio = phrase, detail, ratio
+    return out
+
+
+def _spread_sentence(ratio: str, rounds: str, band: str, low: float, high: float,
+                     edge: float | None) -> str:
+    """What :func:`compare` glues under ``<name>_spread``: the measurement against its band,
+    for the folded "How this was measured" note (``{measured}``), not the running prose."""
+    out = f"{ratio} the prediction" + (f" ({rounds})" if rounds else "")
+    out += f", against its band of {_ratio_words(low)}–{_ratio_words(high)}x (±{band})"
+    if edge is not None:
+        out += f"; the band's edge at {_ratio_words(edge)}x lies inside the spread"
+    return out
+
+
+def not_compared(*names: str, why: str) -> None:
+    """Glue ``why`` under each name and its ``<name>_spread``: what a page says where a
+    :func:`compare` could not run (no GPU, no ``ncu``), so that the prose and the ``{measured}``
+    note that quote both still build.
+
+    Raises:
+        ValueError: no name, a name that is not a Python identifier, or a ``why`` that is not
+            a string (it may be empty where the prose says why in a sentence of its own).
+    """
+    if not names:
+        raise ValueError("not_compared needs at least one claim name")
+    for name in names:
+        _check_name(name)
+    if not isinstance(why, str):
+        raise ValueError(f"why must be the text to show instead, got {why!r}")
+    for name in names:
+        glue(name, why)
+        glue(name + SPREAD_SUFFIX, why)
 
 
 def read_verdicts(notebook: str | os.PathLike) -> dict[str, dict[str, Any]]:

@@ -21,6 +21,8 @@ executed notebooks) side by side:
   :func:`same_host_prediction` (stored as ``samehost_<claim>``, :data:`SAME_HOST_PREFIX`);
   the record then marks the verdict ``"prediction": "this host"``;
 * pages present in only one of the runs are reported;
+* a claim's spread sentence (``<name>_spread``, :func:`perflab.record.claims.compare`) is
+  left out: the claim's record holds its numbers;
 * a glued text that is no claim (a cause sentence, a list of numbers) is no verdict when the
   page's runs store verdicts: a change of its words, numbers and their units masked, is listed
   as a changed text (:attr:`PageComparison.texts`), not counted.
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from perflab.core.validate import number
-from perflab.record.claims import EXPECT_PREFIX, read_verdicts
+from perflab.record.claims import EXPECT_PREFIX, SPREAD_SUFFIX, read_verdicts
 from perflab.record.provenance import glue, read_glued, reference_run
 
 __all__ = ["RUNS_FOLDER", "SAME_HOST_PREFIX", "SCHEMA", "Change", "PageComparison", "compare",
@@ -115,7 +117,10 @@ def _page(ipynb: Path) -> dict[str, Any]:
             expectations[name[len(EXPECT_PREFIX):]] = value is True or str(value) == "True"
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             numbers[name] = value
-        elif name not in verdicts and isinstance(value, str) and _TELEMETRY not in value:
+        elif (name not in verdicts and isinstance(value, str) and _TELEMETRY not in value
+              and name[:-len(SPREAD_SUFFIX)] not in verdicts):
+            # (a claim's spread sentence, compare's <name>_spread, is that claim's record
+            # again in words: the verdict and its numbers are recorded with the claim)
             sentences[name] = value
     run = reference_run(ipynb) or {}
     return {"run": {**{k: run.get(k) for k in ("git", "started", "devices", "torch")},
