@@ -144,7 +144,7 @@ def test_lab_reads_the_chapters_four_pages_and_ends_on_the_overlay():
     assert "overlay_table" in cells[-2].source and "read_glued" in closing
     for stem in REQUIRED:
         assert f'"{stem}"' in closing
-    assert "plt.subplots" in cells[-1].source and "overlay_table" not in cells[-1].source
+    assert "plot_ratios" in cells[-1].source and "overlay_table" not in cells[-1].source
 
 
 def test_report_card_measures_the_l2_and_the_latency_as_the_chapter_does():

@@ -274,7 +274,8 @@ def test_chapter4_tools_sets_the_spin_against_ncu():
     """Review G2: run 0607's ncu timed the 8192^3 bf16 product at 1.41 ms at 1.57 GHz (92 % per
     cycle) where chapter 2's spin gave 84 %: the spin read ~1.09x the clock ncu implies, and the
     page says so with numbers."""
-    ns = {}
+    from perflab.record.numbers import fmt, fmt_range
+    ns = {"fmt": fmt, "fmt_range": fmt_range}    # the page's imports the function reads
     exec(_function_source(_page_code("04_measuring_and_profiling_tools"), "spin_words"), ns)
     ratio, said = ns["spin_words"](1.41e-3, 1.57, 0.840, 132 * 4096)
     assert 1.08 < ratio < 1.11
@@ -286,11 +287,12 @@ def test_chapter4_tools_gpu_util_sentence_follows_its_verdict():
     (1.34x and 1.36x the busy fraction in two runs). The sentence now follows the verdict."""
     from perflab.core.rounds import Spread
     from perflab.record.claims import Verdict
-    ns = {}
+    from perflab.record.numbers import fmt, fmt_range
+    ns = {"fmt": fmt, "fmt_range": fmt_range}    # the page's imports the function reads
     exec(_function_source(_page_code("04_measuring_and_profiling_tools"), "util_words"), ns)
     over = ns["util_words"](Verdict("outside"), Spread((1.34, 1.36, 1.38)))
     assert "honest" not in over and "1.36x" in over and "over-reads" in over
-    assert "1.34-1.38x over 3 loops" in over
+    assert "1.34x–1.38x over 3 loops" in over     # numbers.fmt_range
     assert "is honest" in ns["util_words"](Verdict("within"), Spread((0.9, 1.0, 1.1)))
     assert "undecided" in ns["util_words"](Verdict("undecided"), Spread((1.2, 1.3, 1.4)))
 
