@@ -286,6 +286,10 @@ class _CudaRules(torch.utils._python_dispatch.TorchDispatchMode):
             assert (a.dtype, b.dtype) != (fp8.E5M2, fp8.E5M2)
             bound = dict(zip([arg.name for arg in func._schema.arguments], args), **kwargs)
             assert bound.get("out_dtype") == torch.bfloat16 and bound.get("bias") is None
+            # the rules are the test, not the product: the CPU's _scaled_mm took ~1.3 s a call
+            # at these shapes (~60 s a test); a finite stand-in of the product's shape and dtype
+            # lets the step go on (the numbers are tested by test_fp8_rung_trains_like_bf16)
+            return torch.randn(a.shape[0], b.shape[1]).to(torch.bfloat16)
         return func(*args, **kwargs)
 
 
