@@ -59,11 +59,14 @@ def _run(folder: Path, *, rung_verdict="true", host_verdict="true", knee=True, r
 
 
 def _record(root: Path, name: str) -> None:
-    """``compare_runs.py --record root/runs/NAME.json --root root/NAME``, which must succeed."""
-    r = subprocess.run([sys.executable, "scripts/compare_runs.py", "--record",
-                        str(root / "runs" / f"{name}.json"), "--root", str(root / name)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    """``compare_runs.py --record root/runs/NAME.json --root root/NAME``, which must succeed: its
+    ``main`` in this process (the command line itself is run by the tests below; a fresh
+    interpreter per record cost ~4 s of CI each)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("compare_runs_cli", ROOT / "scripts" / "compare_runs.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    assert cli.main(["--record", str(root / "runs" / f"{name}.json"), "--root", str(root / name)]) == 0
 
 
 def test_identical_runs_agree(tmp_path):
