@@ -15,7 +15,7 @@ would on a run it made itself: what a test checks does not change, only when the
 * A job marked ``alone`` is not started ahead: it runs when its test asks for it, once the running
   jobs have finished, with nothing beside it: the pages whose checks or predictions time the
   CPU against itself and failed beside another job and ``stress-ng --cpu 2`` (chapters 3.1
-  and 8, ``tests/test_chapters.py``; labs 4, 5, 8 and 10, ``tests/lab_runs.py``). A test marked
+  and 8, ``tests/test_chapters.py``; labs 5, 8 and 10, ``tests/lab_runs.py``). A test marked
   ``@pytest.mark.alone`` likewise runs with no job beside it (:func:`quiet`).
 * A test run that selects a job's tests only (``pytest -k 05_``) queues only that job; a test
   that asks for a job nobody queued (the session was not started here, or ``SLOTS`` is 0) gets
