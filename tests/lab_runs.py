@@ -24,7 +24,7 @@ The kernel is then shut down, and the tests read the recorded outcomes. Asking f
 
 In a whole session the labs run ahead of their tests, two at a time, each in a process of its own
 (``python tests/lab_runs.py LAB OUT``: the same :func:`lab_run`, its :class:`LabRun` pickled to
-``OUT``; tests/background.py); labs 4, 5, 8 and 10, which time the CPU against itself, run alone.
+``OUT``; tests/background.py); labs 5, 8 and 10, which time the CPU against itself, run alone.
 """
 
 from __future__ import annotations
