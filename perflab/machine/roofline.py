@@ -25,14 +25,13 @@ from typing import Callable, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from perflab.core import formats
 from perflab.core.telemetry import measure
 from perflab.core.timing import benchmark
 from perflab.core.validate import integer, number, positive, positive_int
 from perflab.machine.costs import Cost, arithmetic_intensity, elementwise_cost, matmul_cost
-from perflab.record.plotting import style
+from perflab.record.plotting import plain_log_ticks, style
 
 __all__ = [
     "Cost",
@@ -476,13 +475,8 @@ def plot_sweep(
     axes[2].axhline(bandwidth / 1e12, ls="--", color="C7", lw=1.2, label="copy bandwidth")
     axes[2].legend(loc="lower left", fontsize=8)
     axes[2].set(ylabel="achieved TB/s", title="achieved bandwidth", yscale="log")
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
     for ax in axes:
-        # ticks at 1, 2 and 5 of each decade: a panel spanning less than a decade still
-        # shows its scale (one tick, "1", did not)
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(NullFormatter())
+        plain_log_ticks(ax.yaxis)     # one tick, "1", hid a panel's scale
         ax.set_xscale("log", base=2)
         ax.grid(True, which="both", alpha=0.3)
         if knee_predicted:

@@ -33,7 +33,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFo
 
 from perflab.core.validate import one_of
 
-__all__ = ["COLUMN_WIDTH_IN", "STYLE", "apply_style", "finish", "plot_ratios", "style"]
+__all__ = ["COLUMN_WIDTH_IN", "STYLE", "apply_style", "finish", "plain_log_ticks", "plot_ratios", "style"]
 
 # The book's text column is about 676 CSS px wide in a 1,280 px window (sphinx-book-theme); a
 # figure 6.5 in wide at 100 px per inch is shown at its drawn size, so 9-10 pt text reads as
@@ -145,7 +145,12 @@ def finish(fig, legend: str = "below") -> None:
     return None
 
 
-apply_style()
+def plain_log_ticks(axis) -> None:
+    """Ticks at 1, 2 and 5 of each decade on a log ``axis``, written as plain numbers (``0.5``,
+    ``20``), no minor labels: an axis spanning less than a decade still shows its scale."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def plot_ratios(ratios: dict[str, float], xlabel: str = "yours / reference",
@@ -173,9 +178,11 @@ def plot_ratios(ratios: dict[str, float], xlabel: str = "yours / reference",
         ax.set_xlim(0, max(2.0, hi * 1.05) if hi > 1.5 else 1.5)
     else:
         ax.set_xscale("log")
-        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        plain_log_ticks(ax.xaxis)
     ax.set(xlabel=xlabel, title=title)
     ax.grid(True, axis="x", which="both", alpha=0.3)
     finish(fig)
+
+
+apply_style()
+
