@@ -118,7 +118,8 @@ def _page(ipynb: Path) -> dict[str, Any]:
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             numbers[name] = value
         elif (name not in verdicts and isinstance(value, str) and _TELEMETRY not in value
-              and name[:-len(SPREAD_SUFFIX)] not in verdicts):
+              and not (name.endswith(SPREAD_SUFFIX)
+                       and name[:-len(SPREAD_SUFFIX)] in verdicts)):
             # (a claim's spread sentence, compare's <name>_spread, is that claim's record
             # again in words: the verdict and its numbers are recorded with the claim)
             sentences[name] = value
