@@ -231,6 +231,9 @@ def test_kernel_family_names_the_family_and_its_library_briefly():
     assert kernel_family("cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm>") == \
         "cutlass::Kernel2 (cuBLAS)"
     assert kernel_family("triton_poi_fused_add_mul_0") == "triton_poi_fused_add_mul_0 (Triton)"
+    # a Triton kernel whose fused ops' names hold another library's mark is still Triton's
+    assert kernel_family("triton_poi_fused__to_copy_convert_element_type_0").endswith("(Triton)")
+    assert kernel_family("triton_red_fused_addmm_gemm_0").endswith("(Triton)")
     assert kernel_family("my_kernel") == "my_kernel"
     for long_name in ("x" * 100, "a_" * 60):
         assert len(kernel_family(long_name)) <= 28

@@ -289,11 +289,13 @@ def short_name(name: str, width: int = 60) -> str:
 
 # which library wrote a kernel, from its name: cuDNN's convolutions (its own namespace, or
 # xmma's fprop/dgrad/wgrad), cuBLAS's products, ATen's own kernels, Triton's (Inductor's)
-_LIBRARIES = (("cuDNN", ("cudnn", "fprop", "dgrad", "wgrad", "conv")),
-              ("cuBLAS", ("nvjet", "gemm", "cublas", "cutlass", "xmma", "splitk")),
-              ("FlashAttention", ("flash", "fmha")),
+# the marks that name their writer outright first: a Triton kernel that fuses a conversion
+# ("triton_poi_fused__to_copy_convert_...") or an addmm is Inductor's, not cuDNN's or cuBLAS's
+_LIBRARIES = (("Triton", ("triton_",)),
               ("ATen", ("at::native::",)),
-              ("Triton", ("triton_",)))
+              ("cuDNN", ("cudnn", "fprop", "dgrad", "wgrad", "conv")),
+              ("cuBLAS", ("nvjet", "gemm", "cublas", "cutlass", "xmma", "splitk")),
+              ("FlashAttention", ("flash", "fmha")))
 
 
 def kernel_family(name: str, width: int = 28) -> str:
