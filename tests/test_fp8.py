@@ -287,9 +287,9 @@ class _CudaRules(torch.utils._python_dispatch.TorchDispatchMode):
             bound = dict(zip([arg.name for arg in func._schema.arguments], args), **kwargs)
             assert bound.get("out_dtype") == torch.bfloat16 and bound.get("bias") is None
             # the rules are the test, not the product: the CPU's _scaled_mm took ~1.3 s a call
-            # at these shapes (~60 s a test); a finite stand-in of the product's shape and dtype
-            # lets the step go on (the numbers are tested by test_fp8_rung_trains_like_bf16)
-            return torch.randn(a.shape[0], b.shape[1]).to(torch.bfloat16)
+            # at these shapes (~60 s a test); a stand-in of the product's shape and dtype lets
+            # the step go on (the numbers: test_forward_and_gradients_match_the_reference)
+            return torch.zeros(a.shape[0], b.shape[1], dtype=torch.bfloat16)
         return func(*args, **kwargs)
 
 
