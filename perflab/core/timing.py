@@ -374,6 +374,16 @@ def benchmark(
     * CUDA without Triton: :func:`event_timer` with L2 flushing.
     * CPU: ``torch.utils.benchmark.Timer(...).blocked_autorange(min_run_time=min_run_time_s)``.
 
+    Args:
+        fn: the work, called with no arguments.
+        device: where ``fn`` runs (default: CUDA when available, else the CPU).
+        min_run_time_s: the shortest timed window, in seconds (positive). On CUDA with Triton
+            a value below 0.125 s has no effect: each ``do_bench`` call here is asked for 25 ms
+            of warm-up and at least 100 ms of repetitions (``warmup=25, rep=max(100, ...)``),
+            so the window lasts one such call, about 125 ms (as long as do_bench's five-call
+            estimate of ``fn``'s time holds), or more. On CUDA without Triton it is ignored
+            (:func:`event_timer`, 5 warm-up calls and 50 timed ones).
+
     Raises:
         ValueError: ``min_run_time_s`` is not positive.
     """
