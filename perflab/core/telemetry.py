@@ -554,8 +554,9 @@ def measure(fn: Callable[[], object], device: torch.device | str | None = None,
         fn: the work, called with no arguments.
         device: where ``fn`` runs (default: CUDA when present).
         min_run_time_s: passed to :func:`~perflab.core.timing.benchmark` (> 0); the timed
-            window lasts at least about this long (on a GPU at least 0.1 s), which holds
-            several readings at the default 20 ms interval.
+            window lasts at least about this long (on a GPU with Triton at least about
+            0.125 s, one do_bench call: see ``benchmark``), which holds several readings at
+            the default 20 ms interval.
         index: GPU to sample (default: ``device``'s index, else 0).
         work: what ``fn`` is, for the sentence (:data:`WORK`; ignored on a CPU).
 
