@@ -410,6 +410,24 @@ def test_a_failing_job_runs_with_the_fail_fast_environment(monkeypatch):
     assert seen["TORCH_NCCL_ENABLE_MONITORING"] == "0"   # no heartbeat monitor's wait
     assert seen["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"   # the caller's env wins
     assert f.after_wait_s > 0 and f.output.startswith("perflab-hang")
+    assert f.results is None                         # no rank's record came with the error
+
+
+def test_a_failed_launch_raises_one_error_with_the_ranks_results(monkeypatch):
+    """launch() builds its LaunchError with the ranks' results (a constructor argument, not an
+    attribute set on torchrun's error afterwards); message and output are torchrun's."""
+    assert LaunchError("m").results is None and LaunchError("m", "o", [None]).results == [None]
+
+    def failed_run(*args, **kwargs):
+        raise LaunchError("torchrun exited with status 1: x", "the whole output")
+
+    monkeypatch.setattr(L.torchrun, "run", failed_run)
+    with pytest.raises(LaunchError) as err:
+        L.launch([{"name": "collectives"}], nproc=2, backend="gloo")
+    e = err.value
+    assert str(e) == "torchrun exited with status 1: x" and e.output == "the whole output"
+    assert e.results == [None, None]                 # neither rank finished a task
+    assert e.__cause__ is None and e.__suppress_context__    # the message shown once
 
 
 def _alive(pid):

@@ -63,12 +63,15 @@ class LaunchError(RuntimeError):
     """A ``torchrun`` launch failed: the message holds the command, exit status and the workers' output.
 
     ``output`` holds the whole output of the launch (every rank's lines and torchrun's), of
-    which the message shows the error lines and the last lines only.
+    which the message shows the error lines and the last lines only. ``results`` holds, by
+    global rank, what each rank finished before the failure where the launcher could read it
+    (:func:`perflab.distributed.launch.launch`: a rank's record, or None), else None.
     """
 
-    def __init__(self, message: str, output: str = "") -> None:
+    def __init__(self, message: str, output: str = "", results: list | None = None) -> None:
         super().__init__(message)
         self.output = output
+        self.results = results
 
 
 def default_backend() -> str:

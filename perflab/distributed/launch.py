@@ -178,9 +178,11 @@ def launch(tasks: Sequence[dict], nproc: int = 2, backend: str | None = None, ti
             done = torchrun.run(worker, tmp, nproc=nproc, nnodes=nnodes, backend=backend,
                                 timeout_s=timeout_s, max_restarts=max_restarts, env=env)
         except LaunchError as e:     # what each rank finished before it failed, kept
-            e.results = [json.loads(f.read_text()) if f.exists() else None
-                         for f in (tmp / f"rank{r}{FINISHED}" for r in range(world))]
-            raise
+            finished = [json.loads(f.read_text()) if f.exists() else None
+                        for f in (tmp / f"rank{r}{FINISHED}" for r in range(world))]
+            # the same error (message, output, traceback) with the ranks' results: not
+            # chained, so a notebook shows the long message once
+            raise LaunchError(str(e), e.output, finished).with_traceback(e.__traceback__) from None
         results = []
         for r in range(world):
             path = tmp / f"rank{r}.json"
@@ -306,9 +308,9 @@ def expect_failure(tasks: Sequence[dict], env: dict | None = None, **kwargs) -> 
         launch(tasks, env={**FAIL_FAST_ENV, **(env or {})}, **kwargs)
     except LaunchError as e:
         seconds = clock.elapsed()
-        output = getattr(e, "output", "")
+        output = e.output
         started = wait_start(output)      # a timestamp() the hung rank printed
         records, dropped = parse_flight_records(output)
         return Failure(seconds, str(e), output, None if started is None else seconds_since(started),
-                       rank_env(output), records, tuple(dropped), getattr(e, "results", None))
+                       rank_env(output), records, tuple(dropped), e.results)
     raise RuntimeError(f"the job {[t['name'] for t in tasks]} was expected to fail but succeeded")
