@@ -89,8 +89,8 @@ def build(ctx, name: str, width: int, depth: int, lr: float = 1e-4):
         model = ddp(ctx, model, gradient_as_bucket_view=True)
     else:
         model = shard_fsdp2(model, ctx.device.type, reshard=name == "fsdp")
-    # fused on GPUs (review F3, series f): the 28 bytes a parameter that the page's GPU model
-    # counts and its one-GPU step measures; None (foreach, 72 bytes) on CPUs as before
+    # fused on GPUs: the 28 bytes a parameter that the page's GPU model counts and its one-GPU
+    # step measures (the foreach Adam moves ~72); None (foreach) on CPUs as before
     fused = True if ctx.device.type == "cuda" else None
     opt = (zero1_adam(model.parameters(), lr=lr, fused=fused) if name == "zero1"
            else torch.optim.Adam(model.parameters(), lr=lr, fused=fused))
