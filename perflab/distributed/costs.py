@@ -13,12 +13,14 @@ Each definition is shown and explained where it is taught; read it there.
 
 from __future__ import annotations
 
+from perflab.machine import interconnect
+
 
 def allreduce_seconds(nbytes, busbw, world, alpha=0.0):
     """alpha-beta model of a ring all-reduce of `nbytes` on `world` ranks:
     a start-up `alpha` (s) plus 2(n-1)/n x nbytes at the bus bandwidth
-    `busbw` (bytes/s)."""
-    return alpha + nbytes * 2 * (world - 1) / world / busbw
+    `busbw` (bytes/s), chapter 2's interconnect.allreduce_time."""
+    return interconnect.allreduce_time(nbytes, busbw, world, alpha)
 
 
 def ddp_buckets(tensor_bytes, cap, first_cap=None):
