@@ -110,7 +110,17 @@ WRONG = {
          r"capacity of a fall that recovers"),
         # GFLOP/s read as TFLOP/s: the ridge point 1000x too high
         ("ex2-solution", 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e9,', 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e12,',
-         r"ridge point"),
+         r"ridge point.*unit prefix"),
+        # the copy bandwidth halved ("it counts read + write"): the hint names that, not units
+        # (student review, 6 December, finding 10: every wrong ridge got the units hint)
+        ("ex2-solution", 'm["cpu_memory_bandwidth_GBps"] * 1e9)', 'm["cpu_memory_bandwidth_GBps"] * 1e9 / 2)',
+         r"ridge point.*copy bandwidth halved"),
+        # the 1-thread copy bandwidth (where the card's two are within 2 %, not wrong here)
+        ("ex2-solution", 'm["cpu_memory_bandwidth_GBps"] * 1e9)',
+         'm["cpu_memory_bandwidth_1thread_GBps"] * 1e9)\n'
+         '    if abs(m["cpu_memory_bandwidth_1thread_GBps"] / m["cpu_memory_bandwidth_GBps"] - 1) < 0.02:\n'
+         '        raise RuntimeError("not wrong here: the two copy bandwidths agree within 2 %")',
+         r"ridge point.*all-thread one"),
         # the copy bandwidth counted as memcpy bandwidth (read + write not halved)
         ("ex3-solution", "staging = host_copy_Bps / 2", "staging = host_copy_Bps", r"serial bound"),
         # an ordinary least-squares fit: the large messages' absolute residuals swamp alpha
