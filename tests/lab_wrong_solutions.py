@@ -199,6 +199,14 @@ WRONG = {
     ],
     "04_profiling": [
         ("ex1-solution", "    for _ in range(warmup):\n        fn()\n", "", r"first call"),
+        # the forgotten sync: warmed up, the median, no wait after the timed call (student
+        # review, 6 December, finding 8: it passed everything on a CPU, which has no queue)
+        ("ex1-solution", "        fn()\n        synchronize(device)\n        samples.append",
+         "        fn()\n        samples.append", r"does not wait for the work|not waited for"),
+        # a sync before the clock starts, none before it stops: the launch is timed
+        ("ex1-solution", "        t0 = time.perf_counter()\n        fn()\n        synchronize(device)\n",
+         "        synchronize(device)\n        t0 = time.perf_counter()\n        fn()\n",
+         r"does not wait for the work|not waited for"),
         # the "predict first" timer: the mean of 10 calls, first call included, no warm-up
         # (student review, 6 December: it passed both checks, the 300 ms spread over 10 calls)
         ("ex1-solution", "    for _ in range(warmup):\n        fn()\n    synchronize(device)\n    samples = []\n"
@@ -207,9 +215,13 @@ WRONG = {
          "    samples = []\n    for _ in range(10):\n        t0 = time.perf_counter()\n        fn()\n"
          "        synchronize(device)\n        samples.append(time.perf_counter() - t0)\n"
          "    return statistics.mean(samples)", r"first call"),
-        # the profiler's total for the kernel taken as its FLOPs per call
+        # the profiler's total for the kernel taken as its FLOPs per call: the hint says so
+        # (student review, 6 December, finding 10: it pointed at the 2 FLOPs per multiply-add)
         ("ex2-solution", "top_flops_per_call = top.flops / top.calls", "top_flops_per_call = top.flops",
-         r"FLOPs per call"),
+         r"FLOPs per call.*summed over its \.calls"),
+        # the total divided by every profiled step, not the active ones the trace holds
+        ("ex2-solution", "top_flops_per_call = top.flops / top.calls", "top_flops_per_call = top.flops / 4",
+         r"FLOPs per call.*more calls than the trace recorded"),
         ("ex3-solution", *_wrong_diagnosis("a"), r"."),
         ("ex4-solution", *_wrong_diagnosis("b"), r"."),
         ("ex5-solution", *_wrong_diagnosis("c"), r"."),
