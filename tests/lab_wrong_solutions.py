@@ -295,6 +295,14 @@ WRONG = {
         # the mask ignored: the mean over every row, invalid ones included
         ("ex1-solution", "w = ok[i].float()", "w = torch.ones_like(ok[i], dtype=torch.float)",
          r"result changed"),
+        # the losses gathered in a host tensor (no device=): on a GPU a copy off the GPU, a sync,
+        # every step; on a CPU the host is the device (student review, 6 December, finding 5:
+        # it passed with "no call that synchronizes")
+        ("ex1-solution", "    losses = torch.empty(len(xs), device=xs.device)\n",
+         "    losses = torch.empty(len(xs))\n", r"reaches the host"),
+        # a Python list of the device's losses, not one tensor
+        ("ex1-solution", "        losses[i] = loss.detach()\n    return losses",
+         "        losses[i] = loss.detach()\n    return list(losses)", r"must return one tensor"),
         # pinned, but copied without non_blocking=True: the host still waits for every copy
         ("ex2-solution", "x = hx[i].to(dev, non_blocking=True)", "x = hx[i].to(dev)",
          r"without non_blocking"),
