@@ -251,3 +251,14 @@ def test_say_speedup_prints_the_spread_and_what_it_decides(capsys):
     assert "slower in every pair" in gpu and "CPU" not in gpu
     with pytest.raises(ValueError):
         lab06.say_speedup(1.0, [], "cpu")
+
+
+def test_stand_in_device_swaps_the_host_device_names_and_puts_them_back():
+    from perflab.labs import standin
+
+    dev = torch.device("cpu")
+    env = {"dev": dev, "other": torch.device("meta"), "n": 3}
+    fn = eval("lambda: dev", env)
+    with standin.stand_in_device(fn, "meta") as new:
+        assert fn() == new == torch.device("meta") and env["other"].type == "meta"
+    assert fn() is dev and env["n"] == 3

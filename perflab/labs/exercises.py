@@ -30,13 +30,12 @@ in the student's kernel.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -48,7 +47,7 @@ from perflab.record.numbers import fmt
 __all__ = ["NotPlain", "answer_or_none", "as_bool", "as_float", "as_tensor", "check_choice",
            "check_close", "check_ratio_at_least", "check_true", "ExerciseFailed", "ExerciseNotDone",
            "in_kernel", "lab_needs", "not_done", "overlay_table", "plain", "record",
-           "reference_devices", "require", "short_errors", "stand_in_device"]
+           "reference_devices", "require", "short_errors"]
 
 
 class ExerciseFailed(AssertionError):
@@ -324,29 +323,6 @@ def in_kernel(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 
-@contextlib.contextmanager
-def stand_in_device(fn: Callable[..., Any], stand_in: torch.device | str) -> Iterator[torch.device]:
-    """For the duration of the block, the names of ``fn``'s module (its ``__globals__``: a
-    notebook's, for a function defined in a cell) bound to the CPU device are bound to
-    ``stand_in`` instead, and put back after it.
-
-    A check that runs a student's function on a stand-in for a GPU (the ``meta`` device, or a
-    queue that a CPU does not have) uses it so that code written for "the device", as the
-    notebook's ``dev`` names it, follows the stand-in as it would follow a GPU: on a CPU the
-    notebook's device is the host, and the check could not tell the two apart.
-    """
-    new = torch.device(stand_in)
-    names = getattr(fn, "__globals__", {})
-    host = {k: v for k, v in list(names.items())
-            if isinstance(v, torch.device) and v.type == "cpu"}
-    for k in host:
-        names[k] = new
-    try:
-        yield new
-    finally:
-        names.update(host)
-
-
 def record(what: str, value: Any) -> None:
     """Append ``{"what": what, "value": value}`` to the grader's ledger (``$PERFLAB_GRADE_LOG``).
 
@@ -401,16 +377,13 @@ def _number(name: str, value: Any) -> float:
     return as_float(name, value)
 
 
-def check_close(got: Any, expected: float, what: str, rtol: float = 0.01,
-                hint: str | Callable[[float], str] = "", unit: str = "") -> bool:
+def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: str | Callable = "", unit: str = "") -> bool:
     """Pass when ``got`` is within relative tolerance ``rtol`` of ``expected``.
 
     ``got`` is converted to a plain number first (:func:`as_float`). A failure shows both with
     the digits that tell them apart (never "got 354.8M, expected 354.8M"), the tolerance, the gap,
-    and ``hint`` (what to try); ``unit`` (of :func:`perflab.record.numbers.fmt`) goes with them.
-    ``hint`` may be a function of the ratio got / expected that returns the hint, so that it
-    names the mistake the ratio shows (a power of 1000: a unit; the number of calls: a total
-    taken for one call) rather than every mistake the check can think of.
+    and ``hint`` (what to try; or a function of got / expected that returns it, to name the mistake
+    the ratio shows); ``unit`` (of :func:`perflab.record.numbers.fmt`) goes with them.
 
     Raises:
         ExerciseFailed: wrong, missing or non-numeric answer.
@@ -433,8 +406,7 @@ def check_close(got: Any, expected: float, what: str, rtol: float = 0.01,
     off = f"yours is {_apart(abs(diff), abs(diff), unit)[0]} {'above' if diff > 0 else 'below'} it" + (
         f" ({ratio}x the answer)" if ratio not in ("1", "1.00") else "")
     msg = f"✗ {what}: got {shown_g}, expected {shown_e} ({tol}); {off}."
-    if callable(hint):
-        hint = hint(g / e) if e else ""
+    hint = (hint(g / e) if e else "") if callable(hint) else hint
     raise ExerciseFailed(msg + (f" Hint: {hint}" if hint else ""))
 
 

@@ -8,9 +8,11 @@ from typing import Any, Callable
 
 import torch
 
+import perflab.core.timing as timing
 from perflab.core.rounds import interleaved
 from perflab.core.timing import benchmark
 from perflab.core.validate import number
+from perflab.labs.standin import stand_in_device
 from perflab.labs.exercises import ExerciseFailed, as_float, plain, NotPlain
 from perflab.machine.caches import beyond_cache_numel
 from perflab.machine.costs import count_cost, matmul_cost
@@ -186,7 +188,7 @@ def check_waits(timer: Callable, fn: Callable, state: dict, device: Any, runs: i
     :func:`perflab.core.timing.synchronize`, the module's own attribute and
     ``torch.cuda.synchronize`` do that, ``torch.cuda.is_available()`` says True, the timer is
     handed ``torch.device("cuda")`` and the notebook's names for the CPU device name it too
-    (:func:`perflab.labs.exercises.stand_in_device`), so a timer written for a GPU takes its
+    (:func:`perflab.labs.standin.stand_in_device`), so a timer written for a GPU takes its
     GPU path. A timer that synchronizes after each timed call reads ``fn``'s time; one that
     does not reads the queueing, thousands of times less. Passes when the best of ``runs``
     readings on the queue is at least ``lowest`` times the best of ``runs`` readings of ``fn``
@@ -198,9 +200,6 @@ def check_waits(timer: Callable, fn: Callable, state: dict, device: Any, runs: i
         ValueError: ``device`` is not a CPU (a GPU's queue is real: the check against
             ``event_timer`` shows a timer that does not wait), or ``runs`` < 1.
     """
-    import perflab.core.timing as timing
-    from perflab.labs.exercises import stand_in_device
-
     if torch.device(device).type != "cpu":
         raise ValueError(f"check_waits stands in for a GPU on a CPU; got device {device!r}")
     if not isinstance(runs, int) or runs < 1:

@@ -14,8 +14,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from perflab.labs.exercises import (ExerciseFailed, as_float, check_ratio_at_least, not_done,
-                                    stand_in_device)
+from perflab.labs.standin import stand_in_device
+from perflab.labs.exercises import ExerciseFailed, as_float, check_ratio_at_least, not_done
 from perflab.speed.tolerance import same_losses
 
 __all__ = ["blocking_copies", "check_async_copies", "check_losses_on_device", "check_same_and_faster",
@@ -208,7 +208,7 @@ def check_losses_on_device(fn: Callable[..., Any], model: torch.nn.Module, xs: t
     runs ``fn(model', SGD(model'), xs', ys', ok')`` once with everything on the ``meta``
     device (shapes, no data), which stands in for a GPU on any machine: code that creates its
     tensors "on the device" (``device=xs.device``, ``torch.stack``, or the notebook's ``dev``,
-    which names the stand-in for the duration: :func:`perflab.labs.exercises.stand_in_device`)
+    which names the stand-in for the duration: :func:`perflab.labs.standin.stand_in_device`)
     follows it; a tensor created without a device lands on the host, and the first value copied
     into it is caught (:class:`_HostReads`), as is any other value of the device brought to
     the host. ``model`` is deep-copied (the caller's is untouched). Prints one sentence and
