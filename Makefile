@@ -22,11 +22,18 @@ $(shell mkdir -p $(TMPDIR))
 
 .PHONY: book book-student pdf test student generate clean
 
+# A .venv that is a link to an environment made elsewhere (shared between clones) is not this
+# clone's to rebuild: `python -m venv` cannot write through the link, and a newer requirements
+# file here says nothing about it. It is used as it is (install into it where it lives).
 $(BIN)/.installed: requirements.txt requirements-dev.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements-dev.txt
-	touch $@
+	@if [ -L $(VENV) ]; then \
+	  echo "$(VENV) links to $$(readlink $(VENV)): a shared environment, used as it is"; \
+	else \
+	  $(PYTHON) -m venv $(VENV) && \
+	  $(BIN)/python -m pip install -q --upgrade pip && \
+	  $(BIN)/python -m pip install -q -r requirements-dev.txt && \
+	  touch $@; \
+	fi
 
 book: $(BIN)/.installed          ## build the HTML book from the executed notebooks -> _build/html
 	$(BIN)/jupyter-book build . -W -n --keep-going
@@ -50,8 +57,10 @@ generate: $(BIN)/.installed      ## rewrite what is generated: the pages' #@save
 	$(BIN)/python scripts/export_pages.py
 	$(BIN)/python scripts/architecture.py
 
+# PYTHONPATH: this clone's perflab, also where .venv links to another clone's environment (whose
+# editable install is that clone's perflab)
 student: $(BIN)/.installed       ## student versions of the labs -> student/labs/*.ipynb
-	$(BIN)/python scripts/make_student.py
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(BIN)/python scripts/make_student.py
 
 clean:
 	rm -rf _build student .cache

@@ -110,7 +110,17 @@ WRONG = {
          r"capacity of a fall that recovers"),
         # GFLOP/s read as TFLOP/s: the ridge point 1000x too high
         ("ex2-solution", 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e9,', 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e12,',
-         r"ridge point"),
+         r"ridge point.*unit prefix"),
+        # the copy bandwidth halved ("it counts read + write"): the hint names that, not units
+        # (student review, 6 December, finding 10: every wrong ridge got the units hint)
+        ("ex2-solution", 'm["cpu_memory_bandwidth_GBps"] * 1e9)', 'm["cpu_memory_bandwidth_GBps"] * 1e9 / 2)',
+         r"ridge point.*copy bandwidth halved"),
+        # the 1-thread copy bandwidth (where the card's two are within 2 %, not wrong here)
+        ("ex2-solution", 'm["cpu_memory_bandwidth_GBps"] * 1e9)',
+         'm["cpu_memory_bandwidth_1thread_GBps"] * 1e9)\n'
+         '    if abs(m["cpu_memory_bandwidth_1thread_GBps"] / m["cpu_memory_bandwidth_GBps"] - 1) < 0.02:\n'
+         '        raise RuntimeError("not wrong here: the two copy bandwidths agree within 2 %")',
+         r"ridge point.*all-thread one"),
         # the copy bandwidth counted as memcpy bandwidth (read + write not halved)
         ("ex3-solution", "staging = host_copy_Bps / 2", "staging = host_copy_Bps", r"serial bound"),
         # an ordinary least-squares fit: the large messages' absolute residuals swamp alpha
@@ -189,6 +199,14 @@ WRONG = {
     ],
     "04_profiling": [
         ("ex1-solution", "    for _ in range(warmup):\n        fn()\n", "", r"first call"),
+        # the forgotten sync: warmed up, the median, no wait after the timed call (student
+        # review, 6 December, finding 8: it passed everything on a CPU, which has no queue)
+        ("ex1-solution", "        fn()\n        synchronize(device)\n        samples.append",
+         "        fn()\n        samples.append", r"does not wait for the work|not waited for"),
+        # a sync before the clock starts, none before it stops: the launch is timed
+        ("ex1-solution", "        t0 = time.perf_counter()\n        fn()\n        synchronize(device)\n",
+         "        synchronize(device)\n        t0 = time.perf_counter()\n        fn()\n",
+         r"does not wait for the work|not waited for"),
         # the "predict first" timer: the mean of 10 calls, first call included, no warm-up
         # (student review, 6 December: it passed both checks, the 300 ms spread over 10 calls)
         ("ex1-solution", "    for _ in range(warmup):\n        fn()\n    synchronize(device)\n    samples = []\n"
@@ -197,9 +215,13 @@ WRONG = {
          "    samples = []\n    for _ in range(10):\n        t0 = time.perf_counter()\n        fn()\n"
          "        synchronize(device)\n        samples.append(time.perf_counter() - t0)\n"
          "    return statistics.mean(samples)", r"first call"),
-        # the profiler's total for the kernel taken as its FLOPs per call
+        # the profiler's total for the kernel taken as its FLOPs per call: the hint says so
+        # (student review, 6 December, finding 10: it pointed at the 2 FLOPs per multiply-add)
         ("ex2-solution", "top_flops_per_call = top.flops / top.calls", "top_flops_per_call = top.flops",
-         r"FLOPs per call"),
+         r"FLOPs per call.*summed over its \.calls"),
+        # the total divided by every profiled step, not the active ones the trace holds
+        ("ex2-solution", "top_flops_per_call = top.flops / top.calls", "top_flops_per_call = top.flops / 4",
+         r"FLOPs per call.*more calls than the trace recorded"),
         ("ex3-solution", *_wrong_diagnosis("a"), r"."),
         ("ex4-solution", *_wrong_diagnosis("b"), r"."),
         ("ex5-solution", *_wrong_diagnosis("c"), r"."),
@@ -273,6 +295,14 @@ WRONG = {
         # the mask ignored: the mean over every row, invalid ones included
         ("ex1-solution", "w = ok[i].float()", "w = torch.ones_like(ok[i], dtype=torch.float)",
          r"result changed"),
+        # the losses gathered in a host tensor (no device=): on a GPU a copy off the GPU, a sync,
+        # every step; on a CPU the host is the device (student review, 6 December, finding 5:
+        # it passed with "no call that synchronizes")
+        ("ex1-solution", "    losses = torch.empty(len(xs), device=xs.device)\n",
+         "    losses = torch.empty(len(xs))\n", r"reaches the host"),
+        # a Python list of the device's losses, not one tensor
+        ("ex1-solution", "        losses[i] = loss.detach()\n    return losses",
+         "        losses[i] = loss.detach()\n    return list(losses)", r"must return one tensor"),
         # pinned, but copied without non_blocking=True: the host still waits for every copy
         ("ex2-solution", "x = hx[i].to(dev, non_blocking=True)", "x = hx[i].to(dev)",
          r"without non_blocking"),

@@ -345,3 +345,11 @@ def test_overlay_table_header_names_what_ran_the_reference():
     assert E.overlay_table([("x", 1.0, 2.0, "s")], reference_run=run).startswith(
         "reference: NVIDIA H100 80GB HBM3")
 
+
+
+def test_check_close_hint_may_follow_the_ratio():
+    """A hint that is a function gets got / expected, so it names the mistake the ratio shows."""
+    with pytest.raises(E.ExerciseFailed, match=r"Hint: ratio 2\.0"):
+        E.check_close(200, 100, "flops", hint=lambda r: f"ratio {r:.1f}")
+    assert E.check_close(100, 100, "flops", hint=lambda r: 1 / 0)
+

@@ -87,3 +87,17 @@ def test_the_recipe_steps_catch_a_student_who_skips_them():
         lab02.check_recipe_steps(lambda s, b: skipping(s, b, stop=False))
     with pytest.raises(TypeError, match="capacity_from_curve"):
         lab02.check_recipe_steps(3)
+
+
+def test_ridge_hint_names_the_mistake_its_ratio_shows():
+    """Student review (6 December, finding 10): every wrong ridge got the units hint."""
+    card = {"cpu_matmul_gflops_fp32": 145.0, "cpu_memory_bandwidth_GBps": 13.2,
+            "cpu_memory_bandwidth_1thread_GBps": 4.4}
+    hint = lab02.ridge_hint(card, cuda=False)
+    assert "unit prefix" in hint(1e9) and "unit prefix" in hint(1e-3)
+    assert "copy bandwidth halved" in hint(2.0) and "unit" not in hint(2.0)
+    assert "doubled" in hint(0.5)
+    assert "all-thread one" in hint(3.0) and "unit" not in hint(3.0)
+    assert "cpu_memory_bandwidth_GBps" in hint(1.7) and "halved" not in hint(1.7)
+    gpu = lab02.ridge_hint({"matmul_tflops_bf16": 700.0, "gpu_copy_bandwidth_TBps": 3.0}, cuda=True)
+    assert "gpu_copy_bandwidth_TBps" in gpu(1.3) and "unit prefix" in gpu(1e12)

@@ -184,3 +184,81 @@ def test_ex2_rejects_a_pinned_but_blocking_copy(ns):
     assert lab06.blocking_copies(lambda: torch.empty(3).copy_(x, non_blocking=True)) == 0
     with pytest.raises(TypeError):
         lab06.blocking_copies(None)
+
+
+def _host_losses(ns):
+    """Student review (6 December, finding 5): the losses gathered in a host tensor, a D2H
+    copy (a sync) per step on a GPU, passed on a CPU, where the host is the device."""
+    def train(model, opt, xs, ys, ok):
+        losses = torch.empty(len(xs))                # no device: the host
+        for i in range(len(xs)):
+            w = ok[i].float()
+            per_row = F.cross_entropy(model(xs[i]), ys[i], reduction="none")
+            loss = (per_row * w).sum() / w.sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses[i] = loss.detach()
+        return losses
+    return train
+
+
+def test_ex1_losses_on_the_device_catch_a_host_tensor_on_a_cpu(ns, capsys):
+    model = ns["make_model"](width=ns["width1"])
+    args = (model, ns["xs1"], ns["ys1"], ns["ok1"])
+    before = [p.clone() for p in model.parameters()]
+    assert lab06.check_losses_on_device(ns["train_quiet"], *args)
+    assert "keeps every loss on the device" in capsys.readouterr().out
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    wrong = _host_losses(ns)
+    _, found = hostsync.count_host_syncs(wrong, model, torch.optim.SGD(model.parameters(), lr=0.01),
+                                         *args[1:])
+    assert sum(found.values()) == 0                   # the counter cannot see it
+    with pytest.raises(ExerciseFailed, match=r"reaches the host \(aten\.copy_, at `losses\[i\] = "):
+        lab06.check_losses_on_device(wrong, *args)
+
+    # right: a tensor made on the notebook's dev (the device on a GPU; the check's stand-in
+    # names it for the duration), the losses stacked
+    notebook = dict(ns)
+    exec("def with_dev(model, opt, xs, ys, ok):\n"
+         "    losses = torch.zeros(len(xs), device=dev)\n"
+         "    losses.copy_(torch.stack(list(train_quiet(model, opt, xs, ys, ok))))\n"
+         "    return losses\n", notebook)
+    assert lab06.check_losses_on_device(notebook["with_dev"], *args)
+    assert notebook["dev"] is ns["dev"] and ns["dev"] == torch.device("cpu")   # put back
+
+    def a_list(model, opt, xs, ys, ok):
+        return list(ns["train_quiet"](model, opt, xs, ys, ok))
+
+    with pytest.raises(ExerciseFailed, match="must return one tensor"):
+        lab06.check_losses_on_device(a_list, *args)
+
+    def tensor_of(model, opt, xs, ys, ok):            # torch.tensor reads every loss
+        return torch.tensor(list(ns["train_quiet"](model, opt, xs, ys, ok)))
+
+    with pytest.raises(ExerciseFailed, match="needs values of the device on the host"):
+        lab06.check_losses_on_device(tensor_of, *args)
+
+
+def test_say_speedup_prints_the_spread_and_what_it_decides(capsys):
+    """Student review (6 December, finding 11): 'speedup 0.10x' printed after a ✓ for the same
+    work on a CPU."""
+    text = lab06.say_speedup(0.61, [0.21, 0.61, 6.75, 0.9, 2.0], "cpu")
+    assert "0.21x to 6.75x" in text and "noise" in text and "not checked on a CPU" in text
+    assert text in capsys.readouterr().out
+    assert "faster in every pair" in lab06.say_speedup(5.5, [5.0, 5.5, 6.0], "cpu", checked_on_cpu=True)
+    gpu = lab06.say_speedup(0.8, [0.7, 0.8, 0.9], "cuda")
+    assert "slower in every pair" in gpu and "CPU" not in gpu
+    with pytest.raises(ValueError):
+        lab06.say_speedup(1.0, [], "cpu")
+
+
+def test_stand_in_device_swaps_the_host_device_names_and_puts_them_back():
+    from perflab.labs import standin
+
+    dev = torch.device("cpu")
+    env = {"dev": dev, "other": torch.device("meta"), "n": 3}
+    fn = eval("lambda: dev", env)
+    with standin.stand_in_device(fn, "meta") as new:
+        assert fn() == new == torch.device("meta") and env["other"].type == "meta"
+    assert fn() is dev and env["n"] == 3

@@ -500,3 +500,19 @@ def test_bucket_choice_check_says_whether_the_rounds_contradict_the_prediction(c
     assert "the rounds agree" in capsys.readouterr().out
     assert lab08.check_bucket_choice(4.0, rounds, predicted_mb=1.0, expected_mb=1.0)
     assert "the rounds do not tell it from 4 MiB" in capsys.readouterr().out
+
+
+def test_a_contradicted_model_cap_is_explained_where_gloo_shares_the_backwards_cores(capsys):
+    """Student review (6 December, finding 11): on 1-thread gloo ranks the model's cap was the
+    slowest measured one and nothing said why."""
+    rounds = {0.0625: [0.027, 0.028], 1.0: [0.0062, 0.0063], 16.0: [0.0066, 0.0065]}
+    assert lab08.check_bucket_choice(1.0, rounds, predicted_mb=0.0625, expected_mb=0.0625,
+                                     overlap=False)
+    out = capsys.readouterr().out
+    assert "contradict the model" in out and "share the backward's cores" in out
+    assert lab08.check_bucket_choice(1.0, rounds, predicted_mb=0.0625, expected_mb=0.0625,
+                                     overlap=True)
+    out = capsys.readouterr().out
+    assert "contradict the model" in out and "share the backward's cores" not in out
+    assert lab08.check_bucket_choice(1.0, rounds, predicted_mb=1.0, expected_mb=1.0, overlap=False)
+    assert "share the backward's cores" not in capsys.readouterr().out   # the rounds agree

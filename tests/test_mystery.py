@@ -125,9 +125,21 @@ def test_on_a_loaded_cpu_an_answer_the_check_reproduces_now_passes_and_says_so(m
     monkeypatch.setattr(lab04, "cpu_ceilings", _ceilings_now(bw / 0.1, 1e13))
     with pytest.raises(ExerciseFailed, match="not the right regime.*10 %"):
         lab04.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)
-    # rounds on both sides of the rule's 25 % edge: the answer is one reading of this machine
+    # one round of five across the rule's 25 % edge: a burst of load, not a reading of this
+    # machine (passing on one round let a wrong answer through by chance): rejected
     monkeypatch.setattr(lab04, "cpu_ceilings", _ceilings_now(
         [bw / 0.1, bw / 0.1, bw / 0.3, bw / 0.1, bw / 0.1], 1e13))
+    with pytest.raises(ExerciseFailed, match="1 bandwidth-bound, 4 overhead-bound"):
+        lab04.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)
+    # two of five: still not most of them
+    monkeypatch.setattr(lab04, "cpu_ceilings", _ceilings_now(
+        [bw / 0.3, bw / 0.1, bw / 0.3, bw / 0.1, bw / 0.1], 1e13))
+    with pytest.raises(ExerciseFailed, match="not the right regime"):
+        lab04.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)
+    # most rounds across the edge (a steady load moves the check's rounds as it moved the
+    # student's): the answer is this machine's reading now
+    monkeypatch.setattr(lab04, "cpu_ceilings", _ceilings_now(
+        [bw / 0.3, bw / 0.1, bw / 0.3, bw / 0.3, bw / 0.1], 1e13))
     assert lab04.check_diagnosis(step, "bandwidth-bound", ev, time_tolerance=1e6)
     assert "10 %–30 %" in capsys.readouterr().out
 
@@ -200,3 +212,52 @@ def test_check_first_call_catches_a_timer_that_averages_the_first_call_in(capsys
         lab04.check_first_call(mean_of_10, costly, state, "cpu", runs=1)
     with pytest.raises(ValueError, match="runs"):
         lab04.check_first_call(honest, costly, state, "cpu", runs=0)
+
+
+def _timer(sync):
+    """An honest_median that synchronizes after each timed call (``sync``) or never."""
+    import statistics
+    import time
+
+    from perflab.core.timing import synchronize
+
+    def timer(fn, device, warmup=2, reps=7):
+        for _ in range(warmup):
+            fn()
+        synchronize(device)
+        out = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            if sync:
+                synchronize(device)
+            out.append(time.perf_counter() - t0)
+        return statistics.median(out)
+    return timer
+
+
+def test_check_waits_catches_a_timer_that_does_not_synchronize_on_a_cpu(capsys):
+    """Student review (6 December, finding 8): a timer without synchronize passed everything on
+    a CPU, which has no queue. check_waits gives it a stand-in for one."""
+    import perflab.core.timing as timing
+
+    work = torch.randn(2**21)
+    state = {"initialised": True}
+    fn = lambda: work.mul(2)  # noqa: E731
+    before = (timing.synchronize, torch.cuda.synchronize, torch.cuda.is_available())
+    assert lab04.check_waits(_timer(True), fn, state, "cpu") > 0.1
+    assert "waits for the work" in capsys.readouterr().out
+    with pytest.raises(ExerciseFailed, match="does not wait for the work"):
+        lab04.check_waits(_timer(False), fn, state, "cpu")
+    # everything it stood in for is back
+    assert (timing.synchronize, torch.cuda.synchronize, torch.cuda.is_available()) == before
+    with pytest.raises(ValueError, match="stands in for a GPU"):
+        lab04.check_waits(_timer(True), fn, state, "meta")
+
+
+def test_flops_hint_names_the_mistake_its_ratio_shows():
+    hint = lab04.flops_hint(2)
+    assert "summed over its .calls" in hint(2.0)
+    assert "2 FLOPs" in hint(0.5) and "summed" not in hint(0.5)
+    assert "m*n*k" in hint(3.0)
+    assert "m*n*k" in lab04.flops_hint(1)(1.0)

@@ -377,13 +377,13 @@ def _number(name: str, value: Any) -> float:
     return as_float(name, value)
 
 
-def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: str = "",
-                unit: str = "") -> bool:
+def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: str | Callable = "", unit: str = "") -> bool:
     """Pass when ``got`` is within relative tolerance ``rtol`` of ``expected``.
 
     ``got`` is converted to a plain number first (:func:`as_float`). A failure shows both with
     the digits that tell them apart (never "got 354.8M, expected 354.8M"), the tolerance, the gap,
-    and ``hint`` (what to try); ``unit`` (of :func:`perflab.record.numbers.fmt`) goes with them.
+    and ``hint`` (what to try; or a function of got / expected that returns it, to name the mistake
+    the ratio shows); ``unit`` (of :func:`perflab.record.numbers.fmt`) goes with them.
 
     Raises:
         ExerciseFailed: wrong, missing or non-numeric answer.
@@ -406,6 +406,7 @@ def check_close(got: Any, expected: float, what: str, rtol: float = 0.01, hint: 
     off = f"yours is {_apart(abs(diff), abs(diff), unit)[0]} {'above' if diff > 0 else 'below'} it" + (
         f" ({ratio}x the answer)" if ratio not in ("1", "1.00") else "")
     msg = f"✗ {what}: got {shown_g}, expected {shown_e} ({tol}); {off}."
+    hint = (hint(g / e) if e else "") if callable(hint) else hint
     raise ExerciseFailed(msg + (f" Hint: {hint}" if hint else ""))
 
 

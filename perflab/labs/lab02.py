@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 from perflab.labs.exercises import ExerciseFailed, _number, _verdict, check_close, record
 from perflab.machine.datasheets import DATASHEET_L2_BYTES
 
 __all__ = ["CAPACITY_BAND", "DATASHEET_L2_BYTES", "H100_REFERENCE_CURVE", "H200_FIRST_EDITION_CURVE",
-           "capacity_reference", "check_capacity", "check_physical", "check_recipe_steps", "l2_reference"]
+           "capacity_reference", "check_capacity", "check_physical", "check_recipe_steps", "l2_reference",
+           "ridge_hint"]
 
 #: The L2 capacity read from a GPU's curve must lie within these fractions of the GPU's L2 (its
 #: datasheet figure, :func:`l2_reference`; the size the driver reports where the course has no
@@ -190,3 +191,45 @@ def check_physical(capacity: float, reported: float, what: str = "L2 read from y
         f"✗ {what}: {c / 2**20:.1f} MiB is {ratio:.2f} of the {r / 2**20:.0f} MiB {source} "
         f"gives, outside {lo:g}-{hi:g}: the curve or the recipe reads something other than the "
         "cache (look at the figure: are its smallest sizes its fastest?).")
+
+
+def _near(ratio: float, factor: float, rtol: float = 0.03) -> bool:
+    return factor > 0 and abs(ratio / factor - 1) <= rtol
+
+
+def ridge_hint(card: Mapping[str, float], cuda: bool) -> Callable[[float], str]:
+    """Exercise 2's hint for a wrong ridge point, chosen by the ratio of the answer to the
+    right one (:func:`perflab.labs.exercises.check_close` calls it with that ratio): a power of
+    1000 is a unit prefix converted on one side only; on a CPU, the ratio of the card's two copy
+    bandwidths is the 1-thread one taken for the all-thread one; 2 (or 1/2) is the copy
+    bandwidth halved (or doubled) although the card counts bytes read plus written; anything
+    else names the two values of the card the ridge divides. ``card`` is the report card's
+    values by name (the lab's ``m``).
+    """
+    rate, bandwidth = (("matmul_tflops_bf16", "gpu_copy_bandwidth_TBps") if cuda else
+                       ("cpu_matmul_gflops_fp32", "cpu_memory_bandwidth_GBps"))
+    plain = (f"the card's {rate} over its {bandwidth}, each in its unit converted to FLOP/s "
+             "and bytes/s, as the card reports them")
+
+    def hint(ratio: float) -> str:
+        found = []
+        k = round(math.log(ratio, 1000)) if ratio > 0 else 0
+        if k and _near(ratio, 1000.0 ** k):
+            found.append(f"a factor of {1000.0 ** k:g} is a unit prefix converted on one side "
+                         "only: FLOP/s over bytes/s, both in base units (or both with the same "
+                         "prefix)")
+        one = card.get("cpu_memory_bandwidth_1thread_GBps")
+        if not cuda and one and card.get(bandwidth) and _near(ratio, card[bandwidth] / one):
+            found.append("that is the ratio of the card's two copy bandwidths: the ridge divides "
+                         f"by the all-thread one, {bandwidth}, since the product runs on all "
+                         "cores and they share the memory")
+        if _near(ratio, 2.0):
+            found.append("twice the ridge: the copy bandwidth halved? The card counts bytes read "
+                         "plus written, the bytes a FLOP-per-byte ridge divides by: use it as "
+                         "it reports it")
+        if _near(ratio, 0.5):
+            found.append("half the ridge: the copy bandwidth doubled (it already counts read "
+                         "plus write), or the rate halved?")
+        return "; ".join(found) + "." if found else plain + "."
+
+    return hint
