@@ -293,10 +293,17 @@ _POOL: Pool | None = None
 LONG_JOBS = {"09_advanced": 635, "09_advanced_optimizations": 162, "01_why_training_is_slow": 118,
              "04_profiling": 67, "04_measuring_and_profiling": 66}
 
+#: jobs read by a module of the first group, which runs beside the jobs (tests/conftest.py): the
+#: grader's two batches (tests/test_grade.py). They start before every other job, so that they are
+#: done when that module's tests come (it waits for them before its first test).
+EARLY_JOBS = ("grade the attacks", "grade issue 44's attacks")
+
 
 def expected_seconds(key: str) -> float:
-    """A job's priority: its :data:`LONG_JOBS` seconds, by the stem of the path its key ends with
-    (0 for any other job)."""
+    """A job's priority: infinite for :data:`EARLY_JOBS`, else its :data:`LONG_JOBS` seconds, by
+    the stem of the path its key ends with (0 for any other job)."""
+    if key in EARLY_JOBS:
+        return float("inf")
     return LONG_JOBS.get(Path(key.split(" ", 1)[1]).stem, 0) if " " in key else 0
 
 
@@ -421,5 +428,6 @@ def executed(md: Path, tmp_path: Path) -> int:
     return proc.returncode
 
 
-#: planners of jobs that session fixtures read (``plan(items, tmp_path_factory) -> jobs``)
+#: planners of jobs that session fixtures read (``plan(items, tmp_path_factory) -> jobs``), and
+#: module fixtures of a module that keeps its place among those that read no job (the grader's)
 FIXTURE_PLANS: list = []
