@@ -55,6 +55,7 @@ class Job:
     fn: Callable[[], Any]
     alone: bool = False                 # runs only when asked for, with nothing beside it
     after: tuple[str, ...] = ()         # keys of jobs that must finish first
+    priority: float = 0                 # higher starts sooner, among jobs not asked for
     state: str = "queued"               # queued, running, done
     asked: bool = False                 # a test waits for it
     value: Any = None
@@ -63,7 +64,8 @@ class Job:
 
 
 class Pool:
-    """Jobs run by ``slots`` worker threads in queue order (asked-for jobs first)."""
+    """Jobs run by ``slots`` worker threads in queue order (asked-for jobs first, then those of
+    higher ``priority``)."""
 
     def __init__(self, slots: int):
         self.slots = slots
@@ -77,11 +79,12 @@ class Pool:
                         for i in range(slots)]
         self.local = threading.local()
 
-    def submit(self, key: str, fn: Callable[[], Any], alone: bool = False, after: tuple[str, ...] = ()) -> None:
+    def submit(self, key: str, fn: Callable[[], Any], alone: bool = False, after: tuple[str, ...] = (),
+               priority: float = 0) -> None:
         with self.cond:
             if key in self.jobs:
                 raise ValueError(f"job {key!r} submitted twice")
-            job = Job(key, fn, alone=alone, after=tuple(a for a in after if a in self.jobs))
+            job = Job(key, fn, alone=alone, after=tuple(a for a in after if a in self.jobs), priority=priority)
             self.jobs[key] = job
             self.queue.append(job)
             self.cond.notify_all()
@@ -98,7 +101,8 @@ class Pool:
         running = self._running()
         if any(j.alone for j in running) or len(running) >= min(self.limits, default=self.slots):
             return None
-        for job in sorted(self.queue, key=lambda j: not j.asked):   # asked-for jobs first, then queue order
+        # asked-for jobs first, then by priority (LONG_JOBS), then queue order
+        for job in sorted(self.queue, key=lambda j: (not j.asked, -j.priority)):
             if any(self.jobs[a].state != "done" for a in job.after):
                 continue
             if self.paused and not job.asked:      # a quiet test runs: only what it waits for
@@ -278,15 +282,41 @@ def _read(f) -> str:
 _POOL: Pool | None = None
 
 
+#: jobs that take far longer than the others (seconds they ran in a whole session on a loaded
+#: 2-core machine, 7 December), by the stem of the page or lab they run: a worker starts them
+#: before the others, longest first (their ``priority``). Every job that runs beside others is
+#: done before the first test that reads one (tests/conftest.py settles them), so the order of
+#: those jobs changes only when the last of them ends: queued in the order of their readers, lab 9
+#: (~10 minutes beside other work) started after the grader's tests and ran on for minutes after
+#: every other job was done, one core idle and the test process waiting. The queue itself stays
+#: in reader order, so a job still follows the jobs it comes after (those submitted before it).
+LONG_JOBS = {"09_advanced": 635, "09_advanced_optimizations": 162, "01_why_training_is_slow": 118,
+             "04_profiling": 67, "04_measuring_and_profiling": 66}
+
+#: jobs read by a module of the first group, which runs beside the jobs (tests/conftest.py): the
+#: grader's two batches (tests/test_grade.py). They start before every other job, so that they are
+#: done when that module's tests come (it waits for them before its first test).
+EARLY_JOBS = ("grade the attacks", "grade issue 44's attacks")
+
+
+def expected_seconds(key: str) -> float:
+    """A job's priority: infinite for :data:`EARLY_JOBS`, else its :data:`LONG_JOBS` seconds, by
+    the stem of the path its key ends with (0 for any other job)."""
+    if key in EARLY_JOBS:
+        return float("inf")
+    return LONG_JOBS.get(Path(key.split(" ", 1)[1]).stem, 0) if " " in key else 0
+
+
 def start(jobs: list[tuple[int, str, Callable[[], Any], bool, tuple[str, ...]]]) -> None:
     """Queue ``jobs`` (``(index of the first test that reads it, key, fn, alone, after)``) in the
-    order of their first reader, and start the workers."""
+    order of their first reader, each with its :func:`expected_seconds` as its priority, and start
+    the workers."""
     global _POOL
     if SLOTS <= 0 or not jobs:
         return
     _POOL = Pool(SLOTS)
     for _, key, fn, alone, after in sorted(jobs, key=lambda j: j[0]):
-        _POOL.submit(key, fn, alone=alone, after=after)
+        _POOL.submit(key, fn, alone=alone, after=after, priority=expected_seconds(key))
     _POOL.start()
 
 
@@ -398,5 +428,6 @@ def executed(md: Path, tmp_path: Path) -> int:
     return proc.returncode
 
 
-#: planners of jobs that session fixtures read (``plan(items, tmp_path_factory) -> jobs``)
+#: planners of jobs that session fixtures read (``plan(items, tmp_path_factory) -> jobs``), and
+#: module fixtures of a module that keeps its place among those that read no job (the grader's)
 FIXTURE_PLANS: list = []

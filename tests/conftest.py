@@ -34,7 +34,9 @@ QUIET_TAIL = ("test_loading.py", "test_execute.py", "test_plotting.py", "test_pr
 #: modules that run beside fewer jobs than the pool's two: the grader's grades two submissions at
 #: a time under time limits (a memory bomb must reach its limit within 30 s of cells on a loaded
 #: machine): one job beside it, as much load as stress-ng's two processes gave it before, and the
-#: core its sandboxes leave idle (kernel starts, sleeping submissions) does the job's work
+#: core its sandboxes leave idle (kernel starts, sleeping submissions) does the job's work. Its two
+#: large gradings (the ``graded`` fixtures) run earlier as jobs of their own, beside one job and
+#: the test process (tests/test_grade.py): the module's own tests still run in this block
 NARROW = {"test_grade.py": 1}
 
 
@@ -145,9 +147,24 @@ def _widen(nextitem) -> None:
         _NARROWED.clear()
 
 
+_AWAITED: set = set()   # modules whose BACKGROUND_KEYS have been waited for
+
+
+def _await_jobs(item) -> None:
+    """Before a module's first test, wait for the background jobs it names in ``BACKGROUND_KEYS``
+    (read by a module that stays in the first group: the grader's gradings, tests/test_grade.py),
+    so that none of them still runs beside its tests, nor holds a slot of its narrow block."""
+    module = getattr(item, "module", None)
+    if module is not None and module not in _AWAITED:
+        _AWAITED.add(module)
+        for key in getattr(module, "BACKGROUND_KEYS", ()):
+            background.result(key)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     _module_span(item)
+    _await_jobs(item)
     _narrow(item)
     try:
         return (yield from _protocol(item))

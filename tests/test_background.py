@@ -70,6 +70,25 @@ def test_a_job_waits_for_the_jobs_it_comes_after(counter):
     assert counter.started == ["first", "second"] and counter.beside["second"] == []
 
 
+def test_long_jobs_start_first_longest_first_but_after_the_jobs_they_follow(counter):
+    pool = background.Pool(1)
+    pool.submit("gate", counter.job("gate"))
+    pool.submit("short", counter.job("short"))
+    pool.submit("long", counter.job("long"), priority=100)
+    pool.submit("longest", counter.job("longest"), after=("gate",), priority=600)
+    pool.start()
+    try:
+        pool.settle()                   # waits for every job without asking for one
+    finally:
+        pool.close()
+    # "longest" waits for "gate": "long" starts first; then, of the rest, "gate" (queued first),
+    # and once it is done "longest" goes before "short"
+    assert counter.started == ["long", "gate", "longest", "short"], counter.started
+    assert background.expected_seconds(f"lab {background.ROOT / 'labs' / '09_advanced.md'}") > 300
+    assert background.expected_seconds(f"execute {background.ROOT / 'book' / '02_hardware.md'}") == 0
+    assert background.expected_seconds("ceilings") == 0
+
+
 def test_an_alone_job_starts_only_when_asked_and_with_nothing_beside_it(counter):
     pool = background.Pool(2)
     pool.submit("alone", counter.job("alone"), alone=True)

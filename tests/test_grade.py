@@ -22,6 +22,7 @@ that machines without a writable cgroup get.
 """
 
 import csv
+import functools
 import hashlib
 import json
 import os
@@ -42,6 +43,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
+import background  # noqa: E402
 import grade_attacks as attacks  # noqa: E402
 import make_student  # noqa: E402
 
@@ -125,9 +127,49 @@ def _feedback_text(base: Path, name: str) -> str:
                      for o in c.get("outputs", []) if "ATTACK" in o.get("text", ""))
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    base = tmp_path_factory.mktemp("grading")
+# The two batches' gradings (``graded``, ``graded44``) leave the cores mostly idle (a sandbox's
+# kernel starting, submissions sleeping or held until their time limit: ~80 s of CPU in ~200 s):
+# in a whole session they run ahead as background jobs (tests/background.py), one after the other,
+# from the session's start, beside one other job and the tests of other modules (in the test
+# process they ran beside one job, the test process waiting on them: ~300 s of a CI=1 session);
+# each test here reads exactly the dict the fixture returned when it graded in the test process
+# (PERFLAB_TEST_SLOTS=0 still does), and none of this module's tests starts before both are done.
+# The job runs the same command line through ``python -c`` (grader.cli.main, as scripts/grade.py)
+# in a process of its own, which prints its pid first: its cgroups are named by that pid.
+GRADED_JOB, GRADED44_JOB = "grade the attacks", "grade issue 44's attacks"
+BACKGROUND_KEYS = (GRADED_JOB, GRADED44_JOB)      # tests/conftest.py waits for them before this module
+_GRADE = ("import os, sys; sys.path.insert(0, sys.argv.pop(1)); print(f'grader pid {os.getpid()}', flush=True); "
+          "from grader.cli import main; sys.exit(main())")
+
+
+def _grade_in_process(args: list[str]) -> tuple[int, int]:
+    """``grade.py args`` in this process: (its exit status, the grader's pid)."""
+    return cli.main(args), os.getpid()
+
+
+def _grade_in_a_job(output: list, args: list[str]) -> tuple[int, int]:
+    """``grade.py args`` in a process of its own (a background job's): (exit status, its pid); its
+    output is kept in ``output`` (stdout, stderr), for the test that reads the job to print."""
+    proc = background.run([sys.executable, "-c", _GRADE, str(ROOT), *args], 1800, cwd=ROOT)
+    output.append((proc.stdout, proc.stderr))
+    first = proc.stdout.split("\n", 1)[0]
+    assert first.startswith("grader pid "), (proc.stdout[-2000:], proc.stderr[-2000:])
+    return proc.returncode, int(first.split()[-1])
+
+
+def _job(fn, base: Path):
+    """A background job: ``fn`` graded into ``base`` by a grader of its own. Returns (what ``fn``
+    returned or None, what it raised or None, the grader's output): the test that reads it prints
+    the output, then raises or reads the dict, as if it had graded itself."""
+    output: list = []
+    try:
+        return fn(base, functools.partial(_grade_in_a_job, output)), None, output
+    except BaseException as err:  # noqa: BLE001 - raised again in the fixture that reads it
+        return None, err, output
+
+
+def _grade_the_attacks(base: Path, grade) -> dict:
+    """The main batch graded into ``base`` by ``grade`` (one of the two above): what the tests read."""
     _sandbox_or_skip(base)
     folder = base / "submissions"
     folder.mkdir()
@@ -153,7 +195,7 @@ def graded(tmp_path_factory):
         # bomb import for several seconds on a loaded 2-core CI machine, and with 15 s one run
         # left the bomb too little time to reach the limit ("time limit" instead of "memory
         # limit"); 2 GiB per sandbox; the memory bomb and the memory children exceed it
-        rc = cli.main([str(folder), "--out", str(out), "--lab", str(lab), "--timeout", "30", "--jobs", "2",
+        rc, pid = grade([str(folder), "--out", str(out), "--lab", str(lab), "--timeout", "30", "--jobs", "2",
                          "--memory-gb", "2", "--max-procs", "12", "--no-progress", "--threads", "1"])
         seconds = time.perf_counter() - t0
         csv_right_after = out.read_bytes()
@@ -173,7 +215,66 @@ def graded(tmp_path_factory):
         rows = {r["submission"]: r for r in csv.DictReader(f)}
     return {"rows": rows, "seconds": seconds, "base": base, "out": out, "marker": marker, "token": token,
             "changed": changed, "leaked": leaked, "csv_right_after": csv_right_after, "listener": listener,
-            "tmp_new": _tmp_leftovers() - tmp_before}
+            "tmp_new": _tmp_leftovers() - tmp_before, "pid": pid}
+
+
+def _grade_issue44(base: Path, grade) -> dict:
+    """Issue 44's batch graded into ``base`` by ``grade``: what the tests read."""
+    _sandbox_or_skip(base)
+    labs = base / "labs"
+    labs.mkdir()
+    shutil.copy2(TINY, labs / "99_tiny.md")
+    shutil.copy2(attacks.LAB03, labs / "03_internals.md")
+    folder = base / "submissions"
+    folder.mkdir()
+    for name, text in attacks.issue44_batch().items():
+        (folder / name).write_text(text)
+    out = base / "results.csv"
+    rc, _ = grade([str(folder), "--out", str(out), "--labs", str(labs), "--timeout", "300", "--jobs", "2",
+                   "--memory-gb", "3", "--no-progress", "--threads", "1"])
+    with open(out) as f:
+        rows = {r["submission"]: r for r in csv.DictReader(f)}
+    return {"rc": rc, "rows": rows, "base": base}
+
+
+def background_gradings(items, tmp_path_factory) -> list:
+    """The two gradings as background jobs, for a session that runs the tests reading them; issue
+    44's after the main batch's, never beside it (each checks what was left in /tmp and which
+    processes carry a grading token). Planned as a session fixture's job is (FIXTURE_PLANS), so
+    that this module keeps its place among those read no job (tests/conftest.py)."""
+    jobs = []
+    for key, fixture, fn, folder in ((GRADED_JOB, "graded", _grade_the_attacks, "grading"),
+                                     (GRADED44_JOB, "graded44", _grade_issue44, "grading44")):
+        uses = [i for i, item in enumerate(items) if fixture in getattr(item, "fixturenames", ())]
+        if uses:
+            base = tmp_path_factory.mktemp(folder)
+            after = (GRADED_JOB,) if key == GRADED44_JOB else ()
+            jobs.append((uses[0], key, functools.partial(_job, fn, base), False, after))
+    return jobs
+
+
+background.FIXTURE_PLANS.append(background_gradings)
+
+
+def _graded(key: str, fn, folder: str, tmp_path_factory) -> dict:
+    """The job's dict, or (no job queued) ``fn`` graded here, in this process."""
+    job = background.result(key)
+    if job is None:
+        return fn(tmp_path_factory.mktemp(folder), _grade_in_process)
+    if job.error is not None:
+        raise job.error
+    value, error, output = job.value
+    for stdout, stderr in output:
+        print(stdout, end="")
+        print(stderr, end="", file=sys.stderr)
+    if error is not None:
+        raise error
+    return value
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    return _graded(GRADED_JOB, _grade_the_attacks, "grading", tmp_path_factory)
 
 
 EXPECTED = {  # submission: (status, points, ex1 mark starts with, ex2 mark starts with)
@@ -278,7 +379,7 @@ def test_grading_leaves_nothing_behind(graded):
     assert graded["tmp_new"] == set()
     assert not list((ROOT / ".cache" / "tmp").glob("perflab-grade-*"))
     for mount in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/pids")):
-        assert not list(mount.rglob(f"perflab-grade-{os.getpid()}")), mount
+        assert not list(mount.rglob(f"perflab-grade-{graded['pid']}")), mount
 
 
 def _grade_polled(folder, out, timeout):
@@ -660,22 +761,7 @@ EXPECTED_44 = {  # submission: (status, points, max points, marks' prefixes, wor
 
 @pytest.fixture(scope="module")
 def graded44(tmp_path_factory):
-    base = tmp_path_factory.mktemp("grading44")
-    _sandbox_or_skip(base)
-    labs = base / "labs"
-    labs.mkdir()
-    shutil.copy2(TINY, labs / "99_tiny.md")
-    shutil.copy2(attacks.LAB03, labs / "03_internals.md")
-    folder = base / "submissions"
-    folder.mkdir()
-    for name, text in attacks.issue44_batch().items():
-        (folder / name).write_text(text)
-    out = base / "results.csv"
-    rc = cli.main([str(folder), "--out", str(out), "--labs", str(labs), "--timeout", "300", "--jobs", "2",
-                   "--memory-gb", "3", "--no-progress", "--threads", "1"])
-    with open(out) as f:
-        rows = {r["submission"]: r for r in csv.DictReader(f)}
-    return {"rc": rc, "rows": rows, "base": base}
+    return _graded(GRADED44_JOB, _grade_issue44, "grading44", tmp_path_factory)
 
 
 def test_issue44_every_row_is_what_its_answers_deserve(graded44):
