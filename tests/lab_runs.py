@@ -56,7 +56,9 @@ from perflab.labs.exercises import ExerciseFailed  # noqa: E402
 from grader.notebooks import split_hidden  # noqa: E402
 from grader.remote import HiddenTests  # noqa: E402
 
-CELL_TIMEOUT_S = 300       # a lab cell takes well under a minute on a loaded 2-core CPU
+CELL_TIMEOUT_S = 600       # a guard against hangs, not a speed check: lab 9's ex 4 cell
+                           # (every precision mode trained, then timed) passed 300 s on a 2-core
+                           # host loaded by other work (7 December)
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 NO_REPLY = "no reply within"
 

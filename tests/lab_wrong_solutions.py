@@ -102,12 +102,12 @@ WRONG = {
          "              for i in range(len(bandwidths))]",
          "    smooth = ([bandwidths[0]] + [statistics.median(bandwidths[i - 1:i + 2])\n"
          "              for i in range(1, len(bandwidths) - 1)] + [bandwidths[-1]])",
-         r"capacity of a stray last point"),
+         r"capacity of a stray last point|capacity from your curve"),
         # the walk goes on past the first fall: the last size above the threshold anywhere
         ("ex1-solution", "    fall = next((i for i in range(peak, len(smooth))\n"
          "                 if smooth[i] < threshold), len(smooth))\n    return sizes[fall - 1]",
          "    return max(s for s, b in zip(sizes[peak:], smooth[peak:]) if b >= threshold)",
-         r"capacity of a fall that recovers"),
+         r"capacity of a fall that recovers|capacity from your curve"),
         # GFLOP/s read as TFLOP/s: the ridge point 1000x too high
         ("ex2-solution", 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e9,', 'ridge_point(m["cpu_matmul_gflops_fp32"] * 1e12,',
          r"ridge point.*unit prefix"),
