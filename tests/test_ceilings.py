@@ -4,6 +4,7 @@ run and machine, re-measured for another host, GPU, torch or run."""
 import json
 
 import pytest
+import torch
 
 from perflab.machine import ceilings as C
 
@@ -176,3 +177,22 @@ def test_without_gpu_facts_the_measured_product_is_the_roof(tmp_path, monkeypatc
     assert c.compute_roof("fp32") == c.value("matmul_fp32")
     assert c.ridge("fp32") == pytest.approx(c.value("matmul_fp32") / c.value("copy_bandwidth"))
     assert c.ridge("fp32") == c.achieved_ridge("fp32")
+
+
+def test_sizes_are_set_once_and_read_by_lab4(monkeypatch):
+    """measure_all's sizes come from sizes(); lab 4's CPU ceilings read the same quick sizes
+    instead of typing them again (a change there reaches both)."""
+    import perflab.labs.lab04 as lab04
+    assert C.sizes("cpu", quick=True)["matmul_n"] == 512
+    assert C.sizes("cuda")["copy_numel"] == 2**28 and C.sizes("cuda")["matmul_n"] == 8192
+    assert C.sizes("cpu", quick=True)["copy_numel"] >= 2**22
+    asked = []
+
+    def small(device, quick=False):
+        asked.append((torch.device(device).type, quick))
+        return {"copy_numel": 1024, "matmul_n": 8}
+
+    monkeypatch.setattr(C, "sizes", small)
+    rates = lab04.cpu_ceilings("cpu")
+    assert asked == [("cpu", True)]
+    assert rates["copy_bandwidth"]() > 0 and rates["matmul_fp32"]() > 0

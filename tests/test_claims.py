@@ -238,6 +238,31 @@ def test_compare_glues_a_short_phrase_and_its_spread_for_the_note(glued):
     assert abs(claims.compare("d", 2.0, 1.0, 0.25, bound="host").ratio - 2.0) < 1e-12
 
 
+def test_a_single_pass_verdict_says_it_has_no_spread(glued):
+    """A quantity measured once (a cold read) is declared single_pass: the prose's phrase, the
+    note's sentence and a claim's sentence say "one pass, no spread", the record marks it, and
+    a measurement with rounds cannot be declared one pass."""
+    v = claims.compare("cold", 0.9, 1.0, 0.25, bound="host", single_pass=True)
+    assert v.phrase == glued["cold"] == "as predicted (0.90x, one pass, no spread)"
+    assert "(one pass, no spread)" in glued["cold_spread"]
+    assert glued.records["cold"]["single_pass"] is True
+    claims.compare("cold_miss", 2.0, 1.0, 0.25, bound="host", single_pass=True)
+    assert glued["cold_miss"] == "outside the 25 % band (2.00x, one pass, no spread)"
+    claims.compare("cold_none", -1.0, 1.0, 0.25, bound="host", single_pass=True)
+    assert "one pass, no spread" in glued["cold_none"]
+    assert "one pass" in glued["cold_none_spread"]
+    claims.compare("plain", 0.9, 1.0, 0.25, bound="host")
+    assert "one pass" not in glued["plain"] + glued["plain_spread"]
+    assert "single_pass" not in glued.records["plain"]
+    with pytest.raises(ValueError, match="single_pass"):
+        claims.compare("r", Spread((0.9, 1.0, 1.1)), 1.0, 0.25, bound="host", single_pass=True)
+    assert claims.claim("once", True, "no faster.", "faster.", bound="host",
+                        single_pass=True) == "no faster (one pass, no spread)."
+    assert glued.records["once"] == {"verdict": "true", "bound": "host", "single_pass": True}
+    assert claims.claim("once2", False, "x", "faster", bound="host",
+                        single_pass=True) == "faster (one pass, no spread)"
+
+
 def test_not_compared_glues_the_claim_and_its_spread(glued):
     """Where a compare() cannot run, the prose's verdict and the note's spread both need text."""
     claims.not_compared("a_vs_prediction", "b_vs_prediction", why="not measured (no GPU)")

@@ -11,7 +11,7 @@ from torch import nn
 from perflab.speed.measure import (capture_logs, graph_replay_semantics, kernel_names, op_count,
                                    wall_time)
 from perflab.speed.tolerance import final_loss, loss_tolerance, same_losses
-from perflab.speed.workload import SmallCNN, normalize, synthetic_images
+from perflab.speed.workload import SmallCNN, fused_on_gpu, normalize, synthetic_images
 
 
 def test_synthetic_images_shapes_dtypes_and_determinism():
@@ -274,3 +274,19 @@ def test_op_kinds_counts_a_tensor_off_the_cpu_as_device(monkeypatch):
     assert measure._kind(torch.ops.aten.add.Tensor, (torch.ones(1), 2), {}) == "cpu"
     assert measure._kind(torch.ops.aten._foreach_add_.Scalar, ([meta], 1), {}) \
         == "foreach"
+
+
+def test_fused_on_gpu_fuses_only_on_a_gpu():
+    """One choice of Adam's implementation by device: fused on CUDA, torch's default (None,
+    the for-loop step on a CPU) elsewhere; on a CPU it steps as fused=False did."""
+    assert fused_on_gpu("cuda") is True and fused_on_gpu(torch.device("cuda", 1)) is True
+    assert fused_on_gpu("cpu") is None
+    out = []
+    for fused in (False, fused_on_gpu("cpu")):
+        torch.manual_seed(0)
+        m = SmallCNN(4)
+        opt = torch.optim.AdamW(m.parameters(), lr=2e-3, fused=fused)
+        m(torch.randn(2, 3, 16, 16)).sum().backward()
+        opt.step()
+        out.append(torch.cat([p.detach().flatten() for p in m.parameters()]))
+    assert torch.equal(out[0], out[1])

@@ -36,6 +36,7 @@ from perflab.distributed.steps import accumulate, allreduce_gradients
 from perflab.distributed.traces import overlap_from_trace
 from perflab.distributed.workloads import (global_batch, make_blocks, make_mlp, max_param_diff, mse,
                                            timing_batch)
+from perflab.speed.workload import fused_on_gpu
 
 __all__ = ["TASKS", "all_reduce_count", "bucket_bytes", "buckets", "ddp", "diff_from_ddp", "manual_vs_ddp",
            "no_sync", "one_process_group", "overlap", "rank0_trace", "rounds_of", "user_allreduce", "user_sampler"]
@@ -142,8 +143,7 @@ def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps:
                "ddp_alone": lambda: ddp(ctx, model, process_group=alone, bucket_cap_mb=bucket_mb)
                }.get(kind, lambda: model)()
         # fused on GPUs: the Adam (28 bytes a parameter) the page's GPU model counts
-        opt = torch.optim.Adam(net.parameters(), lr=1e-4,
-                               fused=True if ctx.device.type == "cuda" else None)
+        opt = torch.optim.Adam(net.parameters(), lr=1e-4, fused=fused_on_gpu(ctx.device))
 
         def step():
             opt.zero_grad(set_to_none=False)

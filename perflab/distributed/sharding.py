@@ -28,6 +28,7 @@ from perflab.distributed.steps import shard_fsdp2, zero1_adam
 from perflab.distributed.traces import arrival_skew, collective_starts, overlap_from_trace, ranges_from_trace
 from perflab.distributed.workloads import (global_batch, make_mlp, mse, nbytes, state_bytes,
                                            timing_batch)
+from perflab.speed.workload import fused_on_gpu
 
 __all__ = ["STRATEGIES", "TASKS", "build", "optimizer_settings", "settled_reading", "sharding", "user_optimizer"]
 
@@ -91,7 +92,7 @@ def build(ctx, name: str, width: int, depth: int, lr: float = 1e-4):
         model = shard_fsdp2(model, ctx.device.type, reshard=name == "fsdp")
     # fused on GPUs: the 28 bytes a parameter that the page's GPU model counts and its one-GPU
     # step measures (the foreach Adam moves ~72); None (foreach) on CPUs as before
-    fused = True if ctx.device.type == "cuda" else None
+    fused = fused_on_gpu(ctx.device)
     opt = (zero1_adam(model.parameters(), lr=lr, fused=fused) if name == "zero1"
            else torch.optim.Adam(model.parameters(), lr=lr, fused=fused))
     return model, opt
@@ -103,7 +104,7 @@ def _adam_seconds(ctx, params: int, width: int, iters: int) -> float:
     rows = max(1, params // width)
     w = torch.nn.Parameter(torch.randn(rows, width, device=ctx.device))
     w.grad = torch.randn_like(w)
-    opt = torch.optim.Adam([w], lr=1e-4, fused=True if ctx.device.type == "cuda" else None)
+    opt = torch.optim.Adam([w], lr=1e-4, fused=fused_on_gpu(ctx.device))
     return ctx.timed(opt.step, 2, iters)
 
 

@@ -14,7 +14,7 @@ from perflab.core.timing import benchmark
 from perflab.core.validate import number
 from perflab.labs.standin import stand_in_device
 from perflab.labs.exercises import ExerciseFailed, as_float, plain, NotPlain
-from perflab.machine.caches import beyond_cache_numel
+from perflab.machine import ceilings
 from perflab.machine.costs import count_cost, matmul_cost
 from perflab.profiling.mystery import MysteryStep, _ANSWERS, _EVIDENCE_KEYS, _digest
 from perflab.profiling.trace import REGIMES, regime
@@ -81,8 +81,9 @@ def cpu_ceilings(device: torch.device | str = "cpu") -> dict[str, Callable[[], f
     machine slows a round's step and its ceilings alike.
 
     ``{"copy_bandwidth": bytes/s of one tensor copied beyond the caches, "matmul_fp32": FLOP/s
-    of a 512^3 float32 product}``, the sizes of ``perflab.machine.ceilings.measure_all(quick=
-    True)``, each timed by :func:`perflab.core.timing.benchmark` for 0.1 s.
+    of an n^3 float32 product}``, at the sizes ``perflab.machine.ceilings.measure_all(quick=True)``
+    times (read from :func:`perflab.machine.ceilings.sizes`, not repeated here), each timed by
+    :func:`perflab.core.timing.benchmark` for 0.1 s.
 
     Raises:
         ValueError: ``device`` is not a CPU.
@@ -90,11 +91,13 @@ def cpu_ceilings(device: torch.device | str = "cpu") -> dict[str, Callable[[], f
     dev = torch.device(device)
     if dev.type != "cpu":
         raise ValueError(f"device must be a CPU (a GPU's roofs are the run's fixed ceilings), got {device!r}")
-    src = torch.randn(max(2**22, beyond_cache_numel(4.0, maximum=2**26)))
+    size = ceilings.sizes(dev, quick=True)     # the run's quick sizes, one place
+    src = torch.randn(size["copy_numel"])
     dst = torch.empty_like(src)
-    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    n = size["matmul_n"]
+    a, b = torch.randn(n, n), torch.randn(n, n)
     copy_bytes = 2 * src.numel() * src.element_size()
-    product = matmul_cost(512, 512, 512, torch.float32).flops
+    product = matmul_cost(n, n, n, torch.float32).flops
     return {
         "copy_bandwidth": lambda: copy_bytes / benchmark(lambda: dst.copy_(src), dev, 0.1),
         "matmul_fp32": lambda: product / benchmark(lambda: a @ b, dev, 0.1),

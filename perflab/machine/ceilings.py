@@ -79,7 +79,7 @@ from perflab.record.provenance import environment, machine_id
 
 __all__ = ["CEILINGS_ENV", "HOST_COSTS", "Ceiling", "Ceilings", "NAMES", "REFERENCE_PATH",
            "SCHEMA", "WORK", "default_path", "gpu_facts", "host_costs", "load", "measure_all",
-           "stale_reason"]
+           "sizes", "stale_reason"]
 
 #: The work each ceiling times (:data:`perflab.core.telemetry.WORK`): which clock its sentence states.
 WORK = {"copy_bandwidth": "memory", "matmul_fp32": "sm", "matmul_tf32": "sm", "matmul_bf16": "sm",
@@ -382,6 +382,26 @@ def _matmul(name: str, n: int, dtype: torch.dtype, tf32: bool, dev: torch.device
         torch.set_float32_matmul_precision(before)
 
 
+def sizes(device: torch.device | str, quick: bool = False) -> dict[str, int]:
+    """The problem sizes :func:`measure_all` times on ``device``, the one place they are set.
+
+    ``{"copy_numel": float32 elements of the copy's source (the destination is as large),
+    "matmul_n": n of the n x n @ n x n product}``. A CPU's copy must stream from DRAM, not from
+    its last-level cache: four times the cache the OS reports
+    (:func:`perflab.machine.caches.beyond_cache_numel`), never less than 2^24 elements (2^22
+    ``quick``) nor, from the cache, more than 2^26; a GPU's is 2^28 (2^26 ``quick``). The product
+    is 8192 (4096 ``quick``) on a GPU, 1024 (512 ``quick``) on a CPU.
+
+    Raises:
+        RuntimeError: ``device`` is not a device string torch knows.
+    """
+    gpu = torch.device(device).type == "cuda"
+    if gpu:
+        return {"copy_numel": 2**26 if quick else 2**28, "matmul_n": 4096 if quick else 8192}
+    return {"copy_numel": max(2**22 if quick else 2**24, beyond_cache_numel(4.0, maximum=2**26)),
+            "matmul_n": 512 if quick else 1024}
+
+
 def measure_all(device: torch.device | str | None = None, quick: bool = False) -> dict[str, Ceiling]:
     """Measure every ceiling this machine has (see the module docstring for sizes).
 
@@ -396,19 +416,16 @@ def measure_all(device: torch.device | str | None = None, quick: bool = False) -
         torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
     out: dict[str, Ceiling] = {}
     gpu = dev.type == "cuda"
-    # a CPU's copy must stream from DRAM, not from its last-level cache: four times the cache
-    # the OS reports (perflab.machine.caches.beyond_cache_numel), never less than the old sizes
-    numel = ((2**28 if not quick else 2**26) if gpu else
-             max(2**24 if not quick else 2**22, beyond_cache_numel(4.0, maximum=2**26)))
-    src = torch.randn(numel, device=dev)
+    size = sizes(dev, quick)
+    src = torch.randn(size["copy_numel"], device=dev)
     dst = torch.empty_like(src)
     nbytes = 2 * src.numel() * src.element_size()
     out["copy_bandwidth"] = _one("copy_bandwidth", lambda: dst.copy_(src), nbytes,
                                  f"{src.numel() * 4 / 1e9:.2f} GB float32", dev,
                                  HEADLINE_RUN_S if gpu else 0.2)
     del src, dst
+    n = size["matmul_n"]
     if gpu:
-        n = 8192 if not quick else 4096
         out["matmul_fp32"] = _matmul("matmul_fp32", n, torch.float32, False, dev)
         out["matmul_tf32"] = _matmul("matmul_tf32", n, torch.float32, True, dev)
         out["matmul_bf16"] = _matmul("matmul_bf16", n, torch.bfloat16, False, dev)
@@ -421,7 +438,6 @@ def measure_all(device: torch.device | str | None = None, quick: bool = False) -
                              host_bytes, f"{host_bytes / 1e6:.0f} MB", dev)
         torch.cuda.empty_cache()
     else:
-        n = 1024 if not quick else 512
         out["matmul_fp32"] = _matmul("matmul_fp32", n, torch.float32, False, dev)
     return out
 

@@ -22,6 +22,12 @@ way. A band's width comes from the prediction's stated uncertainty: ``tolerance`
 default, and a band wider than a factor of two (a measurement could be half or double its
 prediction and still "agree") needs a written ``reason``.
 
+**One pass.** A quantity that cannot be measured in rounds (a cold read happens once; a
+measurement too slow to repeat in the page's time) is declared with ``single_pass=True``: the
+verdict is drawn from one value, without a spread, and its sentence says so (:data:`ONE_PASS`),
+so a reader knows that a second run may well draw it the other way. The record stores
+``"single_pass": true``.
+
 **Bound.** Every claim declares what sets the quantity it judges (``bound=``): ``"device"``
 (the GPU's or the CPU's arithmetic and memory: a second run on another machine of the same kind
 must give the same verdict), ``"host"`` (the host CPU's per-call cost, its scheduler, its disk:
@@ -49,7 +55,7 @@ from perflab.core.validate import number, one_of
 from perflab.record.numbers import fmt_range, sig
 from perflab.record.provenance import glue, read_glued
 
-__all__ = ["BOUNDS", "EXPECT_PREFIX", "MAX_BAND_FACTOR", "SPREAD_SUFFIX", "VERDICT_MIME",
+__all__ = ["BOUNDS", "EXPECT_PREFIX", "MAX_BAND_FACTOR", "ONE_PASS", "SPREAD_SUFFIX", "VERDICT_MIME",
            "Sentence", "Verdict",
            "claim", "compare", "expect", "failed_expectations", "judge", "not_compared",
            "read_verdicts", "relation"]
@@ -68,6 +74,9 @@ VERDICT_MIME = "application/vnd.perflab.verdict+json"
 #: :func:`compare` glues its short verdict under ``name`` (for the running prose) and the
 #: measurement against its band under ``name + SPREAD_SUFFIX`` (for a ``{measured}`` note).
 SPREAD_SUFFIX = "_spread"
+
+#: What a single-pass verdict's sentence adds (``single_pass=True``): one value, no spread.
+ONE_PASS = "one pass, no spread"
 
 
 def _check_name(name: Any) -> str:
@@ -147,7 +156,8 @@ def _values(label: str, v: Any) -> tuple[float, float, float, Spread | None]:
 
 
 def claim(name: str, holds: bool | None, if_true: str, if_false: str, *, bound: str,
-          if_undecided: str | None = None, record: dict[str, Any] | None = None) -> Sentence:
+          if_undecided: str | None = None, record: dict[str, Any] | None = None,
+          single_pass: bool = False) -> Sentence:
     """Glue, under ``name``, the sentence the data supports, and return it.
 
     The prose quotes it with ``{glue:text}`name```; the returned :class:`Sentence` shows nothing
@@ -164,6 +174,9 @@ def claim(name: str, holds: bool | None, if_true: str, if_false: str, *, bound: 
             quantity the claim judges.
         if_undecided: the sentence when ``holds`` is None (required then).
         record: extra JSON-ready facts stored with the verdict (numbers compared, band).
+        single_pass: the predicate was decided from one measured value, without rounds: the
+            sentence gets `` (one pass, no spread)`` (:data:`ONE_PASS`) before its closing
+            period, and the record ``"single_pass": true``.
 
     Raises:
         ValueError: a bad name or bound, an empty sentence, a ``holds`` that is neither a bool
@@ -178,10 +191,20 @@ def claim(name: str, holds: bool | None, if_true: str, if_false: str, *, bound: 
     if holds is None and not if_undecided:
         raise ValueError(f"claim {name!r} is undecided (holds is None): give if_undecided, the "
                          "sentence that says the measurement cannot tell")
-    text = Sentence(if_true if holds else if_false if holds is False else if_undecided)
+    text = if_true if holds else if_false if holds is False else if_undecided
+    if single_pass:
+        text = _one_pass(text)
+        record = {**(record or {}), "single_pass": True}
+    text = Sentence(text)
     verdict = {True: "true", False: "false", None: "undecided"}[holds]
     glue(name, _Claimed(str(text), {"verdict": verdict, "bound": bound, **(record or {})}))
     return text
+
+
+def _one_pass(text: str) -> str:
+    """``text`` with `` (one pass, no spread)`` before its closing period, if it has one."""
+    stop = "." if text.endswith(".") else ""
+    return f"{text[:len(text) - len(stop)]} ({ONE_PASS}){stop}"
 
 
 def expect(name: str, holds: bool, statement: str) -> None:
@@ -295,7 +318,7 @@ def judge(value: float | Spread, low: float | None = None, high: float | None = 
 
 
 def compare(name: str, measured: float | Spread, predicted: float, tolerance: float, *,
-            bound: str, reason: str | None = None) -> Verdict:
+            bound: str, reason: str | None = None, single_pass: bool = False) -> Verdict:
     """Glue, under ``name``, how ``measured`` compares with ``predicted``, and return the
     :class:`Verdict`.
 
@@ -326,30 +349,41 @@ def compare(name: str, measured: float | Spread, predicted: float, tolerance: fl
             the prediction's stated uncertainty; no default.
         bound: ``"device"``, ``"host"`` or ``"exact"`` (see the module docstring).
         reason: required when the band spans more than a factor of two (tolerance > 1/3).
+        single_pass: ``measured`` is one value from one pass, with no rounds to give it a
+            spread: both texts say so (``"as predicted (1.02x, one pass, no spread)"``) and the
+            record stores ``"single_pass": true``.
 
     Raises:
         ValueError: a bad name or bound, a value that is not finite, a prediction that is not
-            positive, a tolerance outside (0, 1), or a too-wide band without a reason.
+            positive, a tolerance outside (0, 1), a too-wide band without a reason, or
+            ``single_pass`` with a measurement of several rounds.
     """
     _check_name(name)
     _check_bound(bound)
     med, lo, hi, spread = _values("measured", measured)
+    if single_pass and spread is not None and spread.n > 1:
+        raise ValueError(f"compare {name!r}: single_pass with a spread of {spread.n} rounds; "
+                         "a measurement with rounds is no single pass")
     predicted = _number("predicted", predicted)
     number("predicted", predicted, above=0)
     number("tolerance", tolerance, above=0, below=1)
     _band_check(1 - tolerance, 1 + tolerance, reason, f"a ±{tolerance:.0%} band")
     record = {"measured": med, "lo": lo, "hi": hi, "predicted": predicted,
               "tolerance": tolerance, "rounds": spread.n if spread else 1}
+    if single_pass:
+        record["single_pass"] = True
+    once = f", {ONE_PASS}" if single_pass else ""
     band = f"{tolerance:.0%}".replace("%", " %")
     if med <= 0:        # a saving that did not happen, a time that did not grow
-        claim(name, False, "unused", "none of the positive amount predicted", bound=bound,
+        none = "none of the positive amount predicted" + (f" ({ONE_PASS})" if once else "")
+        claim(name, False, "unused", none, bound=bound,
               record={**record, "verdict_word": "outside"})
-        detail = (f"a median of {_ratio_words(med / predicted)}x the prediction, against its "
+        detail = (f"{'one pass' if once else 'a median'} of {_ratio_words(med / predicted)}x "
+                  f"the prediction{' (no spread)' if once else ''}, against its "
                   f"band of {_ratio_words(1 - tolerance)}–{_ratio_words(1 + tolerance)}x "
                   f"(±{band})")
         glue(name + SPREAD_SUFFIX, detail)
-        return _verdict("outside", "none of the positive amount predicted", detail,
-                        med / predicted)
+        return _verdict("outside", none, detail, med / predicted)
     ratio, r_lo, r_hi = med / predicted, lo / predicted, hi / predicted
     rounds = ""
     if spread is not None and spread.n > 1:
@@ -366,9 +400,10 @@ def compare(name: str, measured: float | Spread, predicted: float, tolerance: fl
     word = {True: "within", False: "outside", None: "undecided"}[holds]
     edge = low if r_lo < low <= r_hi else high
     r = f"{_ratio_words(ratio)}x"
-    phrase = {True: f"as predicted ({r})", False: f"outside the {band} band ({r})",
+    phrase = {True: f"as predicted ({r}{once})", False: f"outside the {band} band ({r}{once})",
               None: f"undecided ({r}; the spread crosses the band's edge)"}[holds]
-    detail = _spread_sentence(r, rounds, band, low, high, edge if holds is None else None)
+    detail = _spread_sentence(r, rounds or (ONE_PASS if once else ""), band, low, high,
+                              edge if holds is None else None)
     claim(name, holds, phrase if holds else "-", phrase if holds is False else "-",
           if_undecided=phrase, bound=bound, record={**record, "verdict_word": word})
     glue(name + SPREAD_SUFFIX, detail)

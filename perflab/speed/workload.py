@@ -4,7 +4,8 @@
 loaders; this chapter needs only a fixed stream of batches so that every optimization sees the
 same data); :func:`normalize` turns its ``uint8`` images into normalized ``float32`` on any device
 (the same function on the CPU and on the GPU); :class:`SmallCNN` is the model the speed ladder
-trains. Images are ``uint8`` in ``[0, 255]``, shape ``(N, 3, H, W)``.
+trains. Images are ``uint8`` in ``[0, 255]``, shape ``(N, 3, H, W)``. :func:`fused_on_gpu` is
+the one choice of Adam's and AdamW's implementation by device that the chapters' steps share.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch import nn
 
 from perflab.core.validate import number
 
-__all__ = ["MEAN", "STD", "synthetic_images", "normalize", "SmallCNN"]
+__all__ = ["MEAN", "STD", "synthetic_images", "normalize", "SmallCNN", "fused_on_gpu"]
 
 
 #: per-channel mean and standard deviation of :func:`synthetic_images` (in [0, 1] units)
@@ -102,3 +103,19 @@ class SmallCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x).mean(dim=(2, 3)))
+
+
+def fused_on_gpu(device: torch.device | str) -> bool | None:
+    """The ``fused=`` argument of ``torch.optim.Adam`` / ``AdamW`` for a step on ``device``: True
+    on a CUDA device (the whole update in one kernel per parameter group, chapter 6's fused
+    optimizer step), None elsewhere (PyTorch's own choice: on a CPU, the for-loop step over the
+    parameters).
+
+    Pass it as ``torch.optim.AdamW(params, lr=..., fused=fused_on_gpu(dev))``. On a CPU, None
+    and False give the same step (torch picks ``foreach`` only for tensors on an accelerator, and
+    fuses only when asked), so pages that once wrote ``fused=cuda`` step exactly as before.
+
+    Raises:
+        RuntimeError: ``device`` is not a device string torch knows.
+    """
+    return True if torch.device(device).type == "cuda" else None
