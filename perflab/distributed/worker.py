@@ -141,8 +141,8 @@ def rank_cpus(allowed, local_rank: int, local_world: int, threads: int | None) -
 
     Pinned, the ranks no longer take cores from each other: a collective of one rank is not
     slowed by another rank's products landing on its core. Unpinned, 4 ranks made chapter 8's
-    DDP overlap a property of the scheduler: two reference runs of 6 December read 37-64 % and
-    75-85 % (``overlap_range`` in ``runs/2026-12-06c-ad96832.json`` and
+    DDP overlap a property of the scheduler: two reference runs of 6 December disagreed on it
+    (``overlap_range`` in ``runs/2026-12-06c-ad96832.json`` and
     ``runs/2026-12-06d-d911c2d.json``).
 
     Raises:
@@ -184,8 +184,8 @@ def split_slice(cpus, threads: int | None) -> tuple[list[int], list[int]] | None
     their own. None when ``cpus`` is None or holds no core beyond the compute threads'.
 
     Why: with the whole 4-core slice shared by 2 compute threads and gloo's threads, the
-    all-reduces inside chapter 8's DDP step took twice their time alone (16.3 against 8.21 ms)
-    and overlapped the backward 21-53 %, against 75-85 % unpinned; the same collectives alone,
+    all-reduces inside chapter 8's DDP step took about twice their time alone and overlapped
+    the backward less than unpinned ranks did; the same collectives alone,
     in the same slice, ran at the unpinned speed (chapter 8's reference runs of 6 December:
     ``comm_in_step_text``, ``comm_alone_text`` and ``overlap_range`` in
     ``runs/2026-12-07-86e0c7a.json``, ``overlap_range`` in ``runs/2026-12-06d-d911c2d.json``).

@@ -375,9 +375,9 @@ def compare(name: str, measured: float | Spread, predicted: float, tolerance: fl
     once = f", {ONE_PASS}" if single_pass else ""
     band = f"{tolerance:.0%}".replace("%", " %")
     if med <= 0:        # a saving that did not happen, a time that did not grow
-        none = "none of the positive amount predicted" + (f" ({ONE_PASS})" if once else "")
-        claim(name, False, "unused", none, bound=bound,
-              record={**record, "verdict_word": "outside"})
+        none = str(claim(name, False, "unused", "none of the positive amount predicted",
+                         bound=bound, single_pass=single_pass,
+                         record={**record, "verdict_word": "outside"}))
         detail = (f"{'one pass' if once else 'a median'} of {_ratio_words(med / predicted)}x "
                   f"the prediction{' (no spread)' if once else ''}, against its "
                   f"band of {_ratio_words(1 - tolerance)}–{_ratio_words(1 + tolerance)}x "
