@@ -262,3 +262,16 @@ def test_stand_in_device_swaps_the_host_device_names_and_puts_them_back():
     with standin.stand_in_device(fn, "meta") as new:
         assert fn() == new == torch.device("meta") and env["other"].type == "meta"
     assert fn() is dev and env["n"] == 3
+
+
+def test_stand_in_replaces_the_notebook_s_gpu_device_too():
+    """On a GPU the notebook's ``dev`` is a cuda device: the meta probe of exercise 1 must
+    rebind it as it rebinds a CPU's, or a right answer (``device=dev``) copies a meta loss into
+    a cuda tensor and reads as a host read (review of 7 December)."""
+    from perflab.labs.standin import stand_in_device
+    notebook = {"torch": torch, "dev": torch.device("cuda"), "host": torch.device("cpu")}
+    exec("def f():\n    return dev\n", notebook)
+    with stand_in_device(notebook["f"], "meta", replaced=torch.device("cuda", 0)) as new:
+        assert notebook["f"]() == new == torch.device("meta")
+        assert notebook["host"] == torch.device("cpu")
+    assert notebook["dev"] == torch.device("cuda")

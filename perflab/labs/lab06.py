@@ -222,7 +222,9 @@ def check_losses_on_device(fn: Callable[..., Any], model: torch.nn.Module, xs: t
     probe = copy.deepcopy(model).to(meta)
     opt = torch.optim.SGD(probe.parameters(), lr=lr)
     reads = _HostReads(meta)
-    with stand_in_device(fn, meta):
+    # the notebook's device names (dev) follow the stand-in on a GPU as on a CPU: a loss
+    # copied into a cuda tensor from meta would read as a host read
+    with stand_in_device(fn, meta, replaced=xs.device):
         try:
             with reads:
                 out = fn(probe, opt, xs.to(meta), ys.to(meta), ok.to(meta))

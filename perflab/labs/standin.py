@@ -18,10 +18,12 @@ __all__ = ["stand_in_device"]
 
 
 @contextlib.contextmanager
-def stand_in_device(fn: Callable[..., Any], stand_in: torch.device | str) -> Iterator[torch.device]:
+def stand_in_device(fn: Callable[..., Any], stand_in: torch.device | str,
+                    replaced: torch.device | str = "cpu") -> Iterator[torch.device]:
     """For the duration of the block, the names of ``fn``'s module (its ``__globals__``: a
-    notebook's, for a function defined in a cell) bound to the CPU device are bound to
-    ``stand_in`` instead, and put back after it.
+    notebook's, for a function defined in a cell) bound to a device of ``replaced``'s type (the
+    CPU by default; the notebook's own device, a GPU's too, where the check stands in for it
+    with ``meta``) are bound to ``stand_in`` instead, and put back after it.
 
     A check that runs a student's function on a stand-in for a GPU (the ``meta`` device, or a
     queue that a CPU does not have) uses it so that code written for "the device", as the
@@ -31,7 +33,7 @@ def stand_in_device(fn: Callable[..., Any], stand_in: torch.device | str) -> Ite
     new = torch.device(stand_in)
     names = getattr(fn, "__globals__", {})
     host = {k: v for k, v in list(names.items())
-            if isinstance(v, torch.device) and v.type == "cpu"}
+            if isinstance(v, torch.device) and v.type == torch.device(replaced).type}
     for k in host:
         names[k] = new
     try:
