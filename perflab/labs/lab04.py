@@ -243,8 +243,8 @@ def _cpu_rounds_name(step: MysteryStep, answer: str, cost, rounds: int = 5) -> t
     """Whether the check's own evidence, taken now, names ``answer`` for ``step`` on a CPU, and
     what it read: the step and both ceilings (:func:`cpu_ceilings`) timed in ``rounds``
     interleaved rounds, the regime of each round's fractions (with the step's own counts,
-    ``cost``); ``answer`` is named when **most** rounds name it (more than half: the regime of
-    the rounds' median fractions, as the student's evidence is judged).
+    ``cost``); ``answer`` is named when **most** rounds name it (more than half of them, each
+    round's regime read from its own fractions).
 
     A single round would not do: on a shared CPU a round in which a burst of load slowed the
     step and not its ceilings crosses a regime's edge by chance, and "one of five rounds" then
