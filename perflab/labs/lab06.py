@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from perflab.labs.standin import stand_in_device
+from perflab.internals.hostsync import _TORCH_DIR, _is_library
 from perflab.labs.exercises import ExerciseFailed, as_float, check_ratio_at_least, not_done
 from perflab.speed.tolerance import same_losses
 
@@ -144,7 +145,6 @@ def check_async_copies(fn: Callable[..., Any], *args, **kwargs) -> bool:
     return True
 
 
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _PERFLAB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -185,8 +185,7 @@ def _student_line(frames: list | None = None) -> str:
     """The innermost line outside torch and perflab (the student's) of ``frames`` (default: the
     call stack)."""
     for frame in reversed(frames if frames is not None else traceback.extract_stack()):
-        path = os.path.abspath(frame.filename)
-        if not path.startswith((_TORCH_DIR, _PERFLAB_DIR)):
+        if not _is_library(frame.filename, (_TORCH_DIR, _PERFLAB_DIR)):
             return (frame.line or "").strip()
     return ""
 
