@@ -54,6 +54,7 @@ class Job:
     key: str
     fn: Callable[[], Any]
     alone: bool = False                 # runs only when asked for, with nothing beside it
+    light: bool = False                 # mostly waits: runs on a worker of its own, beside the slots
     after: tuple[str, ...] = ()         # keys of jobs that must finish first
     priority: float = 0                 # higher starts sooner, among jobs not asked for
     state: str = "queued"               # queued, running, done
@@ -77,14 +78,20 @@ class Pool:
         self.limits: list[int] = []     # blocks running that allow fewer jobs at once (narrow)
         self.threads = [threading.Thread(target=self._work, name=f"background-{i}", daemon=True)
                         for i in range(slots)]
+        # one more worker for light jobs (their own queue order), which take no slot
+        self.threads.append(threading.Thread(target=self._work, args=(True,), name="background-light",
+                                             daemon=True))
         self.local = threading.local()
 
     def submit(self, key: str, fn: Callable[[], Any], alone: bool = False, after: tuple[str, ...] = (),
-               priority: float = 0) -> None:
+               priority: float = 0, light: bool = False) -> None:
         with self.cond:
             if key in self.jobs:
                 raise ValueError(f"job {key!r} submitted twice")
-            job = Job(key, fn, alone=alone, after=tuple(a for a in after if a in self.jobs), priority=priority)
+            if light and alone:
+                raise ValueError(f"job {key!r}: a light job runs beside others, it cannot be alone")
+            job = Job(key, fn, alone=alone, after=tuple(a for a in after if a in self.jobs), priority=priority,
+                      light=light)
             self.jobs[key] = job
             self.queue.append(job)
             self.cond.notify_all()
@@ -96,13 +103,22 @@ class Pool:
     def _running(self) -> list[Job]:
         return [j for j in self.jobs.values() if j.state == "running"]
 
-    def _next(self) -> Job | None:
-        """The job a free worker may start now (lock held), or None."""
+    def _next(self, light: bool = False) -> Job | None:
+        """The job a free worker may start now (lock held), or None: for a slot's worker one not
+        light, while fewer than ``slots`` such run; for the light worker (``light``) a light one.
+        An alone job runs with nothing beside it, light jobs included."""
         running = self._running()
-        if any(j.alone for j in running) or len(running) >= min(self.limits, default=self.slots):
+        if any(j.alone for j in running):
+            return None
+        if light:
+            if any(j.light for j in running):
+                return None
+        elif sum(not j.light for j in running) >= min(self.limits, default=self.slots):
             return None
         # asked-for jobs first, then by priority (LONG_JOBS), then queue order
         for job in sorted(self.queue, key=lambda j: (not j.asked, -j.priority)):
+            if job.light != light:
+                continue
             if any(self.jobs[a].state != "done" for a in job.after):
                 continue
             if self.paused and not job.asked:      # a quiet test runs: only what it waits for
@@ -116,10 +132,10 @@ class Pool:
             return job
         return None
 
-    def _work(self) -> None:
+    def _work(self, light: bool = False) -> None:
         while True:
             with self.cond:
-                while not self.closed and (job := self._next()) is None:
+                while not self.closed and (job := self._next(light)) is None:
                     self.cond.wait()
                 if self.closed:
                     return
@@ -171,11 +187,11 @@ class Pool:
 
     @contextlib.contextmanager
     def narrow(self, slots: int):
-        """At most ``slots`` jobs run while the block does: it waits until no more run, and
-        starts no other meanwhile."""
+        """At most ``slots`` jobs (light ones aside) run while the block does: it waits until no
+        more run, and starts no other meanwhile."""
         with self.cond:
             self.limits.append(slots)
-            while len(self._running()) > slots and not self.closed:
+            while sum(not j.light for j in self._running()) > slots and not self.closed:
                 self.cond.wait()
         try:
             yield
@@ -288,22 +304,24 @@ _POOL: Pool | None = None
 #: done before the first test that reads one (tests/conftest.py settles them), so the order of
 #: those jobs changes only when the last of them ends: queued in the order of their readers, lab 9
 #: (~10 minutes beside other work) started after the grader's tests and ran on for minutes after
-#: every other job was done, one core idle and the test process waiting. The queue itself stays
+#: every other job was done, one core idle and the test process waiting (lab 9: 635 s, then 828 s
+#: on a CPU without bf16 instructions; ~110 s unloaded since its exercise 4 runs at width 128 on
+#: a CPU). The queue itself stays
 #: in reader order, so a job still follows the jobs it comes after (those submitted before it).
-LONG_JOBS = {"09_advanced": 635, "09_advanced_optimizations": 162, "01_why_training_is_slow": 118,
+LONG_JOBS = {"09_advanced": 200, "09_advanced_optimizations": 162, "01_why_training_is_slow": 118,
              "04_profiling": 67, "04_measuring_and_profiling": 66}
 
-#: jobs read by a module of the first group, which runs beside the jobs (tests/conftest.py): the
-#: grader's two batches (tests/test_grade.py). They start before every other job, so that they are
-#: done when that module's tests come (it waits for them before its first test).
-EARLY_JOBS = ("grade the attacks", "grade issue 44's attacks")
+#: jobs that mostly wait, run by a worker of their own beside the two slots (``light``), from the
+#: session's start: the grader's two batches (tests/test_grade.py), ~80 s of CPU in ~200 s each
+#: (kernels starting, submissions sleeping or held until their time limit). In a slot (until
+#: 7 December) they held it ~420 s of a loaded 2-core session with a core mostly idle. They are
+#: done when the grader's module starts (it waits for them before its first test).
+LIGHT_JOBS = ("grade the attacks", "grade issue 44's attacks")
 
 
 def expected_seconds(key: str) -> float:
-    """A job's priority: infinite for :data:`EARLY_JOBS`, else its :data:`LONG_JOBS` seconds, by
-    the stem of the path its key ends with (0 for any other job)."""
-    if key in EARLY_JOBS:
-        return float("inf")
+    """A job's priority: its :data:`LONG_JOBS` seconds, by the stem of the path its key ends with
+    (0 for any other job)."""
     return LONG_JOBS.get(Path(key.split(" ", 1)[1]).stem, 0) if " " in key else 0
 
 
@@ -316,7 +334,8 @@ def start(jobs: list[tuple[int, str, Callable[[], Any], bool, tuple[str, ...]]])
         return
     _POOL = Pool(SLOTS)
     for _, key, fn, alone, after in sorted(jobs, key=lambda j: j[0]):
-        _POOL.submit(key, fn, alone=alone, after=after, priority=expected_seconds(key))
+        _POOL.submit(key, fn, alone=alone, after=after, priority=expected_seconds(key),
+                     light=key in LIGHT_JOBS)
     _POOL.start()
 
 

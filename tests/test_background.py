@@ -89,6 +89,30 @@ def test_long_jobs_start_first_longest_first_but_after_the_jobs_they_follow(coun
     assert background.expected_seconds("ceilings") == 0
 
 
+def test_light_jobs_run_on_a_worker_of_their_own_beside_the_slots(counter):
+    """Two slots busy with long jobs, the light ones still start at once, one after another, and
+    an alone job waits for them as for any other."""
+    pool = background.Pool(2)
+    for k in range(2):
+        pool.submit(f"cpu{k}", counter.job(f"cpu{k}", 1.5))
+    pool.submit("light0", counter.job("light0", 0.1), light=True)
+    pool.submit("light1", counter.job("light1", 0.1), light=True, after=("light0",))
+    pool.submit("alone", counter.job("alone"), alone=True)
+    with pytest.raises(ValueError, match="cannot be alone"):
+        pool.submit("both", counter.job("both"), alone=True, light=True)
+    pool.start()
+    try:
+        pool.result("light1")
+        assert sorted(counter.beside["light0"]) in ([], ["cpu0"], ["cpu0", "cpu1"], ["cpu1"])
+        assert "light0" not in counter.beside["light1"]       # one light job at a time
+        assert counter.finished >= {"light0", "light1"}
+        assert not {"cpu0", "cpu1"} <= counter.finished      # done while both slots still ran
+        pool.result("alone")
+    finally:
+        pool.close()
+    assert counter.beside["alone"] == [] and counter.most == 3
+
+
 def test_an_alone_job_starts_only_when_asked_and_with_nothing_beside_it(counter):
     pool = background.Pool(2)
     pool.submit("alone", counter.job("alone"), alone=True)
