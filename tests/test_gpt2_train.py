@@ -333,7 +333,7 @@ def _forward_growth_mib(rung):
 
     net = Net()
     opt = torch.optim.SGD(net.parameters(), lr=0.0)
-    batches = iter([(torch.randn(16, 4096), torch.zeros(1))] * 4)
+    batches = iter([(torch.randn(2, 4096), torch.zeros(1))] * 4)
     step = make_step(net, opt, rung, batches, torch.device("cpu"))
     step()                                # warm-up: allocator, threads
     net.start = rss()
@@ -346,7 +346,7 @@ def test_checkpointed_rungs_keep_no_autocast_weight_cache():
     a checkpointed rung turns the cache off, so its forward ends holding none
     of them (256 MiB here); the same net under a rung without checkpointing
     (cache on) proves the measurement sees them."""
-    kw = dict(precision="bf16", batch=16)
+    kw = dict(precision="bf16", batch=2)
     cached = _forward_growth_mib(base(**kw))
     uncached = _forward_growth_mib(base(checkpoint=True, **kw))
     assert cached > 192 and uncached < 64, (cached, uncached)
