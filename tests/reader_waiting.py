@@ -57,30 +57,20 @@ WIDER_THAN_THE_PAGE: set[str] = set()
 # {source: how many such cells} (tests/test_bookkeeping_cells.py; the numbers only go down).
 MOSTLY_BOOKKEEPING_CELLS: dict[str, int] = {}
 
-# Executed notebooks (run 0607) whose running prose states a claim's spread and rounds or the old
-# machine-written verdict ("within 25 % of the prediction (1.02x it; 0.99–1.12x, inter-quartile
+# Executed notebooks (run 07ca410; 9.2 and chapter 10 from run 0607) whose running prose states
+# a claim's spread and rounds or the old machine-written verdict ("within 25 % of the prediction (1.02x it; 0.99–1.12x, inter-quartile
 # range over 8 rounds)", reader review R4): {notebook: how many}. perflab.record.claims.compare
 # now glues a short phrase ("as predicted (1.02x)") and its spread under <name>_spread for a
 # {measured} note, so the next GPU run lowers these numbers; the sentences that pages write
 # themselves (chapter 10's savings) wait for their authors. The numbers only go down
 # (tests/test_bookkeeping_cells.py::test_no_spread_in_running_prose).
 SPREAD_IN_PROSE: dict[str, int] = {
-    "book/01_why_training_is_slow.ipynb": 13,
-    "book/02_hardware.ipynb": 1,
-    "book/02_hardware_gpu.ipynb": 8,
-    "book/03_pytorch_internals_graphs.ipynb": 1,
-    "book/04_measuring_and_profiling.ipynb": 15,
-    "book/04_measuring_and_profiling_tools.ipynb": 3,
-    "book/05_data_loading.ipynb": 29,
-    "book/06_1_host_and_bus.ipynb": 17,
-    "book/06_2_busy_gpu.ipynb": 15,
-    "book/06_3_fewer_syncs_and_launches.ipynb": 12,
-    "book/06_4_ladder.ipynb": 3,
-    "book/07_single_gpu_memory.ipynb": 20,
-    "book/08_distributed_training.ipynb": 18,
-    "book/09_1_torch_compile.ipynb": 8,
+    "book/02_hardware_gpu.ipynb": 1,
+    "book/06_1_host_and_bus.ipynb": 2,
+    "book/06_3_fewer_syncs_and_launches.ipynb": 1,
+    "book/06_4_ladder.ipynb": 1,
+    "book/08_distributed_training.ipynb": 6,
     "book/09_2_attention.ipynb": 4,
-    "book/09_advanced_optimizations.ipynb": 9,
     "book/10_gpt2_case_study.ipynb": 19,
     "book/10_gpt2_memory_ladder.ipynb": 5,
 }
