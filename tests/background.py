@@ -306,8 +306,8 @@ _POOL: Pool | None = None
 #: (~10 minutes beside other work) started after the grader's tests and ran on for minutes after
 #: every other job was done, one core idle and the test process waiting (lab 9: 635 s, then 828 s
 #: on a CPU without bf16 instructions; ~110 s unloaded since its exercise 4 runs at width 128 on
-#: a CPU). The queue itself stays
-#: in reader order, so a job still follows the jobs it comes after (those submitted before it).
+#: a CPU). The queue itself stays in reader order, so a job still follows the jobs it comes after
+#: (those submitted before it).
 LONG_JOBS = {"09_advanced": 200, "09_advanced_optimizations": 162, "01_why_training_is_slow": 118,
              "04_profiling": 67, "04_measuring_and_profiling": 66}
 

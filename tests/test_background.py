@@ -103,7 +103,6 @@ def test_light_jobs_run_on_a_worker_of_their_own_beside_the_slots(counter):
     pool.start()
     try:
         pool.result("light1")
-        assert sorted(counter.beside["light0"]) in ([], ["cpu0"], ["cpu0", "cpu1"], ["cpu1"])
         assert "light0" not in counter.beside["light1"]       # one light job at a time
         assert counter.finished >= {"light0", "light1"}
         assert not {"cpu0", "cpu1"} <= counter.finished      # done while both slots still ran
