@@ -86,7 +86,7 @@ SYNONYMS: tuple[tuple[str, ...], ...] = (
     ("fp8", "float8", "e4m3", "e5m2"),
     ("tf32", "TensorFloat-32", "tensorfloat32"),
     ("MFU", "model FLOPs utilization", "model FLOPs utilisation"),
-    ("DDP", "DistributedDataParallel", "distributed data parallel"),
+    ("DDP", "ddp", "DistributedDataParallel", "distributed data parallel"),
     ("FSDP", "FullyShardedDataParallel", "fully sharded data parallel"),
     ("ZeRO", "zero redundancy optimizer", "ZeroRedundancyOptimizer"),
     ("data parallel", "data-parallel", "data parallelism"),

@@ -57,7 +57,7 @@ WIDER_THAN_THE_PAGE: set[str] = set()
 # {source: how many such cells} (tests/test_bookkeeping_cells.py; the numbers only go down).
 MOSTLY_BOOKKEEPING_CELLS: dict[str, int] = {}
 
-# Executed notebooks (run 07ca410; 9.2 and chapter 10 from run 0607) whose running prose states
+# Executed notebooks (run f96650c) whose running prose states
 # a claim's spread and rounds or the old machine-written verdict ("within 25 % of the prediction (1.02x it; 0.99–1.12x, inter-quartile
 # range over 8 rounds)", reader review R4): {notebook: how many}. perflab.record.claims.compare
 # now glues a short phrase ("as predicted (1.02x)") and its spread under <name>_spread for a
@@ -70,7 +70,5 @@ SPREAD_IN_PROSE: dict[str, int] = {
     "book/06_3_fewer_syncs_and_launches.ipynb": 1,
     "book/06_4_ladder.ipynb": 1,
     "book/08_distributed_training.ipynb": 6,
-    "book/09_2_attention.ipynb": 4,
-    "book/10_gpt2_case_study.ipynb": 19,
-    "book/10_gpt2_memory_ladder.ipynb": 5,
+    "book/10_gpt2_case_study.ipynb": 1,
 }
