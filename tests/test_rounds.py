@@ -2,7 +2,7 @@
 
 import pytest
 
-from perflab.core.ranking import leader
+from perflab.core.ranking import leader, outranked
 from perflab.core.rounds import IQR_FROM, Spread, interleaved, spread
 
 
@@ -67,6 +67,21 @@ def test_leader_must_lead_in_every_round():
     assert leader({"a": spread([1, 10, 100]), "b": spread([1.1, 11, 110]),
                    "c": spread([0.9, 9, 90])}) == ("b", True)
     assert leader({"only": spread([1.0])}) == ("only", True)
+
+
+def test_outranked_settles_one_variant_without_ranking_the_rest():
+    # chapter 2's two runs: 8192 and 16384 trade places round by round, but
+    # both beat 4096 in every round, so "4096 used the cycles best" is false
+    eff = {4096: spread([0.76, 0.77, 0.75]), 8192: spread([0.85, 0.80, 0.84]),
+           16384: spread([0.82, 0.86, 0.83])}
+    assert leader(eff)[1] is False                   # the best is not settled
+    assert outranked(eff, 4096) == [8192, 16384]     # medians 0.84, 0.83
+    assert outranked(eff, 8192) == []                # 16384 lost round 1
+    # best median first
+    assert outranked({"a": spread([1, 1]), "b": spread([3, 3]),
+                      "c": spread([2, 2])}, "a") == ["b", "c"]
+    with pytest.raises(ValueError, match="not among"):
+        outranked(eff, 512)
 
 
 def test_leader_rejects_bad_input():

@@ -10,7 +10,7 @@ from typing import Mapping
 
 from perflab.core.rounds import Spread
 
-__all__ = ["leader"]
+__all__ = ["leader", "outranked"]
 
 
 def leader(spreads: Mapping[object, Spread]) -> tuple[object, bool]:
@@ -46,3 +46,32 @@ def leader(spreads: Mapping[object, Spread]) -> tuple[object, bool]:
     led = all(a > b for other, s in spreads.items() if other != top
               for a, b in zip(spreads[top].values, s.values))
     return top, led
+
+
+def outranked(spreads: Mapping[object, Spread], name: object) -> list[object]:
+    """The variants that beat ``name`` in every round, best median first.
+
+    The question a page asks of one variant ("did the fastest size also use its cycles best?")
+    is settled either way round by round: True when ``name`` led every round
+    (:func:`leader`), False when another variant beat it in every round (this list is not
+    empty), undecided otherwise. It does not need the others ranked among themselves: two
+    sizes that trade places from round to round can both beat ``name`` in every round.
+
+    Args:
+        spreads: as for :func:`leader` (larger is better, the same rounds for all).
+        name: a key of ``spreads``.
+
+    Returns:
+        The names of the variants whose value exceeds ``name``'s in every round, ordered by
+        median, highest first (empty when none does).
+
+    Raises:
+        ValueError: as :func:`leader`, or ``name`` not among ``spreads``.
+    """
+    leader(spreads)                               # the same checks of the mapping
+    if name not in spreads:
+        raise ValueError(f"name {name!r} is not among spreads ({list(spreads)})")
+    mine = spreads[name].values
+    beat = [other for other, s in spreads.items() if other != name
+            and all(a > b for a, b in zip(s.values, mine))]
+    return sorted(beat, key=lambda other: -spreads[other].median)
