@@ -34,8 +34,8 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["SYNCING_CALLS", "SYNC_WARNING_TEXT", "SyncWarning", "count_host_syncs",
-           "sync_debug_warnings", "sync_warnings_from", "warnings_by_line"]
+__all__ = ["SYNCING_CALLS", "SYNC_WARNING_TEXT", "TORCH_DIR", "SyncWarning", "count_host_syncs",
+           "is_library", "sync_debug_warnings", "sync_warnings_from", "warnings_by_line"]
 
 # The text of the warning c10 emits for each synchronizing CUDA call in "warn" mode
 # (c10/cuda/CUDAFunctions.cpp, warn_or_error_on_sync). Setting the mode itself warns once that
@@ -43,7 +43,8 @@ __all__ = ["SYNCING_CALLS", "SYNC_WARNING_TEXT", "SyncWarning", "count_host_sync
 # warning is about the mode, not a synchronization, and must not be counted.
 SYNC_WARNING_TEXT = "called a synchronizing CUDA operation"
 
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+#: The folder of the installed torch package: frames in it are the library's, not the caller's.
+TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 _THIS_FILE = os.path.abspath(__file__)
 _WARNINGS_FILE = os.path.abspath(warnings.__file__)
 
@@ -182,7 +183,13 @@ class SyncWarning:
     message: str
 
 
-def _is_library(filename: str, library_dirs: Sequence[str]) -> bool:
+def is_library(filename: str, library_dirs: Sequence[str]) -> bool:
+    """Whether a stack frame's ``filename`` belongs to a library rather than to the caller's code.
+
+    True for frozen or empty file names, for this module and :mod:`warnings` themselves, and
+    for any file at or under one of ``library_dirs`` (absolute folders, e.g.
+    :data:`TORCH_DIR`); False otherwise (a notebook cell, a student's module).
+    """
     if not filename or filename.startswith("<frozen"):
         return True
     path = os.path.abspath(filename)
@@ -192,7 +199,7 @@ def _is_library(filename: str, library_dirs: Sequence[str]) -> bool:
 
 
 def sync_warnings_from(records: Iterable[Any],
-                       library_dirs: Sequence[str] = (_TORCH_DIR,)) -> list[SyncWarning]:
+                       library_dirs: Sequence[str] = (TORCH_DIR,)) -> list[SyncWarning]:
     """Turn recorded warnings into :class:`SyncWarning` s that point at the caller's line.
 
     A pure function (no GPU, no global state), so it can be tested with fabricated warnings.
@@ -232,11 +239,11 @@ def sync_warnings_from(records: Iterable[Any],
         if SYNC_WARNING_TEXT not in text:
             continue
         filename, lineno = w.filename, w.lineno
-        if _is_library(filename, library_dirs):
+        if is_library(filename, library_dirs):
             for frame in reversed(list(stack)):
                 f_name, f_line = (frame.filename, frame.lineno) if isinstance(
                     frame, traceback.FrameSummary) else (frame[0], frame[1])
-                if not _is_library(f_name, library_dirs):
+                if not is_library(f_name, library_dirs):
                     filename, lineno = f_name, f_line
                     break
         line = linecache.getline(filename, lineno).strip() if filename else ""

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from perflab.labs.standin import stand_in_device
-from perflab.internals.hostsync import _TORCH_DIR, _is_library
+from perflab.internals.hostsync import TORCH_DIR, is_library
 from perflab.labs.exercises import ExerciseFailed, as_float, check_ratio_at_least, not_done
 from perflab.speed.tolerance import same_losses
 
@@ -185,7 +185,7 @@ def _student_line(frames: list | None = None) -> str:
     """The innermost line outside torch and perflab (the student's) of ``frames`` (default: the
     call stack)."""
     for frame in reversed(frames if frames is not None else traceback.extract_stack()):
-        if not _is_library(frame.filename, (_TORCH_DIR, _PERFLAB_DIR)):
+        if not is_library(frame.filename, (TORCH_DIR, _PERFLAB_DIR)):
             return (frame.line or "").strip()
     return ""
 
