@@ -261,3 +261,6 @@ def test_flops_hint_names_the_mistake_its_ratio_shows():
     assert "2 FLOPs" in hint(0.5) and "summed" not in hint(0.5)
     assert "m*n*k" in hint(3.0)
     assert "m*n*k" in lab04.flops_hint(1)(1.0)
+    # divided by three times the recorded calls: named as such, not as "half"
+    assert "1/3" in hint(1 / 3) and "half" not in hint(1 / 3)
+    assert "m*n*k" in hint(0.3)

@@ -108,16 +108,21 @@ def flops_hint(calls: int) -> Callable[[float], str]:
     """Exercise 2's hint for wrong FLOPs per call, chosen by the ratio of the answer to the right
     one (:func:`perflab.labs.exercises.check_close` calls it with that ratio): ``calls`` times
     (the top item's ``KernelStats.calls``) is the item's total over its calls taken for one
-    call; one half is a multiply-add counted as one FLOP, or the total divided by more calls
-    than the trace holds; anything else gets the count itself.
+    call; one half is a multiply-add counted as one FLOP (or the total divided by twice the
+    calls); one k-th (k >= 3) is the total divided by k times the calls the trace holds;
+    anything else gets the count itself.
     """
     def hint(ratio: float) -> str:
         if calls > 1 and abs(ratio / calls - 1) < 0.01:
             return (f"{calls}x is the item's number of calls: a KernelStats' .flops is summed over "
                     "its .calls (the active steps of the schedule); divide by them.")
         if abs(ratio - 0.5) < 0.005:
-            return ("half: a multiply-add is 2 FLOPs, or the total was divided by more calls than "
+            return ("half: a multiply-add is 2 FLOPs, or the total was divided by twice the calls "
                     "the trace recorded (the summary's .calls counts the active steps only).")
+        k = round(1 / ratio) if 0 < ratio < 0.4 else 0
+        if k >= 3 and abs(ratio * k - 1) < 0.01:
+            return (f"1/{k}: the total was divided by {k} times the calls the trace recorded (the "
+                    "summary's .calls counts the active steps only, not the warm-up).")
         return ("a product of an m x k and a k x n matrix does m*n*k multiply-adds, 2 FLOPs each, "
                 "per call.")
     return hint
