@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import torch
 import torch.nn.functional as F
-from perflab.core.timing import Stopwatch, timed_window
+from perflab.core.timing import Stopwatch, synchronize, timed_window
 
 
 def train_steps(loader, model, steps, device, gpu_transform=None, warmup=3,
@@ -25,23 +25,37 @@ def train_steps(loader, model, steps, device, gpu_transform=None, warmup=3,
     after ``warmup`` untimed ones; returns ``images_per_s``, ``step_ms`` and
     ``data_wait_fraction`` (host time inside ``next(loader)`` / total).
 
-    The device is synchronized only where the timed steps begin and end, so
-    an asynchronous copy overlaps the previous step's work, as in training;
-    the timed steps are a timed window (a Telemetry around it describes them).
+    The clock runs from the arrival of the first timed batch to the arrival
+    of the one after the last (fetched, not trained on), the device
+    synchronized just before each: the window holds ``steps`` whole steps,
+    and with loader workers it spans one worker's batches ``steps`` apart,
+    each built in full, as a drained loader's window does
+    (``perflab.loading.measure.loader_rate``). A clock started after the
+    device drained the warm-up's steps would instead start late by however
+    long that took, while the workers kept building. Elsewhere nothing
+    synchronizes, so an asynchronous copy overlaps the previous step's
+    work, as in training; the timed steps are a timed window (a Telemetry
+    around it describes them).
     """
     dev = torch.device(device)
     model = model.to(dev).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     batches, waited, images = iter(loader), 0.0, 0
     with contextlib.ExitStack() as window:
-        for k in range(warmup + steps):
+        for k in range(warmup + steps + 1):
             if k == warmup:
-                window.enter_context(timed_window(dev))
-                clock = Stopwatch(dev).start()       # synchronized
+                window.enter_context(timed_window(dev))   # synchronized
+            elif k == warmup + steps:
+                synchronize(dev)                      # the last step done
             wait = Stopwatch().start()                # the host's clock only
             x, y = next(batches)
-            if k >= warmup:
-                waited, images = waited + wait.elapsed(), images + len(y)
+            if k == warmup:
+                clock = Stopwatch().start()           # a batch just arrived
+            elif k > warmup:
+                waited += wait.elapsed()
+            if k == warmup + steps:
+                break                                 # the window's end
+            images += len(y) if k >= warmup else 0
             # pinned *and* non_blocking: only a pinned copy can be asynchronous
             x = x.to(dev, non_blocking=non_blocking and x.is_pinned())
             y = y.to(dev, non_blocking=non_blocking and y.is_pinned())
@@ -53,6 +67,6 @@ def train_steps(loader, model, steps, device, gpu_transform=None, warmup=3,
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-        total = clock.elapsed()                       # synchronized
+        total = clock.elapsed()
     return {"images_per_s": images / total, "step_ms": 1e3 * total / steps,
             "data_wait_fraction": waited / total}
