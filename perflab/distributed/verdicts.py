@@ -182,7 +182,8 @@ def judge_no_sync(counts: dict, accum: int, buckets: int, no_sync_rounds: Sequen
     rounds), against ``skipped_s``, the predicted cost of the skipped syncs, within
     ``tolerance`` of it (``no_sync_sentence``, ``bound="host"``). The saving is judged, not the
     remainder of the step: the remainder's ratio moved with the step's other work (review of
-    run 07ca410, finding 8). Glues ``no_sync_saved_text`` (median and spread of the rounds) and
+    run 07ca410, finding 8). Glues ``no_sync_saved_text`` (the median of the rounds; their spread goes into
+    ``no_sync_sentence_spread``) and
     ``no_sync_ratio`` (the accumulation's time with ``no_sync`` over without); ``reason`` is
     passed to ``compare`` (a band wider than a factor of two needs one). A ``tolerance`` of
     50 % or more (the prediction's own spread, on a noisy host) gives "undecided", saying
@@ -203,7 +204,7 @@ def judge_no_sync(counts: dict, accum: int, buckets: int, no_sync_rounds: Sequen
           f"not the predicted {want['sync_every']} and {buckets}", bound="exact")
     glue("no_sync_ratio", step_ratio(no_sync_rounds, every_rounds).median)
     saved = spread(e - n for e, n in zip(every_rounds, no_sync_rounds))
-    glue("no_sync_saved_text", spread_text(saved, "s"))
+    glue("no_sync_saved_text", fmt(saved.median, "s"))   # the prose's; the spread: the note's
     if not skipped_s > 0:
         glue("no_sync_sentence", "no comparison: the model predicts no saving")
         glue("no_sync_sentence" + SPREAD_SUFFIX, "no band: the model predicts no saving")
@@ -250,12 +251,13 @@ def own_cost_resolution(cost: Spread, expected: float) -> str:
     """
     number("expected", expected, above=0)
     width = (cost.hi - cost.lo) / 2
-    rounds = f"{cost.lo:.2f}x to {cost.hi:.2f}x, {cost.kind}"
     if width >= abs(expected - 1):
         return (f"that work would add {fmt(expected - 1, '%')} to this step, less than half the "
-                f"width of its rounds' spread ({rounds}): these rounds cannot resolve it")
+                f"width of the spread of DDP alone over the plain step, {fmt(2 * width, '%')} of "
+                "it: these rounds cannot resolve it")
     return (f"that work would add {fmt(expected - 1, '%')} to this step, more than half the width "
-            f"of its rounds' spread ({rounds}): these rounds resolve it")
+            f"of the spread of DDP alone over the plain step, {fmt(2 * width, '%')} of it: these "
+            "rounds resolve it")
 
 
 def bucket_slopes(rounds_by_cap: dict, buckets_by_cap: dict) -> Spread:
