@@ -17,11 +17,7 @@ PAGES = [p for p in PAGES if "code-cell" in p.read_text()]
 # Rewrapping them changes the page's code digest, so the committed notebook would be stale:
 # they are rewrapped with the pages' next GPU run. The list is exact: a new long line fails,
 # and so does an entry whose line is gone (remove it then).
-KNOWN = {
-    "book/08_distributed_training.md": [
-        '                           exposed, sum(allreduce_seconds(b, busbw, nproc, alpha)',
-        '                       ns["no_sync_rounds_s"], ns["sync_every_rounds_s"], skipped)'],
-}
+KNOWN: dict[str, list[str]] = {}
 
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))

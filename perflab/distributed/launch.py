@@ -116,7 +116,8 @@ def source_of(fn) -> str:
 
 def launch(tasks: Sequence[dict], nproc: int = 2, backend: str | None = None, timeout_s: float = 120,
            nnodes: int | str = 1, max_restarts: int = 0, pg_timeout_s: float = 60, env: dict | None = None,
-           user_code: Sequence = (), threads: int | None = None) -> list[dict]:
+           user_code: Sequence = (), threads: int | None = None,
+           split_comm: bool = False) -> list[dict]:
     """Run ``tasks`` in :mod:`perflab.distributed.worker` on ``nnodes x nproc`` processes; one
     result dict per rank.
 
@@ -139,7 +140,10 @@ def launch(tasks: Sequence[dict], nproc: int = 2, backend: str | None = None, ti
     "restart_count", "device", "threads", "cpus", "results": {key: task result}, "task_s": {key:
     s}}``. On one node, each gloo rank is pinned to its own slice of the host's cores where
     every slice holds at least twice ``threads`` cores (``"cpus"``, else None:
-    :func:`perflab.distributed.worker.rank_cpus`).
+    :func:`perflab.distributed.worker.rank_cpus`); its compute threads and gloo's share the
+    slice. ``split_comm=True`` cuts the slice in two (:func:`perflab.distributed.worker.split_slice`:
+    compute on ``"cpus"``, gloo's threads on ``"comm_cpus"``), which two reference runs measured
+    slower inside a step (see there), so it is off unless asked for.
 
     Raises:
         ValueError: bad ``nproc``/``nnodes``/``threads``/backend/task name; ``nccl`` without
@@ -163,7 +167,8 @@ def launch(tasks: Sequence[dict], nproc: int = 2, backend: str | None = None, ti
     with tempfile.TemporaryDirectory(prefix="perflab-par-") as tmp:
         tmp = Path(tmp)
         spec = {"tasks": tasks, "pg_timeout_s": pg_timeout_s, "scratch": str(tmp / "scratch"),
-                "threads": threads, "pin": nnodes == 1}   # two "nodes" on one host: unpinned
+                "threads": threads, "pin": nnodes == 1,   # two "nodes" on one host: unpinned
+                "split": bool(split_comm)}
         if user_code:
             (tmp / "user_code.py").write_text("import torch\nimport torch.distributed as dist\n\n\n"
                                               + "\n\n".join(source_of(f) for f in user_code))

@@ -26,8 +26,15 @@ from perflab.record.claims import SPREAD_SUFFIX, Verdict, claim, compare, judge
 from perflab.record.numbers import fmt
 from perflab.record.provenance import glue
 
-__all__ = ["cost_ratio", "judge_cost", "judge_cost_range", "judge_exposed", "judge_no_sync", "resolution",
-           "step_ratio"]
+__all__ = ["bucket_slopes", "cost_ratio", "judge_best_cap", "judge_bucket_slope", "judge_cost", "judge_cost_range",
+           "judge_efficiency", "judge_exposed", "judge_no_sync", "own_cost_resolution", "resolution",
+           "spread_text", "step_ratio"]
+
+
+def spread_text(value: Spread, unit: str) -> str:
+    """``"median (lo to hi, kind)"`` of a :class:`~perflab.core.rounds.Spread`, every number
+    written by :func:`perflab.record.numbers.fmt` in ``unit`` (``"x"`` for a ratio)."""
+    return f"{fmt(value.median, unit)} ({fmt(value.lo, unit)} to {fmt(value.hi, unit)}, {value.kind})"
 
 
 def step_ratio(steps: Sequence[float], base: Sequence[float]) -> Spread:
@@ -167,17 +174,25 @@ def judge_exposed(key: str, ddp_rounds: Sequence[float], alone_rounds: Sequence[
 
 def judge_no_sync(counts: dict, accum: int, buckets: int, no_sync_rounds: Sequence[float],
                   every_rounds: Sequence[float], skipped_s: float,
-                  tolerance: float = 0.15) -> Verdict | None:
+                  tolerance: float = 0.15, reason: str | None = None) -> Verdict | None:
     """Gradient accumulation with ``no_sync`` judged twice: the all-reduces one accumulation
     ran, counted in a trace (``counts``: ``{"sync_every": n, "no_sync": n}``), against
-    ``accum x buckets`` and ``buckets`` (exact: ``no_sync_count_sentence``); and the per-round
-    ratio of the two accumulations' times against ``1 - skipped_s / step``
-    (:func:`judge_cost`, ``no_sync_sentence``, ``bound="host"``), with ``no_sync_ratio`` and
-    ``no_sync_predicted_text`` glued. No time verdict (a sentence saying so) when the model
-    predicts no saving or one of 90 % of the step or more. Returns the time verdict.
+    ``accum x buckets`` and ``buckets`` (exact: ``no_sync_count_sentence``); and the time it
+    saved, round by round (every micro-step synced minus ``no_sync``, the same interleaved
+    rounds), against ``skipped_s``, the predicted cost of the skipped syncs, within
+    ``tolerance`` of it (``no_sync_sentence``, ``bound="host"``). The saving is judged, not the
+    remainder of the step: the remainder's ratio moved with the step's other work (review of
+    run 07ca410, finding 8). Glues ``no_sync_saved_text`` (the median of the rounds; their spread goes into
+    ``no_sync_sentence_spread``) and
+    ``no_sync_ratio`` (the accumulation's time with ``no_sync`` over without); ``reason`` is
+    passed to ``compare`` (a band wider than a factor of two needs one). A ``tolerance`` of
+    50 % or more (the prediction's own spread, on a noisy host) gives "undecided", saying
+    why, instead of a band that could hardly fail. No time verdict
+    (a sentence saying so) when the model predicts no saving. Returns the time verdict.
 
     Raises:
-        ValueError: an ``accum`` or ``buckets`` below 1, or see :func:`judge_cost`.
+        ValueError: an ``accum`` or ``buckets`` below 1, rounds of different lengths, or see
+            :func:`perflab.record.claims.compare`.
     """
     if accum < 1 or buckets < 1:
         raise ValueError(f"accum and buckets must be >= 1, got {accum} and {buckets}")
@@ -188,13 +203,132 @@ def judge_no_sync(counts: dict, accum: int, buckets: int, no_sync_rounds: Sequen
           f"the traces count {counts.get('sync_every')} and {counts.get('no_sync')} all-reduces, "
           f"not the predicted {want['sync_every']} and {buckets}", bound="exact")
     glue("no_sync_ratio", step_ratio(no_sync_rounds, every_rounds).median)
-    if not 0 < skipped_s < 0.9 * statistics.median(every_rounds):
-        glue("no_sync_predicted_text", "no ratio")
-        glue("no_sync_sentence", "no comparison: the model predicts no saving, or one as long as "
-                                 "the step")
-        glue("no_sync_sentence" + SPREAD_SUFFIX, "no band: the model predicts no saving, or one "
-                                                 "as long as the step")
+    saved = spread(e - n for e, n in zip(every_rounds, no_sync_rounds))
+    glue("no_sync_saved_text", fmt(saved.median, "s"))   # the prose's; the spread: the note's
+    if not skipped_s > 0:
+        glue("no_sync_sentence", "no comparison: the model predicts no saving")
+        glue("no_sync_sentence" + SPREAD_SUFFIX, "no band: the model predicts no saving")
         return None
-    glue("no_sync_predicted_text", f"{cost_ratio(every_rounds, -skipped_s):.3f}×")
-    return judge_cost("no_sync_sentence", no_sync_rounds, every_rounds, -skipped_s, tolerance,
-                      bound="host")
+    if tolerance >= 0.5:   # a band this wide could hardly fail: no verdict, and why
+        glue("no_sync_sentence", f"undecided: the prediction itself spread by "
+                                 f"±{fmt(tolerance, '%')} over its rounds")
+        glue("no_sync_sentence" + SPREAD_SUFFIX, f"no band: the prediction, "
+             f"{fmt(skipped_s, 's')}, spread by ±{fmt(tolerance, '%')} over its rounds, too wide "
+             f"for a verdict; the time saved was {spread_text(saved, 's')}")
+        return None
+    return compare("no_sync_sentence", saved, skipped_s, tolerance, bound="host", reason=reason)
+
+def judge_efficiency(key: str, measured: Sequence[float], predicted: Sequence[float],
+                     tolerance: float = 0.15) -> Verdict:
+    """DDP's scaling efficiency judged round by round: each round's measured efficiency over
+    the one predicted from the same round's steps, against 1 within ``tolerance``
+    (``bound="host"``). Glues ``{key}_efficiency`` (the median), ``{key}_efficiency_text`` (the
+    median and spread: a single round's efficiency, as high as 1.55 in run 07ca410, is not a
+    result) and ``{key}_efficiency_sentence`` with its ``_spread``.
+
+    Raises:
+        ValueError: rounds of different lengths, a prediction that is not positive, or see
+            :func:`perflab.record.claims.compare`.
+    """
+    if len(measured) != len(predicted) or any(p <= 0 for p in predicted):
+        raise ValueError(f"measured and predicted must hold the same rounds, predictions positive; "
+                         f"got {list(measured)} and {list(predicted)}")
+    eff = spread(measured)
+    glue(f"{key}_efficiency", eff.median)
+    glue(f"{key}_efficiency_text", f"{eff.median:.2f} ({eff.lo:.2f} to {eff.hi:.2f}, {eff.kind})")
+    return compare(f"{key}_efficiency_sentence", spread(m / p for m, p in zip(measured, predicted)),
+                   1.0, tolerance, bound="host")
+
+
+def own_cost_resolution(cost: Spread, expected: float) -> str:
+    """Whether rounds of DDP alone over the plain step (``cost``, a per-round ratio) can resolve
+    DDP's own cost, ``expected`` (a ratio above 1, from a batch where it was resolved): a
+    sentence. They cannot when half the spread's width exceeds ``expected - 1``, whatever the
+    median says (review of run 07ca410, finding 5: 0.875x, then 1.059x, was noise).
+
+    Raises:
+        ValueError: an ``expected`` that is not a positive number.
+    """
+    number("expected", expected, above=0)
+    width = (cost.hi - cost.lo) / 2
+    if width >= abs(expected - 1):
+        return (f"that work would add {fmt(expected - 1, '%')} to this step, less than half the "
+                f"width of the spread of DDP alone over the plain step, {fmt(2 * width, '%')} of "
+                "it: these rounds cannot resolve it")
+    return (f"that work would add {fmt(expected - 1, '%')} to this step, more than half the width "
+            f"of the spread of DDP alone over the plain step, {fmt(2 * width, '%')} of it: these "
+            "rounds resolve it")
+
+
+def bucket_slopes(rounds_by_cap: dict, buckets_by_cap: dict) -> Spread:
+    """Seconds each extra bucket added to the step, one least-squares slope per round: the
+    step of every cap (``rounds_by_cap[cap]``, seconds per round, the same rounds) against its
+    number of buckets (``buckets_by_cap[cap]``).
+
+    Raises:
+        ValueError: fewer than two distinct bucket counts, or caps with different rounds.
+    """
+    caps = list(rounds_by_cap)
+    n = [float(buckets_by_cap[c]) for c in caps]
+    if len(set(n)) < 2:
+        raise ValueError(f"a slope needs two bucket counts or more, got {n}")
+    if len({len(rounds_by_cap[c]) for c in caps}) != 1:
+        raise ValueError("every cap must hold the same rounds")
+    mean_n = statistics.fmean(n)
+    var = sum((x - mean_n) ** 2 for x in n)
+    slopes = []
+    for steps in zip(*(rounds_by_cap[c] for c in caps)):
+        mean_s = statistics.fmean(steps)
+        slopes.append(sum((x - mean_n) * (y - mean_s) for x, y in zip(n, steps)) / var)
+    return spread(slopes)
+
+
+def judge_bucket_slope(name: str, rounds_by_cap: dict, buckets_by_cap: dict,
+                       per_bucket_s: float, tolerance: float = 0.5) -> Verdict:
+    """The step's cost of one more bucket (:func:`bucket_slopes`, round by round) against the
+    model's ``per_bucket_s`` (a start-up alpha per bucket, paid in the step), within
+    ``tolerance`` (``bound="host"``). Glues ``{name}_slope_text`` and ``name`` (with its
+    ``_spread``): the whole sweep judged, not only its best cap (review of run 07ca410,
+    finding 7: the steps differed by ten times what the models told the caps apart by).
+
+    Raises:
+        ValueError: see :func:`bucket_slopes` and :func:`perflab.record.claims.compare`.
+    """
+    number("per_bucket_s", per_bucket_s, above=0)
+    slope = bucket_slopes(rounds_by_cap, buckets_by_cap)
+    glue(f"{name}_slope_text", spread_text(slope, "s"))
+    return compare(name, slope, per_bucket_s, tolerance, bound="host",
+                   reason="a slope fitted over a few caps in every round, on ranks whose gloo "
+                          "threads share the backward's cores")
+
+
+def judge_best_cap(name: str, rounds_by_cap: dict, predicted_by_cap: dict, within_s: float,
+                   margin: float = 0.05):
+    """The overlap model's verdict on a bucket sweep: the caps the model cannot tell from its
+    best (predicted exposed time within ``within_s`` seconds of the least) are all predicted;
+    per round, the fastest of them over the fastest step of any cap, judged against
+    ``1 + margin`` (``bound="host"``). Glues ``name`` and ``{name}_tied_text``; returns the
+    claim's sentence.
+
+    Raises:
+        ValueError: caps with different rounds, or a negative ``within_s``.
+    """
+    number("within_s", within_s, minimum=0)
+    caps = list(rounds_by_cap)
+    if len({len(rounds_by_cap[c]) for c in caps}) != 1:
+        raise ValueError("every cap must hold the same rounds")
+    best = min(predicted_by_cap[c] for c in caps)
+    tied = [c for c in caps if predicted_by_cap[c] - best <= within_s]
+    glue(f"{name}_tied_text", ", ".join(fmt(float(c), sig=4) for c in tied))
+    fastest = [min(r) for r in zip(*(rounds_by_cap[c] for c in caps))]
+    r = spread(min(t) / f for t, f in zip(zip(*(rounds_by_cap[c] for c in tied)), fastest))
+    rounds = f"{r.lo:.2f}x to {r.hi:.2f}x, {r.kind}"
+    glue(name + SPREAD_SUFFIX, f"the predicted caps' fastest step over each round's fastest "
+                               f"step: {rounds}, against at most {1 + margin:.2f}x")
+    return claim(name, judge(r, high=1 + margin),
+                 f"the predicted caps ran within {fmt(margin, '%')} of each round's fastest cap "
+                 f"({rounds})",
+                 f"the predicted caps ran more than {fmt(margin, '%')} slower than each round's "
+                 f"fastest cap ({rounds})", bound="host",
+                 if_undecided=f"undecided: the predicted caps ran {rounds} each round's fastest "
+                 f"step, across the {fmt(margin, '%')} that counts as good as the fastest")

@@ -139,8 +139,27 @@ def check_allreduce_seconds(fn: Callable | None, exercise: int = 2) -> bool:
     return True
 
 
+def net_busbw(point: Mapping, alpha_s: float, world: int) -> float:
+    """Exercise 2's bus bandwidth of one swept message net of the start-up: ``point["nbytes"]
+    x 2 (n-1)/n / (point["seconds"] - alpha_s)`` (bytes/s). The sweep's own ``busbw`` divides
+    by the whole time, alpha included, so a model that adds ``alpha_s`` to it counts alpha twice
+    (review of run 07ca410, finding 21).
+
+    Raises:
+        ValueError: ``world`` below 2, or a message no slower than ``alpha_s`` (no bytes' time
+            is left to divide by: take a larger message than the smallest).
+    """
+    if world < 2:
+        raise ValueError(f"world must be >= 2, got {world}")
+    left = float(point["seconds"]) - float(alpha_s)
+    if left <= 0:
+        raise ValueError(f"a message of {point['nbytes']} bytes took {point['seconds']} s, no more "
+                         f"than alpha ({alpha_s} s): take a larger message")
+    return float(point["nbytes"]) * 2 * (world - 1) / world / left
+
+
 def check_comm_prediction(predicted_s, measured_s, expected_s=None, factor: float = 2.0,
-                          world: int | None = None) -> bool:
+                          world: int | None = None, alpha_twice_s: float | None = None) -> bool:
     """Exercise 2: a predicted all-reduce time that is chapter 8's model of the measured inputs,
     and within ``factor`` of the measured time (all seconds).
 
@@ -153,7 +172,8 @@ def check_comm_prediction(predicted_s, measured_s, expected_s=None, factor: floa
     the measured time than the model did in the reference run). The comparison with the
     measured time then says whether the model carries over to the step's own all-reduce; with
     ``expected_s`` it is reported, not judged (a loaded CI host ran the reference's 7.21 ms
-    prediction at 3.37 ms: no answer of the student's is wrong there).
+    prediction at 3.37 ms: no answer of the student's is wrong there). ``alpha_twice_s``, the
+    model with the sweep's own bus bandwidth (alpha inside it) plus alpha, names that slip.
 
     Raises:
         ExerciseFailed: missing, non-positive, not the model of the measured inputs, or
@@ -168,7 +188,10 @@ def check_comm_prediction(predicted_s, measured_s, expected_s=None, factor: floa
         if not math.isclose(p, e, rel_tol=1e-6):
             hint = ""
             bus = 2 * (world - 1) / world if world else 1.0
-            if bus > 1 and 0.98 / bus <= p / e < 1:   # alpha + S / busbw: between 1/bus and 1
+            if alpha_twice_s is not None and math.isclose(p, alpha_twice_s, rel_tol=1e-6):
+                hint = (" Your number counts alpha twice: the sweep's busbw divides by the whole "
+                        "time, alpha included; take alpha out of it first.")
+            elif bus > 1 and 0.98 / bus <= p / e < 1:   # alpha + S / busbw: between 1/bus and 1
                 hint = (f" Your number lies between the model's and 1 / {bus:g} of it: the bus factor "
                         f"2 (n-1)/n = {bus:g} on {world} ranks is missing.")
             elif bus > 1 and 1 < p / e <= 1.02 * bus:  # alpha + S x bus / algbw, algbw = busbw / bus
@@ -180,7 +203,7 @@ def check_comm_prediction(predicted_s, measured_s, expected_s=None, factor: floa
                                  f"inputs gives {fmt(e, 's', 4)} ({p / e:.2f}x): count bytes (4 per float32 "
                                  "gradient) and use t = alpha + bytes x 2 (n-1)/n / busbw, with alpha the "
                                  "smallest message's time and busbw measured at the size nearest the "
-                                 f"gradients'.{hint}")
+                                 f"gradients', net of alpha.{hint}")
     if 1 / factor <= p / m <= factor or expected_s is not None:
         # the model of the measured inputs is the answer; how far the all-reduce of S bytes
         # ran from it is the machine's (a loaded host's sweep and this message's rounds
