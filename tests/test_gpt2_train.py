@@ -1028,3 +1028,41 @@ def test_a_rise_is_quoted_with_its_range_in_the_same_sense():
     text = _change_spread("the idle time", Spread((-215e-6, -98.4e-6, -19e-6)))
     assert text.startswith("the idle time rose by 98.4 µs (19 µs–215 µs, min–max"), text
     assert "-" not in text.replace("min–max", "") and "−" not in text
+
+
+def test_a_saving_whose_rounds_reach_zero_is_no_measurable_change_never_a_negative_saving():
+    """Run f96650c printed "it saved -449 µs a step (-2.67 ms to 1.08 ms)" for rows in L2 and
+    -332 µs for one graph per step: a spread that reaches zero is "no measurable change"
+    (whatever its median's sign), one wholly below zero a cost, and only one wholly above zero
+    a saving; ranges in fmt_range's one style, the median signed only where it may be either."""
+    from perflab.gpt2.tables import measurable, saving_text
+    rows = Spread((-2.67e-3, -1.0e-3, -0.449e-3, 0.2e-3, 1.08e-3))
+    assert measurable(rows) is None
+    text = saving_text(rows)
+    assert text.startswith("no measurable change (a median of -449 µs;")
+    assert "-2.67 ms to +1.08 ms" in text and "saved" not in text
+    assert saving_text(rows, short=True) == "no measurable change"
+    fused = Spread((1.99e-3, 2.5e-3, 2.73e-3, 2.9e-3, 2.96e-3))
+    assert measurable(fused) is True
+    assert saving_text(fused) == "saved 2.73 ms a step (1.99 ms–2.96 ms)"
+    assert saving_text(fused, short=True) == "2.73 ms"
+    loss = Spread((-3e-3, -2e-3, -1e-3))
+    assert measurable(loss) is False
+    assert saving_text(loss) == "cost 2 ms a step (1 ms–3 ms)"
+    assert saving_text(loss, short=True) == "a loss of 2 ms"
+    with pytest.raises(TypeError, match="Spread"):
+        measurable((1e-3, 2e-3))
+
+
+def test_saving_table_writes_a_saving_across_zero_as_no_measurable_change():
+    """The saving table's measured column, for run f96650c's one graph per step (-332 µs,
+    -936 µs to +199 µs): no negative number stands as a saving."""
+    results = {"plain": _result("plain", 0.10), "step": _result("step", 0.10)}
+    prof = [_profile(0.110, 0.080), _profile(0.111, 0.081)]
+    pair = {"saved": Spread((-0.936e-3, -0.332e-3, 0.199e-3)),
+            "before": Spread((0.100, 0.100, 0.100)), "after": Spread((0.101, 0.100, 0.0998)),
+            "profiles": {"before": prof, "after": prof}}
+    table, _ = saving_table(results, {"one graph per step": 1.2e-3},
+                            {"one graph per step": pair})
+    assert "no measurable change (-936 µs to +199 µs)" in table
+    assert "-332 µs" not in table

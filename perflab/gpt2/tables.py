@@ -15,7 +15,7 @@ from perflab.memory.snapshots import allocation_timeline, name_allocation, peak_
 from perflab.record.numbers import fmt, fmt_range
 
 __all__ = ["previous", "ladder_table", "saving_table", "noise_half_width", "saving_verdict",
-           "memory_table", "step_peak", "peak_sentence"]
+           "saving_text", "measurable", "memory_table", "step_peak", "peak_sentence"]
 
 
 def _md(header: Sequence[str], rows: Sequence[Sequence[str]], right: int = 1) -> str:
@@ -111,6 +111,44 @@ def noise_half_width(saved: Spread) -> float:
     return (saved.hi - saved.lo) / 2
 
 
+def measurable(saved: Spread) -> bool | None:
+    """Did the rounds measure a saving? True when the whole spread (its inter-quartile range
+    from 8 rounds, else min to max) lies above zero, False when it lies below (the change cost
+    time), None when it reaches zero: no measurable change.
+
+    Raises:
+        TypeError: ``saved`` is not a :class:`Spread`.
+    """
+    if not isinstance(saved, Spread):
+        raise TypeError(f"saved must be a Spread, got {type(saved).__name__}")
+    return True if saved.lo > 0 else False if saved.hi < 0 else None
+
+
+def saving_text(saved: Spread, short: bool = False) -> str:
+    """A measured saving per step (seconds, a :class:`Spread`) in words, by the sign of its
+    whole spread (:func:`measurable`), never a negative number called a saving (run f96650c
+    printed "it saved -449 µs a step"): ``"saved 2.73 ms a step (1.99 ms–2.96 ms)"``, ``"cost
+    1.2 ms a step (…)"`` when the whole spread lies below zero, ``"no measurable change (a
+    median of -449 µs; its rounds from -2.67 ms to +1.08 ms)"`` when it reaches zero. Ranges
+    are :func:`perflab.record.numbers.fmt_range`'s. ``short``: a table's cell, the amount
+    alone (``"2.73 ms"``, ``"a loss of 1.2 ms"``, ``"no measurable change"``).
+
+    Raises:
+        TypeError: ``saved`` is not a :class:`Spread`.
+    """
+    kept = measurable(saved)
+    span = fmt_range(saved.lo, saved.hi, "s")
+    if kept is None:
+        return ("no measurable change" if short else
+                f"no measurable change (a median of {fmt(saved.median, 's', signed=True)}; "
+                f"its rounds from {span})")
+    if kept is False:
+        lost = fmt_range(-saved.hi, -saved.lo, "s")
+        return (f"a loss of {fmt(-saved.median, 's')}" if short else
+                f"cost {fmt(-saved.median, 's')} a step ({lost})")
+    return fmt(saved.median, "s") if short else f"saved {fmt(saved.median, 's')} a step ({span})"
+
+
 def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> tuple[str, dict]:
     """Each predicted rung's saving against its prediction, with its spread, and where it came
     from in the profiled steps.
@@ -204,7 +242,8 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
         ratio = ((pair["before"] / pair["after"]).median if timed
                  else after.tokens_per_s / before.tokens_per_s)
         rows.append([name, fmt(pred, "s"),
-                     f"{fmt(saved.median, 's')} ({fmt_range(saved.lo, saved.hi, 's')})",
+                     f"{saving_text(saved, short=True)} "
+                     f"({fmt_range(saved.lo, saved.hi, 's')})",
                      fmt(window, "s"), fmt(busy, "s"), fmt(gaps, "s"),
                      fmt(ratio, "x", sig=4)])
     return _md(["rung", "predicted saving per step", what, "profiled step fell by",
@@ -266,7 +305,7 @@ def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
         holds = False
     else:
         holds = None
-    band = f"{fmt(low, 's')} to {fmt(high, 's')}"
+    band = fmt_range(low, high, "s")        # the page's one style of range
     if at_most:
         band += (f": at least {fmt(at_least, 's')} less {tolerance:.0%}, at most the bound "
                  f"plus {tolerance:.0%}")
