@@ -195,6 +195,19 @@ def test_an_sm_clock_is_stated_only_for_sm_work(monkeypatch):
     assert "no GPU clock" in sentences["link"] and "power cap" not in sentences["link"]
 
 
+def test_brief_states_window_clock_and_reasons_in_a_few_words(monkeypatch):
+    _steady(monkeypatch, instant=600.0)
+    briefs = {}
+    for work in ("sm", "link"):
+        with T.Telemetry(interval_s=0.002, work=work) as tel:
+            with tel.window():
+                _busy(0.02)
+        briefs[work] = tel.summary().brief()
+    assert "SM clock 1,590 MHz" in briefs["sm"] and "software power cap" in briefs["sm"]
+    assert " s, " in briefs["sm"] and len(briefs["sm"]) < 80
+    assert "clock" not in briefs["link"].replace("power cap", "")   # no SM clock for a copy
+
+
 @pytest.mark.parametrize("source, values, readable", [
     ("/proc/cpuinfo", [2596.1, 2596.1, 2596.1], False),   # a VM's constant nominal figure
     ("/proc/cpuinfo", [2596.1, 3100.0], True),

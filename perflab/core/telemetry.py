@@ -277,6 +277,22 @@ class TelemetrySummary:
                     "MHz, a virtual machine's nominal figure), nor power")
         return f"{head}; this machine exposes no clock, power or throttle readings"
 
+    def brief(self) -> str:
+        """A few words for a printed output line: the window's length, the clock the work ran
+        at (SM clock on a GPU, core clock on a CPU, when one was read and the work is the
+        SM's: a memory or link transfer states none, as in :meth:`sentence`) and, on a GPU, the
+        clock-event reasons seen; e.g. ``"3.02 s, SM clock 1,676 MHz, software power cap"``.
+        The full account is :meth:`sentence`, for a caption or a "how this was measured"
+        note."""
+        parts = [f"{self.duration_s:.2f} s"]
+        if not self.too_short and self.sm_clock_mhz is not None and self.work == "sm" and (
+                self.source == "NVML" or self.cpu_clock_readable):
+            kind = "SM" if self.source == "NVML" else "core"
+            parts.append(f"{kind} clock {_fmt_int(self.sm_clock_mhz)} MHz")
+        if self.source == "NVML" and self.reasons:
+            parts.append(", ".join(self.reasons))
+        return ", ".join(parts)
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the fields plus ``clock_fraction`` and ``sentence``."""
         d = asdict(self)

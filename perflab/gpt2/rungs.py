@@ -223,6 +223,8 @@ class RunResult:
         losses: the loss of every step, warm-up steps included (floats, nats).
         compile_s: seconds of the first step (compilation included) minus a timed step's.
         telemetry: the clock sentence of the timed steps (:meth:`TelemetrySummary.sentence`).
+        telemetry_brief: the same in a few words for a printed line
+            (:meth:`TelemetrySummary.brief`; empty where none was recorded).
         clock_fraction: median SM clock / the chip's maximum over the timed steps (None on CPU).
         params: parameters counted by ``GPT.num_params()`` (non-embedding).
     """
@@ -238,6 +240,7 @@ class RunResult:
     clock_fraction: float | None
     params: int
     extra: dict = field(default_factory=dict)
+    telemetry_brief: str = ""
 
     def mfu(self, peak_flops: float) -> float:
         """Model FLOP utilization against ``peak_flops`` (FLOP/s). Raises ValueError if <= 0."""

@@ -319,8 +319,8 @@ def train(rung: Rung, tokens: np.ndarray, steps: int, device: torch.device | str
         flops_per_token=model.flops_per_token(rung.seq_len), peak_bytes=peak,
         losses=[float(v) for v in torch.stack(losses[:n_losses]).cpu()],
         compile_s=max(0.0, (first if first is not None else step_s) - step_s),
-        telemetry=summary.sentence(), clock_fraction=summary.clock_fraction,
-        params=model.num_params(), extra=extra)
+        telemetry=summary.sentence(), telemetry_brief=summary.brief(),
+        clock_fraction=summary.clock_fraction, params=model.num_params(), extra=extra)
     del net, model, opt, one_step, run
     _release(device)
     return result
@@ -440,7 +440,7 @@ def train_rounds(rungs: Sequence[Rung], tokens: np.ndarray, device: torch.device
             step_s=per_round.median, flops_per_token=run.model.flops_per_token(r.seq_len),
             peak_bytes=peaks[r.name],
             losses=[float(v) for v in torch.stack(losses[r.name]).cpu()] if losses[r.name]
-            else [], compile_s=0.0, telemetry=summary.sentence(),
+            else [], compile_s=0.0, telemetry=summary.sentence(), telemetry_brief=summary.brief(),
             clock_fraction=summary.clock_fraction, params=run.model.num_params(),
             extra={"window_step_s": list(per_round.values), "rounds": per_round.n,
                    "telemetry_windows": list(own.windows)})
