@@ -262,7 +262,7 @@ BUILD_JOB, RENDER_JOB = "book build", "book render"
 
 
 def _build_book(out: Path, run=subprocess.run) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env = dict(background.environ(), PYTHONWARNINGS="ignore")
     return run([*_jupyter_book(), "build", str(ROOT), "--all", "-W", "-n", "--keep-going",
                 "--path-output", str(out)], capture_output=True, text=True, timeout=1200, env=env)
 

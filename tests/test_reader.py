@@ -332,7 +332,7 @@ def _fresh_env(tmp: Path) -> Path:
 
 
 def _clean_env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "JUPYTER_PATH")}
+    env = {k: v for k, v in background.environ().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "JUPYTER_PATH")}
     env["JUPYTER_DATA_DIR"] = str(tmp / "jupyter-data")   # no user kernelspec can stand in for ours
     env["PERFLAB_FORCE_CPU_SIZES"] = "1"
     return env
