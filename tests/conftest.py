@@ -25,19 +25,24 @@ JOB_FIXTURES = {"build", "rendered", "server", "student_build"}
 
 #: modules that run last, after every module that reads a background job, so that no job runs
 #: beside them (where they stood when the jobs were done by the time the tests reached them): the
-#: DataLoader's (worker processes timed against the cores), and those that start a Jupyter kernel
-#: in the test process (nbclient gives it 60 s: beside two jobs on a machine loaded far beyond
-#: CI's, test_execute's kernel once did not answer in time). A module with a test marked
-#: ``alone`` joins them (that test would stop the jobs while they run).
-QUIET_TAIL = ("test_loading.py", "test_execute.py", "test_plotting.py", "test_provenance.py")
+#: DataLoader's (worker processes timed against the cores). A module with a test marked ``alone``
+#: joins them (that test would stop the jobs while they run; tests/test_lab05.py, whose module
+#: fixture sets PERFLAB_DATA_DIR in this process's environment while its tests run: a job
+#: started then would inherit it).
+QUIET_TAIL = ("test_loading.py",)
 
 #: modules that run beside fewer jobs than the pool's two: the grader's grades two submissions at
 #: a time under time limits (a memory bomb must reach its limit within 30 s of cells on a loaded
 #: machine): one job beside it, as much load as stress-ng's two processes gave it before, and the
 #: core its sandboxes leave idle (kernel starts, sleeping submissions) does the job's work. Its two
 #: large gradings (the ``graded`` fixtures) run earlier as jobs of their own, beside one job and
-#: the test process (tests/test_grade.py): the module's own tests still run in this block
-NARROW = {"test_grade.py": 1}
+#: the test process (tests/test_grade.py): the module's own tests still run in this block.
+#: The modules that start a Jupyter kernel in the test process (test_execute, test_plotting,
+#: test_provenance: nbclient gives a kernel 60 s to answer) ran in the quiet tail from 6 December,
+#: after test_execute's kernel did not answer in time beside two jobs on a machine loaded far
+#: beyond CI's; there they kept a core idle for ~55 s of a CI run. Beside one job the machine is
+#: as loaded as CI's two cores are by the test and one other process
+NARROW = {"test_grade.py": 1, "test_execute.py": 1, "test_plotting.py": 1, "test_provenance.py": 1}
 
 
 #: modules whose tests are placed one by one (:func:`pytest_collection_modifyitems`): they read
@@ -64,7 +69,7 @@ def _group(module, its, item) -> int:
     """Where ``item`` (a test of ``module``, whose tests are ``its``) runs: 0, it reads no job;
     1, it reads only the book's jobs (:data:`JOB_FIXTURES`, a test of :data:`BY_TEST`); 2, its
     module reads a chapter's or a lab's run; 3, the quiet tail (:data:`QUIET_TAIL`, and a test
-    marked ``alone``, or with its module where the module is not placed test by test)."""
+    marked ``alone``, with its module where the module is not placed test by test)."""
     name = Path(getattr(module, "__file__", "") or "").name
     if name in QUIET_TAIL:
         return 3
