@@ -82,6 +82,12 @@ class Pool:
         self.threads.append(threading.Thread(target=self._work, args=(True,), name="background-light",
                                              daemon=True))
         self.local = threading.local()
+        # the environment every job's process gets (unless its job passes one): this process's
+        # when the session starts, not when the job does. A test may change os.environ while it
+        # runs (monkeypatch.setenv; scripts/execute.py run in the test process points
+        # $PERFLAB_CEILINGS at the committed reference file where it sees a GPU, and a test fakes
+        # one): a job started meanwhile would otherwise inherit what the test set
+        self.env = dict(os.environ)
 
     def submit(self, key: str, fn: Callable[[], Any], alone: bool = False, after: tuple[str, ...] = (),
                priority: float = 0, light: bool = False) -> None:
@@ -223,6 +229,7 @@ class Pool:
         worker) and inherited the output would otherwise keep a pipe open, and the worker would
         wait on it for ever (the hang of 6 December). Once the process has exited, what is left
         of its process group is killed."""
+        kwargs.setdefault("env", self.env)
         with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
             proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, start_new_session=True, **kwargs)
             job = getattr(self.local, "job", None)
@@ -350,6 +357,12 @@ def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess
     if _POOL is not None:
         return _POOL.run(cmd, timeout, **kwargs)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def environ() -> dict[str, str]:
+    """The environment a job's process starts from: the session's at its start (:class:`Pool`),
+    or, outside a pool, this process's now."""
+    return dict(_POOL.env if _POOL is not None else os.environ)
 
 
 def settle() -> None:

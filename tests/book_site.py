@@ -42,6 +42,7 @@ CHROMIUM_FLAGS = [
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 PROBE_JS = Path(__file__).resolve().parent / "layout_probe.js"
 PROBE_URL = "/__layout_probe__.js"   # served by the test server, injected into "page.html?probe"
+SEARCH_BATCH_URL = "/__search_batch__.html"   # served by the test server: many searches, one browser
 
 # ---------------------------------------------------------------------------------------------
 # Chromium
@@ -261,7 +262,7 @@ BUILD_JOB, RENDER_JOB = "book build", "book render"
 
 
 def _build_book(out: Path, run=subprocess.run) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env = dict(background.environ(), PYTHONWARNINGS="ignore")
     return run([*_jupyter_book(), "build", str(ROOT), "--all", "-W", "-n", "--keep-going",
                 "--path-output", str(out)], capture_output=True, text=True, timeout=1200, env=env)
 
@@ -334,6 +335,8 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         parts = urlsplit(self.path)
         if parts.path == PROBE_URL:
             return self._send(PROBE_JS.read_bytes(), "text/javascript")
+        if parts.path == SEARCH_BATCH_URL:
+            return self._send(SEARCH_BATCH_HTML.encode(), "text/html; charset=utf-8")
         if parts.query == "probe" and parts.path.endswith(".html"):
             page = Path(self.directory) / unquote(parts.path).lstrip("/")
             if page.is_file():
@@ -347,6 +350,63 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+
+#: The page of :data:`SEARCH_BATCH_URL` (``?q=A&q=B...``): it opens the book's ``search.html?q=``
+#: for each query in turn in a frame of its own, waits until that search has finished (Sphinx's
+#: summary line is written when the last result is shown), copies the result links (each ``<a>``
+#: of a ``<li>`` of ``ul.search``, as :func:`search_hits` reads them from one page's DOM) and
+#: leaves them in its own DOM as JSON (``data-search-hits``), with ``data-search-done`` once every
+#: query has an answer. One Chromium serves every query: a launch per query cost ~1.6 s each.
+SEARCH_BATCH_HTML = """<!doctype html><html><head><meta charset="utf-8"></head><body><script>
+const queries = new URLSearchParams(location.search).getAll("q");
+const found = {};
+function next(i) {
+  if (i >= queries.length) {
+    document.body.setAttribute("data-search-hits", JSON.stringify(found));
+    document.body.setAttribute("data-search-done", "1");
+    return;
+  }
+  const frame = document.createElement("iframe");
+  frame.src = "search.html?q=" + encodeURIComponent(queries[i]);
+  document.body.appendChild(frame);
+  const poll = setInterval(() => {
+    const doc = frame.contentDocument;
+    const summary = doc && doc.querySelector("#search-results p.search-summary");
+    if (!summary || !summary.textContent.trim()) return;        // still searching
+    clearInterval(poll);
+    found[queries[i]] = Array.from(doc.querySelectorAll("ul.search > li"))
+      .map((li) => li.querySelector("a")).filter((a) => a).map((a) => a.getAttribute("href"));
+    frame.remove();
+    document.body.setAttribute("data-search-hits", JSON.stringify(found));
+    next(i + 1);
+  }, 50);
+}
+next(0);
+</script></body></html>
+"""
+
+SEARCH_BATCH_REPORT = re.compile(r'data-search-hits="([^"]*)"')
+
+
+def search_hits(binary: str, server: str, queries: list[str]) -> dict[str, list[str]]:
+    """The result links (``href`` of each result) that the book's search page at ``server``
+    shows for each of ``queries``, every query searched in one Chromium (:data:`SEARCH_BATCH_HTML`).
+
+    Raises:
+        AssertionError: a search did not finish (the page gave no answer for a query).
+    """
+    from urllib.parse import urlencode
+
+    url = f"{server}{SEARCH_BATCH_URL}?{urlencode([('q', q) for q in queries])}"
+    proc = chromium(binary, url, "--dump-dom", f"--virtual-time-budget={3000 * max(1, len(queries))}",
+                    timeout=120 + 30 * len(queries))
+    report = SEARCH_BATCH_REPORT.search(proc.stdout)
+    found = json.loads(html_lib.unescape(report.group(1))) if report else {}
+    missing = [q for q in queries if q not in found]
+    assert not missing, (f"the search page gave no answer for {missing} (chromium exit {proc.returncode}): "
+                         f"{proc.stderr[-300:]}")
+    return found
 
 
 def serve(directory: Path):

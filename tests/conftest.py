@@ -25,19 +25,33 @@ JOB_FIXTURES = {"build", "rendered", "server", "student_build"}
 
 #: modules that run last, after every module that reads a background job, so that no job runs
 #: beside them (where they stood when the jobs were done by the time the tests reached them): the
-#: DataLoader's (worker processes timed against the cores), and those that start a Jupyter kernel
-#: in the test process (nbclient gives it 60 s: beside two jobs on a machine loaded far beyond
-#: CI's, test_execute's kernel once did not answer in time). A module with a test marked
-#: ``alone`` joins them (that test would stop the jobs while they run).
-QUIET_TAIL = ("test_loading.py", "test_execute.py", "test_plotting.py", "test_provenance.py")
+#: DataLoader's (worker processes timed against the cores). A module with a test marked ``alone``
+#: joins them (that test would stop the jobs while they run; tests/test_lab05.py, whose module
+#: fixture sets PERFLAB_DATA_DIR in this process's environment while its tests run: a job
+#: started then would inherit it).
+QUIET_TAIL = ("test_loading.py",)
 
 #: modules that run beside fewer jobs than the pool's two: the grader's grades two submissions at
 #: a time under time limits (a memory bomb must reach its limit within 30 s of cells on a loaded
 #: machine): one job beside it, as much load as stress-ng's two processes gave it before, and the
 #: core its sandboxes leave idle (kernel starts, sleeping submissions) does the job's work. Its two
 #: large gradings (the ``graded`` fixtures) run earlier as jobs of their own, beside one job and
-#: the test process (tests/test_grade.py): the module's own tests still run in this block
-NARROW = {"test_grade.py": 1}
+#: the test process (tests/test_grade.py): the module's own tests still run in this block.
+#: The modules that start a Jupyter kernel in the test process (test_execute, test_plotting,
+#: test_provenance: nbclient gives a kernel 60 s to answer) ran in the quiet tail from 6 December,
+#: after test_execute's kernel did not answer in time beside two jobs on a machine loaded far
+#: beyond CI's; there they kept a core idle for ~55 s of a CI run. Beside one job the machine is
+#: as loaded as CI's two cores are by the test and one other process
+NARROW = {"test_grade.py": 1, "test_execute.py": 1, "test_plotting.py": 1, "test_provenance.py": 1}
+
+
+#: modules whose tests are placed one by one (:func:`pytest_collection_modifyitems`): they read
+#: the book's jobs only through the fixtures of :data:`JOB_FIXTURES` (and their own jobs, the
+#: course download's runs and the student build, only in tests that take ``build`` or
+#: ``student_build``), so a test without those fixtures reads no job. Placed by module, every test
+#: of tests/test_reader.py ran after the chapters and labs, one core idle: ~100 s of its ~120 s
+#: were tests of small books of their own and of Chromium on a page of their own.
+BY_TEST = ("test_reader.py", "test_book.py")
 
 
 def _reads_jobs(module, items) -> bool:
@@ -51,36 +65,52 @@ def _reads_jobs(module, items) -> bool:
 SETTLE = pytest.StashKey[bool]()
 
 
+def _group(module, its, item) -> int:
+    """Where ``item`` (a test of ``module``, whose tests are ``its``) runs: 0, it reads no job;
+    1, it reads only the book's jobs (:data:`JOB_FIXTURES`, a test of :data:`BY_TEST`); 2, its
+    module reads a chapter's or a lab's run; 3, the quiet tail (:data:`QUIET_TAIL`, and a test
+    marked ``alone``, with its module where the module is not placed test by test)."""
+    name = Path(getattr(module, "__file__", "") or "").name
+    if name in QUIET_TAIL:
+        return 3
+    if name in BY_TEST:
+        if item.get_closest_marker("alone"):
+            return 3
+        return 1 if JOB_FIXTURES & set(getattr(item, "fixturenames", ())) else 0
+    if any(i.get_closest_marker("alone") for i in its):
+        return 3
+    return 2 if _reads_jobs(module, its) else 0
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Modules in three groups, each in its usual (alphabetical) order and each module's tests in
-    theirs: those that read no background job first, while the jobs run beside them; then those
-    that read one (by then most are done); then :data:`QUIET_TAIL`, once every job is done.
+    """Tests in four groups, each in its usual (alphabetical) order of modules and each module's
+    tests in theirs: those that read no background job first, while the jobs run beside them;
+    then the tests that read only the book's jobs (built and rendered by then); then the modules
+    that read a chapter's or a lab's run (the jobs that run beside others settle first: by then
+    most are done); then :data:`QUIET_TAIL`, once every job is done.
 
     In file order the test process waited for the book and the chapters early on (about five
     minutes of the last unloaded run, the jobs on both cores) and ran the later, independent
     modules after the jobs had finished, one core idle: the same tests, in this order, keep both
-    cores busy. Only the order of modules changes; no test's set-up or checks do. The grader's
-    module runs in the first group beside one job (:data:`NARROW`)."""
+    cores busy. Only the order of tests changes; no test's set-up or checks do. The modules of
+    :data:`BY_TEST` are placed test by test (a module fixture of theirs may then be set up once
+    per group); the others whole. The grader's module runs in the first group beside one job
+    (:data:`NARROW`)."""
     if background.SLOTS <= 0:
         return
     modules: dict = {}
     for item in items:
         modules.setdefault(getattr(item, "module", None), []).append(item)
-
-    def group(module, its) -> int:
-        name = Path(getattr(module, "__file__", "") or "").name
-        if name in QUIET_TAIL or any(item.get_closest_marker("alone") for item in its):
-            return 2
-        return 1 if _reads_jobs(module, its) else 0
-
-    order = sorted(modules.items(), key=lambda kv: group(*kv))      # stable: file order within
-    items[:] = [item for _, its in order for item in its]
+    placed = [(_group(module, its, item), item) for module, its in modules.items() for item in its]
+    placed.sort(key=lambda gi: gi[0])       # stable: file order within a group
+    items[:] = [item for _, item in placed]
+    # the first test of the third and fourth groups settles the jobs (those of the second wait
+    # for the book's jobs alone, through their fixtures)
     seen = set()
-    for module, its in order:       # the first test of the second and third groups settles the jobs
-        g = group(module, its)
-        if g and g not in seen:
+    for g, item in placed:
+        if g >= 2 and g not in seen:
             seen.add(g)
-            its[0].stash[SETTLE] = True
+            item.stash[SETTLE] = True
 
 
 def pytest_collection_finish(session):

@@ -46,7 +46,7 @@ import reader_waiting
 import textbook_rules
 from perflab.record.numbers import BAD_SHAPES
 from book_site import (_jupyter_book, _toc_docnames, chromium, classify_warnings, html_pages, internal_target,
-                       notebook_pages, probe, require_chromium, serve)
+                       notebook_pages, probe, require_chromium, search_hits, serve)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "_ext"))
@@ -332,7 +332,7 @@ def _fresh_env(tmp: Path) -> Path:
 
 
 def _clean_env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "JUPYTER_PATH")}
+    env = {k: v for k, v in background.environ().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "JUPYTER_PATH")}
     env["JUPYTER_DATA_DIR"] = str(tmp / "jupyter-data")   # no user kernelspec can stand in for ours
     env["PERFLAB_FORCE_CPU_SIZES"] = "1"
     return env
@@ -459,10 +459,9 @@ def test_every_page_has_one_search_box(rendered):
     assert not found, f"pages without exactly one visible search box: {found}"
 
 
-def _search_hits(binary: str, server: str, query: str) -> list[str]:
-    proc = chromium(binary, f"{server}/search.html?q={query}", "--dump-dom")
-    results = re.findall(r'<ul class="search">(.*?)</ul>', proc.stdout, re.S)
-    return re.findall(r'<li[^>]*>\s*<a href="([^"]+)"', results[0]) if results else []
+def _search_hits(binary: str, server: str, *queries: str) -> dict[str, list[str]]:
+    """Each query's result links on the search page (all of them searched in one Chromium)."""
+    return search_hits(binary, server, list(queries))
 
 
 def test_search_finds_the_field_s_spellings(build, server):
@@ -470,8 +469,7 @@ def test_search_finds_the_field_s_spellings(build, server):
     # pages that say "all-reduce" (chapter 8 is built once its notebook has been executed)
     pages = [p for p in ("book/08_distributed_training", "book/02_hardware") if (build.html / f"{p}.html").exists()]
     assert pages, "neither chapter 2 nor chapter 8 was built"
-    for query in ("allreduce", "AllReduce"):
-        hits = _search_hits(binary, server, query)
+    for query, hits in _search_hits(binary, server, "allreduce", "AllReduce").items():
         for page in pages:
             assert any(h.startswith(page) for h in hits), f"searching {query!r} finds {hits}, not {page}"
     index = _search_index(build.html)
@@ -494,9 +492,10 @@ SPELLING_PAIRS = (("allreduce", "all-reduce"), ("all reduce", "AllReduce"), ("da
 def test_search_finds_the_same_pages_for_every_spelling(build, server):
     binary = require_chromium()
     problems = []
+    found = _search_hits(binary, server, *dict.fromkeys(q for pair in SPELLING_PAIRS for q in pair))
     for a, b in SPELLING_PAIRS:
-        hits_a = {h.split("#")[0].split("?")[0] for h in _search_hits(binary, server, a)}
-        hits_b = {h.split("#")[0].split("?")[0] for h in _search_hits(binary, server, b)}
+        hits_a = {h.split("#")[0].split("?")[0] for h in found[a]}
+        hits_b = {h.split("#")[0].split("?")[0] for h in found[b]}
         if not hits_a or hits_a != hits_b:
             problems.append(f"{a!r} finds {sorted(hits_a)}; {b!r} finds {sorted(hits_b)}")
     assert not problems, "\n".join(problems)
@@ -529,8 +528,9 @@ def test_search_spellings_both_ways_in_a_small_book(tmp_path):
     _build_tiny_book(tmp_path, ["a", "b", "c"])
     url, stop = serve(tmp_path / "_build" / "html")
     try:
-        found = {q: sorted({h.split(".html")[0] for h in _search_hits(binary, url, q)})
-                 for q in ("all-reduce", "allreduce", "all reduce", "AllReduce")}
+        found = {q: sorted({h.split(".html")[0] for h in hits})
+                 for q, hits in _search_hits(binary, url, "all-reduce", "allreduce", "all reduce",
+                                             "AllReduce").items()}
     finally:
         stop()
     assert all(hits == ["a", "c"] for hits in found.values()), found
