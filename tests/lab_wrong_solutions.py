@@ -221,7 +221,7 @@ WRONG = {
          r"FLOPs per call.*summed over its \.calls"),
         # the total divided by every profiled step, not the active ones the trace holds
         ("ex2-solution", "top_flops_per_call = top.flops / top.calls", "top_flops_per_call = top.flops / 4",
-         r"FLOPs per call.*more calls than the trace recorded"),
+         r"FLOPs per call.*twice the calls the trace recorded"),
         ("ex3-solution", *_wrong_diagnosis("a"), r"."),
         ("ex4-solution", *_wrong_diagnosis("b"), r"."),
         ("ex5-solution", *_wrong_diagnosis("c"), r"."),
