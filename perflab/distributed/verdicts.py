@@ -20,6 +20,7 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
+from perflab.core.fits import fit_line
 from perflab.core.rounds import Spread, spread
 from perflab.core.validate import number
 from perflab.record.claims import SPREAD_SUFFIX, Verdict, claim, compare, judge
@@ -274,13 +275,8 @@ def bucket_slopes(rounds_by_cap: dict, buckets_by_cap: dict) -> Spread:
         raise ValueError(f"a slope needs two bucket counts or more, got {n}")
     if len({len(rounds_by_cap[c]) for c in caps}) != 1:
         raise ValueError("every cap must hold the same rounds")
-    mean_n = statistics.fmean(n)
-    var = sum((x - mean_n) ** 2 for x in n)
-    slopes = []
-    for steps in zip(*(rounds_by_cap[c] for c in caps)):
-        mean_s = statistics.fmean(steps)
-        slopes.append(sum((x - mean_n) * (y - mean_s) for x, y in zip(n, steps)) / var)
-    return spread(slopes)
+    return spread(fit_line(n, steps).slope
+                  for steps in zip(*(rounds_by_cap[c] for c in caps)))
 
 
 def judge_bucket_slope(name: str, rounds_by_cap: dict, buckets_by_cap: dict,
