@@ -1,5 +1,6 @@
 """perflab.core.profiler: kernels per call, the trace readers and the interval toolkit, on CPU."""
 
+import contextlib
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -110,7 +111,16 @@ def test_kernels_by_call_assigns_each_kernel_to_the_call_that_launched_it(monkey
         events.append(extra)
     monkeypatch.setattr(profiler.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(profiler, "_trace_of", lambda run: events)
+    windows = []      # the profiled passes are one timed window (for Telemetry)
+
+    @contextlib.contextmanager
+    def window(device=None):
+        windows.append(str(device))
+        yield
+
+    monkeypatch.setattr(profiler, "timed_window", window)
     got = profiler.kernels_by_call([lambda: None, lambda: None], repeats=2)
+    assert windows == ["cuda"]
     assert [[[k.name for k in call] for call in rep] for rep in got] == \
         [[["gemm_0"], ["gemm_1", "reduce"]], [["gemm_0"], ["gemm_1", "reduce"]]]
     assert got[0][1][0].duration_us == 41 and got[0][1][0].grid is None

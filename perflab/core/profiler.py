@@ -32,6 +32,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from perflab.core.validate import number
+from perflab.core.timing import timed_window
 
 __all__ = ["kernels_per_call", "device_seconds_per_call", "KernelRecord", "kernels_of",
            "external_id", "device_activities", "kernels_by_call", "launch_api_seconds", "load_trace",
@@ -234,7 +235,9 @@ def kernels_by_call(calls, repeats: int = 1) -> list[list[list[KernelRecord]]]:
     Every call runs ``repeats`` times (all calls, then all again), each inside a
     ``record_function`` range; a kernel belongs to the range in which the host launched it
     (linked by the trace's ``correlation`` to its launch, or else by ``External id`` to the
-    ATen operator that issued it). One session for hundreds of calls costs a fraction of the
+    ATen operator that issued it). The profiled passes are a timed window
+    (:func:`perflab.core.timing.timed_window`), so a :class:`perflab.core.telemetry.Telemetry`
+    open around the call reads its clocks over them. One session for hundreds of calls costs a fraction of the
     time :func:`kernels_of` would per call. Run each call once before
     (compilation, library heuristics and warm-up stay out).
 
@@ -260,7 +263,8 @@ def kernels_by_call(calls, repeats: int = 1) -> list[list[list[KernelRecord]]]:
                 with torch.profiler.record_function(f"perflab_call_{r}_{i}"):
                     fn()
 
-    events = _trace_of(run)
+    with timed_window(torch.device("cuda")):   # the profiled passes: a timed window
+        events = _trace_of(run)
     ranges = []
     for e in events:
         name = str(e.get("name", ""))

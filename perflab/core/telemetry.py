@@ -441,6 +441,20 @@ class Telemetry:
         self._sampler.__exit__(*exc)
         self.samples[:] = [{**reading, "t": t} for t, reading in self._sampler.samples]
 
+    def start(self) -> "Telemetry":
+        """Start sampling, as entering the ``with`` block does; returns self.
+
+        For a page whose timed work stands in a cell of its own: a hidden cell before it
+        starts the sampler, a hidden cell after it calls :meth:`stop`, and the timed windows
+        the work marks in between are what :meth:`summary` reads."""
+        return self.__enter__()
+
+    def stop(self) -> "Telemetry":
+        """Stop sampling, as leaving the ``with`` block does; returns self (for
+        ``tel.stop().summary()``)."""
+        self.__exit__(None, None, None)
+        return self
+
     def summary(self) -> TelemetrySummary:
         """What was seen inside the timed windows (or the whole block when none was marked),
         as a :class:`TelemetrySummary` (:func:`summarize`).

@@ -33,6 +33,7 @@ from perflab.machine.caches import format_bytes
 from perflab.machine.roofline import matmul_rate
 
 __all__ = ["properties", "fact_rows", "dram_bandwidth_from_clock", "available_matmul_kinds", "matmul_rates",
+           "matmul_rates_clocked",
            "BurstSustained", "burst_and_sustained", "cycle_clock_behind", "cycle_clock_hz"]
 
 
@@ -162,6 +163,18 @@ def matmul_rates(device: torch.device | str, n: int, kinds: Iterable[str] | None
         else:
             rates[kind] = matmul_rate(device, n, kind, min_run_time_s=min_run_time_s)
     return rates, errors
+
+
+def matmul_rates_clocked(device: torch.device | str, n: int, kinds: Iterable[str] | None = None,
+                         min_run_time_s: float = 0.2) -> tuple[dict, dict, object]:
+    """:func:`matmul_rates` under its own :class:`perflab.core.telemetry.Telemetry`: returns
+    ``(rates, errors, summary)``, ``summary`` the
+    :class:`perflab.core.telemetry.TelemetrySummary` of the products' timed windows (the clock
+    they ran at, for a rate per clock).
+    """
+    with Telemetry() as tel:
+        rates, errors = matmul_rates(device, n, kinds, min_run_time_s=min_run_time_s)
+    return rates, errors, tel.summary()
 
 
 @dataclass(frozen=True)

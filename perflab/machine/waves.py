@@ -290,3 +290,26 @@ def wave_groups(calls: Sequence[Sequence], batches: Sequence[int], m: int, n: in
                              stair, line, product_s))
     out.sort(key=lambda g: -len(g.batches))
     return out
+
+
+def plot_staircases(groups, steps: bool):
+    """Draw chapter 2's wave sweep: each kernel group's time per call (µs) against the batch
+    count, one colour per kernel, with its fitted staircase as ticks where it has one. ``steps``:
+    whether the fit found a staircase (it sets the title). Returns the matplotlib Figure, not
+    yet shown (:func:`perflab.record.plotting.finish` shows it)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for i, g in enumerate(groups):
+        label = f"{g.tile[0]}x{g.tile[1]} tiles" if g.tile else "other"
+        ax.plot(g.batches, [t.median * 1e6 for t in g.seconds], "o", ms=3,
+                color=f"C{i}", label=label)
+        if g.round_s is not None:
+            ax.plot(g.batches, [g.predict(r) * 1e6 for r in g.rounds], "_",
+                    ms=8, color=f"C{i}")
+    ax.set(xlabel="products in the batch (b)", ylabel="time per call (µs)",
+           title="one step per round of tiles" if steps else
+           "no steps: the times lie on a line in b")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
