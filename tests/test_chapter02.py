@@ -86,7 +86,10 @@ def test_the_waves_are_fitted_per_kernel_from_the_profilers_durations():
     code = "\n".join(code_cells(PAGES[1]))
     assert "kernels_by_call(calls" in code and "waves.wave_groups(" in code
     assert 'compare("wave_time_vs_prediction"' in code and "main.product_s" in code
-    assert "tel.window():\n        ran = perflab.core.profiler.kernels_by_call" in code
+    # the profiled passes are the telemetry's timed window (kernels_by_call marks it)
+    assert "tel = Telemetry().start()" in code
+    assert "ran = perflab.core.profiler.kernels_by_call" in code
+    assert "wave_tel = tel.stop().summary()" in code
     assert 'compare("wave_round_vs_prediction"' not in code
     assert "fit_wave_width" not in code and "batch_wave_sweep" not in code
 
