@@ -72,3 +72,36 @@ SPREAD_IN_PROSE: dict[str, int] = {
     "book/08_distributed_training.ipynb": 6,
     "book/10_gpt2_case_study.ipynb": 1,
 }
+
+
+# Sources (.md) with visible code cells that open or read the sampler (Telemetry(...),
+# tel.window(), tel.summary(), .sentence()) or finish a figure (perflab.record.plotting.finish)
+# outside a section that teaches the clock (tests/textbook_rules.py CLOCK_SECTIONS):
+# {source: how many such cells} (tests/test_bookkeeping_cells.py::
+# test_visible_cells_call_no_telemetry; reader review of 7 December; the numbers only go down).
+# Chapters 2.1, 7.1 and 9.2 left it with the change that made the rule (5.1 folds its figure).
+VISIBLE_TELEMETRY_CELLS: dict[str, int] = {
+    'book/01_why_training_is_slow.md': 9,
+    'book/02_hardware.md': 4,
+    'book/02_hardware_links.md': 2,
+    'book/03_pytorch_internals.md': 3,
+    'book/03_pytorch_internals_graphs.md': 1,
+    'book/04_measuring_and_profiling.md': 8,
+    'book/04_measuring_and_profiling_tools.md': 1,
+    'book/05_data_loading_ladder.md': 1,
+    'book/07_single_gpu_memory.md': 1,
+    'book/08_distributed_training.md': 2,
+    'book/09_advanced_optimizations.md': 4,
+    'book/09_1_torch_compile.md': 1,
+    'book/10_gpt2_case_study.md': 1,
+    'labs/01_roofline.md': 2,
+    'labs/02_hardware.md': 1,
+    'labs/03_internals.md': 1,
+    'labs/04_profiling.md': 2,
+    'labs/05_data_loading.md': 1,
+    'labs/06_speed.md': 1,
+    'labs/07_memory.md': 1,
+    'labs/08_distributed.md': 1,
+    'labs/10_gpt2_speedrun.md': 1,
+    'pending/book/02_several_gpus.md': 2,
+}

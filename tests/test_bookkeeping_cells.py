@@ -13,6 +13,7 @@ The built book's stricter rule (no bookkeeping call at all in a visible cell) is
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import jupytext
@@ -73,6 +74,103 @@ def test_visible_cells_are_not_mostly_bookkeeping():
 def test_every_waiting_source_exists():
     for rel in reader_waiting.MOSTLY_BOOKKEEPING_CELLS:
         assert (ROOT / rel).exists(), f"tests/reader_waiting.py lists {rel}, which does not exist"
+
+
+# --- telemetry and figure-finishing out of sight (reader review, 7 December) -----------------
+
+_H2 = re.compile(r"^##\s+(.+?)\s*#*\s*$", re.M)
+
+
+def cells_with_sections(md: Path) -> list[tuple[str, list[str], str]]:
+    """A source's code cells as ``(source, tags, the text of the last ## heading above it)``."""
+    section, cells = "", []
+    for c in jupytext.read(md).cells:
+        if c.cell_type == "markdown":
+            for m in _H2.finditer(c.source):
+                section = m.group(1)
+        elif c.cell_type == "code":
+            cells.append((c.source, c.get("metadata", {}).get("tags", []), section))
+    return cells
+
+
+def telemetry_cells(md: Path, rel: str) -> list[str]:
+    allowed = {sec for src, sec in rules.CLOCK_SECTIONS if src == rel}
+    return rules.visible_telemetry_cells(cells_with_sections(md), allowed)
+
+
+def test_visible_cells_call_no_telemetry():
+    """No visible code cell opens or reads the sampler or finishes a figure, outside the
+    sections of ``textbook_rules.CLOCK_SECTIONS``, beyond what tests/reader_waiting.py
+    (VISIBLE_TELEMETRY_CELLS) still allows."""
+    found = {rel: cells for md in sources()
+             if (cells := telemetry_cells(md, rel := md.relative_to(ROOT).as_posix()))}
+    problems = []
+    for rel, cells in sorted(found.items()):
+        allowed = reader_waiting.VISIBLE_TELEMETRY_CELLS.get(rel, 0)
+        if len(cells) > allowed:
+            problems.append(f"{rel}: {len(cells)} visible code cell(s) call telemetry or finish a "
+                            f"figure (allowed {allowed}): start the sampler in a hidden cell "
+                            "before the timed work (tel = Telemetry().start()) and stop it in "
+                            "one after; make a plotting-only figure cell remove-input:\n    "
+                            + "\n    ".join(cells))
+    for rel, allowed in sorted(reader_waiting.VISIBLE_TELEMETRY_CELLS.items()):
+        now = len(found.get(rel, []))
+        if now < allowed:
+            problems.append(f"{rel}: now {now}: lower its number in tests/reader_waiting.py "
+                            f"VISIBLE_TELEMETRY_CELLS to {now}" + (" (remove the entry)" if not now else ""))
+    assert not problems, "\n".join(problems)
+
+
+def test_clock_sections_exist():
+    for rel, section in rules.CLOCK_SECTIONS:
+        sections = {sec for *_, sec in cells_with_sections(ROOT / rel)}
+        assert section in sections, f"CLOCK_SECTIONS names {section!r}, not a ## section of {rel}"
+
+
+def test_the_telemetry_rule_counts_the_old_cells_and_passes_the_new(tmp_path):
+    """The proof: chapter 2's L2 sweep as it stood (its sampler and figure in visible cells)
+    breaks the rule; as it stands now (the sampler started and stopped in hidden cells, the
+    figure cell remove-input) it keeps it; the burst section's clock stays visible, allowed."""
+    old = ("## The L2\n\n```{code-cell} ipython3\nwith Telemetry(work=\"memory\") as tel:\n"
+           "    times = replay_sweep(sizes, dev)\nl2_tel = tel.summary()\n```\n\n"
+           "```{code-cell} ipython3\nfig = caches.plot_working_set(curves)\n"
+           "perflab.record.plotting.finish(fig)\n```\n\n"
+           "```{code-cell} ipython3\nwith Telemetry() as tel, tel.window():\n"
+           "    ran = kernels_by_call(calls)\n```\n")
+    burst = ("\n## Burst and sustained: clocks and the power cap\n\n```{code-cell} ipython3\n"
+             "print(bst.burst.sentence())\n```\n")
+    new = ("## The L2\n\n```{code-cell} ipython3\n:tags: [remove-cell]\n\n"
+           "tel = Telemetry(work=\"memory\").start()\n```\n\n```{code-cell} ipython3\n"
+           "times = replay_sweep(sizes, dev)\n```\n\n```{code-cell} ipython3\n"
+           ":tags: [remove-cell]\n\nl2_tel = tel.stop().summary()\n```\n\n"
+           "```{code-cell} ipython3\n---\ntags: [remove-input]\n---\n"
+           "perflab.record.plotting.finish(caches.plot_working_set(curves))\n```\n")
+    md = tmp_path / "page.md"
+    md.write_text(HEADER + "\n# A page\n\n" + old + burst)
+    got = rules.visible_telemetry_cells(cells_with_sections(md),
+                                        {"Burst and sustained: clocks and the power cap"})
+    assert len(got) == 3 and "Telemetry, summary" in got[0] and "finish" in got[1], got
+    assert "Telemetry, window" in got[2]
+    assert len(rules.visible_telemetry_cells(cells_with_sections(md))) == 4   # not allowed
+    md.write_text(HEADER + "\n# A page\n\n" + new + burst)
+    assert rules.visible_telemetry_cells(cells_with_sections(md), {
+        "Burst and sustained: clocks and the power cap"}) == []
+    assert rules.telemetry_calls("plt.show()\nfig.show()\nx.window_size\nprint(finish)\n") == []
+
+
+def test_chapter_2s_old_source_breaks_the_telemetry_rule(tmp_path):
+    """The rule fails on 2.1 as it stood before this change (main at 752cc28), when git has it."""
+    import subprocess
+
+    try:
+        old = subprocess.run(["git", "show", "752cc28:book/02_hardware_gpu.md"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("git history not available")
+    md = tmp_path / "02_hardware_gpu.md"
+    md.write_text(old)
+    got = telemetry_cells(md, "book/02_hardware_gpu.md")
+    assert len(got) >= 5, got     # the L2 sweep, its figure, tensor cores, elementwise, waves
 
 
 # --- the rule catches what it claims to -------------------------------------------------------

@@ -4,7 +4,8 @@ Each function reads one page's HTML (the DOM Chromium rendered, or the file Sphi
 returns what on it breaks a rule, in words a chapter's author can act on; an empty list means
 the page keeps the rule. ``tests/test_reader.py`` applies them to every page of the built book
 (with the ratchet of ``tests/reader_waiting.py``) and proves each on a page that breaks it;
-``tests/test_bookkeeping_cells.py`` applies :func:`bookkeeping_share` to the sources.
+``tests/test_bookkeeping_cells.py`` applies :func:`bookkeeping_share` and
+:func:`visible_telemetry_cells` to the sources.
 
 * :func:`visible_bookkeeping`: a code cell a reader sees (not ``remove-input``/``remove-cell``,
   not folded by ``hide-input``) that calls ``glue``, ``claim``, ``expect``, ``compare`` or a
@@ -279,6 +280,74 @@ def mostly_bookkeeping_cells(cells: list[tuple[str, list[str]]]) -> list[str]:
         if total and kept * 2 > total:
             first = source.strip().splitlines()[0][:50]
             out.append(f"code cell {k} ({first!r}...): {kept} of its {total} lines are bookkeeping")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The sources: telemetry and figure-finishing in a visible code cell (reader review, 7 December)
+# ---------------------------------------------------------------------------------------------
+
+# Calls that record how a measurement ran or finish a figure, not the technique: opening the
+# sampler (``Telemetry(...)``, ``tel.window()``), reading it (``tel.summary()``,
+# ``summary.sentence()``) and ``perflab.record.plotting.finish(fig)``. A hidden cell before the
+# timed work starts the sampler (``tel = Telemetry().start()``) and one after stops it; a figure
+# cell whose code is only plotting is ``remove-input``.
+TELEMETRY_NAMES = ("Telemetry", "finish")           # called by name (or as module.attribute)
+TELEMETRY_METHODS = ("summary", "window", "sentence")  # called on a sampler or its summary
+
+# Sections that teach reading the clock, where the sampler is the technique: (source, the
+# text of the section's ``##`` heading). Their visible cells may call the names above.
+CLOCK_SECTIONS = {
+    ("book/02_hardware_gpu.md", "Burst and sustained: clocks and the power cap"),
+}
+
+
+def _telemetry_call(node: ast.AST) -> str | None:
+    if not isinstance(node, ast.Call):
+        return None
+    f = node.func
+    if isinstance(f, ast.Name) and f.id in TELEMETRY_NAMES:
+        return f.id
+    if isinstance(f, ast.Attribute):
+        if f.attr in TELEMETRY_METHODS:
+            return f.attr
+        if f.attr == "Telemetry":
+            return f.attr
+        if f.attr == "finish" and isinstance(f.value, (ast.Name, ast.Attribute)) and \
+                (f.value.id if isinstance(f.value, ast.Name) else f.value.attr) == "plotting":
+            return "finish"
+    return None
+
+
+def telemetry_calls(code: str) -> list[str]:
+    """The telemetry and figure-finishing calls in a piece of code (``["Telemetry",
+    "summary", "sentence"]``), in the order of the source. IPython magics are skipped; code
+    that does not parse has none."""
+    lines = ["" if ln.lstrip().startswith(("%", "!")) else ln for ln in code.splitlines()]
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return []
+    found = [(n.lineno, n.col_offset, name) for n in ast.walk(tree)
+             if (name := _telemetry_call(n)) is not None]
+    return [name for *_, name in sorted(found)]
+
+
+def visible_telemetry_cells(cells: list[tuple[str, list[str], str]],
+                            allowed_sections: set[str] | frozenset = frozenset()) -> list[str]:
+    """Of a page's code cells ``(source, tags, section heading)``, each visible one (none of
+    :data:`HIDDEN_TAGS`) outside ``allowed_sections`` that calls telemetry or finishes a figure
+    (:func:`telemetry_calls`), as ``"code cell N (first line...): Telemetry, summary x2"``."""
+    out = []
+    for k, (source, tags, section) in enumerate(cells, start=1):
+        if any(t in HIDDEN_TAGS for t in tags) or section in allowed_sections:
+            continue
+        calls = telemetry_calls(source)
+        if calls:
+            counts = {name: calls.count(name) for name in dict.fromkeys(calls)}
+            words = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in counts.items())
+            first = source.strip().splitlines()[0][:50]
+            out.append(f"code cell {k} ({first!r}...): {words}")
     return out
 
 
