@@ -250,7 +250,7 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
                      f"{saving_text(saved, short=True)} "
                      f"({fmt_range(saved.lo, saved.hi, 's')})",
                      fmt(window, "s"), fmt(busy, "s"), fmt(gaps, "s"),
-                     fmt(ratio, "x", sig=4)])
+                     fmt(ratio, "x")])
     return _md(["rung", "predicted saving per step", what, "profiled step fell by",
                 "in kernels", "in gaps", "rate vs the rung before"], rows), out
 
