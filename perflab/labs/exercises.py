@@ -566,12 +566,10 @@ _NO_HEADER = object()
 
 
 def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]],
-                  reference_run: Any = _NO_HEADER, where: str | None = None,
-                  sig: int = 4) -> str:
+                  reference_run: Any = _NO_HEADER, where: str | None = None, sig: int = 4) -> str:
     """A plain-text table of ``(quantity, yours, reference, unit)`` with the ratio yours/reference.
 
-    Missing values print as ``—``; values keep ``sig`` significant digits (four unless told) and
-    ratios three, written
+    Missing values print as ``—``; values keep ``sig`` significant digits and ratios three, written
     by :func:`perflab.record.numbers.fmt` (``0.0042``, ``137.4B``; never ``0.00`` or ``4.2e-03``).
     Returns the table as a string (print it).
 
@@ -584,7 +582,6 @@ def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]],
             2026-12-05"``: a reference read from an older notebook says so), then a blank line.
         where: what ran the reference's numbers, in the header in place of its devices (lab 8:
             gloo on the host CPU of the GPU machine); ignored without ``reference_run``.
-        sig: significant digits of the values (lab 10 asks three: "0.573", not "0.5733").
     """
     lines = []
     if reference_run is not _NO_HEADER:
