@@ -1041,6 +1041,7 @@ def test_a_saving_whose_rounds_reach_zero_is_no_measurable_change_never_a_negati
     (whatever its median's sign), one wholly below zero a cost, and only one wholly above zero
     a saving; ranges in fmt_range's one style, the median signed only where it may be either."""
     from perflab.gpt2.tables import measurable, saving_text
+    from perflab.record.claims import judge
     rows = Spread((-2.67e-3, -1.0e-3, -0.449e-3, 0.2e-3, 1.08e-3))
     assert measurable(rows) is None
     text = saving_text(rows)
@@ -1055,6 +1056,11 @@ def test_a_saving_whose_rounds_reach_zero_is_no_measurable_change_never_a_negati
     assert measurable(loss) is False
     assert saving_text(loss) == "cost 2 ms a step (1 ms–3 ms)"
     assert saving_text(loss, short=True) == "a loss of 2 ms"
+    # judge(saved, low=0) but for the zero edge: rounds that reach zero measured nothing
+    edge = Spread((0.0, 1e-3, 2e-3))
+    assert judge(edge, low=0.0) is True and measurable(edge) is None
+    for s in (rows, fused, loss):
+        assert measurable(s) is judge(s, low=0.0)
     with pytest.raises(TypeError, match="Spread"):
         measurable((1e-3, 2e-3))
 

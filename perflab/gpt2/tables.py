@@ -12,6 +12,7 @@ from typing import Sequence
 from perflab.core.rounds import Spread
 from perflab.gpt2.breakdown import timeline_spread
 from perflab.memory.snapshots import allocation_timeline, name_allocation, peak_blocks
+from perflab.record.claims import judge
 from perflab.record.numbers import fmt, fmt_range
 
 __all__ = ["previous", "ladder_table", "saving_table", "noise_half_width", "saving_verdict",
@@ -116,12 +117,16 @@ def measurable(saved: Spread) -> bool | None:
     from 8 rounds, else min to max) lies above zero, False when it lies below (the change cost
     time), None when it reaches zero: no measurable change.
 
+    It is :func:`perflab.record.claims.judge` ``(saved, low=0)`` but for one edge: ``judge``'s
+    band is closed, so a spread whose lower end is exactly zero lies inside ``[0, inf)`` and
+    would be True, while a saving whose rounds reach zero is no measurable change (None).
+
     Raises:
         TypeError: ``saved`` is not a :class:`Spread`.
     """
     if not isinstance(saved, Spread):
         raise TypeError(f"saved must be a Spread, got {type(saved).__name__}")
-    return True if saved.lo > 0 else False if saved.hi < 0 else None
+    return None if saved.lo == 0 else judge(saved, low=0.0)
 
 
 def saving_text(saved: Spread, short: bool = False) -> str:
@@ -245,7 +250,7 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
                      f"{saving_text(saved, short=True)} "
                      f"({fmt_range(saved.lo, saved.hi, 's')})",
                      fmt(window, "s"), fmt(busy, "s"), fmt(gaps, "s"),
-                     fmt(ratio, "x", sig=4)])
+                     fmt(ratio, "x")])
     return _md(["rung", "predicted saving per step", what, "profiled step fell by",
                 "in kernels", "in gaps", "rate vs the rung before"], rows), out
 

@@ -566,10 +566,10 @@ _NO_HEADER = object()
 
 
 def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]],
-                  reference_run: Any = _NO_HEADER, where: str | None = None) -> str:
+                  reference_run: Any = _NO_HEADER, where: str | None = None, sig: int = 4) -> str:
     """A plain-text table of ``(quantity, yours, reference, unit)`` with the ratio yours/reference.
 
-    Missing values print as ``—``; values keep four significant digits and ratios three, written
+    Missing values print as ``—``; values keep ``sig`` significant digits and ratios three, written
     by :func:`perflab.record.numbers.fmt` (``0.0042``, ``137.4B``; never ``0.00`` or ``4.2e-03``).
     Returns the table as a string (print it).
 
@@ -593,8 +593,8 @@ def overlay_table(rows: Iterable[tuple[str, float | None, float | None, str]],
         lines += [head, ""]
     lines.append(f"{'quantity':38s} {'yours':>12s} {'reference':>12s} {'ratio':>8s}  unit")
     for name, mine, ref, unit in rows:
-        m = "—" if mine is None else fmt(mine, sig=4)
-        r = "—" if ref is None else fmt(ref, sig=4)
+        m = "—" if mine is None else fmt(mine, sig=sig)
+        r = "—" if ref is None else fmt(ref, sig=sig)
         q = "—" if (mine is None or not ref) else _ratio(mine / ref)
         lines.append(f"{name:38s} {m:>12s} {r:>12s} {q:>8s}  {unit}")
     return "\n".join(lines)

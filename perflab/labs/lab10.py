@@ -38,7 +38,7 @@ from perflab.gpt2.model import GPT, PADDED_VOCAB, GPTConfig, config
 from perflab.gpt2.rungs import RunResult, Rung
 from perflab.gpt2.steps import Forward, make_net, make_step
 from perflab.gpt2.train import batches, train
-from perflab.record.numbers import fmt_small
+from perflab.record.numbers import fmt, fmt_small
 from perflab.labs.exercises import ExerciseFailed, NotPlain, as_float, plain, record, require
 
 __all__ = ["ADAMW_FP32_BYTES", "PeakEstimate", "check_flops_per_token", "check_memory_cut",
@@ -256,8 +256,9 @@ def check_speedrun(base: Rung, mine: Rung | None, tokens: np.ndarray, device,
     if got["speedup"] < min_speedup:
         raise ExerciseFailed(f"✗ your rung is {got['speedup']:.2f}x the baseline (fastest "
                              f"trials; each trial: {trials_txt}), below the target {min_speedup:.2f}x.")
-    print(f"✓ your rung: {got['mine'].tokens_per_s:,.0f} tokens/s, {fraction:.3f} of your "
-          f"matmul ceiling, {got['speedup']:.2f}x the baseline (trials {trials_txt}).")
+    each = f" (trials {trials_txt})" if len(got["ratios"]) > 1 else ""
+    print(f"✓ your rung: {fmt(got['mine'].tokens_per_s, 'tokens/s')}, {fmt(fraction)} "
+          f"of your matmul ceiling, {fmt(got['speedup'], 'x')} the baseline{each}.")
     if fraction > 1:
         print("  (Above 1: the ceilings file was measured while this machine was busier than "
               "now; `python -m perflab.machine.ceilings --fresh` measures it again.)")
@@ -470,8 +471,8 @@ def check_memory_cut(base: Rung, lean: Rung | None, tokens: np.ndarray, device,
         raise ExerciseFailed(f"✗ your lean rung's {what.split(' (')[0]} is {ratio:.2f}x the "
                              f"baseline's ({mp / 2**20:,.1f} MiB against {bp / 2**20:,.1f} "
                              f"MiB); the target is at most {max_ratio:.2f}x.")
-    print(f"✓ your lean rung: {what.split(' (')[0]} {mp / 2**20:,.1f} MiB, {ratio:.2f}x the "
-          f"baseline's {bp / 2**20:,.1f} MiB; losses agree within {fmt_small(worst)}.")
+    print(f"✓ your lean rung: {what.split(' (')[0]} {fmt(mp, 'iB')}, {fmt(ratio, 'x')} the "
+          f"baseline's {fmt(bp, 'iB')}; losses agree within {fmt_small(worst)}.")
     return out
 
 
