@@ -62,6 +62,7 @@ class Job:
     value: Any = None
     error: BaseException | None = None
     procs: list = field(default_factory=list)
+    cpu: float | None = None            # CPU seconds of its processes run by Pool.run (the job log)
 
 
 class Pool:
@@ -240,12 +241,15 @@ class Pool:
             if closed:
                 _kill(proc)
             try:
-                proc.wait(timeout=timeout)
+                cpu = _wait(proc, timeout)
                 timed_out = False
             except subprocess.TimeoutExpired:
                 timed_out = True
             _killpg(proc.pid)           # the group's leftovers (or, on timeout, all of it)
-            proc.wait()
+            if timed_out:
+                cpu = _wait(proc, None)
+            if job is not None and cpu is not None:
+                job.cpu = (job.cpu or 0.0) + cpu
             out, err = (_read(f) for f in (out_f, err_f))
         if timed_out:
             raise subprocess.TimeoutExpired(cmd, timeout, out, err)
@@ -267,22 +271,47 @@ class Pool:
 
 
 # PERFLAB_TEST_JOBLOG=FILE appends one line per finished job (its key, when it started and how
-# long it ran, in seconds from the session's start, and whether it ran alone): where a test run's
-# time goes, which pytest's --durations hides behind the tests that wait.
+# long it ran, in seconds from the session's start, whether it ran alone, and its CPU seconds
+# where known): where a test run's time goes, which pytest's --durations hides behind the tests
+# that wait.
 _T0 = time.monotonic()
 _JOBLOG = os.environ.get("PERFLAB_TEST_JOBLOG")
 
 
 def _log(job: Job, began: float) -> None:
-    log_span(job.key, began, "alone" if job.alone else "")
+    log_span(job.key, began, "alone" if job.alone else "", job.cpu)
 
 
-def log_span(key: str, began: float, tag: str = "") -> None:
-    """One line of the job log: ``key`` ran from ``began`` (``time.monotonic()``) until now. The
-    test process logs each test module's span too (tag ``tests``, tests/conftest.py)."""
+def log_span(key: str, began: float, tag: str = "", cpu: float | None = None) -> None:
+    """One line of the job log: ``key`` ran from ``began`` (``time.monotonic()``) until now; a
+    fifth column, where known, the CPU seconds (user + system) of the processes the job ran
+    through :meth:`Pool.run` and of their descendants that were waited for (a job's wall time
+    on a loaded 2-core machine says little of its own work). The test process logs each test
+    module's span too (tag ``tests``, tests/conftest.py)."""
     if _JOBLOG:
         with open(_JOBLOG, "a", encoding="utf-8") as f:
-            f.write(f"{key}\t{began - _T0:.1f}\t{time.monotonic() - began:.1f}\t{tag}\n")
+            f.write(f"{key}\t{began - _T0:.1f}\t{time.monotonic() - began:.1f}\t{tag}"
+                    f"\t{'' if cpu is None else f'{cpu:.1f}'}\n")
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None) -> float | None:
+    """``proc.wait(timeout)`` that also returns the CPU seconds of the process and of the
+    descendants it waited for (``os.wait4``), or None where another caller reaped it first."""
+    end = None if timeout is None else time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            pid, status, usage = os.wait4(proc.pid, 0 if end is None else os.WNOHANG)
+        except ChildProcessError:       # reaped elsewhere (Popen.poll from close())
+            proc.wait()
+            return None
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_utime + usage.ru_stime
+        if time.monotonic() >= end:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        time.sleep(delay)
+        delay = min(2 * delay, 0.05)
 
 
 def _killpg(pgid: int) -> None:

@@ -11,7 +11,9 @@ tests/test_student_editions.py (one home for the kernel runs; each lab runs once
    (:class:`grader.remote.HiddenTests`), and records that outcome too (``remote``);
 2. replays each wrong solution of ``tests/lab_wrong_solutions.py`` from the namespace before its
    solution cell, as the grader runs it: the wrong cell, then the cells up to its exercise's
-   last check cell, each check cell's visible code in the kernel and its hidden tests here;
+   last check cell, each check cell's visible code in the kernel and its hidden tests here
+   (the cases of a cell listed in ``SHARED_PREFIX`` that share its first statements run those
+   once: each case then runs the rest of its cell from the namespace they left);
 3. runs the student edition (``scripts/make_student.py``) from the namespace before the first
    cell it changes (the cells before it are the same code, already run by step 1), every cell
    whatever the one before raised, as *Run All* with errors allowed does. Where that shared start
@@ -35,6 +37,7 @@ import os
 import pickle
 import re
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +52,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 import background  # noqa: E402
 import make_student  # noqa: E402
-from lab_wrong_solutions import WRONG  # noqa: E402
+from lab_wrong_solutions import SHARED_PREFIX, WRONG  # noqa: E402
 
 from perflab.record import runs  # noqa: E402
 from perflab.labs.exercises import ExerciseFailed  # noqa: E402
@@ -216,6 +219,43 @@ def _wrong_outcome(kernel: Kernel, cells, start: int, source: str, stop: int) ->
     return outcome
 
 
+def shared_prefix(reference: str, wrong: str) -> int:
+    """How many leading lines of ``wrong`` are the reference cell's own first statements: the
+    largest line number at which a top-level statement starts in both cells with every line
+    before it the same (0: none, or a cell that does not parse as Python, such as a magic)."""
+    try:
+        trees = ast.parse(reference), ast.parse(wrong)
+    except SyntaxError:
+        return 0
+    a, b = reference.splitlines(keepends=True), wrong.splitlines(keepends=True)
+    same = 0
+    while same < min(len(a), len(b)) and a[same] == b[same]:
+        same += 1
+
+    def starts(tree) -> set[int]:
+        return {min([s.lineno] + [d.lineno for d in getattr(s, "decorator_list", [])]) - 1 for s in tree.body}
+
+    return max((n for n in starts(trees[0]) & starts(trees[1]) if n <= same), default=0)
+
+
+def _shared_cuts(stem: str, cells, index: dict) -> dict[int, int]:
+    """{case k: cut} for the wrong solutions of ``SHARED_PREFIX[stem]``'s cells that share their
+    first ``cut`` lines (whole statements, :func:`shared_prefix`) with the reference and with
+    another case of the same cell: those lines run once, from the namespace before the solution
+    cell, and each case of the group then runs the rest of its cell from the namespace they left.
+    The cases of one group differ only after the cut, so each runs the code it ran whole (lab 9's
+    exercise 4: every precision mode trained and timed, then three wrong choices read the times)."""
+    found: dict[int, tuple[str, int]] = {}
+    for k, (sol_id, old, new, *_) in enumerate(WRONG.get(stem, [])):
+        start = index.get(sol_id)
+        if sol_id in SHARED_PREFIX.get(stem, ()) and start is not None and old in cells[start].source:
+            cut = shared_prefix(cells[start].source, cells[start].source.replace(old, new))
+            if cut:
+                found[k] = (sol_id, cut)
+    groups = Counter(found.values())
+    return {k: cut for k, (sol_id, cut) in found.items() if groups[sol_id, cut] >= 2}
+
+
 def _student_cells(kernel: Kernel, cells) -> list[StudentCell]:
     out = []
     for cell in cells:
@@ -313,13 +353,29 @@ def _lab_run(lab: Path) -> LabRun:
             prefix_ok = prefix_ok and (err is None or i >= shared)
         if run.broken is None and not any(run.results.values()):
             index = grade_index(cells)
+            cuts = _shared_cuts(lab.stem, cells, index)
+            prefixes: dict = {}                # (solution id, cut) -> the snapshot after the prefix
             for k, (sol_id, old, new, *_) in enumerate(WRONG.get(lab.stem, [])):
                 start = index.get(sol_id)
                 if start is None or old not in cells[start].source:
                     continue                   # the test reports it
                 try:
                     kernel.restore(sol_id)
-                    run.wrong[k] = _wrong_outcome(kernel, cells, start, cells[start].source.replace(old, new),
+                    source = cells[start].source.replace(old, new)
+                    cut = cuts.get(k, 0)
+                    if cut and (sol_id, cut) not in prefixes:
+                        # the first case of its group runs the shared lines, then keeps the namespace
+                        lines = cells[start].source.splitlines(keepends=True)
+                        err = kernel.run("".join(lines[:cut]))
+                        if err is None:
+                            kernel.snapshot(f"{sol_id} @ {cut}")
+                            prefixes[sol_id, cut] = f"{sol_id} @ {cut}"
+                        else:
+                            kernel.restore(sol_id)         # as if no prefix were shared: run it whole
+                    if cut and (sol_id, cut) in prefixes:
+                        kernel.restore(prefixes[sol_id, cut])
+                        source = "".join(source.splitlines(keepends=True)[cut:])
+                    run.wrong[k] = _wrong_outcome(kernel, cells, start, source,
                                                   _last_check(cells, make_student.exercise_number(sol_id)))
                 except CellError as e:
                     run.wrong[k] = e

@@ -557,3 +557,15 @@ WRONG = {
          'optimizer="in_backward"', r"target is at most"),
     ],
 }
+
+#: solution cells whose wrong solutions share their first statements (``{lab stem: (grade_id,
+#: ...)}``, tests/lab_runs.py): the cases of one cell that differ from the reference only after
+#: the same line run those lines once, and each runs the rest of its cell from the namespace they
+#: left. Only cells whose cases (and the check cells after them) read what the shared lines made,
+#: never change it, are listed: a case that trained a shared model further would hand the next
+#: case another model. Lab 9, exercise 4: the shared lines train every precision mode and time
+#: them in interleaved rounds (most of the lab's run); three wrong choices (fp16, pure bf16,
+#: fp32) read ``seconds`` and ``losses`` and the check reads them too. The fourth case, which
+#: times the modes another way, differs earlier and runs its cell whole. Two runs of that cell
+#: fewer: lab 9's run took 52 CPU-seconds instead of 90 (7 December, this 2-core machine).
+SHARED_PREFIX = {"09_advanced": ("ex4-solution",)}

@@ -1,5 +1,6 @@
 """tests/background.py: the session's heavy work, two jobs at a time, ahead of its tests."""
 
+import subprocess
 import sys
 import threading
 import time
@@ -237,3 +238,30 @@ def test_a_job_past_its_timeout_is_killed_with_its_output_so_far():
     assert isinstance(job.error, background.subprocess.TimeoutExpired)
     assert job.error.output == "begun\n"
     assert job.procs[0].poll() is not None
+
+
+_BURNS = ("import subprocess, sys, time\n"
+          "t = time.process_time()\n"
+          "while time.process_time() - t < 0.6:\n"
+          "    pass\n"
+          "subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+          "while time.process_time() - t < 0.6:\\n    pass'])\n")
+
+
+def test_the_job_log_gives_each_job_the_cpu_seconds_of_its_processes(tmp_path, monkeypatch):
+    """A job's CPU seconds (its process and the child it waited for), in the log's fifth column:
+    wall time on a loaded machine says little of a job's own work."""
+    log = tmp_path / "jobs.tsv"
+    monkeypatch.setattr(background, "_JOBLOG", str(log))
+    pool = background.Pool(1)
+    pool.submit("burns", lambda: pool.run([sys.executable, "-c", _BURNS], 120))
+    pool.submit("sleeps", lambda: pool.run([sys.executable, "-c", "import time; time.sleep(60)"], 1))
+    pool.start()
+    try:
+        burns, sleeps = pool.result("burns"), pool.result("sleeps")
+    finally:
+        pool.close()
+    assert burns.value.returncode == 0 and 1.2 <= burns.cpu < 30
+    assert isinstance(sleeps.error, subprocess.TimeoutExpired) and sleeps.cpu < 1
+    rows = {line.split("\t")[0]: line.rstrip("\n").split("\t") for line in log.read_text().splitlines()}
+    assert float(rows["burns"][4]) == pytest.approx(burns.cpu, abs=0.05)

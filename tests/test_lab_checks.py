@@ -122,3 +122,28 @@ def test_every_exercise_has_a_wrong_solution(lab):
     covered = {make_student.exercise_number(entry[0]) for entry in WRONG.get(lab.stem, [])}
     assert lab.stem in WRONG, f"{lab.name}: no wrong solutions in tests/lab_wrong_solutions.py"
     assert exercises <= covered, f"{lab.name}: exercises without a wrong solution: {sorted(exercises - covered)}"
+
+
+def test_wrong_solutions_share_only_whole_leading_statements():
+    """tests/lab_runs.py runs a prefix once for the cases of a SHARED_PREFIX cell: the prefix is
+    whole top-level statements that come before the first changed line, in both cells."""
+    from lab_runs import shared_prefix
+    ref = "a = 1\nfor i in range(3):\n    a += i\nb = a\nc = b\n"
+    assert shared_prefix(ref, ref.replace("c = b", "c = 0")) == 4
+    assert shared_prefix(ref, ref.replace("    a += i", "    a -= i")) == 1   # not inside the loop
+    assert shared_prefix(ref, ref.replace("a = 1", "a = 2")) == 0
+    assert shared_prefix("%time a = 1\nb = 2\n", "%time a = 1\nb = 3\n") == 0  # not Python: none
+    assert shared_prefix("@d\ndef f():\n    pass\nx = 1\n", "@d\ndef f():\n    pass\nx = 2\n") == 3
+
+
+def test_shared_prefixes_group_cases_that_cut_at_the_same_line():
+    """Lab 9's exercise 4: the three wrong choices share the trained and timed modes; the case
+    that times them another way differs before and runs its cell whole."""
+    from lab_runs import _shared_cuts, grade_index
+    lab = next(p for p in LABS if p.stem == "09_advanced")
+    cells = [c for c in jupytext.read(lab).cells if c.cell_type == "code"]
+    cuts = _shared_cuts(lab.stem, cells, grade_index(cells))
+    ex4 = [k for k, entry in enumerate(WRONG[lab.stem]) if entry[0] == "ex4-solution"]
+    assert len(set(cuts.values())) == 1 and set(cuts) < set(ex4) and len(cuts) == len(ex4) - 1
+    source = cells[grade_index(cells)["ex4-solution"]].source.splitlines()
+    assert "interleaved(" in "\n".join(source[:next(iter(cuts.values()))])
