@@ -704,12 +704,43 @@ def test_efficiency_is_judged_round_by_round_against_its_own_prediction(glued):
     was reported as a result. Each round's efficiency over the round's prediction is judged,
     and the glued text carries the spread."""
     eff = [0.80, 0.85, 0.90, 0.82, 0.88, 0.84, 0.86, 0.83, 0.87]
-    assert verdicts.judge_efficiency("k", eff, [e * 1.02 for e in eff]) == "within"
+    alts = dict(nothing_exposed=eff, none_hidden=eff)
+    assert verdicts.judge_efficiency("k", eff, [e * 1.02 for e in eff], **alts) == "within"
     assert glued["k_efficiency_text"].startswith("0.85 (")
     assert "inter-quartile" in glued["k_efficiency_text"]
-    assert verdicts.judge_efficiency("k", eff, [e * 2 for e in eff]) == "outside"
+    assert verdicts.judge_efficiency("k", eff, [e * 2 for e in eff], **alts) == "outside"
     with pytest.raises(ValueError, match="same rounds"):
-        verdicts.judge_efficiency("k", eff, eff[:3])
+        verdicts.judge_efficiency("k", eff, eff[:3], **alts)
+    with pytest.raises(ValueError, match="same rounds"):
+        verdicts.judge_efficiency("k", eff, eff, nothing_exposed=eff, none_hidden=eff[:3])
+
+
+def test_efficiency_resolution_says_whether_the_band_tells_the_model_from_no_overlap_model(glued):
+    """Chapter 8's review: with an exposed time of a few per cent of the step, a band of 15 %
+    holds the efficiency predicted with nothing exposed (t1 / t_alone) and with nothing hidden
+    too; the glued resolution says so, and says when the band leaves them out."""
+    predicted = [0.90, 0.92, 0.91, 0.89, 0.90]
+    near = [p * 1.03 for p in predicted]              # 3 % exposed: inside a 15 % band
+    far_low = [p * 0.70 for p in predicted]           # nothing hidden: 30 % below
+    far_high = [p * 1.25 for p in predicted]          # nothing exposed: 25 % above
+    verdicts.judge_efficiency("k", predicted, predicted, 0.15, nothing_exposed=near,
+                              none_hidden=[p * 0.95 for p in predicted])
+    told = glued["k_efficiency_resolution"]
+    assert "holds the efficiency predicted with nothing exposed" in told
+    assert "holds the efficiency predicted with nothing hidden" in told
+    assert "cannot tell the model from either" in told
+    verdicts.judge_efficiency("k", predicted, predicted, 0.15, nothing_exposed=near,
+                              none_hidden=far_low)
+    told = glued["k_efficiency_resolution"]
+    assert "leaves out the efficiency predicted with nothing hidden (0.63, 0.7x" in told
+    assert "from nothing hidden, not from nothing exposed" in told
+    verdicts.judge_efficiency("k", predicted, predicted, 0.15, nothing_exposed=far_high,
+                              none_hidden=far_low)
+    assert glued["k_efficiency_resolution"].endswith("can tell the model from both")
+    # the band's width decides: 33 % holds both of them
+    verdicts.judge_efficiency("k", predicted, predicted, 0.33, nothing_exposed=far_high,
+                              none_hidden=far_low)
+    assert "cannot tell the model from either" in glued["k_efficiency_resolution"]
 
 
 def test_own_cost_resolution_says_when_rounds_cannot_resolve_a_small_cost():

@@ -220,25 +220,72 @@ def judge_no_sync(counts: dict, accum: int, buckets: int, no_sync_rounds: Sequen
     return compare("no_sync_sentence", saved, skipped_s, tolerance, bound="host", reason=reason)
 
 def judge_efficiency(key: str, measured: Sequence[float], predicted: Sequence[float],
-                     tolerance: float = 0.15) -> Verdict:
+                     tolerance: float = 0.15, *, nothing_exposed: Sequence[float],
+                     none_hidden: Sequence[float]) -> Verdict:
     """DDP's scaling efficiency judged round by round: each round's measured efficiency over
     the one predicted from the same round's steps, against 1 within ``tolerance``
     (``bound="host"``). Glues ``{key}_efficiency`` (the median), ``{key}_efficiency_text`` (the
     median and spread: a single round's efficiency, as high as 1.55 in run 07ca410, is not a
     result) and ``{key}_efficiency_sentence`` with its ``_spread``.
 
+    The prediction's one modelled term, the exposed communication, may be a few per cent of the
+    step, and then the band holds the efficiencies the model would predict without it too:
+    ``nothing_exposed`` (per round, ``t1 / t_alone``) and ``none_hidden`` (per round, every
+    bucket's all-reduce after the backward). ``{key}_efficiency_resolution`` says, from the
+    medians of their per-round ratios to ``predicted``, whether the band leaves each out, i.e.
+    whether this verdict can tell the model from them (as :func:`judge_exposed`'s resolution
+    does for the exposed time alone).
+
     Raises:
         ValueError: rounds of different lengths, a prediction that is not positive, or see
             :func:`perflab.record.claims.compare`.
     """
-    if len(measured) != len(predicted) or any(p <= 0 for p in predicted):
-        raise ValueError(f"measured and predicted must hold the same rounds, predictions positive; "
-                         f"got {list(measured)} and {list(predicted)}")
+    rounds = (measured, predicted, nothing_exposed, none_hidden)
+    if len({len(r) for r in rounds}) != 1 or any(p <= 0 for p in predicted):
+        raise ValueError(f"measured, predicted, nothing_exposed and none_hidden must hold the "
+                         f"same rounds, predictions positive; got {[list(r) for r in rounds]}")
+    number("tolerance", tolerance, above=0, below=1)
     eff = spread(measured)
     glue(f"{key}_efficiency", eff.median)
     glue(f"{key}_efficiency_text", f"{eff.median:.2f} ({eff.lo:.2f} to {eff.hi:.2f}, {eff.kind})")
+    glue(f"{key}_efficiency_resolution",
+         _efficiency_resolution(predicted, tolerance, nothing_exposed, none_hidden))
     return compare(f"{key}_efficiency_sentence", spread(m / p for m, p in zip(measured, predicted)),
                    1.0, tolerance, bound="host")
+
+
+def _efficiency_resolution(predicted: Sequence[float], tolerance: float,
+                          nothing_exposed: Sequence[float], none_hidden: Sequence[float]) -> str:
+    """Whether a band of ``tolerance`` around each round's ``predicted`` efficiency leaves out
+    the efficiencies predicted with nothing exposed and with nothing hidden (the same rounds):
+    a sentence. Each alternative is placed by the median of its per-round ratio to
+    ``predicted``; one inside ``1 ± tolerance`` cannot be told from the model by the band.
+
+    Raises:
+        ValueError: rounds of different lengths or predictions that are not positive.
+    """
+    if len({len(predicted), len(nothing_exposed), len(none_hidden)}) != 1 or any(
+            p <= 0 for p in predicted):
+        raise ValueError("predicted, nothing_exposed and none_hidden must hold the same rounds, "
+                         "predictions positive")
+    parts, told = [], []
+    for what, alt in (("nothing exposed", nothing_exposed), ("nothing hidden", none_hidden)):
+        ratio = statistics.median(a / p for a, p in zip(alt, predicted))
+        out = not 1 - tolerance <= ratio <= 1 + tolerance
+        told.append(out)
+        parts.append(f"{'leaves out' if out else 'holds'} the efficiency predicted with {what} "
+                     f"({fmt(statistics.median(alt))}, {fmt(ratio, 'x')} the prediction)")
+    band = f"the band of ±{fmt(tolerance, '%')}"
+    if all(told):
+        verdict = "this verdict can tell the model from both"
+    elif told[1]:
+        verdict = "this verdict can tell the model from nothing hidden, not from nothing exposed"
+    elif told[0]:
+        verdict = "this verdict can tell the model from nothing exposed, not from nothing hidden"
+    else:
+        verdict = ("this verdict cannot tell the model from either: it tests the steps the "
+                   "prediction is made of, not the exposed time")
+    return f"{band} {parts[0]} and {parts[1]}: {verdict}"
 
 
 def own_cost_resolution(cost: Spread, expected: float) -> str:
