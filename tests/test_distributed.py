@@ -689,9 +689,12 @@ def test_no_sync_is_counted_exactly_and_timed_as_a_ratio(glued, monkeypatch):
     for wrong in ({"sync_every": 8, "no_sync": 0}, {"sync_every": 8, "no_sync": 8}):
         verdicts.judge_no_sync(wrong, 4, 2, no_sync, every, 12e-3)
         assert glued["no_sync_count_sentence"].startswith("the traces count 8 and")
-    assert verdicts.judge_no_sync({"sync_every": 8, "no_sync": 2}, 4, 2, no_sync, every, 12e-3,
-                                  0.6) is None    # the prediction's own spread: too wide
-    assert seen["no_sync_sentence"].startswith("undecided: the prediction itself")
+    # chapter 8's review: the band stays 15 %, whatever the prediction's noise; rounds of the
+    # time saved that reach across its edge give "undecided" (here 10-14 ms against 10.2-13.8)
+    wide = [e - d for e, d in zip(every, (10e-3, 12e-3, 14e-3))]
+    assert verdicts.judge_no_sync({"sync_every": 8, "no_sync": 2}, 4, 2, wide, every,
+                                  12e-3) == "undecided"
+    assert glued["no_sync_sentence"].startswith("undecided")
     assert verdicts.judge_no_sync({"sync_every": 8, "no_sync": 2}, 4, 2, no_sync, every, 0.0) is None
     assert seen["no_sync_sentence"].startswith("no comparison")
     assert "no_sync_sentence_spread" in seen
