@@ -866,3 +866,29 @@ def test_arrival_skew_reads_every_ranks_collectives_on_one_clock():
     assert arrival_skew([starts, starts[:1]])["count"] == 1
     with pytest.raises(ValueError, match="2 ranks"):
         arrival_skew([starts])
+
+
+def test_a_gpu_step_is_judged_in_two_parts_products_and_the_measured_rest(glued):
+    """Chapter 8's review: a 10 % band on the whole GPU step was as wide as the part of the step
+    the model did not time (its rest), so the products are judged alone and the rest is
+    measured (the step minus the products timed alone), as a share of the step. Made-up numbers
+    in the shape of the H100 runs: a step of 188 ms, products 165 ms alone against 142 ms at
+    the ceiling, a rest of 18.1 ms modelled."""
+    steps = [0.186, 0.188, 0.190, 0.187, 0.189]
+    products, rest = verdicts.judge_step_parts("g", steps, 0.165, 0.142, 0.0181)
+    assert products == "outside"                           # 1.16x the ceiling's prediction
+    assert rest == "within"                                # 23 ms against 18.1 ms, within 50 %
+    assert glued["g_rest_text"] == "23 ms"
+    assert glued["g_rest_share_text"] == "12.2 %"
+    assert abs(glued["g_rest_share"] - 0.023 / 0.188) < 1e-9
+    assert "g_products_sentence_spread" in glued and "g_rest_sentence_spread" in glued
+    # products as predicted; the rest twice the model's: outside, and the products' band holds
+    products, rest = verdicts.judge_step_parts("g", steps, 0.150, 0.142, 0.0181)
+    assert (products, rest) == ("within", "outside")
+    # a rest whose rounds reach across the band's edge is undecided
+    products, rest = verdicts.judge_step_parts("g", [0.190, 0.198, 0.200], 0.170, 0.170, 0.018)
+    assert rest == "undecided"
+    with pytest.raises(ValueError, match="step_rounds"):
+        verdicts.judge_step_parts("g", [], 0.165, 0.142, 0.0181)
+    with pytest.raises(ValueError, match="products_s"):
+        verdicts.judge_step_parts("g", steps, 0.0, 0.142, 0.0181)

@@ -28,7 +28,7 @@ from perflab.record.numbers import fmt
 from perflab.record.provenance import glue
 
 __all__ = ["bucket_slopes", "cost_ratio", "judge_best_cap", "judge_bucket_slope", "judge_cost", "judge_cost_range",
-           "judge_efficiency", "judge_exposed", "judge_no_sync", "own_cost_resolution", "resolution",
+           "judge_efficiency", "judge_exposed", "judge_no_sync", "judge_step_parts", "own_cost_resolution", "resolution",
            "spread_text", "step_ratio"]
 
 
@@ -280,6 +280,44 @@ def _efficiency_resolution(predicted: Sequence[float], tolerance: float,
         verdict = ("this verdict cannot tell the model from either: it tests the steps the "
                    "prediction is made of, not the exposed time")
     return f"{band} {parts[0]} and {parts[1]}: {verdict}"
+
+
+def judge_step_parts(key: str, step_rounds: Sequence[float], products_s: float,
+                     products_predicted_s: float, rest_predicted_s: float,
+                     products_tolerance: float = 0.10,
+                     rest_tolerance: float = 0.5) -> tuple[Verdict, Verdict]:
+    """One step judged in two parts, so that neither hides in a band as wide as the other: its
+    matrix products, timed alone (``products_s``, seconds), against their prediction
+    ``products_predicted_s`` within ``products_tolerance`` (``{key}_products_sentence``,
+    ``bound="device"``); and the rest of the step, measured round by round as each round's
+    step (``step_rounds``, seconds) minus the products timed alone, against the model's
+    ``rest_predicted_s`` within ``rest_tolerance`` (``{key}_rest_sentence``,
+    ``bound="device"``). Glues ``{key}_rest_text`` (the rest's median), ``{key}_rest_share``
+    and ``{key}_rest_share_text`` (the median of the rest over the step, per round: the share
+    of the step the products' verdict does not cover, as measured).
+
+    Returns:
+        ``(products verdict, rest verdict)``.
+
+    Raises:
+        ValueError: no rounds, a time that is not positive, or see
+            :func:`perflab.record.claims.compare`.
+    """
+    number("products_s", products_s, above=0)
+    number("products_predicted_s", products_predicted_s, above=0)
+    number("rest_predicted_s", rest_predicted_s, above=0)
+    if not step_rounds or any(t <= 0 for t in step_rounds):
+        raise ValueError(f"step_rounds must hold positive seconds, got {list(step_rounds)}")
+    rest = spread(t - products_s for t in step_rounds)
+    share = statistics.median((t - products_s) / t for t in step_rounds)
+    glue(f"{key}_rest_text", fmt(rest.median, "s"))
+    glue(f"{key}_rest_share", share)
+    glue(f"{key}_rest_share_text", fmt(share, "%"))
+    products = compare(f"{key}_products_sentence", products_s, products_predicted_s,
+                       products_tolerance, bound="device")
+    return products, compare(f"{key}_rest_sentence", rest, rest_predicted_s, rest_tolerance,
+                             bound="device", reason="a difference of the step and its products "
+                             "timed apart, against passes modelled at the copy rate")
 
 
 def own_cost_resolution(cost: Spread, expected: float) -> str:
