@@ -155,8 +155,7 @@ def judge_exposed(key: str, ddp_rounds: Sequence[float], alone_rounds: Sequence[
         raise ValueError(f"ddp_rounds and alone_rounds must hold the same rounds, got "
                          f"{len(ddp_rounds)} and {len(alone_rounds)}")
     waited = spread(d - a for d, a in zip(ddp_rounds, alone_rounds))
-    glue(f"{key}_waited_text", f"{fmt(waited.median, 's')} ({fmt(waited.lo, 's')} to "
-                               f"{fmt(waited.hi, 's')}, {waited.kind})")
+    glue(f"{key}_waited_text", spread_text(waited, "s"))
     glue(f"{key}_exposed_text", fmt(exposed_s, "s"))
     glue(f"{key}_none_hidden_text", fmt(none_hidden_s, "s"))
     tells = not exposed_s * (1 - tolerance) <= none_hidden_s <= exposed_s * (1 + tolerance)
@@ -219,7 +218,7 @@ def judge_efficiency(key: str, measured: Sequence[float], predicted: Sequence[fl
     """DDP's scaling efficiency judged round by round: each round's measured efficiency over
     the one predicted from the same round's steps, against 1 within ``tolerance``
     (``bound="host"``). Glues ``{key}_efficiency`` (the median), ``{key}_efficiency_text`` (the
-    median and spread: a single round's efficiency, as high as 1.55 in run 07ca410, is not a
+    median and spread, :func:`spread_text`: a single round's efficiency, as high as 1.55 in run 07ca410, is not a
     result) and ``{key}_efficiency_sentence`` with its ``_spread``.
 
     The prediction's one modelled term, the exposed communication, may be a few per cent of the
@@ -241,7 +240,7 @@ def judge_efficiency(key: str, measured: Sequence[float], predicted: Sequence[fl
     number("tolerance", tolerance, above=0, below=1)
     eff = spread(measured)
     glue(f"{key}_efficiency", eff.median)
-    glue(f"{key}_efficiency_text", f"{eff.median:.2f} ({eff.lo:.2f} to {eff.hi:.2f}, {eff.kind})")
+    glue(f"{key}_efficiency_text", spread_text(eff, ""))
     glue(f"{key}_efficiency_resolution",
          _efficiency_resolution(predicted, tolerance, nothing_exposed, none_hidden))
     return compare(f"{key}_efficiency_sentence", spread(m / p for m, p in zip(measured, predicted)),
