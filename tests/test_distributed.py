@@ -892,3 +892,21 @@ def test_a_gpu_step_is_judged_in_two_parts_products_and_the_measured_rest(glued)
         verdicts.judge_step_parts("g", [], 0.165, 0.142, 0.0181)
     with pytest.raises(ValueError, match="products_s"):
         verdicts.judge_step_parts("g", steps, 0.0, 0.142, 0.0181)
+
+
+def test_a_difference_whose_rounds_cross_zero_is_stated_in_seconds_not_as_ratios(glued):
+    """Chapter 8's reader review: DDP's exposed time read "3.25x the prediction (-5.3x to 6.60x,
+    inter-quartile range over 9 rounds)": a ratio spread that crosses zero cannot be read. The
+    note then gives the rounds in seconds and the verdict in words; the prose phrase stays."""
+    from perflab.core.rounds import spread
+    crossing = spread([-5.3e-3, 1e-3, 4.9e-3, 5.5e-3, 6.6e-3])
+    v = verdicts.compare_difference("d", crossing, 1.5e-3, 0.5, bound="host", reason="a test")
+    assert v == "undecided"
+    assert glued["d"].startswith("undecided (")
+    note = glued["d_spread"]
+    assert "-5.3 ms to +6.6 ms" in note and "x the prediction" not in note
+    assert "undecided: the rounds reach across the band's edge" in note
+    assert v.detail == note
+    positive = spread([1.4e-3, 1.5e-3, 1.6e-3])             # no round at zero: compare's note
+    verdicts.compare_difference("d", positive, 1.5e-3, 0.5, bound="host", reason="a test")
+    assert glued["d_spread"].startswith("1.00x the prediction (0.93–1.07x")

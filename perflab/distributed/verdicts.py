@@ -24,12 +24,13 @@ from perflab.core.fits import fit_line
 from perflab.core.rounds import Spread, spread
 from perflab.core.validate import number
 from perflab.record.claims import SPREAD_SUFFIX, Verdict, claim, compare, judge
-from perflab.record.numbers import fmt
+from perflab.record.numbers import fmt, fmt_range
 from perflab.record.provenance import glue
 
-__all__ = ["bucket_slopes", "cost_ratio", "judge_best_cap", "judge_bucket_slope", "judge_cost", "judge_cost_range",
-           "judge_efficiency", "judge_exposed", "judge_no_sync", "judge_step_parts", "own_cost_resolution", "resolution",
-           "spread_text", "step_ratio"]
+__all__ = ["bucket_slopes", "compare_difference", "cost_ratio", "judge_best_cap",
+           "judge_bucket_slope", "judge_cost", "judge_cost_range", "judge_efficiency",
+           "judge_exposed", "judge_no_sync", "judge_step_parts", "own_cost_resolution",
+           "resolution", "spread_text", "step_ratio"]
 
 
 def spread_text(value: Spread, unit: str) -> str:
@@ -83,6 +84,31 @@ def resolution(predicted: float, tolerance: float, what: str, base: str) -> str:
         return (f"the band ({band}) holds {base}'s own step: this run cannot tell {what}'s cost "
                 "from none, only a miss of the prediction")
     return f"the band ({band}) leaves out {base}'s own step: this run can tell {what} from {base}"
+
+
+def compare_difference(name: str, difference: Spread, predicted_s: float, tolerance: float,
+                       *, bound: str, reason: str | None = None) -> Verdict:
+    """:func:`perflab.record.claims.compare` for a difference of two times taken round by round
+    (a step beyond another, a time saved): the same verdict and prose phrase, but when some
+    rounds' differences are at or below zero, the ``name + "_spread"`` note states them in
+    seconds and says the verdict in words, since a spread of ratios that crosses zero
+    ("-5.3x to 6.60x the prediction") cannot be read.
+
+    Raises:
+        ValueError: see :func:`perflab.record.claims.compare`.
+    """
+    verdict = compare(name, difference, predicted_s, tolerance, bound=bound, reason=reason)
+    if difference.lo <= 0:
+        lo, hi = predicted_s * (1 - tolerance), predicted_s * (1 + tolerance)
+        verdict.detail = (
+            f"the rounds ran {fmt_range(difference.lo, difference.hi, 's')} "
+            f"({difference.kind}), at or below zero in some, so no ratio to the "
+            f"prediction is read from them; against the band of {fmt_range(lo, hi, 's')} "
+            f"(±{fmt(tolerance, '%')}) around the predicted {fmt(predicted_s, 's')}, "
+            + {"undecided": "undecided: the rounds reach across the band's edge",
+               "outside": "outside the band", "within": "within the band"}[str(verdict)])
+        glue(name + SPREAD_SUFFIX, verdict.detail)
+    return verdict
 
 
 def judge_cost(name: str, steps: Sequence[float], base: Sequence[float], cost_s: float,
@@ -167,9 +193,9 @@ def judge_exposed(key: str, ddp_rounds: Sequence[float], alone_rounds: Sequence[
         glue(f"{key}_exposed_sentence", "no comparison: the model exposes nothing")
         glue(f"{key}_exposed_sentence{SPREAD_SUFFIX}", "no band: the model exposes nothing")
         return None
-    return compare(f"{key}_exposed_sentence", waited, exposed_s, tolerance, bound="host",
-                   reason="a difference of two steps, paired by round, on ranks that share the "
-                          "host's cores")
+    return compare_difference(f"{key}_exposed_sentence", waited, exposed_s, tolerance,
+                              bound="host", reason="a difference of two steps, paired by "
+                              "round, on ranks that share the host's cores")
 
 
 def judge_no_sync(counts: dict, accum: int, buckets: int, no_sync_rounds: Sequence[float],
@@ -210,7 +236,8 @@ def judge_no_sync(counts: dict, accum: int, buckets: int, no_sync_rounds: Sequen
         glue("no_sync_sentence", "no comparison: the model predicts no saving")
         glue("no_sync_sentence" + SPREAD_SUFFIX, "no band: the model predicts no saving")
         return None
-    return compare("no_sync_sentence", saved, skipped_s, tolerance, bound="host", reason=reason)
+    return compare_difference("no_sync_sentence", saved, skipped_s, tolerance, bound="host",
+                              reason=reason)
 
 def judge_efficiency(key: str, measured: Sequence[float], predicted: Sequence[float],
                      tolerance: float = 0.15, *, nothing_exposed: Sequence[float],
@@ -314,9 +341,10 @@ def judge_step_parts(key: str, step_rounds: Sequence[float], products_s: float,
     glue(f"{key}_rest_share_text", fmt(share, "%"))
     products = compare(f"{key}_products_sentence", products_s, products_predicted_s,
                        products_tolerance, bound="device")
-    return products, compare(f"{key}_rest_sentence", rest, rest_predicted_s, rest_tolerance,
-                             bound="device", reason="a difference of the step and its products "
-                             "timed apart, against passes modelled at the copy rate")
+    return products, compare_difference(
+        f"{key}_rest_sentence", rest, rest_predicted_s, rest_tolerance, bound="device",
+        reason="a difference of the step and its products timed apart, against passes "
+               "modelled at the copy rate")
 
 
 def own_cost_resolution(cost: Spread, expected: float) -> str:
@@ -371,9 +399,9 @@ def judge_bucket_slope(name: str, rounds_by_cap: dict, buckets_by_cap: dict,
     number("per_bucket_s", per_bucket_s, above=0)
     slope = bucket_slopes(rounds_by_cap, buckets_by_cap)
     glue(f"{name}_slope_text", spread_text(slope, "s"))
-    return compare(name, slope, per_bucket_s, tolerance, bound="host",
-                   reason="a slope fitted over a few caps in every round, on ranks whose gloo "
-                          "threads share the backward's cores")
+    return compare_difference(name, slope, per_bucket_s, tolerance, bound="host",
+                              reason="a slope fitted over a few caps in every round, on "
+                              "ranks whose gloo threads share the backward's cores")
 
 
 def judge_best_cap(name: str, rounds_by_cap: dict, predicted_by_cap: dict, within_s: float,
