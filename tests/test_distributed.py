@@ -894,7 +894,8 @@ def test_a_gpu_step_is_judged_in_two_parts_products_and_the_measured_rest(glued)
         verdicts.judge_step_parts("g", steps, 0.0, 0.142, 0.0181)
 
 
-def test_a_difference_whose_rounds_cross_zero_is_stated_in_seconds_not_as_ratios(glued):
+def test_a_difference_whose_rounds_cross_zero_is_stated_in_seconds_not_as_ratios(glued,
+                                                                                  monkeypatch):
     """Chapter 8's reader review: DDP's exposed time read "3.25x the prediction (-5.3x to 6.60x,
     inter-quartile range over 9 rounds)": a ratio spread that crosses zero cannot be read. The
     note then gives the rounds in seconds and the verdict in words; the prose phrase stays."""
@@ -910,3 +911,10 @@ def test_a_difference_whose_rounds_cross_zero_is_stated_in_seconds_not_as_ratios
     positive = spread([1.4e-3, 1.5e-3, 1.6e-3])             # no round at zero: compare's note
     verdicts.compare_difference("d", positive, 1.5e-3, 0.5, bound="host", reason="a test")
     assert glued["d_spread"].startswith("1.00x the prediction (0.93–1.07x")
+    calls = []                                  # each name glued once: myst-nb warns on twice
+    for module in (claims, verdicts):
+        monkeypatch.setattr(module, "glue", lambda name, value: calls.append(name))
+    verdicts.compare_difference("e", crossing, 1.5e-3, 0.5, bound="host", reason="a test")
+    assert sorted(calls) == ["e", "e_spread"]
+    assert verdicts.compare_difference("e", spread([-2e-3, -1e-3, 1e-4]), 1.5e-3, 0.5,
+                                       bound="host", reason="a test") == "outside"

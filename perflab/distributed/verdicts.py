@@ -89,26 +89,44 @@ def resolution(predicted: float, tolerance: float, what: str, base: str) -> str:
 def compare_difference(name: str, difference: Spread, predicted_s: float, tolerance: float,
                        *, bound: str, reason: str | None = None) -> Verdict:
     """:func:`perflab.record.claims.compare` for a difference of two times taken round by round
-    (a step beyond another, a time saved): the same verdict and prose phrase, but when some
-    rounds' differences are at or below zero, the ``name + "_spread"`` note states them in
-    seconds and says the verdict in words, since a spread of ratios that crosses zero
-    ("-5.3x to 6.60x the prediction") cannot be read.
+    (a step beyond another, a time saved, a slope): the same band, verdict, record and prose
+    phrase, but when some rounds are at or below zero the ``name + "_spread"`` note states them
+    in seconds and the verdict in words, since a spread of ratios that crosses zero ("-5.3x to
+    6.60x the prediction") cannot be read. A median at or below zero is "outside" ("none of the
+    positive amount predicted"), as in ``compare``.
 
     Raises:
-        ValueError: see :func:`perflab.record.claims.compare`.
+        ValueError: see :func:`perflab.record.claims.compare` (a bad name or bound, a
+            prediction that is not positive, a tolerance outside (0, 1), a band wider than a
+            factor of two without ``reason``).
     """
-    verdict = compare(name, difference, predicted_s, tolerance, bound=bound, reason=reason)
-    if difference.lo <= 0:
-        lo, hi = predicted_s * (1 - tolerance), predicted_s * (1 + tolerance)
-        verdict.detail = (
-            f"the rounds ran {fmt_range(difference.lo, difference.hi, 's')} "
-            f"({difference.kind}), at or below zero in some, so no ratio to the "
-            f"prediction is read from them; against the band of {fmt_range(lo, hi, 's')} "
-            f"(±{fmt(tolerance, '%')}) around the predicted {fmt(predicted_s, 's')}, "
-            + {"undecided": "undecided: the rounds reach across the band's edge",
-               "outside": "outside the band", "within": "within the band"}[str(verdict)])
-        glue(name + SPREAD_SUFFIX, verdict.detail)
-    return verdict
+    if difference.lo > 0:
+        return compare(name, difference, predicted_s, tolerance, bound=bound, reason=reason)
+    number("predicted_s", predicted_s, above=0)
+    number("tolerance", tolerance, above=0, below=1)
+    lo, hi = predicted_s * (1 - tolerance), predicted_s * (1 + tolerance)
+    holds = judge(difference, lo, hi, reason=reason)     # never True: the rounds reach 0
+    ratio = difference.median / predicted_s
+    band = f"{fmt(tolerance, '%')}"
+    word = {True: "within", False: "outside", None: "undecided"}[holds]
+    phrase = ("none of the positive amount predicted" if difference.median <= 0 else
+              {True: f"as predicted ({fmt(ratio, 'x')})",
+               False: f"outside the {band} band ({fmt(ratio, 'x')})",
+               None: f"undecided ({fmt(ratio, 'x')}; the spread crosses the band's edge)"}[holds])
+    detail = (f"the rounds ran {fmt_range(difference.lo, difference.hi, 's')} "
+              f"({difference.kind}), at or below zero in some, so no ratio to the prediction is "
+              f"read from them; against the band of {fmt_range(lo, hi, 's')} (±{band}) around "
+              f"the predicted {fmt(predicted_s, 's')}, "
+              + {True: "within the band", False: "outside the band",
+                 None: "undecided: the rounds reach across the band's edge"}[holds])
+    claim(name, holds, phrase, phrase, bound=bound, if_undecided=phrase,
+          record={"measured": difference.median, "lo": difference.lo, "hi": difference.hi,
+                  "predicted": predicted_s, "tolerance": tolerance, "rounds": difference.n,
+                  "verdict_word": word})
+    glue(name + SPREAD_SUFFIX, detail)
+    out = Verdict(word)
+    out.phrase, out.detail, out.ratio = phrase, detail, ratio
+    return out
 
 
 def judge_cost(name: str, steps: Sequence[float], base: Sequence[float], cost_s: float,
