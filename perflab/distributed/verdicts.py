@@ -321,7 +321,7 @@ def _efficiency_resolution(predicted: Sequence[float], tolerance: float,
     elif told[0]:
         verdict = "this verdict can tell the model from nothing exposed, not from nothing hidden"
     else:
-        verdict = ("this verdict cannot tell the model from either: it tests the steps the "
+        verdict = ("this verdict cannot tell the model from either; it tests the steps the "
                    "prediction is made of, not the exposed time")
     return f"{band} {parts[0]} and {parts[1]}: {verdict}"
 
