@@ -24,12 +24,13 @@ from perflab.core.fits import fit_line
 from perflab.core.rounds import Spread, spread
 from perflab.core.validate import number
 from perflab.record.claims import SPREAD_SUFFIX, Verdict, claim, compare, judge
-from perflab.record.numbers import fmt
+from perflab.record.numbers import fmt, fmt_range
 from perflab.record.provenance import glue
 
-__all__ = ["bucket_slopes", "cost_ratio", "judge_best_cap", "judge_bucket_slope", "judge_cost", "judge_cost_range",
-           "judge_efficiency", "judge_exposed", "judge_no_sync", "own_cost_resolution", "resolution",
-           "spread_text", "step_ratio"]
+__all__ = ["bucket_slopes", "compare_difference", "cost_ratio", "judge_best_cap",
+           "judge_bucket_slope", "judge_cost", "judge_cost_range", "judge_efficiency",
+           "judge_exposed", "judge_no_sync", "judge_step_parts", "own_cost_resolution",
+           "resolution", "spread_text", "step_ratio"]
 
 
 def spread_text(value: Spread, unit: str) -> str:
@@ -83,6 +84,49 @@ def resolution(predicted: float, tolerance: float, what: str, base: str) -> str:
         return (f"the band ({band}) holds {base}'s own step: this run cannot tell {what}'s cost "
                 "from none, only a miss of the prediction")
     return f"the band ({band}) leaves out {base}'s own step: this run can tell {what} from {base}"
+
+
+def compare_difference(name: str, difference: Spread, predicted_s: float, tolerance: float,
+                       *, bound: str, reason: str | None = None) -> Verdict:
+    """:func:`perflab.record.claims.compare` for a difference of two times taken round by round
+    (a step beyond another, a time saved, a slope): the same band, verdict, record and prose
+    phrase, but when some rounds are at or below zero the ``name + "_spread"`` note states them
+    in seconds and the verdict in words, since a spread of ratios that crosses zero ("-5.3x to
+    6.60x the prediction") cannot be read. A median at or below zero is "outside" ("none of the
+    positive amount predicted"), as in ``compare``.
+
+    Raises:
+        ValueError: see :func:`perflab.record.claims.compare` (a bad name or bound, a
+            prediction that is not positive, a tolerance outside (0, 1), a band wider than a
+            factor of two without ``reason``).
+    """
+    if difference.lo > 0:
+        return compare(name, difference, predicted_s, tolerance, bound=bound, reason=reason)
+    number("predicted_s", predicted_s, above=0)
+    number("tolerance", tolerance, above=0, below=1)
+    lo, hi = predicted_s * (1 - tolerance), predicted_s * (1 + tolerance)
+    holds = judge(difference, lo, hi, reason=reason)     # never True: the rounds reach 0
+    ratio = difference.median / predicted_s
+    band = f"{fmt(tolerance, '%')}"
+    word = {True: "within", False: "outside", None: "undecided"}[holds]
+    phrase = ("none of the positive amount predicted" if difference.median <= 0 else
+              {True: f"as predicted ({fmt(ratio, 'x')})",
+               False: f"outside the {band} band ({fmt(ratio, 'x')})",
+               None: f"undecided ({fmt(ratio, 'x')}; the spread crosses the band's edge)"}[holds])
+    detail = (f"the rounds ran {fmt_range(difference.lo, difference.hi, 's')} "
+              f"({difference.kind}), at or below zero in some, so no ratio to the prediction is "
+              f"read from them; against the band of {fmt_range(lo, hi, 's')} (±{band}) around "
+              f"the predicted {fmt(predicted_s, 's')}, "
+              + {True: "within the band", False: "outside the band",
+                 None: "undecided: the rounds reach across the band's edge"}[holds])
+    claim(name, holds, phrase, phrase, bound=bound, if_undecided=phrase,
+          record={"measured": difference.median, "lo": difference.lo, "hi": difference.hi,
+                  "predicted": predicted_s, "tolerance": tolerance, "rounds": difference.n,
+                  "verdict_word": word})
+    glue(name + SPREAD_SUFFIX, detail)
+    out = Verdict(word)
+    out.phrase, out.detail, out.ratio = phrase, detail, ratio
+    return out
 
 
 def judge_cost(name: str, steps: Sequence[float], base: Sequence[float], cost_s: float,
@@ -155,8 +199,7 @@ def judge_exposed(key: str, ddp_rounds: Sequence[float], alone_rounds: Sequence[
         raise ValueError(f"ddp_rounds and alone_rounds must hold the same rounds, got "
                          f"{len(ddp_rounds)} and {len(alone_rounds)}")
     waited = spread(d - a for d, a in zip(ddp_rounds, alone_rounds))
-    glue(f"{key}_waited_text", f"{fmt(waited.median, 's')} ({fmt(waited.lo, 's')} to "
-                               f"{fmt(waited.hi, 's')}, {waited.kind})")
+    glue(f"{key}_waited_text", spread_text(waited, "s"))
     glue(f"{key}_exposed_text", fmt(exposed_s, "s"))
     glue(f"{key}_none_hidden_text", fmt(none_hidden_s, "s"))
     tells = not exposed_s * (1 - tolerance) <= none_hidden_s <= exposed_s * (1 + tolerance)
@@ -168,9 +211,9 @@ def judge_exposed(key: str, ddp_rounds: Sequence[float], alone_rounds: Sequence[
         glue(f"{key}_exposed_sentence", "no comparison: the model exposes nothing")
         glue(f"{key}_exposed_sentence{SPREAD_SUFFIX}", "no band: the model exposes nothing")
         return None
-    return compare(f"{key}_exposed_sentence", waited, exposed_s, tolerance, bound="host",
-                   reason="a difference of two steps, paired by round, on ranks that share the "
-                          "host's cores")
+    return compare_difference(f"{key}_exposed_sentence", waited, exposed_s, tolerance,
+                              bound="host", reason="a difference of two steps, paired by "
+                              "round, on ranks that share the host's cores")
 
 
 def judge_no_sync(counts: dict, accum: int, buckets: int, no_sync_rounds: Sequence[float],
@@ -186,10 +229,11 @@ def judge_no_sync(counts: dict, accum: int, buckets: int, no_sync_rounds: Sequen
     run 07ca410, finding 8). Glues ``no_sync_saved_text`` (the median of the rounds; their spread goes into
     ``no_sync_sentence_spread``) and
     ``no_sync_ratio`` (the accumulation's time with ``no_sync`` over without); ``reason`` is
-    passed to ``compare`` (a band wider than a factor of two needs one). A ``tolerance`` of
-    50 % or more (the prediction's own spread, on a noisy host) gives "undecided", saying
-    why, instead of a band that could hardly fail. No time verdict
-    (a sentence saying so) when the model predicts no saving. Returns the time verdict.
+    passed to ``compare`` (a band wider than a factor of two needs one). The band is fixed by
+    the caller, not widened with the prediction's own noise (a band that grows with the noise
+    could hardly fail): where the rounds of the time saved reach across an edge of it, the
+    verdict is "undecided", which says so. No time verdict (a sentence saying so) when the
+    model predicts no saving. Returns the time verdict.
 
     Raises:
         ValueError: an ``accum`` or ``buckets`` below 1, rounds of different lengths, or see
@@ -210,35 +254,115 @@ def judge_no_sync(counts: dict, accum: int, buckets: int, no_sync_rounds: Sequen
         glue("no_sync_sentence", "no comparison: the model predicts no saving")
         glue("no_sync_sentence" + SPREAD_SUFFIX, "no band: the model predicts no saving")
         return None
-    if tolerance >= 0.5:   # a band this wide could hardly fail: no verdict, and why
-        glue("no_sync_sentence", f"undecided: the prediction itself spread by "
-                                 f"±{fmt(tolerance, '%')} over its rounds")
-        glue("no_sync_sentence" + SPREAD_SUFFIX, f"no band: the prediction, "
-             f"{fmt(skipped_s, 's')}, spread by ±{fmt(tolerance, '%')} over its rounds, too wide "
-             f"for a verdict; the time saved was {spread_text(saved, 's')}")
-        return None
-    return compare("no_sync_sentence", saved, skipped_s, tolerance, bound="host", reason=reason)
+    return compare_difference("no_sync_sentence", saved, skipped_s, tolerance, bound="host",
+                              reason=reason)
 
 def judge_efficiency(key: str, measured: Sequence[float], predicted: Sequence[float],
-                     tolerance: float = 0.15) -> Verdict:
+                     tolerance: float = 0.15, *, nothing_exposed: Sequence[float],
+                     none_hidden: Sequence[float]) -> Verdict:
     """DDP's scaling efficiency judged round by round: each round's measured efficiency over
     the one predicted from the same round's steps, against 1 within ``tolerance``
     (``bound="host"``). Glues ``{key}_efficiency`` (the median), ``{key}_efficiency_text`` (the
-    median and spread: a single round's efficiency, as high as 1.55 in run 07ca410, is not a
+    median and spread, :func:`spread_text`: a single round's efficiency, as high as 1.55 in run 07ca410, is not a
     result) and ``{key}_efficiency_sentence`` with its ``_spread``.
+
+    The prediction's one modelled term, the exposed communication, may be a few per cent of the
+    step, and then the band holds the efficiencies the model would predict without it too:
+    ``nothing_exposed`` (per round, ``t1 / t_alone``) and ``none_hidden`` (per round, every
+    bucket's all-reduce after the backward). ``{key}_efficiency_resolution`` says, from the
+    medians of their per-round ratios to ``predicted``, whether the band leaves each out, i.e.
+    whether this verdict can tell the model from them (as :func:`judge_exposed`'s resolution
+    does for the exposed time alone).
 
     Raises:
         ValueError: rounds of different lengths, a prediction that is not positive, or see
             :func:`perflab.record.claims.compare`.
     """
-    if len(measured) != len(predicted) or any(p <= 0 for p in predicted):
-        raise ValueError(f"measured and predicted must hold the same rounds, predictions positive; "
-                         f"got {list(measured)} and {list(predicted)}")
+    rounds = (measured, predicted, nothing_exposed, none_hidden)
+    if len({len(r) for r in rounds}) != 1 or any(p <= 0 for p in predicted):
+        raise ValueError(f"measured, predicted, nothing_exposed and none_hidden must hold the "
+                         f"same rounds, predictions positive; got {[list(r) for r in rounds]}")
+    number("tolerance", tolerance, above=0, below=1)
     eff = spread(measured)
     glue(f"{key}_efficiency", eff.median)
-    glue(f"{key}_efficiency_text", f"{eff.median:.2f} ({eff.lo:.2f} to {eff.hi:.2f}, {eff.kind})")
+    glue(f"{key}_efficiency_text", spread_text(eff, ""))
+    glue(f"{key}_efficiency_resolution",
+         _efficiency_resolution(predicted, tolerance, nothing_exposed, none_hidden))
     return compare(f"{key}_efficiency_sentence", spread(m / p for m, p in zip(measured, predicted)),
                    1.0, tolerance, bound="host")
+
+
+def _efficiency_resolution(predicted: Sequence[float], tolerance: float,
+                          nothing_exposed: Sequence[float], none_hidden: Sequence[float]) -> str:
+    """Whether a band of ``tolerance`` around each round's ``predicted`` efficiency leaves out
+    the efficiencies predicted with nothing exposed and with nothing hidden (the same rounds):
+    a sentence. Each alternative is placed by the median of its per-round ratio to
+    ``predicted``; one inside ``1 ± tolerance`` cannot be told from the model by the band.
+
+    Raises:
+        ValueError: rounds of different lengths or predictions that are not positive.
+    """
+    if len({len(predicted), len(nothing_exposed), len(none_hidden)}) != 1 or any(
+            p <= 0 for p in predicted):
+        raise ValueError("predicted, nothing_exposed and none_hidden must hold the same rounds, "
+                         "predictions positive")
+    parts, told = [], []
+    for what, alt in (("nothing exposed", nothing_exposed), ("nothing hidden", none_hidden)):
+        ratio = statistics.median(a / p for a, p in zip(alt, predicted))
+        out = not 1 - tolerance <= ratio <= 1 + tolerance
+        told.append(out)
+        parts.append(f"{'leaves out' if out else 'holds'} the efficiency predicted with {what} "
+                     f"({fmt(statistics.median(alt))}, {fmt(ratio, 'x')} the prediction)")
+    band = f"the band of ±{fmt(tolerance, '%')}"
+    if all(told):
+        verdict = "this verdict can tell the model from both"
+    elif told[1]:
+        verdict = "this verdict can tell the model from nothing hidden, not from nothing exposed"
+    elif told[0]:
+        verdict = "this verdict can tell the model from nothing exposed, not from nothing hidden"
+    else:
+        verdict = ("this verdict cannot tell the model from either; it tests the steps the "
+                   "prediction is made of, not the exposed time")
+    return f"{band} {parts[0]} and {parts[1]}: {verdict}"
+
+
+def judge_step_parts(key: str, step_rounds: Sequence[float], products_s: float,
+                     products_predicted_s: float, rest_predicted_s: float,
+                     products_tolerance: float = 0.10,
+                     rest_tolerance: float = 0.5) -> tuple[Verdict, Verdict]:
+    """One step judged in two parts, so that neither hides in a band as wide as the other: its
+    matrix products, timed alone (``products_s``, seconds), against their prediction
+    ``products_predicted_s`` within ``products_tolerance`` (``{key}_products_sentence``,
+    ``bound="device"``); and the rest of the step, measured round by round as each round's
+    step (``step_rounds``, seconds) minus the products timed alone, against the model's
+    ``rest_predicted_s`` within ``rest_tolerance`` (``{key}_rest_sentence``,
+    ``bound="device"``). Glues ``{key}_rest_text`` (the rest's median), ``{key}_rest_share``
+    and ``{key}_rest_share_text`` (the median of the rest over the step, per round: the share
+    of the step the products' verdict does not cover, as measured).
+
+    Returns:
+        ``(products verdict, rest verdict)``.
+
+    Raises:
+        ValueError: no rounds, a time that is not positive, or see
+            :func:`perflab.record.claims.compare`.
+    """
+    number("products_s", products_s, above=0)
+    number("products_predicted_s", products_predicted_s, above=0)
+    number("rest_predicted_s", rest_predicted_s, above=0)
+    if not step_rounds or any(t <= 0 for t in step_rounds):
+        raise ValueError(f"step_rounds must hold positive seconds, got {list(step_rounds)}")
+    rest = spread(t - products_s for t in step_rounds)
+    share = statistics.median((t - products_s) / t for t in step_rounds)
+    glue(f"{key}_rest_text", fmt(rest.median, "s"))
+    glue(f"{key}_rest_share", share)
+    glue(f"{key}_rest_share_text", fmt(share, "%"))
+    products = compare(f"{key}_products_sentence", products_s, products_predicted_s,
+                       products_tolerance, bound="device")
+    return products, compare_difference(
+        f"{key}_rest_sentence", rest, rest_predicted_s, rest_tolerance, bound="device",
+        reason="a difference of the step and its products timed apart, against passes "
+               "modelled at the copy rate")
 
 
 def own_cost_resolution(cost: Spread, expected: float) -> str:
@@ -293,9 +417,9 @@ def judge_bucket_slope(name: str, rounds_by_cap: dict, buckets_by_cap: dict,
     number("per_bucket_s", per_bucket_s, above=0)
     slope = bucket_slopes(rounds_by_cap, buckets_by_cap)
     glue(f"{name}_slope_text", spread_text(slope, "s"))
-    return compare(name, slope, per_bucket_s, tolerance, bound="host",
-                   reason="a slope fitted over a few caps in every round, on ranks whose gloo "
-                          "threads share the backward's cores")
+    return compare_difference(name, slope, per_bucket_s, tolerance, bound="host",
+                              reason="a slope fitted over a few caps in every round, on "
+                              "ranks whose gloo threads share the backward's cores")
 
 
 def judge_best_cap(name: str, rounds_by_cap: dict, predicted_by_cap: dict, within_s: float,

@@ -183,23 +183,22 @@ def split_slice(cpus, threads: int | None) -> tuple[list[int], list[int]] | None
     never waits for a core that the backward holds, as NCCL's kernels on a GPU run on SMs of
     their own. None when ``cpus`` is None or holds no core beyond the compute threads'.
 
-    Why it exists: with the whole 4-core slice shared by 2 compute threads and gloo's threads,
-    the all-reduces inside chapter 8's DDP step took about twice their time alone
-    (``comm_in_step_text`` 16.3 ms against ``comm_alone_text`` 8.21 ms in
-    ``runs/2026-12-07-86e0c7a.json``).
+    Why it exists: with the whole slice shared by the compute threads and gloo's threads, the
+    all-reduces inside chapter 8's DDP step took about twice their time alone
+    (``comm_in_step_text`` against ``comm_alone_text`` in ``runs/2026-12-07-86e0c7a.json``).
 
     Why it is off by default (:func:`perflab.distributed.launch.launch`'s ``split_comm``): the
-    two reference runs that split the slice (``runs/2026-12-07b-07ca410.json``,
-    ``runs/2026-12-07c-f96650c.json``, one H100 host each, 16 cores) measured every collective
-    *inside* a step slower than the shared slice had, while the same collectives alone kept
-    their speed (busbw 2.58 and 2.81 GB/s against 2.69): DDP's all-reduces 3.61x and 2.65x
-    their time alone (``ddp_comm_ratio``; 1.99x shared), FSDP's collectives 14.6x and 16.3x
-    (``comm_in_step_ratio``; 3.13x shared), the ranks' arrival skew at FSDP's collectives 308
-    and 317 ms of 362 and 435 ms (50.4 of 69.9 ms shared), the overlap 12-23 % and 11-38 %
-    (21-53 % shared). Cut in two, a rank's compute has exactly its threads' cores and gloo's
-    threads never run on them: every hand-off between the two (a bucket handed to gloo, a
-    finished collective waking the step) crosses to a core that was idle. That this hand-off is
-    the cost is a hypothesis, not measured.
+    two reference runs that split the slice, recorded in ``runs/2026-12-07b-07ca410.json`` and
+    ``runs/2026-12-07c-f96650c.json`` (one H100 host each, 16 cores; compare them with the
+    shared slice's ``runs/2026-12-07-86e0c7a.json`` through ``scripts/compare_runs.py``),
+    measured every collective *inside* a step slower than the shared slice had, while the same
+    collectives alone kept their speed (``allreduce_busbw_text``): DDP's all-reduces against
+    their time alone (``ddp_comm_ratio``), FSDP's collectives (``comm_in_step_ratio``), the
+    ranks' arrival skew at FSDP's collectives and the overlap (``overlap_median``). Cut in two,
+    a rank's compute has exactly its threads' cores and gloo's threads never run on them:
+    every hand-off between the two (a bucket handed to gloo, a finished collective waking the
+    step) crosses to a core that was idle. That this hand-off is the cost is a hypothesis, not
+    measured.
 
     Raises:
         ValueError: ``threads`` below 1.
