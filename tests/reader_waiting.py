@@ -90,7 +90,7 @@ VISIBLE_TELEMETRY_CELLS: dict[str, int] = {
     'book/04_measuring_and_profiling_tools.md': 1,
     'book/05_data_loading_ladder.md': 1,
     'book/07_single_gpu_memory.md': 1,
-    'book/08_distributed_training.md': 2,
+    'book/08_distributed_training.md': 1,
     'book/09_advanced_optimizations.md': 4,
     'book/09_1_torch_compile.md': 1,
     'book/10_gpt2_case_study.md': 1,
