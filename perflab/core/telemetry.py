@@ -442,11 +442,9 @@ class Telemetry:
         self.samples[:] = [{**reading, "t": t} for t, reading in self._sampler.samples]
 
     def start(self) -> "Telemetry":
-        """Start sampling, as entering the ``with`` block does; returns self.
-
-        For a page whose timed work stands in a cell of its own: a hidden cell before it
-        starts the sampler, a hidden cell after it calls :meth:`stop`, and the timed windows
-        the work marks in between are what :meth:`summary` reads."""
+        """Start sampling, as entering the ``with`` block does; returns self. For timed work
+        in a cell of its own: a hidden cell before it starts, one after calls :meth:`stop`;
+        :meth:`summary` reads the timed windows the work marks in between."""
         return self.__enter__()
 
     def stop(self) -> "Telemetry":

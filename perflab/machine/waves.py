@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
+import matplotlib.pyplot as plt
 import torch
 
 from perflab.core.device import need_gpu
@@ -297,8 +298,6 @@ def plot_staircases(groups, steps: bool):
     count, one colour per kernel, with its fitted staircase as ticks where it has one. ``steps``:
     whether the fit found a staircase (it sets the title). Returns the matplotlib Figure, not
     yet shown (:func:`perflab.record.plotting.finish` shows it)."""
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     for i, g in enumerate(groups):
         label = f"{g.tile[0]}x{g.tile[1]} tiles" if g.tile else "other"
