@@ -69,7 +69,7 @@ SPREAD_IN_PROSE: dict[str, int] = {
     "book/06_1_host_and_bus.ipynb": 2,
     "book/06_3_fewer_syncs_and_launches.ipynb": 1,
     "book/06_4_ladder.ipynb": 1,
-    "book/08_distributed_training.ipynb": 6,
+    "book/08_distributed_training.ipynb": 3,
     "book/10_gpt2_case_study.ipynb": 1,
 }
 
