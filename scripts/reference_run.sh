@@ -34,6 +34,17 @@ if ! python3 -c "import nbclient, jupytext, ipykernel, docutils; from myst_nb im
        "to .whl/ (pip download NAME --no-deps -d .whl) and call again" >&2
   exit 2
 fi
+# The commit the notebooks name: the device tool copies the working tree, but its .git can be
+# the session's first checkout, so HEAD there is stale (run 439fc20 of 7 December stamped
+# 752cc28, run 07ca410 stamped d4ef1cd). A tree whose tracked files differ from its HEAD names
+# its commit with PERFLAB_GIT_COMMIT (e.g. `export PERFLAB_GIT_COMMIT=$(git rev-parse HEAD)`
+# on the machine that sends the run, pasted into the command), or the run stops here.
+if [ -z "${PERFLAB_GIT_COMMIT:-}" ] && git rev-parse --git-dir >/dev/null 2>&1 \
+   && ! git diff --quiet HEAD -- book labs perflab scripts 2>/dev/null; then
+  echo "reference_run.sh: the working tree differs from its HEAD ($(git rev-parse --short HEAD))," \
+       "so HEAD is not the commit that runs: set PERFLAB_GIT_COMMIT to it and call again" >&2
+  exit 2
+fi
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv 2>/dev/null
 # The log survives a run stopped at a time limit: python writes unbuffered, grep passes each line

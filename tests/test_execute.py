@@ -680,3 +680,23 @@ def test_reference_run_sh_runs_a_reader_whose_inputs_are_this_runs(tmp_path):
     r = subprocess.run(["bash", "scripts/reference_run.sh", "book/x"], cwd=clone,
                        capture_output=True, text=True, timeout=60, env=env)
     assert "reads" not in r.stderr, r.stderr
+
+
+def test_reference_run_sh_stops_when_the_tree_is_not_its_head_and_no_commit_is_named(tmp_path):
+    """The device copy's .git can be the session's first checkout: HEAD there is not the commit
+    that runs (run 439fc20 stamped 752cc28). A tracked file that differs from HEAD stops the run
+    unless PERFLAB_GIT_COMMIT names the commit; a tree equal to its HEAD runs as before."""
+    script, out, env = _script_with_fake_python(tmp_path, "echo ran\n")
+    clone = tmp_path / "clone"
+    (clone / "book").mkdir()
+    (clone / "book" / "a.md").write_text("one\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(clone)]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "first"]):
+        subprocess.run(git + args, check=True, capture_output=True)
+    run = lambda e: subprocess.run(["bash", str(script), "book/a.md"], capture_output=True,
+                                   text=True, timeout=60, env=e)
+    assert run(env).returncode == 0                        # the tree is its HEAD
+    (clone / "book" / "a.md").write_text("two\n")         # the copy moved on, .git did not
+    r = run(env)
+    assert r.returncode == 2 and "PERFLAB_GIT_COMMIT" in r.stderr, r.stderr
+    assert run({**env, "PERFLAB_GIT_COMMIT": "0" * 40}).returncode == 0
