@@ -13,7 +13,9 @@ tests/test_student_editions.py (one home for the kernel runs; each lab runs once
    solution cell, as the grader runs it: the wrong cell, then the cells up to its exercise's
    last check cell, each check cell's visible code in the kernel and its hidden tests here
    (the cases of a cell listed in ``SHARED_PREFIX`` that share its first statements run those
-   once: each case then runs the rest of its cell from the namespace they left);
+   once: each case then runs the rest of its cell from the namespace they left; the cases of two
+   exercises listed in ``PAIRED`` run two at a time, one of each, in one replay whose launch runs
+   both wrong functions, each case judged by its own exercise's checks);
 3. runs the student edition (``scripts/make_student.py``) from the namespace before the first
    cell it changes (the cells before it are the same code, already run by step 1), every cell
    whatever the one before raised, as *Run All* with errors allowed does. Where that shared start
@@ -52,7 +54,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 import background  # noqa: E402
 import make_student  # noqa: E402
-from lab_wrong_solutions import SHARED_PREFIX, WRONG  # noqa: E402
+from lab_wrong_solutions import PAIRED, SHARED_PREFIX, WRONG  # noqa: E402
 
 from perflab.record import runs  # noqa: E402
 from perflab.labs.exercises import ExerciseFailed  # noqa: E402
@@ -200,15 +202,17 @@ def _last_check(cells, exercise: str) -> int:
                default=len(cells) - 1)
 
 
-def _wrong_outcome(kernel: Kernel, cells, start: int, source: str, stop: int) -> dict:
-    """Run ``source`` in place of cell ``start``, then the cells up to ``stop``; the checks' outcomes.
+def _wrong_outcome(kernel: Kernel, cells, start: int, source: str | dict, stop: int) -> dict:
+    """Run ``source`` in place of cell ``start`` (or ``{cell index: source}``: each in place of
+    its cell), then the cells up to ``stop``; the checks' outcomes.
 
     A non-check cell that raises ExerciseFailed ends the run there (what follows needs it)."""
+    sources = source if isinstance(source, dict) else {start: source}
     outcome = {}
     for i in range(start, stop + 1):
         g = meta(cells[i])
         visible, blocks = split_hidden(cells[i].source) if g.get("grade") else (None, [])
-        err = kernel.run(source if i == start else visible if g.get("grade") else cells[i].source)
+        err = kernel.run(sources[i] if i in sources else visible if g.get("grade") else cells[i].source)
         if g.get("grade") and err is None and blocks:
             err = kernel.hidden(blocks)
         if g.get("grade"):
@@ -254,6 +258,46 @@ def _shared_cuts(stem: str, cells, index: dict) -> dict[int, int]:
                 found[k] = (sol_id, cut)
     groups = Counter(found.values())
     return {k: cut for k, (sol_id, cut) in found.items() if groups[sol_id, cut] >= 2}
+
+
+def _pairs(stem: str, cells, index: dict) -> dict[int, int]:
+    """{case k: case j} for the wrong solutions of the two cells of each ``PAIRED[stem]`` pair:
+    the i-th case of the first cell runs with the i-th case of the second (both ways in the
+    map), the cases left over alone. Cases of a ``SHARED_PREFIX`` cell are not paired."""
+    out: dict[int, int] = {}
+    for first, second in PAIRED.get(stem, ()):
+        assert first not in SHARED_PREFIX.get(stem, ()) and second not in SHARED_PREFIX.get(stem, ())
+        of = {sol: [k for k, (s, old, *_) in enumerate(WRONG.get(stem, []))
+                    if s == sol and index.get(s) is not None and old in cells[index[s]].source]
+              for sol in (first, second)}
+        for k, j in zip(of[first], of[second]):
+            out[k], out[j] = j, k
+    return out
+
+
+def _paired_outcome(kernel: Kernel, cells, index: dict, stem: str, cases: tuple[int, int]) -> dict | None:
+    """{case: its outcome} for two cases of a ``PAIRED`` pair run as one replay: from the
+    namespace before the earlier solution cell, both wrong cells in place of their cells and the
+    cells up to the later of the two exercises' last checks; each case gets its own exercise's
+    check cells' outcomes. None if a cell broke or a non-check cell stopped the replay (the
+    caller then runs each case alone, as unpaired)."""
+    starts = {k: index[WRONG[stem][k][0]] for k in cases}
+    sources = {starts[k]: cells[starts[k]].source.replace(*WRONG[stem][k][1:3]) for k in cases}
+    exercises = {k: make_student.exercise_number(WRONG[stem][k][0]) for k in cases}
+    stop = max(_last_check(cells, e) for e in exercises.values())
+    start = min(starts.values())
+    kernel.restore(WRONG[stem][min(cases, key=starts.get)][0])
+    try:
+        outcome = _wrong_outcome(kernel, cells, start, sources, stop)
+    except CellError as e:
+        if str(e).startswith(NO_REPLY):
+            raise
+        return None
+    checks = {meta(cells[i])["grade_id"] for i in range(start, stop + 1) if meta(cells[i]).get("grade")}
+    if not checks <= set(outcome):
+        return None                    # a non-check cell stopped it: not every check ran
+    return {k: {gid: err for gid, err in outcome.items()
+                if make_student.exercise_number(gid) == exercises[k]} for k in cases}
 
 
 def _student_cells(kernel: Kernel, cells) -> list[StudentCell]:
@@ -354,12 +398,20 @@ def _lab_run(lab: Path) -> LabRun:
         if run.broken is None and not any(run.results.values()):
             index = grade_index(cells)
             cuts = _shared_cuts(lab.stem, cells, index)
+            pairs = _pairs(lab.stem, cells, index)
             prefixes: dict = {}                # (solution id, cut) -> the snapshot after the prefix
             for k, (sol_id, old, new, *_) in enumerate(WRONG.get(lab.stem, [])):
                 start = index.get(sol_id)
-                if start is None or old not in cells[start].source:
-                    continue                   # the test reports it
+                if start is None or old not in cells[start].source or k in run.wrong:
+                    continue                   # the test reports it, or its pair's replay ran it
                 try:
+                    if k in pairs:             # k and its partner in one replay
+                        j = pairs.pop(k)
+                        pairs.pop(j)
+                        both = _paired_outcome(kernel, cells, index, lab.stem, (k, j))
+                        if both is not None:
+                            run.wrong.update(both)
+                            continue           # else each alone, as unpaired
                     kernel.restore(sol_id)
                     source = cells[start].source.replace(old, new)
                     cut = cuts.get(k, 0)
