@@ -12,8 +12,10 @@ tests/test_student_editions.py (one home for the kernel runs; each lab runs once
 2. replays each wrong solution of ``tests/lab_wrong_solutions.py`` from the namespace before its
    solution cell, as the grader runs it: the wrong cell, then the cells up to its exercise's
    last check cell, each check cell's visible code in the kernel and its hidden tests here
-   (the cases of a cell listed in ``SHARED_PREFIX`` that share its first statements run those
-   once: each case then runs the rest of its cell from the namespace they left; the cases of two
+   (the cases of a cell listed in ``SHARED_PREFIX`` that share its first statements with the
+   reference start from the namespace the reference run kept after those statements: step 1
+   runs such a cell as the shared statements, then the rest; each case then runs the rest of its
+   own cell from there; the cases of two
    exercises listed in ``PAIRED`` run two at a time, one of each, in one replay whose launch runs
    both wrong functions, each case judged by its own exercise's checks);
 3. runs the student edition (``scripts/make_student.py``) from the namespace before the first
@@ -245,10 +247,11 @@ def shared_prefix(reference: str, wrong: str) -> int:
 def _shared_cuts(stem: str, cells, index: dict) -> dict[int, int]:
     """{case k: cut} for the wrong solutions of ``SHARED_PREFIX[stem]``'s cells that share their
     first ``cut`` lines (whole statements, :func:`shared_prefix`) with the reference and with
-    another case of the same cell: those lines run once, from the namespace before the solution
-    cell, and each case of the group then runs the rest of its cell from the namespace they left.
-    The cases of one group differ only after the cut, so each runs the code it ran whole (lab 9's
-    exercise 4: every precision mode trained and timed, then three wrong choices read the times)."""
+    another case of the same cell: those lines run once, in the reference run (the cell as its
+    first ``cut`` lines, the namespace kept, then the rest), and each case of the group then runs
+    the rest of its cell from the namespace they left. The cases of one group differ only after
+    the cut, so each runs the code it ran whole (lab 9's exercise 4: every precision mode trained
+    and timed, then three wrong choices read the times, as the reference's own choice does)."""
     found: dict[int, tuple[str, int]] = {}
     for k, (sol_id, old, new, *_) in enumerate(WRONG.get(stem, [])):
         start = index.get(sol_id)
@@ -375,6 +378,9 @@ def _lab_run(lab: Path) -> LabRun:
     # then read 2-15 GB/s from one timing to the next (one thread: 15-17 GB/s), so a right
     # diagnosis of it came out 'overhead-bound'
     kernel = Kernel(runs.home(lab), env=dict(os.environ, OMP_NUM_THREADS="1"))
+    index = grade_index(cells)
+    cuts = _shared_cuts(lab.stem, cells, index)
+    prefixes: dict = {}                # (solution id, cut) -> the snapshot after the prefix
     try:
         for i, cell in enumerate(cells):
             g = meta(cell)
@@ -382,8 +388,21 @@ def _lab_run(lab: Path) -> LabRun:
                 kernel.snapshot("student edition")
             if g.get("solution"):
                 kernel.snapshot(g["grade_id"])
+            # a SHARED_PREFIX cell runs as its shared lines, then the rest: the namespace
+            # between them, kept, is where its grouped wrong solutions start (their shared
+            # lines are the reference's own, so they need not run again)
+            cut = next((c for k, c in cuts.items() if WRONG[lab.stem][k][0] == g.get("grade_id")
+                        and not g.get("grade")), 0)
             try:
-                err = kernel.run(cell.source)
+                if cut:
+                    lines = cell.source.splitlines(keepends=True)
+                    err = kernel.run("".join(lines[:cut]))
+                    if err is None:
+                        kernel.snapshot(f"{g['grade_id']} @ {cut}")
+                        prefixes[g["grade_id"], cut] = f"{g['grade_id']} @ {cut}"
+                        err = kernel.run("".join(lines[cut:]))
+                else:
+                    err = kernel.run(cell.source)
             except CellError as e:
                 run.broken = f"cell {i} ({g.get('grade_id', 'not graded')}): {e}"
                 busy = str(e).startswith(NO_REPLY)
@@ -396,10 +415,7 @@ def _lab_run(lab: Path) -> LabRun:
                 run.remote[g["grade_id"]] = kernel.hidden(blocks)
             prefix_ok = prefix_ok and (err is None or i >= shared)
         if run.broken is None and not any(run.results.values()):
-            index = grade_index(cells)
-            cuts = _shared_cuts(lab.stem, cells, index)
             pairs = _pairs(lab.stem, cells, index)
-            prefixes: dict = {}                # (solution id, cut) -> the snapshot after the prefix
             for k, (sol_id, old, new, *_) in enumerate(WRONG.get(lab.stem, [])):
                 start = index.get(sol_id)
                 if start is None or old not in cells[start].source or k in run.wrong:

@@ -567,7 +567,9 @@ WRONG = {
 #: them in interleaved rounds (most of the lab's run); three wrong choices (fp16, pure bf16,
 #: fp32) read ``seconds`` and ``losses`` and the check reads them too. The fourth case, which
 #: times the modes another way, differs earlier and runs its cell whole. Two runs of that cell
-#: fewer: lab 9's run took 52 CPU-seconds instead of 90 (7 December, this 2-core machine).
+#: fewer: lab 9's run took 52 CPU-seconds instead of 90 (7 December, this 2-core machine). The
+#: shared lines are the reference's own, so the reference run keeps the namespace after them
+#: (it runs the cell as those lines, then the rest) and the three cases start from there.
 SHARED_PREFIX = {"09_advanced": ("ex4-solution",)}
 
 #: solution cells whose wrong solutions run two at a time (``{lab stem: ((grade_id, grade_id),
