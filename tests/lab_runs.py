@@ -12,8 +12,12 @@ tests/test_student_editions.py (one home for the kernel runs; each lab runs once
 2. replays each wrong solution of ``tests/lab_wrong_solutions.py`` from the namespace before its
    solution cell, as the grader runs it: the wrong cell, then the cells up to its exercise's
    last check cell, each check cell's visible code in the kernel and its hidden tests here
-   (the cases of a cell listed in ``SHARED_PREFIX`` that share its first statements run those
-   once: each case then runs the rest of its cell from the namespace they left);
+   (the cases of a cell listed in ``SHARED_PREFIX`` that share its first statements with the
+   reference start from the namespace the reference run kept after those statements: step 1
+   runs such a cell as the shared statements, then the rest; each case then runs the rest of its
+   own cell from there; the cases of two
+   exercises listed in ``PAIRED`` run two at a time, one of each, in one replay whose launch runs
+   both wrong functions, each case judged by its own exercise's checks);
 3. runs the student edition (``scripts/make_student.py``) from the namespace before the first
    cell it changes (the cells before it are the same code, already run by step 1), every cell
    whatever the one before raised, as *Run All* with errors allowed does. Where that shared start
@@ -52,7 +56,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 import background  # noqa: E402
 import make_student  # noqa: E402
-from lab_wrong_solutions import SHARED_PREFIX, WRONG  # noqa: E402
+from lab_wrong_solutions import PAIRED, SHARED_PREFIX, WRONG  # noqa: E402
 
 from perflab.record import runs  # noqa: E402
 from perflab.labs.exercises import ExerciseFailed  # noqa: E402
@@ -200,15 +204,17 @@ def _last_check(cells, exercise: str) -> int:
                default=len(cells) - 1)
 
 
-def _wrong_outcome(kernel: Kernel, cells, start: int, source: str, stop: int) -> dict:
-    """Run ``source`` in place of cell ``start``, then the cells up to ``stop``; the checks' outcomes.
+def _wrong_outcome(kernel: Kernel, cells, start: int, source: str | dict, stop: int) -> dict:
+    """Run ``source`` in place of cell ``start`` (or ``{cell index: source}``: each in place of
+    its cell), then the cells up to ``stop``; the checks' outcomes.
 
     A non-check cell that raises ExerciseFailed ends the run there (what follows needs it)."""
+    sources = source if isinstance(source, dict) else {start: source}
     outcome = {}
     for i in range(start, stop + 1):
         g = meta(cells[i])
         visible, blocks = split_hidden(cells[i].source) if g.get("grade") else (None, [])
-        err = kernel.run(source if i == start else visible if g.get("grade") else cells[i].source)
+        err = kernel.run(sources[i] if i in sources else visible if g.get("grade") else cells[i].source)
         if g.get("grade") and err is None and blocks:
             err = kernel.hidden(blocks)
         if g.get("grade"):
@@ -241,10 +247,11 @@ def shared_prefix(reference: str, wrong: str) -> int:
 def _shared_cuts(stem: str, cells, index: dict) -> dict[int, int]:
     """{case k: cut} for the wrong solutions of ``SHARED_PREFIX[stem]``'s cells that share their
     first ``cut`` lines (whole statements, :func:`shared_prefix`) with the reference and with
-    another case of the same cell: those lines run once, from the namespace before the solution
-    cell, and each case of the group then runs the rest of its cell from the namespace they left.
-    The cases of one group differ only after the cut, so each runs the code it ran whole (lab 9's
-    exercise 4: every precision mode trained and timed, then three wrong choices read the times)."""
+    another case of the same cell: those lines run once, in the reference run (the cell as its
+    first ``cut`` lines, the namespace kept, then the rest), and each case of the group then runs
+    the rest of its cell from the namespace they left. The cases of one group differ only after
+    the cut, so each runs the code it ran whole (lab 9's exercise 4: every precision mode trained
+    and timed, then three wrong choices read the times, as the reference's own choice does)."""
     found: dict[int, tuple[str, int]] = {}
     for k, (sol_id, old, new, *_) in enumerate(WRONG.get(stem, [])):
         start = index.get(sol_id)
@@ -254,6 +261,46 @@ def _shared_cuts(stem: str, cells, index: dict) -> dict[int, int]:
                 found[k] = (sol_id, cut)
     groups = Counter(found.values())
     return {k: cut for k, (sol_id, cut) in found.items() if groups[sol_id, cut] >= 2}
+
+
+def _pairs(stem: str, cells, index: dict) -> dict[int, int]:
+    """{case k: case j} for the wrong solutions of the two cells of each ``PAIRED[stem]`` pair:
+    the i-th case of the first cell runs with the i-th case of the second (both ways in the
+    map), the cases left over alone. Cases of a ``SHARED_PREFIX`` cell are not paired."""
+    out: dict[int, int] = {}
+    for first, second in PAIRED.get(stem, ()):
+        assert first not in SHARED_PREFIX.get(stem, ()) and second not in SHARED_PREFIX.get(stem, ())
+        of = {sol: [k for k, (s, old, *_) in enumerate(WRONG.get(stem, []))
+                    if s == sol and index.get(s) is not None and old in cells[index[s]].source]
+              for sol in (first, second)}
+        for k, j in zip(of[first], of[second]):
+            out[k], out[j] = j, k
+    return out
+
+
+def _paired_outcome(kernel: Kernel, cells, index: dict, stem: str, cases: tuple[int, int]) -> dict | None:
+    """{case: its outcome} for two cases of a ``PAIRED`` pair run as one replay: from the
+    namespace before the earlier solution cell, both wrong cells in place of their cells and the
+    cells up to the later of the two exercises' last checks; each case gets its own exercise's
+    check cells' outcomes. None if a cell broke or a non-check cell stopped the replay (the
+    caller then runs each case alone, as unpaired)."""
+    starts = {k: index[WRONG[stem][k][0]] for k in cases}
+    sources = {starts[k]: cells[starts[k]].source.replace(*WRONG[stem][k][1:3]) for k in cases}
+    exercises = {k: make_student.exercise_number(WRONG[stem][k][0]) for k in cases}
+    stop = max(_last_check(cells, e) for e in exercises.values())
+    start = min(starts.values())
+    kernel.restore(WRONG[stem][min(cases, key=starts.get)][0])
+    try:
+        outcome = _wrong_outcome(kernel, cells, start, sources, stop)
+    except CellError as e:
+        if str(e).startswith(NO_REPLY):
+            raise
+        return None
+    checks = {meta(cells[i])["grade_id"] for i in range(start, stop + 1) if meta(cells[i]).get("grade")}
+    if not checks <= set(outcome):
+        return None                    # a non-check cell stopped it: not every check ran
+    return {k: {gid: err for gid, err in outcome.items()
+                if make_student.exercise_number(gid) == exercises[k]} for k in cases}
 
 
 def _student_cells(kernel: Kernel, cells) -> list[StudentCell]:
@@ -331,6 +378,9 @@ def _lab_run(lab: Path) -> LabRun:
     # then read 2-15 GB/s from one timing to the next (one thread: 15-17 GB/s), so a right
     # diagnosis of it came out 'overhead-bound'
     kernel = Kernel(runs.home(lab), env=dict(os.environ, OMP_NUM_THREADS="1"))
+    index = grade_index(cells)
+    cuts = _shared_cuts(lab.stem, cells, index)
+    prefixes: dict = {}                # (solution id, cut) -> the snapshot after the prefix
     try:
         for i, cell in enumerate(cells):
             g = meta(cell)
@@ -338,8 +388,21 @@ def _lab_run(lab: Path) -> LabRun:
                 kernel.snapshot("student edition")
             if g.get("solution"):
                 kernel.snapshot(g["grade_id"])
+            # a SHARED_PREFIX cell runs as its shared lines, then the rest: the namespace
+            # between them, kept, is where its grouped wrong solutions start (their shared
+            # lines are the reference's own, so they need not run again)
+            cut = next((c for k, c in cuts.items() if WRONG[lab.stem][k][0] == g.get("grade_id")
+                        and not g.get("grade")), 0)
             try:
-                err = kernel.run(cell.source)
+                if cut:
+                    lines = cell.source.splitlines(keepends=True)
+                    err = kernel.run("".join(lines[:cut]))
+                    if err is None:
+                        kernel.snapshot(f"{g['grade_id']} @ {cut}")
+                        prefixes[g["grade_id"], cut] = f"{g['grade_id']} @ {cut}"
+                        err = kernel.run("".join(lines[cut:]))
+                else:
+                    err = kernel.run(cell.source)
             except CellError as e:
                 run.broken = f"cell {i} ({g.get('grade_id', 'not graded')}): {e}"
                 busy = str(e).startswith(NO_REPLY)
@@ -352,14 +415,19 @@ def _lab_run(lab: Path) -> LabRun:
                 run.remote[g["grade_id"]] = kernel.hidden(blocks)
             prefix_ok = prefix_ok and (err is None or i >= shared)
         if run.broken is None and not any(run.results.values()):
-            index = grade_index(cells)
-            cuts = _shared_cuts(lab.stem, cells, index)
-            prefixes: dict = {}                # (solution id, cut) -> the snapshot after the prefix
+            pairs = _pairs(lab.stem, cells, index)
             for k, (sol_id, old, new, *_) in enumerate(WRONG.get(lab.stem, [])):
                 start = index.get(sol_id)
-                if start is None or old not in cells[start].source:
-                    continue                   # the test reports it
+                if start is None or old not in cells[start].source or k in run.wrong:
+                    continue                   # the test reports it, or its pair's replay ran it
                 try:
+                    if k in pairs:             # k and its partner in one replay
+                        j = pairs.pop(k)
+                        pairs.pop(j)
+                        both = _paired_outcome(kernel, cells, index, lab.stem, (k, j))
+                        if both is not None:
+                            run.wrong.update(both)
+                            continue           # else each alone, as unpaired
                     kernel.restore(sol_id)
                     source = cells[start].source.replace(old, new)
                     cut = cuts.get(k, 0)

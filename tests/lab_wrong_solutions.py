@@ -567,5 +567,20 @@ WRONG = {
 #: them in interleaved rounds (most of the lab's run); three wrong choices (fp16, pure bf16,
 #: fp32) read ``seconds`` and ``losses`` and the check reads them too. The fourth case, which
 #: times the modes another way, differs earlier and runs its cell whole. Two runs of that cell
-#: fewer: lab 9's run took 52 CPU-seconds instead of 90 (7 December, this 2-core machine).
+#: fewer: lab 9's run took 52 CPU-seconds instead of 90 (7 December, this 2-core machine). The
+#: shared lines are the reference's own, so the reference run keeps the namespace after them
+#: (it runs the cell as those lines, then the rest) and the three cases start from there.
 SHARED_PREFIX = {"09_advanced": ("ex4-solution",)}
+
+#: solution cells whose wrong solutions run two at a time (``{lab stem: ((grade_id, grade_id),
+#: ...)}``, tests/lab_runs.py): the i-th case of the first cell and the i-th case of the second
+#: run as one replay, from the namespace before the earlier cell to the later of the two
+#: exercises' last checks, and each case is judged by its own exercise's check cells alone (a
+#: replay that a cell breaks or a non-check cell stops is run again as two, one case each). Only
+#: cells whose wrong functions run in the same launch, as tasks of their own that read nothing
+#: the other's task makes, and whose checks read only their own task's results, are listed. Lab
+#: 8, exercises 4 and 5: ``make_optimizer`` and ``indices_for`` run on every rank in the one
+#: launch of exercises 4 to 6 (``user_optimizer``, then ``user_sampler``); ex4-check reads the
+#: optimizer's results, ex5-check the sampler's. The launch (~13 CPU-s: torchrun and two
+#: workers started, their tasks) ran once per case: four launches fewer.
+PAIRED = {"08_distributed": (("ex4-solution", "ex5-solution"),)}

@@ -147,3 +147,19 @@ def test_shared_prefixes_group_cases_that_cut_at_the_same_line():
     assert len(set(cuts.values())) == 1 and set(cuts) < set(ex4) and len(cuts) == len(ex4) - 1
     source = cells[grade_index(cells)["ex4-solution"]].source.splitlines()
     assert "interleaved(" in "\n".join(source[:next(iter(cuts.values()))])
+
+
+def test_paired_cases_run_one_of_each_exercise():
+    """Lab 8's exercises 4 and 5: each wrong optimizer runs with one wrong sampler, in one
+    launch (tests/lab_runs.py, PAIRED), and a case left over runs alone."""
+    from lab_runs import _pairs
+    from lab_wrong_solutions import PAIRED
+    for lab in (p for p in LABS if p.stem in PAIRED):
+        cells = [c for c in jupytext.read(lab).cells if c.cell_type == "code"]
+        pairs = _pairs(lab.stem, cells, grade_index(cells))
+        for first, second in PAIRED[lab.stem]:
+            of = {s: [k for k, e in enumerate(WRONG[lab.stem]) if e[0] == s] for s in (first, second)}
+            assert of[first] and of[second], f"{lab.name}: no wrong solutions of {first} or {second}"
+            for k, j in pairs.items():
+                assert pairs[j] == k and {WRONG[lab.stem][k][0], WRONG[lab.stem][j][0]} == {first, second}
+            assert len(pairs) == 2 * min(len(of[first]), len(of[second]))
