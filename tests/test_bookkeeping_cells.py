@@ -44,22 +44,33 @@ def offending_cells(md: Path) -> list[str]:
     return rules.mostly_bookkeeping_cells(cells)
 
 
-def check(found: dict[str, list[str]], waiting: dict[str, int]) -> list[str]:
-    """What is wrong against the ratchet ``waiting`` ({source: allowed number of cells})."""
+def ratchet(found: dict[str, list[str]], waiting: dict[str, int], name: str, what: str,
+            fix: str, checked: set[str] | None = None) -> list[str]:
+    """What is wrong against the shrink-only list ``waiting`` ({page: allowed number}), named
+    ``name`` in tests/reader_waiting.py: a page with more of ``what`` than allowed (``fix`` says
+    how to mend it), or fewer (its number must come down). Pages outside ``checked`` (when
+    given: a page split into sections or gone from the contents) are not held to their entry."""
     problems = []
-    for rel, cells in sorted(found.items()):
+    for rel, hits in sorted(found.items()):
         allowed = waiting.get(rel, 0)
-        if len(cells) > allowed:
-            problems.append(f"{rel}: {len(cells)} visible code cell(s) mostly bookkeeping "
-                            f"(allowed {allowed}); hide them (tags: [remove-cell] or [remove-input]):\n    "
-                            + "\n    ".join(cells))
+        if len(hits) > allowed:
+            problems.append(f"{rel}: {len(hits)} {what} (allowed {allowed}); {fix}:\n    "
+                            + "\n    ".join(hits))
     for rel, allowed in sorted(waiting.items()):
+        if checked is not None and rel not in checked:
+            continue
         now = len(found.get(rel, []))
         if now < allowed:
-            problems.append(f"{rel}: now {now} such cell(s): lower its number in "
-                            f"tests/reader_waiting.py MOSTLY_BOOKKEEPING_CELLS to {now}"
-                            + (" (remove the entry)" if now == 0 else ""))
+            problems.append(f"{rel}: now {now}: lower its number in tests/reader_waiting.py "
+                            f"{name} to {now}" + (" (remove the entry)" if now == 0 else ""))
     return problems
+
+
+def check(found: dict[str, list[str]], waiting: dict[str, int]) -> list[str]:
+    """What is wrong against the ratchet ``waiting`` ({source: allowed number of cells})."""
+    return ratchet(found, waiting, "MOSTLY_BOOKKEEPING_CELLS",
+                   "visible code cell(s) mostly bookkeeping",
+                   "hide them (tags: [remove-cell] or [remove-input])")
 
 
 def test_visible_cells_are_not_mostly_bookkeeping():
@@ -104,20 +115,11 @@ def test_visible_cells_call_no_telemetry():
     (VISIBLE_TELEMETRY_CELLS) still allows."""
     found = {rel: cells for md in sources()
              if (cells := telemetry_cells(md, rel := md.relative_to(ROOT).as_posix()))}
-    problems = []
-    for rel, cells in sorted(found.items()):
-        allowed = reader_waiting.VISIBLE_TELEMETRY_CELLS.get(rel, 0)
-        if len(cells) > allowed:
-            problems.append(f"{rel}: {len(cells)} visible code cell(s) call telemetry or finish a "
-                            f"figure (allowed {allowed}): start the sampler in a hidden cell "
-                            "before the timed work (tel = Telemetry().start()) and stop it in "
-                            "one after; make a plotting-only figure cell remove-input:\n    "
-                            + "\n    ".join(cells))
-    for rel, allowed in sorted(reader_waiting.VISIBLE_TELEMETRY_CELLS.items()):
-        now = len(found.get(rel, []))
-        if now < allowed:
-            problems.append(f"{rel}: now {now}: lower its number in tests/reader_waiting.py "
-                            f"VISIBLE_TELEMETRY_CELLS to {now}" + (" (remove the entry)" if not now else ""))
+    problems = ratchet(found, reader_waiting.VISIBLE_TELEMETRY_CELLS, "VISIBLE_TELEMETRY_CELLS",
+                       "visible code cell(s) call telemetry or finish a figure",
+                       "start the sampler in a hidden cell before the timed work (tel = "
+                       "Telemetry().start()) and stop it in one after; make a plotting-only "
+                       "figure cell remove-input")
     assert not problems, "\n".join(problems)
 
 
@@ -232,22 +234,11 @@ def test_no_spread_in_running_prose():
     assert notebooks, "no executed notebook found"
     found = {nb.relative_to(ROOT).as_posix(): hits for nb in notebooks
              if (hits := _notebook_spread_hits(nb))}
-    problems = []
-    for rel, hits in sorted(found.items()):
-        allowed = reader_waiting.SPREAD_IN_PROSE.get(rel, 0)
-        if len(hits) > allowed:
-            problems.append(f"{rel}: {len(hits)} spreads or old verdict clauses in running prose "
-                            f"(allowed {allowed}): quote the claim's short phrase and put "
-                            "{glue:text}`<claim>_spread` in a {measured} note:\n    "
-                            + "\n    ".join(hits))
     checked = {nb.relative_to(ROOT).as_posix() for nb in notebooks}
-    for rel, allowed in sorted(reader_waiting.SPREAD_IN_PROSE.items()):
-        if rel not in checked:      # a page split into sections or left the contents
-            continue
-        now = len(found.get(rel, []))
-        if now < allowed:
-            problems.append(f"{rel}: now {now}: lower its number in tests/reader_waiting.py "
-                            f"SPREAD_IN_PROSE to {now}" + (" (remove the entry)" if not now else ""))
+    problems = ratchet(found, reader_waiting.SPREAD_IN_PROSE, "SPREAD_IN_PROSE",
+                       "spreads or old verdict clauses in running prose",
+                       "quote the claim's short phrase and put {glue:text}`<claim>_spread` in a "
+                       "{measured} note", checked=checked)
     assert not problems, "\n".join(problems)
 
 
