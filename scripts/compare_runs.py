@@ -70,6 +70,18 @@ def _gap(record: dict) -> float | None:
     return min(abs(x - e) / (abs(e) or 1.0) for e in edges for x in (lo, hi))
 
 
+def one_run_only(a: dict, b: dict, page: str) -> list[tuple[str, str, str]]:
+    """The claims of ``page`` whose verdict is stored in one of the two records only:
+    ``(name, bound, "A: verdict, B: none")`` each, in name order."""
+    va, vb = ({**(r["pages"].get(page) or {}).get("verdicts", {})} for r in (a, b))
+    found = []
+    for name in sorted(set(va) ^ set(vb)):
+        rec = va.get(name) or vb.get(name)
+        found.append((name, str(rec.get("bound")), f"A: {va[name]['verdict']}, B: none"
+                      if name in va else f"A: none, B: {vb[name]['verdict']}"))
+    return found
+
+
 def report(a, b, moved: float, edge: float = 0.03) -> int:
     pages, only_a, only_b = verdicts.compare(a, b, moved)
     defects = host = apart = same = 0
@@ -96,6 +108,15 @@ def report(a, b, moved: float, edge: float = 0.03) -> int:
         for c in p.texts:
             print(f"   text changed (no claim, not counted) {c.name}:\n      A: {_short(c.a)}\n"
                   f"      B: {_short(c.b)}")
+        # a claim one run reached and the other did not (a branch that glued no verdict, e.g.
+        # no clock reading in a window) is a changed verdict too, never "agree" by omission
+        for name, bound, said in one_run_only(a, b, p.page):
+            defect = bound != "host" and not p.not_comparable
+            tag = "DEFECT" if defect else "host-bound" if bound == "host" else "runs differ"
+            print(f"   ONE RUN ONLY [{tag}] {name}: {said}")
+            defects += defect
+            host += bound == "host"
+            apart += bound != "host" and bool(p.not_comparable)
     for name in only_a:
         print(f"\n{name}: only in A")
     for name in only_b:

@@ -316,3 +316,20 @@ def test_a_claim_s_spread_sentence_is_no_text_of_its_own(tmp_path):
         _glue("lonely_spread", "a sentence of its own")])
     sentences = verdicts.load(tmp_path)["pages"]["book/06_speed"]["sentences"]
     assert sentences == {"lonely_spread": "a sentence of its own"}
+
+
+def test_a_claim_in_one_run_only_is_a_changed_verdict_not_an_agreeing_one(tmp_path):
+    """A device-bound claim one run glued and the other did not (run 439fc20 lost
+    burst_vs_clock_ratio when NVML read no clock in its window) counts as a defect."""
+    a = _run(tmp_path / "a")
+    b = tmp_path / "b"
+    _notebook(b, "book/06_speed", [
+        _claim("loader_vs_prediction", "true", "host", "within 25 %", 0.9),
+        _glue("expect_knee", True), _glue("speedup", 10.0),
+        _glue("old_style_sentence", "the run was faster"),
+        _glue("clock", "measured over 0.5 s on X: SM clock 1,980 MHz")])
+    r = subprocess.run([sys.executable, "scripts/compare_runs.py", str(a), str(b)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "ONE RUN ONLY [DEFECT] rung_vs_prediction: A: true, B: none" in r.stdout
+    assert "1 verdict(s) changed that are not exempt" in r.stdout
