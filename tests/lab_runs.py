@@ -431,15 +431,8 @@ def _lab_run(lab: Path) -> LabRun:
                     kernel.restore(sol_id)
                     source = cells[start].source.replace(old, new)
                     cut = cuts.get(k, 0)
-                    if cut and (sol_id, cut) not in prefixes:
-                        # the first case of its group runs the shared lines, then keeps the namespace
-                        lines = cells[start].source.splitlines(keepends=True)
-                        err = kernel.run("".join(lines[:cut]))
-                        if err is None:
-                            kernel.snapshot(f"{sol_id} @ {cut}")
-                            prefixes[sol_id, cut] = f"{sol_id} @ {cut}"
-                        else:
-                            kernel.restore(sol_id)         # as if no prefix were shared: run it whole
+                    # the reference run kept the namespace after the shared lines; where it
+                    # could not (they raised there), the case runs its cell whole
                     if cut and (sol_id, cut) in prefixes:
                         kernel.restore(prefixes[sol_id, cut])
                         source = "".join(source.splitlines(keepends=True)[cut:])
