@@ -226,3 +226,19 @@ def test_staging_rates_refuse_sizes_that_are_not_whole_floats():
         transfer.staging_rates([6])
     with pytest.raises(ValueError, match="sizes"):
         transfer.staging_rates([])
+
+
+def test_plot_copy_rates_draws_four_copies_and_the_link():
+    import matplotlib.pyplot as plt
+    pts = [transfer.TransferPoint(n, 2e9 * i, 1e9 * i, 3e9 * i, 1.5e9 * i)
+           for i, n in enumerate((2**20, 2**22, 2**24), start=1)]
+    fig = transfer.plot_copy_rates(pts, pcie_Bps=31.5e9)
+    (ax,) = fig.axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"h2d pinned", "h2d pageable", "d2h pinned", "d2h pageable",
+                          "PCIe, per direction (theory)"}
+    assert list(lines["d2h pinned"].get_ydata()) == [3.0, 6.0, 9.0]  # GB/s
+    assert lines["PCIe, per direction (theory)"].get_ydata()[0] == 31.5
+    plt.close(fig)
+    with pytest.raises(ValueError, match="points"):
+        transfer.plot_copy_rates([])
