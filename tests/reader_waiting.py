@@ -84,5 +84,4 @@ VISIBLE_TELEMETRY_CELLS: dict[str, int] = {
     'book/03_pytorch_internals.md': 1,
     'book/04_measuring_and_profiling.md': 1,
     'book/08_distributed_training.md': 1,
-    'pending/book/02_several_gpus.md': 2,
 }

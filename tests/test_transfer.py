@@ -1,6 +1,6 @@
 import pytest
 
-from perflab.machine import transfer
+from perflab.machine import link_figures, transfer
 from perflab.core.device import gpu_count, has_gpu
 
 
@@ -232,7 +232,7 @@ def test_plot_copy_rates_draws_four_copies_and_the_link():
     import matplotlib.pyplot as plt
     pts = [transfer.TransferPoint(n, 2e9 * i, 1e9 * i, 3e9 * i, 1.5e9 * i)
            for i, n in enumerate((2**20, 2**22, 2**24), start=1)]
-    fig = transfer.plot_copy_rates(pts, pcie_Bps=31.5e9)
+    fig = link_figures.plot_copy_rates(pts, pcie_Bps=31.5e9)
     (ax,) = fig.axes
     lines = {line.get_label(): line for line in ax.get_lines()}
     assert set(lines) == {"h2d pinned", "h2d pageable", "d2h pinned", "d2h pageable",
@@ -241,4 +241,23 @@ def test_plot_copy_rates_draws_four_copies_and_the_link():
     assert lines["PCIe, per direction (theory)"].get_ydata()[0] == 31.5
     plt.close(fig)
     with pytest.raises(ValueError, match="points"):
-        transfer.plot_copy_rates([])
+        link_figures.plot_copy_rates([])
+
+
+def test_plot_allreduce_busbw_draws_the_sweep_the_fit_and_the_prediction():
+    import matplotlib.pyplot as plt
+    from perflab.machine import interconnect
+    pts = tuple(interconnect.AllReducePoint(s, t, 10, interconnect.algorithm_bandwidth(s, t),
+                                            interconnect.bus_bandwidth(s, t, 2))
+                for s, t in ((2**20, 1e-4), (2**24, 1e-3), (2**28, 1e-2)))
+    res = interconnect.AllReduceResult(backend="nccl", world_size=2, device="cuda",
+                                       points=pts, versions={}, timer="cuda events")
+    fit = interconnect.alpha_beta(res)
+    fig = link_figures.plot_allreduce_busbw(res, fit, link_bw=450e9, peer_Bps=380e9)
+    labels = {line.get_label() for line in fig.axes[0].get_lines()}
+    assert labels == {"all-reduce busbw (nccl)", "alpha-beta fit", "predicted (chapter 2)",
+                      "peer copy, measured"}
+    plt.close(fig)
+    gloo = link_figures.plot_allreduce_busbw(res, fit)
+    assert len(gloo.axes[0].get_lines()) == 2
+    plt.close(gloo)

@@ -20,7 +20,6 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-import matplotlib.pyplot as plt
 import torch
 
 from perflab.core.device import gpu_count, has_gpu
@@ -411,36 +410,6 @@ def host_device_sweep(sizes: Sequence[int], device=None, progress: bool = False)
             s / _copy_seconds(page, g, "d2h", dev),
         ))
     return out
-
-
-def plot_copy_rates(points: Sequence[TransferPoint], pcie_Bps: float | None = None):
-    """Draw chapter 2.2's host <-> device figure: GB/s against bytes per copy (log 2 axis) for
-    the four copies of :func:`host_device_sweep` (``points``), D2H as open squares so that they
-    show where they lie on H2D's curve, and the PCIe link's theoretical rate per direction
-    (``pcie_Bps``, bytes/s, from :func:`pcie_bandwidth`) as a dotted line when given. Returns
-    the matplotlib Figure, not yet shown (:func:`perflab.record.plotting.finish` shows it).
-
-    Raises:
-        ValueError: empty ``points``.
-    """
-    points = list(points)
-    if not points:
-        raise ValueError("points must not be empty (host_device_sweep's result)")
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    for attr, style in (("h2d_pinned", "o-"), ("h2d_pageable", "o--"),
-                        ("d2h_pinned", "s-"), ("d2h_pageable", "s--")):
-        d2h = attr.startswith("d2h")
-        ax.plot([p.nbytes for p in points], [getattr(p, attr) / 1e9 for p in points],
-                style, label=attr.replace("_", " "), ms=7 if d2h else 4,
-                mfc="none" if d2h else None)
-    if pcie_Bps:
-        ax.axhline(pcie_Bps / 1e9, color="k", ls=":", lw=1,
-                   label="PCIe, per direction (theory)")
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="bytes per copy", ylabel="GB/s", title="host <-> device copies")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    return fig
 
 
 def non_blocking_behaviour(nbytes: int, device=None, reps: int = 3) -> list[dict]:
