@@ -284,7 +284,9 @@ def test_chapter4_tools_sets_the_spin_against_ncu():
 
 def test_chapter4_tools_gpu_util_sentence_follows_its_verdict():
     """Review G4 (6 December, f): "GPU-Util is an honest signal" was printed under a false verdict
-    (1.34x and 1.36x the busy fraction in two runs). The sentence now follows the verdict."""
+    (1.34x and 1.36x the busy fraction in two runs). The sentence now follows the verdict, and
+    (stability review, 7 December d) the prediction adds NVML's time per busy stretch, measured
+    on the page: the ratio is to that, over windows of one loop."""
     from perflab.core.rounds import Spread
     from perflab.record.claims import Verdict
     from perflab.record.numbers import fmt, fmt_range
@@ -292,9 +294,25 @@ def test_chapter4_tools_gpu_util_sentence_follows_its_verdict():
     exec(_function_source(_page_code("04_measuring_and_profiling_tools"), "util_words"), ns)
     over = ns["util_words"](Verdict("outside"), Spread((1.34, 1.36, 1.38)))
     assert "honest" not in over and "1.36x" in over and "over-reads" in over
-    assert "1.34x–1.38x over 3 loops" in over     # numbers.fmt_range
+    assert "1.34x–1.38x over 3 windows" in over   # numbers.fmt_range
+    assert "time per stretch" in over
     assert "is honest" in ns["util_words"](Verdict("within"), Spread((0.9, 1.0, 1.1)))
     assert "undecided" in ns["util_words"](Verdict("undecided"), Spread((1.2, 1.3, 1.4)))
+
+
+def test_chapter4_tools_util_windows_cut_one_loop_into_windows():
+    """gpu_util_vs_busy (stability review, 7 December d): one loop's NVML readings and step marks
+    cut into windows after the skipped first second; each window gives the median reading and
+    its own wall time per step; a window without readings is left out."""
+    import statistics
+    ns = {"statistics": statistics}
+    exec(_function_source(_page_code("04_measuring_and_profiling_tools"), "util_windows"), ns)
+    samples = [(0.5, 90), (1.05, 10), (1.1, 20), (1.2, 30), (1.3, 12)]
+    marks = [(0.9 + 0.01 * k, k) for k in range(1, 60)]     # 10 ms per step
+    got = ns["util_windows"](samples, marks, start=1.0, width=0.25, n=3)
+    assert len(got) == 2                               # the third window has no reading
+    assert got[0][0] == 20 and got[1][0] == 12
+    assert abs(got[0][1] - 0.01) < 1e-9 and abs(got[1][1] - 0.01) < 1e-9
 
 
 def test_chapter2_spin_length_sentence_names_a_biased_spin():
