@@ -386,7 +386,7 @@ def burst_and_sustained(
     device: torch.device | str,
     n: int,
     dtype: torch.dtype = torch.bfloat16,
-    burst_reps: int = 48,
+    burst_reps: int = 64,
     sustained_s: float = 3.0,
     rest_s: float = 1.0,
 ) -> BurstSustained:
@@ -395,9 +395,9 @@ def burst_and_sustained(
     After ``rest_s`` seconds idle (the board cools below its power limit), ``burst_reps``
     products (rounded up to even) are timed with CUDA events after 2 warm-up calls, each
     followed by a spin that counts the SM clock in their window (:func:`clocked_burst`): some
-    tens of milliseconds of work (48 bf16 8192^3 products, about 70 ms on an H100), short
+    tens of milliseconds of work (64 bf16 8192^3 products, about 95 ms on an H100), short
     enough to run before the power controller lowers the clock and long enough for the
-    sampler, which reads NVML every 5 to 10 milliseconds, to read the clock at least three
+    sampler, which reads NVML every 5 to 20 milliseconds, to read the clock at least three
     times inside them (the 30-product burst of runs/2026-12-07d-439fc20.json held two
     readings, too few to read a clock from). Then products run back to back for
     ``sustained_s`` seconds in chunks of 20 event-timed calls, with their spins; the sustained
