@@ -135,11 +135,50 @@ def test_burst_and_sustained_times_both_under_telemetry_on_cpu():
     assert r.burst.duration_s > 0 and r.sustained.windows == 1
     assert 0.025 <= r.sustained.duration_s <= r.sustained_window_s - 0.025
     assert r.burst_cycle_hz is None and r.sustained_cycle_hz is None   # no SM to count on a CPU
-    assert r.burst_behind_hz is None and r.sustained_behind_hz is None
+    assert r.burst_counted_hz is None and r.sustained_counted_hz is None
     with pytest.raises(ValueError, match="sustained_s"):
         gpu.burst_and_sustained("cpu", 8, sustained_s=0)
     with pytest.raises(ValueError, match="rest_s"):
         gpu.burst_and_sustained("cpu", 8, rest_s=-1)
+
+
+def test_clocked_burst_counts_the_clock_between_the_products(monkeypatch):
+    """Work, short spin, work, long spin, ... in one event-timed window, no synchronize inside:
+    the clock is the spins' difference in cycles over their difference in time, which cancels
+    the start-up each spin's events hold beyond its cycles. Spins of 50,000 and 150,000 cycles
+    at 1.5 GHz with 3 µs of start-up each read 1.5 GHz, where 50,000 over its own time reads
+    1.42 GHz (chapter 4's clock check, runs 2026-12-07c and 07d)."""
+    log, f, o = [], 1.5e9, 3e-6
+
+    def fake_timer(fn, dev, warmup, reps, behind=False):
+        assert warmup == 0 and dev.type == "cuda" and not behind
+        out = []
+        for _ in range(reps):
+            fn()
+            last = log[-1]
+            out.append(1.4e-3 if last == "work" else int(last.split()[1]) / f + o)
+        return type("T", (), {"samples_s": tuple(out)})()
+
+    monkeypatch.setattr(gpu, "event_timer", fake_timer)
+    monkeypatch.setattr(gpu.torch.cuda, "_sleep", lambda c: log.append(f"spin {c}"))
+    b = gpu.clocked_burst(lambda: log.append("work"), "cuda", pairs=3, warmup=2)
+    assert log == ["work"] * 2 + ["work", "spin 50000", "work", "spin 150000"] * 3
+    assert b.work_s == (1.4e-3,) * 6 and len(b.short_s) == len(b.long_s) == 3
+    assert b.median_s == pytest.approx(1.4e-3)
+    assert b.clock_hz == pytest.approx(f) and b.offset_s == pytest.approx(o)
+    assert 50_000 / b.short_s[0] < 0.95 * f            # one spin alone reads low
+    both = b + b
+    assert len(both.work_s) == 12 and both.clock_hz == pytest.approx(f)
+    with pytest.raises(ValueError, match="spins"):
+        b + gpu.ClockedBurst(b.work_s, b.short_s, b.long_s, (1, 2))
+    with pytest.raises(ValueError, match="no clock"):
+        gpu.ClockedBurst((1.0,), (2e-5,), (2e-5,), (50_000, 150_000)).clock_hz
+    with pytest.raises(RuntimeError, match="CUDA"):
+        gpu.clocked_burst(lambda: None, "cpu")
+    with pytest.raises(ValueError, match="short < long"):
+        gpu.clocked_burst(lambda: None, "cuda", cycles=(150_000, 50_000))
+    with pytest.raises(ValueError, match="pairs"):
+        gpu.clocked_burst(lambda: None, "cuda", pairs=0)
 
 
 def test_fact_rows_write_units_not_python_reprs():

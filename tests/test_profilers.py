@@ -284,7 +284,9 @@ def test_chapter4_tools_sets_the_spin_against_ncu():
 
 def test_chapter4_tools_gpu_util_sentence_follows_its_verdict():
     """Review G4 (6 December, f): "GPU-Util is an honest signal" was printed under a false verdict
-    (1.34x and 1.36x the busy fraction in two runs). The sentence now follows the verdict."""
+    (1.34x and 1.36x the busy fraction in two runs). The sentence now follows the verdict, and
+    (stability review, 7 December d) the prediction adds NVML's time per busy stretch, measured
+    on the page: the ratio is to that, over windows of one loop."""
     from perflab.core.rounds import Spread
     from perflab.record.claims import Verdict
     from perflab.record.numbers import fmt, fmt_range
@@ -292,19 +294,39 @@ def test_chapter4_tools_gpu_util_sentence_follows_its_verdict():
     exec(_function_source(_page_code("04_measuring_and_profiling_tools"), "util_words"), ns)
     over = ns["util_words"](Verdict("outside"), Spread((1.34, 1.36, 1.38)))
     assert "honest" not in over and "1.36x" in over and "over-reads" in over
-    assert "1.34x–1.38x over 3 loops" in over     # numbers.fmt_range
+    assert "1.34x–1.38x over 3 windows" in over   # numbers.fmt_range
+    assert "time per stretch" in over
     assert "is honest" in ns["util_words"](Verdict("within"), Spread((0.9, 1.0, 1.1)))
     assert "undecided" in ns["util_words"](Verdict("undecided"), Spread((1.2, 1.3, 1.4)))
 
 
+def test_chapter4_tools_util_windows_cut_one_loop_into_windows():
+    """gpu_util_vs_busy (stability review, 7 December d): one loop's NVML readings and step marks
+    cut into windows after the skipped first second; each window gives the median reading and
+    its own wall time per step; a window without readings is left out."""
+    import statistics
+    ns = {"statistics": statistics}
+    exec(_function_source(_page_code("04_measuring_and_profiling_tools"), "util_windows"), ns)
+    samples = [(0.5, 90), (1.05, 10), (1.1, 20), (1.2, 30), (1.3, 12)]
+    marks = [(0.9 + 0.01 * k, k) for k in range(1, 60)]     # 10 ms per step
+    got = ns["util_windows"](samples, marks, start=1.0, width=0.25, n=3)
+    assert len(got) == 2                               # the third window has no reading
+    assert got[0][0] == 20 and got[1][0] == 12
+    assert abs(got[0][1] - 0.01) < 1e-9 and abs(got[1][1] - 0.01) < 1e-9
+
+
 def test_chapter2_spin_length_sentence_names_a_biased_spin():
     """Review G2 (6 December, f): a 400,000-cycle spin right after the products may count a clock
-    that rises while it runs; spins of three lengths tell. One clock within 3 % says no bias;
-    a longer spin reading higher is named."""
-    ns = {}
+    that rises while it runs; spins of three lengths tell. Stability review (7 December d): in
+    run 439fc20 their times (50,000, 100,000, 400,000 cycles at 1,725, 1,830, 1,919 MHz) lie on
+    one line, one clock of 1,950 MHz plus 3.4 µs of start-up per spin, which the two-length
+    count cancels; times off one line (run f96650c's, 3 % off) say the run cannot tell."""
+    import statistics
+    from perflab.record.numbers import fmt
+    ns = {"statistics": statistics, "fmt": fmt}
     exec(_function_source(_page_code("02_hardware_gpu"), "spin_length_words"), ns)
-    same = ns["spin_length_words"]({50_000: 1500.0, 100_000: 1510.0, 400_000: 1520.0})
-    assert "one clock within 3 %" in same and "1,520 MHz" in same
-    biased = ns["spin_length_words"]({50_000: 1400.0, 100_000: 1450.0, 400_000: 1530.0})
-    assert "400,000-cycle spin read 1.09x the 50,000-cycle one" in biased
+    line = ns["spin_length_words"]({50_000: 1725.0, 100_000: 1830.0, 400_000: 1919.0})
+    assert "one line within 2 %" in line and "1,950 MHz" in line and "3.36 µs" in line
+    bent = ns["spin_length_words"]({50_000: 1594.0, 100_000: 1679.0, 400_000: 1868.0})
+    assert "miss one line by up to 3%" in bent and "a start-up that varied" in bent
     assert ns["spin_length_words"]({}) == ""

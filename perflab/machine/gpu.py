@@ -11,6 +11,8 @@
   page and exported to :mod:`perflab.machine.replay`.)
 * :func:`burst_and_sustained` times one matrix product briefly after a rest and for seconds back
   to back, each under :class:`perflab.core.telemetry.Telemetry`: the burst and the sustained rate.
+* :func:`clocked_burst` times products back to back with a short spin kernel behind each, so the
+  SM clock is counted by the SMs inside the products' own window (:class:`ClockedBurst`).
 
 How a matrix product's tiles map onto the SMs in waves is :mod:`perflab.machine.waves`.
 
@@ -19,6 +21,8 @@ Units: bytes, Hz, watts, FLOP/s, seconds.
 
 from __future__ import annotations
 
+import itertools
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Iterable
@@ -34,7 +38,8 @@ from perflab.machine.roofline import matmul_rate
 
 __all__ = ["properties", "fact_rows", "dram_bandwidth_from_clock", "available_matmul_kinds", "matmul_rates",
            "matmul_rates_clocked",
-           "BurstSustained", "burst_and_sustained", "cycle_clock_behind", "cycle_clock_hz"]
+           "BurstSustained", "burst_and_sustained", "ClockedBurst", "clocked_burst",
+           "cycle_clock_behind", "cycle_clock_hz"]
 
 
 def properties(index: int = 0) -> dict:
@@ -191,10 +196,10 @@ class BurstSustained:
             (:func:`cycle_clock_hz`, median of 3) after the burst's products and after the
             sustained window's, synchronized first: the clock once the work stopped; None on a
             CPU.
-        burst_behind_hz, sustained_behind_hz: the SM clock counted by a spin queued right
-            behind more of the same products (:func:`cycle_clock_behind`, two products per
-            spin, median of 3), just after the burst and just after the sustained window,
-            before the two above: the clock the products ran at; None on a CPU.
+        burst_counted_hz, sustained_counted_hz: the SM clock counted inside the timed
+            products' own window (:attr:`ClockedBurst.clock_hz` of the spins between them:
+            the burst's, and the sustained second half's): the clock the products ran at;
+            None on a CPU.
     """
 
     flops: float
@@ -205,8 +210,8 @@ class BurstSustained:
     sustained_window_s: float
     burst_cycle_hz: float | None = None
     sustained_cycle_hz: float | None = None
-    burst_behind_hz: float | None = None
-    sustained_behind_hz: float | None = None
+    burst_counted_hz: float | None = None
+    sustained_counted_hz: float | None = None
 
     @property
     def burst_rate(self) -> float:
@@ -279,29 +284,130 @@ def cycle_clock_behind(fn, device: torch.device | str = "cuda", cycles: int = 40
     return cycles / sorted(seconds)[len(seconds) // 2]
 
 
+@dataclass(frozen=True)
+class ClockedBurst:
+    """Products timed back to back with a spin behind each (:func:`clocked_burst`).
+
+    Attributes:
+        work_s: every product's seconds (CUDA events), in the order they ran.
+        short_s, long_s: the short and the long spins' seconds, one of each per two products
+            (a short spin behind the first, a long one behind the second), in order.
+        cycles: the (short, long) spins' lengths in SM cycles.
+    """
+
+    work_s: tuple[float, ...]
+    short_s: tuple[float, ...]
+    long_s: tuple[float, ...]
+    cycles: tuple[int, int]
+
+    @property
+    def median_s(self) -> float:
+        """Median seconds of one product."""
+        return statistics.median(self.work_s)
+
+    @property
+    def clock_hz(self) -> float:
+        """The SM clock the spins counted, in Hz: the spins' difference in cycles over the
+        difference of their median seconds. Each spin's events also hold a few µs that are not
+        its cycles (the kernel's start behind the product); both lengths carry them, so the
+        difference cancels them, where ``cycles / seconds`` of one spin reads low, the more the
+        shorter the spin.
+
+        Raises:
+            ValueError: the long spins were not slower than the short ones (no clock to count).
+        """
+        dt = statistics.median(self.long_s) - statistics.median(self.short_s)
+        if dt <= 0:
+            raise ValueError(f"the long spins took no longer than the short ones ({dt:.3g} s): "
+                             "these timings count no clock")
+        return (self.cycles[1] - self.cycles[0]) / dt
+
+    @property
+    def offset_s(self) -> float:
+        """Seconds of a spin's events that are not its cycles at :attr:`clock_hz` (median
+        short spin minus its cycles over the clock)."""
+        return statistics.median(self.short_s) - self.cycles[0] / self.clock_hz
+
+    def __add__(self, other: "ClockedBurst") -> "ClockedBurst":
+        """Both bursts' timings as one (same spin lengths only)."""
+        if self.cycles != other.cycles:
+            raise ValueError(f"bursts with other spins ({self.cycles} and {other.cycles}) "
+                             "do not add")
+        return ClockedBurst(self.work_s + other.work_s, self.short_s + other.short_s,
+                            self.long_s + other.long_s, self.cycles)
+
+
+def clocked_burst(fn, device: torch.device | str = "cuda", pairs: int = 24,
+                  cycles: tuple[int, int] = (50_000, 150_000),
+                  warmup: int = 2) -> ClockedBurst:
+    """Time ``2 * pairs`` calls of ``fn`` back to back, with a spin kernel queued behind each,
+    and count the SM clock from the spins: the products and their clock from one window.
+
+    After ``warmup`` untimed calls, :func:`perflab.core.timing.event_timer` times, in one
+    window and with no synchronization inside it, the sequence work, short spin, work, long
+    spin, ... (``torch.cuda._sleep``: one thread spinning until its SM's cycle counter has
+    advanced ``cycles[0]`` or ``cycles[1]``), each call between its own pair of events. A spin
+    right behind a product starts the moment it ends and lasts some tens of µs, against the
+    product's milliseconds: the board stays under the products' load, so the spins count the
+    clock the products run at, in the products' own window, rather than the clock after them
+    (:func:`cycle_clock_behind`, run after the window, read a clock that moved from one run to
+    the next while the products' time did not: runs/2026-12-07c-f96650c.json and
+    runs/2026-12-07d-439fc20.json, chapter 4). The clock is the spins' difference over their
+    times' (:attr:`ClockedBurst.clock_hz`), which cancels the few µs each spin's events hold
+    beyond its cycles. ``fn`` must queue its kernels without synchronizing (``a @ b`` does).
+
+    Args:
+        fn: the work, a callable of no argument.
+        device: a CUDA device.
+        pairs: pairs of (work, spin) steps with a short spin and with a long one (>= 1).
+        cycles: the (short, long) spins' cycles, ``0 < short < long``.
+        warmup: untimed calls of ``fn`` before the window (>= 0).
+
+    Raises:
+        RuntimeError: ``device`` is not a CUDA device.
+        ValueError: a bad ``pairs``, ``cycles`` or ``warmup``.
+    """
+    short, long_ = (positive_int("cycles", c) for c in cycles)
+    if not short < long_:
+        raise ValueError(f"cycles must be (short, long) with short < long, got {cycles}")
+    number("warmup", warmup, minimum=0)
+    dev = _spin_device("clocked_burst", device, long_, positive_int("pairs", pairs))
+    steps = (fn, lambda: torch.cuda._sleep(short), fn, lambda: torch.cuda._sleep(long_))
+    turn = itertools.count()
+    for _ in range(warmup):
+        fn()
+    s = event_timer(lambda: steps[next(turn) % 4](), dev, warmup=0,
+                    reps=4 * pairs).samples_s
+    return ClockedBurst(tuple(x for i, x in enumerate(s) if i % 2 == 0), tuple(s[1::4]),
+                        tuple(s[3::4]), (short, long_))
+
+
 def burst_and_sustained(
     device: torch.device | str,
     n: int,
     dtype: torch.dtype = torch.bfloat16,
-    burst_reps: int = 30,
+    burst_reps: int = 64,
     sustained_s: float = 3.0,
     rest_s: float = 1.0,
 ) -> BurstSustained:
     """Time an ``n x n @ n x n`` product as a short burst and sustained for ``sustained_s``.
 
     After ``rest_s`` seconds idle (the board cools below its power limit), ``burst_reps``
-    products are timed with CUDA events after 2 warm-up calls: some tens of milliseconds of
-    work (30 bf16 8192^3 products, about 40 ms on an H200), short enough to run before the power
-    controller lowers the clock and long enough for the sampler, which reads NVML every few
-    milliseconds, to read the clock at least three times inside them (a 10-product burst of 14
-    ms held no reading at all). Then products run back to back for
-    ``sustained_s`` seconds in chunks of 20 event-timed calls; the sustained time is the median
-    over the chunks of the window's second half, when the clock has settled. The burst and the
-    second half each run under a :class:`perflab.core.telemetry.Telemetry` sampler, whose
-    summaries say at which SM clock, power and throttle reasons: the sustained summary describes
-    exactly the second half (one timed window around its chunks), the products its time comes
-    from, so a rate and its clock are read over the same seconds. Nothing here changes a clock
-    or a limit. On a CPU the same runs with ``time.perf_counter`` (for tests).
+    products (rounded up to even) are timed with CUDA events after 2 warm-up calls, each
+    followed by a spin that counts the SM clock in their window (:func:`clocked_burst`): some
+    tens of milliseconds of work (64 bf16 8192^3 products, about 95 ms on an H100), short
+    enough to run before the power controller lowers the clock and long enough for the
+    sampler, which reads NVML every 5 to 20 milliseconds, to read the clock at least three
+    times inside them (the 30-product burst of runs/2026-12-07d-439fc20.json held two
+    readings, too few to read a clock from). Then products run back to back for
+    ``sustained_s`` seconds in chunks of 20 event-timed calls, with their spins; the sustained
+    time is the median over the chunks of the window's second half, when the clock has
+    settled, and its counted clock the spins' over that half. The burst and the second half
+    each run under a :class:`perflab.core.telemetry.Telemetry` sampler, whose summaries say at
+    which SM clock, power and throttle reasons: the sustained summary describes exactly the
+    second half (one timed window around its chunks), the products its time comes from, so a
+    rate and its clocks are read over the same seconds. Nothing here changes a clock or a
+    limit. On a CPU the same runs with ``time.perf_counter`` and no spins (for tests).
 
     Raises:
         ValueError: a non-positive ``n``, ``burst_reps`` or ``sustained_s``, or a negative
@@ -313,34 +419,42 @@ def burst_and_sustained(
     number("rest_s", rest_s, minimum=0)
     dev = torch.device(device)
     index = (dev.index or 0) if dev.type == "cuda" else 0
+    on_gpu = dev.type == "cuda"
     a = torch.randn(n, n, device=dev).to(dtype)
     b = torch.randn(n, n, device=dev).to(dtype)
     fn = lambda: a @ b  # noqa: E731
+
+    def timed(reps: int, warmup: int):   # products, with their counted clock on a GPU
+        if on_gpu:
+            return clocked_burst(fn, dev, pairs=(reps + 1) // 2, warmup=warmup)
+        return event_timer(fn, dev, warmup=warmup, reps=reps)
+
     fn()
     synchronize(dev)
     time.sleep(rest_s)
     with Telemetry(index=index, interval_s=0.005) as tel_burst:
-        burst = event_timer(fn, dev, warmup=2, reps=burst_reps).median_s
-    on_gpu = dev.type == "cuda"
-    two = lambda: (fn(), fn())  # noqa: E731
-    # the clock the products ran at (a spin behind more of them), then the one they left
-    burst_behind = cycle_clock_behind(two, dev) if on_gpu else None
-    burst_hz = cycle_clock_hz(dev) if on_gpu else None
+        burst = timed(burst_reps, 2)
+    burst_hz = cycle_clock_hz(dev) if on_gpu else None   # the clock the products left
     clock = Stopwatch().start()
     while clock.elapsed() < sustained_s / 2:    # the first half: the clock settles, not kept
-        event_timer(fn, dev, warmup=0, reps=20)
+        timed(20, 0)
     # the second half is one timed window (the chunks' own windows nest inside it and count
     # once; event_timer synchronizes before reading its events), so its telemetry describes
-    # the very products the sustained time comes from
+    # the very products the sustained time and its counted clock come from
     chunks = []
     with Telemetry(index=index) as tel_sus, tel_sus.window():
         half = Stopwatch().start()             # its own clock: the sampler's start is not in it
         while half.elapsed() < sustained_s / 2 or len(chunks) < 2:
-            chunks.append(event_timer(fn, dev, warmup=0, reps=20))
+            chunks.append(timed(20, 0))
     window = clock.elapsed()
-    sustained_behind = cycle_clock_behind(two, dev) if on_gpu else None
     sustained_hz = cycle_clock_hz(dev) if on_gpu else None
-    samples = sorted(x for t in chunks for x in t.samples_s)
+    if on_gpu:
+        counted = (burst.clock_hz, sum(chunks[1:], chunks[0]).clock_hz)
+        burst_s = burst.median_s
+        samples = sorted(x for t in chunks for x in t.work_s)
+    else:
+        counted, burst_s = (None, None), burst.median_s
+        samples = sorted(x for t in chunks for x in t.samples_s)
     sustained = samples[len(samples) // 2]
-    return BurstSustained(2.0 * n**3, burst, sustained, tel_burst.summary(), tel_sus.summary(),
-                          window, burst_hz, sustained_hz, burst_behind, sustained_behind)
+    return BurstSustained(2.0 * n**3, burst_s, sustained, tel_burst.summary(),
+                          tel_sus.summary(), window, burst_hz, sustained_hz, *counted)
