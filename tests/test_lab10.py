@@ -101,7 +101,8 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
         # the memory ladder is the chapter's section page
         mem = _glued_notebook({"gpt2_memory_reduction": 5.0})
         mem["metadata"]["reference_run"] = {"devices": ["NVIDIA H200"], "git": "abc1234def",
-                                            "started": "2026-12-05T04:00:00Z"}
+                                            "started": "2026-12-05T04:00:00Z",
+                                            "ceilings": {"run": "gpu-2026-12-05-abc1234"}}
         (tmp_path / "book" / "10_gpt2_memory_ladder.ipynb").write_text(json.dumps(mem))
     monkeypatch.chdir(tmp_path / "labs")
     run = SimpleNamespace(tokens_per_s=1000.0, rung={"name": "x"}, mfu=lambda c: 0.3)
@@ -124,9 +125,10 @@ def test_overlay_cell_runs_with_and_without_the_reference(tmp_path, monkeypatch,
     if with_reference:
         assert len(ns["theirs"]) == 2 and yours["speedup over each one's own baseline"][2] == 12.0
         assert yours["peak reduction (ch.: 64-seq. ladder)"][2] == 5.0
-        # the memory row's notebook is named with its own run
-        assert "run of abc1234 started 2026-12-05" in capsys.readouterr().out
-        assert 0.5 < yours["MFU, fastest rung (ch.: headline), own ceiling"][2] < 0.8
+        # the memory row's notebook is named with its own run, by its record's name (run
+        # 439fc20's metadata git was a stale checkout's; its ceilings' run was right)
+        assert "run gpu-2026-12-05-abc1234 started 2026-12-05" in capsys.readouterr().out
+        assert 0.5 < yours["MFU, fastest rung (ch.: at ceiling clock)"][2] < 0.8
     else:
         assert ns["theirs"] == [] and yours["tokens/s, fastest rung (ch.: its headline)"][2] is None
     plt.close("all")

@@ -192,7 +192,6 @@ def speed_ladder(base, fp8=True, next_rung=False):
         rung("FP8 head", fp8_head=True)         # the head's products in FP8
     rung("bf16 residual", residual="bf16")      # half the residual's bytes
     rung("CUDA graphs", graphs=True)            # replayed forward, backward
-    rung("one graph per step", graphs=False, step_graph=True)  # + AdamW
     if next_rung:
         rung("rows in L2", l2_rows=True)        # the head's 2nd read from L2
     return ladder

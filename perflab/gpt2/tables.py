@@ -59,7 +59,7 @@ def ladder_table(results: dict, peak_sheet: float | None, peak_meas: float,
             "-" if r.peak_bytes is None else fmt(r.peak_bytes, "iB"),
             "-" if r.clock_fraction is None else f"{r.clock_fraction:.2f}"])
         prev = r.tokens_per_s
-    return _md(["rung", "tokens/s", "MFU", "of own ceiling", "vs previous", "vs baseline",
+    return _md(["rung", "tokens/s", "MFU", "of own ceiling (unscaled)", "vs previous", "vs baseline",
                 "peak memory", "SM clock / max"], rows)
 
 
@@ -246,9 +246,10 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
         # ladder's sequential bursts differ by a few % from run to run)
         ratio = ((pair["before"] / pair["after"]).median if timed
                  else after.tokens_per_s / before.tokens_per_s)
+        # the range in the sense of its word: a loss's range is of the loss (positive)
+        lo, hi = (-saved.hi, -saved.lo) if measurable(saved) is False else (saved.lo, saved.hi)
         rows.append([name, fmt(pred, "s"),
-                     f"{saving_text(saved, short=True)} "
-                     f"({fmt_range(saved.lo, saved.hi, 's')})",
+                     f"{saving_text(saved, short=True)} ({fmt_range(lo, hi, 's')})",
                      fmt(window, "s"), fmt(busy, "s"), fmt(gaps, "s"),
                      fmt(ratio, "x")])
     return _md(["rung", "predicted saving per step", what, "profiled step fell by",
