@@ -178,6 +178,31 @@ def test_memmap_copy_rate_copies_the_read_batches(files, tmp_path, monkeypatch):
         measure.memmap_copy_rate(storage.JpegFolder(files=files))
 
 
+def test_memmap_wrapper_seconds_reads_the_batches_of_a_one_pixel_twin(files, tmp_path,
+                                                                      monkeypatch):
+    mm = storage.MemmapImages(storage.write_memmap(files, tmp_path / "m.u8", side=8))
+    calls = []
+    real = storage.MemmapImages.__getitem__
+
+    def recorded(self, idx):    # every batch the helper reads, and from which map
+        calls.append((self.path.name, self.shape, list(idx)))
+        return real(self, idx)
+
+    monkeypatch.setattr(storage.MemmapImages, "__getitem__", recorded)
+    assert measure.memmap_wrapper_seconds(mm, n=10, batch=4) > 0
+    monkeypatch.undo()
+    # the read's own batches (the last short) through __getitem__, of a 1 x 1-pixel twin
+    assert [c[2] for c in calls] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert {c[0] for c in calls} == {"m.u8.1px.u8"}
+    assert {c[1] for c in calls} == {(len(files), 1, 1, 3)}
+    twin = storage.MemmapImages(tmp_path / "m.u8.1px.u8")
+    assert twin.labels.tolist() == mm.labels.tolist()          # the same labels
+    with pytest.raises(ValueError, match="n=99"):
+        measure.memmap_wrapper_seconds(mm, n=99)
+    with pytest.raises(TypeError, match="MemmapImages"):
+        measure.memmap_wrapper_seconds(storage.JpegFolder(files=files))
+
+
 def test_gpu_augment_crops_flips_and_normalizes_on_the_cpu():
     mean = torch.tensor(transforms.IMAGENET_MEAN).view(1, 3, 1, 1) * 255
     flat = mean.round().to(torch.uint8).expand(2, 3, 20, 30).contiguous()

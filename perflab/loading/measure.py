@@ -2,7 +2,7 @@
 
 * :func:`read_rate`, :func:`raw_read_rate`: items or bytes per second of reading a dataset or
   files in this process (cold stays cold: one timed pass); :func:`memmap_copy_rate`: the copy
-  alone that a :class:`MemmapImages` read makes;
+  alone that a :class:`MemmapImages` read makes, :func:`memmap_wrapper_seconds` the rest of it;
 * :func:`parallel_decode_rate`: the machine's own scaling of decoding with processes, without a
   DataLoader; :func:`cpu_rate` and :func:`gpu_rate`: decoding (or the whole pipeline) on loader
   workers and on the GPU; :func:`gpu_decode_profile` and :func:`kernel_seconds`: which engine or
@@ -11,13 +11,15 @@
   out), with the CPU time of its workers;
 * :func:`worker_memory_growth`: forked workers' private memory, grown by copy-on-read;
 * :func:`small_cnn`, the model chapter 5's ladder feeds (its training loop is on the page,
-  exported to :mod:`perflab.loading.training`).
+  exported to :mod:`perflab.loading.training`; :func:`train_steps_clocked` runs it under its own
+  sampler).
 
 Rates are items (images) per second or bytes per second; times are seconds.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import os
@@ -36,6 +38,7 @@ from perflab.core.timing import Stopwatch, process_seconds, thread_seconds, time
 from perflab.core.validate import one_of, positive_int
 from perflab.loading.loaders import collate_list, collate_packed, seed_worker, usable_cores
 from perflab.loading.storage import MemmapImages
+from perflab.loading.training import train_steps
 from perflab.loading.transforms import (decode_pil, decode_resized, gpu_augment_list, gpu_decode,
                                        pil_pipeline)
 
@@ -44,10 +47,10 @@ try:  # Unix only: the CPU time of finished loader workers (None on Windows)
 except ImportError:
     resource = None
 
-__all__ = ["read_rate", "memmap_copy_rate", "parallel_decode_rate", "parallel_decode",
+__all__ = ["read_rate", "memmap_copy_rate", "memmap_wrapper_seconds", "parallel_decode_rate", "parallel_decode",
            "loader_rate", "raw_read_rate",
            "kernel_seconds", "cpu_rate", "gpu_rate", "gpu_decode_profile", "small_cnn",
-           "small_cnn_flops", "worker_memory_growth"]
+           "small_cnn_flops", "worker_memory_growth", "train_steps_clocked"]
 
 
 def read_rate(dataset, n: int | None = None, batch: int = 64) -> float:
@@ -109,6 +112,44 @@ def memmap_copy_rate(dataset: MemmapImages, n: int | None = None, batch: int = 6
         for k in range(0, n, batch):
             mm[np.arange(k, min(n, k + batch), dtype=np.int64)]   # as the read
     return n / sw.seconds
+
+
+def memmap_wrapper_seconds(dataset: MemmapImages, n: int | None = None,
+                           batch: int = 64) -> float:
+    """Seconds per batch of what a :class:`MemmapImages` read does besides its copy: the same
+    reads as :func:`read_rate` (``n`` images front to back, ``batch`` indices a call, through
+    :meth:`MemmapImages.__getitem__`) of a twin map whose images are 1 x 1 pixel, with the
+    dataset's labels.
+
+    Every per-batch step of the read is there at the read's own batch size: the index list and
+    its conversion and sort, the fancy index, the labels, the two tensors and the view; the copy
+    shrinks from ``side * side * 3`` bytes an image to 3. (A read of one-image batches less one
+    image's copy misses the steps whose cost grows with the indices of a batch.) The twin,
+    ``<path>.1px.u8`` and its ``.json``, is written beside the map on first use. One timed pass
+    (:class:`perflab.core.timing.Stopwatch`).
+
+    Raises:
+        TypeError: ``dataset`` is not a :class:`MemmapImages`.
+        ValueError: ``n`` or ``batch`` not positive, or ``n`` larger than the dataset.
+    """
+    if not isinstance(dataset, MemmapImages):
+        raise TypeError(f"dataset must be a MemmapImages, got {type(dataset).__name__}")
+    n = len(dataset) if n is None else positive_int("n", n)
+    positive_int("batch", batch)
+    if n > len(dataset):
+        raise ValueError(f"n={n} but the dataset has {len(dataset)} items")
+    twin = Path(str(dataset.path) + ".1px.u8")
+    shape = (len(dataset), 1, 1, dataset.shape[3])
+    meta = {"shape": list(shape), "labels": dataset.labels.tolist()}
+    meta_path = Path(str(twin) + ".json")
+    if not meta_path.exists() or json.loads(meta_path.read_text()) != meta:
+        np.memmap(twin, dtype=np.uint8, mode="w+", shape=shape).flush()
+        meta_path.write_text(json.dumps(meta))
+    small = MemmapImages(twin)
+    with Stopwatch() as sw:
+        for k in range(0, n, batch):
+            small[list(range(k, min(n, k + batch)))]
+    return sw.seconds / math.ceil(n / batch)
 
 
 def _decode_share(args: tuple) -> tuple[float, int, float]:
@@ -529,3 +570,14 @@ def small_cnn_flops(width: int = 64, side: int = 128) -> float:
         total += 2 * 9 * c_in * c_out * s * s + 2 * 9 * c_out * c_out * s * s
         c_in = c_out
     return total
+
+
+def train_steps_clocked(*args, **kwargs) -> tuple[dict, object]:
+    """:func:`perflab.loading.training.train_steps` (same arguments, same errors) under its own
+    :class:`perflab.core.telemetry.Telemetry`: returns ``(result, summary)``, ``summary`` the
+    :class:`perflab.core.telemetry.TelemetrySummary` of the timed steps' window (the clock the
+    GPU ran them at), as :func:`perflab.machine.gpu.matmul_rates_clocked` does for products.
+    """
+    with Telemetry() as tel:
+        result = train_steps(*args, **kwargs)
+    return result, tel.summary()
