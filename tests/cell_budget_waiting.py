@@ -57,7 +57,7 @@ OVER_BUDGET: dict[str, dict[str, int | list[int]]] = {
     },
     'book/08_distributed_training.md': {
         'blocks_bwd = 2 / 3 * block_flops / rate': 17,
-        'on_nccl = backend == "nccl"': 24,
+        'on_nccl = backend == "nccl"': 23,
     },
     'book/09_1_torch_compile.md': {
         'import cProfile': 68,

@@ -89,3 +89,24 @@ def test_physical_cores_count_distinct_sibling_sets(tmp_path):
     (tmp_path / "cpufreq").mkdir()                       # not a cpuN directory
     assert cpu.physical_cores(tmp_path) == 2
     assert cpu.physical_cores(tmp_path / "nowhere") is None
+
+
+def test_core_shares_read_busy_and_stolen_ticks_from_proc_stat():
+    """Chapter 8's review of run 439fc20, finding 12: the telemetry of the gloo launch said
+    only that the CPU clock cannot be read; what decides its host-bound verdicts is whether
+    the ranks' cores were busy with something else, or stolen by the hypervisor."""
+    from perflab.machine.cpu import core_shares, core_times
+    before = core_times("cpu  9 9 9 9 9 9 9 9 0 0\ncpu0 10 0 5 80 5 0 0 0 0 0\n"
+                        "cpu1 10 0 5 80 5 0 0 0 0 0\nintr 1 2 3\n")
+    after = core_times("cpu  9 9 9 9 9 9 9 9 0 0\ncpu0 70 0 15 100 5 0 0 10 0 0\n"
+                       "cpu1 20 0 5 170 5 0 0 0 0 0\n")
+    assert sorted(before) == [0, 1] and before[0]["steal"] == 0
+    one = core_shares(before, after, [0])
+    assert one == {"busy": 0.7, "steal": 0.1, "iowait": 0.0}
+    both = core_shares(before, after, [0, 1])
+    assert both["busy"] == pytest.approx(80 / 200)
+    assert core_shares(before, after, [7]) is None
+    assert core_shares(before, before, [0]) is None
+    with pytest.raises(ValueError, match="went back"):
+        core_shares(after, before, [0])
+    assert isinstance(core_times(), dict)

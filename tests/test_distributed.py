@@ -648,8 +648,15 @@ def test_a_range_of_costs_and_what_a_band_can_resolve(glued):
     assert glued["r"].startswith("undecided")
     with pytest.raises(ValueError, match="low_s"):
         verdicts.judge_cost_range("r", inside, ddp, 1e-3, -1e-3, bound="host")
-    assert "cannot tell" in verdicts.resolution(1.02, 0.1, "ZeRO-1", "DDP")
-    assert "can tell ZeRO-1 from DDP" in verdicts.resolution(1.2, 0.1, "ZeRO-1", "DDP")
+    # review of run 439fc20, finding 10: told apart by the measured rounds, not by the band
+    from perflab.core.rounds import spread
+    held = verdicts.resolution(spread([0.99, 1.02, 1.05]), "ZeRO-1", "DDP")
+    assert "holds 1" in held and "cannot tell ZeRO-1's step from DDP's" in held
+    told = verdicts.resolution(spread([1.08, 1.10, 1.12]), "ZeRO-1", "DDP")
+    assert "leaves out 1" in told and "tells ZeRO-1's step from DDP's" in told
+    assert "rounds" not in told.split("(")[1].split(")")[0]   # no spread words in the prose
+    with pytest.raises(ValueError, match="Spread"):
+        verdicts.resolution(1.1, "ZeRO-1", "DDP")
 
 
 def test_exposed_time_is_judged_per_round_and_says_what_the_band_resolves(glued, monkeypatch):
@@ -669,81 +676,67 @@ def test_exposed_time_is_judged_per_round_and_says_what_the_band_resolves(glued,
     assert verdicts.judge_exposed("k", ddp, alone, 0.0, 1e-3) is None
     assert seen["k_exposed_sentence"].startswith("no comparison")
     assert "k_exposed_sentence_spread" in seen      # the prose's {measured} note quotes it
+    assert seen["k_waited_text"] == "4.1 ms"        # the median; its spread goes to the note
+    # review of run 439fc20, finding 14: a batch the caller does not judge is a measurement
+    assert verdicts.judge_exposed("k", ddp, alone, 4e-3, 9e-3, judged=False) is None
+    assert seen["k_exposed_sentence"].startswith("no comparison: its rounds scatter over")
+    assert seen["k_exposed_sentence_spread"].startswith("not judged")
     with pytest.raises(ValueError, match="same rounds"):
         verdicts.judge_exposed("k", ddp, alone[:2], 4e-3, 5e-3)
 
 
-def test_no_sync_is_counted_exactly_and_timed_as_a_ratio(glued, monkeypatch):
+def test_no_sync_is_counted_exactly_and_timed_against_each_rounds_own_prediction(glued,
+                                                                                monkeypatch):
     """K micro-steps with 2 buckets: 2K all-reduces against 2 (review M2); a count with K syncs
-    skipped or none fails whatever the times say, and the time is a per-round ratio."""
+    skipped or none fails whatever the times say. The time saved is judged round by round
+    against the prediction from the same round (review of run 439fc20, finding 2): a drift
+    that slows a whole round moves both."""
     seen = {}
     monkeypatch.setattr(verdicts, "glue", lambda name, value: seen.__setitem__(name, value))
     every = [40e-3, 48e-3, 41e-3]
     no_sync = [e - 12e-3 for e in every]
-    assert verdicts.judge_no_sync({"sync_every": 8, "no_sync": 2}, 4, 2, no_sync, every, 12e-3) == "within"
+    predicted = [12e-3, 12e-3, 12e-3]
+    counts = {"sync_every": 8, "no_sync": 2}
+    assert verdicts.judge_no_sync(counts, 4, 2, no_sync, every, predicted) == "within"
     assert glued["no_sync_count_sentence"].startswith("the traces count 8")
     assert "3 of 4 syncs skipped, as predicted" in glued["no_sync_count_sentence"]
-    assert seen["no_sync_saved_text"] == "12 ms"   # the time saved, its median
-    # review of run 07ca410, finding 8: judged on the time saved, not the step's remainder
-    assert verdicts.judge_no_sync({"sync_every": 8, "no_sync": 2}, 4, 2, no_sync, every, 20e-3) == "outside"
+    assert seen["no_sync_saved_text"] == "12 ms" and seen["no_sync_skipped_text"] == "12 ms"
+    assert verdicts.judge_no_sync(counts, 4, 2, no_sync, every, [20e-3] * 3) == "outside"
     for wrong in ({"sync_every": 8, "no_sync": 0}, {"sync_every": 8, "no_sync": 8}):
-        verdicts.judge_no_sync(wrong, 4, 2, no_sync, every, 12e-3)
+        verdicts.judge_no_sync(wrong, 4, 2, no_sync, every, predicted)
         assert glued["no_sync_count_sentence"].startswith("the traces count 8 and")
-    # chapter 8's review: the band stays 15 %, whatever the prediction's noise; rounds of the
-    # time saved that reach across its edge give "undecided" (here 10-14 ms against 10.2-13.8)
-    wide = [e - d for e, d in zip(every, (10e-3, 12e-3, 14e-3))]
-    assert verdicts.judge_no_sync({"sync_every": 8, "no_sync": 2}, 4, 2, wide, every,
-                                  12e-3) == "undecided"
+    # a saving that moves with its own round's prediction is within, however much it moves
+    drift = [10e-3, 12e-3, 14e-3]
+    wide = [e - d for e, d in zip(every, drift)]
+    assert verdicts.judge_no_sync(counts, 4, 2, wide, every, drift) == "within"
+    # against one prediction for every round, the same rounds reach across the 15 % band
+    assert verdicts.judge_no_sync(counts, 4, 2, wide, every, predicted) == "undecided"
     assert glued["no_sync_sentence"].startswith("undecided")
-    assert verdicts.judge_no_sync({"sync_every": 8, "no_sync": 2}, 4, 2, no_sync, every, 0.0) is None
+    assert verdicts.judge_no_sync(counts, 4, 2, no_sync, every, [12e-3, 0.0, 12e-3]) is None
     assert seen["no_sync_sentence"].startswith("no comparison")
     assert "no_sync_sentence_spread" in seen
     with pytest.raises(ValueError, match="accum"):
-        verdicts.judge_no_sync({}, 0, 2, no_sync, every, 1e-3)
+        verdicts.judge_no_sync({}, 0, 2, no_sync, every, predicted)
+    with pytest.raises(ValueError, match="same rounds"):
+        verdicts.judge_no_sync(counts, 4, 2, no_sync, every, predicted[:2])
 
 
-def test_efficiency_is_judged_round_by_round_against_its_own_prediction(glued):
-    """Review of run 07ca410, finding 5: an efficiency of 1.13 (rounds 0.56-1.55), then 0.83,
-    was reported as a result. Each round's efficiency over the round's prediction is judged,
-    and the glued text carries the spread."""
+def test_efficiency_is_a_measurement_against_its_prediction_not_a_verdict(glued):
+    """Review of run 07ca410, finding 5: one round's efficiency is no result; review of run
+    439fc20, findings 1 and 8: each round's efficiency over its prediction is (t_alone +
+    exposed) / t_ddp, the exposed time's miss diluted by the step, and its band sat on an edge.
+    It is glued with its spread and returned, never judged."""
     eff = [0.80, 0.85, 0.90, 0.82, 0.88, 0.84, 0.86, 0.83, 0.87]
-    alts = dict(nothing_exposed=eff, none_hidden=eff)
-    assert verdicts.judge_efficiency("k", eff, [e * 1.02 for e in eff], **alts) == "within"
+    ratio = verdicts.efficiency_against_model("k", eff, [e * 1.25 for e in eff])
+    assert ratio.median == pytest.approx(0.8)
     assert glued["k_efficiency_text"].startswith("0.85 (")
     assert "inter-quartile" in glued["k_efficiency_text"]
-    assert verdicts.judge_efficiency("k", eff, [e * 2 for e in eff], **alts) == "outside"
+    assert glued["k_efficiency_ratio_text"].startswith("0.8x (")
+    assert "k_efficiency_sentence" not in glued
     with pytest.raises(ValueError, match="same rounds"):
-        verdicts.judge_efficiency("k", eff, eff[:3], **alts)
-    with pytest.raises(ValueError, match="same rounds"):
-        verdicts.judge_efficiency("k", eff, eff, nothing_exposed=eff, none_hidden=eff[:3])
-
-
-def test_efficiency_resolution_says_whether_the_band_tells_the_model_from_no_overlap_model(glued):
-    """Chapter 8's review: with an exposed time of a few per cent of the step, a band of 15 %
-    holds the efficiency predicted with nothing exposed (t1 / t_alone) and with nothing hidden
-    too; the glued resolution says so, and says when the band leaves them out."""
-    predicted = [0.90, 0.92, 0.91, 0.89, 0.90]
-    near = [p * 1.03 for p in predicted]              # 3 % exposed: inside a 15 % band
-    far_low = [p * 0.70 for p in predicted]           # nothing hidden: 30 % below
-    far_high = [p * 1.25 for p in predicted]          # nothing exposed: 25 % above
-    verdicts.judge_efficiency("k", predicted, predicted, 0.15, nothing_exposed=near,
-                              none_hidden=[p * 0.95 for p in predicted])
-    told = glued["k_efficiency_resolution"]
-    assert "holds the efficiency predicted with nothing exposed" in told
-    assert "holds the efficiency predicted with nothing hidden" in told
-    assert "cannot tell the model from either" in told
-    verdicts.judge_efficiency("k", predicted, predicted, 0.15, nothing_exposed=near,
-                              none_hidden=far_low)
-    told = glued["k_efficiency_resolution"]
-    assert "leaves out the efficiency predicted with nothing hidden (0.63, 0.7x" in told
-    assert "from nothing hidden, not from nothing exposed" in told
-    verdicts.judge_efficiency("k", predicted, predicted, 0.15, nothing_exposed=far_high,
-                              none_hidden=far_low)
-    assert glued["k_efficiency_resolution"].endswith("can tell the model from both")
-    # the band's width decides: 33 % holds both of them
-    verdicts.judge_efficiency("k", predicted, predicted, 0.33, nothing_exposed=far_high,
-                              none_hidden=far_low)
-    assert "cannot tell the model from either" in glued["k_efficiency_resolution"]
+        verdicts.efficiency_against_model("k", eff, eff[:3])
+    with pytest.raises(ValueError, match="positive"):
+        verdicts.efficiency_against_model("k", eff, [0.0] * len(eff))
 
 
 def test_own_cost_resolution_says_when_rounds_cannot_resolve_a_small_cost():
@@ -753,20 +746,34 @@ def test_own_cost_resolution_says_when_rounds_cannot_resolve_a_small_cost():
     narrow = spread([1.15, 1.16, 1.17, 1.17, 1.18, 1.18, 1.19, 1.2, 1.21])
     assert "resolve it" in verdicts.own_cost_resolution(narrow, 1.17)
     assert "cannot" not in verdicts.own_cost_resolution(narrow, 1.17)
+    # review of run 439fc20, finding 17: the sentence prints the half-width it compares
+    said = verdicts.own_cost_resolution(spread([1.0, 1.04, 1.08]), 1.05)
+    assert "(4 %)" in said and "more than half the width" in said
 
 
-def test_bucket_slope_is_the_step_per_extra_bucket_round_by_round(glued):
-    """Review of run 07ca410, finding 7: steps grew ~2.4 ms per bucket, 5x alpha, while only
-    the best cap was judged; the slope of every round is judged against alpha per bucket."""
+def test_bucket_slope_is_judged_against_the_models_own_slope_fitted_alike(glued):
+    """Review of run 07ca410, finding 7: the whole sweep is judged, not its best cap. Review of
+    run 439fc20, finding 6: the start-up model's steps hold the last bucket's transfer too, so
+    its slope is fitted from its own steps, not taken as alpha; Theil-Sen, so that one round at
+    four times the others moves no slope far."""
     buckets = {"0.0625": 17, "1": 13, "4": 4, "16": 1}
     rounds = {c: [0.030 + 2.4e-3 * n + d for d in (0, 1e-3, -1e-3)] for c, n in buckets.items()}
     slope = verdicts.bucket_slopes(rounds, buckets)
     assert slope.median == pytest.approx(2.4e-3)
-    assert verdicts.judge_bucket_slope("b", rounds, buckets, 0.48e-3) == "outside"
-    assert verdicts.judge_bucket_slope("b", rounds, buckets, 2.3e-3) == "within"
+    model = {c: 0.5e-3 * n for c, n in buckets.items()}
+    assert verdicts.judge_bucket_slope("b", rounds, buckets, model) == "outside"
+    model = {c: 2.3e-3 * n + 5e-3 * (n == 1) for c, n in buckets.items()}   # last bucket
+    assert verdicts.judge_bucket_slope("b", rounds, buckets, model) == "within"
     assert glued["b_slope_text"].startswith("2.4 ms")
+    stray = {c: list(v) for c, v in rounds.items()}
+    stray["4"][0] = 0.127                                    # one round far off
+    assert verdicts.bucket_slopes(stray, buckets).values[0] == pytest.approx(2.4e-3)
+    flat = {c: 1e-3 for c in buckets}
+    assert verdicts.judge_bucket_slope("b", rounds, buckets, flat) is None
+    assert glued["b"].startswith("no comparison")
     with pytest.raises(ValueError, match="two bucket counts"):
         verdicts.bucket_slopes({"1": [1.0], "2": [1.0]}, {"1": 3, "2": 3})
+    assert verdicts.theil_sen([17, 13, 4, 1], [9.23, 7.06, 2.17, 6.23]) == pytest.approx(0.365)
 
 
 def test_rank_cpus_gives_each_gloo_rank_its_own_cores_where_there_are_enough():
@@ -868,53 +875,54 @@ def test_arrival_skew_reads_every_ranks_collectives_on_one_clock():
         arrival_skew([starts])
 
 
-def test_a_gpu_step_is_judged_in_two_parts_products_and_the_measured_rest(glued):
+def test_a_gpu_step_is_judged_in_two_parts_products_and_the_profiled_rest(glued):
     """Chapter 8's review: a 10 % band on the whole GPU step was as wide as the part of the step
-    the model did not time (its rest), so the products are judged alone and the rest is
-    measured (the step minus the products timed alone), as a share of the step. Made-up numbers
-    in the shape of the H100 runs: a step of 188 ms, products 165 ms alone against 142 ms at
-    the ceiling, a rest of 18.1 ms modelled."""
+    the model did not time (its rest), so the products are judged alone. Review of run
+    439fc20, finding 3: the step minus the products timed alone is a difference of two large
+    numbers; the rest is judged on the profiled kernels that are not products, and the
+    difference is glued as a measurement. Made-up numbers in the shape of the H100 runs."""
     steps = [0.186, 0.188, 0.190, 0.187, 0.189]
-    products, rest = verdicts.judge_step_parts("g", steps, 0.165, 0.142, 0.0181)
-    assert products == "outside"                           # 1.16x the ceiling's prediction
-    assert rest == "within"                                # 23 ms against 18.1 ms, within 50 %
+    products = [0.164, 0.165, 0.166, 0.165, 0.164]
+    other = [0.0196, 0.0195, 0.0197]                       # three profiled steps
+    p_v, r_v = verdicts.judge_step_parts("g", steps, products, 0.142, other, 0.018)
+    assert (p_v, r_v) == ("outside", "within")             # 1.16x; 1.09x within 25 %
     assert glued["g_rest_text"] == "23 ms"
     assert glued["g_rest_share_text"] == "12.2 %"
-    assert abs(glued["g_rest_share"] - 0.023 / 0.188) < 1e-9
     assert "g_products_sentence_spread" in glued and "g_rest_sentence_spread" in glued
-    # products as predicted; the rest twice the model's: outside, and the products' band holds
-    products, rest = verdicts.judge_step_parts("g", steps, 0.150, 0.142, 0.0181)
-    assert (products, rest) == ("within", "outside")
-    # a rest whose rounds reach across the band's edge is undecided
-    products, rest = verdicts.judge_step_parts("g", [0.190, 0.198, 0.200], 0.170, 0.170, 0.018)
-    assert rest == "undecided"
+    assert "min–max over 5 rounds" in glued["g_products_sentence_spread"]
+    p_v, r_v = verdicts.judge_step_parts("g", steps, products, 0.160, [0.030] * 3, 0.018)
+    assert (p_v, r_v) == ("within", "outside")
+    p_v, r_v = verdicts.judge_step_parts("g", steps, products, 0.160, [0.021, 0.023], 0.018)
+    assert r_v == "undecided"                              # 1.17x to 1.28x across 1.25x
     with pytest.raises(ValueError, match="step_rounds"):
-        verdicts.judge_step_parts("g", [], 0.165, 0.142, 0.0181)
-    with pytest.raises(ValueError, match="products_s"):
-        verdicts.judge_step_parts("g", steps, 0.0, 0.142, 0.0181)
+        verdicts.judge_step_parts("g", [], products, 0.142, other, 0.018)
+    with pytest.raises(ValueError, match="other_rounds"):
+        verdicts.judge_step_parts("g", steps, products, 0.142, [0.0], 0.018)
 
 
 def test_a_difference_whose_rounds_cross_zero_is_stated_in_seconds_not_as_ratios(glued,
                                                                                   monkeypatch):
     """Chapter 8's reader review: DDP's exposed time read "3.25x the prediction (-5.3x to 6.60x,
-    inter-quartile range over 9 rounds)": a ratio spread that crosses zero cannot be read. The
-    note then gives the rounds in seconds and the verdict in words; the prose phrase stays."""
+    inter-quartile range over 9 rounds)": a ratio spread that crosses zero cannot be read.
+    ``compare(..., unit="s")`` then gives the rounds in seconds and the verdict in words (it
+    was chapter 8's ``compare_difference``); the prose phrase stays."""
     from perflab.core.rounds import spread
     crossing = spread([-5.3e-3, 1e-3, 4.9e-3, 5.5e-3, 6.6e-3])
-    v = verdicts.compare_difference("d", crossing, 1.5e-3, 0.5, bound="host", reason="a test")
+    v = claims.compare("d", crossing, 1.5e-3, 0.5, bound="host", reason="a test", unit="s")
     assert v == "undecided"
     assert glued["d"].startswith("undecided (")
     note = glued["d_spread"]
     assert "-5.3 ms to +6.6 ms" in note and "x the prediction" not in note
     assert "undecided: the rounds reach across the band's edge" in note
     assert v.detail == note
-    positive = spread([1.4e-3, 1.5e-3, 1.6e-3])             # no round at zero: compare's note
-    verdicts.compare_difference("d", positive, 1.5e-3, 0.5, bound="host", reason="a test")
+    positive = spread([1.4e-3, 1.5e-3, 1.6e-3])             # no round at zero: ratios
+    claims.compare("d", positive, 1.5e-3, 0.5, bound="host", reason="a test", unit="s")
     assert glued["d_spread"].startswith("1.00x the prediction (0.93–1.07x")
+    claims.compare("d", crossing, 1.5e-3, 0.5, bound="host", reason="a test")   # no unit
+    assert "-3.5x to 4.40x" in glued["d_spread"]
     calls = []                                  # each name glued once: myst-nb warns on twice
-    for module in (claims, verdicts):
-        monkeypatch.setattr(module, "glue", lambda name, value: calls.append(name))
-    verdicts.compare_difference("e", crossing, 1.5e-3, 0.5, bound="host", reason="a test")
+    monkeypatch.setattr(claims, "glue", lambda name, value: calls.append(name))
+    claims.compare("e", crossing, 1.5e-3, 0.5, bound="host", reason="a test", unit="s")
     assert sorted(calls) == ["e", "e_spread"]
-    assert verdicts.compare_difference("e", spread([-2e-3, -1e-3, 1e-4]), 1.5e-3, 0.5,
-                                       bound="host", reason="a test") == "outside"
+    assert claims.compare("e", spread([-2e-3, -1e-3, 1e-4]), 1.5e-3, 0.5, bound="host",
+                          reason="a test", unit="s") == "outside"

@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from perflab.core.timing import Stopwatch
 from perflab.core.rounds import interleaved
 from perflab.distributed.steps import accumulate, allreduce_gradients
-from perflab.distributed.traces import overlap_from_trace
+from perflab.distributed.traces import arrival_skew, collective_starts, overlap_from_trace
 from perflab.distributed.workloads import (global_batch, make_blocks, make_mlp, max_param_diff, mse,
                                            timing_batch)
 from perflab.speed.workload import fused_on_gpu
@@ -188,7 +188,15 @@ def overlap(ctx, width: int = 64, depth: int = 4, batch: int = 32, bucket_mb: fl
     step, the summary of the rank that waited longest after its backward (its ``exposed_s``),
     with "rank" and "exposed_by_rank"], "bucket_bytes": DDP's buckets}`` (``"steps"`` empty on
     the other ranks); the intervals of each summary are cut to ``keep``. Profiling every rank
-    slows them alike: a profiler on rank 0 alone would make the others wait for it."""
+    slows them alike: a profiler on rank 0 alone would make the others wait for it.
+
+    The rank that waited longest is the one whose backward ended earliest: its collectives
+    cannot end before the last rank's buckets arrive (review of run 439fc20, finding 4). So
+    each step's summary also holds, on the host's clock shared by the ranks' traces,
+    ``lag_s`` (the latest backward's end among the ranks minus this rank's),
+    ``latest_backward_s`` (that latest rank's backward) and ``arrival``
+    (:func:`perflab.distributed.traces.arrival_skew` of every rank's gloo collectives; a count
+    of 0 on NCCL, whose collectives are kernels)."""
     x, y = timing_batch(ctx.rank, batch, (width,), ctx.device)
     model = ddp(ctx, make_mlp(width, depth, ctx.device), bucket_cap_mb=bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -205,11 +213,19 @@ def overlap(ctx, width: int = 64, depth: int = 4, batch: int = 32, bucket_mb: fl
         if s["source"] == "cpu ops" and s["compute"]:
             s["backward_s"] = s["compute"][-1][1] - s["compute"][0][0]
         s["comm"], s["compute"], s["rank"] = s["comm"][:keep], s["compute"][:keep], ctx.rank
+        s["starts"] = collective_starts(trace)
         every = [None] * ctx.world
         ctx.dist.all_gather_object(every, s)
         if ctx.rank == 0:
             slowest = dict(max(every, key=lambda r: r["exposed_s"]))
-            slowest["exposed_by_rank"] = [r["exposed_s"] for r in every]
+            ends = [r["t0_host_s"] + r["compute_end_s"] for r in every]
+            latest = every[max(range(ctx.world), key=ends.__getitem__)]
+            slowest.update(exposed_by_rank=[r["exposed_s"] for r in every],
+                           lag_s=max(ends) - ends[slowest["rank"]],
+                           latest_backward_s=latest.get("backward_s"),
+                           arrival=arrival_skew([r.pop("starts") for r in every])
+                           if ctx.world > 1 else None)
+            slowest.pop("starts", None)
             summaries.append(slowest)
         opt.step()
     return {"steps": summaries, "bucket_bytes": bucket_bytes(model)}
@@ -266,8 +282,10 @@ def no_sync(ctx, width: int = 16, depth: int = 3, batch: int = 4, accum: int = 4
     ``rank_spread`` (largest gradient difference between ranks), ``vs_single`` (against one
     process on all ``world x accum`` micro-batches). With ``time_width`` > 0 also ``accum``
     micro-steps of a float32 model (DDP's buckets of ``bucket_mb`` MiB) synced after every
-    micro-batch against ``no_sync``, timed
-    in interleaved rounds: ``sync_every_rounds_s``, ``no_sync_rounds_s``; and one call of each
+    micro-batch against ``no_sync``, and the same ``accum`` micro-steps of a plain copy of the
+    model (no DDP: what a micro-step costs with nothing to sync, the prediction's other term),
+    timed in the same interleaved rounds: ``sync_every_rounds_s``, ``no_sync_rounds_s``,
+    ``plain_rounds_s``; and one call of the first two
     traced on rank 0, its all-reduces counted (:func:`all_reduce_count`): ``all_reduces``
     (``{"sync_every": n, "no_sync": n}``, ``None`` on the other ranks), with ``buckets``, the
     number of DDP's buckets (each sync all-reduces every bucket once)."""
@@ -287,18 +305,21 @@ def no_sync(ctx, width: int = 16, depth: int = 3, batch: int = 4, accum: int = 4
            "accum": accum}
     if time_width:
         model = ddp(ctx, make_mlp(time_width, time_depth, dev), bucket_cap_mb=bucket_mb)
+        plain = make_mlp(time_width, time_depth, dev)
         batches = [timing_batch(ctx.rank, time_batch, (time_width,), dev)] * accum
 
-        def every():
+        def micro_steps(net):
             for x, y in batches:
-                (mse(model, x, y) / accum).backward()
+                (mse(net, x, y) / accum).backward()
 
-        steps = {"sync_every": every, "no_sync": lambda: accumulate(model, batches, mse)}
+        steps = {"sync_every": lambda: micro_steps(model),
+                 "no_sync": lambda: accumulate(model, batches, mse),
+                 "plain": lambda: micro_steps(plain)}
         for fn in steps.values():
             for _ in range(warmup):
                 fn()
         res.update({f"{k}_rounds_s": v for k, v in rounds_of(ctx, steps, iters, rounds).items()})
-        res["all_reduces"] = {k: all_reduce_count(ctx, fn) for k, fn in steps.items()}
+        res["all_reduces"] = {k: all_reduce_count(ctx, steps[k]) for k in ("sync_every", "no_sync")}
         res["buckets"] = len(bucket_bytes(model))
     return res
 

@@ -32,6 +32,8 @@ def overlap_from_trace(trace: dict) -> dict:
         ``compute_end_s`` and ``comm_end_s`` (when the last computation and the last
         communication ended); ``exposed_s`` (``max(0, comm_end_s - compute_end_s)``: the
         communication the step still waited for after its last computation); ``span_s``;
+        ``t0_host_s`` (the first event counted, on the host's clock: the trace's
+        ``baseTimeNanoseconds`` added, so that several processes' times compare);
         and ``comm`` / ``compute``: the merged intervals, seconds from the first event counted.
 
     Raises:
@@ -69,7 +71,8 @@ def overlap_from_trace(trace: dict) -> dict:
             "overlap_fraction": overlap / comm_s if comm_s > 0 else None,
             "compute_end_s": compute_end, "comm_end_s": comm_end,
             "exposed_s": max(0.0, comm_end - compute_end) if c else 0.0,
-            "span_s": max(comm_end, compute_end), "comm": c, "compute": k}
+            "span_s": max(comm_end, compute_end), "comm": c, "compute": k,
+            "t0_host_s": float(trace.get("baseTimeNanoseconds", 0)) * 1e-9 + t0 * 1e-6}
 
 
 def _ranges(trace: dict, prefix: str) -> list[dict]:

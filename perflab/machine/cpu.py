@@ -27,6 +27,8 @@ __all__ = [
     "cpu_flags",
     "cache_levels",
     "clock_hz",
+    "core_shares",
+    "core_times",
     "default_thread_counts",
     "matmul_thread_scaling",
     "memory_bandwidth",
@@ -280,3 +282,50 @@ def peak_flops_estimate(cores: int = 1, fma_units: int = 2, clock: float | None 
             raise RuntimeError("the OS reports no CPU clock; pass clock= in Hz")
     positive("clock", clock)
     return cores * lanes * 2 * fma_units * clock
+
+
+#: The fields of a ``cpuN`` line of ``/proc/stat``, in order (USER_HZ ticks since boot).
+PROC_STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def core_times(text: str | None = None) -> dict[int, dict[str, int]]:
+    """Ticks each core spent in each state since boot, from ``/proc/stat`` (Linux; ``text``
+    replaces the file's contents, for tests): ``{core: {"user": ticks, ...}}``
+    (:data:`PROC_STAT_FIELDS`). Two readings bracket a window (:func:`core_shares`). Empty
+    where there is no ``/proc/stat``."""
+    if text is None:
+        try:
+            text = Path("/proc/stat").read_text()
+        except OSError:
+            return {}
+    out = {}
+    for line in text.splitlines():
+        name, *values = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            out[int(name[3:])] = dict(zip(PROC_STAT_FIELDS, (int(v) for v in values)))
+    return out
+
+
+def core_shares(before: dict, after: dict, cores: Sequence[int]) -> dict[str, float] | None:
+    """What ``cores`` did between two :func:`core_times` readings, as shares of their ticks:
+    ``busy`` (user, nice, system, irq, softirq), ``steal`` (time the hypervisor ran something
+    else while the core had work: on a VM, lost time) and ``iowait``; None when no tick of
+    those cores was read (no ``/proc/stat``, unknown cores, or no time passed).
+
+    Raises:
+        ValueError: a reading ``after`` with fewer ticks than ``before``.
+    """
+    sums = dict.fromkeys(PROC_STAT_FIELDS, 0)
+    for c in cores:
+        if c in before and c in after:
+            for k in PROC_STAT_FIELDS:
+                d = after[c].get(k, 0) - before[c].get(k, 0)
+                if d < 0:
+                    raise ValueError(f"core {c}'s {k} ticks went back: {before[c]} -> {after[c]}")
+                sums[k] += d
+    total = sum(sums.values())
+    if not total:
+        return None
+    busy = sum(sums[k] for k in ("user", "nice", "system", "irq", "softirq"))
+    return {"busy": busy / total, "steal": sums["steal"] / total,
+            "iowait": sums["iowait"] / total}

@@ -52,7 +52,7 @@ import numpy as np
 
 from perflab.core.rounds import Spread
 from perflab.core.validate import number, one_of
-from perflab.record.numbers import fmt_range, sig
+from perflab.record.numbers import fmt, fmt_range, sig
 from perflab.record.provenance import glue, read_glued
 
 __all__ = ["BOUNDS", "EXPECT_PREFIX", "MAX_BAND_FACTOR", "ONE_PASS", "SPREAD_SUFFIX", "VERDICT_MIME",
@@ -318,7 +318,8 @@ def judge(value: float | Spread, low: float | None = None, high: float | None = 
 
 
 def compare(name: str, measured: float | Spread, predicted: float, tolerance: float, *,
-            bound: str, reason: str | None = None, single_pass: bool = False) -> Verdict:
+            bound: str, reason: str | None = None, single_pass: bool = False,
+            unit: str | None = None) -> Verdict:
     """Glue, under ``name``, how ``measured`` compares with ``predicted``, and return the
     :class:`Verdict`.
 
@@ -352,6 +353,13 @@ def compare(name: str, measured: float | Spread, predicted: float, tolerance: fl
         single_pass: ``measured`` is one value from one pass, with no rounds to give it a
             spread: both texts say so (``"as predicted (1.02x, one pass, no spread)"``) and the
             record stores ``"single_pass": true``.
+        unit: the unit of ``measured`` (:func:`perflab.record.numbers.fmt`'s: ``"s"``), for
+            a difference of two times taken round by round (a step beyond another, a time
+            saved, a slope). With it, a spread whose rounds reach zero or below is stated in
+            that unit in the ``_spread`` note, with the verdict in words ("the rounds ran
+            -5.3 ms to +6.6 ms ... undecided: the rounds reach across the band's edge"), since
+            a spread of ratios that crosses zero ("-5.3x to 6.60x the prediction") cannot be
+            read. Without it such a spread is written as ratios (``"-0.17x to 2.74x"``).
 
     Raises:
         ValueError: a bad name or bound, a value that is not finite, a prediction that is not
@@ -402,8 +410,11 @@ def compare(name: str, measured: float | Spread, predicted: float, tolerance: fl
     r = f"{_ratio_words(ratio)}x"
     phrase = {True: f"as predicted ({r}{once})", False: f"outside the {band} band ({r}{once})",
               None: f"undecided ({r}; the spread crosses the band's edge)"}[holds]
-    detail = _spread_sentence(r, rounds or (ONE_PASS if once else ""), band, low, high,
-                              edge if holds is None else None)
+    if unit is not None and spread is not None and lo <= 0:
+        detail = _crossing_sentence(spread, predicted, tolerance, band, unit, holds)
+    else:
+        detail = _spread_sentence(r, rounds or (ONE_PASS if once else ""), band, low, high,
+                                  edge if holds is None else None)
     claim(name, holds, phrase if holds else "-", phrase if holds is False else "-",
           if_undecided=phrase, bound=bound, record={**record, "verdict_word": word})
     glue(name + SPREAD_SUFFIX, detail)
@@ -414,6 +425,19 @@ def _verdict(word: str, phrase: str, detail: str, ratio: float) -> Verdict:
     out = Verdict(word)
     out.phrase, out.detail, out.ratio = phrase, detail, ratio
     return out
+
+
+def _crossing_sentence(spread: Spread, predicted: float, tolerance: float, band: str,
+                       unit: str, holds: bool | None) -> str:
+    """The ``_spread`` note of a difference whose rounds reach zero or below (``unit`` given to
+    :func:`compare`): the rounds and the band in ``unit``, the verdict in words."""
+    lo, hi = predicted * (1 - tolerance), predicted * (1 + tolerance)
+    return (f"the rounds ran {fmt_range(spread.lo, spread.hi, unit)} ({spread.kind}), at or "
+            "below zero in some, so no ratio to the prediction is read from them; against the "
+            f"band of {fmt_range(lo, hi, unit)} (±{band}) around the predicted "
+            f"{fmt(predicted, unit)}, "
+            + {True: "within the band", False: "outside the band",
+               None: "undecided: the rounds reach across the band's edge"}[holds])
 
 
 def _spread_sentence(ratio: str, rounds: str, band: str, low: float, high: float,
