@@ -82,5 +82,4 @@ SPREAD_IN_PROSE: dict[str, int] = {
 # Chapters 2.1, 7.1 and 9.2 left it with the change that made the rule (5.1 folds its figure).
 VISIBLE_TELEMETRY_CELLS: dict[str, int] = {
     'book/03_pytorch_internals.md': 1,
-    'book/08_distributed_training.md': 1,
 }
