@@ -299,3 +299,26 @@ def test_fewer_than_min_samples_readings_are_too_short():
     s = T.summarize(_trace(crowded), [(0.5, 0.51)], source="NVML", interval_s=0.02,
                     block_s=1.0, device="NVIDIA H200")
     assert s.samples == 10 and s.too_short and s.sm_clock_hz is None
+
+
+def test_window_clocks_are_each_windows_own_in_order(monkeypatch):
+    from perflab.machine.gpu import window_clocks_hz
+    """Two windows at two clocks, an idle stretch between and a window with no reading: one
+    clock per window, in order, the idle readings in none of them."""
+    state = {"mhz": 1980.0}
+    _gpu(monkeypatch, lambda: _reading(state["mhz"], 300.0))
+    with T.Telemetry(interval_s=0.002) as tel:
+        for mhz in (1500.0, 1700.0):
+            with tel.window():
+                state["mhz"] = mhz
+                _busy(0.04)
+            state["mhz"] = 1980.0
+            _busy(0.03)
+        tel._hear("open")
+        tel._hear("close")                       # a window too short for a reading
+    clocks = window_clocks_hz(tel)
+    assert len(clocks) == 3 and clocks[2] is None
+    assert clocks[0] == pytest.approx(1500e6, rel=0.02)
+    assert clocks[1] == pytest.approx(1700e6, rel=0.02)
+    with pytest.raises(RuntimeError, match="after the with-block"):
+        window_clocks_hz(T.Telemetry())

@@ -30,7 +30,7 @@ from typing import Iterable
 import torch
 
 from perflab.core.device import need_gpu
-from perflab.core.telemetry import Telemetry
+from perflab.core.telemetry import Telemetry, time_weighted
 from perflab.core.timing import Stopwatch, event_timer, synchronize
 from perflab.core.validate import number, positive, positive_int
 from perflab.machine.caches import format_bytes
@@ -380,6 +380,23 @@ def clocked_burst(fn, device: torch.device | str = "cuda", pairs: int = 24,
                     reps=4 * pairs).samples_s
     return ClockedBurst(tuple(x for i, x in enumerate(s) if i % 2 == 0), tuple(s[1::4]),
                         tuple(s[3::4]), (short, long_))
+
+
+def window_clocks_hz(tel) -> list[float | None]:
+    """The SM clock inside each timed window of a finished
+    :class:`perflab.core.telemetry.Telemetry` ``tel``, in the order the windows were marked:
+    Hz, time-weighted over the readings in that window
+    (:func:`perflab.core.telemetry.time_weighted`), None for a window with no reading. For
+    work timed window by window (chapter 4's bursts, one :func:`clocked_burst` each), whose
+    rounds each get their own clock rather than the block's one summary.
+
+    Raises:
+        RuntimeError: ``tel`` has not finished (no readings to read yet).
+    """
+    if tel._sampler is None or tel._sampler.duration_s is None:
+        raise RuntimeError("window_clocks_hz needs a Telemetry after the with-block has finished")
+    reads = [(r["t"], r["sm_clock_mhz"] * 1e6) for r in tel.samples if r.get("sm_clock_mhz")]
+    return [time_weighted(reads, [w]) for w in tel.windows]
 
 
 def burst_and_sustained(
