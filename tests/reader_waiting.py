@@ -81,5 +81,4 @@ SPREAD_IN_PROSE: dict[str, int] = {
 # test_visible_cells_call_no_telemetry; reader review of 7 December; the numbers only go down).
 # Chapters 2.1, 7.1 and 9.2 left it with the change that made the rule (5.1 folds its figure).
 VISIBLE_TELEMETRY_CELLS: dict[str, int] = {
-    'book/03_pytorch_internals.md': 1,
 }

@@ -110,3 +110,18 @@ def test_page_faults_per_call_counts_fresh_pages_not_reused_ones():
     assert faults is None or faults >= 0
     with pytest.raises(ValueError, match="calls"):
         page_faults_per_call(reuse, calls=0)
+
+
+def test_plot_call_costs_draws_each_kind_with_its_fit_and_model():
+    import matplotlib.pyplot as plt
+    from perflab.core.rounds import Spread
+    from perflab.internals.operators import plot_call_costs
+    sweeps = {kind: {n: Spread((t0 + c * n,)) for n in (1, 2**10, 2**16, 2**20)}
+              for kind, t0, c in (("cpu", 2e-6, 1e-10), ("cuda", 6e-6, 1e-12))}
+    fig = plot_call_costs(sweeps, lambda kind, n: 1e-6 + 1e-11 * n)
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    for kind in sweeps:
+        assert {f"{kind}: measured", f"{kind}: fit $t_0 + c\\,n$", f"{kind}: model"} <= set(labels)
+    plt.close(fig)
+    with pytest.raises(ValueError, match="sweeps"):
+        plot_call_costs({}, lambda kind, n: 0.0)

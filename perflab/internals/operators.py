@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
@@ -182,6 +183,37 @@ def fit_call_cost(numels: Sequence[float], seconds: Sequence[float]) -> CallCost
         raise ValueError(f"the fit found no positive per-element cost ({per_element:.3g} s): "
                          "add larger sizes to the sweep")
     return CallCost(float(fixed), float(per_element))
+
+
+def plot_call_costs(sweeps: dict, model_s: Callable[[str, int], float]):
+    """Draw chapter 3's call-cost figure: the time of one call (µs, log) against elements per
+    call (log), for each device kind in ``sweeps`` (``{kind: {numel: Spread of seconds}}``, as
+    :func:`perflab.internals.callcost.call_cost_sweep` returns per kind): the medians as dots,
+    the line :func:`fit_call_cost` fits to them, the page's model ``model_s(kind, numel)``
+    (seconds) dashed, and the fit's crossover dotted. Returns the matplotlib Figure, not yet
+    shown (:func:`perflab.record.plotting.finish` shows it).
+
+    Raises:
+        ValueError: an empty ``sweeps`` (and :func:`fit_call_cost`'s errors).
+    """
+    if not sweeps:
+        raise ValueError("sweeps must hold at least one device kind's sweep")
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for i, (kind, points) in enumerate(sweeps.items()):
+        sizes = list(points)
+        line = fit_call_cost(sizes, [points[n].median for n in sizes])
+        ax.loglog(sizes, [points[n].median * 1e6 for n in sizes], "o", ms=4,
+                  color=f"C{i}", label=f"{kind}: measured")
+        ax.loglog(sizes, [line.seconds(n) * 1e6 for n in sizes], "-", color=f"C{i}", lw=1,
+                  label=f"{kind}: fit $t_0 + c\\,n$")
+        ax.loglog(sizes, [model_s(kind, n) * 1e6 for n in sizes], "--", color=f"C{i}", lw=1,
+                  label=f"{kind}: model")
+        ax.axvline(line.crossover_numel, color=f"C{i}", ls=":", lw=1.2)
+    ax.set(xlabel="elements per call (float32)", ylabel="time per call (µs)",
+           title="y = x * 2: fixed cost, then the kernel")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
 
 
 def page_faults_per_call(fn: Callable[[], object], calls: int = 20) -> float | None:
