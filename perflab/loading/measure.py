@@ -84,6 +84,23 @@ def read_rate(dataset, n: int | None = None, batch: int = 64) -> float:
     return n / sw.seconds
 
 
+def _memmap_pass(dataset, n: int | None, batch: int) -> int:
+    """The images a pass over ``dataset`` reads (``n``, or all of them), with the arguments of
+    :func:`memmap_copy_rate` and :func:`memmap_wrapper_seconds` checked.
+
+    Raises:
+        TypeError: ``dataset`` is not a :class:`MemmapImages`.
+        ValueError: ``n`` or ``batch`` not positive, or ``n`` larger than the dataset.
+    """
+    if not isinstance(dataset, MemmapImages):
+        raise TypeError(f"dataset must be a MemmapImages, got {type(dataset).__name__}")
+    n = len(dataset) if n is None else positive_int("n", n)
+    positive_int("batch", batch)
+    if n > len(dataset):
+        raise ValueError(f"n={n} but the dataset has {len(dataset)} items")
+    return n
+
+
 def memmap_copy_rate(dataset: MemmapImages, n: int | None = None, batch: int = 64) -> float:
     """Images per second of copying the batches :func:`read_rate` reads from ``dataset``, the
     way the read copies them: each batch of ``batch`` consecutive images is copied out of the
@@ -101,12 +118,7 @@ def memmap_copy_rate(dataset: MemmapImages, n: int | None = None, batch: int = 6
         TypeError: ``dataset`` is not a :class:`MemmapImages`.
         ValueError: ``n`` or ``batch`` not positive, or ``n`` larger than the dataset.
     """
-    if not isinstance(dataset, MemmapImages):
-        raise TypeError(f"dataset must be a MemmapImages, got {type(dataset).__name__}")
-    n = len(dataset) if n is None else positive_int("n", n)
-    positive_int("batch", batch)
-    if n > len(dataset):
-        raise ValueError(f"n={n} but the dataset has {len(dataset)} items")
+    n = _memmap_pass(dataset, n, batch)
     mm = dataset.array()                          # the read's own mapping
     with Stopwatch() as sw:
         for k in range(0, n, batch):
@@ -132,12 +144,7 @@ def memmap_wrapper_seconds(dataset: MemmapImages, n: int | None = None,
         TypeError: ``dataset`` is not a :class:`MemmapImages`.
         ValueError: ``n`` or ``batch`` not positive, or ``n`` larger than the dataset.
     """
-    if not isinstance(dataset, MemmapImages):
-        raise TypeError(f"dataset must be a MemmapImages, got {type(dataset).__name__}")
-    n = len(dataset) if n is None else positive_int("n", n)
-    positive_int("batch", batch)
-    if n > len(dataset):
-        raise ValueError(f"n={n} but the dataset has {len(dataset)} items")
+    n = _memmap_pass(dataset, n, batch)
     twin = Path(str(dataset.path) + ".1px.u8")
     shape = (len(dataset), 1, 1, dataset.shape[3])
     meta = {"shape": list(shape), "labels": dataset.labels.tolist()}
