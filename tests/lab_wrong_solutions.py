@@ -548,7 +548,7 @@ WRONG = {
         # TF32 is chapter 10's first big win on a GPU; on a CPU it changes nothing
         ("ex3-solution", 'my_rung = base.then("my speedrun", batch=32 * base.batch,\n'
                          '                        attention="sdpa", optimizer="fused")',
-         'my_rung = base.then("my speedrun", precision="tf32")', r"below the target"),
+         'my_rung = base.then("my speedrun", precision="tf32")', r"speedup is below its target"),
         # a smaller batch: less memory, but another training
         ("ex4-solution", "batch=mem_base.batch // 8, accum=8,\n                          checkpoint=True",
          "batch=mem_base.batch // 8", r"global batch"),

@@ -12,6 +12,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -827,21 +828,28 @@ def test_split_slice_gives_compute_and_gloo_threads_cores_apart():
     assert split_slice(None, 2) is None            # unpinned: nothing to split
     with pytest.raises(ValueError, match="threads"):
         split_slice([0, 1, 2, 3], 0)
-    import os
-    import threading
-    before = set(os.listdir("/proc/self/task"))
-    assert pin_new_threads(before, sorted(os.sched_getaffinity(0))) == []
-    go = threading.Event()
-    t = threading.Thread(target=go.wait)
-    t.start()
-    try:
-        cpus = sorted(os.sched_getaffinity(0))[-1:]
-        (tid,) = pin_new_threads(before, cpus)
-        assert os.sched_getaffinity(tid) == set(cpus)
-        assert os.sched_getaffinity(0) != set(cpus) or len(os.sched_getaffinity(0)) == 1
-    finally:
-        go.set()
-        t.join()
+    # in a process of its own: this one has other threads (the test pool's, a subprocess's
+    # readers) that may start meanwhile and would be "new" and pinned too
+    code = textwrap.dedent("""
+        import os, threading
+        from perflab.distributed.worker import pin_new_threads
+        before = set(os.listdir("/proc/self/task"))
+        assert pin_new_threads(before, sorted(os.sched_getaffinity(0))) == []
+        go = threading.Event()
+        t = threading.Thread(target=go.wait)
+        t.start()
+        try:
+            cpus = sorted(os.sched_getaffinity(0))[-1:]
+            (tid,) = pin_new_threads(before, cpus)
+            assert tid == t.native_id and os.sched_getaffinity(tid) == set(cpus)
+            assert os.sched_getaffinity(0) != set(cpus) or len(os.sched_getaffinity(0)) == 1
+        finally:
+            go.set()
+            t.join()
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_pinned_cores_is_what_each_rank_of_a_launch_here_gets():
