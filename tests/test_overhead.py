@@ -175,33 +175,3 @@ def test_launch_rate_needs_a_gpu_and_positive_counts(monkeypatch):
 
 def _gpu_model():
     return overhead.CallModel(host_issue_s=8e-6, device_fixed_s=1e-6, bandwidth=4.2e12)
-
-
-def test_miss_sentence_blames_the_per_call_cost_only_when_the_one_element_call_shows_it():
-    m = _gpu_model()
-    # the latest run's shape: t0 1.80x, one-element call 1.77 h, slope 1.27x the model's
-    text = overhead.miss_sentence(m, 1.80, 1.77 * 8e-6, 5.38e12, 4.2e12, here_s=1.7 * 8e-6)
-    assert "per-call cost" in text and "1.77x" in text and "1.70x" in text
-    assert "unexplained" in text and "moves the crossover out" in text
-    assert "this process pays more per call" in text
-    # the recipe gives h again in this process: the sweep's calls, not the process, cost more
-    text = overhead.miss_sentence(m, 1.80, 1.77 * 8e-6, 5.38e12, 4.2e12, here_s=1.05 * 8e-6)
-    assert "does not isolate" in text and "this process pays more" not in text
-    # t0 off, but the one-element call at h: the page cannot say what moved t0
-    text = overhead.miss_sentence(m, 1.80, 8e-6, 4.2e12, 4.2e12)
-    assert "not measured on this page" in text and "bandwidth agrees" in text
-    # t0 and slope both at the model
-    text = overhead.miss_sentence(m, 1.05, 8e-6, 4.0e12, 4.1e12)
-    assert text.startswith("The fitted t0 agrees") and "bandwidth agrees" in text
-
-
-def test_miss_sentence_credits_a_fast_slope_to_the_largest_call_when_it_is_as_fast():
-    m = _gpu_model()
-    text = overhead.miss_sentence(m, 1.0, 8e-6, 6e12, 6e12)
-    assert "unexplained" not in text and "moves the crossover out" in text
-    text = overhead.miss_sentence(m, 1.0, 8e-6, 2e12, 2e12)
-    assert "moves the crossover in" in text
-    with pytest.raises(ValueError, match="agree"):
-        overhead.miss_sentence(m, 1.0, 8e-6, 2e12, 2e12, agree=0.5)
-    with pytest.raises(ValueError, match="smallest_s"):
-        overhead.miss_sentence(m, 1.0, 0.0, 2e12, 2e12)

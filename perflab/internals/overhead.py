@@ -15,10 +15,9 @@ from perflab.core.timing import Stopwatch, benchmark, best_of, synchronize
 from perflab.core.validate import integer, number, positive, positive_int
 from perflab.machine.caches import beyond_cache_numel
 from perflab.machine.roofline import copy_bandwidth
-from perflab.record.numbers import fmt
 
 __all__ = ["CallModel", "batch_scaling", "call_model", "issue_time", "launch_rate",
-           "cuda_graph_op_rate", "dram_copy_bandwidth", "miss_sentence", "op_rate",
+           "cuda_graph_op_rate", "dram_copy_bandwidth", "op_rate",
            "python_adds_per_second"]
 
 
@@ -333,76 +332,6 @@ def call_model(device: torch.device | str, bandwidth: float,
     fixed = 1.0 / cuda_graph_op_rate() if gpu else 0.0
     return CallModel(host_issue_s=host, device_fixed_s=fixed, bandwidth=float(bandwidth),
                      peak_flops=peak_flops, overlapped=gpu)
-
-
-#: how much faster than the largest call a sweep's slope may be and still be credited to it (a
-#: bandwidth moves a few percent between runs; a slope 25 % faster is another quantity)
-_SLOPE_MARGIN = 1.1
-
-
-def miss_sentence(model: CallModel, t0_ratio: float, smallest_s: float,
-                  slope_bandwidth: float, largest_bandwidth: float,
-                  here_s: float | None = None, agree: float = 1.25) -> str:
-    """Which of the model's inputs a sweep departed from, in one or two sentences.
-
-    A straight line ``t0 + c n`` fitted to a call-cost sweep misses the model's own line in two
-    ways, each measured by the sweep itself: its fixed cost (``t0_ratio``, fitted t0 over the
-    model line's t0) and its slope (``slope_bandwidth = bytes per element / c``, bytes/s). The
-    fixed cost is attributed to the host's per-call cost only when the sweep's one-element call
-    (``smallest_s``, seconds: a call with no work, so nothing but the per-call cost in the
-    sweep's process) over the model's ``host_issue_s`` agrees with ``t0_ratio`` within a factor
-    ``agree``; ``here_s`` (seconds, optional) is the run's recipe for ``h`` repeated in the same
-    process, quoted beside it. A slope faster than the model's bandwidth is attributed to the
-    largest call (``largest_bandwidth``, bytes/s, its bytes over its time) only when that call
-    is as fast (within :data:`_SLOPE_MARGIN`); otherwise that part is called unexplained.
-    Quantities within ``agree`` of the model are said to agree.
-
-    Raises:
-        ValueError: a non-positive time, ratio or bandwidth, or ``agree`` below 1.
-    """
-    for name, v in (("t0_ratio", t0_ratio), ("smallest_s", smallest_s),
-                    ("slope_bandwidth", slope_bandwidth),
-                    ("largest_bandwidth", largest_bandwidth)):
-        positive(name, v)
-    number("agree", agree, minimum=1)
-    h = model.host_issue_s
-    per_call = smallest_s / h
-    here = None if here_s is None else positive("here_s", here_s) / h
-    if 1 / agree <= t0_ratio <= agree:
-        fixed = f"The fitted t0 agrees with the model's ({t0_ratio:.2f}x)."
-    elif t0_ratio / agree <= per_call <= t0_ratio * agree:
-        fixed = (f"The fitted t0 is {t0_ratio:.2f}x the model's, and the sweep's one-element "
-                 f"call, which does no work and so measures the per-call cost as the sweep "
-                 f"pays it, took {per_call:.2f}x the run's h of {fmt(h, 's')}")
-        if here is None:
-            fixed += ": the per-call cost moved t0."
-        elif per_call / agree <= here <= per_call * agree:
-            fixed += (f"; the run's own recipe for h, repeated in this process after the sweep, "
-                      f"took {here:.2f}x: this process pays more per call than the one that "
-                      "measured h at the run's start, and that moved t0.")
-        else:
-            fixed += (f", while the run's own recipe for h, repeated in this process after the "
-                      f"sweep, took {here:.2f}x: the sweep's calls cost more than the recipe's, "
-                      "for a reason this page does not isolate, and that per-call cost moved t0.")
-    else:
-        fixed = (f"The fitted t0 is {t0_ratio:.2f}x the model's, but the sweep's one-element "
-                 f"call took {per_call:.2f}x the run's h: what moved t0 is not measured on "
-                 "this page.")
-    ratio = slope_bandwidth / model.bandwidth
-    slope = (f"The slope implies {fmt(slope_bandwidth, 'B/s')}, {ratio:.2f}x the "
-             f"{fmt(model.bandwidth, 'B/s')} the model assumes")
-    if 1 / agree <= ratio <= agree:
-        return f"{fixed} {slope}: the bandwidth agrees."
-    way = "out" if ratio > 1 else "in"
-    largest = largest_bandwidth / model.bandwidth
-    if ratio > 1 and largest * _SLOPE_MARGIN < ratio:
-        return (f"{fixed} {slope}, which moves the crossover {way} by that factor; the largest "
-                f"call alone moved its bytes at {fmt(largest_bandwidth, 'B/s')} "
-                f"({largest:.2f}x), so the faster slope comes from smaller sizes, which this "
-                "page does not separate: that part of the miss is unexplained.")
-    return (f"{fixed} {slope}, which moves the crossover {way} by that factor; the largest "
-            f"call alone moved its bytes at {fmt(largest_bandwidth, 'B/s')} ({largest:.2f}x "
-            "the model's).")
 
 
 def dram_copy_bandwidth(factor: float = 4.0) -> tuple[float, int]:
