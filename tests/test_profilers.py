@@ -324,7 +324,9 @@ def test_chapter2_spin_length_sentence_names_a_biased_spin():
     import statistics
     from perflab.record.numbers import fmt
     ns = {"statistics": statistics, "fmt": fmt}
-    exec(_function_source(_page_code("02_hardware_gpu"), "spin_length_words"), ns)
+    ch2 = _page_code("02_hardware_gpu")
+    exec(_function_source(ch2, "spin_above_words") + "\n\n"
+         + _function_source(ch2, "spin_length_words"), ns)
     line = ns["spin_length_words"]({50_000: 1725.0, 100_000: 1830.0, 400_000: 1919.0})
     assert "one line within 2 %" in line and "1,950 MHz" in line and "3.36 µs" in line
     bent = ns["spin_length_words"]({50_000: 1594.0, 100_000: 1679.0, 400_000: 1868.0})
