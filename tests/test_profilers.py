@@ -261,7 +261,9 @@ def test_chapter4_lesson_follows_the_counted_clocks():
     """Review G1: the lesson says what the counted points show: equal use of each cycle at both
     clocks (run 0607: 84 % and 84 %) is not "worse at a higher clock"; a real gap is named."""
     ns = {}
-    exec(_function_source(_page_code("04_measuring_and_profiling"), "lesson_words"), ns)
+    main = _page_code("04_measuring_and_profiling")
+    exec(_function_source(main, "lesson_words") + "\n\n"
+         + _function_source(main, "one_count_words"), ns)
     same = ns["lesson_words"]([(1716e6, 0.840), (1465e6, 0.841)],
                               [(1980e6, 0.728), (1350e6, 0.912)])
     assert "equally well" in same and "worse" not in same and "NVML" in same
@@ -324,9 +326,48 @@ def test_chapter2_spin_length_sentence_names_a_biased_spin():
     import statistics
     from perflab.record.numbers import fmt
     ns = {"statistics": statistics, "fmt": fmt}
-    exec(_function_source(_page_code("02_hardware_gpu"), "spin_length_words"), ns)
+    ch2 = _page_code("02_hardware_gpu")
+    exec(_function_source(ch2, "spin_above_words") + "\n\n"
+         + _function_source(ch2, "spin_length_words"), ns)
     line = ns["spin_length_words"]({50_000: 1725.0, 100_000: 1830.0, 400_000: 1919.0})
     assert "one line within 2 %" in line and "1,950 MHz" in line and "3.36 µs" in line
     bent = ns["spin_length_words"]({50_000: 1594.0, 100_000: 1679.0, 400_000: 1868.0})
     assert "miss one line by up to 3%" in bent and "a start-up that varied" in bent
     assert ns["spin_length_words"]({}) == ""
+
+
+def test_chapter4_lock_guards_counts_above_the_chip_maximum():
+    """Validation review e (7 December): chapter 2's burst count read 1,997 MHz on a chip whose
+    maximum is 1,980 MHz, and chapter 4's lesson drew a cause from it. A count above the
+    maximum is named and not compared; chapter 2's two NVML points are carried to a burst's
+    clock on a line, held at the nearer point outside them; the spin-length line refuses a
+    count above the maximum."""
+    main = _page_code("04_measuring_and_profiling")
+    ns = {}
+    exec(_function_source(main, "lesson_words") + "\n\n"
+         + _function_source(main, "one_count_words") + "\n\n"
+         + _function_source(main, "interpolated"), ns)
+    nvml = [(1500e6, 0.83), (1933e6, 0.75)]
+    said = ns["lesson_words"]([(1505e6, 0.82)], nvml, [1997e6])
+    assert "above the chip's maximum" in said and "73%" not in said
+    assert "83% at 1,500 MHz" in said
+    assert "one clock or none" in ns["lesson_words"]([], [], ())
+    two = ns["lesson_words"]([(1505e6, 0.82), (1900e6, 0.74)], nvml)
+    assert "worse at the higher clock" in two
+    assert abs(ns["interpolated"](nvml, 1716.5e6) - 0.79) < 1e-9
+    assert ns["interpolated"](nvml, 1980e6) == 0.75       # held, not extrapolated
+    assert ns["interpolated"](nvml, 1400e6) == 0.83
+    assert ns["interpolated"](nvml[:1], 1700e6) is None
+    ch2 = _page_code("02_hardware_gpu")
+    ns2 = {"fmt": lambda v, u: f"{v:g} {u}"}
+    exec("import statistics\n" + _function_source(ch2, "spin_above_words") + "\n\n"
+         + _function_source(ch2, "spin_length_words"), ns2)
+    words = ns2["spin_length_words"]
+    assert "no SM runs at" in words({50_000: 1698, 100_000: 1791, 400_000: 1997}, 1.98e9)
+    steep = words({50_000: 1850, 100_000: 1920, 400_000: 1975}, 1.98e9)   # slope ~2 GHz
+    assert "line's slope" in steep and "one clock of" not in steep
+    ok = words({50_000: 1698, 100_000: 1791, 400_000: 1874}, 1.98e9)
+    assert "one clock of" in ok and "above" not in ok
+    assert words({50_000: 1698}, 1.98e9) == ""
+    ch2_code = "\n".join(ch2)
+    assert "if counted and over:" in ch2_code and "a clock no SM runs at" in ch2_code
