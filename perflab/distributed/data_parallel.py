@@ -42,6 +42,10 @@ __all__ = ["TASKS", "all_reduce_count", "bucket_bytes", "buckets", "ddp", "diff_
            "no_sync", "one_process_group", "overlap", "rank0_trace", "rounds_of", "user_allreduce", "user_sampler"]
 
 
+#: the two host-cost steps :func:`buckets` times beside its caps (no cap is named so)
+BACKWARD_KEY, LAUNCHES_KEY = "backward", "launches"
+
+
 def ddp(ctx, model, **kw) -> DDP:
     """``model`` wrapped in DDP on this rank's device (``device_ids`` on a GPU only)."""
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
@@ -236,13 +240,18 @@ def buckets(ctx, bucket_mbs: Sequence[float], blocks: Sequence[int] = (2, 64, 16
     """DDP step seconds against ``bucket_cap_mb`` (MiB) on a stack of transformer blocks
     (``blocks = (layers, width, sequence length)``, :func:`perflab.distributed.workloads.make_blocks`),
     every cap a DDP model of its own built side by side from one seed, warmed up (DDP rebuilds its
-    buckets after the first step), then timed in ``rounds`` interleaved rounds.
+    buckets after the first step, and reports them from the third), then timed in ``rounds`` interleaved rounds.
 
     Returns ``step_rounds_s`` (``{cap: [seconds per round]}``, caps as text), ``bucket_bytes``
     (``{cap: [bytes of each bucket DDP made]}``), ``backward_s`` (the backward of the same model
     without DDP, median of ``rounds x iters`` timings, the slowest rank's), ``tensor_bytes``
     (every parameter's bytes, in reverse order of registration), ``grad_bytes``,
-    ``largest_param_bytes`` and ``params``."""
+    ``largest_param_bytes`` and ``params``; and the host cost of one all-reduce launch beside
+    the backward, timed in the same rounds: ``launch_rounds_s`` (per round, the backward of
+    the same model without DDP with ``launches`` one-float async all-reduces in flight, minus
+    that backward alone, over ``launches``, the most buckets of any cap): a small message's
+    start-up paid on the cores the backward computes on, the per-bucket term of the
+    start-up model."""
     n_layer, width, seq = blocks
     x, y = timing_batch(ctx.rank, batch, (seq, width), ctx.device)
     steps, nets = {}, {}
@@ -257,10 +266,24 @@ def buckets(ctx, bucket_mbs: Sequence[float], blocks: Sequence[int] = (2, 64, 16
             opt.step()
 
         steps[key], nets[key] = step, net
-        for _ in range(max(warmup, 2)):
+        for _ in range(max(warmup, 3)):   # DDP's log shows its rebuilt buckets at the third
             step()
-    times = rounds_of(ctx, steps, iters, rounds)
     plain = make_blocks(n_layer, width, ctx.device)
+    launches = max(len(bucket_bytes(n)) for n in nets.values())
+    tiny = [torch.zeros(1, device=ctx.device) for _ in range(launches)]
+
+    def plain_step(n_launches: int) -> None:
+        pending = [ctx.dist.all_reduce(t, async_op=True) for t in tiny[:n_launches]]
+        mse(plain, x, y).backward()
+        for w in pending:
+            w.wait()
+        plain.zero_grad(set_to_none=False)
+
+    steps[BACKWARD_KEY] = lambda: plain_step(0)
+    steps[LAUNCHES_KEY] = lambda: plain_step(launches)
+    times = rounds_of(ctx, steps, iters, rounds)
+    launch_rounds = [(t - b) / launches for t, b in zip(times.pop(LAUNCHES_KEY),
+                                                        times.pop(BACKWARD_KEY))]
     backward = []
     for _ in range(warmup + rounds * iters):
         loss = mse(plain, x, y)
@@ -269,7 +292,8 @@ def buckets(ctx, bucket_mbs: Sequence[float], blocks: Sequence[int] = (2, 64, 16
         backward.append(sw.seconds)
         plain.zero_grad(set_to_none=False)
     tensors = [p.numel() * p.element_size() for p in plain.parameters()]
-    return {"step_rounds_s": times, "bucket_bytes": {k: bucket_bytes(n) for k, n in nets.items()},
+    return {"step_rounds_s": times, "launch_rounds_s": launch_rounds, "launches": launches,
+            "bucket_bytes": {k: bucket_bytes(n) for k, n in nets.items()},
             "backward_s": _median_over_ranks(ctx, backward[warmup:]), "tensor_bytes": tensors[::-1],
             "grad_bytes": sum(tensors), "largest_param_bytes": max(tensors),
             "params": sum(p.numel() for p in plain.parameters())}
