@@ -365,49 +365,30 @@ def bucket_slopes(rounds_by_cap: dict, buckets_by_cap: dict) -> Spread:
 def judge_bucket_slope(name: str, rounds_by_cap: dict, buckets_by_cap: dict,
                        predicted_by_cap: dict, tolerance: float = 0.5) -> Verdict | None:
     """The step's cost of one more bucket (:func:`bucket_slopes`, round by round) against the
-    slope of the model's own steps (``predicted_by_cap``) fitted the same way
+    slope of the model's own steps (``predicted_by_cap``, seconds per cap) fitted the same way
     (:func:`theil_sen`), within ``tolerance`` (``bound="host"``): slope against slope. The
     start-up model pays every bucket's alpha *and* the last bucket's transfer, which differs
-    from cap to cap, so its slope is not alpha (review of run 439fc20, finding 6).
-
-    ``predicted_by_cap[cap]`` is seconds, one number, or a list of one per round (a model whose
-    per-bucket term was timed in the same rounds as the steps): then each round's slope is
-    judged over that round's model slope, and the per-round ratios are the spread (the
-    validation run's review, item 10). Glues ``{name}_slope_text``,
-    ``{name}_model_slope_text`` and ``name`` (with its ``_spread``); None (a sentence saying
-    so) when the model's slope is not positive (in any round).
+    from cap to cap, so its slope is not alpha (review of run 439fc20, finding 6). Glues
+    ``{name}_slope_text``, ``{name}_model_slope_text`` and ``name`` (with its ``_spread``);
+    None (a sentence saying so) when the model's slope is not positive.
 
     Raises:
-        ValueError: see :func:`bucket_slopes` and :func:`perflab.record.claims.compare`, or
-            per-round predictions of another number of rounds than the steps.
+        ValueError: see :func:`bucket_slopes` and :func:`perflab.record.claims.compare`.
     """
     slope = bucket_slopes(rounds_by_cap, buckets_by_cap)
     caps = list(rounds_by_cap)
-    n = [float(buckets_by_cap[c]) for c in caps]
-    per_round = all(isinstance(predicted_by_cap[c], (list, tuple)) for c in caps)
-    if per_round:
-        if {len(predicted_by_cap[c]) for c in caps} != {len(slope.values)}:
-            raise ValueError("per-round predictions must hold the steps' rounds")
-        models = [theil_sen(n, [float(v) for v in r])
-                  for r in zip(*(predicted_by_cap[c] for c in caps))]
-    else:
-        models = [theil_sen(n, [float(predicted_by_cap[c]) for c in caps])]
-    model = statistics.median(models)
+    model = theil_sen([float(buckets_by_cap[c]) for c in caps],
+                      [float(predicted_by_cap[c]) for c in caps])
     glue(f"{name}_slope_text", spread_text(slope, "s"))
-    glue(f"{name}_model_slope_text", fmt(model, "s", signed=model < 0) if not per_round
-         else spread_text(spread(models), "s"))
-    if min(models) <= 0:
-        glue(name, "no comparison: the model's steps do not grow with the buckets"
-             + (" in every round" if per_round else ""))
+    glue(f"{name}_model_slope_text", fmt(model, "s", signed=model < 0))
+    if model <= 0:
+        glue(name, "no comparison: the model's steps do not grow with the buckets")
         glue(name + SPREAD_SUFFIX, f"not judged: the rounds' slopes ran "
              f"{fmt_range(slope.lo, slope.hi, 's')} ({slope.kind})")
         return None
-    reason = ("a slope fitted over a few caps in every round, on ranks whose gloo threads "
-              "share the backward's cores")
-    if not per_round:
-        return compare(name, slope, model, tolerance, bound="host", unit="s", reason=reason)
-    ratios = spread(s / m for s, m in zip(slope.values, models))
-    return compare(name, ratios, 1.0, tolerance, bound="host", reason=reason)
+    return compare(name, slope, model, tolerance, bound="host", unit="s",
+                   reason="a slope fitted over a few caps in every round, on ranks whose "
+                   "gloo threads share the backward's cores")
 
 
 def judge_best_cap(name: str, rounds_by_cap: dict, predicted_by_cap: dict, within_s: float,
