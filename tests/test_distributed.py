@@ -179,7 +179,7 @@ def runs(tmp_path_factory):
                                                "broadcast", "all_to_all"]}},
             {"name": "manual_vs_ddp", "args": dict(TINY, check_steps=2, rounds=3, bucket_mb=0.001)},
             {"name": "buckets", "args": {"bucket_mbs": [0.001, 1], "batch": 2, "blocks": BLOCKS,
-                                         "iters": 1, "rounds": 2}},
+                                         "iters": 1, "rounds": 2, "launch_cost": True}},
             {"name": "overlap", "args": {"width": 16, "depth": 2, "batch": 4, "bucket_mb": 0.001,
                                          "steps": 2}},
             {"name": "no_sync", "args": {"accum": 3, "time_width": 16, "time_depth": 2, "time_batch": 4,
@@ -239,6 +239,11 @@ def test_every_task_on_world_size(runs, n):
     assert len(mv["ddp_bucket_bytes"]) > 1          # bucket_mb reached DDP: one tensor a bucket
     assert set(res[0]["buckets"]["step_rounds_s"]) == {"0.001", "1.0"}
     assert all(len(v) == 2 for v in res[0]["buckets"]["step_rounds_s"].values())
+    # the per-bucket cost of gloo's all-reduces beside the backward, timed in the same rounds:
+    # the most buckets' sizes against the fewest's
+    bk = res[0]["buckets"]
+    assert len(bk["launch_rounds_s"]) == 2
+    assert bk["launches"] == [len(bk["bucket_bytes"]["0.001"]), len(bk["bucket_bytes"]["1.0"])]
     steps = res[0]["overlap"]["steps"]
     assert len(steps) == 2 and res[1]["overlap"]["steps"] == []      # rank 0 gathers them
     for s in steps:

@@ -42,6 +42,10 @@ __all__ = ["TASKS", "all_reduce_count", "bucket_bytes", "buckets", "ddp", "diff_
            "no_sync", "one_process_group", "overlap", "rank0_trace", "rounds_of", "user_allreduce", "user_sampler"]
 
 
+#: the two host-cost steps :func:`buckets` times beside its caps (no cap is named so)
+FEW_KEY, MANY_KEY = "fewest_buckets", "most_buckets"
+
+
 def ddp(ctx, model, **kw) -> DDP:
     """``model`` wrapped in DDP on this rank's device (``device_ids`` on a GPU only)."""
     ids = [ctx.device.index] if ctx.device.type == "cuda" else None
@@ -232,17 +236,24 @@ def overlap(ctx, width: int = 64, depth: int = 4, batch: int = 32, bucket_mb: fl
 
 
 def buckets(ctx, bucket_mbs: Sequence[float], blocks: Sequence[int] = (2, 64, 16), batch: int = 2,
-            warmup: int = 2, iters: int = 2, rounds: int = 3) -> dict:
+            warmup: int = 2, iters: int = 2, rounds: int = 3, launch_cost: bool = False) -> dict:
     """DDP step seconds against ``bucket_cap_mb`` (MiB) on a stack of transformer blocks
     (``blocks = (layers, width, sequence length)``, :func:`perflab.distributed.workloads.make_blocks`),
     every cap a DDP model of its own built side by side from one seed, warmed up (DDP rebuilds its
-    buckets after the first step), then timed in ``rounds`` interleaved rounds.
+    buckets after the first step, and reports them from the third), then timed in ``rounds``
+    interleaved rounds.
 
     Returns ``step_rounds_s`` (``{cap: [seconds per round]}``, caps as text), ``bucket_bytes``
     (``{cap: [bytes of each bucket DDP made]}``), ``backward_s`` (the backward of the same model
     without DDP, median of ``rounds x iters`` timings, the slowest rank's), ``tensor_bytes``
     (every parameter's bytes, in reverse order of registration), ``grad_bytes``,
-    ``largest_param_bytes`` and ``params``."""
+    ``largest_param_bytes`` and ``params``; with ``launch_cost``, what one more bucket costs
+    gloo beside the backward, timed in the same rounds without DDP: ``launch_rounds_s`` (per
+    round, the backward of the same model without DDP with async all-reduces of the sizes of
+    the buckets of the cap with the most buckets in flight, minus the same with the sizes of the
+    cap with the fewest, the same bytes, over the difference of their counts, ``launches``:
+    ``[most, fewest]``): the per-bucket term of the start-up model, paid on the cores the
+    backward computes on, with its copies and hooks left out (DDP's own)."""
     n_layer, width, seq = blocks
     x, y = timing_batch(ctx.rank, batch, (seq, width), ctx.device)
     steps, nets = {}, {}
@@ -257,10 +268,29 @@ def buckets(ctx, bucket_mbs: Sequence[float], blocks: Sequence[int] = (2, 64, 16
             opt.step()
 
         steps[key], nets[key] = step, net
-        for _ in range(max(warmup, 2)):
+        for _ in range(max(warmup, 3 if launch_cost else 2)):  # its log: rebuilt at the third
             step()
-    times = rounds_of(ctx, steps, iters, rounds)
     plain = make_blocks(n_layer, width, ctx.device)
+    counts = {k: len(bucket_bytes(n)) for k, n in nets.items()}
+    many, few = max(counts, key=counts.get), min(counts, key=counts.get)
+    # the buckets of the caps with the most and the fewest, as plain tensors of their sizes
+    sent = {k: [torch.zeros(b // 4, device=ctx.device) for b in bucket_bytes(nets[k])]
+            for k in ((many, few) if launch_cost else ())}
+
+    def plain_step(tensors: list) -> None:
+        pending = [ctx.dist.all_reduce(t, async_op=True) for t in tensors]
+        mse(plain, x, y).backward()
+        for w in pending:
+            w.wait()
+        plain.zero_grad(set_to_none=False)
+
+    if launch_cost:
+        steps[FEW_KEY] = lambda: plain_step(sent[few])
+        steps[MANY_KEY] = lambda: plain_step(sent[many])
+    times = rounds_of(ctx, steps, iters, rounds)
+    extra = max(counts[many] - counts[few], 1)
+    launch_rounds = [(m - f) / extra for m, f in zip(times.pop(MANY_KEY, []),
+                                                     times.pop(FEW_KEY, []))]
     backward = []
     for _ in range(warmup + rounds * iters):
         loss = mse(plain, x, y)
@@ -269,7 +299,9 @@ def buckets(ctx, bucket_mbs: Sequence[float], blocks: Sequence[int] = (2, 64, 16
         backward.append(sw.seconds)
         plain.zero_grad(set_to_none=False)
     tensors = [p.numel() * p.element_size() for p in plain.parameters()]
-    return {"step_rounds_s": times, "bucket_bytes": {k: bucket_bytes(n) for k, n in nets.items()},
+    launch = {"launch_rounds_s": launch_rounds, "launches": [counts[many], counts[few]]}
+    return {**(launch if launch_cost else {}), "step_rounds_s": times,
+            "bucket_bytes": {k: bucket_bytes(n) for k, n in nets.items()},
             "backward_s": _median_over_ranks(ctx, backward[warmup:]), "tensor_bytes": tensors[::-1],
             "grad_bytes": sum(tensors), "largest_param_bytes": max(tensors),
             "params": sum(p.numel() for p in plain.parameters())}
