@@ -100,6 +100,7 @@ import torch  # noqa: E402
 
 from perflab.core.device import cpu_name  # noqa: E402
 from perflab.core.sampler import MemoryPeak  # noqa: E402
+from jupyter_client.manager import KernelManager  # noqa: E402
 from perflab.machine import ceilings  # noqa: E402
 from perflab.record import runs  # noqa: E402
 from perflab.record.ceilings import read as read_ceilings  # noqa: E402
@@ -354,17 +355,41 @@ def _traceback_tail(cell, lines: int = 12) -> str:
     return ""
 
 
+def prestart(md: Path) -> KernelManager:
+    """Start the kernel that will execute ``md`` now, in the page's folder, so that its start
+    overlaps the page before it (that page's first cell, its imports, measures nothing).
+    :func:`execute` takes it as ``km`` and shuts it down."""
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(runs.home(md)))
+    return km
+
+
 def execute(md: Path, timeout_s: float, index: str, target: Path | None = None,
-            write: bool = True) -> tuple[bool, float, str]:
+            write: bool = True, km: KernelManager | None = None,
+            then=None) -> tuple[bool, float, str]:
     """Execute one notebook; write its ``.ipynb`` (to ``target``, default beside ``md``) on
-    success unless ``write`` is false. Returns (ok, seconds, message)."""
+    success unless ``write`` is false. Returns (ok, seconds, message). ``km``: a kernel started
+    for this page by :func:`prestart` (shut down here); ``then``: called once, just before the
+    first code cell runs (the next page's :func:`prestart`)."""
+    try:
+        return _execute(md, timeout_s, index, target, write, km, then)
+    finally:
+        if km is not None and km.has_kernel:
+            km.shutdown_kernel(now=True)
+
+
+def _execute(md, timeout_s, index, target, write, km, then):
     nb = jupytext.read(md)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     started = dt.datetime.now(dt.timezone.utc)
     t0 = time.monotonic()
-    client = NotebookClient(nb, timeout=int(timeout_s), kernel_name="python3",
+    client = NotebookClient(nb, km=km, timeout=int(timeout_s), kernel_name="python3",
                             resources={"metadata": {"path": str(runs.home(md))}},
-                            store_widget_state=True)
+                            store_widget_state=True,
+                            # the page's outputs are in: kill the kernel at once rather
+                            # than wait for its CUDA context's orderly teardown (a second or
+                            # more a page on the GPU host, part of no measurement)
+                            shutdown_kernel="immediate")
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     cell_seconds = []
     try:
@@ -376,6 +401,8 @@ def execute(md: Path, timeout_s: float, index: str, target: Path | None = None,
                 client.timeout = max(1, int(left))
                 if sys.stderr.isatty():
                     print(f"\r{index} {md.name}: cell {n}/{len(code_cells)}", end="", file=sys.stderr, flush=True)
+                if n == 1 and then is not None:
+                    then()
                 t_cell = time.monotonic()
                 client.execute_cell(nb.cells[i], i)
                 cell_seconds.append(round(time.monotonic() - t_cell, 2))
@@ -390,6 +417,8 @@ def execute(md: Path, timeout_s: float, index: str, target: Path | None = None,
     except CellTimeoutError as err:
         return False, time.monotonic() - t0, f"timed out: {err}"
     finally:
+        if km is not None and client.kc is not None:   # not nbclient's to stop
+            client.kc.stop_channels()
         if sys.stderr.isatty():
             print("\r" + " " * 80 + "\r", end="", file=sys.stderr, flush=True)
     duration = time.monotonic() - t0
@@ -724,10 +753,13 @@ def main(argv: list[str] | None = None) -> int:
                         if args.out and args.out.resolve().is_relative_to(ROOT) else ())
     if args.keep:       # the ceilings first: a call stopped in its first page keeps them
         keep(args.keep, started, folders=folders)
-    failed = 0
+    failed, ahead = 0, {}
     for k, md in enumerate(notebooks, 1):
         index = f"[{k}/{len(notebooks)}]"
-        ok, seconds, message = execute(md, args.timeout, index, target(md), write=not args.record_cpu)
+        following = notebooks[k] if k < len(notebooks) else None
+        ok, seconds, message = execute(
+            md, args.timeout, index, target(md), write=not args.record_cpu, km=ahead.pop("km", None),
+            then=(lambda nxt=following: ahead.update(km=prestart(nxt))) if following else None)
         if ok and args.record_cpu:
             record_cpu_run(md, seconds)
         print(f"{index} {md.relative_to(ROOT) if md.is_relative_to(ROOT) else md}: {message} ({seconds:.1f} s)",
