@@ -702,17 +702,34 @@ def test_reference_run_sh_stops_when_the_tree_is_not_its_head_and_no_commit_is_n
     assert run({**env, "PERFLAB_GIT_COMMIT": "0" * 40}).returncode == 0
 
 
+def _live_children() -> set[int]:
+    """This process's live descendants' pids, read from /proc (zombies left out)."""
+    import os
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parent[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
 def test_the_next_page_s_kernel_starts_during_this_page_in_its_own_folder(tmp_path, monkeypatch):
     """execute.py starts page k+1's kernel as page k's first cell runs: that kernel works in
     page k+1's folder, runs nothing of page k's, and no kernel outlives the run, a failed
     page's neither."""
-    import psutil
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     first = write_nb(tmp_path / "a" / "first.md", "leak = 'first page'", "raise ValueError('on purpose')")
     second = write_nb(tmp_path / "b" / "second.md",
                       "import os\nprint(os.getcwd())\nprint('leak' in dir())")
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = _live_children()
     started, real = [], execute.prestart
     monkeypatch.setattr(execute, "prestart", lambda md: started.append(md) or real(md))
     r = run(first, second)
@@ -722,6 +739,4 @@ def test_the_next_page_s_kernel_starts_during_this_page_in_its_own_folder(tmp_pa
     text = "".join("".join(o.get("text", "")) for c in outputs if c["cell_type"] == "code"
                    for o in c["outputs"])
     assert text.split() == [str(tmp_path / "b"), "False"]
-    after = {p.pid for p in psutil.Process().children(recursive=True) if p.is_running()
-             and p.status() != psutil.STATUS_ZOMBIE}
-    assert after <= before
+    assert _live_children() <= before
