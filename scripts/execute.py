@@ -374,8 +374,8 @@ def execute(md: Path, timeout_s: float, index: str, target: Path | None = None,
     try:
         return _execute(md, timeout_s, index, target, write, km, then)
     finally:
-        if km is not None and km.has_kernel:
-            km.shutdown_kernel(now=True)
+        if km is not None and km.has_kernel:    # in order: its exit handlers run
+            km.shutdown_kernel()
 
 
 def _execute(md, timeout_s, index, target, write, km, then):
@@ -385,11 +385,7 @@ def _execute(md, timeout_s, index, target, write, km, then):
     t0 = time.monotonic()
     client = NotebookClient(nb, km=km, timeout=int(timeout_s), kernel_name="python3",
                             resources={"metadata": {"path": str(runs.home(md))}},
-                            store_widget_state=True,
-                            # the page's outputs are in: kill the kernel at once rather
-                            # than wait for its CUDA context's orderly teardown (a second or
-                            # more a page on the GPU host, part of no measurement)
-                            shutdown_kernel="immediate")
+                            store_widget_state=True)
     code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     cell_seconds = []
     try:
