@@ -101,7 +101,7 @@ def test_artifacts_are_the_books_in_a_reference_run_and_scratch_removed_at_exit(
 def test_lab_reference_reads_the_labs_own_run_or_nothing():
     glued, run = provenance.lab_reference("no_such_lab")
     assert glued == {} and run is None
-    glued, run = provenance.lab_reference("01_roofline")     # committed with the repository
+    glued, run = provenance.lab_reference("03_internals")    # committed with the repository
     assert isinstance(glued, dict) and (run is None or "devices" in run)
     assert glued or run is not None                   # found through the package's location
 
