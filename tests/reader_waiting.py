@@ -74,7 +74,6 @@ SPREAD_IN_PROSE: dict[str, int] = {
     "book/05_data_loading_workers.ipynb": 1,
     "book/06_1_host_and_bus.ipynb": 2,
     "book/06_3_fewer_syncs_and_launches.ipynb": 1,
-    "book/06_4_ladder.ipynb": 1,
     "book/10_gpt2_case_study.ipynb": 1,
 }
 
