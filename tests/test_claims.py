@@ -273,3 +273,36 @@ def test_not_compared_glues_the_claim_and_its_spread(glued):
         claims.not_compared(why="x")
     with pytest.raises(ValueError, match="identifier"):
         claims.not_compared("a b", why="x")
+
+
+def test_reach_judges_how_far_the_rounds_reach(glued):
+    # eight ratios to their own median: the IQR 0.97-1.03 lies inside 0.9-1.1
+    calm = Spread((0.96, 0.97, 0.99, 1.0, 1.0, 1.01, 1.03, 1.05))
+    assert claims.reach("lock", calm, 0.9, 1.1, bound="device", if_inside="steady",
+                        if_beyond="moving") == "steady"
+    rec = glued.records["lock"]
+    assert rec["verdict"] == "true" and rec["band_lo"] == 0.9 and rec["band_hi"] == 1.1
+    assert rec["rounds"] == 8 and rec["lo"] == calm.lo and rec["hi"] == calm.hi
+    assert glued["lock_spread"].endswith("against its band of 0.90x–1.10x: inside")
+    assert "inter-quartile range over 8 rounds" in glued["lock_spread"]
+    # the upper quartile past 1.1: false, never undecided (the spread is the quantity)
+    wide = Spread((0.8, 0.85, 0.95, 1.0, 1.0, 1.12, 1.2, 1.3))
+    assert claims.reach("lock2", wide, 0.9, 1.1, bound="device", if_inside="steady",
+                        if_beyond="moving") == "moving"
+    assert glued.records["lock2"]["verdict"] == "false"
+    assert "reaching past an edge" in glued["lock2_spread"]
+    low = Spread((0.5, 0.6, 0.6, 0.7, 1.0, 1.0))           # min-max below 8 rounds
+    claims.reach("lock3", low, 0.9, 1.1, bound="host", if_inside="a", if_beyond="b")
+    assert glued.records["lock3"]["verdict"] == "false"
+
+
+@pytest.mark.parametrize("spread, low, high, match", [
+    (1.0, 0.9, 1.1, "Spread"),                             # a number has no reach
+    (Spread((1.0,)), 0.9, 1.1, "at least 2"),
+    (Spread((1.0, 1.0)), 1.1, 0.9, "low must be < high"),
+    (Spread((1.0, 1.0)), 0.4, 1.1, "factor"),              # a band that can hardly fail
+    (Spread((1.0, 1.0)), float("nan"), 1.1, "low"),
+])
+def test_reach_refuses_bad_input(glued, spread, low, high, match):
+    with pytest.raises(ValueError, match=match):
+        claims.reach("r", spread, low, high, bound="device", if_inside="a", if_beyond="b")

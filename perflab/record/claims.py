@@ -12,6 +12,9 @@ differently. Three tools keep prose honest:
   (:func:`failed_expectations`).
 * :func:`compare` is the claim behind every prediction: it glues the sentence that says how a
   measurement compares with the number predicted for it, two-sided.
+* :func:`reach` is the claim about a spread itself ("the cycles per product move by less than a
+  tenth from burst to burst"): true when the rounds stay inside a band, false when they reach
+  past an edge.
 
 **Verdicts that survive a second run.** A measured quantity has a spread (its values over
 interleaved rounds, :class:`perflab.core.rounds.Spread`). :func:`compare` and :func:`judge`
@@ -58,7 +61,7 @@ from perflab.record.provenance import glue, read_glued
 __all__ = ["BOUNDS", "EXPECT_PREFIX", "MAX_BAND_FACTOR", "ONE_PASS", "SPREAD_SUFFIX", "VERDICT_MIME",
            "Sentence", "Verdict",
            "claim", "compare", "expect", "failed_expectations", "judge", "not_compared",
-           "read_verdicts", "relation"]
+           "reach", "read_verdicts", "relation"]
 
 EXPECT_PREFIX = "expect_"
 
@@ -419,6 +422,54 @@ def compare(name: str, measured: float | Spread, predicted: float, tolerance: fl
           if_undecided=phrase, bound=bound, record={**record, "verdict_word": word})
     glue(name + SPREAD_SUFFIX, detail)
     return _verdict(word, phrase, detail, ratio)
+
+
+def reach(name: str, spread: Spread, low: float, high: float, *, bound: str,
+          if_inside: str, if_beyond: str, unit: str = "x") -> Sentence:
+    """Glue, under ``name``, whether the rounds of ``spread`` stay inside ``[low, high]``, and
+    return the sentence.
+
+    :func:`compare` and :func:`judge` ask where a quantity lies, and a band's edge inside its
+    spread leaves them undecided. Some claims are about the spread itself: "the cycles one
+    product takes move by less than a tenth from burst to burst" is judged on how far the
+    rounds reach, so it has two outcomes and no undecided one: true when the spread (the IQR
+    from 8 rounds, min–max below) lies inside the band, false when it reaches past an edge.
+    The spread's median is usually fixed by design (ratios to their own median read 1).
+    Under ``name + SPREAD_SUFFIX`` it glues the note ``"0.98–1.06x (IQR over 8 rounds),
+    against its band of 0.90–1.10x: inside"``.
+
+    Args:
+        name: glue name (a Python identifier).
+        spread: the rounds (a :class:`perflab.core.rounds.Spread` of at least 2 values, in the
+            band's unit: a ratio when the band is ``0.9, 1.1``).
+        low, high: the band's edges, finite, ``low < high``; a band wider than a factor of
+            two is refused (:data:`MAX_BAND_FACTOR`): it could hardly fail.
+        bound: ``"device"``, ``"host"`` or ``"exact"`` (:data:`BOUNDS`).
+        if_inside, if_beyond: the sentence for each outcome (non-empty).
+        unit: written after each number of the note (``"x"`` for ratios, ``""`` for none).
+
+    Raises:
+        ValueError: a bad name or bound, a ``spread`` that is not a Spread of at least two
+            rounds, edges that are not finite or not ``low < high``, a band wider than
+            :data:`MAX_BAND_FACTOR`, or an empty sentence.
+    """
+    _check_name(name)
+    _check_bound(bound)
+    if not isinstance(spread, Spread) or spread.n < 2:
+        raise ValueError(f"reach {name!r}: spread must be a Spread of at least 2 rounds (a "
+                         f"reach needs rounds), got {spread!r}")
+    low, high = _number("low", low), _number("high", high)
+    if not low < high:
+        raise ValueError(f"reach {name!r}: low must be < high, got {low} and {high}")
+    _band_check(low, high, None, "the band [low, high]")
+    inside = low <= spread.lo and spread.hi <= high
+    ends = fmt_range(spread.lo, spread.hi, write=lambda r: f"{_ratio_words(r)}{unit}")
+    glue(name + SPREAD_SUFFIX,
+         f"{ends} ({spread.kind}), against its band of {_ratio_words(low)}{unit}–"
+         f"{_ratio_words(high)}{unit}: {'inside' if inside else 'reaching past an edge'}")
+    return claim(name, inside, if_inside, if_beyond, bound=bound,
+                 record={"lo": spread.lo, "hi": spread.hi, "band_lo": low, "band_hi": high,
+                         "rounds": spread.n, "measured": spread.median})
 
 
 def _verdict(word: str, phrase: str, detail: str, ratio: float) -> Verdict:
