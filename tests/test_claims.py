@@ -299,7 +299,8 @@ def test_reach_judges_how_far_the_rounds_reach(glued):
 @pytest.mark.parametrize("spread, low, high, match", [
     (1.0, 0.9, 1.1, "Spread"),                             # a number has no reach
     (Spread((1.0,)), 0.9, 1.1, "at least 2"),
-    (Spread((1.0, 1.0)), 1.1, 0.9, "low must be < high"),
+    (Spread((1.0, 1.0)), 1.1, 0.9, "0 < low < high"),
+    (Spread((1.0, 1.0)), -1e9, 1e9, "0 < low < high"),     # no factor: cannot fail
     (Spread((1.0, 1.0)), 0.4, 1.1, "factor"),              # a band that can hardly fail
     (Spread((1.0, 1.0)), float("nan"), 1.1, "low"),
 ])

@@ -442,15 +442,17 @@ def reach(name: str, spread: Spread, low: float, high: float, *, bound: str,
         name: glue name (a Python identifier).
         spread: the rounds (a :class:`perflab.core.rounds.Spread` of at least 2 values, in the
             band's unit: a ratio when the band is ``0.9, 1.1``).
-        low, high: the band's edges, finite, ``low < high``; a band wider than a factor of
-            two is refused (:data:`MAX_BAND_FACTOR`): it could hardly fail.
+        low, high: the band's edges, finite, ``0 < low < high``; a band wider than a factor
+            of two is refused (:data:`MAX_BAND_FACTOR`): it could hardly fail. The edge test
+            is exact (no undecided zone): ``scripts/compare_runs.py`` warns of a quartile near
+            an edge.
         bound: ``"device"``, ``"host"`` or ``"exact"`` (:data:`BOUNDS`).
         if_inside, if_beyond: the sentence for each outcome (non-empty).
         unit: written after each number of the note (``"x"`` for ratios, ``""`` for none).
 
     Raises:
         ValueError: a bad name or bound, a ``spread`` that is not a Spread of at least two
-            rounds, edges that are not finite or not ``low < high``, a band wider than
+            rounds, edges that are not finite or not ``0 < low < high``, a band wider than
             :data:`MAX_BAND_FACTOR`, or an empty sentence.
     """
     _check_name(name)
@@ -459,8 +461,9 @@ def reach(name: str, spread: Spread, low: float, high: float, *, bound: str,
         raise ValueError(f"reach {name!r}: spread must be a Spread of at least 2 rounds (a "
                          f"reach needs rounds), got {spread!r}")
     low, high = _number("low", low), _number("high", high)
-    if not low < high:
-        raise ValueError(f"reach {name!r}: low must be < high, got {low} and {high}")
+    if not 0 < low < high:
+        raise ValueError(f"reach {name!r}: need 0 < low < high (a band of positive values, "
+                         f"whose width is a factor), got low={low}, high={high}")
     _band_check(low, high, None, "the band [low, high]")
     inside = low <= spread.lo and spread.hi <= high
     ends = fmt_range(spread.lo, spread.hi, write=lambda r: f"{_ratio_words(r)}{unit}")
