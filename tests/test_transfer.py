@@ -124,6 +124,13 @@ def test_median_points_takes_each_size_and_field_over_rounds():
         median_points([rounds[0], rounds[1][:1]])
     with pytest.raises(ValueError, match="at least one"):
         median_points([])
+    # a field a round did not measure (NaN) is left out of that field's median
+    nan = float("nan")
+    skipped = [rounds[0], [TransferPoint(4, 3, 2, nan, nan), TransferPoint(8, 30, 10, nan, nan)]]
+    assert median_points(skipped) == [TransferPoint(4, 2, 2, 3, 4),
+                                      TransferPoint(8, 20, 15, 30, 40)]
+    (none,) = median_points([[TransferPoint(4, 1, 2, nan, nan)]])
+    assert none.h2d_pinned == 1 and none.d2h_pinned != none.d2h_pinned   # NaN stays NaN
 
 
 def test_model_verdict_never_lets_an_undecided_size_decide():
@@ -154,17 +161,19 @@ def test_describe_positions_counts_each_kind_in_order():
         describe_positions([])
 
 
-def _fake_rounds(monkeypatch=None, rounds=3):
+def _fake_rounds(monkeypatch=None, rounds=3, **kw):
     """Three rounds of a fake sweep (pinned 50 GB/s; pageable 20, 22, 24 GB/s by round) and
     fake staging rates (one copy 40 GB/s, chunked 60, memcpy 44 + 2 per round, read + written)."""
     from perflab.machine.transfer import TransferPoint, pageable_rounds
 
     calls = []
 
-    def sweep(sizes, device):
-        r = len([c for c in calls if c == "sweep"])
-        calls.append("sweep")
-        return [TransferPoint(n, 50e9, (20 + 2 * r) * 1e9, 40e9, 10e9) for n in sizes]
+    def sweep(sizes, device, d2h=True):
+        r = len([c for c in calls if c.startswith("sweep")])
+        calls.append("sweep" if d2h else "sweep h2d")
+        d2h_rate = 40e9 + r * 1e9 if d2h else float("nan")
+        return [TransferPoint(n, 50e9, (20 + 2 * r) * 1e9, d2h_rate, 10e9 if d2h else d2h_rate)
+                for n in sizes]
 
     def staging(sizes):
         r = len([c for c in calls if c == "staging"])
@@ -184,7 +193,7 @@ def _fake_rounds(monkeypatch=None, rounds=3):
             return f"summary {calls.count('watch')}"
 
     out = pageable_rounds([2**16, 2**20, 2**24], "cuda", rounds=rounds, watch=Watch,
-                          sweep=sweep, staging=staging)
+                          sweep=sweep, staging=staging, **kw)
     return out, calls
 
 
@@ -207,6 +216,18 @@ def test_pageable_rounds_alternate_the_sweep_and_its_staging_inputs():
     assert len(out.positions("one copy", min_bytes=1)) == 3
     with pytest.raises(ValueError, match="kind"):
         out.bands("two copies")
+
+
+def test_pageable_rounds_time_d2h_in_the_first_d2h_rounds_only():
+    out, calls = _fake_rounds(d2h_rounds=1)
+    assert calls == ["watch", "sweep", "staging"] + ["watch", "sweep h2d", "staging"] * 2
+    # D2H is round 0's alone; H2D and every band still come from all three rounds
+    assert [(p.d2h_pinned, p.d2h_pageable) for p in out.points()] == [(40e9, 10e9)] * 3
+    assert [p.h2d_pageable for p in out.points()] == [22e9] * 3
+    assert out.positions("one copy") == ["undecided", "undecided"]
+    assert _fake_rounds()[0].points()[0].d2h_pinned == 41e9   # every round: the median
+    with pytest.raises(ValueError, match="d2h_rounds"):
+        _fake_rounds(d2h_rounds=0)
 
 
 def test_pageable_rounds_refuse_bad_rounds_and_mismatched_sweeps():

@@ -16,6 +16,7 @@ Bandwidths are bytes/s counting the bytes transferred once (not read + write). T
 from __future__ import annotations
 
 import ctypes
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Sequence
@@ -130,6 +131,9 @@ def band_position(measured: Sequence[float], serial: Sequence[float],
 def median_points(rounds: Sequence[Sequence["TransferPoint"]]) -> list["TransferPoint"]:
     """The per-size median of several :func:`host_device_sweep` results over the same sizes.
 
+    A field is the median of the rounds that measured it: a NaN (a D2H copy a round skipped,
+    ``d2h=False``) is left out, and a field no round measured stays NaN.
+
     Raises:
         ValueError: no rounds, or rounds whose sizes differ.
     """
@@ -140,8 +144,12 @@ def median_points(rounds: Sequence[Sequence["TransferPoint"]]) -> list["Transfer
     if any([p.nbytes for p in r] != sizes for r in rounds):
         raise ValueError("every round must sweep the same sizes in the same order")
     fields = ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable")
-    return [TransferPoint(n, *(statistics.median(getattr(r[i], f) for r in rounds)
-                               for f in fields))
+
+    def median(values):
+        kept = [v for v in values if not math.isnan(v)]
+        return statistics.median(kept) if kept else math.nan
+
+    return [TransferPoint(n, *(median([getattr(r[i], f) for r in rounds]) for f in fields))
             for i, n in enumerate(sizes)]
 
 
@@ -232,7 +240,8 @@ class PageableRounds:
         median_points(self.sweeps)             # the rounds sweep the same sizes
 
     def points(self) -> list[TransferPoint]:
-        """Each size's median over the rounds (:func:`median_points`)."""
+        """Each size's median over the rounds (:func:`median_points`; D2H over the rounds
+        that timed it)."""
         return median_points(self.sweeps)
 
     def bands(self, kind: str) -> list[list[tuple[float, float]]]:
@@ -263,7 +272,7 @@ class PageableRounds:
 
 
 def pageable_rounds(sizes: Sequence[int], device=None, rounds: int = 3, watch=None,
-                    sweep=None, staging=None) -> PageableRounds:
+                    sweep=None, staging=None, d2h_rounds: int | None = None) -> PageableRounds:
     """``rounds`` alternated rounds of the copy sweep and its staging inputs.
 
     Each round runs :func:`host_device_sweep` over ``sizes``, then :func:`staging_rates` at the
@@ -272,22 +281,27 @@ def pageable_rounds(sizes: Sequence[int], device=None, rounds: int = 3, watch=No
     ``watch``, if given, is called once per round to give a context manager around that round's
     sweep with a ``summary()`` (e.g. ``lambda: Telemetry(work="link")``); the first round's
     summary is kept. ``sweep`` and ``staging`` replace the two measurements (for tests).
+    ``d2h_rounds``: only the first ``d2h_rounds`` rounds also time the D2H copies, which no
+    band reads (None: every round); the later ones sweep with ``d2h=False``.
 
     Raises:
         RuntimeError: no CUDA GPU (from the sweep).
-        ValueError: ``rounds`` below 1, or bad ``sizes`` (from the sweep).
+        ValueError: ``rounds`` or ``d2h_rounds`` below 1, or bad ``sizes`` (from the sweep).
     """
     positive_int("rounds", rounds)
+    if d2h_rounds is not None:
+        integer("d2h_rounds", d2h_rounds, 1)
     sweep = sweep or host_device_sweep
     staging = staging or staging_rates
     sizes = list(sizes)
     sweeps, stage, summary = [], [], None
     for r in range(rounds):
+        kw = {} if d2h_rounds is None or r < d2h_rounds else {"d2h": False}
         if watch is None:
-            sweeps.append(list(sweep(sizes, device)))
+            sweeps.append(list(sweep(sizes, device, **kw)))
         else:
             with watch() as tel:
-                sweeps.append(list(sweep(sizes, device)))
+                sweeps.append(list(sweep(sizes, device, **kw)))
             summary = tel.summary() if r == 0 else summary
         stage.append(staging(sizes))
     return PageableRounds(sweeps, stage, summary)
@@ -371,7 +385,7 @@ def _copy_seconds(host: torch.Tensor, gpu: torch.Tensor, direction: str, dev: to
 
 @dataclass(frozen=True)
 class TransferPoint:
-    """Host <-> device bandwidths (bytes/s) at one copy size ``nbytes``."""
+    """Host <-> device bandwidths (bytes/s) at one copy size ``nbytes``; NaN where not measured."""
 
     nbytes: int
     h2d_pinned: float
@@ -380,10 +394,12 @@ class TransferPoint:
     d2h_pageable: float
 
 
-def host_device_sweep(sizes: Sequence[int], device=None, progress: bool = False) -> list[TransferPoint]:
+def host_device_sweep(sizes: Sequence[int], device=None, progress: bool = False,
+                      d2h: bool = True) -> list[TransferPoint]:
     """All four host <-> device copies (H2D/D2H x pinned/pageable) at each size in ``sizes`` (bytes).
 
     Buffers of the largest size are allocated once (pinning is slow) and sliced for smaller sizes.
+    ``d2h=False`` times the two H2D copies only and leaves the D2H fields NaN (not measured).
 
     Raises:
         RuntimeError: no CUDA GPU.
@@ -406,8 +422,8 @@ def host_device_sweep(sizes: Sequence[int], device=None, progress: bool = False)
             s,
             s / _copy_seconds(pin, g, "h2d", dev),
             s / _copy_seconds(page, g, "h2d", dev),
-            s / _copy_seconds(pin, g, "d2h", dev),
-            s / _copy_seconds(page, g, "d2h", dev),
+            s / _copy_seconds(pin, g, "d2h", dev) if d2h else math.nan,
+            s / _copy_seconds(page, g, "d2h", dev) if d2h else math.nan,
         ))
     return out
 
