@@ -161,3 +161,28 @@ def test_code_lines_fit_in_80_columns(path):
     for cell in code_cells(path):
         long = [line for line in cell.splitlines() if len(line) > 80]
         assert not long, f"{path.name}: {long[0]!r} is {len(long[0])} columns"
+
+
+def test_the_counted_clock_claim_stores_a_verdict_whenever_the_clocks_were_counted():
+    """Review D4 (7 December, g): a count above the chip's maximum left
+    ``burst_vs_cycle_clock_ratio`` unrecorded, so a count near the maximum made the device-bound
+    claim appear in one run and vanish in the next (``compare_runs.one_run_only``). On a GPU
+    (the counts are always read there) the claim now stores a verdict in every branch: compared
+    below the maximum, undecided above it; only a run without counts (a CPU) glues no verdict."""
+    from perflab.record import claims
+    page = ROOT / "book" / "02_hardware_gpu.md"
+    (cell,) = [c for c in code_cells(page) if 'compare("burst_vs_cycle_clock_ratio"' in c]
+    for counted, over in ((True, []), (True, ["burst"]), (True, ["burst", "sustained"]),
+                          (False, [])):
+        seen = {}
+        ns = {"counted": counted, "over": over, "cyc_ratio": 1.05, "rate_ratio": 1.02,
+              "chip_max": 1.98e9, "glue": lambda n, v: seen.setdefault(n, v),
+              "not_compared": lambda *n, why: seen.update(dict.fromkeys(n, "none")),
+              "compare": lambda n, *a, **k: seen.update({n: "compared"}),
+              "claim": lambda n, holds, *a, **k: seen.update(
+                  {n: claims.claim(n, holds, *a, **k) and "claimed"})}
+        exec(cell, ns)
+        got = seen["burst_vs_cycle_clock_ratio"]
+        assert got == ("none" if not counted else "compared" if not over else "claimed"), (over, got)
+        if over:
+            assert "above the chip's maximum" in seen["burst_vs_cycle_clock_ratio_spread"]
