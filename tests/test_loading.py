@@ -141,6 +141,30 @@ def test_memmap_matches_decoding_and_reads_a_batch_per_call(files, tmp_path):
     assert sorted(torch.cat([b[1] for b in loader]).tolist()) == sorted(mm.labels.tolist())
 
 
+
+def test_memmap_json_is_removed_before_a_rewrite_and_appears_whole(files, tmp_path, monkeypatch):
+    """A reader takes the .json as proof of a complete map (chapter 5's ladder): a rewrite that
+    stops midway must leave none behind, and a finished one leaves no temporary file."""
+    path = storage.write_memmap(files, tmp_path / "m.u8", side=8)
+    meta = tmp_path / "m.u8.json"
+    assert json.loads(meta.read_text())["shape"] == [24, 8, 8, 3]
+    decoded = []
+
+    def stops(f, side):
+        if len(decoded) == 5:
+            raise KeyboardInterrupt("the run stopped mid-write")
+        decoded.append(f)
+        return transforms.decode_resized(f, side)
+
+    monkeypatch.setattr(storage, "decode_resized", stops)
+    with pytest.raises(KeyboardInterrupt):
+        storage.write_memmap(files, path, side=16)
+    assert not meta.exists()                      # the old one went before the map was opened
+    monkeypatch.undo()
+    storage.write_memmap(files, path, side=16)
+    assert json.loads(meta.read_text())["shape"] == [24, 16, 16, 3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.u8", "m.u8.json"]
+
 def test_read_rate_counts_items_of_each_format(files, tmp_path):
     mm = storage.MemmapImages(storage.write_memmap(files, tmp_path / "m.u8", side=8))
     for data in (storage.JpegFolder(files=files), mm,

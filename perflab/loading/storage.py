@@ -75,6 +75,11 @@ def write_memmap(files: Sequence[str | os.PathLike], path: str | os.PathLike, si
     with the shape and the labels. Offline preprocessing: decoding is paid once, not every epoch.
     Returns ``path``.
 
+    The ``.json`` exists only beside a complete map: an old one is removed before the map is
+    rewritten, and the new one is written to a temporary file and renamed into place after the
+    map is flushed, so a reader that finds it (chapter 5's ladder reuses the first page's map)
+    never finds a half-written map behind it (a run stopped mid-write leaves no ``.json``).
+
     Raises:
         ValueError: empty ``files``; ``labels`` of another length.
     """
@@ -85,14 +90,17 @@ def write_memmap(files: Sequence[str | os.PathLike], path: str | os.PathLike, si
     if len(labels) != len(files):
         raise ValueError(f"{len(labels)} labels for {len(files)} files")
     path = Path(path)
+    meta = Path(str(path) + ".json")
+    meta.unlink(missing_ok=True)             # no old .json beside a map being rewritten
     mm = np.memmap(path, dtype=np.uint8, mode="w+", shape=(len(files), side, side, 3))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         for i, img in enumerate(pool.map(lambda f: decode_resized(f, side), files)):
             mm[i] = img
     mm.flush()
     del mm
-    Path(str(path) + ".json").write_text(json.dumps({"shape": [len(files), side, side, 3],
-                                                     "labels": labels}))
+    part = meta.with_name(meta.name + f".{os.getpid()}.part")
+    part.write_text(json.dumps({"shape": [len(files), side, side, 3], "labels": labels}))
+    os.replace(part, meta)                   # atomic: the .json appears whole, last
     return path
 
 
