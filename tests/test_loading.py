@@ -295,17 +295,23 @@ def _two_then_seed(worker_id):
 
 def test_cpu_rate_and_training_ladder_run_on_the_cpu(folder, files, tmp_path):
     blobs = storage.read_blobs(files[:8])
-    assert measure.cpu_rate(blobs, "decode", num_workers=0, batch=2)["images"] == 6
-    assert measure.cpu_rate(blobs, "decode", num_workers=0, batch=2, collate="packed")["images"] == 6
-    assert measure.cpu_rate(blobs, "pipeline", num_workers=0, batch=2)["images_per_s"] > 0
+    # 8 blobs hold (2 + 2) batches of 2: every blob once, the first batch left out
+    assert measure.cpu_rate(blobs, "decode", num_workers=0, batch=2, rounds=2)["images"] == 6
+    assert measure.cpu_rate(blobs, "decode", num_workers=0, batch=2, collate="packed",
+                            rounds=2)["images"] == 6
+    assert measure.cpu_rate(blobs, "pipeline", num_workers=0, batch=2,
+                            rounds=2)["images_per_s"] > 0
     with pytest.raises(ValueError, match="collate"):
         measure.cpu_rate(blobs, "decode", collate="tuple")
-    # more workers than a pass of full batches holds rounds for (16 cores, 1,024 images, batches
-    # of 32 would leave nothing between the rounds skipped at each end): the batch shrinks
-    many = measure.cpu_rate(blobs, "decode", num_workers=2, batch=64)
-    assert many["batch"] == 1 and many["images"] == 8 - 2 * 2
+    # fewer blobs than the rounds need (16 cores, 1,024 images, batches of 16 hold 4 rounds):
+    # the pass repeats the blobs, and by default times 10 whole rounds (one batch per worker)
+    many = measure.cpu_rate(blobs, "decode", num_workers=2, batch=3)
+    assert many["batch"] == 3 and many["items"] == (10 + 2) * 2 * 3
+    assert many["images"] == 10 * 2 * 3
     with pytest.raises(ValueError, match="batch"):
         measure.cpu_rate(blobs, "decode", num_workers=0, batch=0)
+    with pytest.raises(ValueError, match="rounds"):
+        measure.cpu_rate(blobs, "decode", num_workers=0, rounds=0)
     # the chapter's rungs: per-image CPU work, and stored squares cropped as a batch
     jpeg = storage.JpegFolder(files=files, transform=transforms.decode_augment)
     x, _ = jpeg[0]

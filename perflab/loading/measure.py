@@ -415,60 +415,58 @@ def kernel_seconds(fn: Callable[[], object]) -> dict[str, float]:
 
 
 class _BytesDataset(Dataset):
-    """JPEG bytes held in memory; item ``i`` is ``fn(bytes_i)`` (a picklable module-level fn)."""
+    """``n`` items of JPEG bytes held in memory, the blobs over again as often as ``n`` needs;
+    item ``i`` is ``fn(blobs[i % len(blobs)])`` (``fn`` a picklable module-level function)."""
 
-    def __init__(self, blobs: Sequence[bytes], fn: Callable):
-        self.blobs = list(blobs)
-        self.fn = fn
+    def __init__(self, blobs: Sequence[bytes], fn: Callable, n: int):
+        self.blobs, self.fn, self.n = list(blobs), fn, n
 
     def __len__(self):
-        return len(self.blobs)
+        return self.n
 
     def __getitem__(self, i):
-        return self.fn(self.blobs[i])
+        return self.fn(self.blobs[i % len(self.blobs)])
 
 
 def _pipeline_224(data: bytes) -> torch.Tensor:
     return pil_pipeline(data, 224)
 
 
-#: rounds of batches (one batch per worker) that one pass of :func:`cpu_rate` holds at least:
-#: one left out at each end by :func:`loader_rate`, two timed
-MIN_ROUNDS = 4
-
-
 def cpu_rate(blobs: Sequence[bytes], what: str = "decode", num_workers: int | None = None,
              batch: int = 64, multiprocessing_context: str | None = None,
-             collate: str = "list") -> dict:
+             collate: str = "list", rounds: int = 10) -> dict:
     """Images/s of decoding (``what="decode"``, Pillow, pixels delivered to this process) or of
     the full pipeline (``what="pipeline"``: :func:`pil_pipeline` to 224 x 224, batches of float32
     ``(B, 3, 224, 224)`` stacked by the default collate) on ``num_workers`` loader workers
     (default: every usable core; 0 = this process). Decoded images differ in size: ``collate``
     ``"list"`` sends them as one tensor each (:func:`collate_list`), ``"packed"`` as one tensor
-    per batch (:func:`collate_packed`). Returns :func:`loader_rate`'s dict over one pass of
-    ``blobs`` (steady state), with ``"batch"``, the batch size used.
+    per batch (:func:`collate_packed`). Returns :func:`loader_rate`'s dict over one pass
+    (steady state), with ``"batch"`` and ``"items"``, the pass's length.
 
-    :func:`loader_rate` leaves out a round of batches (one per worker) at each end, so one pass
-    must hold at least :data:`MIN_ROUNDS` rounds: with many workers (a 16- or 64-core host) the
-    batch shrinks below ``batch`` to ``len(blobs) // (MIN_ROUNDS * workers)`` (at least 1), so
-    the pass still times two rounds whatever the cores.
+    A pass times at least ``rounds`` whole rounds of batches (one batch per worker), whatever
+    the cores: :func:`loader_rate` leaves out a round at each end and reads up to ``2 / (rounds
+    + 2)`` low (``prefetch_factor`` 2), so the pass holds ``(rounds + 2) * workers * batch``
+    items, or every blob if there are more, ``blobs`` over again as often as that needs.
 
     Raises:
-        ValueError: ``what`` not "decode" or "pipeline", or ``collate`` not "list" or "packed".
+        ValueError: ``what`` not "decode" or "pipeline", ``collate`` not "list" or "packed",
+            ``batch`` or ``rounds`` below 1, or no ``blobs``.
     """
     one_of("what", what, ("decode", "pipeline"))
     one_of("collate", collate, ("list", "packed"))
     workers = usable_cores() if num_workers is None else num_workers
     positive_int("batch", batch)
-    batch = max(1, min(batch, len(blobs) // (MIN_ROUNDS * max(1, workers))))
+    positive_int("rounds", rounds)
+    positive_int("len(blobs)", len(blobs))
+    n = max(len(blobs), (rounds + 2) * max(1, workers) * batch)
     fn = decode_pil if what == "decode" else _pipeline_224
     collate_fn = None if what == "pipeline" else collate_list if collate == "list" else collate_packed
-    loader = DataLoader(_BytesDataset(blobs, fn), batch_size=batch, num_workers=workers,
+    loader = DataLoader(_BytesDataset(blobs, fn, n), batch_size=batch, num_workers=workers,
                         collate_fn=collate_fn, worker_init_fn=seed_worker if workers else None,
                         multiprocessing_context=multiprocessing_context if workers else None)
     packed = what == "decode" and collate == "packed"
     r = loader_rate(loader, count=(lambda b: len(b[0])) if packed else None)
-    return {**r, "batch": batch}
+    return {**r, "batch": batch, "items": n}
 
 
 def gpu_rate(blobs: Sequence[bytes], what: str = "decode", batch: int = 256,
