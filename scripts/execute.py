@@ -14,6 +14,19 @@ cell stops that notebook, prints the cell's error, leaves the old ``.ipynb`` unt
 the exit status 1; the other notebooks still run. A missing path, a file that is not a notebook
 or contradictory options: one line on stderr, exit 2.
 
+**Imports ahead** (:mod:`preimport`, ``scripts/preimport.py``). A page's first code cell is its
+imports, which measure nothing. ``--preimport N`` pages at a time (default: every page of the
+call where there is a CUDA device, 2 elsewhere, since each idle kernel holds ~0.3-0.5 GB) have
+their kernels started together, each in its page's folder, and run the import statements their
+first cells begin with, side by side and silently; the first of them runs its first cell only
+once every one has replied, so no cell runs beside import work. Each first cell then runs as
+written and is recorded as before, without the imports' seconds (the log line of the page gives
+them). A pre-run that fails or prints is one line of the log; a page whose imports failed runs
+its first cell in a fresh kernel, where the error shows. Each kernel is shut down in order (its
+exit handlers run) after its page, and those not used yet when the call ends, fails or gets
+SIGTERM. ``--preimport 1`` runs nothing ahead (the next page's kernel starts while this page
+runs its first cell).
+
 On a GPU machine the run also records, in ``reference_run``, ``gpu_memory_peak_bytes`` (the
 largest rise of any GPU's used memory, NVML sampled every 0.2 s, which the instructor page quotes
 as the memory a lab needs), ``cell_seconds`` (each code cell's duration) and ``ceilings`` (the
@@ -104,6 +117,7 @@ from jupyter_client.manager import KernelManager  # noqa: E402
 from perflab.machine import ceilings  # noqa: E402
 from perflab.record import runs  # noqa: E402
 from perflab.record.ceilings import read as read_ceilings  # noqa: E402
+import preimport  # noqa: E402  (scripts/preimport.py, beside this file)
 
 
 class NotANotebook(Exception):
@@ -355,22 +369,13 @@ def _traceback_tail(cell, lines: int = 12) -> str:
     return ""
 
 
-def prestart(md: Path) -> KernelManager:
-    """Start the kernel that will execute ``md`` now, in the page's folder, so that its start
-    overlaps the page before it (that page's first cell, its imports, measures nothing).
-    :func:`execute` takes it as ``km`` and shuts it down."""
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(cwd=str(runs.home(md)))
-    return km
-
-
 def execute(md: Path, timeout_s: float, index: str, target: Path | None = None,
             write: bool = True, km: KernelManager | None = None,
             then=None) -> tuple[bool, float, str]:
     """Execute one notebook; write its ``.ipynb`` (to ``target``, default beside ``md``) on
     success unless ``write`` is false. Returns (ok, seconds, message). ``km``: a kernel started
-    for this page by :func:`prestart` (shut down here); ``then``: called once, just before the
-    first code cell runs (the next page's :func:`prestart`)."""
+    for this page ahead of it (:class:`preimport.Ahead`; shut down here); ``then``: called once,
+    just before the first code cell runs (:meth:`preimport.Ahead.then`)."""
     try:
         return _execute(md, timeout_s, index, target, write, km, then)
     finally:
@@ -644,6 +649,10 @@ def _ceilings_spread(groups: dict[tuple, list[str]]) -> float:
     return worst
 
 
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -675,6 +684,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", default=None,
                         help="the reference run this call belongs to (default $PERFLAB_RUN_ID, "
                              "else a new run): calls of one run on one machine share its ceilings")
+    parser.add_argument("--preimport", type=int, default=None, metavar="N",
+                        help="start the kernels of N pages at a time and run the imports their "
+                             "first cells begin with side by side, before the first of them runs "
+                             "(default: every page of the call with a CUDA device, "
+                             f"{preimport.ELSEWHERE} elsewhere; 1: none, each page's kernel "
+                             "starts while the page before runs its first cell)")
     args = parser.parse_args(argv)
     if args.check and args.sync:
         print("execute.py: --check and --sync exclude each other (--check only reads; run --sync, then --check)",
@@ -749,23 +764,28 @@ def main(argv: list[str] | None = None) -> int:
                         if args.out and args.out.resolve().is_relative_to(ROOT) else ())
     if args.keep:       # the ceilings first: a call stopped in its first page keeps them
         keep(args.keep, started, folders=folders)
-    failed, ahead = 0, {}
-    for k, md in enumerate(notebooks, 1):
-        index = f"[{k}/{len(notebooks)}]"
-        following = notebooks[k] if k < len(notebooks) else None
-        ok, seconds, message = execute(
-            md, args.timeout, index, target(md), write=not args.record_cpu, km=ahead.pop("km", None),
-            then=(lambda nxt=following: ahead.update(km=prestart(nxt))) if following else None)
-        if ok and args.record_cpu:
-            record_cpu_run(md, seconds)
-        print(f"{index} {md.relative_to(ROOT) if md.is_relative_to(ROOT) else md}: {message} ({seconds:.1f} s)",
-              flush=True)
-        failed += not ok
-        if args.pack:
-            print(f"{index} packed {pack(args.pack, started, folders=folders)} file(s) into {args.pack}",
-                  flush=True)
-        if args.keep:
-            keep(args.keep, started, folders=folders)
+    group = (args.preimport if args.preimport is not None
+             else len(notebooks) if torch.cuda.is_available() else preimport.ELSEWHERE)
+    failed = 0
+    with preimport.terminate_as_exit(), preimport.Ahead(notebooks, group, timeout_s=args.timeout,
+                                                        log=_log) as ahead:
+        for k, md in enumerate(notebooks, 1):
+            index = f"[{k}/{len(notebooks)}]"
+            km, imports_s = ahead.kernel(k - 1)
+            ok, seconds, message = execute(md, args.timeout, index, target(md),
+                                           write=not args.record_cpu, km=km,
+                                           then=ahead.then(k - 1))
+            if ok and args.record_cpu:
+                record_cpu_run(md, seconds)
+            rel = md.relative_to(ROOT) if md.is_relative_to(ROOT) else md
+            before = f"; its imports ran ahead in {imports_s:.1f} s" if imports_s else ""
+            _log(f"{index} {rel}: {message} ({seconds:.1f} s{before})")
+            failed += not ok
+            if args.pack:
+                _log(f"{index} packed {pack(args.pack, started, folders=folders)} file(s) into "
+                     f"{args.pack}")
+            if args.keep:
+                keep(args.keep, started, folders=folders)
     if failed:
         print(f"{failed} of {len(notebooks)} notebook(s) failed", file=sys.stderr)
     return 1 if failed else 0

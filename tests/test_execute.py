@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "execute.py"
 sys.path.insert(0, str(ROOT / "scripts"))
 import execute  # noqa: E402
+import preimport  # noqa: E402
 
 from myst_source import HEADER  # noqa: E402
 
@@ -141,6 +142,8 @@ def test_keep_copies_what_the_run_wrote_so_a_stopped_call_loses_nothing(tmp_path
 
 
 def test_per_notebook_time_limit(tmp_path):
+    """Also in a kernel started ahead of its page (nbclient's wait for output once blocked the
+    time limit there)."""
     slow = write_nb(tmp_path / "slow.md", "import time\ntime.sleep(30)")
     r = run("--timeout", "3", slow)
     assert r.returncode == 1 and "timed out" in r.stdout.lower()
@@ -721,22 +724,236 @@ def _live_children() -> set[int]:
 
 
 def test_the_next_page_s_kernel_starts_during_this_page_in_its_own_folder(tmp_path, monkeypatch):
-    """execute.py starts page k+1's kernel as page k's first cell runs: that kernel works in
-    page k+1's folder, runs nothing of page k's, and no kernel outlives the run, a failed
-    page's neither."""
+    """With ``--preimport 1`` (nothing run ahead), execute.py starts page k+1's kernel as page
+    k's first cell runs: that kernel works in page k+1's folder, runs nothing of page k's, and
+    no kernel outlives the run, a failed page's neither."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     first = write_nb(tmp_path / "a" / "first.md", "leak = 'first page'", "raise ValueError('on purpose')")
     second = write_nb(tmp_path / "b" / "second.md",
                       "import os\nprint(os.getcwd())\nprint('leak' in dir())")
     before = _live_children()
-    started, real = [], execute.prestart
-    monkeypatch.setattr(execute, "prestart", lambda md: started.append(md) or real(md))
-    r = run(first, second)
+    started, real = [], preimport.prestart
+    monkeypatch.setattr(preimport, "prestart", lambda md: started.append(md) or real(md))
+    r = run("--preimport", 1, first, second)
     assert r.returncode == 1 and "on purpose" in r.stdout
-    assert started == [second]
+    assert started == [second] and "[imports]" not in r.stdout
     outputs = json.loads(second.with_suffix(".ipynb").read_text())["cells"]
     text = "".join("".join(o.get("text", "")) for c in outputs if c["cell_type"] == "code"
                    for o in c["outputs"])
     assert text.split() == [str(tmp_path / "b"), "False"]
     assert _live_children() <= before
+
+
+def test_leading_imports_are_the_imports_a_cell_begins_with_and_nothing_else():
+    cell = ("import os\nfrom pathlib import (Path,\n    PurePath)  # two lines\n"
+            "import json as j; import re\n\nx = os.getcwd()\nimport sys\nprint(x)")
+    assert preimport.leading_imports(cell) == (
+        "import os\nfrom pathlib import (Path,\n    PurePath)\nimport json as j\nimport re")
+    # a statement before an import ends them: the import may depend on it (sys.path, environ)
+    assert preimport.leading_imports("import sys\nsys.path.insert(0, 'x')\nimport mine") == \
+        "import sys"
+    assert preimport.leading_imports("%matplotlib inline\nimport torch") == ""
+    assert preimport.leading_imports("import torch\n%time x = 1") == "import torch"
+    assert preimport.leading_imports("if True:\n    import torch") == ""
+    assert preimport.leading_imports("import torch\nx = (") == ""
+    assert preimport.leading_imports("") == ""
+
+
+def _stamping_module(folder: Path, name: str, log: Path, sleep_s: float = 1.0) -> None:
+    """A module that, when imported, sleeps ``sleep_s`` and appends 'import NAME START END' to
+    ``log``, and whose process appends 'exit NAME' there when it exits in order."""
+    (folder / f"{name}.py").write_text(
+        "import atexit, time\n"
+        f"_t0 = time.time(); time.sleep({sleep_s})\n"
+        f"with open({str(log)!r}, 'a') as f:\n"
+        f"    f.write(f'import {name} {{_t0}} {{time.time()}}\\n')\n"
+        f"atexit.register(lambda: open({str(log)!r}, 'a').write('exit {name}\\n'))\n")
+
+
+def _stamping_page(folder: Path, name: str, log: Path, sleep_s: float = 1.0) -> Path:
+    """A page in ``folder`` whose first cell imports its own stamping module (``sleep_s``) and
+    then stamps its own start, and whose second cell stamps its start and end."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _stamping_module(folder, f"mod_{name}", log, sleep_s)
+    stamp = f"with open({str(log)!r}, 'a') as f:\n    f.write(f'cellN {name} {{time.time()}}\\n')"
+    cell2 = stamp.replace("cellN", "cell2")
+    return write_nb(folder / f"{name}.md",
+                    f"import os\nimport time\nimport mod_{name}\n" + stamp.replace("cellN", "cell1")
+                    + "\nprint(os.getcwd())",
+                    cell2 + "\ntime.sleep(0.3)\n" + cell2)
+
+
+def _stamps(log: Path) -> dict:
+    out = {}
+    for line in log.read_text().splitlines():
+        kind, name, *times = line.split()
+        out.setdefault(kind, {}).setdefault(name.removeprefix("mod_"), []).append(
+            [float(t) for t in times])
+    return out
+
+
+def test_imports_run_ahead_side_by_side_once_and_no_cell_runs_beside_them(tmp_path, monkeypatch):
+    """``--preimport 2`` on three pages: pages 1 and 2 start their kernels together, each in its
+    own folder, and import side by side; page 3 imports only after page 2's last cell. Every
+    cell, the first included, starts after every import it could overlap has ended; each module
+    is imported once (the first cell finds it in sys.modules), what follows the imports in the
+    first cell runs once, in the page, and every kernel exits in order."""
+    log = tmp_path / "stamps.log"
+    pages = [_stamping_page(tmp_path / f"d{i}", f"p{i}", log, sleep_s)   # p2's imports last
+             for i, sleep_s in ((1, 1.5), (2, 3.0), (3, 1.0))]           # past p1's
+    before = _live_children()
+    r = run("--preimport", 2, *pages)
+    assert r.returncode == 0, r.stdout + r.stderr
+    stamps = _stamps(log)
+    imports, cell1, cell2 = stamps["import"], stamps["cell1"], stamps["cell2"]
+    assert {k: len(v) for k, v in imports.items()} == {"p1": 1, "p2": 1, "p3": 1}
+    assert {k: len(v) for k, v in cell1.items()} == {"p1": 1, "p2": 1, "p3": 1}
+    (s1, e1), (s2, e2), (s3, e3) = (imports[p][0] for p in ("p1", "p2", "p3"))
+    assert max(s1, s2) < min(e1, e2)                       # side by side
+    cells = [t for c in (cell1, cell2) for v in c.values() for ts in v for t in ts]
+    for start, end in ((s1, e1), (s2, e2), (s3, e3)):
+        assert not [t for t in cells if start <= t <= end]   # no cell beside an import
+    assert max(e1, e2) < min(cell1["p1"][0][0], cell1["p2"][0][0])
+    assert max(t for ts in cell2["p2"] for t in ts) < s3 < e3 < cell1["p3"][0][0]
+    assert sorted(stamps["exit"]) == ["p1", "p2", "p3"]    # exit handlers ran
+    for i, p in enumerate(pages, 1):                         # each kernel in its page's folder
+        nb = json.loads(p.with_suffix(".ipynb").read_text())
+        assert nb["cells"][1]["outputs"][0]["text"] == [str(tmp_path / f"d{i}") + "\n"]
+    assert r.stdout.count("[imports] 2 page(s)") == 1 and r.stdout.count("[imports] 1 page(s)") == 1
+    assert "its imports ran ahead in" in r.stdout
+    assert _live_children() <= before
+
+
+def test_a_failed_or_printing_pre_import_hides_nothing(tmp_path):
+    """An import that fails ahead is one line of the log, and the page runs its first cell in a
+    fresh kernel, where the real error stops it as before; what an import prints ahead is a
+    line of the log too."""
+    (tmp_path / "broken.py").write_text("raise ValueError('broken at import')\n")
+    (tmp_path / "chatty.py").write_text("print('hello from chatty')\n")
+    bad = write_nb(tmp_path / "bad.md", "import broken\nprint('never')")
+    good = write_nb(tmp_path / "good.md", "import chatty", "print('fine')")
+    r = run("--preimport", 2, bad, good)
+    assert r.returncode == 1
+    assert "bad.md: its imports failed ahead (ValueError: broken at import); the page runs its " \
+           "first cell in a fresh kernel" in r.stdout
+    assert "code cell 1 ('import broken') failed: ValueError: broken at import" in r.stdout
+    assert "good.md: its imports, run ahead, printed: hello from chatty" in r.stdout
+    assert good.with_suffix(".ipynb").exists() and not bad.with_suffix(".ipynb").exists()
+
+
+def test_an_interrupted_call_shuts_every_kernel_down_in_order(tmp_path, monkeypatch):
+    """A call stopped in its second page (Ctrl-C) shuts down the first page's kernel, the
+    second's and the third's, never used, in order: each one's exit handlers run, none outlives
+    the call."""
+    log = tmp_path / "stamps.log"
+    pages = [_stamping_page(tmp_path / f"d{i}", f"p{i}", log) for i in (1, 2, 3)]
+    real = execute.execute
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    def stop_in_page_2(md, *args, **kw):     # Ctrl-C as page 2's first cell begins
+        return real(md, *args, **{**kw, "then": interrupt} if md == pages[1] else kw)
+    monkeypatch.setattr(execute, "execute", stop_in_page_2)
+    before = _live_children()
+    with pytest.raises(KeyboardInterrupt):
+        run("--preimport", 3, *pages)
+    stamps = _stamps(log)
+    assert sorted(stamps["exit"]) == ["p1", "p2", "p3"] and sorted(stamps["cell1"]) == ["p1"]
+    assert _live_children() <= before
+
+
+#: runs the imports it is given with CUDA faked present and every call that would initialize it
+#: refused and recorded, and records every file opened that is not code; prints both as JSON
+_IMPORT_PROBE = r'''
+import json, sys
+import torch
+refused = []
+def refuse(name):
+    def call(*args, **kwargs):
+        refused.append(name)
+        raise RuntimeError(name + " called at import time")
+    return call
+for name in ("_lazy_init", "init", "get_device_properties", "mem_get_info", "set_device",
+             "current_device", "synchronize", "get_device_name", "get_device_capability",
+             "memory_allocated", "reset_peak_memory_stats"):
+    setattr(torch.cuda, name, refuse("torch.cuda." + name))
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
+opened = []
+def audit(event, args):
+    if event == "open" and isinstance(args[0], str) and not args[0].endswith((".py", ".pyc", ".so")):
+        opened.append(args[0])
+sys.addaudithook(audit)
+exec(compile(sys.stdin.read(), "<the pages' imports>", "exec"), {})
+print(json.dumps({"refused": refused, "opened": sorted(set(opened))}))
+'''
+
+
+def test_what_runs_ahead_initializes_no_gpu_and_reads_nothing_a_page_writes():
+    """The imports every page's first cell begins with (what execute.py runs ahead, in idle
+    kernels beside other pages' measurements), run together with CUDA faked present: no call
+    initializes the device (an idle kernel holding a CUDA context would shift chapter 7's
+    ``torch.cuda.mem_get_info`` and take ~0.5 GiB from the page measuring), and no file is
+    opened that a page writes or reads from another page's run (the pages' folders and
+    notebooks, perflab's data and its data cache): such a file would be read before the page
+    that writes it has run."""
+    pages = [p for g in ("book/*.md", "labs/*.md", "pending/*/*.md") for p in sorted(ROOT.glob(g))
+             if p.name != "README.md"]
+    code = "\n".join(preimport.leading_imports(src) for p in pages
+                     if (src := preimport.first_cell(p)))
+    assert code.count("import torch") >= len(pages) - 2       # the pages' imports, all read
+    r = subprocess.run([sys.executable, "-c", _IMPORT_PROBE], input=code, cwd=ROOT / "book",
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = json.loads(r.stdout.splitlines()[-1])
+    assert found["refused"] == []
+    import os
+    written = [ROOT / d for d in ("book", "labs", "pending", "perflab", ".cache/perflab")]
+    written += [Path(os.environ["PERFLAB_DATA_DIR"])] if os.environ.get("PERFLAB_DATA_DIR") else []
+    bad = [p for p in found["opened"] if p.endswith(".ipynb")
+           or any(Path(p).resolve().is_relative_to(w) for w in written)]
+    assert bad == [], bad
+
+
+def test_sigterm_shuts_every_kernel_down_in_order(tmp_path):
+    """SIGTERM (a time limit's ``timeout``) while a page runs: execute.py exits with 143 after
+    shutting down the running page's kernel and the next page's, imported ahead and idle, in
+    order (their exit handlers run); none outlives it."""
+    import os
+    import signal
+    import time
+    log = tmp_path / "stamps.log"
+    first, second = (_stamping_page(tmp_path / f"d{i}", f"p{i}", log, 0.1) for i in (1, 2))
+    first.write_text(first.read_text().replace(
+        "time.sleep(0.3)", f"open({str(tmp_path / 'running')!r}, 'w').close()\ntime.sleep(300)", 1))
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--preimport", "2", str(first), str(second)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "running").exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "the first page's second cell never began"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert sorted(_stamps(log)["exit"]) == ["p1", "p2"], out
+    assert _working_in(tmp_path) == []                     # no kernel left in the pages' folders
+
+
+def _working_in(folder: Path) -> list[int]:
+    """The live processes whose working folder is ``folder`` or under it (/proc)."""
+    import os
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if Path(os.readlink(proc / "cwd")).is_relative_to(folder) and \
+                    (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
