@@ -65,7 +65,7 @@ ZIP_TIME = (2026, 1, 1, 0, 0, 0)  # every entry's timestamp: the same commit giv
 
 # What the zip holds, relative to the repository root (globs; folders are taken whole).
 BUNDLE_FILES = (
-    "pyproject.toml", "requirements.txt", "_toc.yml", "scripts/execute.py",
+    "pyproject.toml", "requirements.txt", "_toc.yml", "scripts/execute.py", "scripts/preimport.py",
     "perflab/**/*.py", "perflab/data/*.json",
     "book/*.md", "book/*.ipynb", "book/_static_ch04/*", "book/_static_ch07/*",
     "labs/*.md",

@@ -71,6 +71,20 @@ def test_the_download_ships_the_pages_that_execute_checks():
             f"{page.relative_to(ROOT)} ships while its revision waits in pending/"
 
 
+def test_the_download_ships_every_script_module_execute_imports():
+    """The download's README runs ``scripts/execute.py``; the modules beside it that it imports
+    (``preimport``) must ship too, or a reader's run stops at its imports."""
+    shipped = {p.resolve() for g in reader_pages.BUNDLE_FILES for p in ROOT.glob(g)}
+    tree = ast.parse((ROOT / "scripts" / "execute.py").read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module.split(".")[0] for n in ast.walk(tree)
+              if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    beside = [ROOT / "scripts" / f"{m}.py" for m in sorted(names) if (ROOT / "scripts" / f"{m}.py").exists()]
+    assert beside, "execute.py imports no module beside it: this test looks in the wrong place"
+    missing = [str(p.relative_to(ROOT)) for p in beside if p.resolve() not in shipped]
+    assert not missing, f"the course download lacks {missing}, which scripts/execute.py imports"
+
+
 # one process for every page: importing torch once keeps this test within CI's budget
 _RUNNER = r"""
 import importlib, json, os, sys, traceback

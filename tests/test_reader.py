@@ -304,7 +304,7 @@ def test_course_download_is_built_and_linked_from_every_notebook_page(build, ren
     assert bundle.is_file(), f"the build wrote no course download ({reader_pages.BUNDLE_NAME})"
     names = set(zipfile.ZipFile(bundle).namelist())
     for needed in ("README.md", "pyproject.toml", "requirements.txt", "perflab/__init__.py",
-                   "scripts/execute.py", CHAPTER, "labs/01_roofline.md"):
+                   "scripts/execute.py", "scripts/preimport.py", CHAPTER, "labs/01_roofline.md"):
         assert needed in names, f"the course download lacks {needed}"
     problems = []
     for rel in ["index.html", *notebook_pages(build)]:
