@@ -21,8 +21,8 @@ already in ``sys.modules``, so the cell takes only what it does besides importin
   :meth:`Ahead.close` when the call ends, fails or is interrupted.
 * ``group`` pages at a time (``execute.py --preimport N``): on the GPU host every page of the
   call (~0.3-0.5 GB of host memory per idle kernel); on a laptop or CI a few. A group of one page
-  runs nothing ahead; the next page's kernel then only starts while this page runs its first
-  cell (:meth:`Ahead.then`), as before.
+  runs nothing ahead; with ``--preimport 1`` the next page's kernel only starts while this page
+  runs its first cell (:meth:`Ahead.then`), as before.
 
 What a page's imports do at import time is checked in ``tests/test_execute.py``: they initialize
 no CUDA device (an idle kernel holding a context would shift chapter 7's
@@ -173,9 +173,14 @@ class Ahead:
     def kernel(self, k: int) -> tuple[KernelManager | None, float]:
         """Page ``k``'s kernel (None: :func:`execute.execute` starts one) and the seconds its
         imports took ahead (0.0: none ran). With groups of several pages, the first page of a
-        group starts the group's kernels and returns only once every one's imports replied."""
+        group starts the group's kernels and returns only once every one's imports replied; a
+        page left alone in its group (a call of one page, the last of an odd number) runs as
+        without ``--preimport``."""
         if self.group > 1 and k not in self._started:
-            self._prepare(range(k, min(k + self.group, len(self.pages))))
+            ks = range(k, min(k + self.group, len(self.pages)))
+            if len(ks) > 1:
+                self._prepare(ks)
+            self._started.update(ks)          # a group of one: nothing to run beside it
         return self._kms.pop(k, None), self._seconds.pop(k, 0.0)
 
     def then(self, k: int) -> Callable[[], None] | None:
