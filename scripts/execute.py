@@ -16,16 +16,17 @@ or contradictory options: one line on stderr, exit 2.
 
 **Imports ahead** (:mod:`preimport`, ``scripts/preimport.py``). A page's first code cell is its
 imports, which measure nothing. ``--preimport N`` pages at a time (default: every page of the
-call where there is a CUDA device, 2 elsewhere, since each idle kernel holds ~0.3-0.5 GB) have
-their kernels started together, each in its page's folder, and run the import statements their
-first cells begin with, side by side and silently; the first of them runs its first cell only
-once every one has replied, so no cell runs beside import work. Each first cell then runs as
-written and is recorded as before, without the imports' seconds (the log line of the page gives
-them). A pre-run that fails or prints is one line of the log; a page whose imports failed runs
-its first cell in a fresh kernel, where the error shows. Each kernel is shut down in order (its
-exit handlers run) after its page, and those not used yet when the call ends, fails or gets
-SIGTERM. ``--preimport 1`` runs nothing ahead (the next page's kernel starts while this page
-runs its first cell).
+call where there is a CUDA device; 2 elsewhere, since each idle kernel holds ~0.3-0.5 GB; 1 with
+``--record-cpu``, whose durations are each page's own) have their kernels started together, each
+in its page's folder, and run the import statements their first cells begin with, side by side
+and silently; the first of them runs its first cell only once every one has replied, so no cell
+runs beside import work. Each first cell then runs as written and is recorded as before, without
+the imports' seconds (``cell_seconds`` and ``duration_s`` leave them out; the page's log line
+gives them). A pre-run that fails or prints is one line of the log; a page whose imports failed
+runs its first cell in a fresh kernel, where the error shows. Each kernel is shut down in order
+(its exit handlers run) after its page, and those not used yet when the call ends, fails or gets
+SIGTERM. ``--preimport 1`` runs nothing ahead (the next page's kernel starts while this page runs
+its first cell).
 
 On a GPU machine the run also records, in ``reference_run``, ``gpu_memory_peak_bytes`` (the
 largest rise of any GPU's used memory, NVML sampled every 0.2 s, which the instructor page quotes
@@ -688,8 +689,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="start the kernels of N pages at a time and run the imports their "
                              "first cells begin with side by side, before the first of them runs "
                              "(default: every page of the call with a CUDA device, "
-                             f"{preimport.ELSEWHERE} elsewhere; 1: none, each page's kernel "
-                             "starts while the page before runs its first cell)")
+                             f"{preimport.ELSEWHERE} elsewhere, 1 with --record-cpu; 1: none, "
+                             "each page's kernel starts while the page before runs its first "
+                             "cell)")
     args = parser.parse_args(argv)
     if args.check and args.sync:
         print("execute.py: --check and --sync exclude each other (--check only reads; run --sync, then --check)",
@@ -765,6 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep:       # the ceilings first: a call stopped in its first page keeps them
         keep(args.keep, started, folders=folders)
     group = (args.preimport if args.preimport is not None
+             else 1 if args.record_cpu    # a page's duration holds its imports, not others'
              else len(notebooks) if torch.cuda.is_available() else preimport.ELSEWHERE)
     failed = 0
     with preimport.terminate_as_exit(), preimport.Ahead(notebooks, group, timeout_s=args.timeout,

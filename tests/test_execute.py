@@ -968,3 +968,13 @@ def _working_in(folder: Path) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def test_record_cpu_runs_nothing_ahead_so_a_duration_is_its_page_s_own(tmp_path, monkeypatch):
+    """``--record-cpu`` stores each page's duration for the instructor page's CPU column: by
+    default it runs no imports ahead, so each duration holds its own page's imports."""
+    recorded = []
+    monkeypatch.setattr(execute, "record_cpu_run", lambda md, s: recorded.append(md))
+    pages = [write_nb(tmp_path / f"{n}.md", "import os", "x = 1") for n in ("a", "b")]
+    r = run("--record-cpu", *pages)
+    assert r.returncode == 0 and recorded == pages and "[imports]" not in r.stdout, r.stdout
