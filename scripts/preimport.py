@@ -63,7 +63,9 @@ def prestart(md: Path) -> KernelManager:
     cell that runs past the notebook's time limit is never stopped (a prestarted page ran a
     30 s cell under a 3 s limit)."""
     km = KernelManager(kernel_name="python3", client_class=ASYNC_CLIENT)
-    km.start_kernel(cwd=str(runs.home(md)))
+    # as nbclient starts its own (its ipython_hist_file): no history database on disk
+    km.start_kernel(cwd=str(runs.home(md)),
+                    extra_arguments=["--HistoryManager.hist_file=:memory:"])
     return km
 
 
@@ -192,8 +194,17 @@ class Ahead:
 
         def start_next():
             self._started.add(nxt)
-            self._kms[nxt] = self.start(self.pages[nxt])
+            self._start(nxt)
         return start_next
+
+    def _start(self, k: int) -> None:
+        """Start page ``k``'s kernel; one that fails to start is a line of the log, and the
+        page starts its own when its turn comes (where a real failure then shows)."""
+        try:
+            self._kms[k] = self.start(self.pages[k])
+        except Exception as err:       # a kernel spec, a port, a file limit
+            self.log(f"[imports] {self.pages[k].name}: its kernel did not start ahead "
+                     f"({type(err).__name__}: {err}); the page starts its own")
 
     def _prepare(self, ks: range) -> None:
         t0 = time.monotonic()
@@ -201,7 +212,7 @@ class Ahead:
         self._started.update(ks)
         for k in ks:
             if sources[k] is not None:           # a page without code needs no kernel
-                self._kms[k] = self.start(self.pages[k])
+                self._start(k)
         sent = {}
         for k in ks:
             if k in self._kms and (code := leading_imports(sources[k])):

@@ -978,3 +978,38 @@ def test_record_cpu_runs_nothing_ahead_so_a_duration_is_its_page_s_own(tmp_path,
     pages = [write_nb(tmp_path / f"{n}.md", "import os", "x = 1") for n in ("a", "b")]
     r = run("--record-cpu", *pages)
     assert r.returncode == 0 and recorded == pages and "[imports]" not in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_a_kernel_that_fails_to_start_ahead_is_a_log_line_and_the_call_goes_on(
+        tmp_path, monkeypatch, group):
+    """A kernel that cannot start ahead (ports, a file limit) stops nothing: the log says so, the
+    page starts its own kernel and runs, and so do the pages after it."""
+    pages = [write_nb(tmp_path / f"p{i}.md", "import os", f"print('page {i}')") for i in range(3)]
+    real = preimport.prestart
+
+    def flaky(md):
+        if md.name == "p1.md":
+            raise OSError("no ports left")
+        return real(md)
+    monkeypatch.setattr(preimport, "prestart", flaky)
+    before = _live_children()
+    r = run("--preimport", group, *pages)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "p1.md: its kernel did not start ahead (OSError: no ports left); the page starts " \
+           "its own" in r.stdout
+    assert all(p.with_suffix(".ipynb").exists() for p in pages)
+    assert _live_children() <= before
+
+
+def test_a_kernel_started_ahead_keeps_its_history_in_memory(tmp_path):
+    """As nbclient's own kernels: no IPython history database written to disk."""
+    page = write_nb(tmp_path / "h.md", "import os",
+                    "print(get_ipython().history_manager.hist_file)")
+    other = write_nb(tmp_path / "o.md", "import os", "print('o')")
+    r = run("--preimport", 2, page, other)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cells = json.loads(page.with_suffix(".ipynb").read_text())["cells"]
+    text = "".join("".join(o.get("text", "")) for c in cells if c["cell_type"] == "code"
+                   for o in c["outputs"])
+    assert text.strip() == ":memory:"
