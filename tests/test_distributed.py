@@ -184,7 +184,7 @@ def runs(tmp_path_factory):
                                          "steps": 2}},
             {"name": "no_sync", "args": {"accum": 3, "time_width": 16, "time_depth": 2, "time_batch": 4,
                                          "rounds": 2, "bucket_mb": 0.001}},
-            {"name": "sharding", "args": dict(TINY, rounds=2)},
+            {"name": "sharding", "args": dict(TINY, rounds=2, once=["fsdp_keep"])},
             {"name": "dcp_save", "args": {"path": str(root / f"w{n}")}},
             {"name": "traps", "args": {"timeout_s": 1}},
             {"name": "ring", "args": {"nbytes": 4096, "sizes": list(range(2, n + 1)), "rounds": 2,
@@ -267,7 +267,8 @@ def test_every_task_on_world_size(runs, n):
         counted = sum(r["sharding"]["strategies"][name]["static_bytes"] for r in res) / n
         assert counted == pytest.approx(costs.static_bytes(p, n, formula), rel=0.02), name
         assert sh["strategies"][name]["allocated_bytes"] is None  # CUDA allocator only
-        assert len(sh["step_rounds_s"][name]) == 2
+        # fsdp_keep: counted like the others, timed in one round after their rounds (chapter 8)
+        assert len(sh["step_rounds_s"][name]) == (1 if name == "fsdp_keep" else 2)
     assert sh["adam_full_s"] > 0 and sh["adam_shard_s"] > 0 and sh["copy_s"] > 0
     # one DDP and one FSDP step traced on rank 0: FSDP's gathers and reductions are in it
     ops = sh["traces"]["fsdp"]["comm_ops"]
@@ -565,6 +566,8 @@ def test_the_worker_tasks_never_reach_for_a_gpu_on_a_gloo_rank(monkeypatch, tmp_
         assert data_parallel.manual_vs_ddp(ctx, **TINY, check_steps=1, rounds=1)["max_param_diff"] == 0
         sh = sharding.sharding(ctx, **TINY, rounds=1)
         assert set(sh["strategies"]) == set(sharding.STRATEGIES)
+        with pytest.raises(ValueError, match="once"):   # a strategy timed once must be run
+            sharding.sharding(ctx, **TINY, strategies=("ddp",), once=["fsdp_keep"])
         # FSDP2 built while torch names CUDA the machine's accelerator, as on a GPU machine:
         # its default device mesh would be a CUDA one; the page's mesh is the rank's device's
         cuda = torch.device("cuda")

@@ -5,8 +5,9 @@ Tasks (run by :mod:`perflab.distributed.worker`):
 * ``sharding``: for DDP, ZeRO-1 (the page's ``zero1_adam``) and FSDP2 (the page's
   ``shard_fsdp2``, with and without resharding after the forward), the bytes of this rank's
   parameters, gradients and Adam state after one step (counted, and on a GPU read from the
-  caching allocator), then the steps of all of them timed in interleaved rounds; and Adam's own
-  step over every parameter and over one rank's share, for the prediction;
+  caching allocator), then the steps of all of them timed in interleaved rounds (or, named in
+  ``once``, in one round after them); and Adam's own step over every parameter and over one
+  rank's share, for the prediction;
 * ``user_optimizer``: a student's optimizer (lab 8) trained on every rank, compared with a
   single process running plain Adam on the whole batch.
 
@@ -117,14 +118,20 @@ def _copy_seconds(ctx, params: int, iters: int) -> float:
 
 
 def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int = 2, iters: int = 4,
-             rounds: int = 4, strategies: Sequence[str] = STRATEGIES, allow_tf32: bool = True) -> dict:
+             rounds: int = 4, strategies: Sequence[str] = STRATEGIES, once: Sequence[str] = (),
+             allow_tf32: bool = True) -> dict:
     """Bytes per rank after one Adam step, and step seconds in interleaved rounds, per strategy.
 
     Returns ``strategies``: ``{name: {"param_bytes", "grad_bytes", "state_bytes",
     "static_bytes"`` (this rank's tensors, counted), ``"allocated_bytes"``, ``"peak_bytes"``
     (CUDA allocator, None on a CPU)``}}``; ``step_rounds_s``: ``{name: [seconds per round]}``
-    (each the slowest rank's mean of ``iters`` steps); ``adam_full_s`` and
-    ``adam_shard_s`` (Adam's step over every parameter and over ``1/world`` of them);
+    (each the slowest rank's mean of ``iters`` steps). A strategy named in ``once`` is counted
+    like the others, but built, warmed up and timed in one round of its own after the others'
+    ``rounds`` interleaved rounds (its list holds that one round): chapter 8 divides only DDP's,
+    ZeRO-1's and FSDP's steps round by round, and FSDP without resharding, timed in all 15
+    rounds (4 steps each, 2 to warm up: 62 steps of 0.112 s, ``sharding_fsdp_keep_step`` in
+    run 6ece25e), took ~7 s of the GPU host's 22.4 s task. ``adam_full_s`` and ``adam_shard_s``
+    (Adam's step over every parameter and over ``1/world`` of them);
     ``copy_s`` (one copy of every parameter's 4 bytes: the unit of DDP's and FSDP's copies);
     ``ddp_bucket_bytes``; ``traces``: one DDP, one ZeRO-1 and one FSDP step profiled on rank 0
     (:func:`_traced_step`: how long their collectives, FSDP's hooks and the optimizer took
@@ -133,7 +140,13 @@ def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int 
     ``allocated_bytes`` is the difference of two *settled* readings of
     ``torch.cuda.memory_allocated`` (:func:`settled_reading`): before the model was built and
     after its first step, so that neither another model's nor a collective's stashed buffers
-    count; every strategy is measured alone before the timed rounds build them side by side."""
+    count; every strategy is measured alone before the timed rounds build them side by side.
+
+    Raises:
+        ValueError: ``once`` names a strategy that ``strategies`` does not hold.
+    """
+    if set(once) - set(strategies):
+        raise ValueError(f"once names strategies that are not run: {sorted(set(once) - set(strategies))}")
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     cuda = ctx.device.type == "cuda"
     x, y = timing_batch(ctx.rank, batch, (width,), ctx.device)
@@ -175,11 +188,18 @@ def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int 
         out[name] = r
         ctx.barrier()
         del model, opt, step
-    steps = {name: stepper(*build(ctx, name, width, depth)) for name in strategies}
-    for fn in steps.values():
-        for _ in range(warmup):
-            fn()
-    times = rounds_of(ctx, steps, iters, rounds)
+
+    def built(names):
+        made = {name: stepper(*build(ctx, name, width, depth)) for name in names}
+        for fn in made.values():
+            for _ in range(warmup):
+                fn()
+        return made
+
+    steps = built(n for n in strategies if n not in once)
+    times = rounds_of(ctx, steps, iters, rounds) if steps else {}
+    for name in (n for n in strategies if n in once):   # one round each, after the rounds
+        times.update(rounds_of(ctx, built([name]), iters, 1))
     traced = {name: _traced_step(ctx, steps[name]) for name in ("ddp", "zero1", "fsdp") if name in steps}
     del steps
     gc.collect()
