@@ -6,6 +6,8 @@ started), so no test can hang; sizes are tiny and each world size is one launch 
 """
 
 import gc
+import importlib
+import os
 import re
 import signal
 import socket
@@ -23,8 +25,8 @@ from perflab.core import torchrun
 from perflab.core.device import gpu_count
 from perflab.core.torchrun import LaunchError, _failure
 from perflab.core.rounds import Spread
-from perflab.distributed import (checkpoints, costs, data_parallel, failures, launch as L, sharding,
-                                 traces, verdicts, worker)
+from perflab.distributed import (bandwidth, checkpoints, costs, data_parallel, failures, launch as L,
+                                 sharding, traces, verdicts, worker)
 from perflab.record import claims
 from perflab.machine.interconnect import bus_factor
 
@@ -126,7 +128,7 @@ def test_host_ranks_give_each_gloo_rank_cores_of_its_own():
 
 
 def test_tasks_are_named_short_for_chapter_8_and_by_module_elsewhere():
-    assert worker.task_function("sweep") is worker.TASKS["sweep"]
+    assert worker.task_function("sweep") is bandwidth.TASKS["sweep"]
     assert worker.task_function("perflab.distributed.failures:die") is failures.die
     for bad, word in (("nope", "unknown task"), ("perflab.distributed.failures:nope", "no function"),
                       (":die", "package.module:function"), (3, "string")):
@@ -135,6 +137,34 @@ def test_tasks_are_named_short_for_chapter_8_and_by_module_elsewhere():
     # chapter 8 never imports a later chapter: GPT-2's tasks are found by name only
     import perflab.distributed.worker as w
     assert not any(m.startswith("perflab.gpt2") for m in vars(w) if isinstance(m, str))
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    """``code`` run by a fresh Python that imports this checkout's perflab."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=root, env=env)
+
+
+def test_every_chapter_8_task_has_one_home_and_a_rank_imports_only_its_tasks_modules():
+    """:data:`worker.TASK_MODULES` names, for every short name, the module whose ``TASKS`` holds
+    it; a rank that runs collectives and DDP steps (chapter 8's two-node launch, lab 8's first)
+    imports neither ZeRO's optimizer nor FSDP2 nor DCP (~0.5 s of CPU a rank)."""
+    homes = {}
+    for name, home in worker.TASK_MODULES.items():
+        homes.setdefault(home, set()).add(name)
+    for home, names in homes.items():
+        assert set(importlib.import_module(home).TASKS) == names, home
+    code = ("import sys; from perflab.distributed import worker\n"
+            "for t in ('collectives', 'no_sync', 'ring', 'hang', 'user_allreduce', 'buckets'):\n"
+            "    worker.task_function(t)\n"
+            "heavy = ('torch.distributed.optim', 'torch.distributed.fsdp', "
+            "'torch.distributed.checkpoint', 'perflab.distributed.sharded')\n"
+            "print([m for m in heavy if m in sys.modules])")
+    done = _python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_pick_for_follows_the_workers_backend(monkeypatch):

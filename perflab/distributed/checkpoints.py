@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from perflab.distributed.data_parallel import ddp
-from perflab.distributed.steps import load_sharded, save_sharded, shard_fsdp2
+from perflab.distributed.sharded import load_sharded, save_sharded, shard_fsdp2
 from perflab.distributed.workloads import global_batch, local, make_mlp, max_param_diff, mse
 
 __all__ = ["TASKS", "dcp_load", "dcp_save", "load_checkpoint_here", "train_ckpt"]

@@ -135,7 +135,7 @@ def launch(tasks: Sequence[dict], nproc: int = 2, backend: str | None = None, ti
     threads in each rank (None: torch's default, which ``torchrun`` sets to 1).
 
     Each task is ``{"name": <task>, "args": {...}, "key": <optional result key>}``, ``<task>`` a
-    short name of :data:`perflab.distributed.worker.TASKS` or ``"package.module:function"``.
+    short name of :data:`perflab.distributed.worker.TASK_MODULES` or ``"package.module:function"``.
     Returns a list indexed by global rank of ``{"rank", "world_size", "node", "local_rank",
     "restart_count", "device", "threads", "cpus", "results": {key: task result}, "task_s": {key:
     s}}``. On one node, each gloo rank is pinned to its own slice of the host's cores where

@@ -25,7 +25,7 @@ import torch
 
 from perflab.core.validate import integer
 from perflab.distributed.data_parallel import bucket_bytes, ddp, rank0_trace, rounds_of
-from perflab.distributed.steps import shard_fsdp2, zero1_adam
+from perflab.distributed.sharded import shard_fsdp2, zero1_adam
 from perflab.distributed.traces import arrival_skew, collective_starts, overlap_from_trace, ranges_from_trace
 from perflab.distributed.workloads import (global_batch, make_mlp, mse, nbytes, state_bytes,
                                            timing_batch)

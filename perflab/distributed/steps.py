@@ -3,8 +3,6 @@
 # From book/08_distributed_training.md:
 #   book/08_distributed_training.md: Data parallelism by hand, then DDP
 #   book/08_distributed_training.md: Gradient accumulation with `no_sync`
-#   book/08_distributed_training.md: Sharding: ZeRO-1 and FSDP2
-#   book/08_distributed_training.md: A checkpoint saved on one world size, loaded on another
 
 """Code taught on book/08_distributed_training.md, exported for the pages that reuse it.
 
@@ -15,13 +13,6 @@ from __future__ import annotations
 
 import torch.distributed as dist
 import contextlib
-import torch
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.optim import ZeroRedundancyOptimizer
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
-                                                     set_model_state_dict)
 
 
 def allreduce_gradients(model):
@@ -43,39 +34,3 @@ def accumulate(ddp, micro_batches, loss_fn):
         last = i == k - 1
         with contextlib.nullcontext() if last else ddp.no_sync():
             (loss_fn(ddp, x, y) / k).backward()
-
-
-def zero1_adam(params, lr=1e-4, fused=None):
-    """Adam with its two moments sharded over the ranks (ZeRO-1): each rank
-    steps its share of the parameters, then broadcasts it to the others.
-    `fused` is passed to each rank's Adam (True on GPUs: one kernel)."""
-    return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.Adam,
-                                   lr=lr, fused=fused)
-
-
-def shard_fsdp2(model, device_type, reshard=True, bf16=False):
-    """FSDP2: every block of `model` (then the rest) becomes 1/N shards,
-    all-gathered just before it runs and reduce-scattered after its
-    backward. The mesh names the ranks' device type explicitly."""
-    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-                              reduce_dtype=torch.float32) if bf16 else None
-    kw = dict(mesh=mesh, reshard_after_forward=reshard,
-              mp_policy=mp or MixedPrecisionPolicy())
-    for block in model:
-        fully_shard(block, **kw)
-    return fully_shard(model, **kw)
-
-
-def save_sharded(model, path):
-    """Every rank writes its own shards of `model`, in parallel, with one
-    metadata file that says which slice of which tensor each file holds."""
-    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=path)
-
-
-def load_sharded(model, path):
-    """Every rank reads the slices of the checkpoint at `path` that it owns
-    in `model` now, whatever world size wrote them."""
-    state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=path)
-    set_model_state_dict(model, state["model"])

@@ -7,9 +7,11 @@ rank>`` for NCCL), joins the process group, runs the tasks of the spec in order,
 results as JSON (``rank<r>.json``) and always destroys its process group.
 
 A task is a function ``task(ctx, **args) -> dict`` of JSON values. Chapter 8's tasks are named
-by their short names (:data:`TASKS`); any other module's task by ``"package.module:function"``
+by their short names (:data:`TASK_MODULES`); any other module's task by ``"package.module:function"``
 (chapter 10's GPT-2 tasks: ``"perflab.gpt2.multi_gpu:ddp_run"``), imported by the worker when a
-spec names it, so this package never imports a later chapter's.
+spec names it, so this package never imports a later chapter's. Chapter 8's task modules are
+imported the same way, only those whose tasks the spec names: a launch of collectives and DDP
+steps loads neither ZeRO's optimizer nor FSDP2 nor DCP.
 """
 
 from __future__ import annotations
@@ -29,18 +31,26 @@ import torch.distributed as dist
 
 from perflab.core import torchrun
 from perflab.core.timing import Stopwatch, seconds_per_call, timestamp
-from perflab.distributed import bandwidth, checkpoints, data_parallel, failures, sharding
 
-__all__ = ["Ctx", "FINISHED", "TASKS", "pin_new_threads", "pin_rank", "rank_cpus", "split_slice",
+__all__ = ["Ctx", "FINISHED", "TASK_MODULES", "pin_new_threads", "pin_rank", "rank_cpus", "split_slice",
            "task_function"]
 
-#: chapter 8's tasks by short name (each module's ``TASKS``)
-TASKS: dict[str, Callable] = {**bandwidth.TASKS, **data_parallel.TASKS, **sharding.TASKS,
-                              **checkpoints.TASKS, **failures.TASKS}
+#: chapter 8's tasks by short name: the module whose ``TASKS`` holds each, imported when a spec
+#: names one of its tasks. Importing all five cost a rank ~0.5 s of CPU more (on CI's CPU, after
+#: the ``torch._dynamo`` that DDP and the optimizers import anyway): ``torch.distributed.optim``
+#: (ZeRO-1) and FSDP2's and DCP's modules, which a launch of collectives and DDP steps never uses
+_TASK_HOMES = {"perflab.distributed.bandwidth": ("collectives", "ring", "sweep"),
+               "perflab.distributed.data_parallel": ("manual_vs_ddp", "overlap", "buckets", "no_sync",
+                                                     "user_allreduce", "user_sampler"),
+               "perflab.distributed.sharding": ("sharding", "user_optimizer"),
+               "perflab.distributed.checkpoints": ("dcp_save", "dcp_load", "train_ckpt"),
+               "perflab.distributed.failures": ("hang", "die", "traps")}
+TASK_MODULES: dict[str, str] = {task: home for home, tasks in _TASK_HOMES.items() for task in tasks}
 
 
 def task_function(name: str) -> Callable:
-    """The task called ``name``: a short name of :data:`TASKS`, or ``"package.module:function"``.
+    """The task called ``name``: a short name of :data:`TASK_MODULES` (its module imported now,
+    if it was not), or ``"package.module:function"``.
 
     Raises:
         ValueError: an unknown short name, a malformed dotted name, or a module without that
@@ -49,9 +59,10 @@ def task_function(name: str) -> Callable:
     if not isinstance(name, str):
         raise ValueError(f"a task name must be a string, got {name!r}")
     if ":" not in name:
-        if name not in TASKS:
-            raise ValueError(f"unknown task {name!r}; tasks are {sorted(TASKS)} or 'module:function'")
-        return TASKS[name]
+        if name not in TASK_MODULES:
+            raise ValueError(f"unknown task {name!r}; tasks are {sorted(TASK_MODULES)} or "
+                             "'module:function'")
+        return importlib.import_module(TASK_MODULES[name]).TASKS[name]
     module, _, fn = name.partition(":")
     if not module or not fn.isidentifier():
         raise ValueError(f"a task outside chapter 8 is named 'package.module:function', got {name!r}")
@@ -96,8 +107,6 @@ class Ctx:
         self.barrier()
         return self.max_over_ranks(seconds_per_call(step, iters, self.device))
 
-
-_STARTED = timestamp()
 
 #: the file ending of a rank's record of the tasks it has finished so far (``rank<r>`` before it)
 FINISHED = ".finished.json"
@@ -256,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(int(spec["threads"]))
     timeout = datetime.timedelta(seconds=float(spec.get("pg_timeout_s", 60)))
     user = _user_module(spec.get("user_code"))
+    functions = [task_function(task["name"]) for task in spec["tasks"]]   # their modules imported
+    started = timestamp()   # what the notebook reads as the end of the rank's imports
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torchrun.worker_device(args.backend, int(os.environ["LOCAL_RANK"]))
     if device.type == "cuda":
@@ -276,15 +287,15 @@ def main(argv: list[str] | None = None) -> int:
                   "threads": torch.get_num_threads(), "cpus": cpus,
                   "comm_cpus": halves[1] if halves else None, "comm_threads": len(comm_threads),
                   "torch": torch.__version__,
-                  "results": results, "task_s": task_s, "started": _STARTED}
+                  "results": results, "task_s": task_s, "started": started}
         if device.type == "cuda":
             v = torch.cuda.nccl.version()
             record["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
         out = Path(args.out_dir)
-        for task in spec["tasks"]:
+        for task, fn in zip(spec["tasks"], functions):
             key = task.get("key", task["name"])
             with Stopwatch() as clock:
-                results[key] = task_function(task["name"])(ctx, **task.get("args", {}))
+                results[key] = fn(ctx, **task.get("args", {}))
             task_s[key] = clock.seconds
             # the tasks done so far: what a launch that fails later (a task that hangs on
             # purpose) still returns (perflab.distributed.launch.FINISHED)
