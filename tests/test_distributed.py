@@ -167,6 +167,20 @@ def test_every_chapter_8_task_has_one_home_and_a_rank_imports_only_its_tasks_mod
     assert done.stdout.strip() == "[]"
 
 
+def test_a_finished_rank_leaves_after_its_exit_handlers_without_the_teardown(tmp_path):
+    """``worker.leave``: the exit handlers run (here one that writes a file), the output is
+    flushed, the status is the one given."""
+    mark = tmp_path / "handled"
+    code = ("import atexit, sys; from pathlib import Path; from perflab.distributed import worker\n"
+            f"atexit.register(lambda: Path({str(mark)!r}).write_text('ran'))\n"
+            "print('unflushed', end=''); sys.stdout.write(' output')\n"
+            "worker.leave(3)")
+    done = _python(code)
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "unflushed output"
+    assert mark.read_text() == "ran"
+
+
 def test_pick_for_follows_the_workers_backend(monkeypatch):
     monkeypatch.delenv("PERFLAB_FORCE_CPU_SIZES", raising=False)
     assert L.pick_for("gloo", 1, 2) == 1 and L.pick_for("nccl", 1, 2) == 2
