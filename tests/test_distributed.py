@@ -987,3 +987,17 @@ def test_a_difference_whose_rounds_cross_zero_is_stated_in_seconds_not_as_ratios
     assert sorted(calls) == ["e", "e_spread"]
     assert claims.compare("e", spread([-2e-3, -1e-3, 1e-4]), 1.5e-3, 0.5, bound="host",
                           reason="a test", unit="s") == "outside"
+
+
+def test_a_bucket_cost_needs_caps_that_make_different_bucket_counts(tmp_path):
+    """buckets(launch_cost=True) times one more bucket as the difference of two caps' bucket
+    counts: caps that all make the same count would time nothing, and it says so."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
+                            world_size=1)
+    try:
+        ctx = worker.Ctx(torch.device("cpu"), tmp_path)
+        with pytest.raises(ValueError, match="launch_cost needs two caps"):
+            data_parallel.buckets(ctx, [25.0, 50.0], blocks=(1, 16, 4), warmup=0, iters=1,
+                                  rounds=1, launch_cost=True)
+    finally:
+        dist.destroy_process_group()

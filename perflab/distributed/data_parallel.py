@@ -253,7 +253,11 @@ def buckets(ctx, bucket_mbs: Sequence[float], blocks: Sequence[int] = (2, 64, 16
     the buckets of the cap with the most buckets in flight, minus the same with the sizes of the
     cap with the fewest, the same bytes, over the difference of their counts, ``launches``:
     ``[most, fewest]``): the per-bucket term of the start-up model, paid on the cores the
-    backward computes on, with its copies and hooks left out (DDP's own)."""
+    backward computes on, with its copies and hooks left out (DDP's own).
+
+    Raises:
+        ValueError: ``launch_cost`` with caps that all make the same number of buckets (the
+            difference would time nothing)."""
     n_layer, width, seq = blocks
     x, y = timing_batch(ctx.rank, batch, (seq, width), ctx.device)
     steps, nets = {}, {}
@@ -273,6 +277,9 @@ def buckets(ctx, bucket_mbs: Sequence[float], blocks: Sequence[int] = (2, 64, 16
     plain = make_blocks(n_layer, width, ctx.device)
     counts = {k: len(bucket_bytes(n)) for k, n in nets.items()}
     many, few = max(counts, key=counts.get), min(counts, key=counts.get)
+    if launch_cost and counts[many] == counts[few]:
+        raise ValueError(f"buckets: launch_cost needs two caps that make different numbers of "
+                         f"buckets, and bucket_mbs={list(bucket_mbs)} all made {counts[many]}")
     # the buckets of the caps with the most and the fewest, as plain tensors of their sizes
     sent = {k: [torch.zeros(b // 4, device=ctx.device) for b in bucket_bytes(nets[k])]
             for k in ((many, few) if launch_cost else ())}
@@ -288,7 +295,7 @@ def buckets(ctx, bucket_mbs: Sequence[float], blocks: Sequence[int] = (2, 64, 16
         steps[FEW_KEY] = lambda: plain_step(sent[few])
         steps[MANY_KEY] = lambda: plain_step(sent[many])
     times = rounds_of(ctx, steps, iters, rounds)
-    extra = max(counts[many] - counts[few], 1)
+    extra = counts[many] - counts[few]
     launch_rounds = [(m - f) / extra for m, f in zip(times.pop(MANY_KEY, []),
                                                      times.pop(FEW_KEY, []))]
     backward = []
