@@ -22,13 +22,19 @@ would on a run it made itself: what a test checks does not change, only when the
   ``None`` from :func:`result` and does the work itself, as before.
 * When the session ends early (``-x``, Ctrl-C), queued jobs are dropped and running ones killed
   (their process groups), so no process outlives the session.
+* A page's execution (``scripts/execute.py``) and a lab's run (``tests/lab_runs.py``) are forked
+  from a process that imported the script once (:meth:`Pool.run_script`, tests/forker.py): the
+  same ``main(argv)`` in a process of its own, without the ~3 CPU-s of torch, matplotlib and
+  jupytext imports a fresh one paid before its page's kernel started (38 such jobs a session).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -89,6 +95,7 @@ class Pool:
         # $PERFLAB_CEILINGS at the committed reference file where it sees a GPU, and a test fakes
         # one): a job started meanwhile would otherwise inherit what the test set
         self.env = dict(os.environ)
+        self.forkers: list[Forker] = []     # each worker's, started by its first script job
 
     def submit(self, key: str, fn: Callable[[], Any], alone: bool = False, after: tuple[str, ...] = (),
                priority: float = 0, light: bool = False) -> None:
@@ -255,6 +262,68 @@ class Pool:
             raise subprocess.TimeoutExpired(cmd, timeout, out, err)
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
+    def run_script(self, script: Path, argv: list[str], timeout: float, function: str = "main",
+                   cwd: str | os.PathLike = ROOT) -> subprocess.CompletedProcess:
+        """``python SCRIPT ARGV...`` for a job (as :meth:`run`, whose result it returns), run as
+        ``SCRIPT``'s ``function(argv)`` in a child forked from this worker's :class:`Forker`,
+        which imported the script once: a fresh process each time, without its imports (~2.6
+        CPU-s a page). Where no forker can serve it (a GPU is visible, ``PERFLAB_TEST_FORK=0``,
+        the forker did not start or died), a fresh process runs it through :meth:`run`."""
+        cmd = [sys.executable, str(script), *map(str, argv)]
+        forker = self._forker()
+        if forker is None:
+            return self.run(cmd, timeout, cwd=cwd)
+        job = getattr(self.local, "job", None)
+        with tempfile.TemporaryDirectory() as folder:
+            out, err = Path(folder) / "out", Path(folder) / "err"
+            try:
+                pid = forker.start(dict(module=script.stem, function=function, argv=[str(a) for a in argv],
+                                        script=str(script), env=self.env, cwd=str(cwd),
+                                        out=str(out), err=str(err)))
+            except OSError:
+                self._drop(forker)
+                return self.run(cmd, timeout, cwd=cwd)
+            child = _Child(pid)
+            if job is not None:
+                job.procs.append(child)
+            with self.cond:
+                closed = self.closed
+            if closed:
+                _kill(child)
+            ended = forker.wait(timeout)
+            timed_out = ended is None
+            _killpg(pid)                # the group's leftovers (or, on timeout, all of it)
+            if timed_out:
+                ended = forker.wait(None)
+            if ended is None or ended == "gone":    # the forker died: its child is killed above
+                self._drop(forker)
+                child.returncode, cpu = -signal.SIGKILL, None
+            else:
+                child.returncode, cpu = ended
+            if job is not None and cpu is not None:
+                job.cpu = (job.cpu or 0.0) + cpu
+            texts = [p.read_text(encoding="utf-8", errors="replace") if p.exists() else "" for p in (out, err)]
+        if timed_out:
+            raise subprocess.TimeoutExpired(cmd, timeout, *texts)
+        return subprocess.CompletedProcess(cmd, child.returncode, *texts)
+
+    def _forker(self) -> Forker | None:
+        """This worker thread's forker (started on first use), or None where none may serve."""
+        if not FORK or not _no_gpu():
+            return None
+        forker = getattr(self.local, "forker", None)
+        if forker is None:
+            with self.cond:
+                if self.closed:
+                    return None
+                forker = Forker(self.env)
+                self.forkers.append(forker)
+            self.local.forker = forker
+        return forker if forker.alive else None
+
+    def _drop(self, forker: Forker) -> None:
+        forker.close()
+
     def close(self) -> None:
         """Drop the queued jobs, kill the running ones' processes, wait for the workers."""
         with self.cond:
@@ -268,6 +337,115 @@ class Pool:
         for t in self.threads:
             if t.is_alive():
                 t.join(timeout=60)
+        for forker in self.forkers:
+            forker.close()
+
+
+# Jobs forked from a process that imported their script once (tests/forker.py). Off with
+# PERFLAB_TEST_FORK=0, and where a GPU is visible: a process that may have touched CUDA is not
+# forked (the scripts check for a GPU; CI and laptops without one are where the imports cost).
+PRELOAD = ("execute", "lab_runs")
+
+
+@functools.lru_cache(maxsize=None)
+def _no_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return True
+    return not torch.cuda.is_available()
+
+
+FORK = os.environ.get("PERFLAB_TEST_FORK", "1") != "0" and hasattr(os, "fork")
+
+
+class _Child:
+    """A forked job as :meth:`Pool.close` and :func:`_kill` see a process: ``pid`` (its group
+    too) and ``poll()`` (its exit status once ended, else None)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+class Forker:
+    """``python tests/forker.py PRELOAD...``: the modules of :data:`PRELOAD` imported once,
+    then a child forked per job (the protocol: tests/forker.py). One job at a time, by the
+    worker thread that owns it."""
+
+    def __init__(self, env: dict[str, str]):
+        env = dict(env)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "scripts"), str(ROOT / "tests")]
+                                            + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "forker.py"), *PRELOAD],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, cwd=ROOT, env=env)
+        self.buf = b""
+        self.alive = True
+
+    def start(self, request: dict) -> int:
+        """Send one job; its child's pid once forked.
+
+        Raises:
+            OSError: the forker is gone (the caller runs the job in a fresh process instead).
+        """
+        if not self.alive:
+            raise OSError("the forker is closed")
+        try:
+            os.write(self.proc.stdin.fileno(), (json.dumps(request) + "\n").encode())
+        except (BrokenPipeError, ValueError) as e:
+            self.alive = False
+            raise OSError("the forker is gone") from e
+        line = self._line(None)
+        if line is None or not line.startswith("pid "):
+            self.alive = False
+            raise OSError(f"the forker did not fork: {line!r}")
+        return int(line.split()[1])
+
+    def wait(self, timeout: float | None):
+        """``(exit status, CPU seconds)`` of the running job; None when ``timeout`` seconds
+        passed first; ``"gone"`` when the forker died meanwhile."""
+        line = self._line(timeout)
+        if line is None:
+            return None if self.alive else "gone"
+        if not line.startswith("exit "):
+            self.alive = False
+            return "gone"
+        _, code, cpu = line.split()
+        return int(code), float(cpu)
+
+    def _line(self, timeout: float | None) -> str | None:
+        """The next line from the forker; None on timeout or at its end (then not alive)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            try:
+                fd = self.proc.stdout.fileno()
+                if not select.select([fd], [], [], left)[0]:
+                    return None
+                chunk = os.read(fd, 1 << 16)
+            except (OSError, ValueError):   # closed by Pool.close meanwhile
+                chunk = b""
+            if not chunk:
+                self.alive = False
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line.decode()
+
+    def close(self) -> None:
+        """End the forker (its input closed; killed if it does not end within 10 s)."""
+        self.alive = False
+        for f in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError, ValueError):
+                f.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 # PERFLAB_TEST_JOBLOG=FILE appends one line per finished job (its key, when it started and how
@@ -321,7 +499,7 @@ def _killpg(pgid: int) -> None:
         pass
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen | _Child) -> None:
     if proc.poll() is None:
         _killpg(proc.pid)
 
@@ -388,6 +566,15 @@ def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+def run_script(script: Path, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGV...`` for a job, forked from a process that imported it (see
+    :meth:`Pool.run_script`); outside a pool, a plain captured run."""
+    if _POOL is not None:
+        return _POOL.run_script(script, argv, timeout)
+    return subprocess.run([sys.executable, str(script), *map(str, argv)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
 def environ() -> dict[str, str]:
     """The environment a job's process starts from: the session's at its start (:class:`Pool`),
     or, outside a pool, this process's now."""
@@ -435,8 +622,8 @@ def ceilings_job(items) -> list:
 
 
 def _execute(md: Path, out: Path) -> subprocess.CompletedProcess:
-    return run([sys.executable, str(ROOT / "scripts" / "execute.py"), str(md), "--out", str(out),
-                "--timeout", str(EXECUTE_TIMEOUT_S)], EXECUTE_TIMEOUT_S + 300, cwd=ROOT)
+    return run_script(ROOT / "scripts" / "execute.py", [str(md), "--out", str(out), "--timeout",
+                                                       str(EXECUTE_TIMEOUT_S)], EXECUTE_TIMEOUT_S + 300)
 
 
 #: pages that build the same data into the clone's cache (``perflab.loading.datasets.cache_dir``,

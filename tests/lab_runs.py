@@ -326,8 +326,7 @@ RUN_TIMEOUT_S = 3600
 
 
 def _run_elsewhere(lab: Path, out: Path):
-    return background.run([sys.executable, str(Path(__file__).resolve()), str(lab), str(out)], RUN_TIMEOUT_S,
-                          cwd=ROOT)
+    return background.run_script(Path(__file__).resolve(), [str(lab), str(out)], RUN_TIMEOUT_S)
 
 
 def background_jobs(items, tmp_path_factory) -> list:
@@ -467,11 +466,18 @@ def _lab_run(lab: Path) -> LabRun:
     return run
 
 
+def main(argv: list[str]) -> int:
+    """``python tests/lab_runs.py LAB OUT``: one lab's :class:`LabRun`, pickled to ``OUT`` (also
+    called in a child of tests/forker.py, which imported this module once)."""
+    lab, out = Path(argv[0]), Path(argv[1])
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_bytes(pickle.dumps(_lab_run(lab)))
+    os.replace(tmp, out)
+    return 0
+
+
 if __name__ == "__main__":   # python tests/lab_runs.py LAB OUT: one lab's LabRun, pickled to OUT
     os.environ.setdefault("PERFLAB_FORCE_CPU_SIZES", "1")   # as tests/conftest.py
     import lab_runs          # the classes pickled by their importable name, not __main__'s
 
-    _lab, _out = Path(sys.argv[1]), Path(sys.argv[2])
-    _tmp = _out.with_name(_out.name + ".tmp")
-    _tmp.write_bytes(pickle.dumps(lab_runs._lab_run(_lab)))
-    os.replace(_tmp, _out)
+    sys.exit(lab_runs.main(sys.argv[1:]))

@@ -265,3 +265,62 @@ def test_the_job_log_gives_each_job_the_cpu_seconds_of_its_processes(tmp_path, m
     assert isinstance(sleeps.error, subprocess.TimeoutExpired) and sleeps.cpu < 1
     rows = {line.split("\t")[0]: line.rstrip("\n").split("\t") for line in log.read_text().splitlines()}
     assert float(rows["burns"][4]) == pytest.approx(burns.cpu, abs=0.05)
+
+
+# A script as the forker runs it: main(argv) in a child of tests/forker.py (tests/background.py,
+# Pool.run_script): prints to both streams, burns CPU, sleeps, returns its first argument.
+_SCRIPT = """
+import os, sys, time
+def main(argv):
+    print("out", os.environ.get("PERFLAB_FORK_PROBE"), flush=True)
+    print("err", file=sys.stderr)
+    t = time.process_time()
+    while time.process_time() - t < float(argv[1]):
+        pass
+    time.sleep(float(argv[2]))
+    return int(argv[0])
+"""
+
+
+@pytest.mark.skipif(not background.FORK or not background._no_gpu(), reason="jobs are not forked here")
+def test_a_script_job_is_forked_and_hands_back_what_a_fresh_process_would(tmp_path, monkeypatch):
+    """The output, exit status, CPU seconds and environment of ``python SCRIPT ARGV`` (the
+    pool's, not what a test set later), and a job past its timeout killed with its output."""
+    script = tmp_path / "forked_probe.py"
+    script.write_text(_SCRIPT)
+    monkeypatch.setenv("PERFLAB_FORK_PROBE", "pool")
+    pool = background.Pool(1)
+    monkeypatch.setenv("PERFLAB_FORK_PROBE", "test")
+    pool.submit("ok", lambda: pool.run_script(script, ["3", "0.6", "0"], 120))
+    pool.submit("slow", lambda: pool.run_script(script, ["0", "0", "60"], 3))
+    pool.start()
+    try:
+        ok, slow = pool.result("ok"), pool.result("slow")
+    finally:
+        pool.close()
+    assert ok.error is None, ok.error
+    assert isinstance(ok.procs[0], background._Child)          # forked, not a fresh process
+    assert ok.value.args == [sys.executable, str(script), "3", "0.6", "0"]
+    assert ok.value.returncode == 3
+    assert ok.value.stdout == "out pool\n" and ok.value.stderr == "err\n"
+    assert 0.6 <= ok.cpu < 30
+    assert isinstance(slow.error, subprocess.TimeoutExpired) and slow.error.output == "out pool\n"
+    assert slow.procs[0].poll() is not None
+    assert len(pool.forkers) == 1 and pool.forkers[0].proc.poll() is not None   # ended by close
+
+
+@pytest.mark.skipif(not background.FORK or not background._no_gpu(), reason="jobs are not forked here")
+def test_closing_the_pool_kills_a_running_forked_job(tmp_path):
+    script = tmp_path / "forked_sleeper.py"
+    script.write_text(_SCRIPT)
+    pool = background.Pool(1)
+    pool.submit("sleeper", lambda: pool.run_script(script, ["0", "0", "60"], 120))
+    pool.start()
+    deadline = time.monotonic() + 60
+    while not pool.jobs["sleeper"].procs and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = pool.jobs["sleeper"].procs[0]
+    t0 = time.monotonic()
+    pool.close()
+    assert child.poll() is not None and time.monotonic() - t0 < 30
+    assert pool.forkers[0].proc.poll() is not None
