@@ -715,8 +715,10 @@ def test_reference_run_sh_stops_when_the_tree_is_not_its_head_and_no_commit_is_n
     assert run({**env, "PERFLAB_GIT_COMMIT": "0" * 40}).returncode == 0
 
 
-def _live_children() -> set[int]:
-    """This process's live descendants' pids, read from /proc (zombies left out)."""
+def _live_children(under: Path) -> set[int]:
+    """This process's live descendants' pids, read from /proc (zombies left out), that work in
+    ``under`` or a folder in it: the kernels of a test's own pages (a kernel works in its page's
+    folder), not the suite's background jobs, which start and end beside the test."""
     import os
     parent = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -730,7 +732,13 @@ def _live_children() -> set[int]:
     while frontier:
         frontier = {pid for pid, pp in parent.items() if pp in frontier} - found
         found |= frontier
-    return found
+
+    def works_under(pid: int) -> bool:
+        try:
+            return Path(os.readlink(f"/proc/{pid}/cwd")).is_relative_to(under.resolve())
+        except OSError:        # gone meanwhile, or not ours to read
+            return False
+    return {pid for pid in found if works_under(pid)}
 
 
 def test_the_next_page_s_kernel_starts_during_this_page_in_its_own_folder(tmp_path, monkeypatch):
@@ -742,7 +750,7 @@ def test_the_next_page_s_kernel_starts_during_this_page_in_its_own_folder(tmp_pa
     first = write_nb(tmp_path / "a" / "first.md", "leak = 'first page'", "raise ValueError('on purpose')")
     second = write_nb(tmp_path / "b" / "second.md",
                       "import os\nprint(os.getcwd())\nprint('leak' in dir())")
-    before = _live_children()
+    before = _live_children(tmp_path)
     started, real = [], preimport.prestart
     monkeypatch.setattr(preimport, "prestart", lambda md: started.append(md) or real(md))
     r = run("--preimport", 1, first, second)
@@ -752,7 +760,7 @@ def test_the_next_page_s_kernel_starts_during_this_page_in_its_own_folder(tmp_pa
     text = "".join("".join(o.get("text", "")) for c in outputs if c["cell_type"] == "code"
                    for o in c["outputs"])
     assert text.split() == [str(tmp_path / "b"), "False"]
-    assert _live_children() <= before
+    assert _live_children(tmp_path) <= before
 
 
 def test_leading_imports_are_the_imports_a_cell_begins_with_and_nothing_else():
@@ -813,7 +821,7 @@ def test_imports_run_ahead_side_by_side_once_and_no_cell_runs_beside_them(tmp_pa
     log = tmp_path / "stamps.log"
     pages = [_stamping_page(tmp_path / f"d{i}", f"p{i}", log, sleep_s)   # p2's imports last
              for i, sleep_s in ((1, 1.5), (2, 3.0), (3, 1.0))]           # past p1's
-    before = _live_children()
+    before = _live_children(tmp_path)
     r = run("--preimport", 2, *pages)
     assert r.returncode == 0, r.stdout + r.stderr
     stamps = _stamps(log)
@@ -833,7 +841,7 @@ def test_imports_run_ahead_side_by_side_once_and_no_cell_runs_beside_them(tmp_pa
         assert nb["cells"][1]["outputs"][0]["text"] == [str(tmp_path / f"d{i}") + "\n"]
     assert r.stdout.count("[imports] 2 page(s)") == 1 and r.stdout.count("[imports]") == 1
     assert r.stdout.count("its imports ran ahead in") == 2    # p3, alone in its group: none
-    assert _live_children() <= before
+    assert _live_children(tmp_path) <= before
 
 
 def test_a_failed_or_printing_pre_import_hides_nothing(tmp_path):
@@ -867,12 +875,12 @@ def test_an_interrupted_call_shuts_every_kernel_down_in_order(tmp_path, monkeypa
     def stop_in_page_2(md, *args, **kw):     # Ctrl-C as page 2's first cell begins
         return real(md, *args, **{**kw, "then": interrupt} if md == pages[1] else kw)
     monkeypatch.setattr(execute, "execute", stop_in_page_2)
-    before = _live_children()
+    before = _live_children(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         run("--preimport", 3, *pages)
     stamps = _stamps(log)
     assert sorted(stamps["exit"]) == ["p1", "p2", "p3"] and sorted(stamps["cell1"]) == ["p1"]
-    assert _live_children() <= before
+    assert _live_children(tmp_path) <= before
 
 
 #: runs the imports it is given with CUDA faked present and every call that would initialize it
@@ -993,13 +1001,13 @@ def test_a_kernel_that_fails_to_start_ahead_is_a_log_line_and_the_call_goes_on(
             raise OSError("no ports left")
         return real(md)
     monkeypatch.setattr(preimport, "prestart", flaky)
-    before = _live_children()
+    before = _live_children(tmp_path)
     r = run("--preimport", group, *pages)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "p1.md: its kernel did not start ahead (OSError: no ports left); the page starts " \
            "its own" in r.stdout
     assert all(p.with_suffix(".ipynb").exists() for p in pages)
-    assert _live_children() <= before
+    assert _live_children(tmp_path) <= before
 
 
 def test_a_kernel_started_ahead_keeps_its_history_in_memory(tmp_path):
