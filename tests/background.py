@@ -228,6 +228,18 @@ class Pool:
                 self.paused -= 1
                 self.cond.notify_all()
 
+    def _adopt(self, proc: subprocess.Popen | _Child):
+        """Give ``proc`` to this worker's job (closing the pool kills it), and kill it now if
+        the pool has closed meanwhile; returns the job (None outside a job)."""
+        job = getattr(self.local, "job", None)
+        if job is not None:
+            job.procs.append(proc)
+        with self.cond:
+            closed = self.closed
+        if closed:
+            _kill(proc)
+        return job
+
     def run(self, cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
         """``subprocess.run(cmd, capture_output=True, text=True)`` for a job: in a process group
         of its own, killed when the pool closes.
@@ -240,13 +252,7 @@ class Pool:
         kwargs.setdefault("env", self.env)
         with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
             proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, start_new_session=True, **kwargs)
-            job = getattr(self.local, "job", None)
-            if job is not None:
-                job.procs.append(proc)
-            with self.cond:
-                closed = self.closed
-            if closed:
-                _kill(proc)
+            job = self._adopt(proc)
             try:
                 cpu = _wait(proc, timeout)
                 timed_out = False
@@ -284,12 +290,7 @@ class Pool:
                 self._drop(forker)
                 return self.run(cmd, timeout, cwd=cwd)
             child = _Child(pid)
-            if job is not None:
-                job.procs.append(child)
-            with self.cond:
-                closed = self.closed
-            if closed:
-                _kill(child)
+            self._adopt(child)
             ended = forker.wait(timeout)
             timed_out = ended is None
             _killpg(pid)                # the group's leftovers (or, on timeout, all of it)

@@ -175,15 +175,20 @@ def test_a_narrow_block_waits_until_at_most_its_jobs_run_and_starts_no_more(coun
     assert len(counter.started) == 6
 
 
+def _first_process(pool, name: str, within_s: float):
+    """The first process job ``name`` started, once it has started one (``within_s`` at most)."""
+    deadline = time.monotonic() + within_s
+    while not pool.jobs[name].procs and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pool.jobs[name].procs[0]
+
+
 def test_closing_the_pool_kills_a_running_process_and_drops_the_queue():
     pool = background.Pool(1)
     pool.submit("sleeper", lambda: pool.run([sys.executable, "-c", "import time; time.sleep(60)"], 120))
     pool.submit("never", lambda: "ran")
     pool.start()
-    deadline = time.monotonic() + 30
-    while not pool.jobs["sleeper"].procs and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc = pool.jobs["sleeper"].procs[0]
+    proc = _first_process(pool, "sleeper", within_s=30)
     t0 = time.monotonic()
     pool.close()
     assert proc.poll() is not None and time.monotonic() - t0 < 30
@@ -316,10 +321,7 @@ def test_closing_the_pool_kills_a_running_forked_job(tmp_path):
     pool = background.Pool(1)
     pool.submit("sleeper", lambda: pool.run_script(script, ["0", "0", "60"], 120))
     pool.start()
-    deadline = time.monotonic() + 60
-    while not pool.jobs["sleeper"].procs and time.monotonic() < deadline:
-        time.sleep(0.05)
-    child = pool.jobs["sleeper"].procs[0]
+    child = _first_process(pool, "sleeper", within_s=60)
     t0 = time.monotonic()
     pool.close()
     assert child.poll() is not None and time.monotonic() - t0 < 30
