@@ -209,7 +209,6 @@ class Ahead:
     def _prepare(self, ks: range) -> None:
         t0 = time.monotonic()
         sources = {k: first_cell(self.pages[k]) for k in ks}
-        self._started.update(ks)
         for k in ks:
             if sources[k] is not None:           # a page without code needs no kernel
                 self._start(k)

@@ -287,7 +287,7 @@ class Pool:
                                         script=str(script), env=self.env, cwd=str(cwd),
                                         out=str(out), err=str(err)))
             except OSError:
-                self._drop(forker)
+                forker.close()
                 return self.run(cmd, timeout, cwd=cwd)
             child = _Child(pid)
             self._adopt(child)
@@ -297,7 +297,7 @@ class Pool:
             if timed_out:
                 ended = forker.wait(None)
             if ended is None or ended == "gone":    # the forker died: its child is killed above
-                self._drop(forker)
+                forker.close()
                 child.returncode, cpu = -signal.SIGKILL, None
             else:
                 child.returncode, cpu = ended
@@ -321,9 +321,6 @@ class Pool:
                 self.forkers.append(forker)
             self.local.forker = forker
         return forker if forker.alive else None
-
-    def _drop(self, forker: Forker) -> None:
-        forker.close()
 
     def close(self) -> None:
         """Drop the queued jobs, kill the running ones' processes, wait for the workers."""
@@ -572,8 +569,7 @@ def run_script(script: Path, argv: list[str], timeout: float) -> subprocess.Comp
     :meth:`Pool.run_script`); outside a pool, a plain captured run."""
     if _POOL is not None:
         return _POOL.run_script(script, argv, timeout)
-    return subprocess.run([sys.executable, str(script), *map(str, argv)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return run([sys.executable, str(script), *map(str, argv)], timeout, cwd=ROOT)
 
 
 def environ() -> dict[str, str]:

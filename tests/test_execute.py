@@ -732,13 +732,7 @@ def _live_children(under: Path) -> set[int]:
     while frontier:
         frontier = {pid for pid, pp in parent.items() if pp in frontier} - found
         found |= frontier
-
-    def works_under(pid: int) -> bool:
-        try:
-            return Path(os.readlink(f"/proc/{pid}/cwd")).is_relative_to(under.resolve())
-        except OSError:        # gone meanwhile, or not ours to read
-            return False
-    return {pid for pid in found if works_under(pid)}
+    return found & set(_working_in(under.resolve()))
 
 
 def test_the_next_page_s_kernel_starts_during_this_page_in_its_own_folder(tmp_path, monkeypatch):

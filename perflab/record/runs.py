@@ -303,17 +303,18 @@ def perflab_modules(code_cells: Iterable[str], package_dir: str | os.PathLike | 
 
 
 #: :func:`referenced_names` of each module text seen in this process, by (text, module name,
-#: package): ``execute.py --check`` and the book's status page ask about some 40 pages, which
+#: package, whether the file is a package's ``__init__.py``): ``execute.py --check`` and the book's status page ask about some 40 pages, which
 #: import mostly the same modules; parsed and walked once per text, not once per page
 #: (2,658 walks of 44 pages' modules took ~19 of --check's 41 profiled seconds). Keyed by
 #: the text itself, so an edited module is read afresh whatever its timestamp.
-_NAMES: dict[tuple[str, str, str], list[str]] = {}
+_NAMES: dict[tuple[str, str, str, bool], list[str]] = {}
 
 
 def _module_names(path: Path, mod: str, package: str) -> list[str]:
     """The sorted :func:`referenced_names` of module ``mod``'s file ``path`` (cached by text)."""
     text = path.read_text(encoding="utf-8")
-    key = (text, mod, package)
+    is_package = path.name == "__init__.py"     # relative imports resolve from it
+    key = (text, mod, package, is_package)
     if key not in _NAMES:
         try:
             tree = ast.parse(text, filename=str(path))
@@ -321,7 +322,7 @@ def _module_names(path: Path, mod: str, package: str) -> list[str]:
             raise SyntaxError(f"{path}: {err.msg} (line {err.lineno})") from err
         if len(_NAMES) > 4096:      # a long test session parses many scratch packages
             _NAMES.clear()
-        _NAMES[key] = sorted(referenced_names(tree, mod, path.name == "__init__.py", package))
+        _NAMES[key] = sorted(referenced_names(tree, mod, is_package, package))
     return list(_NAMES[key])
 
 
