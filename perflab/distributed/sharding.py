@@ -128,9 +128,8 @@ def sharding(ctx, width: int = 64, depth: int = 4, batch: int = 32, warmup: int 
     (each the slowest rank's mean of ``iters`` steps). A strategy named in ``once`` is counted
     like the others, but built, warmed up and timed in one round of its own after the others'
     ``rounds`` interleaved rounds (its list holds that one round): chapter 8 divides only DDP's,
-    ZeRO-1's and FSDP's steps round by round, and FSDP without resharding, timed in all 15
-    rounds (4 steps each, 2 to warm up: 62 steps of 0.112 s, ``sharding_fsdp_keep_step`` in
-    run 6ece25e), took ~7 s of the GPU host's 22.4 s task. ``adam_full_s`` and ``adam_shard_s``
+    ZeRO-1's and FSDP's steps round by round, so a strategy it only shows need not pay every
+    round's steps (commit df395a8 gives the seconds). ``adam_full_s`` and ``adam_shard_s``
     (Adam's step over every parameter and over ``1/world`` of them);
     ``copy_s`` (one copy of every parameter's 4 bytes: the unit of DDP's and FSDP's copies);
     ``ddp_bucket_bytes``; ``traces``: one DDP, one ZeRO-1 and one FSDP step profiled on rank 0

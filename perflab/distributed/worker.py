@@ -38,9 +38,9 @@ __all__ = ["Ctx", "FINISHED", "TASK_MODULES", "leave", "pin_new_threads", "pin_r
            "split_slice", "task_function"]
 
 #: chapter 8's tasks by short name: the module whose ``TASKS`` holds each, imported when a spec
-#: names one of its tasks. Importing all five cost a rank ~0.5 s of CPU more (on CI's CPU, after
-#: the ``torch._dynamo`` that DDP and the optimizers import anyway): ``torch.distributed.optim``
-#: (ZeRO-1) and FSDP2's and DCP's modules, which a launch of collectives and DDP steps never uses
+#: names one of its tasks. Importing all five costs every rank the CPU time of modules that a
+#: launch of collectives and DDP steps never uses: ``torch.distributed.optim`` (ZeRO-1) and
+#: FSDP2's and DCP's (commit 4137841 gives the seconds)
 _TASK_HOMES = {"perflab.distributed.bandwidth": ("collectives", "ring", "sweep"),
                "perflab.distributed.data_parallel": ("manual_vs_ddp", "overlap", "buckets", "no_sync",
                                                      "user_allreduce", "user_sampler"),
@@ -315,11 +315,9 @@ def leave(code: int) -> NoReturn:
     ``os._exit``, which skips the interpreter's teardown of every module and object.
 
     Why: with torch and the ``torch._dynamo`` that DDP and every optimizer import on first use
-    loaded, that teardown costs a process ~0.9 s of CPU (``import torch._dynamo`` alone, on CI's
-    CPU), while torchrun and the notebook wait for the rank to exit: from the last rank's
-    results to torchrun's exit, two ranks that had run DDP took 3.3 s, leaving this way 1.3 s
-    (medians of 6 launches on CI's two loaded cores). A rank whose task raised never comes
-    here: it exits as Python does, with its traceback."""
+    loaded, that teardown costs a rank CPU time while torchrun and the notebook wait for it to
+    exit (commit de5fd30 gives the seconds). A rank whose task raised never comes here: it
+    exits as Python does, with its traceback."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     atexit._run_exitfuncs()      # CPython's own exit handlers, run as at a normal exit
