@@ -261,3 +261,24 @@ def test_the_page_keeps_the_bursts_own_timings_and_only_those():
                                     burst_counted_hz=burst.clock_hz)
         exec(_cell(page, "burst_t = next("), ns)
         assert ns["burst_t"] is want and ns["gpu"].clocked_burst is orig
+
+
+def test_the_burst_wrapper_can_run_twice_and_is_always_put_back():
+    """Review of the fixes (7 December, h, finding 2): the cell that wraps ``gpu.clocked_burst``
+    looked the original up as a global, so running it twice (the burst cell failed, "run all
+    above") made the wrapper call itself (RecursionError), and the restore cell installed that
+    wrapper for the rest of the kernel. Now the original is bound once (``__wrapped__``), and the
+    restore cell puts back the original however often the wrapper cell ran."""
+    page = ROOT / "book" / "02_hardware_gpu.md"
+    burst = SimpleNamespace(median_s=1e-3, clock_hz=1.9e9, cycles=(50_000, 150_000))
+    orig = lambda *a, **k: burst   # noqa: E731
+    ns = {"gpu": SimpleNamespace(clocked_burst=orig), "ceil": SimpleNamespace(gpu=None),
+          "bst": SimpleNamespace(burst_s=1e-3, burst_counted_hz=1.9e9)}
+    for _ in range(3):
+        exec(_cell(page, "gpu.clocked_burst = keep_burst"), ns)
+    assert ns["gpu"].clocked_burst.__wrapped__ is orig and ns["_clocked_burst"] is orig
+    assert ns["gpu"].clocked_burst() is burst and ns["kept"] == [burst]
+    for _ in range(2):      # the restore cell, even run twice, puts back the original
+        exec(_cell(page, "burst_t = next("), ns)
+        assert ns["gpu"].clocked_burst is orig and ns["burst_t"] is burst
+
