@@ -1,6 +1,7 @@
 """Lab 8: its student version is valid Python, and each check rejects a wrong answer and accepts
-the lab's own solution, on 2, 3 and 4 ranks (the code checks on real gloo launches, the others
-on numbers); the reference run uses 4 gloo ranks (2 on a host of fewer than 8 cores)."""
+the lab's own solution, on 2, 3 and 4 ranks, the all-reduce model also on 8 (the code checks on
+real gloo launches, the others on numbers); the reference run uses 4 gloo ranks (2 on a host of
+fewer than 8 cores)."""
 
 import ast
 import statistics
@@ -201,6 +202,19 @@ def test_allreduce_model_check_holds_for_every_world_size():
         lab08.check_allreduce_seconds(lambda s, bw, n, a: a + s * 2 * (n - 1) / n / bw)
     with pytest.raises(ExerciseFailed, match="not done yet"):
         lab08.check_allreduce_seconds(None)
+
+
+def test_allreduce_model_check_rejects_a_bus_factor_right_only_where_the_student_ran():
+    """A model with the bus factor looked up for the world sizes the lab's machines give (2, 3
+    and 4 gloo ranks) and none beyond is right on 2, 3 and 4 ranks: only the check's 8 ranks,
+    where chapter 8's eight-GPU prediction lives, can reject it."""
+    factors = {2: 1.0, 3: 4 / 3, 4: 1.5}          # 2 (n-1)/n, typed for the ranks run
+    table = lambda s, bw, n, a=0.0: a + s * factors.get(n, 1.0) / bw
+    for n in (2, 3, 4):
+        want = costs.allreduce_seconds(1e8, 100e9, n, 20e-6)
+        assert table(1e8, 100e9, n, 20e-6) == pytest.approx(want)
+    with pytest.raises(ExerciseFailed, match="on 8 ranks"):
+        lab08.check_allreduce_seconds(table)
 
 
 # the reference run's sweep on 4 gloo ranks (gpu-2026-12-06d-d911c2d): message bytes and seconds;
