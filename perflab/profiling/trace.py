@@ -28,9 +28,10 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import torch
 
-from perflab.core.profiler import NOT_COMPUTE, external_id, load_trace, union
+from perflab.core.profiler import NOT_COMPUTE, external_id, load_trace
 from perflab.core.validate import integer, number, one_of, positive_int
 from perflab.machine.costs import Cost, count_cost, op_cost
+from perflab.profiling.busy import busy_and_gaps
 from perflab.record.plotting import finish
 
 __all__ = ["count_cost", "TraceItem", "trace_items", "step_windows", "KernelStats", "TraceSummary",
@@ -220,7 +221,8 @@ def summarize_trace(source, top: int = 5) -> TraceSummary:
     kernel they launched (a GPU finishes after the CPU has moved on); without step ranges, first
     item start to last item end. Busy time is the union of item intervals in the window (clipped
     to it, so a kernel of an earlier step still running counts for the part inside), so two
-    overlapping kernels count once. Top kernels are grouped by name and ranked by summed time;
+    overlapping kernels count once (chapter 4's :func:`perflab.profiling.busy.busy_and_gaps`).
+    Top kernels are grouped by name and ranked by summed time;
     their FLOPs and bytes come from the launching operator's recorded shapes (:func:`perflab.machine.costs.op_cost`).
 
     Args:
@@ -249,9 +251,8 @@ def summarize_trace(source, top: int = 5) -> TraceSummary:
     if not items:
         raise ValueError("the trace has no kernels or ATen operators to analyse "
                          "(profile with record_shapes=True and at least one active step)")
-    merged = union([(max(i.ts_us, start), min(i.end_us, end)) for i in overlapping])
-    busy = sum(e - s for s, e in merged)
-    gaps = tuple(b[0] - a[1] for a, b in zip(merged, merged[1:]))
+    # chapter 4's dozen lines, exported from its page (perflab.profiling.busy)
+    busy, gaps = busy_and_gaps([(i.ts_us, i.end_us) for i in overlapping], start, end)
     groups: dict = {}
     for i in items:
         groups.setdefault(i.name, []).append(i)
@@ -270,7 +271,7 @@ def summarize_trace(source, top: int = 5) -> TraceSummary:
     if on_gpu and all(i.blocks_per_sm is not None for i in items):
         sm_weighted = sum(i.dur_us * min(1.0, i.blocks_per_sm) for i in items)
     known = [i for i in items if i.cost is not None]
-    return TraceSummary(end - start, busy, len(items), len(steps), gaps, tuple(stats[:top]), on_gpu,
+    return TraceSummary(end - start, busy, len(items), len(steps), tuple(gaps), tuple(stats[:top]), on_gpu,
                         work, sm_weighted, sum(i.cost.flops for i in known), sum(i.cost.bytes for i in known),
                         sum(i.dur_us for i in items if i.cost is None))
 
