@@ -1,6 +1,6 @@
 import pytest
 
-from perflab.machine import link_figures, transfer
+from perflab.machine import link_figures, nonblocking, transfer
 from perflab.core.device import gpu_count, has_gpu
 
 
@@ -80,8 +80,6 @@ def test_arguments_are_checked_before_looking_for_a_gpu():
 def test_copies_say_they_need_a_gpu():
     with pytest.raises(RuntimeError, match="need a CUDA GPU"):
         transfer.host_device_sweep([1024])
-    with pytest.raises(RuntimeError, match="need a CUDA GPU"):
-        transfer.non_blocking_behaviour(1024)
 
 
 @pytest.mark.skipif(gpu_count() >= 2, reason="checks the behaviour with fewer than 2 GPUs")
@@ -282,3 +280,13 @@ def test_plot_allreduce_busbw_draws_the_sweep_the_fit_and_the_prediction():
     gloo = link_figures.plot_allreduce_busbw(res, fit)
     assert len(gloo.axes[0].get_lines()) == 2
     plt.close(gloo)
+
+
+def test_the_non_blocking_probe_checks_its_arguments_by_name():
+    """Chapter 2's probe, exported from its page (perflab.machine.nonblocking)."""
+    with pytest.raises(ValueError, match="nbytes"):
+        nonblocking.non_blocking_behaviour(0)
+    with pytest.raises(ValueError, match="reps"):
+        nonblocking.non_blocking_behaviour(1024, reps=0)
+    with pytest.raises(ValueError, match="CUDA device"):
+        nonblocking.non_blocking_behaviour(1024, device="cpu")

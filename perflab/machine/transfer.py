@@ -7,6 +7,7 @@
 * ``non_blocking=True`` lets ``Tensor.to``/``copy_`` return before the copy finishes only when the
   host side is pinned; it never makes a copy on the current stream overlap with kernels on that
   same stream (PyTorch tutorial "A guide on good usage of non_blocking and pin_memory()").
+  Chapter 2 measures it on its page (:mod:`perflab.machine.nonblocking`).
 * Peer copies go GPU to GPU over NVLink (or PCIe) without touching host memory.
 
 Bandwidths are bytes/s counting the bytes transferred once (not read + write). Timing:
@@ -40,7 +41,6 @@ __all__ = [
     "host_device_sweep",
     "median_points",
     "model_verdict",
-    "non_blocking_behaviour",
     "pageable_prediction",
     "pageable_rounds",
     "pcie_bandwidth",
@@ -426,52 +426,6 @@ def host_device_sweep(sizes: Sequence[int], device=None, progress: bool = False,
             s / _copy_seconds(page, g, "d2h", dev) if d2h else math.nan,
         ))
     return out
-
-
-def non_blocking_behaviour(nbytes: int, device=None, reps: int = 3) -> list[dict]:
-    """What ``non_blocking=True`` changes, measured: host time of each call and whether the copy was still running.
-
-    For H2D copies from pageable and pinned memory, with ``non_blocking`` False and True, and for
-    ``gpu_tensor.to("cpu", non_blocking=True)``, returns one dict per case: ``case``,
-    ``host_s`` (median seconds until the call returned to Python), ``still_copying`` (the stream
-    had unfinished work right after the return: ``not stream.query()``) and, for the D2H case,
-    ``result_pinned`` (PyTorch gives a non-blocking D2H copy a pinned destination).
-    The GPU is synchronized before each call.
-
-    Raises:
-        RuntimeError: no CUDA GPU.
-        ValueError: ``nbytes`` or ``reps`` not a positive integer.
-    """
-    _check_nbytes(nbytes)
-    number("reps", reps, minimum=1)
-    dev = _cuda_device(device)
-    pageable, gpu = _buffers(nbytes, dev, False)
-    pinned, _ = _buffers(nbytes, dev, True)
-    stream = torch.cuda.current_stream(dev)
-    cases = [
-        ("H2D from pageable, blocking", lambda: gpu.copy_(pageable)),
-        ("H2D from pageable, non_blocking", lambda: gpu.copy_(pageable, non_blocking=True)),
-        ("H2D from pinned, blocking", lambda: gpu.copy_(pinned)),
-        ("H2D from pinned, non_blocking", lambda: gpu.copy_(pinned, non_blocking=True)),
-        ("D2H, .to('cpu', non_blocking=True)", lambda: gpu.to("cpu", non_blocking=True)),
-    ]
-    rows = []
-    for name, fn in cases:
-        fn()  # warm-up (allocations, first-use costs)
-        torch.cuda.synchronize(dev)
-        times, busy, result = [], [], None
-        for _ in range(reps):
-            torch.cuda.synchronize(dev)
-            with Stopwatch() as host:     # host time only: no synchronization inside
-                result = fn()
-            times.append(host.seconds)
-            busy.append(not stream.query())
-            torch.cuda.synchronize(dev)
-        row = {"case": name, "host_s": statistics.median(times), "still_copying": all(busy)}
-        if name.startswith("D2H"):
-            row["result_pinned"] = bool(result.is_pinned())
-        rows.append(row)
-    return rows
 
 
 def peer_access(src: int = 0, dst: int = 1) -> bool:
