@@ -6,7 +6,7 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from perflab.machine import caches  # noqa: E402
+from perflab.machine import caches, workingset  # noqa: E402
 
 
 def staircase(sizes, levels):
@@ -86,25 +86,28 @@ def test_match_steps_pairs_each_level_with_at_most_one_nearby_step():
 
 
 def test_read_bandwidth_on_cpu_is_a_positive_rate():
-    bw = caches.read_bandwidth("cpu", 64 * 1024, total_bytes=4 * 2**20)
+    """Chapter 2's probe, exported from its page (perflab.machine.workingset)."""
+    bw = workingset.read_bandwidth(64 * 1024, total_bytes=4 * 2**20)
     assert math.isfinite(bw) and bw > 0
 
 
 @pytest.mark.parametrize("nbytes", [0, 6, 4.0, True])
 def test_read_bandwidth_rejects_sizes_that_are_not_whole_elements(nbytes):
     with pytest.raises(ValueError, match="nbytes"):
-        caches.read_bandwidth("cpu", nbytes)
+        workingset.read_bandwidth(nbytes)
+    with pytest.raises(ValueError, match="total_bytes"):
+        workingset.read_bandwidth(4096, total_bytes=0)
 
 
 def test_working_set_sweep_keeps_the_best_pass(monkeypatch):
     values = iter([1.0, 5.0, 3.0, 2.0])   # pass 1: sizes 4096, 8192; pass 2: the same
-    monkeypatch.setattr(caches, "read_bandwidth", lambda device, s, total=None: next(values))
-    points = caches.working_set_sweep("cpu", [4096, 8192], passes=2)
+    monkeypatch.setattr(workingset, "read_bandwidth", lambda s: next(values))
+    points = workingset.working_set_sweep([4096, 8192], passes=2)
     assert [(p.nbytes, p.bytes_per_s) for p in points] == [(4096, 3.0), (8192, 5.0)]
     with pytest.raises(ValueError, match="passes"):
-        caches.working_set_sweep("cpu", [4096], passes=0)
+        workingset.working_set_sweep([4096], passes=0)
     with pytest.raises(ValueError, match="sizes"):
-        caches.working_set_sweep("cpu", [])
+        workingset.working_set_sweep([])
 
 
 def test_plot_working_set_returns_a_figure():

@@ -10,13 +10,10 @@ performance and their effect on benchmark runtimes", IEEE Trans. Computers 44(10
 On a CPU the kernel is one PyTorch call: ``x.expand(r, n).sum()`` views the
 ``n``-element buffer ``x`` as ``r`` identical rows (stride 0, no copy) and sums all of them, so one
 call streams ``r * nbytes`` bytes out of a working set of ``nbytes`` with a single kernel launch.
-A *full* reduction walks the rows in order (every thread of a GPU kernel strides through the
-flattened index together), so an element is read again only after all ``nbytes`` of the others:
-the reuse distance is the working set, as the method requires. A per-row reduction
-(``sum(dim=1)``) would not do on a GPU: it reads all rows at the same time, so each row's bytes
-would hit in cache whatever ``nbytes`` is. On a GPU that stride-0 reduction is instruction-bound,
-so :func:`read_bandwidth` times a contiguous ``x.sum()`` by its kernel durations instead.
-Chapter 2's GPU curve is a copy kernel replayed from CUDA graphs (:mod:`perflab.machine.replay`,
+A *full* reduction walks the rows in order, so an element is read again only after all ``nbytes``
+of the others: the reuse distance is the working set, as the method requires. That probe is
+chapter 2's, written on its page (:mod:`perflab.machine.workingset`); this module holds what
+reads its curve (:func:`find_steps`, :func:`plot_working_set`). Chapter 2's GPU curve is a copy kernel replayed from CUDA graphs (:mod:`perflab.machine.replay`,
 taught on the page), whose per-call times :class:`ReplayCurve` turns into bandwidths with the
 kernel's measured start-up taken out. :func:`beyond_cache_numel` sizes a host buffer that no
 cache holds (from the last-level cache the OS reports), for a copy that must stream from DRAM.
@@ -36,10 +33,7 @@ import torch
 from matplotlib.ticker import FuncFormatter
 
 from perflab.core.rounds import Spread
-from perflab.core.progress import progress as show_progress
-from perflab.core.timing import benchmark
-from perflab.core.profiler import device_seconds_per_call
-from perflab.core.validate import integer, number, positive_int
+from perflab.core.validate import integer, number
 from perflab.machine.cpu import cache_levels
 from perflab.record.plotting import style
 
@@ -53,9 +47,7 @@ __all__ = [
     "largest_step",
     "match_steps",
     "plot_working_set",
-    "read_bandwidth",
     "ReplayCurve",
-    "working_set_sweep",
 ]
 
 
@@ -120,81 +112,6 @@ def geometric_sizes(lo: int, hi: int, per_octave: int = 2, multiple: int = 4096)
         if not sizes or s > sizes[-1]:
             sizes.append(s)
     return sizes
-
-
-def read_bandwidth(
-    device: torch.device | str,
-    nbytes: int,
-    total_bytes: int | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> float:
-    """Read bandwidth in bytes/s from a working set of ``nbytes``, read repeatedly in one call.
-
-    A buffer ``x`` of ``nbytes`` (``dtype``, 1-D) is summed as ``r`` identical rows,
-    ``x.expand(r, n).sum()``, with ``r = max(1, total_bytes // nbytes)``: one call reads
-    ``r * nbytes`` bytes, in row order (see the module's docstring). Defaults: ``total_bytes`` =
-    1 GiB on a GPU, 64 MiB on a CPU; ``r * n`` stays below 2**31 elements.
-
-    On a GPU the kernel differs: ``x.sum()`` of the contiguous buffer (the stride-0 view takes an
-    unvectorized path there that cannot reach even HBM speed), repeated without flushing the L2,
-    with the time taken as the kernels' own durations from the profiler
-    (:func:`perflab.core.profiler.device_seconds_per_call`); ``total_bytes`` is not used. On a CPU,
-    :func:`perflab.core.timing.benchmark`.
-
-    Raises:
-        ValueError: ``nbytes`` not a positive multiple of the element size, or ``total_bytes`` < 1.
-    """
-    dev = torch.device(device)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    integer("nbytes", nbytes, itemsize, multiple_of=itemsize)
-    if total_bytes is None:
-        total_bytes = 2**30 if dev.type == "cuda" else 64 * 2**20
-    number("total_bytes", total_bytes, minimum=1)
-    n = nbytes // itemsize
-    if dev.type == "cuda":
-        # On a GPU the stride-0 view sends the reduction down ATen's generic (unvectorized) path,
-        # which the reference run showed to be instruction-bound at ~2.7 TB/s on an H200 whatever
-        # the working set. So the GPU reads the contiguous buffer once per call instead, with the
-        # same vectorized kernel at every size, and takes the kernels' own durations from the
-        # profiler (CUPTI): no launch gaps, and no L2 flush between calls, so a buffer that fits
-        # stays in L2 from one call to the next.
-        x = torch.randn(n, device=dev).to(dtype)
-        return nbytes / device_seconds_per_call(x.sum, calls=max(5, min(50, 2**30 // nbytes)))
-    rows = max(1, min(total_bytes // nbytes, (2**31 - 1) // n))  # 32-bit indexing: one kernel
-    # the values do not matter for a sum; arange fills memory 4x faster than randn on one core
-    x = torch.arange(n, dtype=torch.float32).to(dtype)
-    view = x.expand(rows, n)
-    fn = lambda: view.sum()  # noqa: E731
-    seconds = benchmark(fn, dev, min_run_time_s=0.05)
-    return rows * nbytes / seconds
-
-
-def working_set_sweep(
-    device: torch.device | str,
-    sizes: Iterable[int],
-    total_bytes: int | None = None,
-    progress: bool = False,
-    passes: int = 1,
-) -> list[WorkingSetPoint]:
-    """:func:`read_bandwidth` at each size in ``sizes`` (bytes): the bandwidth-vs-working-set curve.
-
-    With ``passes > 1`` the whole sweep is repeated and each size keeps its best pass: on a machine
-    shared with other work, interference only ever lowers a bandwidth, and a second pass at a
-    different moment rarely meets the same interference.
-
-    Raises:
-        ValueError: empty ``sizes``, ``passes`` < 1, or a bad size (see :func:`read_bandwidth`).
-    """
-    sizes = list(sizes)
-    if not sizes:
-        raise ValueError("sizes must not be empty")
-    positive_int("passes", passes)
-    jobs = [s for _ in range(passes) for s in sizes]
-    iterator = show_progress(jobs, "working-set sweep", progress)
-    best: dict[int, float] = {}
-    for s in iterator:
-        best[s] = max(best.get(s, 0.0), read_bandwidth(device, s, total_bytes))
-    return [WorkingSetPoint(s, best[s]) for s in sizes]
 
 
 @dataclass(frozen=True)

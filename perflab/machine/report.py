@@ -34,7 +34,8 @@ from perflab.core import formats, nvml
 from perflab.core.device import cpu_name, gpu_count
 from perflab.core.timing import Stopwatch
 from perflab.machine import interconnect
-from perflab.machine import caches, cpu, datasheets, disk, gpu, replay, roofline, transfer
+from perflab.machine import (caches, cpu, datasheets, disk, gpu, replay, roofline, transfer,
+                             workingset)
 from perflab.machine.caches import format_bytes
 from perflab.record.provenance import environment, short_devices
 
@@ -160,7 +161,7 @@ def _cpu_matmul(card: Card, s: dict) -> None:
 def _cpu_caches(card: Card, s: dict) -> None:
     sizes = caches.geometric_sizes(16 * 2**10, s["cache_hi"], per_octave=s["cache_per_octave"])
     with cpu.threads(1):
-        points = caches.working_set_sweep("cpu", sizes, passes=1 if s["cache_per_octave"] == 1 else 2)
+        points = workingset.working_set_sweep(sizes, passes=1 if s["cache_per_octave"] == 1 else 2)
     card.curves["cpu_cache"] = {"nbytes": [p.nbytes for p in points], "bytes_per_s": [p.bytes_per_s for p in points]}
     steps = caches.find_steps([p.nbytes for p in points], [p.bytes_per_s for p in points])
     levels = [c for c in cpu.cache_levels() if c.kind != "Instruction"]
