@@ -29,7 +29,6 @@ OVER_BUDGET: dict[str, dict[str, int | list[int]]] = {
         'contiguous = times["sum(dim=1), contiguous"]': 23,
         'glue("host_dram_copy_GBps", dram_bw / 1e9)': 56,
         'alloc_big = Spread(tuple(fault_pairs))': 22,
-        'if requires_gpu(what="The caching-allocator experiment"):': 38,
     },
     'book/03_pytorch_internals_graphs.md': {
         'glue("call_path_addmm_host_us", addmm_us)': 31,
