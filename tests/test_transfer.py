@@ -1,6 +1,6 @@
 import pytest
 
-from perflab.machine import link_figures, nonblocking, transfer
+from perflab.machine import copies, link_figures, nonblocking, transfer
 from perflab.core.device import gpu_count, has_gpu
 
 
@@ -290,3 +290,12 @@ def test_the_non_blocking_probe_checks_its_arguments_by_name():
         nonblocking.non_blocking_behaviour(1024, reps=0)
     with pytest.raises(ValueError, match="CUDA device"):
         nonblocking.non_blocking_behaviour(1024, device="cpu")
+
+
+def test_the_copy_sweep_is_chapter_2s_and_checks_its_sizes_first():
+    """host_device_sweep is exported from chapter 2's page (perflab.machine.copies); transfer's
+    rounds and the report use that one copy."""
+    assert transfer.host_device_sweep is copies.host_device_sweep
+    assert transfer.TransferPoint is copies.TransferPoint
+    with pytest.raises(ValueError, match="sizes"):
+        copies.host_device_sweep([1024, 0])

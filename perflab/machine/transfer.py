@@ -7,7 +7,9 @@
 * ``non_blocking=True`` lets ``Tensor.to``/``copy_`` return before the copy finishes only when the
   host side is pinned; it never makes a copy on the current stream overlap with kernels on that
   same stream (PyTorch tutorial "A guide on good usage of non_blocking and pin_memory()").
-  Chapter 2 measures it on its page (:mod:`perflab.machine.nonblocking`).
+  Chapter 2 measures it on its page (:mod:`perflab.machine.nonblocking`), and times the copies
+  there too (:mod:`perflab.machine.copies`); this module repeats them in rounds beside their
+  staging inputs and judges the pageable model.
 * Peer copies go GPU to GPU over NVLink (or PCIe) without touching host memory.
 
 Bandwidths are bytes/s counting the bytes transferred once (not read + write). Timing:
@@ -26,19 +28,19 @@ import torch
 
 from perflab.core.device import gpu_count, has_gpu
 from perflab.core.progress import progress as show_progress
-from perflab.core.timing import Stopwatch, benchmark, event_timer
+from perflab.core.timing import Stopwatch, event_timer
 from perflab.core.validate import (integer, integers, number, one_of, positive,
                                    positive_int)
 from perflab.machine import cpu
+# chapter 2's copies, taught on its page: the rounds below repeat them
+from perflab.machine.copies import TransferPoint, host_device_sweep
 
 __all__ = [
     "PCIE_GT_PER_S",
     "PageableRounds",
     "STAGING_COPIES",
-    "TransferPoint",
     "band_position",
     "describe_positions",
-    "host_device_sweep",
     "median_points",
     "model_verdict",
     "pageable_prediction",
@@ -355,77 +357,8 @@ def staging_copy_bandwidth(nbytes: int, chunk: int = 2**21, reps: int = 5,
     return 2 * nbytes / best
 
 
-def _cuda_device(device) -> torch.device:
-    if not has_gpu():
-        raise RuntimeError("host <-> device copies need a CUDA GPU; this machine has none")
-    dev = torch.device(device) if device is not None else torch.device("cuda")
-    if dev.type != "cuda":
-        raise ValueError(f"device must be a CUDA device, got {dev}")
-    return dev
-
-
-def _buffers(nbytes: int, dev: torch.device, pinned: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-    host.fill_(1)  # touch every page: first-touch faults stay out of the timing
-    gpu = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-    gpu.fill_(2)
-    return host, gpu
-
-
 def _check_nbytes(nbytes) -> None:
     positive_int("nbytes", nbytes)
-
-
-def _copy_seconds(host: torch.Tensor, gpu: torch.Tensor, direction: str, dev: torch.device) -> float:
-    pinned = host.is_pinned()
-    if direction == "h2d":
-        return benchmark(lambda: gpu.copy_(host, non_blocking=pinned), dev)
-    return benchmark(lambda: host.copy_(gpu, non_blocking=pinned), dev)
-
-
-@dataclass(frozen=True)
-class TransferPoint:
-    """Host <-> device bandwidths (bytes/s) at one copy size ``nbytes``; NaN where not measured."""
-
-    nbytes: int
-    h2d_pinned: float
-    h2d_pageable: float
-    d2h_pinned: float
-    d2h_pageable: float
-
-
-def host_device_sweep(sizes: Sequence[int], device=None, progress: bool = False,
-                      d2h: bool = True) -> list[TransferPoint]:
-    """All four host <-> device copies (H2D/D2H x pinned/pageable) at each size in ``sizes`` (bytes).
-
-    Buffers of the largest size are allocated once (pinning is slow) and sliced for smaller sizes.
-    ``d2h=False`` times the two H2D copies only and leaves the D2H fields NaN (not measured).
-
-    Raises:
-        RuntimeError: no CUDA GPU.
-        ValueError: empty ``sizes`` or a size that is not a positive integer.
-    """
-    sizes = list(sizes)
-    if not sizes:
-        raise ValueError("sizes must not be empty")
-    for s in sizes:
-        _check_nbytes(s)
-    dev = _cuda_device(device)
-    top = max(sizes)
-    pinned_host, gpu = _buffers(top, dev, True)
-    pageable_host, _ = _buffers(top, dev, False)
-    iterator = show_progress(sizes, "host<->device copies", progress)
-    out = []
-    for s in iterator:
-        g, pin, page = gpu[:s], pinned_host[:s], pageable_host[:s]
-        out.append(TransferPoint(
-            s,
-            s / _copy_seconds(pin, g, "h2d", dev),
-            s / _copy_seconds(page, g, "h2d", dev),
-            s / _copy_seconds(pin, g, "d2h", dev) if d2h else math.nan,
-            s / _copy_seconds(page, g, "d2h", dev) if d2h else math.nan,
-        ))
-    return out
 
 
 def peer_access(src: int = 0, dst: int = 1) -> bool:
