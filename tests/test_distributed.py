@@ -864,8 +864,11 @@ def test_bucket_slope_per_round_carries_the_per_bucket_terms_spread(glued):
     rounds = {c: [0.030 + x * n for x in a] for c, n in buckets.items()}
     per_round = {c: [x * n for x in a] for c, n in buckets.items()}
     assert verdicts.judge_bucket_slope("r", rounds, buckets, per_round, 0.25) == "within"
-    assert glued["r_spread"].startswith("1.00x the prediction")
+    assert "the same in each of 3 rounds" in glued["r_spread"]
     assert glued["r_model_slope_text"].startswith("1 ms (600 µs to 1.4 ms")
+    near_zero = {c: [x * n for x in (-0.1e-3, 1.4e-3, 1.0e-3)] for c, n in buckets.items()}
+    steps = {c: [0.030 + x * n for x in (-0.1e-3, 1.4e-3, 1.0e-3)] for c, n in buckets.items()}
+    assert verdicts.judge_bucket_slope("z", steps, buckets, near_zero, 0.25) == "within"   # no ratio
     median_only = {c: 1.0e-3 * n for c, n in buckets.items()}
     assert verdicts.judge_bucket_slope("m", rounds, buckets, median_only, 0.25) == "undecided"
     off = {c: [2 * v for v in vs] for c, vs in per_round.items()}   # twice the cost: fails
@@ -999,6 +1002,12 @@ def test_arrival_skew_says_where_the_late_rank_lost_its_time():
     assert a["left_apart_s"] == pytest.approx(0.2e-3) and a["between_s"] == pytest.approx(1e-3)
     assert a["first_s"] + a["left_apart_s"] + a["between_s"] == pytest.approx(a["skew_s"])
     assert a["late_by_rank"] == [0, 2, 0]
+    # with every rank in: 0.5-1 ms and 4.2-4 ms (none: the fast ranks ended first) -> 0.5 ms
+    assert a["all_in_s"] == pytest.approx(0.5e-3)
+    queued = [[("gloo:all_reduce", 0.0, 3e-3), ("gloo:all_reduce", 0.5e-3, 4e-3)],
+              [("gloo:all_reduce", 1e-3, 3e-3), ("gloo:all_reduce", 2e-3, 4e-3)]]
+    q = arrival_skew(queued)        # overlapping (queued) collectives: the union, not a sum
+    assert q["all_in_s"] == pytest.approx(3e-3) and q["skew_s"] == pytest.approx(2.5e-3)
     assert "between_s" not in arrival_skew([[e[:2] for e in fast], [e[:2] for e in slow]])
 
 

@@ -145,14 +145,17 @@ def arrival_skew(per_rank: list) -> dict:
     minus the early rank's (``between_s``: it worked longer in between), the first collective's
     skew apart (``first_s``: the ranks began the step apart); and ``late_by_rank``, how many
     collectives each rank arrived at last (one rank late at most of them is a slower rank, not
-    chance).
+    chance); and ``all_in_s``, the length of the union of the intervals from each collective's
+    last arrival to its first end: the time the collectives ran with every rank in them, their
+    own time net of any wait for a rank (asynchronous collectives queue and overlap, so their
+    summed skews can exceed the time they span: a difference would count the overlap twice).
 
     Returns:
         dict with ``count`` (collectives matched: the fewest any rank ran), ``skew_s`` (the sum
         of their skews), ``median_skew_s``, ``same_order`` (every rank ran the same names in
         the same order; when False the pairs are not one collective and the sum means nothing),
         and with ends ``first_s``, ``left_apart_s``, ``between_s`` (seconds; the three add up
-        to ``skew_s``) and ``late_by_rank`` (a count per rank).
+        to ``skew_s``), ``late_by_rank`` (a count per rank) and ``all_in_s``.
 
     Raises:
         ValueError: fewer than two ranks.
@@ -177,6 +180,9 @@ def arrival_skew(per_rank: list) -> dict:
                 exits = [r[k - 1][2] for r in per_rank]
                 left += exits[late] - exits[early]
                 between += (starts[late] - exits[late]) - (starts[early] - exits[early])
+        spans = [(max(r[k][1] for r in per_rank), min(r[k][2] for r in per_rank))
+                 for k in range(n)]
+        all_in = sum(b - a for a, b in union([(a, b) for a, b in spans if b > a]))
         out.update(first_s=skews[0], left_apart_s=left, between_s=between,
-                   late_by_rank=late_by_rank)
+                   late_by_rank=late_by_rank, all_in_s=all_in)
     return out

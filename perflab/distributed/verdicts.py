@@ -411,12 +411,13 @@ def judge_bucket_slope(name: str, rounds_by_cap: dict, buckets_by_cap: dict,
     from cap to cap, so its slope is not alpha (review of run 439fc20, finding 6).
 
     A model whose per-bucket term was itself timed in the same rounds (``predicted_by_cap[cap]``
-    a list, one modelled step per round) is judged **round by round**: each round's slope over
-    the model's slope in that round, against 1, so the term's own scatter is in the judged
-    spread instead of only its median (review g, S4). Glues ``{name}_slope_text``,
-    ``{name}_model_slope_text`` (with its spread when per round) and ``name`` (with its
-    ``_spread``); None (a sentence saying so) when the model's slope is not positive (in any
-    round).
+    a list, one modelled step per round) is judged **round by round**: each round's slope minus
+    the model's slope in that round, added to the model's median slope, against that median, so
+    the term's own scatter is in the judged spread instead of only its median (review g, S4). A
+    difference, not a ratio: one round whose timed term is near zero or below would turn a ratio
+    over. Glues ``{name}_slope_text``, ``{name}_model_slope_text`` (with its spread when per
+    round) and ``name`` (with its ``_spread``); None (a sentence saying so) when the model's
+    (median) slope is not positive.
 
     Raises:
         ValueError: see :func:`bucket_slopes` and :func:`perflab.record.claims.compare`; per-round
@@ -434,7 +435,7 @@ def judge_bucket_slope(name: str, rounds_by_cap: dict, buckets_by_cap: dict,
                         for steps in zip(*(predicted_by_cap[c] for c in caps)))
         model = models.median
         glue(f"{name}_model_slope_text", spread_text(models, "s"))
-        positive = min(models.values) > 0
+        positive = model > 0
     else:
         model = theil_sen(counts, [float(predicted_by_cap[c]) for c in caps])
         glue(f"{name}_model_slope_text", fmt(model, "s", signed=model < 0))
@@ -447,8 +448,8 @@ def judge_bucket_slope(name: str, rounds_by_cap: dict, buckets_by_cap: dict,
         return None
     reason = ("a slope fitted over a few caps in every round, on ranks whose gloo threads share "
               "the backward's cores")
-    if per_round:
-        return compare(name, slope / models, 1.0, tolerance, bound="host", reason=reason)
+    if per_round:   # each round's slope, less that round's model's excess over the median
+        slope = spread(s - m + model for s, m in zip(slope.values, models.values))
     return compare(name, slope, model, tolerance, bound="host", unit="s", reason=reason)
 
 
