@@ -619,6 +619,10 @@ def ceilings_job(items) -> list:
 
 
 def _execute(md: Path, out: Path) -> subprocess.CompletedProcess:
+    import course_download   # it imports this module
+
+    if course_download.from_download(md):   # chapter 8: run by the installed course download
+        return course_download.execute(md, out, EXECUTE_TIMEOUT_S)
     return run_script(ROOT / "scripts" / "execute.py", [str(md), "--out", str(out), "--timeout",
                                                        str(EXECUTE_TIMEOUT_S)], EXECUTE_TIMEOUT_S + 300)
 
@@ -654,15 +658,20 @@ def executions(items, test_name: str, tmp_path_factory, alone: tuple[str, ...] =
 
 def executed(md: Path, tmp_path: Path) -> int:
     """The exit status of ``scripts/execute.py md --out ...`` (its output printed): the job's, if
-    one ran ahead, else executed here now into ``tmp_path``."""
+    one ran ahead, else executed here now into ``tmp_path``; a page of
+    ``course_download.FROM_DOWNLOAD`` is executed by the installed course download."""
     job = result(f"execute {md}")
     if job is None:
+        import course_download   # it imports this module
         import execute  # scripts/ (on sys.path in the test modules)
 
-        return execute.main([str(md), "--out", str(tmp_path), "--timeout", str(EXECUTE_TIMEOUT_S)])
-    if job.error is not None:
+        if not course_download.from_download(md):
+            return execute.main([str(md), "--out", str(tmp_path), "--timeout", str(EXECUTE_TIMEOUT_S)])
+        proc = _execute(md, tmp_path)
+    elif job.error is not None:
         raise job.error
-    proc = job.value
+    else:
+        proc = job.value
     out = Path(proc.args[proc.args.index("--out") + 1])
     print(proc.stdout, end="")
     print(proc.stderr, end="", file=sys.stderr)

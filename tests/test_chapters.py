@@ -6,7 +6,9 @@ explorer included) is executed on this CPU with ``scripts/execute.py --out`` int
 folder, every cell must run, and the committed ``.ipynb`` (the GPU's outputs) is never touched.
 A page whose code changed since its reference run is therefore tested as it stands, and is
 merely *stale* (``execute.py --check`` exit 3, a warning in CI and a banner on the page) until
-the next GPU run: page code and package code are treated alike (issue 38). Chapters waiting in
+the next GPU run: page code and package code are treated alike (issue 38). Chapter 8 is executed
+by the course download, unpacked and installed in a fresh environment (``tests/course_download.py``,
+issue 39), instead of from the repository: the same one execution proves both. Chapters waiting in
 ``pending/`` run in ``tests/test_pending.py``, labs in ``tests/test_lab_checks.py``.
 
 In a session the executions start ahead of these tests, two at a time, each ``execute.py`` a

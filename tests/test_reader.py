@@ -32,8 +32,6 @@ import os
 import re
 import subprocess
 import sys
-import sysconfig
-import venv
 import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
@@ -42,6 +40,7 @@ import nbformat
 import pytest
 
 import background
+import course_download
 import reader_waiting
 import textbook_rules
 from perflab.record.numbers import BAD_SHAPES
@@ -316,52 +315,12 @@ def test_course_download_is_built_and_linked_from_every_notebook_page(build, ren
     assert not problems, "\n".join(problems)
 
 
-def _fresh_env(tmp: Path) -> Path:
-    """A virtual environment (without pip or setuptools of its own) that sees this test's
-    packages (torch, jupyter, setuptools ...) but not the repository's own perflab: a ``.pth``
-    adds this interpreter's site-packages as plain paths, so the editable install's hook (a
-    ``.pth`` of its own) is not run. Returns its python."""
-    env_dir = tmp / "venv"
-    venv.EnvBuilder(with_pip=False).create(env_dir)
-    python = env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
-    (Path(site) / "course_test_parent.pth").write_text("\n".join(ours) + "\n")
-    return python
-
-
-def _clean_env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in background.environ().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "JUPYTER_PATH")}
-    env["JUPYTER_DATA_DIR"] = str(tmp / "jupyter-data")   # no user kernelspec can stand in for ours
-    env["PERFLAB_FORCE_CPU_SIZES"] = "1"
-    return env
-
-
 def run_course_download(bundle: Path, tmp: Path, drop: str | None = None) -> subprocess.CompletedProcess:
     """Unpack ``bundle`` under ``tmp`` (without the folder ``drop``, to prove it is needed),
-    install it in a fresh environment without network (``pip install --no-deps
-    --no-build-isolation``) and execute :data:`CHAPTER` with its ``scripts/execute.py``.
-    Returns the execution; raises when the install fails."""
-    course = tmp / "course"
-    with zipfile.ZipFile(bundle) as zf:
-        zf.extractall(course)
-    if drop:
-        import shutil
-
-        shutil.rmtree(course / drop)
-    python = _fresh_env(tmp)
-    env = _clean_env(tmp)
-    # this interpreter's pip installs into the fresh environment (pip >= 22.3: --python)
-    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                              "--no-build-isolation", "--no-index", str(course)],
-                             capture_output=True, text=True, env=env, cwd=tmp)
-    assert install.returncode == 0, f"pip could not install the course download:\n{install.stderr[-2000:]}"
-    where = subprocess.run([str(python), "-c", "import perflab, sys; print(perflab.__file__)"],
-                           capture_output=True, text=True, env=env, cwd=tmp)
-    if drop != "perflab":
-        assert where.returncode == 0 and str(tmp / "venv") in where.stdout, (
-            f"perflab in the fresh environment is not the course download's: {where.stdout}{where.stderr}")
+    install it in a fresh environment without network (``tests/course_download.py``) and
+    execute :data:`CHAPTER` with its ``scripts/execute.py``. Returns the execution; raises when
+    the install fails."""
+    course, python, env = course_download.install(bundle, tmp, drop=drop)
     return background.run([str(python), "scripts/execute.py", "--out", str(tmp / "out"), CHAPTER], 900,
                           env=env, cwd=course)
 

@@ -119,7 +119,8 @@ def diff_from_ddp(ctx, allreduce: Callable, width: int, depth: int, steps: int) 
 
 def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps: int = 3,
                   width: int = 64, depth: int = 4, batch: int = 32, warmup: int = 2, iters: int = 5,
-                  rounds: int = 3, allow_tf32: bool = True, bucket_mb: float = 25.0) -> dict:
+                  rounds: int = 3, allow_tf32: bool = True, bucket_mb: float = 25.0,
+                  replay: bool = False) -> dict:
     """(1) ``max_param_diff``: the page's ``allreduce_gradients`` against DDP (float64,
     ``check_steps`` SGD steps). (2) A ``depth`` x ``width`` float32 stack with ``batch`` rows per
     rank, four Adam steps (forward, backward, ``optimizer.step()``) built side by side:
@@ -133,7 +134,11 @@ def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps:
     ``backward_s`` (the single step's backward alone, median of every timed
     call, the slowest rank's), ``ddp_bucket_bytes`` (DDP's buckets), ``allreduce_s`` (one
     all-reduce of every gradient as one buffer), ``params``, ``grad_bytes`` and
-    ``flops_per_step`` (``6 x params x batch``)."""
+    ``flops_per_step`` (``6 x params x batch``). With ``replay``, a fifth step in the same
+    rounds, ``buckets_alone``: all-reduces of tensors of the sizes of DDP's buckets, issued
+    asynchronously one after another as DDP's hooks issue them, then waited for, with no
+    backward beside them: what DDP's communication costs these ranks as DDP issues it, without
+    the backward on their cores (``buckets_alone_rounds_s``)."""
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     res = {"max_param_diff": diff_from_ddp(ctx, allreduce_gradients, check_width, check_depth, check_steps),
            "check_steps": check_steps}
@@ -169,6 +174,20 @@ def manual_vs_ddp(ctx, check_width: int = 16, check_depth: int = 3, check_steps:
         steps[kind], nets[kind] = make(kind)
         for _ in range(warmup):
             steps[kind]()
+    if replay:
+        for _ in range(max(0, 3 - warmup)):   # DDP logs its rebuilt buckets from the third
+            steps["ddp"]()
+        sent = [torch.zeros(b // 4, device=ctx.device) for b in bucket_bytes(nets["ddp"])]
+        if not sent:
+            raise RuntimeError("manual_vs_ddp(replay=True): DDP logged no buckets to replay")
+
+        def buckets_alone():
+            for w in [ctx.dist.all_reduce(t, async_op=True) for t in sent]:
+                w.wait()
+
+        steps["buckets_alone"] = buckets_alone
+        for _ in range(warmup):
+            buckets_alone()
     backward.clear()
     for kind, ts in rounds_of(ctx, steps, iters, rounds).items():
         res[f"{kind}_rounds_s"] = ts
@@ -217,7 +236,7 @@ def overlap(ctx, width: int = 64, depth: int = 4, batch: int = 32, bucket_mb: fl
         if s["source"] == "cpu ops" and s["compute"]:
             s["backward_s"] = s["compute"][-1][1] - s["compute"][0][0]
         s["comm"], s["compute"], s["rank"] = s["comm"][:keep], s["compute"][:keep], ctx.rank
-        s["starts"] = collective_starts(trace)
+        s["starts"] = collective_starts(trace, ends=True)
         every = [None] * ctx.world
         ctx.dist.all_gather_object(every, s)
         if ctx.rank == 0:

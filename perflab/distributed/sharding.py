@@ -221,10 +221,10 @@ def _traced_step(ctx, step: Callable, keep: int = 0) -> dict:
     (``{"gloo:<op>": {"count", "seconds"}}``: each gloo collective's events, empty on NCCL),
     and ``arrival`` (:func:`perflab.distributed.traces.arrival_skew` of every rank's gloo
     collectives: every rank profiles the step alike, and each sends rank 0 its collectives'
-    starts on the host's clock)."""
+    starts and ends on the host's clock)."""
     trace = rank0_trace(ctx, step, "sharding_trace", every_rank=True)
     starts = [None] * ctx.world
-    ctx.dist.all_gather_object(starts, collective_starts(trace))
+    ctx.dist.all_gather_object(starts, collective_starts(trace, ends=True))
     if ctx.rank != 0:
         return {}
     summary = overlap_from_trace(trace)

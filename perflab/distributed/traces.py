@@ -117,17 +117,18 @@ def ranges_from_trace(trace: dict, prefix: str) -> dict:
     return {"seconds": sum(b - a for a, b in spans), "count": len(hits), "by_name": by_name}
 
 
-def collective_starts(trace: dict, prefix: str = "gloo:") -> list[tuple[str, float]]:
+def collective_starts(trace: dict, prefix: str = "gloo:", ends: bool = False) -> list[tuple]:
     """``[(name, start in seconds on the host's clock)]`` of every range whose name starts with
-    ``prefix`` (gloo's collectives), in order of start. The trace's ``baseTimeNanoseconds`` is
-    added to each event's ``ts``, so that the traces of several processes on one host share a
-    clock (:func:`arrival_skew`).
+    ``prefix`` (gloo's collectives), in order of start; with ``ends``, ``(name, start, end)``.
+    The trace's ``baseTimeNanoseconds`` is added to each event's ``ts``, so that the traces of
+    several processes on one host share a clock (:func:`arrival_skew`).
 
     Raises:
         ValueError: ``trace`` has no ``traceEvents`` list, or an empty ``prefix``.
     """
     base = float(trace.get("baseTimeNanoseconds", 0)) * 1e-9
     hits = [(str(e["name"]), base + float(e["ts"]) * 1e-6)
+            + ((base + (float(e["ts"]) + float(e.get("dur", 0.0))) * 1e-6,) if ends else ())
             for e in _ranges(trace, prefix)]
     return sorted(hits, key=lambda h: h[1])
 
@@ -138,10 +139,23 @@ def arrival_skew(per_rank: list) -> dict:
     clock), the latest start minus the earliest. A collective cannot finish before its last
     rank arrives, so the first to arrive spends that skew inside it, counted as communication.
 
+    With every collective's end too (``collective_starts(..., ends=True)``), where the lateness
+    came from: the k-th skew is exactly the late rank's exit from collective k-1 minus the early
+    rank's (``left_apart_s``, summed) plus the late rank's time between the two collectives
+    minus the early rank's (``between_s``: it worked longer in between), the first collective's
+    skew apart (``first_s``: the ranks began the step apart); and ``late_by_rank``, how many
+    collectives each rank arrived at last (one rank late at most of them is a slower rank, not
+    chance); and ``all_in_s``, the length of the union of the intervals from each collective's
+    last arrival to its first end: the time the collectives ran with every rank in them, their
+    own time net of any wait for a rank (asynchronous collectives queue and overlap, so their
+    summed skews can exceed the time they span: a difference would count the overlap twice).
+
     Returns:
         dict with ``count`` (collectives matched: the fewest any rank ran), ``skew_s`` (the sum
-        of their skews), ``median_skew_s``, and ``same_order`` (every rank ran the same names in
-        the same order; when False the pairs are not one collective and the sum means nothing).
+        of their skews), ``median_skew_s``, ``same_order`` (every rank ran the same names in
+        the same order; when False the pairs are not one collective and the sum means nothing),
+        and with ends ``first_s``, ``left_apart_s``, ``between_s`` (seconds; the three add up
+        to ``skew_s``), ``late_by_rank`` (a count per rank) and ``all_in_s``.
 
     Raises:
         ValueError: fewer than two ranks.
@@ -154,4 +168,21 @@ def arrival_skew(per_rank: list) -> dict:
         len({r[k][0] for r in per_rank}) == 1 for k in range(n))
     ordered = sorted(skews)
     median = (ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2) if n else 0.0
-    return {"count": n, "skew_s": sum(skews), "median_skew_s": median, "same_order": same}
+    out = {"count": n, "skew_s": sum(skews), "median_skew_s": median, "same_order": same}
+    if n and all(len(e) >= 3 for r in per_rank for e in r[:n]):
+        late_by_rank, left, between = [0] * len(per_rank), 0.0, 0.0
+        for k in range(n):
+            starts = [r[k][1] for r in per_rank]
+            late = max(range(len(per_rank)), key=starts.__getitem__)
+            early = min(range(len(per_rank)), key=starts.__getitem__)
+            late_by_rank[late] += 1
+            if k:
+                exits = [r[k - 1][2] for r in per_rank]
+                left += exits[late] - exits[early]
+                between += (starts[late] - exits[late]) - (starts[early] - exits[early])
+        spans = [(max(r[k][1] for r in per_rank), min(r[k][2] for r in per_rank))
+                 for k in range(n)]
+        all_in = sum(b - a for a, b in union([(a, b) for a, b in spans if b > a]))
+        out.update(first_s=skews[0], left_apart_s=left, between_s=between,
+                   late_by_rank=late_by_rank, all_in_s=all_in)
+    return out
