@@ -82,3 +82,33 @@ def test_forward_flops_match_the_formula():
     assert counted == 2 * matmul_params * B * T + 4 * c.n_layer * T * c.n_embd * B * T
     norm_params = (2 * c.n_layer + 1) * c.n_embd
     assert model.flops_per_token(T) * B * T == 3 * counted + 6 * norm_params * B * T
+
+
+def test_a_block_saves_its_weights_once_whatever_the_batch():
+    """Chapter 10's autocast peak (review N6): a block's saved tensors were once counted at one
+    sequence and scaled by the batch, which scaled the weights each linear saves too (run h:
+    9.9 GiB of float32 parameters and 4.7 GiB of bf16 copies counted for nothing). In float32
+    the linears save the parameters themselves (no new bytes); under autocast they save bf16
+    copies, once per block, not once per sequence. Measured at one and two sequences, as the
+    page does, the difference is a sequence's and the rest exactly the bf16 weight copies."""
+    from perflab.gpt2.model import Block
+    from perflab.internals.autograd import saved_tensors
+
+    cfg = config("124M", n_layer=1, n_embd=64, n_head=2, block_size=32, attention="math")
+    block = Block(cfg)
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    weights = sum(m.weight.numel() for m in block.modules() if isinstance(m, torch.nn.Linear))
+
+    def new_bytes(bf16, seqs):
+        h = torch.randn(seqs, 32, 64, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            saved = saved_tensors(block, h)
+        stores = {t.storage_ptr: t for t in saved.tensors if t.dtype.is_floating_point}
+        by_param = sum(t.storage_ptr in params for t in stores.values())
+        return sum(t.storage_nbytes for p, t in stores.items() if p not in params), by_param
+
+    (one32, shared32), (two32, _) = new_bytes(False, 1), new_bytes(False, 2)
+    (one16, shared16), (two16, _) = new_bytes(True, 1), new_bytes(True, 2)
+    assert shared32 - shared16 == 4     # float32: the four linears' weights by reference
+    assert one32 - (two32 - one32) == 0          # nothing saved once in float32
+    assert one16 - (two16 - one16) == 2 * weights  # the bf16 copies, once

@@ -1028,6 +1028,28 @@ def test_saving_verdict_widens_a_profiled_prediction_by_its_own_spread_only():
         saving_verdict(saved, 0.003, 0.33, at_most=True, at_least=0.001, spread=pred)
 
 
+def test_saving_verdict_names_a_range_that_is_not_over_profiled_pairs():
+    """The FP8 head's prediction is a range between two clocks, not over profiled pairs: the
+    detail says so (``spread_of``). Run h's FP8 head, predicted again with the clock and the
+    scaling: 9.14-9.52 ms, a band of 8.22-10.5 ms, against a saving whose lower quartile lay
+    near 7.9 ms at 6 steps a round: undecided; a narrower spread (8.9-9.5 ms) passes."""
+    ends = Spread((0.009137, 0.009518))
+    wide = Spread((0.0075, 0.0077, 0.0079, 0.0090, 0.0093, 0.0095, 0.0097, 0.0099))
+    holds, _, _, _, detail = saving_verdict(wide, ends.median, 0.10, at_most=False,
+                                            spread=ends, spread_of="between two clocks")
+    assert holds is None and "between two clocks, 10 % either way" in detail
+    assert "profiled pairs" not in detail
+    narrow = Spread((0.0088, 0.0090, 0.0093, 0.0098, 0.0091, 0.0094, 0.0096, 0.0089))
+    assert saving_verdict(narrow, ends.median, 0.10, at_most=False, spread=ends,
+                          spread_of="between two clocks")[0] is True
+    for bad in ("", "  ", 3):
+        with pytest.raises(ValueError, match="spread_of"):
+            saving_verdict(narrow, ends.median, 0.10, at_most=False, spread=ends,
+                           spread_of=bad)
+    with pytest.raises(ValueError, match="spread_of"):
+        saving_verdict(narrow, 0.009, 0.10, at_most=False, spread_of="between two clocks")
+
+
 def test_a_rise_is_quoted_with_its_range_in_the_same_sense():
     """Reader review M2: "the idle time between them rose by 98.4 µs (-215 µs to -19 µs)"."""
     from perflab.gpt2.tables import _change_spread

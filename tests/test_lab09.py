@@ -219,3 +219,23 @@ def test_row_loss_check_passes_one_interpreted_triton_kernel_and_fails_a_wrong_m
                          timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "REJECTED" in out.stdout
+
+
+def test_amp_overlay_puts_the_reference_beside_yours_only_at_the_same_size():
+    """Review N17: the overlay once set a width-1,024 lab step beside the chapter's width-2,048
+    one under one label. The reference stands beside the student's gain only where width,
+    depth and batch all match; a depth that differs, or one the chapter's notebook does not
+    glue, gives the reference a row of its own with its size."""
+    ref = {"amp_width": 2048, "amp_depth": 4, "amp_batch": 2048, "amp_bf16_speedup": 5.2}
+    same = lab09.amp_overlay_rows(ref, (2048, 4, 2048), 4.9)
+    assert same == [("bf16 vs fp32 step, width 2048, 4 blocks, batch 2048", 4.9, 5.2, "x")]
+    deeper = lab09.amp_overlay_rows(ref, (2048, 8, 2048), 4.9)
+    assert deeper[0][1:3] == (4.9, None) and deeper[1][1:3] == (None, 5.2)
+    assert "4 blocks" in deeper[1][0] and "8 blocks" in deeper[0][0]
+    old = lab09.amp_overlay_rows({"amp_width": 2048, "amp_batch": 2048, "amp_bf16_speedup": 5.2},
+                                 (2048, 4, 2048), 4.9)
+    assert old[0][2] is None and "not glued" in old[1][0]
+    assert lab09.amp_overlay_rows({}, (128, 2, 128), None) == [
+        ("bf16 vs fp32 step, width 128, 2 blocks, batch 128", None, None, "x")]
+    with pytest.raises(ValueError, match="size"):
+        lab09.amp_overlay_rows(ref, (2048, 2048), 4.9)

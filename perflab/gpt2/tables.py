@@ -258,7 +258,8 @@ def saving_table(results: dict, predicted: dict, paired: dict | None = None) -> 
 
 def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
                    at_most: bool, at_least: float | None = None,
-                   spread: Spread | None = None) -> tuple[bool | None, str, str, str, str]:
+                   spread: Spread | None = None,
+                   spread_of: str | None = None) -> tuple[bool | None, str, str, str, str]:
     """How a measured saving (seconds per step, a :class:`Spread`) compares with its prediction,
     in seconds: ``(holds, if_true, if_false, if_undecided, detail)``, the first four for
     :func:`perflab.record.claims.claim`: short phrases for the prose ("as predicted (0.93x)",
@@ -278,13 +279,17 @@ def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
     A two-sided prediction read from several profiled steps carries their ``spread`` (a
     :class:`Spread` of the prediction, one value per profiled pair, ``predicted`` its median):
     its band is then ``spread.lo x (1 - tolerance)`` to ``spread.hi x (1 + tolerance)``, the
-    prediction's own uncertainty beside the tolerance of its model.
+    prediction's own uncertainty beside the tolerance of its model. A prediction whose range
+    comes from something else (a quantity it could not read, taken at both its possible ends)
+    says what in ``spread_of`` (a phrase: "between the ceiling's clock and the burst's"), which
+    ``detail`` quotes instead of "over N profiled pairs".
 
     Raises:
         ValueError: a prediction that is not positive, a tolerance outside (0, 1), an
             ``at_most`` prediction without ``at_least`` (or one outside [0, predicted]), an
             ``at_least`` for a two-sided prediction, or a ``spread`` for an ``at_most`` one,
-            not a Spread, or one that does not hold ``predicted`` between its ends.
+            not a Spread, or one that does not hold ``predicted`` between its ends;
+            ``spread_of`` without a ``spread``, or not a non-empty string.
     """
     if not predicted > 0:
         raise ValueError(f"predicted must be > 0 seconds, got {predicted}")
@@ -302,6 +307,10 @@ def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
         if not spread.lo <= predicted <= spread.hi:
             raise ValueError(f"spread ({spread.lo} to {spread.hi}) must hold predicted "
                              f"= {predicted}")
+    if spread_of is not None and (spread is None or not isinstance(spread_of, str)
+                                  or not spread_of.strip()):
+        raise ValueError(f"spread_of must be a non-empty phrase, and only with a spread; got "
+                         f"{spread_of!r}")
     high = (spread.hi if spread is not None else predicted) * (1 + tolerance)
     low = (at_least if at_most else spread.lo if spread is not None
            else predicted) * (1 - tolerance)
@@ -316,8 +325,9 @@ def saving_verdict(saved: Spread, predicted: float, tolerance: float, *,
         band += (f": at least {fmt(at_least, 's')} less {tolerance:.0%}, at most the bound "
                  f"plus {tolerance:.0%}")
     elif spread is not None:
-        band += (f": the prediction's {fmt_range(spread.lo, spread.hi, 's')} over "
-                 f"{spread.n} profiled pairs, {tolerance:.0%} either way")
+        over = spread_of or f"over {spread.n} profiled pairs"
+        band += (f": the prediction's {fmt_range(spread.lo, spread.hi, 's')} {over}, "
+                 f"{tolerance:.0%} either way")
     band = band.replace("%", " %")
     spread = f"{fmt_range(saved.lo, saved.hi, 's')}"
     if saved.n > 1:

@@ -23,7 +23,7 @@ from perflab.machine import ceilings
 
 __all__ = ["check_fused_speedup", "check_graph_break_fixed", "check_precision_choice",
            "check_registered", "check_row_loss", "CPU_TIMING_NUMEL", "ROW_LOSS_SHARE",
-           "kernels_in_call", "row_loss_launcher"]
+           "kernels_in_call", "row_loss_launcher", "amp_overlay_rows"]
 
 
 def check_graph_break_fixed(original: Callable, fixed: Callable | None, *args,
@@ -429,3 +429,35 @@ def check_row_loss(row_loss: Callable | None, device, exercise: int = 5,
     print(f"✓ Exercise {exercise}: right losses, one kernel, the logits read at {got:.0%} of the "
           "copy bandwidth.")
     return got
+
+
+def amp_overlay_rows(ref: dict, size: tuple[int, int, int], mine: float | None) -> list[tuple]:
+    """Lab 9's overlay rows for exercise 4's bf16-over-fp32 step-rate gain, like with like.
+
+    ``size`` is the lab's ``(width, depth, batch)``; ``ref`` the chapter's glued values
+    (:func:`perflab.record.provenance.read_glued`), whose ``amp_width``, ``amp_depth`` and
+    ``amp_batch`` say at what size its ``amp_bf16_speedup`` was measured; ``mine`` the
+    student's gain (None where not measured). The reference stands beside the student's number
+    only where all three sizes match; otherwise it gets a row of its own, labelled with the
+    chapter's size (or "not glued", an older notebook). Rows are
+    :func:`perflab.labs.exercises.overlay_table`'s ``(quantity, yours, reference, unit)``.
+
+    Raises:
+        ValueError: ``size`` not three positive ints.
+    """
+    if (not isinstance(size, tuple) or len(size) != 3
+            or not all(isinstance(v, int) and v > 0 for v in size)):
+        raise ValueError(f"size must be (width, depth, batch), three positive ints, got {size!r}")
+    theirs = tuple(ref.get(f"amp_{k}") for k in ("width", "depth", "batch"))
+
+    def label(s):
+        return f"bf16 vs fp32 step, width {s[0]}, {s[1]} blocks, batch {s[2]}"
+
+    ref_x = ref.get("amp_bf16_speedup")
+    if theirs == size:
+        return [(label(size), mine, ref_x, "x")]
+    rows = [(label(size), mine, None, "x")]
+    if ref_x is not None:
+        rows.append((label(theirs) if None not in theirs
+                     else "bf16 vs fp32 step, the chapter's size (not glued)", None, ref_x, "x"))
+    return rows
